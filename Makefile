@@ -1,0 +1,47 @@
+# rankexp — the README's commands.  `make help` lists targets.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# torch/torchvision pinned to the builds in this machine class's local pip cache
+TORCH  := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: help setup demo sweep test test-slow bench ui lint clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install rankexp with its dependencies
+
+demo: setup  ## the main job on its defaults: the demo sweep, then its heatmap from MLflow
+	$(PY) -m rankexp experiment=demo -m
+	$(PY) -m analysis heatmap --experiment demo
+
+sweep: setup  ## the issue's sweep: post-norm, α ∈ {1,2}, L ∈ {48,96}
+	$(PY) -m rankexp norm=post alpha=1,2 depth=48,96 -m
+	$(PY) -m analysis heatmap --experiment rankexp
+
+test: setup  ## the default test suite (fast; no GPU, no network)
+	$(PY) -m pytest -q
+
+test-slow: setup  ## long checks (full-size experiments, real services)
+	$(PY) -m pytest -q -m slow
+
+bench: setup  ## benchmarks: forward sweep vs reverse mode, Hydra+MLflow overhead per job
+	$(PY) -m rankexp.bench
+
+ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+lint: setup
+	$(VENV)/bin/ruff check rankexp analysis tests
+
+clean:  ## remove outputs (keeps .venv and the MLflow store)
+	rm -rf outputs multirun figures .pytest_cache

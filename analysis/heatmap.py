@@ -1,0 +1,79 @@
+"""Heatmap of any metric over any two params, one panel per norm placement (Figure 6 style)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .plotting import plt, save
+from .runs import load_runs
+
+
+def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
+    """Mean of ``metric`` per (panel, y, x) cell, with the number of runs per cell.
+
+    Raises:
+        KeyError: a column that the runs do not have (lists the ones they do).
+    """
+    for col in [metric, x, y] + ([panel] if panel else []):
+        if col not in df:
+            raise KeyError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
+    keys = ([panel] if panel else []) + [y, x]
+    return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])
+
+
+def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | None,
+                 title: str = "", log_color: bool = False):
+    """One annotated panel per value of ``panel``; rows = ``y`` (ascending), columns = ``x``."""
+    panels = list(table.index.get_level_values(0).unique()) if panel else [None]
+    means = table["mean"]
+    vmin, vmax = float(np.nanmin(means)), float(np.nanmax(means))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 3.8), squeeze=False)
+    norm = None
+    if log_color and vmin > 0:
+        from matplotlib.colors import LogNorm
+
+        norm = LogNorm(vmin, vmax)
+    for ax, p in zip(axes[0], panels):
+        grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
+        grid = grid.reindex(sorted(grid.columns), axis=1)
+        im = ax.imshow(grid.values, origin="lower", aspect="auto", cmap="viridis",
+                       vmin=None if norm else vmin, vmax=None if norm else vmax, norm=norm)
+        ax.set_xticks(range(grid.shape[1]), [f"{c:g}" if isinstance(c, float) else str(c) for c in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [f"{r:g}" if isinstance(r, float) else str(r) for r in grid.index])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"{panel} = {p}" if panel else metric)
+        mid = (np.log(vmin * vmax) / 2) if norm else (vmin + vmax) / 2
+        for (i, j), v in np.ndenumerate(grid.values):
+            if np.isfinite(v):
+                dark = (np.log(v) if norm else v) < mid
+                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+    fig.colorbar(im, ax=axes[0].tolist(), label=metric)
+    if title:
+        fig.suptitle(title, y=1.03)
+    return fig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metric", default="erank_io", help="metric to color (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--x", default="alpha", help="param on the x axis (default: alpha)")
+    p.add_argument("--y", default="depth", help="param on the y axis (default: depth)")
+    p.add_argument("--panel", default="norm.placement", help="one panel per value of this param ('' for one panel)")
+    p.add_argument("--log-color", action="store_true", help="logarithmic color scale")
+
+
+def main(args: argparse.Namespace) -> list[Path]:
+    df = load_runs(args.experiment, args.uri, filter_string=args.filter)
+    if df.empty:
+        raise SystemExit(f"no finished runs in experiment(s) {args.experiment}")
+    panel = args.panel or None
+    table = heatmap_table(df, args.metric, args.x, args.y, panel)
+    fig = draw_heatmap(table, args.metric, args.x, args.y, panel,
+                       title=f"{', '.join(args.experiment)}: {args.metric}", log_color=args.log_color)
+    stem = f"heatmap_{args.metric}_{args.y}_x_{args.x}"
+    return save(fig, Path(args.out) / "_".join(args.experiment), stem, table)

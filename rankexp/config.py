@@ -1,0 +1,275 @@
+"""Structured-config schema (Hydra ConfigStore) and validation.
+
+The YAML tree under ``conf/`` is the user's surface; these dataclasses give it
+types and allowed values.  Enum fields are checked by OmegaConf while Hydra
+composes (``activation=foo`` fails there, listing the allowed values); ranges
+and cross-field rules are checked in ``__post_init__``, which runs when
+:func:`validate` turns the composed config into objects — before the task
+creates any MLflow run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from .measure import DEFAULT_PROBES
+
+
+class ConfigError(ValueError):
+    """A config value outside what rankexp allows; the message names key, value and rule."""
+
+
+def _bad(key: str, value: Any, rule: str) -> ConfigError:
+    return ConfigError(f"invalid config: {key}={value!r} — {rule}")
+
+
+class Placement(Enum):
+    pre = "pre"
+    post = "post"
+    output = "output"
+    peri = "peri"
+    none = "none"
+
+
+class NormOp(Enum):
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+
+
+class Activation(Enum):
+    relu = "relu"
+    gelu = "gelu"
+    silu = "silu"
+    abs = "abs"
+    tanh = "tanh"
+    linear = "linear"
+    leaky_relu = "leaky_relu"
+    swiglu = "swiglu"
+
+
+class BetaScaling(Enum):
+    const = "const"
+    inv_sqrt_depth = "inv_sqrt_depth"
+    inv_depth = "inv_depth"
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+@dataclass
+class NormConfig:
+    """Normalization: where (``placement``, Eq. 6/7/17) and what (``op``, Table 2)."""
+
+    placement: Placement = Placement.pre
+    op: NormOp = NormOp.rmsnorm
+
+
+@dataclass
+class MeasureTask:
+    """``task=measure``: initialization-rank probes (see :data:`rankexp.measure.PROBES`)."""
+
+    name: str = "measure"
+    probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .measure import PROBES
+
+        if not self.probes:
+            raise _bad("task.probes", self.probes, "list at least one probe")
+        for p in self.probes:
+            if p not in PROBES:
+                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+
+
+@dataclass
+class TrainTask:
+    """``task=train``: CIFAR-10 with Adam; all learning rates trained as one batched model."""
+
+    name: str = "train"
+    steps: int = 5000
+    batch_size: int = 256
+    lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
+    eval_every: int = 500
+    log_every: int = 50
+    checkpoint_every: int = 500
+    stable_accuracy: float = 0.4
+    bf16: bool = False
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+            v = getattr(self, key)
+            if not (isinstance(v, int) and v >= 1):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
+        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
+            raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
+
+
+@dataclass
+class DataConfig:
+    """Where CIFAR-10 lives: an image-folder tree / its tar.gz, or the torchvision original."""
+
+    root: str = "${oc.env:RANKEXP_DATA,../shared/data}"
+    source: str = "auto"
+    cache_dir: str = ".cache/data"
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        allowed = ("auto", "torchvision", "imagefolder", "archive")
+        if self.source not in allowed:
+            raise _bad("data.source", self.source, f"allowed: {', '.join(allowed)}")
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow: store URI, experiment name, resume behaviour.
+
+    ``uri: null`` means ``$MLFLOW_TRACKING_URI`` if set, else an embedded SQLite
+    file ``mlflow.db`` in the directory the command was started from.
+    """
+
+    uri: str | None = None
+    experiment: str = "rankexp"
+    enabled: bool = True
+    resume: bool = True
+    force: bool = False
+    log_arrays: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.experiment or not self.experiment.strip():
+            raise _bad("tracking.experiment", self.experiment, "must be a non-empty name")
+
+
+@dataclass
+class RankexpConfig:
+    """The whole composed config; top-level keys are the architectural knobs (design.md §1).
+
+    Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1.
+    """
+
+    depth: int = 48
+    width: int = 256
+    expansion: float = 4.0
+    matrices: int = 2
+    alpha: float = 1.0
+    beta: float = 1.0
+    beta_scaling: BetaScaling = BetaScaling.const
+    activation: Activation = Activation.relu
+    skip_every: int = 1
+    seeds: int = 4
+    seed: int = 0
+    device: str = "auto"
+    dtype: Dtype = Dtype.float64
+    lr: float | None = None
+    norm: NormConfig = field(default_factory=NormConfig)
+    task: Any = field(default_factory=MeasureTask)
+    data: DataConfig = field(default_factory=DataConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        def integer(key: str, low: int, what: str) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise _bad(key, v, f"{what} must be an integer ≥ {low}")
+
+        integer("depth", 1, "depth (L)")
+        integer("width", 1, "width (d)")
+        integer("seeds", 1, "the number of seeds")
+        integer("skip_every", 0, "skip_every (0 = plain MLP, 1 = every block)")
+        integer("seed", 0, "the base seed")
+        if self.matrices not in (1, 2):
+            raise _bad("matrices", self.matrices, "a branch has M = 1 or M = 2 weight matrices")
+        for key in ("alpha", "beta", "expansion"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise _bad(key, v, "must be a finite number > 0")
+        if self.matrices == 2 and round(self.expansion * self.width) < 1:
+            raise _bad("expansion", self.expansion, f"m = expansion·width must be ≥ 1 (width={self.width})")
+        if self.activation is Activation.swiglu and self.matrices != 2:
+            raise _bad("activation", "swiglu", "the gated unit needs matrices=2")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise _bad("lr", self.lr, "must be a number > 0 (or null for the task's LR sweep)")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise _bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+        if not isinstance(self.task, (MeasureTask, TrainTask)):
+            raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
+
+
+def register_configs() -> None:
+    """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)."""
+    cs = ConfigStore.instance()
+    cs.store(name="rankexp_schema", node=RankexpConfig)
+    cs.store(group="task", name="measure_schema", node=MeasureTask)
+    cs.store(group="task", name="train_schema", node=TrainTask)
+    cs.store(group="norm", name="norm_schema", node=NormConfig)
+
+
+def validate(cfg: DictConfig) -> RankexpConfig:
+    """Resolve ``cfg`` and check every value; returns typed objects.
+
+    Raises:
+        ConfigError: a value outside the allowed range (names key, value, rule).
+    """
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as e:  # OmegaConf wraps errors raised in __post_init__
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise
+    if not isinstance(obj, RankexpConfig):
+        raise ConfigError("the composed config does not extend rankexp_schema")
+    return obj
+
+
+#: config keys that say where/how a run is recorded, not what it computes
+NON_SEMANTIC_KEYS = ("tracking", "device", "hydra")
+
+
+def resolved_container(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python (enums as strings, no ``hydra`` node)."""
+    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    c.pop("hydra", None)
+    return c
+
+
+def config_hash(container: dict[str, Any]) -> str:
+    """Stable 16-hex-digit hash of what a run computes (the tracking/device keys excluded).
+
+    Two jobs with the same hash compute the same numbers; resume uses it to
+    skip configs that already FINISHED.
+    """
+    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS}
+    if semantic.get("task", {}).get("name") == "measure":
+        semantic.pop("data", None)
+        semantic.pop("lr", None)
+    blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def flatten(container: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"norm": {"op": "rmsnorm"}} → {"norm.op": "rmsnorm"}``; lists become strings."""
+    out: dict[str, Any] = {}
+    for k, v in container.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,496 @@
+"""CIFAR-10 for the `train` task: decode once, cache, keep the whole set on the device.
+
+Three sources give the same tensors (science.md §1 trains on CIFAR-10):
+
+* ``torchvision``: the original binary batches (``<root>/cifar-10-batches-py``),
+  read with :class:`torchvision.datasets.CIFAR10` (``download=True`` fetches them
+  where there is internet);
+* ``imagefolder``: an image-folder tree ``<root>/cifar10-jpeg/{train,test}/<class>/*.jpg``
+  (or ``<root>/{train,test}/…``), read with :class:`torchvision.datasets.ImageFolder`;
+* ``archive``: the tarball of that tree (``cifar10-jpeg.tar.gz``, shipped read-only
+  at ``../shared/data``), extracted once into the cache folder.
+
+The decoded uint8 tensors are written once to ``<cache_dir>/cifar10-<key>.pt``;
+the key hashes the source's path, sizes and modification times, so a changed
+source is decoded again and a cached load takes a fraction of a second.
+
+Training then works from a :class:`DeviceDataset` (normalized, flattened, on the
+training device) and a :class:`BatchSampler` that draws index batches on that
+device, so a training step never goes through the host (airbench's habit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tarfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rankexp.model import STREAM_DATA
+
+log = logging.getLogger(__name__)
+
+#: Standard CIFAR-10 label order (= class folders sorted by name = torchvision's order).
+CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+IMAGE_SHAPE = (3, 32, 32)
+IN_FEATURES = 3 * 32 * 32
+#: Images per split of the real data set (train, test).
+CIFAR10_COUNTS = (50_000, 10_000)
+SOURCES = ("auto", "torchvision", "imagefolder", "archive")
+
+ARCHIVE_NAME = "cifar10-jpeg.tar.gz"
+FOLDER_NAME = "cifar10-jpeg"
+TORCHVISION_FOLDER = "cifar-10-batches-py"
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ROOT = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_CACHE_DIR = REPO_ROOT / ".cache"
+_CACHE_FORMAT = 1
+_DECODE_CHUNK = 1000
+
+HOW_TO_GET = (
+    f"Get CIFAR-10 one of these ways: point `root` at the folder holding {ARCHIVE_NAME} "
+    f"(every checkout has it read-only at ../shared/data/{ARCHIVE_NAME}, i.e. {DEFAULT_ROOT / ARCHIVE_NAME}), "
+    f"at an extracted image-folder tree ({FOLDER_NAME}/train/<class>/*.jpg), "
+    f"or at a folder holding torchvision's {TORCHVISION_FOLDER}; "
+    "with internet access, download=True fetches the original via torchvision."
+)
+
+
+class DataError(Exception):
+    """CIFAR-10 could not be loaded; the message names the path and how to get the data."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """No CIFAR-10 source at the given path."""
+
+
+class CorruptDataError(DataError, ValueError):
+    """A CIFAR-10 source exists but is unreadable or not CIFAR-10 (bad archive, image,
+    class folders or counts)."""
+
+
+# --------------------------------------------------------------------------- loading
+def load_cifar10(
+    root: str | Path = DEFAULT_ROOT,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    source: str = "auto",
+    download: bool = False,
+    *,
+    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
+    progress: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """CIFAR-10 as uint8 tensors, decoded once and cached.
+
+    Args:
+        root: a folder holding one of the sources (see the module docstring), the
+            image-folder tree itself, or the ``.tar.gz`` archive file.
+        cache_dir: where the decoded tensors (and an extracted archive) are kept.
+        source: ``auto`` (first found of torchvision, imagefolder, archive; then
+            ``download`` if asked) or one of those three explicitly.
+        download: let torchvision download the original into ``root`` (needs internet).
+        expect_counts: required (train, test) sizes; ``None`` accepts any size
+            (small test fixtures).
+        progress: show a tqdm bar while decoding.
+
+    Returns:
+        ``(x_train, y_train, x_test, y_test)``: images uint8 ``(N, 3, 32, 32)``
+        (channels R, G, B; 0–255), labels int64 ``(N,)`` in :data:`CLASSES` order.
+        N = 50,000 / 10,000 for the real data set. The image tensors of a cached
+        load are memory-mapped from the cache file (read-only use).
+
+    Raises:
+        MissingDataError: no source at ``root`` (message says how to get one).
+        CorruptDataError: the source is unreadable, or its class folders, image
+            shapes or counts are not CIFAR-10's.
+        ValueError: unknown ``source``.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r} is not one of {', '.join(SOURCES)}")
+    root, cache_dir = Path(root).expanduser(), Path(cache_dir).expanduser()
+    kind, path = _locate(root, source, download)
+    key = _content_key(kind, path)
+    cache_file = cache_dir / f"cifar10-{_digest(key)}.pt"
+    cached = _read_cache(cache_file, key)
+    if cached is not None:
+        _check(cached, expect_counts, cache_file)
+        return cached
+    log.info("decoding CIFAR-10 from %s %s (once; cached in %s)", kind, path, cache_file)
+    if kind == "torchvision":
+        tensors = _decode_torchvision(path, download)
+    elif kind == "imagefolder":
+        tensors = _decode_imagefolder(path, progress)
+    else:
+        tensors = _decode_archive(path, cache_dir, key, progress)
+    _check(tensors, expect_counts, path)
+    _write_cache(cache_file, key, tensors)
+    return tensors
+
+
+def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
+    """The source kind and the concrete path (torchvision root, tree with train/test, archive)."""
+    found: dict[str, Path] = {}
+    if root.is_file():
+        if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
+            raise MissingDataError(
+                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}"
+            )
+        return "archive", root
+    if (root / TORCHVISION_FOLDER).is_dir():
+        found["torchvision"] = root
+    for tree in (root / FOLDER_NAME, root):
+        if (tree / "train").is_dir() and (tree / "test").is_dir():
+            found.setdefault("imagefolder", tree)
+    if (root / ARCHIVE_NAME).is_file():
+        found["archive"] = root / ARCHIVE_NAME
+    if source == "auto":
+        for kind in ("torchvision", "imagefolder", "archive"):
+            if kind in found:
+                return kind, found[kind]
+        if download:
+            return "torchvision", root
+    elif source in found:
+        return source, found[source]
+    elif source == "torchvision" and download:
+        return "torchvision", root
+    wanted = {
+        "auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
+        "torchvision": f"{TORCHVISION_FOLDER}/",
+        "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
+        "archive": ARCHIVE_NAME,
+    }[source]
+    state = "does not exist" if not root.exists() else f"holds no {wanted}"
+    raise MissingDataError(f"CIFAR-10 not found: {root} {state} (source={source!r}). {HOW_TO_GET}")
+
+
+def _content_key(kind: str, path: Path) -> dict:
+    """What identifies the decoded content: source kind, path, and size/mtime of its files."""
+
+    def stat(p: Path) -> list:
+        s = p.stat()
+        return [str(p.relative_to(path)) if p != path else ".", s.st_size, s.st_mtime_ns]
+
+    if kind == "archive":
+        entries = [stat(path)]
+    elif kind == "imagefolder":
+        # A folder's mtime changes when entries are added, removed or renamed.
+        entries = [stat(path / split) for split in ("train", "test")]
+        entries += [
+            stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())
+        ]
+    else:
+        folder = path / TORCHVISION_FOLDER
+        entries = [stat(f) for f in sorted(folder.iterdir())] if folder.is_dir() else []
+    return {"format": _CACHE_FORMAT, "kind": kind, "path": str(path.resolve()), "files": entries}
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_cache(cache_file: Path, key: dict) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    if not cache_file.is_file():
+        return None
+    try:
+        blob = torch.load(cache_file, mmap=True, weights_only=True)
+        if blob.get("key") != key:
+            raise ValueError("content key differs")
+        return tuple(blob[name] for name in ("x_train", "y_train", "x_test", "y_test"))
+    except Exception as err:  # any unreadable cache is rebuilt, never trusted
+        log.warning("ignoring unreadable CIFAR-10 cache %s (%s); decoding again", cache_file, err)
+        return None
+
+
+def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> None:
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    blob = dict(zip(("x_train", "y_train", "x_test", "y_test"), tensors, strict=True), key=key)
+    tmp = cache_file.with_name(f"{cache_file.name}.tmp{os.getpid()}")
+    torch.save(blob, tmp)
+    os.replace(tmp, cache_file)
+    log.info("cached decoded CIFAR-10 in %s", cache_file)
+
+
+def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, where: Path) -> None:
+    """Shapes, dtypes, label range and (optionally) split sizes of decoded CIFAR-10."""
+    x_train, y_train, x_test, y_test = tensors
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if x.dtype != torch.uint8 or tuple(x.shape[1:]) != IMAGE_SHAPE or x.shape[0] != y.shape[0]:
+            raise CorruptDataError(
+                f"{where}: {split} images have shape {tuple(x.shape)} {x.dtype} with "
+                f"{y.shape[0]} labels; expected (N, 3, 32, 32) uint8. {HOW_TO_GET}"
+            )
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= len(CLASSES)):
+            raise CorruptDataError(f"{where}: {split} labels outside 0..9. {HOW_TO_GET}")
+    if expect_counts is not None and (x_train.shape[0], x_test.shape[0]) != tuple(expect_counts):
+        raise CorruptDataError(
+            f"{where}: found {x_train.shape[0]} train / {x_test.shape[0]} test images, "
+            f"expected {expect_counts[0]} / {expect_counts[1]} (incomplete copy?). {HOW_TO_GET}"
+        )
+
+
+def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from torchvision.datasets import CIFAR10
+
+    out = []
+    for train in (True, False):
+        try:
+            ds = CIFAR10(str(root), train=train, download=download)
+        except RuntimeError as err:  # torchvision: "Dataset not found or corrupted"
+            raise CorruptDataError(f"{root / TORCHVISION_FOLDER}: {err}. {HOW_TO_GET}") from err
+        if list(ds.classes) != list(CLASSES):
+            raise CorruptDataError(f"{root}: classes {ds.classes} are not CIFAR-10's {CLASSES}")
+        x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+        out += [x, torch.as_tensor(ds.targets, dtype=torch.int64)]
+    return tuple(out)
+
+
+def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in batches."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    out = []
+    for split in ("train", "test"):
+        try:
+            folder = ImageFolder(str(tree / split))
+        except (FileNotFoundError, OSError) as err:
+            raise CorruptDataError(f"{tree / split}: {err}. {HOW_TO_GET}") from err
+        if list(folder.classes) != list(CLASSES):
+            raise CorruptDataError(
+                f"{tree / split}: class folders {folder.classes} are not CIFAR-10's "
+                f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}"
+            )
+        paths = [p for p, _ in folder.samples]
+        images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
+        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img", disable=not progress)
+        for start in range(0, len(paths), _DECODE_CHUNK):
+            chunk = paths[start : start + _DECODE_CHUNK]
+            raw = [
+                torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in chunk
+            ]
+            with warnings.catch_warnings():
+                # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
+                warnings.filterwarnings(
+                    "ignore", ".*TorchVision are deprecated", DeprecationWarning
+                )
+                try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
+                    decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
+                except RuntimeError:
+                    decoded = None
+                for i, p in enumerate(chunk):
+                    try:
+                        img = (
+                            decoded[i] if decoded else decode_image(raw[i], mode=ImageReadMode.RGB)
+                        )
+                    except RuntimeError as err:
+                        raise CorruptDataError(
+                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}"
+                        ) from err
+                    if tuple(img.shape) != IMAGE_SHAPE:
+                        raise CorruptDataError(
+                            f"{p}: image is {tuple(img.shape)}, CIFAR-10 images are 3×32×32. {HOW_TO_GET}"
+                        )
+                    images[start + i] = img
+            bar.update(len(chunk))
+        bar.close()
+        out += [images, torch.as_tensor(folder.targets, dtype=torch.int64)]
+    return tuple(out)
+
+
+def _decode_archive(
+    archive: Path, cache_dir: Path, key: dict, progress: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Extract ``archive`` once into ``cache_dir`` (atomically, via a temporary folder), decode it."""
+    dest = cache_dir / f"{FOLDER_NAME}-{_digest(key)}"
+    if not (dest / FOLDER_NAME / "train").is_dir():
+        tmp = cache_dir / f"{dest.name}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        log.info("extracting %s into %s", archive, dest)
+        try:
+            with tarfile.open(archive) as tar:
+                if hasattr(tarfile, "data_filter"):  # refuse links/paths leaving dest
+                    tar.extractall(tmp, filter="data")
+                else:  # pragma: no cover - Python without PEP 706
+                    tar.extractall(tmp)
+        except (tarfile.TarError, EOFError, OSError, ValueError) as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CorruptDataError(
+                f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is damaged. "
+                f"sha256 of the good copy is in ../shared/data/README.md. {HOW_TO_GET}"
+            ) from err
+        if not (tmp / FOLDER_NAME / "train").is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CorruptDataError(
+                f"{archive}: holds no {FOLDER_NAME}/train folder; not the CIFAR-10 image-folder "
+                f"archive. {HOW_TO_GET}"
+            )
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return _decode_imagefolder(dest / FOLDER_NAME, progress)
+
+
+# --------------------------------------------------------------------------- on device
+def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
+    """Exact per-channel mean and standard deviation of uint8 images on the 0–1 scale.
+
+    Args:
+        images: uint8 ``(N, 3, H, W)``.
+
+    Returns:
+        ``(mean, std)``, float64 ``(3,)`` each (population std), from 256-bin
+        histograms, so no float copy of the data is made.
+    """
+    levels = torch.arange(256, dtype=torch.float64) / 255.0
+    means, stds = [], []
+    for c in range(images.shape[1]):
+        hist = torch.bincount(images[:, c].reshape(-1).cpu(), minlength=256).to(torch.float64)
+        p = hist / hist.sum()
+        mean = (p * levels).sum()
+        means.append(mean)
+        stds.append(((p * (levels - mean) ** 2).sum()).sqrt())
+    return torch.stack(means), torch.stack(stds)
+
+
+@dataclass
+class DeviceDataset:
+    """The whole data set on the training device, normalized and flattened.
+
+    Attributes:
+        x_train, x_test: float ``(N, 3072)``, per-channel standardized with the
+            train split's statistics (channel-major flattening, C·H·W).
+        y_train, y_test: int64 ``(N,)``.
+        mean, std: float64 ``(3,)`` train-split channel statistics on the 0–1 scale.
+    """
+
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    mean: Tensor
+    std: Tensor
+
+    @classmethod
+    def from_uint8(
+        cls,
+        x_train: Tensor,
+        y_train: Tensor,
+        x_test: Tensor,
+        y_test: Tensor,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> DeviceDataset:
+        """Move uint8 images ``(N, 3, 32, 32)`` to ``device`` once, then convert there.
+
+        Raises:
+            ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch.
+        """
+        for x, y in ((x_train, y_train), (x_test, y_test)):
+            if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"expected uint8 images (N, 3, H, W) with N labels, got {tuple(x.shape)} "
+                    f"{x.dtype} and {tuple(y.shape)} labels"
+                )
+        mean, std = channel_stats(x_train)
+
+        def convert(x: Tensor) -> Tensor:
+            # uint8 travels (4× smaller than float); the conversion runs on the device.
+            x = x.to(device=device).to(dtype)
+            shape = (1, -1, 1, 1)
+            x.sub_((255.0 * mean).to(x).view(shape)).div_((255.0 * std).to(x).view(shape))
+            return x.reshape(x.shape[0], -1)
+
+        return cls(
+            x_train=convert(x_train),
+            y_train=y_train.to(device=device, dtype=torch.int64),
+            x_test=convert(x_test),
+            y_test=y_test.to(device=device, dtype=torch.int64),
+            mean=mean,
+            std=std,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.x_train.device
+
+    @property
+    def in_features(self) -> int:
+        return self.x_train.shape[1]
+
+
+def load_device_dataset(
+    root: str | Path = DEFAULT_ROOT,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    source: str = "auto",
+    download: bool = False,
+    progress: bool = True,
+) -> DeviceDataset:
+    """:func:`load_cifar10` then :meth:`DeviceDataset.from_uint8` (same errors)."""
+    tensors = load_cifar10(root, cache_dir, source=source, download=download, progress=progress)
+    return DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype)
+
+
+class BatchSampler:
+    """Shuffled index batches drawn on the device, a pure function of ``(seed, step)``.
+
+    Epoch ``k`` is a permutation of ``range(n)`` drawn with a device
+    :class:`torch.Generator` seeded from ``(seed, STREAM_DATA, k)``; step ``t``
+    takes batch ``t mod (n // batch_size)`` of epoch ``t // (n // batch_size)``
+    (the last partial batch of an epoch is dropped). Because nothing but the
+    step number is state, a resumed run draws exactly the batches an
+    uninterrupted one would.
+
+    Args:
+        n: data set size. batch_size: B ≤ n. seed: sampling seed.
+        device: where the indices live (the data's device).
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):
+        if not 1 <= batch_size <= n:
+            raise ValueError(f"batch_size={batch_size} must be in 1..{n} (the data set size)")
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), int(seed)
+        self.device = torch.device(device)
+        self.batches_per_epoch = self.n // self.batch_size
+        self._epoch, self._perm = -1, None
+
+    def _epoch_seed(self, epoch: int) -> int:
+        state = np.random.SeedSequence([self.seed, STREAM_DATA, epoch]).generate_state(1, np.uint64)
+        return int(state[0]) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def indices(self, step: int) -> Tensor:
+        """Index batch of (0-based) ``step``: int64 ``(batch_size,)`` on the device."""
+        epoch, k = divmod(int(step), self.batches_per_epoch)
+        if epoch != self._epoch:
+            g = torch.Generator(device=self.device).manual_seed(self._epoch_seed(epoch))
+            self._perm = torch.randperm(self.n, generator=g, device=self.device)
+            self._epoch = epoch
+        return self._perm[k * self.batch_size : (k + 1) * self.batch_size]
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to check that a resumed run samples the same way."""
+        return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed}

@@ -1,0 +1,374 @@
+"""The residual MLP family of the study (science.md §1).
+
+One :class:`ResidualMLP` covers every architecture the study measures::
+
+    h_l = R( skip + β · B( f( P(h_{l-1}) ) ) )                 (Eq. 17)
+
+with the normalization *placement* choosing which of P (pre), B (branch output)
+and R (post-residual) is a norm operation and which is the identity, and the
+norm *operation* (rmsnorm, layernorm, detached, meansub; Table 2) choosing what
+that operation computes.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
+``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
+Weights are biasless and drawn from ``N(0, α²/fan_in)``.
+
+The model is *ensemble-native*: every weight carries a leading member axis
+``E`` (independent seeds when measuring, one member per learning rate when
+training), and every activation is ``(E, B, d)``.  Member ``e`` with seed ``s``
+holds exactly the weights a one-member model with seed ``s`` holds, so batching
+seeds never changes a number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+PLACEMENTS = ("pre", "post", "output", "peri", "none")
+NORM_OPS = ("rmsnorm", "layernorm", "detached", "meansub")
+ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "linear", "leaky_relu", "swiglu")
+BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
+
+#: Independent random streams derived from one seed (see :func:`seeded_generator`).
+STREAM_WEIGHTS, STREAM_INPUT, STREAM_HEAD, STREAM_DATA = 0, 1, 2, 3
+
+LEAKY_SLOPE = 0.01
+
+
+# --------------------------------------------------------------------------- norm ops
+def rmsnorm(x: Tensor) -> Tensor:
+    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2).
+
+    Jacobian ``sqrt(d)/‖x‖ (I − x̂x̂ᵀ)``: a rescaling times a projection.
+    """
+    return x * (math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True))
+
+
+def meansub(x: Tensor) -> Tensor:
+    """Mean subtraction ``x − mean(x) 1`` over the last axis (Table 2); Jacobian ``I − 11ᵀ/d``."""
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def layernorm(x: Tensor) -> Tensor:
+    """LayerNorm at gain 1, no bias: center, then rmsnorm (Table 2).
+
+    Jacobian ``sqrt(d)/‖x−μ‖ (I − x̂_c x̂_cᵀ)(I − 11ᵀ/d)``.
+    """
+    return rmsnorm(meansub(x))
+
+
+def detached(x: Tensor) -> Tensor:
+    """Detached rescaling ``x / stopgrad(rms(x))`` (Table 2).
+
+    Same forward value as :func:`rmsnorm`; its Jacobian is the pure rescaling
+    ``sqrt(d)/‖x‖ I`` with no projection, which isolates the rescaling's
+    effect on rank (Figure 4).
+    """
+    scale = math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return x * scale.detach()
+
+
+NORM_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "rmsnorm": rmsnorm,
+    "layernorm": layernorm,
+    "detached": detached,
+    "meansub": meansub,
+}
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+# --------------------------------------------------------------------------- activations
+def _abs(x: Tensor) -> Tensor:
+    return x.abs()
+
+
+ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact erf form (approximate="none")
+    "silu": F.silu,
+    "abs": _abs,
+    "tanh": torch.tanh,
+    "linear": _identity,
+    "leaky_relu": lambda x: F.leaky_relu(x, LEAKY_SLOPE),
+    "swiglu": F.silu,  # the gate's nonlinearity; the gating itself lives in the branch
+}
+
+
+def activation_fn(name: str) -> Callable[[Tensor], Tensor]:
+    """The scalar nonlinearity σ called ``name``.
+
+    Raises:
+        ValueError: unknown name (allowed: :data:`ACTIVATIONS`).
+    """
+    try:
+        return ACTIVATION_FNS[name]
+    except KeyError:
+        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}") from None
+
+
+def effective_beta(beta: float, depth: int, scaling: str) -> float:
+    """Branch scale after depth scaling: β, β/√L or β/L for ``const``,
+    ``inv_sqrt_depth``, ``inv_depth`` (science.md §1)."""
+    if scaling == "const":
+        return float(beta)
+    if scaling == "inv_sqrt_depth":
+        return float(beta) / math.sqrt(depth)
+    if scaling == "inv_depth":
+        return float(beta) / depth
+    raise ValueError(f"beta_scaling={scaling!r} is not one of {', '.join(BETA_SCALINGS)}")
+
+
+def seeded_generator(seed: int, stream: int) -> torch.Generator:
+    """A CPU generator for one independent random stream of one seed.
+
+    Streams (:data:`STREAM_WEIGHTS`, :data:`STREAM_INPUT`, …) are derived with
+    NumPy's ``SeedSequence`` so the weights of seed 1 never share bits with the
+    input of seed 0.
+    """
+    state = np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def gaussian_input(
+    seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64, device="cpu"
+) -> Tensor:
+    """Standard Gaussian inputs ``h_0``, shape ``(E, batch, width)``, one draw per seed.
+
+    ``E[h_0²] = 1`` per coordinate, so ``rms(h_0) ≈ 1`` as the study assumes.
+    """
+    rows = [
+        torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT), dtype=torch.float64)
+        for s in seeds
+    ]
+    return torch.stack(rows).to(device=device, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- blocks
+class Block(nn.Module):
+    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for an ensemble of E members.
+
+    Args:
+        width: stream width d.
+        expansion: m/d for ``M = 2`` and gated branches (m = round(expansion·d)).
+        matrices: M ∈ {1, 2}; the gated unit (activation ``swiglu``) needs M = 2.
+        activation: one of :data:`ACTIVATIONS`.
+        placement: one of :data:`PLACEMENTS`.
+        norm_op: one of :data:`NORM_OPS`.
+        beta: effective branch scale of this block (already depth-scaled).
+        has_skip: whether the identity skip joins here; a block without skip is a
+            plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
+        members: ensemble size E.
+
+    Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2) and ``w_gate`` (gated) have
+    shape ``(E, fan_out, fan_in)``.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        *,
+        expansion: float = 4.0,
+        matrices: int = 2,
+        activation: str = "relu",
+        placement: str = "pre",
+        norm_op: str = "rmsnorm",
+        beta: float = 1.0,
+        has_skip: bool = True,
+        members: int = 1,
+    ):
+        super().__init__()
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if norm_op not in NORM_OPS:
+            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
+        if matrices not in (1, 2):
+            raise ValueError(f"matrices={matrices!r}: a branch has M = 1 or 2 weight matrices")
+        if activation == "swiglu" and matrices != 2:
+            raise ValueError("activation='swiglu' is a gated M = 2 branch; set matrices=2")
+        self.width, self.matrices, self.activation = width, matrices, activation
+        self.placement, self.norm_op = placement, norm_op
+        self.beta, self.has_skip = float(beta), bool(has_skip)
+        self.sigma = activation_fn(activation)
+        self.gated = activation == "swiglu"
+        self.hidden = width if matrices == 1 else max(1, int(round(expansion * width)))
+        norm = NORM_FNS[norm_op]
+        self.pre_norm = norm if placement in ("pre", "peri") else _identity
+        self.out_norm = norm if placement in ("output", "peri") else _identity
+        self.res_norm = norm if placement == "post" else _identity
+        e, d, m = members, width, self.hidden
+        if matrices == 1:
+            self.w = nn.Parameter(torch.empty(e, d, d))
+        else:
+            if self.gated:
+                self.w_gate = nn.Parameter(torch.empty(e, m, d))
+            self.w_up = nn.Parameter(torch.empty(e, m, d))
+            self.w_down = nn.Parameter(torch.empty(e, d, m))
+
+    def weight_names(self) -> list[str]:
+        """Parameter names in initialization order."""
+        if self.matrices == 1:
+            return ["w"]
+        return (["w_gate"] if self.gated else []) + ["w_up", "w_down"]
+
+    @property
+    def scale(self) -> float:
+        """The factor in front of the branch: β on a residual block, 1 on a plain layer."""
+        return self.beta if self.has_skip else 1.0
+
+    def preactivation(self, x: Tensor) -> Tensor:
+        """``W_up P(x)`` (M=2) or ``W P(x)`` (M=1), shape ``(E, B, m)``: the argument of σ."""
+        w = self.w if self.matrices == 1 else self.w_up
+        return torch.matmul(self.pre_norm(x), w.mT)
+
+    def f(self, x: Tensor) -> Tensor:
+        """The bare branch ``f`` (Eq. 9): ``σ(W x)`` or ``W_down σ(W_up x)`` or SwiGLU."""
+        if self.matrices == 1:
+            return self.sigma(torch.matmul(x, self.w.mT))
+        up = torch.matmul(x, self.w_up.mT)
+        if self.gated:
+            hidden = self.sigma(torch.matmul(x, self.w_gate.mT)) * up
+        else:
+            hidden = self.sigma(up)
+        return torch.matmul(hidden, self.w_down.mT)
+
+    def branch(self, x: Tensor) -> Tensor:
+        """Scaled branch ``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
+        return self.scale * self.out_norm(self.f(self.pre_norm(x)))
+
+    def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
+        """``R(skip + branch(x))``; ``skip`` is ``None`` on a plain layer.
+
+        ``part="branch"`` returns only :meth:`branch` — the entry point
+        ``torch.func.functional_call`` needs to differentiate the branch with
+        per-member weights (see :func:`rankexp.jacobian.branch_jacobian`).
+        """
+        if part == "branch":
+            return self.branch(x)
+        s = self.branch(x)
+        if skip is not None:
+            s = skip + s
+        return self.res_norm(s)
+
+
+class ResidualMLP(nn.Module):
+    """A stack of L blocks on a width-d residual stream (science.md §1).
+
+    Args:
+        width: d.
+        depth: L ≥ 1.
+        expansion: m/d of two-matrix branches.
+        matrices: M ∈ {1, 2}.
+        activation: σ, one of :data:`ACTIVATIONS`.
+        placement: norm placement, one of :data:`PLACEMENTS`.
+        norm_op: norm operation, one of :data:`NORM_OPS` (ignored for ``none``).
+        alpha: init scale α > 0; every weight ~ ``N(0, α²/fan_in)``.
+        beta: branch scale β before depth scaling.
+        beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
+        skip_every: identity skip every k blocks; 1 = standard residual network,
+            k > 1 = skips spanning k layers (Figure 1's sawtooth), 0 = plain MLP.
+        seeds: one seed per ensemble member; weights are drawn from these.
+        dtype, device: where the weights live (drawn in float64 on CPU first, so
+            every device and dtype sees the same numbers up to rounding).
+
+    Shapes: ``forward`` maps ``(E, B, d) → (E, B, d)`` with E = ``len(seeds)``.
+    """
+
+    def __init__(
+        self,
+        width: int = 256,
+        depth: int = 48,
+        *,
+        expansion: float = 4.0,
+        matrices: int = 2,
+        activation: str = "relu",
+        placement: str = "pre",
+        norm_op: str = "rmsnorm",
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        beta_scaling: str = "const",
+        skip_every: int = 1,
+        seeds: Sequence[int] = (0,),
+        dtype: torch.dtype = torch.float64,
+        device: str | torch.device = "cpu",
+    ):
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
+        if skip_every < 0:
+            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = no skips)")
+        if not alpha > 0:
+            raise ValueError(f"alpha={alpha} must be > 0")
+        self.width, self.depth, self.alpha = width, depth, float(alpha)
+        self.skip_every = skip_every
+        self.placement, self.norm_op = placement, norm_op
+        self.matrices, self.activation = matrices, activation
+        self.seeds = [int(s) for s in seeds]
+        self.beta_eff = effective_beta(beta, depth, beta_scaling)
+        self.blocks = nn.ModuleList(
+            Block(
+                width,
+                expansion=expansion,
+                matrices=matrices,
+                activation=activation,
+                placement=placement,
+                norm_op=norm_op,
+                beta=self.beta_eff,
+                has_skip=self.has_skip(l),
+                members=len(self.seeds),
+            )
+            for l in range(1, depth + 1)
+        )
+        self.reset_parameters()
+        self.to(device=device, dtype=dtype)
+
+    @property
+    def members(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def nominal_ratio(self) -> float:
+        """βα^M, the nominal branch-to-skip ratio (Eq. 21 at ‖h‖ = √d)."""
+        return self.beta_eff * self.alpha**self.matrices
+
+    def has_skip(self, layer: int) -> bool:
+        """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""
+        return self.skip_every > 0 and layer % self.skip_every == 0
+
+    def skip_source(self, layer: int) -> int:
+        """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
+        return layer - self.skip_every
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``.
+
+        Order: block 1..L, within a block :meth:`Block.weight_names`; drawn in
+        float64 on CPU from :func:`seeded_generator` (stream ``STREAM_WEIGHTS``).
+        """
+        for e, seed in enumerate(self.seeds):
+            g = seeded_generator(seed, STREAM_WEIGHTS)
+            for block in self.blocks:
+                for name in block.weight_names():
+                    p = getattr(block, name)
+                    fan_out, fan_in = p.shape[1:]
+                    w = torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64)
+                    p[e].copy_(w * (self.alpha / math.sqrt(fan_in)))
+
+    def forward(self, h0: Tensor) -> Tensor:
+        """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
+        return self.trajectory(h0)[-1]
+
+    def trajectory(self, h0: Tensor) -> list[Tensor]:
+        """Every stream state ``[h_0, h_1, …, h_L]``, each ``(E, B, d)``."""
+        hs = [h0]
+        for l, block in enumerate(self.blocks, start=1):
+            skip = hs[self.skip_source(l)] if block.has_skip else None
+            hs.append(block(hs[-1], skip))
+        return hs

@@ -1,0 +1,274 @@
+"""The training engine: batched per-lr Adam, divergence isolation, resume, real CIFAR-10."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rankexp.data import (
+    ARCHIVE_NAME,
+    DEFAULT_ROOT,
+    BatchSampler,
+    DeviceDataset,
+    load_device_dataset,
+)
+from rankexp.model import STREAM_HEAD, ResidualMLP, seeded_generator
+from rankexp.train import Classifier, evaluate, member_losses, train
+
+ARCH = dict(width=8, depth=3, expansion=1.0, placement="pre", alpha=1.0)
+IN, N_TRAIN, N_TEST = 12, 96, 40
+
+
+def synthetic(dtype=torch.float64, seed=0) -> DeviceDataset:
+    """A small learnable problem: labels from a random linear map of Gaussian inputs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N_TRAIN + N_TEST, IN, generator=g, dtype=torch.float64)
+    y = (x @ torch.randn(IN, 10, generator=g, dtype=torch.float64)).argmax(1)
+    x = x.to(dtype)
+    return DeviceDataset(
+        x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:], torch.zeros(3), torch.ones(3)
+    )
+
+
+def classifier(members: int, seed: int = 7, dtype=torch.float64, **arch) -> Classifier:
+    stack = ResidualMLP(**{**ARCH, **arch}, seeds=[seed] * members, dtype=dtype)
+    return Classifier(stack, in_features=IN)
+
+
+def separate_adam_run(
+    lr: float, data: DeviceDataset, steps: int, batch_size: int, seed: int, **arch
+):
+    """Independent reference: a one-member model, a plain torch.optim.Adam at ``lr``."""
+    model = classifier(1, **arch)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sampler = BatchSampler(N_TRAIN, batch_size, seed)
+    losses = []
+    for step in range(steps):
+        idx = sampler.indices(step)
+        logits = model(data.x_train[idx])[0]
+        loss = torch.nn.functional.cross_entropy(logits, data.y_train[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, np.array(losses)
+
+
+def member_state(model: Classifier, e: int) -> dict[str, torch.Tensor]:
+    return {k: v[e] for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------- model
+def test_classifier_stack_is_the_measured_stack_and_head_is_its_own_stream():
+    model = classifier(3, seed=5)
+    measured = ResidualMLP(**ARCH, seeds=[5], dtype=torch.float64)
+    for name, w in measured.state_dict().items():
+        for e in range(3):
+            assert torch.equal(model.stack.state_dict()[name][e], w[0])
+    g = seeded_generator(5, STREAM_HEAD)
+    w_in = torch.randn(ARCH["width"], IN, generator=g, dtype=torch.float64) / math.sqrt(IN)
+    w_out = torch.randn(10, ARCH["width"], generator=g, dtype=torch.float64) / math.sqrt(
+        ARCH["width"]
+    )
+    for e in range(3):
+        assert torch.equal(model.w_in[e], w_in) and torch.equal(model.w_out[e], w_out)
+    # forward = projection, the measured stack, head; for every member
+    x = torch.randn(5, IN, dtype=torch.float64)
+    expected = measured((x @ w_in.T)[None])[0] @ w_out.T
+    logits = model(x)
+    assert logits.shape == (3, 5, 10)
+    torch.testing.assert_close(logits, expected.expand(3, 5, 10), rtol=1e-12, atol=1e-12)
+
+
+def test_member_losses_is_per_member_cross_entropy():
+    logits = torch.randn(2, 6, 10, dtype=torch.float64)
+    y = torch.randint(0, 10, (6,))
+    got = member_losses(logits, y)
+    manual = torch.stack(
+        [-(logits[e].log_softmax(-1)[torch.arange(6), y]).mean() for e in range(2)]
+    )
+    torch.testing.assert_close(got, manual)
+
+
+def test_evaluate_counts_correct_predictions_in_chunks():
+    model = classifier(2)
+    data = synthetic()
+    acc = evaluate(model, data.x_test, data.y_test, batch_size=7)
+    pred = model(data.x_test).argmax(-1)
+    assert torch.equal(acc, (pred == data.y_test).double().mean(1))
+
+
+# --------------------------------------------------------------------------- optimizer
+def test_batched_sweep_equals_separate_single_model_adam_runs():
+    data, lrs, steps, batch, seed = synthetic(), [3e-4, 3e-3, 3e-2], 6, 16, 11
+    model = classifier(len(lrs))
+    result = train(
+        model, data, lrs, steps=steps, batch_size=batch, seed=seed, eval_every=3, progress=False
+    )
+    assert result.completed and result.steps == steps and not result.diverged.any()
+    moved = []
+    for e, lr in enumerate(lrs):
+        ref, ref_losses = separate_adam_run(lr, data, steps, batch, seed)
+        np.testing.assert_allclose(result.loss[:, e], ref_losses.astype(np.float32), rtol=1e-6)
+        for name, w in member_state(model, e).items():
+            torch.testing.assert_close(w, ref.state_dict()[name][0], rtol=1e-11, atol=1e-13)
+        moved.append((model.w_in[e] - classifier(1).w_in[0]).abs().max().item())
+    # the members really trained at different rates (Adam's first step moves each weight by ≈ lr)
+    assert moved[0] < moved[1] < moved[2]
+    np.testing.assert_allclose(moved[0] / lrs[0], moved[2] / lrs[2], rtol=0.5)
+
+
+def test_divergent_member_is_frozen_and_does_not_touch_the_others():
+    data, lrs, steps, batch, seed = synthetic(), [1e-3, 1e150, 1e-2], 8, 16, 3
+    model = classifier(len(lrs))
+    result = train(
+        model, data, lrs, steps=steps, batch_size=batch, seed=seed, eval_every=4, progress=False
+    )
+    assert result.diverged.tolist() == [False, True, False]
+    k = int(result.diverged_step[1])
+    assert 1 < k <= steps and result.diverged_step[0] == result.diverged_step[2] == -1
+    assert not np.isfinite(result.loss[k - 1, 1]) and np.isfinite(result.loss[:, [0, 2]]).all()
+    for e in (0, 2):
+        ref, ref_losses = separate_adam_run(lrs[e], data, steps, batch, seed)
+        np.testing.assert_allclose(result.loss[:, e], ref_losses.astype(np.float32), rtol=1e-6)
+        for name, w in member_state(model, e).items():
+            torch.testing.assert_close(w, ref.state_dict()[name][0], rtol=1e-11, atol=1e-13)
+    # frozen: the diverged member holds exactly the weights it had after k-1 updates
+    before = classifier(len(lrs))
+    train(before, data, lrs, steps=k - 1, batch_size=batch, seed=seed, eval_every=4, progress=False)
+    for name, w in member_state(model, 1).items():
+        assert torch.equal(w, member_state(before, 1)[name]), name
+    assert result.max_stable_lr != 1e150 and result.best_lr != 1e150
+
+
+def test_result_summary_fields():
+    data, lrs = synthetic(), [1e-3, 1e-2]
+    result = train(
+        classifier(2),
+        data,
+        lrs,
+        steps=10,
+        batch_size=16,
+        eval_every=4,
+        loss_window=3,
+        progress=False,
+    )
+    assert result.eval_steps.tolist() == [4, 8, 10]
+    assert result.test_acc.shape == (3, 2) and result.loss.shape == (10, 2)
+    np.testing.assert_array_equal(result.final_test_acc, result.test_acc[-1])
+    np.testing.assert_array_equal(result.best_test_acc, result.test_acc.max(0))
+    np.testing.assert_allclose(result.final_train_loss, result.loss[-3:].mean(0))
+    e = int(np.argmax(result.final_test_acc))
+    assert result.best_lr == lrs[e] and result.best_acc == result.final_test_acc[e]
+    stable = [lr for lr, a in zip(lrs, result.final_test_acc, strict=True) if a >= 0.4]
+    assert result.max_stable_lr == (max(stable) if stable else None)
+    assert result.wall_time_s > 0 and result.steps_per_s > 0
+
+
+def test_bad_arguments_raise_actionable_errors():
+    data = synthetic()
+    with pytest.raises(ValueError, match="len\\(lrs\\)=1 but the classifier has 2"):
+        train(classifier(2), data, [1e-3], steps=2, progress=False)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        train(classifier(2), data, [1e-3, -1.0], steps=2, progress=False)
+    with pytest.raises(ValueError, match="steps=0"):
+        train(classifier(2), data, [1e-3, 1e-2], steps=0, progress=False)
+    with pytest.raises(ValueError, match="batch_size=1000"):
+        train(classifier(2), data, [1e-3, 1e-2], steps=2, batch_size=1000, progress=False)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    data, lrs = synthetic(torch.float32), [1e-3, 1e-2]
+    kw = dict(steps=12, batch_size=16, seed=2, eval_every=3, progress=False)
+    full_model = classifier(2, dtype=torch.float32)
+    full = train(full_model, data, lrs, **kw)
+
+    ckpt = tmp_path / "run" / "sweep.ckpt"
+    # "killed" after step 10: the last checkpoint is the one of step 8
+    partial = train(
+        classifier(2, dtype=torch.float32),
+        data,
+        lrs,
+        checkpoint_path=ckpt,
+        checkpoint_every=4,
+        stop_after=10,
+        **kw,
+    )
+    assert not partial.completed and partial.steps == 10 and ckpt.exists()
+    assert torch.load(ckpt, weights_only=True)["step"] == 8
+    assert [p.name for p in ckpt.parent.iterdir()] == ["sweep.ckpt"]  # no temporary files left
+
+    resumed_model = classifier(2, dtype=torch.float32)  # a fresh process builds a fresh model
+    resumed = train(resumed_model, data, lrs, checkpoint_path=ckpt, checkpoint_every=4, **kw)
+    assert resumed.completed and resumed.steps == 12
+    np.testing.assert_array_equal(resumed.loss, full.loss)
+    np.testing.assert_array_equal(resumed.eval_steps, full.eval_steps)
+    np.testing.assert_array_equal(resumed.test_acc, full.test_acc)
+    np.testing.assert_array_equal(resumed.final_train_loss, full.final_train_loss)
+    assert (resumed.best_lr, resumed.best_acc, resumed.max_stable_lr) == (
+        full.best_lr,
+        full.best_acc,
+        full.max_stable_lr,
+    )
+    for name, w in full_model.state_dict().items():
+        assert torch.equal(resumed_model.state_dict()[name], w), name
+
+    # a finished checkpoint returns the same result without training again
+    again = train(classifier(2, dtype=torch.float32), data, lrs, checkpoint_path=ckpt, **kw)
+    np.testing.assert_array_equal(again.test_acc, full.test_acc)
+    # a checkpoint of another sweep is refused, not silently mixed in
+    with pytest.raises(ValueError, match="lrs="):
+        train(classifier(2, dtype=torch.float32), data, [1e-3, 3e-3], checkpoint_path=ckpt, **kw)
+
+
+# --------------------------------------------------------------------------- real CIFAR-10
+needs_cifar = pytest.mark.skipif(
+    not (DEFAULT_ROOT / ARCHIVE_NAME).is_file(), reason=f"no {DEFAULT_ROOT / ARCHIVE_NAME}"
+)
+
+
+@pytest.fixture(scope="module")
+def cifar() -> DeviceDataset:
+    return load_device_dataset(progress=False)  # decode cache in <repo>/.cache, reused
+
+
+@needs_cifar
+def test_real_cifar10_small_mlp_learns(cifar):
+    stack = ResidualMLP(width=64, depth=4, expansion=1.0, seeds=[0], dtype=torch.float32)
+    t0 = time.perf_counter()
+    result = train(Classifier(stack), cifar, [1e-3], steps=300, eval_every=100, progress=False)
+    print(
+        f"real CIFAR-10 w64 L4 300 steps lr 1e-3: acc {result.final_test_acc[0]:.4f} in {time.perf_counter() - t0:.1f}s"
+    )
+    assert result.final_test_acc[0] >= 0.30  # chance is 0.10
+    assert result.loss[:20].mean() > result.loss[-20:].mean()
+
+
+@needs_cifar
+@pytest.mark.slow
+def test_post_norm_at_large_alpha_and_depth_trains_worse_than_pre_norm(cifar):
+    """fig6 in miniature: at α=4, L=48 Post-Norm's rank has collapsed, Pre-Norm's has not."""
+    lrs = [1e-4, 1e-3]
+    best = {}
+    for placement in ("pre", "post"):
+        stack = ResidualMLP(
+            width=64,
+            depth=48,
+            expansion=1.0,
+            placement=placement,
+            alpha=4.0,
+            seeds=[0] * len(lrs),
+            dtype=torch.float32,
+        )
+        result = train(Classifier(stack), cifar, lrs, steps=400, eval_every=200, progress=False)
+        best[placement] = result.best_acc
+        print(
+            f"{placement}: final test acc per lr {dict(zip(lrs, result.final_test_acc.round(4), strict=True))}"
+        )
+    assert best["pre"] >= 0.30
+    assert best["post"] < best["pre"] - 0.05
