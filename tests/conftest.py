@@ -1,0 +1,44 @@
+"""Shared fixtures: run the real CLI in a scratch directory with its own MLflow store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """``cli(*args, module="rankexp")`` runs ``python -m <module> args`` in ``tmp_path``.
+
+    MLFLOW_TRACKING_URI is unset so the default store ``tmp_path/mlflow.db`` is used.
+    Returns the CompletedProcess (stdout+stderr merged into ``.stdout``).
+    """
+
+    def run(*args: str, module: str = "rankexp", check: bool = True, env: dict | None = None, timeout=600):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        e["PYTHONPATH"] = str(REPO)
+        e.update(env or {})
+        p = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, env=e,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"`{module} {' '.join(args)}` exited {p.returncode}:\n{p.stdout[-4000:]}")
+        return p
+
+    run.cwd = tmp_path
+    run.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return run
+
+
+def runs_in(uri: str, experiment: str = "rankexp"):
+    """All runs (any status) of ``experiment`` in the store at ``uri``, sweep parents included."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=10_000)

@@ -1,0 +1,124 @@
+"""The study's claims about initialization rank, checked on the measurement engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rankexp.measure import run_probes
+from rankexp.model import PLACEMENTS, ResidualMLP
+
+SEEDS = [0, 1, 2]
+
+
+def measure(**kw):
+    width = kw.pop("width", 48)
+    depth = kw.pop("depth", 24)
+    probes = kw.pop("probes", ("io_jacobian", "profile", "stream", "branch_ratio"))
+    return run_probes(ResidualMLP(width, depth, seeds=kw.pop("seeds", SEEDS), **kw), probes)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("matrices", [1, 2])
+def test_beta_alpha_M_symmetry_for_relu(placement, matrices):
+    """Appendix A.4: for positively homogeneous σ, erank depends on (α, β) only through βα^M.
+
+    With α a power of two, β = α^−M is exact in floating point and so is the
+    scaling of every weight, so the symmetry must hold to rounding (≤ 1e-10).
+    Other α (3, below) change the rounding of every weight; deep ReLU maps
+    amplify that 1e-16 to ~1e-8, so they get a looser bound.
+    """
+    base = measure(placement=placement, matrices=matrices, alpha=1.0, beta=1.0)
+    for alpha in (0.5, 2.0, 4.0):
+        other = measure(placement=placement, matrices=matrices, alpha=alpha, beta=1.0 / alpha**matrices)
+        assert other.scalars["erank_io"] == pytest.approx(base.scalars["erank_io"], abs=1e-10)
+        assert abs(other.series["erank_profile"][1] - base.series["erank_profile"][1]).max() <= 1e-10
+    inexact = measure(placement=placement, matrices=matrices, alpha=3.0, beta=1.0 / 3.0**matrices)
+    assert inexact.scalars["erank_io"] == pytest.approx(base.scalars["erank_io"], abs=1e-6)
+    # and it is not a tautology: a different βα^M gives a different erank
+    moved = measure(placement=placement, matrices=matrices, alpha=2.0, beta=1.0)
+    assert abs(moved.scalars["erank_io"] - base.scalars["erank_io"]) > 1e-3
+
+
+def test_symmetry_breaks_for_tanh():
+    """tanh is not positively homogeneous, so equal βα^M does not mean equal erank."""
+    a = measure(placement="pre", activation="tanh", alpha=1.0, beta=1.0)
+    b = measure(placement="pre", activation="tanh", alpha=2.0, beta=0.25)
+    assert abs(a.scalars["erank_io"] - b.scalars["erank_io"]) > 1e-3
+
+
+@pytest.mark.parametrize("alpha", [0.7, 1.0, 1.5])
+def test_pre_norm_stream_grows_linearly_with_kappa(alpha):
+    """science.md §2 item 3: rms(h_l)² − 1 = κ(βα^M)² l with κ = E[relu(z)²] = ½."""
+    r = measure(placement="pre", alpha=alpha, width=128, depth=48, seeds=[0, 1, 2, 3], probes=("stream",))
+    assert 0.45 <= r.scalars["stream_kappa"] <= 0.57
+    steps, rms = r.series["rms"]
+    growth = rms**2 - rms[0] ** 2
+    half = growth[len(growth) // 2] / growth[-1]
+    assert half == pytest.approx(0.5, abs=0.08)  # linear, not exponential
+
+
+def test_post_norm_holds_the_ratio_and_pre_norm_decays_it():
+    """Eq. 21/22: post keeps r_l at its nominal value; pre decays it as 1/sqrt(1 + κ(βα^M)²(l−1)).
+
+    For the M = 2 branch ‖J_f‖_F/√d = α²√p with survival p = E[σ'(z)²] = ½ for ReLU,
+    so the measured ratio is the nominal βα^M times √p.
+    """
+    alpha, depth, sqrt_p = 1.5, 32, 0.5**0.5
+    nominal = alpha**2
+    post = measure(placement="post", alpha=alpha, width=128, depth=depth, probes=("branch_ratio",))
+    _, r_post = post.series["branch_ratio"]
+    assert r_post.mean() == pytest.approx(sqrt_p * nominal, rel=0.1)
+    assert r_post[-1] == pytest.approx(r_post[0], rel=0.15)
+    pre = measure(placement="pre", alpha=alpha, width=128, depth=depth, probes=("branch_ratio",))
+    _, r_pre = pre.series["branch_ratio"]
+    layers = 1 + torch.arange(depth, dtype=torch.float64).numpy()
+    predicted = sqrt_p * nominal / (1 + 0.5 * nominal**2 * (layers - 1)) ** 0.5
+    assert abs(r_pre / predicted - 1).max() < 0.15
+    assert r_pre[-1] < r_pre[0] / 3
+
+
+def test_post_norm_collapses_below_pre_norm_at_large_alpha_and_depth():
+    pre = measure(placement="pre", alpha=3.0, depth=64, width=64)
+    post = measure(placement="post", alpha=3.0, depth=64, width=64)
+    assert post.scalars["erank_io"] < 0.1 < pre.scalars["erank_io"]
+    assert post.scalars["erank_io"] < pre.scalars["erank_io"] / 5
+    # and post gets worse with depth and α
+    shallow = measure(placement="post", alpha=1.0, depth=16, width=64)
+    assert post.scalars["erank_io"] < shallow.scalars["erank_io"]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_detached_rescaling_tracks_rmsnorm_under_post(alpha):
+    """Figure 4: the post-residual *rescaling* collapses rank; the projection adds ≤ 0.4% of width."""
+    rms = measure(placement="post", norm_op="rmsnorm", alpha=alpha, width=64, depth=48)
+    det = measure(placement="post", norm_op="detached", alpha=alpha, width=64, depth=48)
+    assert abs(rms.scalars["erank_io"] - det.scalars["erank_io"]) <= 0.01
+    # the same rescaling before the branch or on its output (skip left alone) does not collapse
+    for placement in ("pre", "output"):
+        kept = measure(placement=placement, norm_op="rmsnorm", alpha=alpha, width=64, depth=48)
+        assert kept.scalars["erank_io"] > 0.2
+        if alpha >= 1:
+            assert kept.scalars["erank_io"] > 2 * rms.scalars["erank_io"]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_float32_agrees_with_float64(placement):
+    """float32 and float64 give the same erank/d within 1e-3 at L = 96 (α = 1)."""
+    kw = dict(placement=placement, width=64, depth=96, seeds=[0, 1], probes=("io_jacobian", "profile"))
+    r64 = measure(dtype=torch.float64, **kw)
+    r32 = measure(dtype=torch.float32, **kw)
+    assert abs(r64.scalars["erank_io"] - r32.scalars["erank_io"]) <= 1e-3
+    assert abs(r64.series["erank_profile"][1] - r32.series["erank_profile"][1]).max() <= 1e-3
+
+
+def test_plain_mlp_collapses_and_spaced_skips_make_a_sawtooth():
+    """Figure 1: no skips → collapse; a skip every 4 blocks → troughs that recover at each skip."""
+    plain = measure(skip_every=0, depth=24, width=48, probes=("profile",))
+    res = measure(skip_every=1, depth=24, width=48, probes=("profile",))
+    saw = measure(skip_every=4, depth=24, width=48, probes=("profile",))
+    assert plain.scalars["erank_min"] < saw.scalars["erank_min"] < res.scalars["erank_min"] + 1e-9
+    _, prof = saw.series["erank_profile"]
+    # layers 4, 8, … (index 3, 7, …) carry a skip: rank jumps up there
+    jumps = [prof[i] - prof[i - 1] for i in range(3, 24, 4)]
+    assert all(j > 0 for j in jumps)
