@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
-from .config import RankexpConfig, config_hash, flatten, resolved_container, validate
+from .config import ConfigError, RankexpConfig, config_hash, flatten, resolved_container, validate
 from .measure import Measurement, run_probes
 from .model import ResidualMLP, effective_beta
 
@@ -31,10 +31,18 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` → CUDA when present, else CPU; otherwise the named device."""
+    """``auto`` → CUDA when present, else CPU; otherwise the named device.
+
+    Raises:
+        ConfigError: a CUDA device on a machine without one (before any run exists).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    dev = torch.device(name)
+    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
+        raise ConfigError(f"invalid config: device={name!r} — this machine has no such CUDA device "
+                          "(use device=auto or device=cpu)")
+    return dev
 
 
 def build_model(s: RankexpConfig, device: torch.device | str = "cpu") -> ResidualMLP:

@@ -209,8 +209,26 @@ class RankexpConfig:
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
 
 
+def sweep_stamp() -> str:
+    """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns.
+
+    Hydra resolves ``hydra.sweep.dir`` in the launcher and again in workers;
+    the stamp travels in ``$RANKEXP_STAMP`` so they all agree, while two sweeps
+    started in the same second get different directories.
+    """
+    import datetime
+    import os
+
+    return os.environ.setdefault(
+        "RANKEXP_STAMP", f"{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}-{os.getpid()}"
+    )
+
+
 def register_configs() -> None:
-    """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)."""
+    """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)
+    and register the ``rankexp_stamp`` resolver used in the output directories."""
+    if not OmegaConf.has_resolver("rankexp_stamp"):
+        OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     cs.store(group="task", name="measure_schema", node=MeasureTask)

@@ -279,17 +279,15 @@ class SweepCallback(Callback):
         self._state: dict[str, Any] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
         tcfg = config.tracking
         if not tcfg.enabled:
             return
         uri = resolve_uri(tcfg.uri)
         exp_id = prepare_experiment(uri, tcfg.experiment)
-        sweep_dir = Path(HydraConfig.get().sweep.dir)
+        sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         client = _client(uri)
-        overrides = " ".join(HydraConfig.get().overrides.task)
+        overrides = " ".join(config.hydra.overrides.task)
         parent = client.create_run(
             exp_id,
             run_name=f"sweep·{sweep_dir.name}",

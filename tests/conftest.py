@@ -21,9 +21,11 @@ def cli(tmp_path):
     """
 
     def run(*args: str, module: str = "rankexp", check: bool = True, env: dict | None = None, timeout=600):
-        e = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
         e["PYTHONPATH"] = str(REPO)
         e.update(env or {})
+        if "-m" in args:  # Hydra's parser wants the flag after the overrides, as users type it
+            args = tuple(a for a in args if a != "-m") + ("-m",)
         p = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, env=e,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         if check and p.returncode != 0:
