@@ -1,0 +1,46 @@
+"""Parallel sweeps against one SQLite store: first writers, same-second launches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, runs_in
+
+TINY = ("width=8", "depth=3", "seeds=1")
+
+
+def test_fresh_sqlite_store_under_four_parallel_first_jobs(cli):
+    """No callback to pre-create anything: four joblib workers hit a brand-new store at once."""
+    cli("alpha=1,2,3,4", *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
+        "~hydra.callbacks.tracking", "tracking.experiment=fresh", "-m")
+    runs = runs_in(cli.uri, "fresh")
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
+    assert runs_in(cli.uri, "Default") == []
+    assert sorted(r.data.params["alpha"] for r in runs) == ["1.0", "2.0", "3.0", "4.0"]
+
+
+def test_same_second_sweeps_in_parallel_do_not_collide(cli):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
+    env["PYTHONPATH"] = str(REPO)
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "rankexp", f"alpha={a}", "depth=2,3", *TINY[:1], "seeds=1", "-m"],
+                         cwd=cli.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for a in (1, 2)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = runs_in(cli.uri)
+    parents = [r for r in runs if r.data.tags.get("rankexp.role") == "sweep"]
+    jobs = [r for r in runs if r.data.tags.get("rankexp.role") != "sweep"]
+    assert len(parents) == 2 and len(jobs) == 4
+    assert len({p.data.tags["sweep_id"] for p in parents}) == 2
+    for p in parents:
+        children = [j for j in jobs if j.data.tags["mlflow.parentRunId"] == p.info.run_id]
+        assert len(children) == 2
+        assert len({c.data.params["alpha"] for c in children}) == 1
+    sweep_dirs = list((cli.cwd / "multirun").glob("*/*"))
+    assert len(sweep_dirs) == 2
+    for d in sweep_dirs:
+        assert sorted(x.name for x in d.iterdir() if x.is_dir()) == ["0", "1"]
