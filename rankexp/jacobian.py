@@ -115,6 +115,7 @@ class ForwardSweep:
         stable_rank: ``‖∂h_l/∂h_0‖_F² / ‖∂h_l/∂h_0‖_2²``, ``(E, L)``.
         log_gain: ``ln ‖∂h_l/∂h_0‖_F``, ``(E, L)``.
         branch_ratio: branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` (Eq. 4), ``(E, L)``.
+        accumulated_branch: ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` for k = 1…L, ``(E, L)`` (Figure 5b/12).
         io_unit: ``∂h_L/∂h_0`` divided by its Frobenius norm, ``(E, d, d)``.
         io_singular_values: singular values of ``∂h_L/∂h_0``, unit-Frobenius scale, ``(E, d)``.
         partials: if kept, every ``∂h_l/∂h_0`` at true scale, l = 1…L, each ``(E, d, d)``.
@@ -125,6 +126,7 @@ class ForwardSweep:
     stable_rank: Tensor
     log_gain: Tensor
     branch_ratio: Tensor
+    accumulated_branch: Tensor
     io_unit: Tensor
     io_singular_values: Tensor
     partials: list[Tensor] = field(default_factory=list)
@@ -161,7 +163,8 @@ def forward_sweep(
     # unit-Frobenius factor and log-norm of ∂h_j/∂h_0; index j = 0…L (anchors only, unless kept)
     units: dict[int, Tensor] = {0: eye / d**0.5}
     logs: dict[int, Tensor] = {0: zero + 0.5 * torch.log(torch.tensor(float(d), dtype=h0.dtype))}
-    rms, er, sr, lg, ratio, partials = [h0.square().mean((-2, -1)).sqrt()], [], [], [], [], []
+    rms, er, sr, lg, ratio, acc_branch, partials = [h0.square().mean((-2, -1)).sqrt()], [], [], [], [], [], []
+    branch_sum = torch.zeros(e, d, d, dtype=h0.dtype, device=h0.device)
     io_unit, s = units[0], None
     with torch.no_grad():
         for lj in layer_jacobians(model, h0):
@@ -188,6 +191,8 @@ def forward_sweep(
             sr.append(stable_rank_from_sv(s))
             lg.append(log)
             ratio.append(torch.linalg.matrix_norm(lj.branch) / d**0.5)
+            branch_sum += lj.branch
+            acc_branch.append(torch.linalg.matrix_norm(branch_sum) / d**0.5)
             rms.append(lj.h_out.square().mean((-2, -1)).sqrt())
             if keep_partials:
                 partials.append(unit * log.exp()[:, None, None])
@@ -200,6 +205,7 @@ def forward_sweep(
         stable_rank=torch.stack(sr, 1),
         log_gain=torch.stack(lg, 1),
         branch_ratio=torch.stack(ratio, 1),
+        accumulated_branch=torch.stack(acc_branch, 1),
         io_unit=io_unit,
         io_singular_values=s,
         partials=partials,

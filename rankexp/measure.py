@@ -177,6 +177,25 @@ def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
     return m
 
 
+@register_probe("accumulated_branch")
+def probe_accumulated_branch(ctx: ProbeContext) -> Measurement:
+    """Accumulated branch norm ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` against the uncorrelated
+    prediction ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (science.md §2 item 4; Figure 5b/12).
+
+    Series (step = k): ``accumulated_branch``, ``accumulated_branch_uncorrelated``.
+    Scalar ``accumulated_branch_excess`` = measured / uncorrelated at k = L (1 when the
+    layers' branch Jacobians are uncorrelated; > 1 when they add coherently).
+    Post-Norm keeps r_l flat, so the sum grows ∝ √L; Pre-Norm's decaying r_l keeps it flat.
+    """
+    sw, m = ctx.sweep, Measurement()
+    uncorrelated = sw.branch_ratio.square().cumsum(1).sqrt()
+    m.add_seed_series("accumulated_branch", sw.accumulated_branch, ctx.layers)
+    m.add_seed_series("accumulated_branch_uncorrelated", uncorrelated, ctx.layers)
+    m.add_seed_stat("accumulated_branch_final", sw.accumulated_branch[:, -1])
+    m.add_seed_stat("accumulated_branch_excess", sw.accumulated_branch[:, -1] / uncorrelated[:, -1])
+    return m
+
+
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
 
 
@@ -215,3 +234,6 @@ def run_probes(
         if not math.isfinite(v):
             log.warning("probe result %s = %s is not finite", k, v)
     return out
+
+
+from . import branch, paths, representation  # noqa: E402,F401  (registers probes)

@@ -122,3 +122,25 @@ def test_plain_mlp_collapses_and_spaced_skips_make_a_sawtooth():
     # layers 4, 8, … (index 3, 7, …) carry a skip: rank jumps up there
     jumps = [prof[i] - prof[i - 1] for i in range(3, 24, 4)]
     assert all(j > 0 for j in jumps)
+
+
+def test_accumulated_branch_norm_matches_direct_sum_and_grows_like_sqrt_depth_for_post():
+    """Figure 5b: Post-Norm's accumulated branch ‖Σ βJ_l‖ grows ∝ √L (near the uncorrelated
+    prediction); Pre-Norm's stays flat because r_l decays."""
+    from rankexp.jacobian import layer_jacobians
+    from rankexp.model import gaussian_input
+
+    model = ResidualMLP(16, 5, placement="post", alpha=1.3, seeds=[0, 1])
+    h0 = gaussian_input([0, 1], 16)
+    direct = sum(lj.branch for lj in layer_jacobians(model, h0))
+    r = run_probes(model, ("accumulated_branch",), h0=h0)
+    want = (torch.linalg.matrix_norm(direct) / 4).mean().item()
+    assert r.series["accumulated_branch"][1][-1] == pytest.approx(want, rel=1e-12)
+
+    post = measure(placement="post", width=64, depth=64, probes=("accumulated_branch",))
+    _, acc = post.series["accumulated_branch"]
+    assert acc[63] / acc[15] == pytest.approx(2.0, rel=0.25)  # √(64/16)
+    assert post.scalars["accumulated_branch_excess"] == pytest.approx(1.0, abs=0.25)
+    pre = measure(placement="pre", width=64, depth=64, probes=("accumulated_branch",))
+    _, acc_pre = pre.series["accumulated_branch"]
+    assert acc_pre[63] / acc_pre[15] < 1.6
