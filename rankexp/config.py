@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .measure import DEFAULT_PROBES
 
@@ -96,7 +96,12 @@ class MeasureTask:
 
 @dataclass
 class TrainTask:
-    """``task=train``: CIFAR-10 with Adam; all learning rates trained as one batched model."""
+    """``task=train``: CIFAR-10 with Adam; all learning rates trained as one batched model.
+
+    ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
+    Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
+    config — in a new sweep directory, after preemption — resumes from them.
+    """
 
     name: str = "train"
     steps: int = 5000
@@ -106,6 +111,8 @@ class TrainTask:
     log_every: int = 50
     checkpoint_every: int = 500
     stable_accuracy: float = 0.4
+    dtype: Dtype = Dtype.float32
+    checkpoint_dir: str = ".cache/checkpoints"
     bf16: bool = False
     compile: bool = False
 
@@ -124,7 +131,7 @@ class DataConfig:
 
     root: str = "${oc.env:RANKEXP_DATA,../shared/data}"
     source: str = "auto"
-    cache_dir: str = ".cache/data"
+    cache_dir: str = ".cache"
     download: bool = False
 
     def __post_init__(self) -> None:
@@ -175,7 +182,7 @@ class RankexpConfig:
     dtype: Dtype = Dtype.float64
     lr: float | None = None
     norm: NormConfig = field(default_factory=NormConfig)
-    task: Any = field(default_factory=MeasureTask)
+    task: Any = MISSING  # a TaskConfig from the `task` group (measure or train)
     data: DataConfig = field(default_factory=DataConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 

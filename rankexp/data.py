@@ -71,7 +71,7 @@ _DECODE_CHUNK = 1000
 
 HOW_TO_GET = (
     f"Get CIFAR-10 one of these ways: point `root` at the folder holding {ARCHIVE_NAME} "
-    f"(every checkout has it read-only at ../shared/data/{ARCHIVE_NAME}, i.e. {DEFAULT_ROOT / ARCHIVE_NAME}), "
+    f"(every checkout has it read-only at {DEFAULT_ROOT / ARCHIVE_NAME}), "
     f"at an extracted image-folder tree ({FOLDER_NAME}/train/<class>/*.jpg), "
     f"or at a folder holding torchvision's {TORCHVISION_FOLDER}; "
     "with internet access, download=True fetches the original via torchvision."
@@ -144,6 +144,9 @@ def load_cifar10(
     else:
         tensors = _decode_archive(path, cache_dir, key, progress)
     _check(tensors, expect_counts, path)
+    if kind == "torchvision" and download:  # the files may only exist now
+        key = _content_key(kind, path)
+        cache_file = cache_dir / f"cifar10-{_digest(key)}.pt"
     _write_cache(cache_file, key, tensors)
     return tensors
 
@@ -323,7 +326,7 @@ def _decode_archive(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Extract ``archive`` once into ``cache_dir`` (atomically, via a temporary folder), decode it."""
     dest = cache_dir / f"{FOLDER_NAME}-{_digest(key)}"
-    if not (dest / FOLDER_NAME / "train").is_dir():
+    if not dest.is_dir():
         tmp = cache_dir / f"{dest.name}.tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -337,8 +340,8 @@ def _decode_archive(
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
-                f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is damaged. "
-                f"sha256 of the good copy is in ../shared/data/README.md. {HOW_TO_GET}"
+                f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is "
+                f"damaged (the shipped copy's sha256 is in ../shared/data/README.md). {HOW_TO_GET}"
             ) from err
         if not (tmp / FOLDER_NAME / "train").is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -346,8 +349,10 @@ def _decode_archive(
                 f"{archive}: holds no {FOLDER_NAME}/train folder; not the CIFAR-10 image-folder "
                 f"archive. {HOW_TO_GET}"
             )
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        try:  # atomic: ``dest`` only ever holds a complete tree
+            os.replace(tmp, dest)
+        except OSError:  # another process got there first; use its tree
+            shutil.rmtree(tmp, ignore_errors=True)
     return _decode_imagefolder(dest / FOLDER_NAME, progress)
 
 

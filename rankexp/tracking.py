@@ -199,6 +199,7 @@ class RunLogger:
         self.uri, self.experiment_id, self.run_name = uri, experiment_id, run_name
         self.params, self.tags = params, tags
         self.client = _client(uri)
+        self.tags = dict(tags)
         self.run_id: str | None = None
 
     def __enter__(self) -> RunLogger:

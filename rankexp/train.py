@@ -16,7 +16,7 @@ so members never mix (test: each member equals its own single-model Adam run).
 A member whose loss turns NaN/inf is frozen from that step on (its parameters
 are kept by a ``where``, never multiplied by a mask, so NaNs cannot spread) and
 recorded as diverged; the others continue. Losses stay in a device buffer and
-reach the host only at evaluation and checkpoint time.
+reach the host only at reports (``log_every``, evaluations) and checkpoints.
 
 Typical use (the Hydra task adds the config and the tracking)::
 
@@ -92,6 +92,26 @@ class Classifier(nn.Module):
     def members(self) -> int:
         return self.stack.members
 
+    def architecture(self) -> dict:
+        """What defines this network besides its weights (checkpoints are checked against it)."""
+        stack = self.stack
+        return {
+            "width": stack.width,
+            "depth": stack.depth,
+            "hidden": stack.blocks[0].hidden,
+            "matrices": stack.matrices,
+            "activation": stack.activation,
+            "placement": stack.placement,
+            "norm_op": stack.norm_op,
+            "alpha": stack.alpha,
+            "beta": stack.beta_eff,
+            "skip_every": stack.skip_every,
+            "seeds": list(stack.seeds),
+            "in_features": self.in_features,
+            "num_classes": self.num_classes,
+            "dtype": str(self.w_in.dtype),
+        }
+
     @torch.no_grad()
     def reset_head(self) -> None:
         """Draw ``w_in`` then ``w_out`` from ``N(0, 1/fan_in)`` per member seed (stream HEAD)."""
@@ -143,6 +163,11 @@ def evaluate(
     return correct.double() / x.shape[0]
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _autocast(device: torch.device, enabled: bool):
     if not enabled:
         return contextlib.nullcontext()
@@ -170,9 +195,10 @@ class TrainResult:
         best_lr, best_acc: the learning rate with the highest final test accuracy
             and that accuracy (None / NaN before any evaluation).
         max_stable_lr: largest learning rate that did not diverge and reached final
-            test accuracy ≥ ``STABLE_ACCURACY`` (0.4, Table 5); None if none did.
+            test accuracy ≥ ``stable_accuracy`` (0.4, Table 5); None if none did.
         wall_time_s: training wall time over all calls (resumes included), seconds.
-        steps_per_s: sweep steps per second in this call (evaluation included).
+        steps_per_s: sweep steps (one step of every member) per second of training in
+            this call; evaluation and checkpoint writing are not counted.
     """
 
     lrs: list[float]
@@ -204,6 +230,7 @@ def _summarize(
     wall_time_s: float,
     steps_per_s: float,
     loss_window: int,
+    stable_accuracy: float,
 ) -> TrainResult:
     members = len(lrs)
     acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
@@ -216,7 +243,7 @@ def _summarize(
         i = int(np.argmax(np.where(np.isnan(final), -np.inf, final)))
         best_lr, best_acc = lrs[i], float(final[i])
     stable = [
-        lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= STABLE_ACCURACY
+        lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
     ]
     return TrainResult(
         lrs=list(lrs),
@@ -282,6 +309,9 @@ def train(
     compile: bool = False,
     eval_batch_size: int = 2000,
     loss_window: int = 100,
+    log_every: int | None = None,
+    on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    stable_accuracy: float = STABLE_ACCURACY,
     stop_after: int | None = None,
 ) -> TrainResult:
     """Train every member of ``classifier`` with Adam at its own learning rate, as one model.
@@ -298,14 +328,22 @@ def train(
         checkpoint_path: if given, model + optimizer + step + partial series are
             written there atomically every ``checkpoint_every`` steps and at the end,
             and a run finding the file resumes from it (a finished one returns at
-            once). On the deterministic CPU path a resumed run ends bit-identical
-            to an uninterrupted one.
+            once). On the deterministic CPU path (same thread count) a resumed run
+            ends bit-identical to an uninterrupted one. Batches are a function of
+            ``(seed, step)``, so no sampler state needs saving beyond the step.
         progress: show a tqdm bar.
         autocast_bf16: run forward/backward under bf16 autocast (weights, optimizer
             and loss stay in the parameters' dtype).
         compile: ``torch.compile`` the forward + loss.
         eval_batch_size: test-set chunk size for evaluation.
         loss_window: steps averaged into ``final_train_loss``.
+        log_every: also report the train loss every this many steps (None: only at
+            evaluations). Losses reach the host only at these reports.
+        on_log: called at every report as ``on_log(step, metrics)`` with host arrays
+            ``metrics["train_loss"]`` ``(E,)`` (mean since the previous report) and, at
+            evaluations, ``metrics["test_acc"]`` ``(E,)`` (the hook for live tracking).
+        stable_accuracy: final test accuracy that makes a learning rate stable
+            (``max_stable_lr``; Table 5 uses 0.4).
         stop_after: end this call after this many (global) steps *without* writing a
             checkpoint, as if the process were killed there (tests, time limits
             handled by resuming from the last checkpoint).
@@ -333,6 +371,7 @@ def train(
         ("steps", steps),
         ("eval_every", eval_every),
         ("checkpoint_every", checkpoint_every),
+        ("log_every", 1 if log_every is None else log_every),
     ):
         if int(value) < 1:
             raise ValueError(f"{name}={value} must be ≥ 1")
@@ -361,14 +400,18 @@ def train(
         "seed": int(seed),
         "batch_size": int(batch_size),
         "sampler": sampler.state_dict(),
+        "architecture": classifier.architecture(),
     }
 
     ckpt_path = Path(checkpoint_path) if checkpoint_path is not None else None
     if ckpt_path is not None and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
         _check_resumable(ckpt, ckpt_path, identity, steps)
-        classifier.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        try:
+            classifier.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ValueError(f"checkpoint {ckpt_path} does not fit this model: {err}") from err
         start = int(ckpt["step"])
         alive.copy_(ckpt["alive"])
         diverged_step.copy_(ckpt["diverged_step"])
@@ -404,8 +447,32 @@ def train(
     views = [(members,) + (1,) * (p.dim() - 1) for p in params]
     end = steps if stop_after is None else min(steps, int(stop_after))
 
+    def report(done: int, since: int, evaluating: bool) -> None:
+        """Host-side bookkeeping at a log/eval step: the only place losses leave the device."""
+        metrics = {"train_loss": loss_buf[since:done].mean(0).cpu().numpy()}
+        if evaluating:
+            acc = evaluate(
+                classifier,
+                data.x_test,
+                data.y_test,
+                batch_size=eval_batch_size,
+                autocast_bf16=autocast_bf16,
+            )
+            metrics["test_acc"] = acc.cpu().numpy()
+            eval_steps.append(done)
+            test_acc.append(metrics["test_acc"])
+            bar.set_postfix(best_acc=f"{np.nanmax(metrics['test_acc']):.3f}")
+        log.info(
+            "step %d/%d  %s",
+            done,
+            steps,
+            "  ".join(f"{k} {np.array2string(v, precision=3)}" for k, v in metrics.items()),
+        )
+        if on_log is not None:
+            on_log(done, metrics)
+
     classifier.train()
-    t0 = time.perf_counter()
+    t0, side_time, logged = time.perf_counter(), 0.0, start
     bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress)
     for step in range(start, end):
         idx = sampler.indices(step)
@@ -422,34 +489,30 @@ def train(
         opt.step()  # lr = 1: p ← p − m̂/(√v̂+ε)
         with torch.no_grad():
             for p, o, shape in zip(params, old, views, strict=True):
-                lr, keep = lr_vec.view(shape), alive.view(shape)
-                p.copy_(torch.where(keep, o + lr * (p - o), o))
+                # p ← o + lr_e (p − o) for live members, o for frozen ones (where, not a mask
+                # product: 0 · NaN would still be NaN)
+                torch.where(alive.view(shape), torch.lerp(o, p, lr_vec.view(shape)), o, out=p)
         bar.update(1)
+
         done = step + 1
-        if done % eval_every == 0 or done == steps:
-            acc = evaluate(
-                classifier,
-                data.x_test,
-                data.y_test,
-                batch_size=eval_batch_size,
-                autocast_bf16=autocast_bf16,
-            )
-            acc = acc.cpu().numpy()
-            eval_steps.append(done)
-            test_acc.append(acc)
-            recent = loss_buf[max(0, done - eval_every) : done].mean(0).cpu().numpy()
-            log.info(
-                "step %d/%d  train loss %s  test acc %s",
-                done,
-                steps,
-                np.array2string(recent, precision=3),
-                np.array2string(acc, precision=3),
-            )
-            bar.set_postfix(best_acc=f"{np.nanmax(acc):.3f}")
-        if ckpt_path is not None and (done % checkpoint_every == 0 or done == steps):
-            _save_checkpoint(ckpt_path, payload(done, elapsed_before + time.perf_counter() - t0))
+        evaluating = done % eval_every == 0 or done == steps
+        reporting = evaluating or (log_every is not None and done % log_every == 0)
+        saving = ckpt_path is not None and (done % checkpoint_every == 0 or done == steps)
+        if reporting or saving:
+            _synchronize(device)  # so the queued steps are not timed as bookkeeping
+            t_side = time.perf_counter()
+            if reporting:
+                report(done, logged, evaluating)
+                logged = done
+            if saving:
+                _save_checkpoint(
+                    ckpt_path, payload(done, elapsed_before + time.perf_counter() - t0)
+                )
+            side_time += time.perf_counter() - t_side
     bar.close()
+    _synchronize(device)
     call_time = time.perf_counter() - t0
+    step_time = call_time - side_time
 
     done = max(start, end)
     diverged_host = diverged_step.cpu().numpy()
@@ -464,6 +527,7 @@ def train(
         eval_steps,
         test_acc,
         elapsed_before + call_time,
-        (done - start) / call_time if call_time > 0 and done > start else 0.0,
+        (done - start) / step_time if step_time > 0 and done > start else 0.0,
         loss_window,
+        stable_accuracy,
     )

@@ -17,7 +17,7 @@ from rankexp.data import (
     load_device_dataset,
 )
 from rankexp.model import STREAM_HEAD, ResidualMLP, seeded_generator
-from rankexp.train import Classifier, evaluate, member_losses, train
+from rankexp.train import STUDY_LRS, Classifier, evaluate, member_losses, train
 
 ARCH = dict(width=8, depth=3, expansion=1.0, placement="pre", alpha=1.0)
 IN, N_TRAIN, N_TEST = 12, 96, 40
@@ -145,8 +145,9 @@ def test_divergent_member_is_frozen_and_does_not_touch_the_others():
     assert result.max_stable_lr != 1e150 and result.best_lr != 1e150
 
 
-def test_result_summary_fields():
+def test_result_summary_fields_and_log_hook():
     data, lrs = synthetic(), [1e-3, 1e-2]
+    calls = []
     result = train(
         classifier(2),
         data,
@@ -154,7 +155,10 @@ def test_result_summary_fields():
         steps=10,
         batch_size=16,
         eval_every=4,
+        log_every=5,
+        on_log=lambda step, metrics: calls.append((step, metrics)),
         loss_window=3,
+        stable_accuracy=0.2,
         progress=False,
     )
     assert result.eval_steps.tolist() == [4, 8, 10]
@@ -164,9 +168,18 @@ def test_result_summary_fields():
     np.testing.assert_allclose(result.final_train_loss, result.loss[-3:].mean(0))
     e = int(np.argmax(result.final_test_acc))
     assert result.best_lr == lrs[e] and result.best_acc == result.final_test_acc[e]
-    stable = [lr for lr, a in zip(lrs, result.final_test_acc, strict=True) if a >= 0.4]
+    stable = [lr for lr, a in zip(lrs, result.final_test_acc, strict=True) if a >= 0.2]
     assert result.max_stable_lr == (max(stable) if stable else None)
     assert result.wall_time_s > 0 and result.steps_per_s > 0
+    # reports at every eval and every log step; train loss = mean since the previous report
+    assert [step for step, _ in calls] == [4, 5, 8, 10]
+    bounds = [0, 4, 5, 8, 10]
+    for (step, metrics), lo, hi in zip(calls, bounds[:-1], bounds[1:], strict=True):
+        np.testing.assert_allclose(metrics["train_loss"], result.loss[lo:hi].mean(0), rtol=1e-6)
+        assert ("test_acc" in metrics) == (step in (4, 8, 10))
+    np.testing.assert_array_equal(
+        [m["test_acc"] for s, m in calls if "test_acc" in m], result.test_acc
+    )
 
 
 def test_bad_arguments_raise_actionable_errors():
@@ -222,6 +235,14 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     again = train(classifier(2, dtype=torch.float32), data, lrs, checkpoint_path=ckpt, **kw)
     np.testing.assert_array_equal(again.test_acc, full.test_acc)
     # a checkpoint of another sweep is refused, not silently mixed in
+    with pytest.raises(ValueError, match="architecture="):  # same shapes, other network
+        train(
+            classifier(2, dtype=torch.float32, placement="post"),
+            data,
+            lrs,
+            checkpoint_path=ckpt,
+            **kw,
+        )
     with pytest.raises(ValueError, match="lrs="):
         train(classifier(2, dtype=torch.float32), data, [1e-3, 3e-3], checkpoint_path=ckpt, **kw)
 
@@ -252,9 +273,9 @@ def test_real_cifar10_small_mlp_learns(cifar):
 @needs_cifar
 @pytest.mark.slow
 def test_post_norm_at_large_alpha_and_depth_trains_worse_than_pre_norm(cifar):
-    """fig6 in miniature: at α=4, L=48 Post-Norm's rank has collapsed, Pre-Norm's has not."""
-    lrs = [1e-4, 1e-3]
-    best = {}
+    """fig6 in miniature (width 64, 400 steps, the study's six lrs): at α=4, L=48
+    Post-Norm's rank has collapsed and it trains worse than Pre-Norm at every lr."""
+    best, final = {}, {}
     for placement in ("pre", "post"):
         stack = ResidualMLP(
             width=64,
@@ -262,13 +283,49 @@ def test_post_norm_at_large_alpha_and_depth_trains_worse_than_pre_norm(cifar):
             expansion=1.0,
             placement=placement,
             alpha=4.0,
-            seeds=[0] * len(lrs),
+            seeds=[0] * len(STUDY_LRS),
             dtype=torch.float32,
         )
-        result = train(Classifier(stack), cifar, lrs, steps=400, eval_every=200, progress=False)
-        best[placement] = result.best_acc
+        result = train(
+            Classifier(stack), cifar, STUDY_LRS, steps=400, eval_every=200, progress=False
+        )
+        best[placement], final[placement] = result.best_acc, result.final_test_acc
         print(
-            f"{placement}: final test acc per lr {dict(zip(lrs, result.final_test_acc.round(4), strict=True))}"
+            f"{placement}: final test acc per lr {dict(zip(STUDY_LRS, final[placement].round(4).tolist(), strict=True))}"
         )
     assert best["pre"] >= 0.30
     assert best["post"] < best["pre"] - 0.05
+    # Post-Norm fails outright (chance, 0.10) at the large rates where Pre-Norm trains
+    assert final["post"][-1] < 0.12 and final["pre"][-1] >= 0.30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_training_steps_do_not_synchronize_with_the_host():
+    """The number of device→host syncs does not grow with the number of steps."""
+    data = synthetic(torch.float32)
+    data = DeviceDataset(
+        *(t.cuda() for t in (data.x_train, data.y_train, data.x_test, data.y_test)),
+        data.mean,
+        data.std,
+    )
+
+    def syncs(steps: int) -> int:
+        model = classifier(2, dtype=torch.float32).cuda()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with pytest.warns(UserWarning) as record:
+                train(
+                    model,
+                    data,
+                    [1e-3, 1e-2],
+                    steps=steps,
+                    batch_size=16,
+                    eval_every=1000,
+                    progress=False,
+                )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in record)
+
+    syncs(3)  # warm-up (first-call allocations)
+    assert syncs(3) == syncs(20)
