@@ -58,7 +58,10 @@ pid_alive() {
   [[ -s $pidfile ]] || return 1
   pid=$(<"$pidfile")
   [[ $pid =~ ^[0-9]+$ ]] || return 1
-  [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == *"/$exe" ]]
+  local real
+  real=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  # Debian installs slurmctld/slurmd as alternatives of slurmctld-wlm/slurmd-wlm.
+  [[ ${real##*/} == "$exe" || ${real##*/} == "$exe-wlm" ]]
 }
 
 stop_pid() {  # stop_pid PIDFILE EXE NAME
@@ -79,12 +82,16 @@ stop_pid() {  # stop_pid PIDFILE EXE NAME
   log "stopped $name"
 }
 
+# spawn CMD...: run a daemon's launcher with no terminal, its early output in startup.log, and
+# without fd 9 (the start lock), so a daemon neither holds the lock nor a caller's pipe open.
+spawn() { "$@" </dev/null >>"$LOG/startup.log" 2>&1 9>&-; }
+
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   local secs=$1 what=$2 end
   shift 2
   end=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
-    ((SECONDS < end)) || return 1
+    ((SECONDS < end)) || { log "gave up waiting for $what after ${secs}s"; return 1; }
     sleep 0.2
   done
 }
@@ -117,10 +124,15 @@ write_slurm_conf() {
   mem=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   ((CPUS > $(nproc))) && slurmd_params="SlurmdParameters=config_overrides"
   if ((FAKE_GPUS > 0)); then
-    gres_line="GresTypes=gpu"
+    gres_line="GresTypes=gpu
+AccountingStorageTRES=gres/gpu"
     node_gres="Gres=gpu:$FAKE_GPUS"
     gpu_part="PartitionName=gpu Nodes=$NODE Default=NO MaxTime=INFINITE State=UP"
-    printf 'NodeName=%s Name=gpu Count=%s\n' "$NODE" "$FAKE_GPUS" >"$ETC/gres.conf"
+    # slurmd drops file-less GPUs, so each fake GPU is an empty file standing in for a device.
+    mkdir -p "$DIR/fake-gpus"
+    local i
+    for ((i = 0; i < FAKE_GPUS; i++)); do : >"$DIR/fake-gpus/nvidia$i"; done
+    printf 'NodeName=%s Name=gpu File=%s/fake-gpus/nvidia[0-%s]\n' "$NODE" "$DIR" "$((FAKE_GPUS - 1))" >"$ETC/gres.conf"
   else
     rm -f "$ETC/gres.conf"
   fi
@@ -203,11 +215,11 @@ start_munge() {
   fi
   # munged runs as munge: it needs its own dir for socket/pid/seed and its log file made for it.
   touch "$LOG/munged.log" && chown munge:munge "$LOG/munged.log"
-  setpriv --reuid=munge --regid=munge --init-groups \
+  spawn setpriv --reuid=munge --regid=munge --init-groups \
     munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE/munge.key" \
     --pid-file="$MUNGE/munged.pid" --log-file="$LOG/munged.log" \
     --seed-file="$MUNGE/munged.seed" \
-    || die "munged failed to start; see $LOG/munged.log"
+    || die "munged failed to start; see $LOG/munged.log and $LOG/startup.log"
   wait_for 10 munged test -s "$MUNGE/munged.pid" || die "munged wrote no pid file"
   cp "$MUNGE/munged.pid" "$RUN/munged.pid"
   log "started munged"
@@ -229,16 +241,19 @@ start_mariadb() {
   touch "$LOG/mariadb.log" && chown mysql:mysql "$LOG/mariadb.log"
   # Sizes are slurmdbd's minimum recommendations (it logs an error below them); the
   # buffer pool is allocated lazily, so this costs little memory.
-  mariadbd --no-defaults --user=mysql --datadir="$DB/data" --socket="$DB_SOCKET" \
+  # Not via spawn: a backgrounded function would leave a bash (holding the lock) as parent.
+  # setsid: its own session, so a Ctrl-C or `timeout` aimed at this script spares it (the
+  # other daemons detach by themselves).
+  setsid mariadbd --no-defaults --user=mysql --datadir="$DB/data" --socket="$DB_SOCKET" \
     --pid-file="$DB/mariadbd.pid" --log-error="$LOG/mariadb.log" \
     --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
     --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 \
     --innodb-log-file-size=64M --performance-schema=OFF \
-    </dev/null >/dev/null 2>&1 &
+    </dev/null >>"$LOG/startup.log" 2>&1 9>&- &
   disown
-  # mariadbd (running as mysql) cannot write into the root-owned run dir: record the pid here.
-  echo $! >"$RUN/mariadbd.pid"
   wait_for 60 mariadb db_sql 'SELECT 1' || die "mariadbd did not answer; see $LOG/mariadb.log"
+  # mariadbd runs as mysql and cannot write into the root-owned run dir: copy its pid file.
+  cp "$DB/mariadbd.pid" "$RUN/mariadbd.pid"
   if ((fresh)) || ! db_sql "SELECT 1 FROM mysql.user WHERE user='slurm'" | grep -q 1; then
     local pw
     pw=$(<"$ETC/dbpass")
@@ -252,7 +267,7 @@ start_mariadb() {
 
 start_slurmdbd() {
   pid_alive "$RUN/slurmdbd.pid" slurmdbd && return 0
-  SLURM_CONF=$SLURM_CONF_FILE slurmdbd || die "slurmdbd failed; see $LOG/slurmdbd.log"
+  SLURM_CONF=$SLURM_CONF_FILE spawn slurmdbd || die "slurmdbd failed; see $LOG/slurmdbd.log"
   # Ready when it answers a query; creating the tables on first start takes a few seconds.
   wait_for 60 slurmdbd env SLURM_CONF="$SLURM_CONF_FILE" sacctmgr -n list cluster \
     || die "slurmdbd did not answer; see $LOG/slurmdbd.log"
@@ -264,13 +279,13 @@ start_slurmdbd() {
 
 start_slurmctld() {
   pid_alive "$RUN/slurmctld.pid" slurmctld && return 0
-  SLURM_CONF=$SLURM_CONF_FILE slurmctld || die "slurmctld failed; see $LOG/slurmctld.log"
+  SLURM_CONF=$SLURM_CONF_FILE spawn slurmctld || die "slurmctld failed; see $LOG/slurmctld.log"
   log "started slurmctld"
 }
 
 start_slurmd() {
   pid_alive "$RUN/slurmd.pid" slurmd && return 0
-  SLURM_CONF=$SLURM_CONF_FILE slurmd -N "$NODE" || die "slurmd failed; see $LOG/slurmd.log"
+  SLURM_CONF=$SLURM_CONF_FILE spawn slurmd -N "$NODE" || die "slurmd failed; see $LOG/slurmd.log"
   log "started slurmd"
 }
 
@@ -278,6 +293,20 @@ node_ready() {
   local state
   state=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1)
   [[ $state == idle || $state == mixed || $state == allocated ]]
+}
+
+# The controller remembers a drain (e.g. from a start with a different config) across
+# restarts, and ReturnToService does not undo it. This is a private test node: once slurmd
+# has registered, undrain it, saying why it was drained.
+resume_if_drained() {
+  local state reason
+  wait_for 15 registration bash -c "SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n $NODE -o %T | grep -qv -e unknown -e '^\$'" || true
+  state=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %T | head -n 1)
+  if [[ $state == drain* || $state == down* ]]; then
+    reason=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %E | head -n 1)
+    log "node was $state ($reason); resuming it"
+    SLURM_CONF=$SLURM_CONF_FILE scontrol update nodename="$NODE" state=resume || true
+  fi
 }
 
 sacct_answers() { SLURM_CONF=$SLURM_CONF_FILE sacct -n -X -S now-1minutes >/dev/null 2>&1; }
@@ -294,7 +323,7 @@ cmd_start() {
   [[ $EUID -eq 0 ]] || die "start needs root (daemons run as root, munge and mysql)"
   mkdir -p "$DIR"
   exec 9>"$DIR/.lock"
-  flock 9  # concurrent `start`s queue here instead of racing
+  flock 9  # concurrent `start`s queue here instead of racing (see spawn)
   if all_alive && node_ready && sacct_answers; then
     log "already running (state dir $DIR)"
     return 0
@@ -314,6 +343,7 @@ cmd_start() {
   start_slurmdbd
   start_slurmctld
   start_slurmd
+  resume_if_drained
   wait_for "$TIMEOUT" node node_ready \
     || die "node not idle after ${TIMEOUT}s: $(SLURM_CONF=$SLURM_CONF_FILE sinfo -N 2>&1 | tail -n +2); see $LOG/"
   wait_for "$TIMEOUT" sacct sacct_answers || die "sacct does not answer; see $LOG/slurmdbd.log"
@@ -322,7 +352,8 @@ cmd_start() {
 }
 
 cmd_stop() {
-  exec 9>"$DIR/.lock" 2>/dev/null || { log "nothing to stop ($DIR absent)"; return 0; }
+  [[ -d $DIR ]] || { log "nothing to stop ($DIR absent)"; return 0; }
+  exec 9>"$DIR/.lock"
   flock 9
   if pid_alive "$RUN/slurmctld.pid" slurmctld; then
     # Cancel what is left so no slurmstepd outlives the cluster.
@@ -356,7 +387,7 @@ cmd_status() {
   done
   if ((rc == 0)); then
     SLURM_CONF=$SLURM_CONF_FILE sinfo
-    sacct_answers && echo "sacct: answers" || { echo "sacct: NOT answering"; rc=1; }
+    if sacct_answers; then echo "sacct: answers"; else echo "sacct: NOT answering"; rc=1; fi
   fi
   return $rc
 }

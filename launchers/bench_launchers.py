@@ -1,0 +1,90 @@
+"""Per-job overhead of a Hydra multirun of trivial jobs through each launcher config.
+
+Runs `app.py x=range(N) -m` (a task that returns x*x) with hydra/launcher=basic (in-process,
+sequential), local (joblib) and slurm (submitit job array), using this repository's
+conf/hydra/launcher/*.yaml, and reports the wall time from command start to Hydra's exit
+and wall/N. For slurm, SLURM_CONF must point at a running cluster
+(`eval "$(launchers/slurm-cluster.sh env)"`); `--crash` also times how long a sweep with
+one job that SIGKILLs itself takes to fail (submitit needs `sacct` for this).
+
+    python launchers/bench_launchers.py --jobs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+APP = """
+import os, signal
+import hydra
+
+@hydra.main(version_base="1.3", config_path=".", config_name="bench")
+def main(cfg):
+    if cfg.crash and cfg.x == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return cfg.x * cfg.x
+
+if __name__ == "__main__":
+    main()
+"""
+
+CONFIG = f"""
+x: 0
+crash: false
+hydra:
+  searchpath: [file://{CONF}]
+"""
+
+
+def timed(cmd, cwd):
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    return time.perf_counter() - t0, proc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20)
+    ap.add_argument("--launchers", nargs="+", default=["basic", "local", "slurm"])
+    ap.add_argument("--crash", action="store_true", help="also time a sweep whose job 0 dies")
+    args = ap.parse_args()
+    if "slurm" in args.launchers and not os.environ.get("SLURM_CONF"):
+        sys.exit('SLURM_CONF is not set: eval "$(launchers/slurm-cluster.sh env)" first')
+
+    work = Path(tempfile.mkdtemp(prefix="rankexp-bench-launchers-"))
+    (work / "app.py").write_text(APP)
+    (work / "bench.yaml").write_text(CONFIG)
+    base = [sys.executable, "app.py"]
+
+    single, proc = timed([*base, "x=1"], work)
+    if proc.returncode:
+        sys.exit(proc.stderr)
+    print(f"one job, no multirun: {single:.2f} s (Python + Hydra start-up)")
+    print(f"{'launcher':>10} {'jobs':>5} {'wall_s':>8} {'per_job_s':>10}")
+    for launcher in args.launchers:
+        cmd = [*base, f"hydra/launcher={launcher}", f"x=range(0,{args.jobs})", "-m"]
+        wall, proc = timed(cmd, work)
+        if proc.returncode:
+            sys.exit(f"{launcher} failed:\n{proc.stderr[-3000:]}")
+        print(f"{launcher:>10} {args.jobs:>5} {wall:>8.2f} {wall / args.jobs:>10.3f}")
+    if args.crash:
+        for launcher in [x for x in args.launchers if x == "slurm"]:
+            wall, proc = timed(
+                [*base, f"hydra/launcher={launcher}", "crash=true", "x=0,1", "-m"], work
+            )
+            print(
+                f"{launcher}: sweep with a SIGKILLed job exited {proc.returncode} after {wall:.1f} s"
+            )
+    print(f"(sweep dirs under {work})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# A real `mlflow server` for sweeps that log from many processes or nodes at once.
+#
+#   eval "$(launchers/mlflow-server.sh start)"                    # SQLite backend (one node)
+#   eval "$(launchers/mlflow-server.sh start --backend postgres)" # private PostgreSQL 15
+#   launchers/mlflow-server.sh status | env | stop | purge
+#
+# `start` prints exactly one line on stdout, `export MLFLOW_TRACKING_URI=http://HOST:PORT`,
+# so it can be eval'ed; progress goes to stderr. It waits until /health answers and is
+# idempotent: a second `start` with the same backend only prints the line again.
+#
+# Everything lives in one state dir (RANKEXP_MLFLOW_DIR, default /tmp/rankexp-mlflow):
+#   sqlite/mlflow.db | postgres/data   the backend store
+#   artifacts/                         --artifacts-destination (clients upload through the
+#                                      server, so compute nodes need no shared filesystem)
+#   server.log, server.pid, postgres/postgres.log, pgpass (mode 600)
+#
+# Options (or environment):
+#   --backend sqlite|postgres  RANKEXP_MLFLOW_BACKEND  (sqlite)
+#   --host ADDR                RANKEXP_MLFLOW_HOST     (127.0.0.1; 0.0.0.0 to serve other nodes)
+#   --port N                   RANKEXP_MLFLOW_PORT     (5000)
+#   --workers N                RANKEXP_MLFLOW_WORKERS  (4)
+#                              RANKEXP_PG_PORT         (5433; PostgreSQL, loopback only)
+#                              RANKEXP_MLFLOW_ALLOWED_HOSTS (see below)
+#                              MLFLOW                  (mlflow executable; default: the
+#                                                       project's .venv, else PATH)
+#
+# MLflow 3 rejects requests whose Host header is not localhost or a private IP. When bound
+# to a non-loopback address, this script also allows this machine's hostname and FQDN, so
+# compute nodes can use the printed URI; set RANKEXP_MLFLOW_ALLOWED_HOSTS to override.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIR=${RANKEXP_MLFLOW_DIR:-/tmp/rankexp-mlflow}
+BACKEND=${RANKEXP_MLFLOW_BACKEND:-sqlite}
+HOST=${RANKEXP_MLFLOW_HOST:-127.0.0.1}
+PORT=${RANKEXP_MLFLOW_PORT:-5000}
+WORKERS=${RANKEXP_MLFLOW_WORKERS:-4}
+PG_PORT=${RANKEXP_PG_PORT:-5433}
+if [[ -z ${MLFLOW:-} ]]; then
+  if [[ -x $HERE/../.venv/bin/mlflow ]]; then MLFLOW=$HERE/../.venv/bin/mlflow; else MLFLOW=mlflow; fi
+fi
+
+PG=$DIR/postgres
+PIDFILE=$DIR/server.pid
+
+log() { printf '[mlflow-server] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+  echo "usage: $0 {start [--backend sqlite|postgres] [--host ADDR] [--port N] [--workers N]|stop|status|env|purge}" >&2
+  exit 2
+}
+
+cmd=${1:-}
+[[ -n $cmd ]] || usage
+shift
+while (($#)); do
+  case $1 in
+    --backend) BACKEND=$2; shift 2 ;;
+    --host) HOST=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --workers) WORKERS=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+[[ $BACKEND == sqlite || $BACKEND == postgres ]] || die "--backend must be sqlite or postgres, not '$BACKEND'"
+
+# The address other processes should use: the bind address, unless it is a wildcard.
+client_host() {
+  case $HOST in
+    0.0.0.0 | :: | '') hostname -f 2>/dev/null || hostname ;;
+    *) echo "$HOST" ;;
+  esac
+}
+
+server_alive() {
+  local pid
+  [[ -s $PIDFILE ]] || return 1
+  pid=$(<"$PIDFILE")
+  [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'mlflow server'
+}
+
+health() { curl -fsS -o /dev/null --max-time 2 "http://$1:$2/health"; }
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+pg_bin() {
+  local d
+  d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1)
+  [[ -n $d ]] || die "PostgreSQL server binaries not found (apt-get install postgresql)"
+  echo "$d"
+}
+
+# PostgreSQL refuses to run as root: as root, run its tools as the `postgres` user.
+# 9>&-: the postmaster must not inherit (and hold forever) the lock taken on fd 9.
+as_pg() {
+  if ((EUID == 0)); then (cd / && runuser -u postgres -- "$@" 9>&-); else "$@" 9>&-; fi
+}
+
+pg_running() { as_pg "$(pg_bin)/pg_ctl" -D "$PG/data" status >/dev/null 2>&1; }
+
+start_postgres() {
+  local bin owner
+  bin=$(pg_bin)
+  if ((EUID == 0)); then owner=postgres; else owner=$(id -un); fi
+  if ((EUID == 0)) && ! runuser -u postgres -- test -x "$DIR"; then
+    die "user postgres cannot enter $DIR (chmod o+x it and its parents, or pick another RANKEXP_MLFLOW_DIR)"
+  fi
+  if [[ ! -s $PG/data/PG_VERSION ]]; then
+    log "creating a private PostgreSQL cluster in $PG/data"
+    rm -rf "$PG"
+    install -d -m 0755 -o "$owner" "$PG"
+    install -d -m 0700 -o "$owner" "$PG/data"
+    # Unix socket: peer auth for the cluster owner; TCP (loopback only): password auth.
+    as_pg "$bin/initdb" -D "$PG/data" -U "$owner" --auth-local=peer --auth-host=scram-sha-256 \
+      -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 || die "initdb failed; see $DIR/initdb.log"
+    (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pgpass.secret")
+  fi
+  if ! pg_running; then
+    as_pg "$bin/pg_ctl" -D "$PG/data" -l "$PG/postgres.log" -w -t 60 \
+      -o "-p $PG_PORT -k $PG -c listen_addresses=127.0.0.1" start >/dev/null \
+      || die "PostgreSQL did not start; see $PG/postgres.log"
+  fi
+  local pw
+  pw=$(<"$DIR/pgpass.secret")
+  if ! as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname='mlflow'" | grep -q 1; then
+    as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -q -v ON_ERROR_STOP=1 \
+      -c "CREATE ROLE mlflow LOGIN PASSWORD '$pw'" -c "CREATE DATABASE mlflow OWNER mlflow" \
+      || die "could not create the mlflow role/database"
+  fi
+  # libpq (under psycopg) reads the password from PGPASSFILE, so it never appears in argv.
+  (umask 077 && echo "127.0.0.1:$PG_PORT:mlflow:mlflow:$pw" >"$DIR/pgpass")
+  log "PostgreSQL listening on 127.0.0.1:$PG_PORT"
+}
+
+stop_postgres() {
+  [[ -s $PG/data/PG_VERSION ]] || return 0
+  if pg_running; then
+    as_pg "$(pg_bin)/pg_ctl" -D "$PG/data" -m fast -w stop >/dev/null
+    log "stopped PostgreSQL"
+  fi
+}
+
+# --- commands ----------------------------------------------------------------------------
+
+cmd_env() {
+  echo "export MLFLOW_TRACKING_URI=http://$(client_host):$PORT"
+}
+
+cmd_start() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  flock 9
+  if server_alive; then
+    local running
+    running=$(cat "$DIR/backend" 2>/dev/null || echo '?')
+    [[ $running == "$BACKEND" ]] || die "a server with backend '$running' is running; stop it first"
+    read -r HOST PORT <"$DIR/address"
+    health "$(client_host)" "$PORT" || die "server process alive but /health does not answer; see $DIR/server.log"
+    log "already running ($running, state dir $DIR)"
+    cmd_env
+    return 0
+  fi
+  if health "$(client_host)" "$PORT" 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
+    die "port $PORT is already in use by another process; pick another with --port"
+  fi
+  "$MLFLOW" --version >/dev/null 2>&1 || die "cannot run '$MLFLOW' (set MLFLOW=/path/to/mlflow)"
+  mkdir -p "$DIR/artifacts"
+  local uri
+  case $BACKEND in
+    sqlite)
+      mkdir -p "$DIR/sqlite"
+      uri="sqlite:///$DIR/sqlite/mlflow.db"
+      ;;
+    postgres)
+      start_postgres
+      export PGPASSFILE=$DIR/pgpass
+      uri="postgresql://mlflow@127.0.0.1:$PG_PORT/mlflow"
+      "$(dirname "$(readlink -f "$(command -v "$MLFLOW")")")/python" -c 'import psycopg' 2>/dev/null \
+        || log "warning: psycopg not importable next to $MLFLOW; pip install 'psycopg[binary]'"
+      ;;
+  esac
+  local allowed=()
+  if [[ -n ${RANKEXP_MLFLOW_ALLOWED_HOSTS:-} ]]; then
+    allowed=(--allowed-hosts "$RANKEXP_MLFLOW_ALLOWED_HOSTS")
+  elif [[ $HOST != 127.* && $HOST != localhost && $HOST != ::1 ]]; then
+    local h f
+    h=$(hostname)
+    f=$(hostname -f 2>/dev/null || hostname)
+    allowed=(--allowed-hosts "localhost,localhost:*,127.0.0.1,127.0.0.1:*,$h,$h:*,$f,$f:*,$HOST,$HOST:*,10.*,192.168.*,172.*")
+  fi
+  echo "$BACKEND" >"$DIR/backend"
+  echo "$HOST $PORT" >"$DIR/address"
+  log "starting mlflow server ($BACKEND) on $HOST:$PORT, $WORKERS workers"
+  # Own session (setsid): stop can reach the workers through the process group if needed.
+  # MLFLOW_BACKEND_STORE_URI instead of an argument keeps the URI out of `ps`.
+  # MLflow 3's background job runner (7 huey processes, for GenAI scorers) is off unless
+  # MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true is exported: experiment tracking does not use it.
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
+    MLFLOW_BACKEND_STORE_URI=$uri setsid "$MLFLOW" server \
+    --host "$HOST" --port "$PORT" --workers "$WORKERS" \
+    --artifacts-destination "$DIR/artifacts" "${allowed[@]}" \
+    </dev/null >"$DIR/server.log" 2>&1 9>&- &
+  echo $! >"$PIDFILE"
+  local end=$((SECONDS + 120))
+  until health "$(client_host)" "$PORT" 2>/dev/null; do
+    server_alive || die "mlflow server exited; see $DIR/server.log"
+    ((SECONDS < end)) || die "/health did not answer in 120 s; see $DIR/server.log"
+    sleep 0.3
+  done
+  log "ready: $BACKEND store, artifacts in $DIR/artifacts, log $DIR/server.log"
+  cmd_env
+}
+
+cmd_stop() {
+  [[ -d $DIR ]] || { log "nothing to stop ($DIR absent)"; return 0; }
+  exec 9>"$DIR/.lock"
+  flock 9
+  if server_alive; then
+    local pid i
+    pid=$(<"$PIDFILE")
+    kill -TERM "$pid"
+    for ((i = 0; i < 150; i++)); do server_alive || break; sleep 0.1; done
+    # The workers share the parent's process group (setsid at start); wait for all of them.
+    for (( ; i < 150; i++)); do pgrep -g "$pid" >/dev/null || break; sleep 0.1; done
+    if pgrep -g "$pid" >/dev/null; then
+      log "server ignored SIGTERM for 15 s; killing its process group"
+      kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    log "stopped mlflow server"
+  fi
+  rm -f "$PIDFILE"
+  stop_postgres
+}
+
+cmd_status() {
+  if server_alive; then
+    read -r HOST PORT <"$DIR/address"
+    echo "mlflow server running (pid $(<"$PIDFILE"), backend $(<"$DIR/backend"), http://$(client_host):$PORT)"
+    if health "$(client_host)" "$PORT"; then echo "health: OK"; else echo "health: NOT answering"; return 1; fi
+  else
+    echo "mlflow server stopped"
+    return 1
+  fi
+}
+
+case $cmd in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  env)
+    [[ -s $DIR/address ]] && read -r HOST PORT <"$DIR/address"
+    cmd_env
+    ;;
+  purge)
+    cmd_stop
+    rm -rf "$DIR"
+    log "removed $DIR"
+    ;;
+  *) usage ;;
+esac
