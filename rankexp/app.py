@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -212,6 +214,20 @@ def _job_context() -> tuple[Path, Path | None, str]:
 
 
 # --------------------------------------------------------------------------- the job
+FAULT_ENV = "RANKEXP_FAULT_KILL"
+
+
+def _fault_injection(overrides: str) -> None:
+    """Failure-handling tests: if ``$RANKEXP_FAULT_KILL`` names one of this job's overrides
+    (e.g. ``alpha=2``), the job SIGKILLs itself right after its MLflow run exists — the way
+    an OOM killer or a Slurm preemption ends a job, with no chance to report."""
+    target = os.environ.get(FAULT_ENV)
+    if target and target in overrides.split():
+        log.warning("%s=%s: killing this job (pid %d)", FAULT_ENV, target, os.getpid())
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Run one job end to end; returns ``{"status", "run_id", "scalars"}``.
 
@@ -265,6 +281,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         else:
             with tracking.RunLogger(uri, exp_id, run_name(s), params, tags) as logger:
                 run_id = logger.run_id
+                _fault_injection(overrides)
                 result = task(s, device, job_dir, logger)
                 files = save_result(job_dir, result, {"config_hash": chash, "run_id": run_id,
                                                       "status": "FINISHED"})
