@@ -1,0 +1,451 @@
+"""Residual representations of many probe inputs and their mean spike (Figure 7/14/15, Table 6).
+
+For ``n`` probe inputs (the batch axis of the model's ``(E, B, d)`` layout,
+B = n) the stream at depth l forms ``Z_l ∈ R^{n×d}`` (rows = inputs,
+*uncentered*).  A branch whose output has a nonzero mean over inputs adds the
+same vector ``m_l`` to every row; when those means align across layers
+(one-matrix branches ``σ(W x)`` with ``E[σ] ≠ 0``: they all point along the
+all-ones vector, with per-input cosine ``c = E[σ]²/E[σ²]``, Table 1) the sum
+``Σ_{k≤l} m_k`` grows ∝ l and ``Z_l`` collapses onto one direction.  With
+``M = 2`` the mean passes through an independent ``W_down`` per layer, the means
+point in random directions, the sum grows ∝ √l and the rank survives.
+
+The backward analogue (Appendix C) applies the same measures to the
+per-input gradients ``δ_l = ∂ℓ/∂h_l`` stacked as ``n×d``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .measure import Measurement, ProbeContext, register_probe
+from .model import Block, ResidualMLP, gaussian_input, seeded_generator
+from .spectra import erank_from_sv
+from .theory import activation_constants
+
+#: Random stream (see :func:`rankexp.model.seeded_generator`) for the backward probe's
+#: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
+STREAM_BACKWARD = 16
+
+
+# --------------------------------------------------------------------------- spectra of n×d stacks
+def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
+    """``(erank(Z)/d, s_1²/Σ s_k²)`` of uncentered stacks ``Z`` ``(E, n, d)`` → two ``(E,)``.
+
+    Singular values come from the smaller Gram matrix (``ZᵀZ`` or ``ZZᵀ``) by a
+    symmetric eigensolver, so the cost is ``O(n d min(n, d))``.  erank is divided
+    by d (so it is at most ``min(n, d)/d``).
+    """
+    n, d = z.shape[-2:]
+    g = z.mT @ z if n >= d else z @ z.mT
+    ev = torch.linalg.eigvalsh(g).clamp(min=0).flip(-1)
+    er = erank_from_sv(ev.sqrt()) / d
+    return er, ev[..., 0] / ev.sum(-1)
+
+
+def _tiny(x: Tensor) -> float:
+    """Smallest positive normal number of ``x``'s dtype (guards 0/0 in any precision)."""
+    return torch.finfo(x.dtype).tiny
+
+
+def _cos(a: Tensor, b: Tensor) -> Tensor:
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp(min=_tiny(a))
+
+
+def _loglog_slope(y: Tensor) -> Tensor:
+    """Least-squares slope of ``ln y_l`` vs ``ln l``, l = 1…n, for ``y`` ``(E, n)`` → ``(E,)``."""
+    x = torch.log(torch.arange(1, y.shape[1] + 1, dtype=y.dtype, device=y.device))
+    x = x - x.mean()
+    ly = torch.log(y.clamp(min=_tiny(y)))
+    return ((ly - ly.mean(1, keepdim=True)) * x).sum(1) / x.square().sum()
+
+
+# --------------------------------------------------------------------------- forward walk
+def _run_block(
+    model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Block l on the stored states: returns ``(branch output, h_l)``; branch = ``β B(f(P(h_{l−1})))``."""
+    x = states[l - 1]
+    b = block.branch(x)
+    s = b + states[model.skip_source(l)] if block.has_skip else b
+    return b, block.res_norm(s)
+
+
+@dataclass
+class Representation:
+    """Forward representation measures of one network on n probe inputs.
+
+    Shapes: E members, L depth, d width.  l = 0…L for stream quantities, l = 1…L
+    for branch quantities.
+
+    Attributes:
+        erank: ``erank(Z_l)/d`` ``(E, L+1)``.
+        top_energy: ``s_1²/Σ s_k²`` of ``Z_l`` ``(E, L+1)``.
+        branch_means: ``m_l`` = mean over inputs of the branch output ``(E, L, d)``.
+        noise_floor: ``sqrt(E_x‖b_l(x)‖² / n)`` ``(E, L)``: the norm a mean of n
+            zero-mean outputs would have by chance.
+        input_cos_prev: mean over inputs of ``cos(b_l(x), b_k(x))`` averaged over k < l
+            ``(E, L)`` (entry l = 1 is NaN).
+        input_cos_cross: the same over all pairs k ≠ l ``(E,)`` (Table 1: ≈ c for M = 1).
+        preact_var: nominal preactivation variance ``q = α² rms(P(h_{l−1}))²`` (the
+            expectation of ``(w·x)²`` over the weights), averaged over inputs and layers
+            ``(E,)``: the q at which to read Table 1 constants.
+    """
+
+    erank: Tensor
+    top_energy: Tensor
+    branch_means: Tensor
+    noise_floor: Tensor
+    input_cos_prev: Tensor
+    input_cos_cross: Tensor
+    preact_var: Tensor
+
+    @property
+    def mean_norm(self) -> Tensor:
+        """``‖m_l‖`` ``(E, L)``."""
+        return self.branch_means.norm(dim=-1)
+
+    @property
+    def mean_sum_norm(self) -> Tensor:
+        """``‖Σ_{k≤l} m_k‖`` ``(E, L)``: ∝ l for aligned means, ∝ √l for random ones."""
+        return self.branch_means.cumsum(1).norm(dim=-1)
+
+    @property
+    def mean_cos_matrix(self) -> Tensor:
+        """Pairwise ``cos(m_l, m_k)`` ``(E, L, L)``."""
+        u = self.branch_means / self.branch_means.norm(dim=-1, keepdim=True).clamp(
+            min=_tiny(self.branch_means)
+        )
+        return u @ u.mT
+
+    @property
+    def mean_cos_next(self) -> Tensor:
+        """``cos(m_l, m_{l+1})`` ``(E, L−1)``."""
+        return _cos(self.branch_means[:, :-1], self.branch_means[:, 1:])
+
+    @property
+    def mean_cos_ones(self) -> Tensor:
+        """``cos(m_l, 1)`` ``(E, L)``."""
+        return _cos(self.branch_means, torch.ones_like(self.branch_means))
+
+
+def representation(
+    model: ResidualMLP, h0: Tensor, *, progress: Callable[[int], None] | None = None
+) -> Representation:
+    """Stream the probe inputs through the network once and measure ``Z_l`` and the branch means.
+
+    Args:
+        model: the network (E members, any placement, M, activation, skip spacing).
+        h0: probe inputs ``(E, n, d)``.
+        progress: called with each finished layer index.
+
+    Returns:
+        :class:`Representation`.  Memory ``O(E·n·(d + m))`` plus ``E·L·d`` for the means;
+        only the states a later skip reads are kept.
+    """
+    e, n, d = h0.shape
+    L = model.depth
+    states = {0: h0}
+    er, top = [None] * (L + 1), [None] * (L + 1)
+    er[0], top[0] = stack_spectrum(h0)
+    means, floor, cos_prev, q = [], [], [], []
+    unit_sum = torch.zeros_like(h0)
+    keep = max(model.skip_every, 1)
+    with torch.no_grad():
+        for l, block in enumerate(model.blocks, start=1):
+            # E_W[(w·x)²] = α² rms(x)² for w ~ N(0, α²/d): no extra matmul needed
+            q.append(model.alpha**2 * block.pre_norm(states[l - 1]).square().mean((-2, -1)))
+            b, h = _run_block(model, l, block, states)
+            states[l] = h
+            states.pop(l - keep, None)
+            er[l], top[l] = stack_spectrum(h)
+            means.append(b.mean(1))
+            floor.append((b.square().sum(-1).mean(1) / n).sqrt())
+            unit = b / b.norm(dim=-1, keepdim=True).clamp(min=_tiny(b))
+            if l == 1:
+                cos_prev.append(torch.full((e,), math.nan, dtype=h0.dtype, device=h0.device))
+            else:
+                cos_prev.append((unit * unit_sum).sum(-1).mean(1) / (l - 1))
+            unit_sum += unit
+            if progress is not None:
+                progress(l)
+    cross = (
+        (unit_sum.square().sum(-1) - L) / (L * (L - 1))
+        if L > 1
+        else torch.full((e, n), math.nan, dtype=h0.dtype)
+    )
+    return Representation(
+        erank=torch.stack(er, 1),
+        top_energy=torch.stack(top, 1),
+        branch_means=torch.stack(means, 1),
+        noise_floor=torch.stack(floor, 1),
+        input_cos_prev=torch.stack(cos_prev, 1),
+        input_cos_cross=cross.mean(1),
+        preact_var=torch.stack(q, 1).mean(1),
+    )
+
+
+# --------------------------------------------------------------------------- backward walk
+def output_gradient(
+    model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
+) -> Tensor:
+    """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C).
+
+    Args:
+        kind: ``random`` — ``δ_L ~ N(0, I_d)`` i.i.d. per input; ``cross_entropy`` —
+            the gradient of the summed cross-entropy of a random linear head
+            ``W ∈ R^{C×d}``, ``W ~ N(0, 1/d)``, with uniformly random labels:
+            ``δ_L = (softmax(h_L Wᵀ) − onehot(y)) W``.  Draws come from each member's
+            seed on stream :data:`STREAM_BACKWARD`.
+        classes: C for ``cross_entropy``.
+
+    Raises:
+        ValueError: unknown ``kind`` or ``classes < 2``.
+    """
+    e, n, d = h_last.shape
+    dt, dev = h_last.dtype, h_last.device
+    if kind == "random":
+        rows = [
+            torch.randn(n, d, generator=seeded_generator(s, STREAM_BACKWARD), dtype=torch.float64)
+            for s in model.seeds
+        ]
+        return torch.stack(rows).to(dtype=dt, device=dev)
+    if kind == "cross_entropy":
+        if classes < 2:
+            raise ValueError(f"classes={classes} must be ≥ 2")
+        out = []
+        for i, s in enumerate(model.seeds):
+            g = seeded_generator(s, STREAM_BACKWARD)
+            w = (torch.randn(classes, d, generator=g, dtype=torch.float64) / math.sqrt(d)).to(
+                dtype=dt, device=dev
+            )
+            y = torch.randint(classes, (n,), generator=g).to(dev)
+            p = torch.softmax(h_last[i] @ w.T, dim=-1)
+            p[torch.arange(n, device=dev), y] -= 1.0
+            out.append(p @ w)
+        return torch.stack(out)
+    raise ValueError(f"delta={kind!r} is not one of random, cross_entropy")
+
+
+@dataclass
+class BackwardRepresentation:
+    """Measures of the per-input gradients ``δ_l`` ``(E, n, d)``, l = 0…L (Appendix C).
+
+    Attributes:
+        erank: ``erank(Δ_l)/d`` ``(E, L+1)`` (Δ_l = the n×d stack of δ_l).
+        top_energy: ``s_1²/Σ s²`` ``(E, L+1)``.
+        log_rms: ``ln rms(δ_l)`` ``(E, L+1)``.
+        mean_snr: ``‖mean_x δ_l‖ / sqrt(E_x‖δ_l‖²/n)`` ``(E, L+1)`` (≈ 1 at the noise floor).
+        mean_cos_ones: ``cos(mean_x δ_l, 1)`` ``(E, L+1)``.
+    """
+
+    erank: Tensor
+    top_energy: Tensor
+    log_rms: Tensor
+    mean_snr: Tensor
+    mean_cos_ones: Tensor
+
+
+def backward_representation(
+    model: ResidualMLP,
+    h0: Tensor,
+    *,
+    delta: str = "random",
+    classes: int = 10,
+    progress: Callable[[int], None] | None = None,
+) -> BackwardRepresentation:
+    """Backpropagate a per-input ``δ_L`` through the stack and measure every ``δ_l``.
+
+    ``δ_{l−1}`` collects the vector–Jacobian products of block l with respect to its
+    branch input and (for the skip) its skip source.  States are recomputed from
+    checkpoints every ``⌈√L⌉`` blocks, so memory is ``O(√L·E·n·d)`` and the cost
+    about two forward passes plus one backward pass.
+
+    Args:
+        model: the network (any placement, M, activation, skip spacing).
+        h0: probe inputs ``(E, n, d)``.
+        delta, classes: see :func:`output_gradient`.
+    """
+    L, keep = model.depth, max(model.skip_every, 1)
+    seg = max(1, math.isqrt(L - 1) + 1)
+    # forward pass keeping a window of `keep` states at every segment start
+    ckpt: dict[int, dict[int, Tensor]] = {}
+    states = {0: h0}
+    with torch.no_grad():
+        for l, block in enumerate(model.blocks, start=1):
+            if (l - 1) % seg == 0:
+                ckpt[l - 1] = {j: states[j] for j in range(max(0, l - keep), l)}
+            states[l] = _run_block(model, l, block, states)[1]
+            states.pop(l - keep, None)
+        h_last = states[L]
+    del states
+    deltas = {L: output_gradient(model, h_last, delta, classes)}
+    stats: dict[int, tuple] = {}
+
+    def measure(j: int) -> None:
+        g = deltas[j]
+        er, top = stack_spectrum(g)
+        n = g.shape[1]
+        mean = g.mean(1)
+        floor = (g.square().sum(-1).mean(1) / n).sqrt()
+        stats[j] = (
+            er,
+            top,
+            g.square().mean((-2, -1)).sqrt().log(),
+            mean.norm(dim=-1) / floor,
+            _cos(mean, torch.ones_like(mean)),
+        )
+
+    measure(L)
+    for start in sorted(ckpt, reverse=True):
+        stop = min(start + seg, L)
+        seg_states = dict(ckpt[start])
+        with torch.no_grad():
+            for l in range(start + 1, stop + 1):
+                seg_states[l] = _run_block(model, l, model.blocks[l - 1], seg_states)[1]
+        for l in range(stop, start, -1):
+            block = model.blocks[l - 1]
+            with torch.enable_grad():
+                x = seg_states[l - 1].detach().requires_grad_(True)
+                skip_from = model.skip_source(l) if block.has_skip else None
+                if skip_from is not None:
+                    src = (
+                        seg_states[skip_from]
+                        if skip_from in seg_states
+                        else ckpt_lookup(ckpt, skip_from)
+                    )
+                    s = src.detach().requires_grad_(True)
+                    out = block(x, s)
+                    gx, gs = torch.autograd.grad(out, (x, s), deltas[l])
+                    deltas[skip_from] = deltas[skip_from] + gs if skip_from in deltas else gs
+                else:
+                    out = block(x)
+                    (gx,) = torch.autograd.grad(out, (x,), deltas[l])
+            deltas[l - 1] = deltas[l - 1] + gx if (l - 1) in deltas else gx
+            del deltas[l]
+            measure(l - 1)
+            if progress is not None:
+                progress(l)
+    idx = range(L + 1)
+    return BackwardRepresentation(*(torch.stack([stats[j][i] for j in idx], 1) for i in range(5)))
+
+
+def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
+    """The stored state ``h_j`` from any checkpoint window (spaced skips reaching across segments)."""
+    for window in ckpt.values():
+        if j in window:
+            return window[j]
+    raise KeyError(f"state h_{j} was not checkpointed")
+
+
+# --------------------------------------------------------------------------- probes
+def _options(ctx: ProbeContext, name: str, defaults: dict) -> dict:
+    """``ctx.options[name]`` merged over ``defaults``; unknown keys are an error."""
+    given = dict(ctx.options.get(name) or {})
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **given}
+
+
+def probe_inputs(ctx: ProbeContext, n: int) -> Tensor:
+    """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT`` of each seed)."""
+    if n < 2:
+        raise ValueError(f"n={n} probe inputs: need at least 2")
+    p = ctx.h0
+    return gaussian_input(ctx.model.seeds, ctx.width, batch=int(n), dtype=p.dtype, device=p.device)
+
+
+@register_probe("representation")
+def probe_representation(ctx: ProbeContext) -> Measurement:
+    """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
+
+    Options (``task.options.representation``): ``n`` probe inputs (default 1024).
+
+    Series (step = l): ``rep_erank`` erank(Z_l)/d and ``rep_top_energy`` s_1²/Σs² for
+    l = 0…L; ``branch_mean_norm`` ‖m_l‖, ``branch_mean_noise_floor`` sqrt(E‖b_l‖²/n),
+    ``branch_mean_sum_norm`` ‖Σ_{k≤l} m_k‖, ``branch_mean_cos_ones`` cos(m_l, 1) for
+    l = 1…L; ``branch_mean_cos_next`` cos(m_l, m_{l+1}) for l = 1…L−1;
+    ``branch_input_cos_prev`` per-input cos(b_l(x), b_k(x)) averaged over k < l and
+    inputs, l = 2…L.
+    Scalars: ``rep_erank_final``, ``rep_erank_min``, ``rep_top_energy_final``;
+    ``branch_input_cos_cross`` (per-input cross-layer mean cosine; Table 1 predicts c
+    for M = 1 and 0 for M = 2), ``coherence_theory`` (c at the measured preactivation
+    variance); ``branch_mean_cos_cross`` (mean of cos(m_l, m_k) over k ≠ l),
+    ``branch_mean_cos_consecutive``, ``branch_mean_cos_ones_mean``,
+    ``branch_mean_sum_exponent`` (log–log slope of ‖Σ_{k≤l} m_k‖: 1 aligned, ½ random),
+    ``branch_mean_snr`` (mean over l of ‖m_l‖ / noise floor).
+    Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``.
+    """
+    opt = _options(ctx, "representation", {"n": 1024})
+    rep = representation(ctx.model, probe_inputs(ctx, int(opt["n"])))
+    L = ctx.model.depth
+    layers, streams = ctx.layers, np.arange(0, L + 1)
+    m = Measurement()
+    m.add_seed_series("rep_erank", rep.erank, streams)
+    m.add_seed_series("rep_top_energy", rep.top_energy, streams)
+    m.add_seed_stat("rep_erank_final", rep.erank[:, -1])
+    m.add_seed_stat("rep_erank_min", rep.erank.amin(1))
+    m.add_seed_stat("rep_top_energy_final", rep.top_energy[:, -1])
+    m.add_seed_series("branch_mean_norm", rep.mean_norm, layers)
+    m.add_seed_series("branch_mean_noise_floor", rep.noise_floor, layers)
+    m.add_seed_series("branch_mean_sum_norm", rep.mean_sum_norm, layers)
+    m.add_seed_series("branch_mean_cos_ones", rep.mean_cos_ones, layers)
+    m.add_seed_stat("branch_mean_cos_ones_mean", rep.mean_cos_ones.mean(1))
+    m.add_seed_stat("branch_mean_sum_exponent", _loglog_slope(rep.mean_sum_norm))
+    m.add_seed_stat("branch_mean_snr", (rep.mean_norm / rep.noise_floor).mean(1))
+    if L > 1:
+        m.add_seed_series("branch_mean_cos_next", rep.mean_cos_next, layers[:-1])
+        m.add_seed_stat("branch_mean_cos_consecutive", rep.mean_cos_next.mean(1))
+        m.add_seed_series("branch_input_cos_prev", rep.input_cos_prev[:, 1:], layers[1:])
+        m.add_seed_stat("branch_input_cos_cross", rep.input_cos_cross)
+        cm = rep.mean_cos_matrix
+        off = (cm.sum((1, 2)) - cm.diagonal(dim1=1, dim2=2).sum(1)) / (L * (L - 1))
+        m.add_seed_stat("branch_mean_cos_cross", off)
+        m.arrays["branch_mean_cos_matrix"] = cm.double().cpu().numpy()
+    q = float(rep.preact_var.mean())
+    m.scalars["coherence_theory"] = activation_constants(ctx.model.activation, q).coherence
+    return m
+
+
+@register_probe("backward_representation")
+def probe_backward_representation(ctx: ProbeContext) -> Measurement:
+    """Per-input gradients ``δ_l = ∂ℓ/∂h_l`` as an n×d stack (Appendix C).
+
+    Options (``task.options.backward_representation``): ``n`` probe inputs (default
+    1024), ``delta`` = ``random`` | ``cross_entropy`` (default ``random``), ``classes``
+    (default 10).
+
+    Series (step = l, l = 0…L): ``grad_erank`` erank(Δ_l)/d, ``grad_top_energy``,
+    ``grad_log_rms`` ln rms(δ_l), ``grad_mean_snr`` ‖mean δ_l‖ / sqrt(E‖δ_l‖²/n),
+    ``grad_mean_cos_ones`` cos(mean δ_l, 1).
+    Scalars: ``grad_erank_input`` (at l = 0), ``grad_erank_min``, ``grad_top_energy_input``,
+    ``grad_log_gain`` = ln rms(δ_0) − ln rms(δ_L).
+    """
+    opt = _options(ctx, "backward_representation", {"n": 1024, "delta": "random", "classes": 10})
+    br = backward_representation(
+        ctx.model,
+        probe_inputs(ctx, int(opt["n"])),
+        delta=str(opt["delta"]),
+        classes=int(opt["classes"]),
+    )
+    steps = np.arange(0, ctx.model.depth + 1)
+    m = Measurement()
+    m.add_seed_series("grad_erank", br.erank, steps)
+    m.add_seed_series("grad_top_energy", br.top_energy, steps)
+    m.add_seed_series("grad_log_rms", br.log_rms, steps)
+    m.add_seed_series("grad_mean_snr", br.mean_snr, steps)
+    m.add_seed_series("grad_mean_cos_ones", br.mean_cos_ones, steps)
+    m.add_seed_stat("grad_erank_input", br.erank[:, 0])
+    m.add_seed_stat("grad_erank_min", br.erank.amin(1))
+    m.add_seed_stat("grad_top_energy_input", br.top_energy[:, 0])
+    m.add_seed_stat("grad_log_gain", br.log_rms[:, 0] - br.log_rms[:, -1])
+    return m

@@ -1,0 +1,539 @@
+"""Closed forms and quadrature references the probes are compared against.
+
+Everything here is deterministic NumPy on scalars or small arrays: Gaussian
+activation constants (Table 1), the Pre-Norm ratio and stream growth (Eq. 21/22,
+science.md §2 items 2–3), the Marchenko–Pastur law of the masked up-projection
+(Figure 9/17), the Gaussian-product reference for ``erank(J_f)`` (Figure 8), the
+uncorrelated path-order profile (Eq. 5/11), and the mean-field companions
+(length map, χ₁, depth scale, ReLU correlation map, residual variance,
+effective path distribution) from the textbook chapter "Why Deeper Is Not
+Always Better".
+
+Gaussian expectations ``E_{z~N(0,1)}[g(z)]`` are computed by Gaussian
+quadrature.  The default rule is Gauss–Legendre on each half-line ``[−T, 0]``
+and ``[0, T]`` with ``T = 12`` (tail mass ``< 1e−32``) times the normal
+density: it converges to machine precision for every activation here, including
+those with a kink or jump at 0 (relu, abs, leaky_relu and their step-function
+derivatives), where probabilists' Gauss–Hermite
+(:func:`numpy.polynomial.hermite_e.hermegauss`, ``rule="hermite"``) converges
+only like ``1/n``, and tanh, whose poles at ``±iπ/2`` limit Gauss–Hermite to
+~1e−10 at 160 nodes.  Gauss–Hermite remains available and agrees to ~1e−13 for
+gelu and silu (tested).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
+from numpy.polynomial.legendre import leggauss
+from scipy import special, stats
+
+from .model import ACTIVATIONS, LEAKY_SLOPE
+
+# --------------------------------------------------------------------------- quadrature
+_HERMITE_NODES = 160
+_LEGENDRE_NODES = 160
+_TRUNCATION = 12.0
+
+
+def _hermite_rule(n: int = _HERMITE_NODES) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights with ``Σ w g(x) ≈ E_{z~N(0,1)} g(z)`` (weights sum to 1)."""
+    x, w = hermegauss(n)
+    return x, w / math.sqrt(2 * math.pi)
+
+
+def _split_rule(n: int = _LEGENDRE_NODES, t: float = _TRUNCATION) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss–Legendre on ``[−t, 0] ∪ [0, t]`` times the standard normal density."""
+    y, v = leggauss(n)
+    half = 0.5 * t * (y + 1.0)  # nodes on (0, t)
+    x = np.concatenate([-half[::-1], half])
+    w = np.concatenate([v[::-1], v]) * 0.5 * t * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+    return x, w
+
+
+def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "split") -> float:
+    """``E_{z~N(0,1)}[g(z)]`` by Gaussian quadrature.
+
+    Args:
+        g: vectorized function of a NumPy array.
+        rule: ``split`` (Gauss–Legendre on ``[−12, 0] ∪ [0, 12]``; default, exact to
+            ~1e−15 for piecewise-analytic g with pieces meeting at 0) or ``hermite``
+            (160-node Gauss–Hermite; only for smooth g).
+
+    Raises:
+        ValueError: unknown ``rule``.
+    """
+    if rule not in ("split", "hermite"):
+        raise ValueError(f"rule={rule!r} is not one of split, hermite")
+    x, w = _split_rule() if rule == "split" else _hermite_rule()
+    return float(np.dot(w, g(x)))
+
+
+# --------------------------------------------------------------------------- activations
+def _silu(x):
+    return x * special.expit(x)
+
+
+def _silu_prime(x):
+    s = special.expit(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _gelu(x):
+    return x * special.ndtr(x)
+
+
+def _gelu_prime(x):
+    return special.ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+
+
+#: name → (σ, σ′) as NumPy functions (σ′ at the kink: right derivative, a null set).
+_SIGMA: dict[str, tuple[Callable, Callable]] = {
+    "relu": (lambda x: np.maximum(x, 0.0), lambda x: (x > 0).astype(float)),
+    "abs": (np.abs, np.sign),
+    "leaky_relu": (
+        lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
+        lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE),
+    ),
+    "gelu": (_gelu, _gelu_prime),
+    "silu": (_silu, _silu_prime),
+    "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
+    "linear": (lambda x: x, np.ones_like),
+    "swiglu": (_silu, _silu_prime),  # the gate; see activation_constants for the gated unit
+}
+
+
+def sigma_numpy(
+    name: str,
+) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """NumPy ``(σ, σ′)`` for activation ``name`` (the scalar gate for ``swiglu``).
+
+    Raises:
+        ValueError: ``name`` is not in :data:`rankexp.model.ACTIVATIONS`.
+    """
+    if name not in _SIGMA:
+        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")
+    return _SIGMA[name]
+
+
+@dataclass(frozen=True)
+class ActivationConstants:
+    """Gaussian constants of one activation at preactivation variance ``q`` (Table 1).
+
+    Attributes:
+        name: activation.
+        q: preactivation variance, ``z ~ N(0, q)``.
+        mean: ``E[σ(z)]``.
+        kappa: κ = ``E[σ(z)²]`` (stream growth, Eq. 22; ½ for ReLU at q = 1).
+        coherence: c = ``E[σ]² / E[σ²]`` — the energy fraction of the mean (all-ones)
+            direction in ``σ(W h)``; 0 when κ = 0.
+        spike_bound: ``1/c``, the stable rank ``σ(W h)`` approaches when its mean
+            spike dominates (∞ for c = 0).
+        survival: p = ``E[σ′(z)²]`` — mean squared diagonal of the mask D (Eq. 9/25);
+            the effective surviving fraction in γ = p·m/d.
+        survival_rate: ``P(σ′(z) ≠ 0)`` — the fraction of nonzero mask entries.
+    """
+
+    name: str
+    q: float
+    mean: float
+    kappa: float
+    coherence: float
+    spike_bound: float
+    survival: float
+    survival_rate: float
+
+
+def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
+    """Table 1 constants of σ = ``name`` for ``z ~ N(0, q)`` by quadrature.
+
+    Closed forms at q = 1 (tests): relu c = 1/π, p = κ = ½, rate ½; abs c = 2/π,
+    p = rate = 1, κ = 1; leaky_relu (slope a) c = (1−a)²/(π(1+a²)), p = κ = (1+a²)/2;
+    linear c = 0, p = κ = 1; tanh c = 0 by symmetry.
+
+    ``swiglu`` (gated unit ``h = silu(g)·u`` with independent ``g, u ~ N(0, q)``) is
+    a documented approximation: mean 0 and c = 0 exactly (u is symmetric),
+    κ = ``E[silu(g)²]·q``, and p is the expected squared norm per hidden unit of
+    the gated Jacobian row ``silu′(g) u w_g + silu(g) w_u`` relative to ``‖w‖²``,
+    ``p = q·E[silu′(g)²] + E[silu(g)²]``.  The gated hidden Jacobian is a
+    row-scaled Gaussian, not a 0/1 mask times ``W_up``, so Marchenko–Pastur at
+    γ = p·m/d is only approximate for it (as it is for gelu and silu).
+
+    Raises:
+        ValueError: unknown activation, or ``q ≤ 0``.
+    """
+    if not q > 0:
+        raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
+    sig, dsig = sigma_numpy(name)
+    s = math.sqrt(q)
+    if name == "swiglu":
+        e_s2 = gaussian_expectation(lambda z: sig(s * z) ** 2)
+        e_d2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
+        mean, kappa, p, rate = 0.0, e_s2 * q, q * e_d2 + e_s2, 1.0
+    else:
+        mean = gaussian_expectation(lambda z: sig(s * z))
+        kappa = gaussian_expectation(lambda z: sig(s * z) ** 2)
+        p = gaussian_expectation(lambda z: dsig(s * z) ** 2)
+        rate = gaussian_expectation(lambda z: (dsig(s * z) != 0).astype(float))
+    c = mean**2 / kappa if kappa > 0 else 0.0
+    if c < 1e-14:  # symmetric σ: the quadrature's rounding is not a spike
+        c = 0.0
+    return ActivationConstants(
+        name=name,
+        q=float(q),
+        mean=mean,
+        kappa=kappa,
+        coherence=c,
+        spike_bound=math.inf if c == 0 else 1.0 / c,
+        survival=p,
+        survival_rate=rate,
+    )
+
+
+# --------------------------------------------------------------------------- Eq. 21/22
+def prenorm_branch_ratio(layer, nominal_ratio: float, kappa: float):
+    """Pre-Norm branch-to-skip ratio (Eq. 22): ``r̃_l = βα^M / sqrt(1 + κ(βα^M)²(l−1))``.
+
+    This is the nominal ratio ``βα^M √d/‖h_{l−1}‖`` (Eq. 21) with the Pre-Norm stream
+    of :func:`prenorm_stream_rms` and ``rms(h_0) = 1``.  The measured Frobenius ratio
+    ``‖βJ_l‖_F/‖I‖_F`` (Eq. 4) carries one more factor ``√p``, p = E[σ′(z)²]
+    (:func:`activation_constants`), because ``‖D W‖_F² = p ‖W‖_F²`` for the mask
+    ``D = diag(σ′)``: measured ``r_l ≈ √p · r̃_l`` (tested for ReLU, M = 2).
+
+    Args:
+        layer: l ≥ 1 (scalar or array).
+        nominal_ratio: βα^M (Eq. 21 at ‖h‖ = √d); post-norm holds ``r_l`` at this value.
+        kappa: κ = E[σ(z)²] (:func:`activation_constants`).
+
+    Returns:
+        ``r̃_l``, same shape as ``layer``, dimensionless.
+    """
+    l = np.asarray(layer, dtype=float)
+    return nominal_ratio / np.sqrt(1.0 + kappa * nominal_ratio**2 * (l - 1.0))
+
+
+def prenorm_stream_rms(layer, nominal_ratio: float, kappa: float):
+    """Pre-Norm stream scale ``rms(h_l) = sqrt(1 + κ(βα^M)² l)`` for ``rms(h_0) = 1`` (Figure 11).
+
+    Each Pre-Norm branch sees a unit-rms input and adds ``κ(βα^M)²`` of mean-square
+    energy, uncorrelated with the stream; at L = 384, βα^M = 1, κ = 0.51 this is ≈ 14.
+    """
+    l = np.asarray(layer, dtype=float)
+    return np.sqrt(1.0 + kappa * nominal_ratio**2 * l)
+
+
+# --------------------------------------------------------------------------- Marchenko–Pastur
+def marchenko_pastur_edges(gamma: float) -> tuple[float, float]:
+    """Bulk edges ``((1−1/√γ)², (1+1/√γ)²)`` of the normalized Gram spectrum (Figure 9).
+
+    Normalization (used throughout): ``G = (D W_up)ᵀ (D W_up)`` (``d×d``) divided
+    by its mean eigenvalue ``tr(G)/d``.  For a 0/1 mask with ``n = γ d`` surviving
+    Gaussian rows this is the sample covariance of ``n`` standard samples in
+    dimension ``d`` (aspect ratio λ = d/n = 1/γ), whose limit law is MP with
+    these edges, mean 1, and an atom of mass ``1 − γ`` at 0 when γ < 1.
+
+    Raises:
+        ValueError: γ ≤ 0.
+    """
+    if not gamma > 0:
+        raise ValueError(f"gamma={gamma} must be > 0 (γ = p·m/d)")
+    r = 1.0 / math.sqrt(gamma)
+    return (1.0 - r) ** 2, (1.0 + r) ** 2
+
+
+def marchenko_pastur_atom(gamma: float) -> float:
+    """Mass of the zero eigenvalue, ``max(0, 1 − γ)`` (γ < 1: fewer surviving rows than d)."""
+    return max(0.0, 1.0 - gamma)
+
+
+def marchenko_pastur_density(x, gamma: float):
+    """Continuous part of the MP density at ``x`` for aspect ratio λ = 1/γ, mean 1.
+
+    ``ρ(x) = sqrt((b−x)(x−a)) / (2π λ x)`` on ``[a, b]`` (:func:`marchenko_pastur_edges`),
+    0 elsewhere; it integrates to ``1 − atom`` (:func:`marchenko_pastur_atom`).
+    """
+    a, b = marchenko_pastur_edges(gamma)
+    x = np.asarray(x, dtype=float)
+    inside = (x > a) & (x < b) & (x > 0)
+    xs = np.where(inside, x, 1.0)
+    return np.where(
+        inside, np.sqrt(np.clip((b - xs) * (xs - a), 0, None)) * gamma / (2 * np.pi * xs), 0.0
+    )
+
+
+def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
+    """MP cumulative distribution (atom included) at ``x``, accurate to ~1e−8.
+
+    The bulk is integrated on ``x(θ) = (a+b)/2 − (b−a)/2 cos θ``, which removes the
+    square-root edges, by the cumulative trapezoid rule.
+    """
+    a, b = marchenko_pastur_edges(gamma)
+    theta = np.linspace(0.0, np.pi, grid)
+    xt = 0.5 * (a + b) - 0.5 * (b - a) * np.cos(theta)
+    half = 0.5 * (b - a)
+    # density · dx/dθ = half² sin²θ γ / (2π x); at γ = 1 (a = 0) its limit at θ = 0 is half γ/π
+    integrand = np.where(
+        xt > 0,
+        (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
+        half * gamma / np.pi,
+    )
+    cum = np.concatenate(
+        [[0.0], np.cumsum(0.5 * (integrand[1:] + integrand[:-1]) * np.diff(theta))]
+    )
+    cum *= (1.0 - marchenko_pastur_atom(gamma)) / cum[-1]  # exact total mass
+    x = np.asarray(x, dtype=float)
+    return np.where(
+        x < 0, 0.0, marchenko_pastur_atom(gamma) + np.interp(x, xt, cum, left=0.0, right=cum[-1])
+    )
+
+
+def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> float:
+    """Kolmogorov–Smirnov distance between normalized eigenvalues and MP(γ).
+
+    Args:
+        eigenvalues: eigenvalues of ``G / (tr G / d)`` (any shape; pooled), ≥ 0.
+        gamma: γ = p·m/d.
+        zero_tol: eigenvalues below ``zero_tol · max`` count as the atom at 0.
+
+    Returns:
+        ``sup_x |F_emp(x) − F_MP(x)|`` ∈ [0, 1], including the jump at 0.
+    """
+    ev = np.sort(np.asarray(eigenvalues, dtype=float).ravel())
+    n = ev.size
+    ev = np.where(ev < zero_tol * ev[-1], 0.0, ev)
+    zeros = int((ev == 0).sum())
+    d0 = abs(zeros / n - marchenko_pastur_atom(gamma))
+    pos = ev[zeros:]
+    if pos.size == 0:
+        return d0
+    f = marchenko_pastur_cdf(pos, gamma)
+    j = np.arange(zeros + 1, n + 1)
+    return float(max(d0, np.max(j / n - f), np.max(f - (j - 1) / n)))
+
+
+# --------------------------------------------------------------------------- J_f reference
+def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int = 0) -> float:
+    """Reference for ``erank(J_f)/d`` (Figure 8): erank/d of a Gaussian product ``G₂ G₁``.
+
+    ``G₁ ∈ R^{k×d}``, ``G₂ ∈ R^{d×k}`` i.i.d. standard normal, ``k = inner``.  For a
+    0/1 mask with k = p·m survivors this *is* ``J_f = W_down D W_up`` in law (up to
+    the rank-one dependence of the mask on ``W_up x``); for smooth σ it is the
+    reference at the same γ = k/d.  Monte Carlo mean over ``draws`` seeded draws
+    (deterministic for a given ``seed``; standard error ≈ 1e−3 at d = 256).
+
+    Returns:
+        erank/d ∈ (0, 1]; 0 when ``inner == 0``.
+    """
+    if inner <= 0:
+        return 0.0
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(draws):
+        prod = rng.standard_normal((width, inner)) @ rng.standard_normal((inner, width))
+        s = np.linalg.svd(prod, compute_uv=False)
+        p = s / s.sum()
+        p = p[p > 0]
+        out.append(math.exp(-(p * np.log(p)).sum()) / width)
+    return float(np.mean(out))
+
+
+# --------------------------------------------------------------------------- path orders
+def uncorrelated_path_profile(rho) -> np.ndarray:
+    """Energy profile over path order k if paths are uncorrelated (Eq. 5/11).
+
+    With squared branch-to-skip ratios ``ρ_l = r_l²`` (Eq. 4) and independent
+    isotropic branch Jacobians, ``E‖β^k S_k‖_F² ∝ e_k(ρ_1…ρ_L)`` (elementary
+    symmetric polynomial), so ``μ_k² / Σ_j μ_j²`` is Poisson-binomial with success
+    probabilities ``ρ_l/(1+ρ_l)``; for constant ρ it is Binomial(L, ρ/(1+ρ)), the
+    effective path distribution of the mean-field chapter.
+
+    Args:
+        rho: ``(L,)`` non-negative.
+
+    Returns:
+        ``(L+1,)`` probabilities over k = 0…L (sum 1).
+    """
+    rho = np.asarray(rho, dtype=float)
+    pk = np.zeros(rho.size + 1)
+    pk[0] = 1.0
+    for t, r in enumerate(rho, start=1):
+        s = r / (1.0 + r)
+        pk[1 : t + 1] = pk[1 : t + 1] * (1 - s) + pk[:t] * s
+        pk[0] *= 1 - s
+    return pk
+
+
+def path_order_distribution(n: int, rho: float) -> np.ndarray:
+    """Effective path distribution Binomial(n, ρ/(1+ρ)) over k = 0…n (mean-field chapter)."""
+    return stats.binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
+
+
+# --------------------------------------------------------------------------- mean field
+def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
+    """Mean-field length map ``q ↦ σ_w² E[φ(√q z)²] + σ_b²`` (scalar or array ``q > 0``)."""
+    sig, _ = sigma_numpy(activation)
+    qs = np.atleast_1d(np.asarray(q, dtype=float))
+    out = np.array(
+        [sigma_w2 * gaussian_expectation(lambda z, v=v: sig(math.sqrt(v) * z) ** 2) for v in qs]
+    )
+    out = out + sigma_b2
+    return out if np.ndim(q) else float(out[0])
+
+
+def length_fixed_point(
+    activation: str,
+    sigma_w2: float,
+    sigma_b2: float = 0.0,
+    *,
+    q0: float = 1.0,
+    iters: int = 10_000,
+    tol: float = 1e-13,
+) -> float:
+    """Fixed point ``q*`` of :func:`length_map` by iteration from ``q0``.
+
+    Raises:
+        ValueError: the iteration grows past 1e12 (no finite fixed point, e.g.
+            relu with σ_w² > 2) or does not settle within ``iters`` steps.
+    """
+    q = q0
+    for _ in range(iters):
+        nq = length_map(q, activation, sigma_w2, sigma_b2)
+        if nq > 1e12 or not math.isfinite(nq):
+            raise ValueError(
+                f"length map of {activation} at σ_w²={sigma_w2}, σ_b²={sigma_b2} diverges"
+            )
+        if abs(nq - q) <= tol * max(1.0, abs(q)):
+            return float(nq)
+        q = nq
+    raise ValueError(
+        f"length map of {activation} at σ_w²={sigma_w2} did not converge in {iters} steps"
+    )
+
+
+def chi_1(activation: str, sigma_w2: float, q_star: float) -> float:
+    """χ₁ = ``σ_w² E[φ′(√q* z)²]``: slope of the correlation map at c = 1 (order/chaos: χ₁ ≶ 1)."""
+    _, dsig = sigma_numpy(activation)
+    s = math.sqrt(q_star)
+    return sigma_w2 * gaussian_expectation(lambda z: dsig(s * z) ** 2)
+
+
+def _polar_rule(
+    c: float, n_angle: int = 48, n_radius: int = 96
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nodes ``(z₁, z₂)`` and weights for ``E[g(z₁, z₂)]``, z standard 2-D normal.
+
+    Polar coordinates with the angle split where ``z₁ = 0`` or
+    ``c z₁ + √(1−c²) z₂ = 0`` (the kinks of a kinked φ along rays), Gauss–Legendre
+    on every angular piece and on the radius ``[0, 12]`` with density ``r e^{−r²/2}``.
+    Each piece is smooth along rays for piecewise-linear φ and for smooth φ, so
+    the rule is accurate to ~1e−13 for every activation here.
+    """
+    s = math.sqrt(max(0.0, 1.0 - c * c))
+    phi = math.atan2(s, c)
+    cuts = np.sort(
+        np.mod([0.5 * np.pi, 1.5 * np.pi, phi + 0.5 * np.pi, phi - 0.5 * np.pi], 2 * np.pi)
+    )
+    edges = np.concatenate([cuts, [cuts[0] + 2 * np.pi]])
+    y, v = leggauss(n_angle)
+    th, wt = [], []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        if hi - lo < 1e-15:
+            continue
+        th.append(lo + 0.5 * (hi - lo) * (y + 1))
+        wt.append(0.5 * (hi - lo) * v / (2 * np.pi))
+    th, wt = np.concatenate(th), np.concatenate(wt)
+    yr, vr = leggauss(n_radius)
+    r = 0.5 * _TRUNCATION * (yr + 1)
+    wr = 0.5 * _TRUNCATION * vr * r * np.exp(-0.5 * r * r)
+    rr, tt = np.meshgrid(r, th, indexing="ij")
+    return rr * np.cos(tt), rr * np.sin(tt), np.outer(wr, wt)
+
+
+def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star: float):
+    """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``.
+
+    ``u₁ = √q* z₁``, ``u₂ = √q* (c z₁ + √(1−c²) z₂)``, integrated with the polar
+    rule split at the kinks (:func:`_polar_rule`), accurate to ≲1e−12 for every
+    activation; at σ_w² = 2, σ_b = 0, q* = 1, relu this equals
+    :func:`relu_correlation_map`.
+    """
+    sig, _ = sigma_numpy(activation)
+    s = math.sqrt(q_star)
+    cs = np.atleast_1d(np.asarray(c, dtype=float))
+    out = []
+    for v in cs:
+        z1, z2, ww = _polar_rule(float(v))
+        u2 = v * z1 + math.sqrt(max(0.0, 1 - v * v)) * z2
+        out.append((sigma_w2 * np.sum(ww * sig(s * z1) * sig(s * u2)) + sigma_b2) / q_star)
+    out = np.array(out)
+    return out if np.ndim(c) else float(out[0])
+
+
+def depth_scale(chi: float) -> float:
+    """Correlation depth scale ``ξ_c = −1/log χ_c`` (layers); ∞ for χ_c ≥ 1 (no exponential approach).
+
+    Raises:
+        ValueError: χ_c ≤ 0.
+    """
+    if not chi > 0:
+        raise ValueError(f"chi={chi} must be > 0")
+    return math.inf if chi >= 1 else -1.0 / math.log(chi)
+
+
+def relu_correlation_map(c):
+    """Critical ReLU correlation map (σ_w² = 2, σ_b = 0): ``f(c) = (√(1−c²) + (π − arccos c) c)/π``."""
+    c = np.clip(np.asarray(c, dtype=float), -1.0, 1.0)
+    return (np.sqrt(1.0 - c * c) + (np.pi - np.arccos(c)) * c) / np.pi
+
+
+def relu_correlation_iterates(c0: float, layers: int) -> np.ndarray:
+    """``c_0, c_1 = f(c_0), …, c_layers`` under :func:`relu_correlation_map`, ``(layers+1,)``."""
+    out = np.empty(layers + 1)
+    out[0] = c0
+    for l in range(layers):
+        out[l + 1] = relu_correlation_map(out[l])
+    return out
+
+
+def relu_correlation_gap(layer):
+    """Asymptote of the critical ReLU map: ``1 − c_l ≈ 9π²/(2 l²)`` for large l."""
+    l = np.asarray(layer, dtype=float)
+    return 9 * np.pi**2 / (2 * l**2)
+
+
+def residual_variance(alpha: float, depth: int, q0: float = 1.0) -> float:
+    """Un-normalized residual stream variance ``q0 (1+α²)^L`` (each block adds α² of the current q)."""
+    return q0 * (1.0 + alpha**2) ** depth
+
+
+# --------------------------------------------------------------------------- Table 3
+def random_walk_projection_product(
+    width: int, depth: int, step: float, *, seed: int = 0
+) -> np.ndarray:
+    """Singular values of the random-walk projection product (our reading of Table 3).
+
+    ``Q_L = Π_{l=1}^{L} (I − u_l u_lᵀ)`` with unit normals following a random
+    walk ``u_l = (u_{l−1} + step·g_l/√d) / ‖·‖``, ``g_l ~ N(0, I_d)``,
+    ``u_0`` uniform on the sphere.  This is the projection part of the Post-Norm
+    Jacobian ``J_R = (√d/‖s‖)(I − ŝŝᵀ)`` (Table 2) when the stream direction
+    ``ŝ_l`` moves by a relative step ``step`` per block (``step = βα^M`` at
+    nominal ratio).  The rank it can remove is bounded by the dimension of
+    ``span(u_1…u_L)``; compare its erank with the measured projection product
+    along the real trajectory (probe ``projection_split``).
+
+    Returns:
+        ``(d,)`` singular values, descending.
+    """
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(width)
+    u /= np.linalg.norm(u)
+    q = np.eye(width)
+    for _ in range(depth):
+        u = u + step * rng.standard_normal(width) / math.sqrt(width)
+        u /= np.linalg.norm(u)
+        q = q - np.outer(u, u @ q)
+    return np.linalg.svd(q, compute_uv=False)
