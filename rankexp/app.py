@@ -141,7 +141,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any) 
             return
         first_live.append(step)
         series = {f"{name}_{_lr_key(lr)}": ([step], [v]) for name, values in metrics.items()
-                  for lr, v in zip(lrs, values)}
+                  for lr, v in zip(lrs, values, strict=True)}
         run.log_metrics({}, series)
 
     res = train(Classifier(stack), data, lrs, steps=t.steps, batch_size=t.batch_size,

@@ -175,7 +175,10 @@ def forward_sweep(
             if lj.skip_from is not None:
                 skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
                 top = torch.maximum(acc_log, skip_log)
-                acc = acc * (acc_log - top).exp()[:, None, None] + skip_u * (skip_log - top).exp()[:, None, None]
+                # weights below e^-80 only add subnormals (100× slower on CPU), not accuracy
+                wa = torch.where(acc_log - top < -80, 0.0, (acc_log - top).exp())
+                ws = torch.where(skip_log - top < -80, 0.0, (skip_log - top).exp())
+                acc = acc * wa[:, None, None] + skip_u * ws[:, None, None]
                 acc_log = top
             if lj.residual_norm is not None:
                 acc = lj.residual_norm @ acc

@@ -238,7 +238,7 @@ class RunLogger:
         now = int(time.time() * 1000)
         points = [Metric(k, float(v), now, 0) for k, v in scalars.items()]
         for name, (steps, values) in (series or {}).items():
-            points += [Metric(name, float(v), now, int(s)) for s, v in zip(steps, values)]
+            points += [Metric(name, float(v), now, int(s)) for s, v in zip(steps, values, strict=True)]
         for chunk in _chunks(points, MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=chunk)
         return len(points)
