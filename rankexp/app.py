@@ -84,7 +84,7 @@ def run_name(s: RankexpConfig) -> str:
 
 
 # --------------------------------------------------------------------------- tasks
-def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any) -> Measurement:
+def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
     """``task=measure``: build the seeds-batched network and run ``task.probes``."""
     model = build_model(s, device)
     t0 = time.perf_counter()
@@ -107,7 +107,7 @@ def _lr_key(lr: float) -> str:
     return f"lr{lr:g}"
 
 
-def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any) -> Measurement:
+def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
     """``task=train``: CIFAR-10, Adam, every learning rate of ``task.lrs`` (or ``lr``) as one
     batched model whose residual stack is initialized exactly as ``measure`` analyses it.
 
@@ -133,7 +133,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any) 
     )
     ckpt_dir = resolve_path(t.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = ckpt_dir / f"{job_dir.name if run is None else run.tags['config_hash']}.pt"
+    checkpoint = ckpt_dir / f"{chash}.pt"  # same config → same file, whichever sweep reruns it
     first_live: list[int] = []
 
     def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
@@ -173,14 +173,11 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any) 
     return out
 
 
-TASKS: dict[str, Callable[[RankexpConfig, torch.device, Path, Any], Measurement]] = {
+#: task name → ``fn(settings, device, job_dir, run_logger_or_None, config_hash) -> Measurement``
+TASKS: dict[str, Callable[..., Measurement]] = {
     "measure": task_measure,
     "train": task_train,
 }
-
-
-def register_task(name: str, fn: Callable[[RankexpConfig, torch.device, Path, Any], Measurement]) -> None:
-    TASKS[name] = fn
 
 
 # --------------------------------------------------------------------------- results on disk
@@ -275,14 +272,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     task = TASKS[s.task.name]
     try:
         if uri is None:
-            result = task(s, device, job_dir, None)
+            result = task(s, device, job_dir, None, chash)
             save_result(job_dir, result, {"config_hash": chash, "status": "FINISHED"})
             run_id = None
         else:
             with tracking.RunLogger(uri, exp_id, run_name(s), params, tags) as logger:
                 run_id = logger.run_id
                 _fault_injection(overrides)
-                result = task(s, device, job_dir, logger)
+                result = task(s, device, job_dir, logger, chash)
                 files = save_result(job_dir, result, {"config_hash": chash, "run_id": run_id,
                                                       "status": "FINISHED"})
                 logger.log_metrics(result.scalars, result.series)
