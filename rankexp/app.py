@@ -237,7 +237,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     chash = config_hash(container)
     job_dir, sweep_dir, overrides = _job_context()
     device = resolve_device(s.device)
-    torch.set_default_dtype(torch.float32)
 
     uri = exp_id = None
     tags = {

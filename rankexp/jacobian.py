@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 from torch.func import functional_call, jacfwd, vmap
 
 from .model import Block, ResidualMLP
@@ -143,6 +144,7 @@ def forward_sweep(
     *,
     keep_partials: bool = False,
     on_layer: Callable[[LayerJacobian], None] | None = None,
+    progress: bool | None = False,
 ) -> ForwardSweep:
     """All partial Jacobians ``∂h_l/∂h_0`` from one forward sweep, with their spectra.
 
@@ -152,6 +154,7 @@ def forward_sweep(
         keep_partials: also return every ``∂h_l/∂h_0`` (memory ``L·E·d²``; for tests).
         on_layer: called with each block's :class:`LayerJacobian` (lets other
             probes share the sweep instead of recomputing Jacobians).
+        progress: tqdm bar over blocks (``None``: only on a terminal).
 
     Returns:
         :class:`ForwardSweep`. Costs per block one d-batched jvp through the
@@ -167,7 +170,9 @@ def forward_sweep(
     branch_sum = torch.zeros(e, d, d, dtype=h0.dtype, device=h0.device)
     io_unit, s = units[0], None
     with torch.no_grad():
-        for lj in layer_jacobians(model, h0):
+        blocks = tqdm(layer_jacobians(model, h0), total=model.depth, desc="forward sweep",
+                      unit="block", leave=False, disable=None if progress is None else not progress)
+        for lj in blocks:
             l = lj.layer
             prev_u, prev_log = units[l - 1], logs[l - 1]
             acc = lj.branch @ prev_u  # at scale exp(prev_log)

@@ -87,7 +87,7 @@ class ProbeContext:
     @cached_property
     def sweep(self) -> ForwardSweep:
         """The one forward sweep over all blocks (:func:`rankexp.jacobian.forward_sweep`)."""
-        return forward_sweep(self.model, self.h0)
+        return forward_sweep(self.model, self.h0, progress=None)
 
     @property
     def width(self) -> int:

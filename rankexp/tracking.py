@@ -197,9 +197,8 @@ class RunLogger:
         tags: dict[str, str],
     ):
         self.uri, self.experiment_id, self.run_name = uri, experiment_id, run_name
-        self.params, self.tags = params, tags
+        self.params, self.tags = params, dict(tags)
         self.client = _client(uri)
-        self.tags = dict(tags)
         self.run_id: str | None = None
 
     def __enter__(self) -> RunLogger:
