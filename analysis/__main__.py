@@ -9,9 +9,14 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .training import curves_command, fig6_command, fig16_command, table5_command
 
 COMMANDS = {
     "heatmap": (heatmap, "heatmap of a metric over two params, one panel per norm placement"),
+    "fig6": (fig6_command, "Figure 6: rank heatmap beside best-accuracy heatmap, one row per placement"),
+    "table5": (table5_command, "Table 5: max stable learning rate per (placement, depth), per α and max over α"),
+    "fig16": (fig16_command, "Figure 16: best test accuracy vs depth, one line per (M, norm placement)"),
+    "curves": (curves_command, "test accuracy and train loss vs step, one line per LR, of one train run"),
 }
 
 

@@ -25,6 +25,30 @@ def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | No
     return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])
 
 
+def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool = False):
+    """Draw ``grid`` (rows = y ascending, columns = x) on ``ax`` as an annotated heatmap.
+
+    The colour scale runs from ``vmin`` to ``vmax`` (logarithmic if ``log_color`` and
+    ``vmin > 0``); each finite cell is labelled with its value.  Returns the image.
+    """
+    norm = None
+    if log_color and vmin > 0:
+        from matplotlib.colors import LogNorm
+
+        norm = LogNorm(vmin, vmax)
+    im = ax.imshow(grid.values, origin="lower", aspect="auto", cmap="viridis",
+                   vmin=None if norm else vmin, vmax=None if norm else vmax, norm=norm)
+    ax.set_xticks(range(grid.shape[1]), [f"{c:g}" if isinstance(c, float) else str(c) for c in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [f"{r:g}" if isinstance(r, float) else str(r) for r in grid.index])
+    mid = (np.log(vmin * vmax) / 2) if norm else (vmin + vmax) / 2
+    for (i, j), v in np.ndenumerate(grid.values):
+        if np.isfinite(v):
+            dark = (np.log(v) if norm else v) < mid
+            ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black")
+    return im
+
+
 def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | None,
                  title: str = "", log_color: bool = False):
     """One annotated panel per value of ``panel``; rows = ``y`` (ascending), columns = ``x``."""
@@ -32,27 +56,13 @@ def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | 
     means = table["mean"]
     vmin, vmax = float(np.nanmin(means)), float(np.nanmax(means))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 3.8), squeeze=False)
-    norm = None
-    if log_color and vmin > 0:
-        from matplotlib.colors import LogNorm
-
-        norm = LogNorm(vmin, vmax)
-    for ax, p in zip(axes[0], panels):
+    for ax, p in zip(axes[0], panels, strict=True):
         grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
-        im = ax.imshow(grid.values, origin="lower", aspect="auto", cmap="viridis",
-                       vmin=None if norm else vmin, vmax=None if norm else vmax, norm=norm)
-        ax.set_xticks(range(grid.shape[1]), [f"{c:g}" if isinstance(c, float) else str(c) for c in grid.columns])
-        ax.set_yticks(range(grid.shape[0]), [f"{r:g}" if isinstance(r, float) else str(r) for r in grid.index])
+        im = draw_panel(ax, grid, vmin, vmax, log_color)
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.set_title(f"{panel} = {p}" if panel else metric)
-        mid = (np.log(vmin * vmax) / 2) if norm else (vmin + vmax) / 2
-        for (i, j), v in np.ndenumerate(grid.values):
-            if np.isfinite(v):
-                dark = (np.log(v) if norm else v) < mid
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
-                        color="white" if dark else "black")
     fig.colorbar(im, ax=axes[0].tolist(), label=metric)
     if title:
         fig.suptitle(title, y=1.03)

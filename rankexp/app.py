@@ -94,13 +94,25 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     return result
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
 def resolve_path(path: str) -> Path:
-    """A relative path from the launch directory if it exists there, else from the repository root."""
+    """An input path: relative ones from the launch directory if they exist there, else
+    from the repository root (so ``../shared/data`` works from anywhere in a checkout)."""
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists():
         return p
-    repo = Path(__file__).resolve().parent.parent / p
+    repo = REPO_ROOT / p
     return repo if repo.exists() else p
+
+
+def cache_path(path: str) -> Path:
+    """A cache path: relative ones live under the repository root, wherever the job was
+    launched, so every job of a checkout shares one decoded data set and one checkpoint
+    folder."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
 
 
 def _lr_key(lr: float) -> str:
@@ -123,7 +135,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
     dtype = DTYPES[t.dtype.value]
-    data = load_device_dataset(resolve_path(s.data.root), resolve_path(s.data.cache_dir), device=device,
+    data = load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir), device=device,
                                dtype=dtype, source=s.data.source, download=s.data.download)
     stack = ResidualMLP(
         s.width, s.depth, expansion=s.expansion, matrices=s.matrices, activation=s.activation.value,
@@ -131,9 +143,12 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         beta_scaling=s.beta_scaling.value, skip_every=s.skip_every, seeds=[s.seed] * len(lrs),
         dtype=dtype, device=device,
     )
-    ckpt_dir = resolve_path(t.checkpoint_dir)
+    ckpt_dir = cache_path(t.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_dir / f"{chash}.pt"  # same config → same file, whichever sweep reruns it
+    if s.tracking.force and checkpoint.exists():
+        log.info("tracking.force=true: discarding checkpoint %s, training from scratch", checkpoint)
+        checkpoint.unlink()
     first_live: list[int] = []
 
     def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:

@@ -1,0 +1,518 @@
+"""Trainability from ``task=train`` runs: Figure 6 (rank beside accuracy), Table 5, Figure 16, curves.
+
+Commands (``python -m analysis <command> --help``):
+
+* ``fig6``   — rank heatmap (``erank_io`` of ``--rank-experiment``, default ``fig6``) beside
+  best-accuracy heatmap (``best_test_accuracy`` of ``--train-experiment``, default
+  ``fig6_train``), one row per norm placement, the same α × L axes.  The study: Post-Norm
+  stays at chance (≈ 0.1) where its rank has collapsed to ≤ 1–2 % of width.
+* ``table5`` — max stable learning rate (largest LR whose final test accuracy reaches
+  ``task.stable_accuracy``, 0.4 in the study) per (placement, depth): one column per α and
+  a last column with the max over α.  The study: it shrinks with depth for Post-Norm.
+* ``fig16``  — best test accuracy vs depth, one line per (M, norm placement), log depth.
+* ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
+
+Runs are read with :func:`analysis.runs.load_runs` (per-step series with
+:func:`rankexp.tracking.metric_history`); a cell holding several runs (seeds) shows their
+mean.  An unknown experiment, an experiment without finished runs, or a missing
+param/metric raises :class:`~rankexp.tracking.TrackingError` / :class:`KeyError`, which
+``python -m analysis`` turns into a message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.tracking import TrackingError, metric_history
+
+from .heatmap import draw_panel, heatmap_table
+from .plotting import plt, save
+from .runs import load_runs
+
+log = logging.getLogger("analysis")
+
+PLACEMENT = "norm.placement"
+PLACEMENT_ORDER = ["pre", "post", "output", "peri", "none"]
+CHANCE = 0.1  # CIFAR-10 has ten balanced classes
+# config keys that should be equal across the runs one figure compares, unless they are its
+# axes (seed may vary: cells average over it)
+CONTEXT = (
+    "alpha",
+    "width",
+    "expansion",
+    "matrices",
+    "beta",
+    "beta_scaling",
+    "activation",
+    "skip_every",
+    "norm.op",
+    "seeds",
+    "dtype",
+    "task.steps",
+    "task.batch_size",
+    "task.lrs",
+    "task.dtype",
+    "task.stable_accuracy",
+)
+_LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
+
+
+@dataclass(frozen=True)
+class Command:
+    """What ``analysis/__main__.py`` needs of a command: its options and its entry point."""
+
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    main: Callable[[argparse.Namespace], list[Path]]
+
+
+# --------------------------------------------------------------------------- shared
+def _load(experiments: list[str], args: argparse.Namespace) -> pd.DataFrame:
+    """Finished runs of ``experiments`` (``--uri``, ``--filter``).
+
+    Raises:
+        TrackingError: unknown experiment, or no finished run (matching the filter).
+    """
+    df = load_runs(experiments, args.uri, filter_string=args.filter)
+    if df.empty:
+        where = f" matching --filter {args.filter!r}" if args.filter else ""
+        raise TrackingError(
+            f"experiment(s) {experiments} hold no finished runs{where}; "
+            "run the sweep first (python -m rankexp experiment=... -m)"
+        )
+    return df
+
+
+def _require(df: pd.DataFrame, columns: list[str], experiments: list[str]) -> None:
+    """Raises KeyError naming the experiment and the columns its runs lack."""
+    missing = [c for c in columns if c not in df]
+    if missing:
+        task = (
+            "task=train"
+            if any(c.startswith(("best_", "max_stable", "final_")) for c in missing)
+            else ""
+        )
+        hint = f" (are these {task} runs?)" if task else ""
+        raise KeyError(
+            f"runs of experiment(s) {experiments} have no column(s) {missing}{hint}; "
+            f"available: {', '.join(sorted(map(str, df.columns)))}"
+        )
+
+
+def warn_mixed(df: pd.DataFrame, axes: list[str], experiments: list[str]) -> dict[str, list]:
+    """Log a warning for every :data:`CONTEXT` key (not an axis) whose value differs between runs.
+
+    Such runs would be averaged into one cell (e.g. a ``width=64`` smoke run with full
+    ``width=256`` runs); ``--filter "params.width = '256'"`` separates them.
+    Returns ``{key: sorted distinct values}`` of the mixed keys.
+    """
+    mixed = {}
+    for key in CONTEXT:
+        if key in df and key not in axes:
+            values = df[key].dropna().unique()
+            if len(values) > 1:
+                mixed[key] = sorted(values, key=str)
+    if mixed:
+        log.warning(
+            "experiment(s) %s mix runs with different %s; cells average over them "
+            "(select with --filter \"params.<key> = '<value>'\")",
+            experiments,
+            ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()),
+        )
+    return mixed
+
+
+def _placements(values) -> list[str]:
+    """Placements in the study's order (pre, post, …), unknown ones last."""
+    values = list(dict.fromkeys(values))
+    return sorted(
+        values, key=lambda p: (PLACEMENT_ORDER.index(p) if p in PLACEMENT_ORDER else 99, str(p))
+    )
+
+
+def _set_experiment_default(
+    p: argparse.ArgumentParser, names: list[str] | None, help_: str
+) -> None:
+    """Replace the shared ``--experiment`` option's default (and its help) for one command."""
+    for action in p._actions:
+        if action.dest == "experiment":
+            action.default, action.help = names, help_
+
+
+def _depth_axis(ax, depths) -> None:
+    """Logarithmic depth axis ticked at the depths that were run."""
+    depths = sorted({int(d) for d in depths})
+    ax.set_xscale("log")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.set_xlabel("L (depth)")
+
+
+def _lr_label(lr: float) -> str:
+    return f"{lr:g}"
+
+
+# --------------------------------------------------------------------------- fig6
+def fig6_table(
+    rank: pd.DataFrame,
+    train: pd.DataFrame,
+    rank_metric: str = "erank_io",
+    train_metric: str = "best_test_accuracy",
+) -> pd.DataFrame:
+    """Both halves of Figure 6 on one (placement, depth, alpha) index.
+
+    Columns: ``<metric>`` (mean over the cell's runs), ``<metric>_std``, ``<metric>_runs`` for
+    the rank and the train metric; outer join, so a cell only one half has is NaN in the other.
+
+    Raises:
+        KeyError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
+    """
+    halves = []
+    for df, metric in ((rank, rank_metric), (train, train_metric)):
+        t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
+        halves.append(
+            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"})
+        )
+    table = halves[0].join(halves[1], how="outer")
+    order = {p: i for i, p in enumerate(_placements(table.index.get_level_values(0)))}
+    return table.sort_index(
+        level=[0, 1, 2], key=lambda s: s.map(order) if s.name == PLACEMENT else s
+    )
+
+
+def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
+    """Rows = placements, columns = (rank, accuracy); every panel has the same depth × α axes."""
+    placements = _placements(table.index.get_level_values(0))
+    depths = sorted(table.index.get_level_values(1).unique())
+    alphas = sorted(table.index.get_level_values(2).unique())
+    fig, axes = plt.subplots(
+        len(placements),
+        2,
+        figsize=(10, 3.4 * len(placements) + 0.6),
+        squeeze=False,
+        layout="constrained",
+    )
+    for j, metric in enumerate((rank_metric, train_metric)):
+        values = table[metric]
+        vmin, vmax = float(np.nanmin(values)), float(np.nanmax(values))
+        for i, p in enumerate(placements):
+            grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
+            im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
+            axes[i, j].set_xlabel("α (alpha)")
+            axes[i, j].set_ylabel("L (depth)")
+            axes[i, j].set_title(f"{p}: {metric}")
+        fig.colorbar(im, ax=axes[:, j].tolist(), label=metric)
+    return fig
+
+
+def _fig6_arguments(p: argparse.ArgumentParser) -> None:
+    _set_experiment_default(
+        p, None, "not used: fig6 reads --rank-experiment and --train-experiment"
+    )
+    p.add_argument("--rank-experiment", default="fig6", help="task=measure runs (default: fig6)")
+    p.add_argument(
+        "--train-experiment", default="fig6_train", help="task=train runs (default: fig6_train)"
+    )
+    p.add_argument(
+        "--rank-metric",
+        default="erank_io",
+        help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)",
+    )
+    p.add_argument(
+        "--train-metric",
+        default="best_test_accuracy",
+        help="right column (default: best_test_accuracy, best final test accuracy over LRs)",
+    )
+    p.add_argument(
+        "--log-color", action="store_true", help="logarithmic colour scale for the rank column"
+    )
+
+
+def _fig6_main(args: argparse.Namespace) -> list[Path]:
+    if args.experiment is not None:
+        raise KeyError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
+    frames = {}
+    for name, metric in (
+        (args.rank_experiment, args.rank_metric),
+        (args.train_experiment, args.train_metric),
+    ):
+        frames[name] = df = _load([name], args)
+        _require(df, ["alpha", "depth", PLACEMENT, metric], [name])
+        warn_mixed(df, ["alpha", "depth", PLACEMENT], [name])
+    table = fig6_table(
+        frames[args.rank_experiment],
+        frames[args.train_experiment],
+        args.rank_metric,
+        args.train_metric,
+    )
+    fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
+    fig.suptitle(
+        f"{args.rank_experiment}: {args.rank_metric}  |  {args.train_experiment}: {args.train_metric}"
+    )
+    return save(
+        fig,
+        Path(args.out) / args.train_experiment,
+        f"fig6_{args.rank_metric}_vs_{args.train_metric}",
+        table,
+    )
+
+
+fig6_command = Command(_fig6_arguments, _fig6_main)
+
+
+# --------------------------------------------------------------------------- table5
+def run_lrs(df: pd.DataFrame) -> dict[str, float]:
+    """``{suffix: lr}`` of the per-LR columns ``final_test_acc_lr<suffix>`` the runs logged."""
+    return {m.group(1): float(m.group(1)) for c in df.columns if (m := _LR_COLUMN.match(str(c)))}
+
+
+def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Series:
+    """Per run, the largest learning rate that did not diverge and ended with test accuracy
+    ≥ ``stable_accuracy``; NaN where none did.
+
+    ``None`` reads the logged ``max_stable_lr`` (threshold ``task.stable_accuracy`` of the run);
+    a number recomputes it from ``final_test_acc_lr<lr>`` and ``diverged_lr<lr>``.
+    """
+    if stable_accuracy is None:
+        return df["max_stable_lr"].astype(float)
+    lrs = run_lrs(df)
+    if not lrs:
+        raise KeyError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
+    stable = pd.DataFrame(
+        {
+            k: np.where(
+                (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
+                & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
+                lr,
+                np.nan,
+            )
+            for k, lr in lrs.items()
+        },
+        index=df.index,
+    )
+    return stable.max(axis=1)
+
+
+def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
+    """Max stable LR per (placement, depth) (rows) and α (columns), plus ``max over α``.
+
+    Several runs in one cell (seeds) give their smallest value (the LR every seed held;
+    NaN if one seed had none).  NaN: no learning rate was stable.
+    """
+    runs = df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
+    cells = runs.groupby([PLACEMENT, "depth", "alpha"])["max_stable_lr"]
+    wide = cells.agg(lambda v: v.min(skipna=False)).unstack("alpha")
+    wide.columns = [f"alpha={a:g}" for a in wide.columns]
+    wide["max over alpha"] = wide.max(axis=1)
+    order = {p: i for i, p in enumerate(_placements(wide.index.get_level_values(0)))}
+    return wide.sort_index(level=[0, 1], key=lambda s: s.map(order) if s.name == PLACEMENT else s)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub-Markdown table of ``table`` (index levels first, cells as ``str(value)``)."""
+    names = [str(n) for n in table.index.names] + [str(c) for c in table.columns]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for idx, row in table.iterrows():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        lines.append("| " + " | ".join([str(i) for i in idx] + [str(v) for v in row]) + " |")
+    return "\n".join(lines)
+
+
+def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Learning rates as text: ``1e-03`` → ``0.001``; NaN → ``—`` (none stable), or blank where
+    ``ran`` (same shape, bool) says the cell was not run."""
+    text = table.map(lambda v: "—" if pd.isna(v) else _lr_label(float(v)))
+    if ran is not None:
+        text = text.where(ran.reindex_like(table).fillna(False).astype(bool), "")
+    return text
+
+
+def _table5_arguments(p: argparse.ArgumentParser) -> None:
+    _set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    p.add_argument(
+        "--stable-accuracy",
+        type=float,
+        default=None,
+        help="recompute stability at this final test accuracy (default: the logged "
+        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)",
+    )
+
+
+def _table5_main(args: argparse.Namespace) -> list[Path]:
+    df = _load(args.experiment, args)
+    need = ["alpha", "depth", PLACEMENT] + (
+        ["max_stable_lr"] if args.stable_accuracy is None else []
+    )
+    _require(df, need, args.experiment)
+    warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment)
+    table = table5(df, args.stable_accuracy)
+    thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
+    ran = df.groupby([PLACEMENT, "depth", "alpha"]).size().unstack("alpha").notna()
+    ran.columns = [f"alpha={a:g}" for a in ran.columns]
+    ran["max over alpha"] = ran.any(axis=1)
+    md = to_markdown(lr_cells(table, ran))
+    print(
+        f"Max stable learning rate (final test accuracy ≥ {thr}; — = none stable, blank = not run), "
+        f"{', '.join(args.experiment)}\n"
+    )
+    print(md)
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for p in _placements(table.index.get_level_values(0)):
+        s = table.loc[p, "max over alpha"]
+        ax.plot(s.index, s.values, "o-", label=p)
+    _depth_axis(ax, table.index.get_level_values(1))
+    if table["max over alpha"].notna().any():
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no stable learning rate", transform=ax.transAxes, ha="center")
+    ax.set_ylabel("max stable LR (max over α)")
+    ax.set_title(f"{', '.join(args.experiment)}: Table 5")
+    ax.legend(title="placement")
+    out = Path(args.out) / "_".join(args.experiment)
+    paths = save(fig, out, "table5_max_stable_lr", table)
+    paths.append(out / "table5_max_stable_lr.md")
+    paths[-1].write_text(md + "\n")
+    log.info("wrote %s", paths[-1])
+    return paths
+
+
+table5_command = Command(_table5_arguments, _table5_main)
+
+
+# --------------------------------------------------------------------------- fig16
+def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
+    """Mean, std and count of ``metric`` per (matrices, placement, depth)."""
+    return df.groupby(["matrices", PLACEMENT, "depth"])[metric].agg(["mean", "std", "count"])
+
+
+def _fig16_arguments(p: argparse.ArgumentParser) -> None:
+    _set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
+    p.add_argument(
+        "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
+    )
+
+
+def _fig16_main(args: argparse.Namespace) -> list[Path]:
+    df = _load(args.experiment, args)
+    _require(df, ["matrices", PLACEMENT, "depth", args.metric], args.experiment)
+    warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment)
+    table = fig16_table(df, args.metric)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for m in sorted(table.index.get_level_values(0).unique()):
+        for p in _placements(table.loc[m].index.get_level_values(0)):
+            s = table.loc[(m, p)]
+            ax.errorbar(
+                s.index,
+                s["mean"],
+                yerr=s["std"].fillna(0),
+                marker="o",
+                capsize=3,
+                linestyle="-" if m == 2 else "--",
+                label=f"M={m}, {p}",
+            )
+    ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
+    _depth_axis(ax, table.index.get_level_values(2))
+    ax.set_ylabel(args.metric)
+    ax.set_title(f"{', '.join(args.experiment)}: {args.metric} vs depth")
+    ax.legend(fontsize=8)
+    return save(
+        fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
+    )
+
+
+fig16_command = Command(_fig16_arguments, _fig16_main)
+
+
+# --------------------------------------------------------------------------- curves
+def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
+    """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
+
+    Raises:
+        KeyError: an unknown key, or not exactly one matching run (lists the candidates).
+    """
+    mask = pd.Series(True, index=df.index)
+    if run_id:
+        mask &= df["run_id"].str.startswith(run_id)
+    for item in where:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise KeyError(f"--where wants KEY=VALUE, got {item!r}")
+        _require(df, [key], ["(selected)"])
+        col = df[key]
+        if pd.api.types.is_numeric_dtype(col):
+            mask &= np.isclose(col.astype(float), float(value))
+        else:
+            mask &= col.astype(str) == value
+    hits = df[mask]
+    if len(hits) != 1:
+        names = df.loc[
+            mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
+        ].to_string(index=False)
+        raise KeyError(
+            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}"
+        )
+    return hits.iloc[0]
+
+
+def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
+    """Long table (lr, metric, step, value) of the run's ``test_acc_lr*`` and ``train_loss_lr*`` series."""
+    lrs = run_lrs(run.dropna().to_frame().T)
+    if not lrs:
+        raise KeyError(
+            f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); is it a task=train run?"
+        )
+    rows = []
+    for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
+        for metric in ("test_acc", "train_loss"):
+            steps, values = metric_history(uri, run["run_id"], f"{metric}_lr{k}")
+            rows += [(lr, metric, int(s), float(v)) for s, v in zip(steps, values, strict=True)]
+    return pd.DataFrame(rows, columns=["lr", "metric", "step", "value"])
+
+
+def _curves_arguments(p: argparse.ArgumentParser) -> None:
+    _set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
+    p.add_argument(
+        "--where",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post",
+    )
+
+
+def _curves_main(args: argparse.Namespace) -> list[Path]:
+    df = _load(args.experiment, args)
+    run = select_run(df, args.run_id, args.where)
+    curves = training_curves(args.uri, run)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    for ax, metric in zip(axes, ("test_acc", "train_loss"), strict=True):
+        for lr, g in curves[curves["metric"] == metric].groupby("lr"):
+            ax.plot(
+                g["step"],
+                g["value"],
+                marker="o" if metric == "test_acc" else None,
+                ms=3,
+                label=f"lr {_lr_label(lr)}",
+            )
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel({"test_acc": "test accuracy", "train_loss": "train loss (nats)"}[metric])
+    axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
+    return save(
+        fig,
+        Path(args.out) / "_".join(args.experiment),
+        f"curves_{run['run_id'][:8]}",
+        curves.set_index(["lr", "metric", "step"]),
+    )
+
+
+curves_command = Command(_curves_arguments, _curves_main)
