@@ -1,0 +1,410 @@
+"""Branch-Jacobian spectra (Figures 8/9/17), Table 1 and Table 6 from logged ``task=measure`` runs.
+
+Commands (``python -m analysis <command> --help``):
+
+* ``mp`` (experiment ``fig8``, probe ``branch_jacobian``) — ``erank(J_f)/d`` against m/d and
+  against γ = p·m/d per activation, beside the Gaussian-product reference
+  (:func:`rankexp.theory.gaussian_product_erank`); ``rank(D W_up)/d`` against m/d with the
+  threshold m/d = 1/P(σ′≠0); and a grid of Marchenko–Pastur panels (rows σ, columns m/d, one
+  width): the pooled histogram of normalized Gram eigenvalues of the masked up-projection
+  ``D W_up`` **as logged by the probe in each run's ``arrays.npz`` artifact** (``mp_hist_*``;
+  the newest run of each cell) against the MP density at the run's γ on a fine grid.
+* ``table1`` (experiment ``tab1``, probe ``activation_spike``) — coherence c, spike bound 1/c,
+  survival p = E[σ′²], P(σ′≠0) and κ = E[σ²] by quadrature at unit preactivation variance
+  (:func:`rankexp.theory.activation_constants`), beside the measured stable rank of σ(W h)
+  and its ratio to 1/c (Markdown + CSV).
+* ``table6`` (experiment ``tab6``, probe ``representation``) — ``erank(Z_l)/d`` at each width d
+  (rows) and layer l (columns, read off each run's ``rep_erank`` series, so one deep run per
+  width serves every l ≤ its depth), Markdown + CSV, and the curves against l.
+
+Errors (unknown experiment, no finished runs, a run without the probe's metrics or arrays)
+raise :class:`~rankexp.tracking.TrackingError` / :class:`KeyError`; ``python -m analysis``
+prints them and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.theory import (
+    activation_constants,
+    gaussian_product_erank,
+    marchenko_pastur_density,
+    marchenko_pastur_edges,
+)
+from rankexp.tracking import download_artifact
+
+from .paths_spike import (
+    PLACEMENT,
+    Command,
+    load,
+    out_dir,
+    series,
+    set_experiment_default,
+    warn_mixed,
+    write_markdown,
+)
+from .plotting import plt, save
+
+log = logging.getLogger("analysis")
+
+#: Table 1's row order; activations not listed follow alphabetically.
+TABLE1_ORDER = ("abs", "relu", "gelu", "silu", "tanh", "leaky_relu", "swiglu", "linear")
+
+
+def _activations(values) -> list[str]:
+    values = list(dict.fromkeys(values))
+    return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
+
+
+# --------------------------------------------------------------------------- mp (Figures 8/9/17)
+MP_COLUMNS = [
+    "erank_branch",
+    "erank_branch_std",
+    "erank_branch_reference",
+    "mp_gamma",
+    "mp_ks",
+    "masked_rank",
+    "masked_rank_theory",
+    "mp_zero_fraction",
+    "mp_atom_theory",
+    "survival_theory",
+    "survival_measured",
+]
+
+
+def mp_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean over runs of the branch-Jacobian scalars per (activation, width, expansion).
+
+    Adds ``threshold_expansion`` = 1/P(σ′≠0) (where ``rank(D W_up)`` reaches d; 1/p = 2 for
+    ReLU) and ``runs``.
+    """
+    keys = ["activation", "width", "expansion"]
+    cols = [c for c in MP_COLUMNS if c in df]
+    t = df.groupby(keys)[cols].mean()
+    t["threshold_expansion"] = [
+        1.0 / activation_constants(a, 1.0).survival_rate for a in t.index.get_level_values(0)
+    ]
+    t["runs"] = df.groupby(keys).size()
+    return t
+
+
+def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
+    """erank(J_f)/d vs m/d and vs γ (with the Gaussian-product curve), rank(D W_up)/d vs m/d."""
+    acts = _activations(table.index.get_level_values("activation"))
+    widths = sorted(table.index.get_level_values("width").unique())
+    colors = dict(zip(acts, plt.cm.tab10(np.arange(len(acts))), strict=True))
+    styles = dict(zip(reversed(widths), ["-", "--", ":", "-."] * 4, strict=False))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout="constrained")
+    for (act, width), g in table.groupby(level=["activation", "width"]):
+        g = g.droplevel([0, 1]).sort_index()
+        kw = dict(color=colors[act], ls=styles[width], marker="o", ms=4)
+        label = f"{act}, d={int(width)}"
+        axes[0].plot(g.index, g["erank_branch"], label=label, **kw)
+        axes[1].plot(g["mp_gamma"], g["erank_branch"], label=label, **kw)
+        axes[2].plot(g.index, g["masked_rank"], label=label, **kw)
+        if width == widths[-1]:
+            axes[0].plot(g.index, g["erank_branch_reference"], color=colors[act], lw=0.8, ls=":")
+            axes[2].plot(g.index, g["masked_rank_theory"], color=colors[act], lw=0.8, ls=":")
+    d = int(widths[-1])
+    gam = np.geomspace(table["mp_gamma"].min() / 1.2, table["mp_gamma"].max() * 1.2, 16)
+    ref = [gaussian_product_erank(d, int(round(x * d)), draws=reference_draws, seed=0) for x in gam]
+    axes[1].plot(gam, ref, "k-", lw=1.2, label=f"Gaussian product G₂G₁, inner γd (d={d})")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+    axes[0].set_xlabel("m/d (expansion)")
+    axes[0].set_ylabel("erank(J_f) / d")
+    axes[0].set_title("vs m/d (dotted: reference at each γ)")
+    axes[1].set_xlabel("γ = p·m/d")
+    axes[1].set_ylabel("erank(J_f) / d")
+    axes[1].set_title("vs γ")
+    axes[2].set_xlabel("m/d (expansion)")
+    axes[2].set_ylabel("rank(D W_up) / d")
+    axes[2].set_title("masked up-projection (dotted: min(1, P(σ′≠0)·m/d))")
+    axes[1].legend(fontsize=7)
+    axes[2].legend(fontsize=6, ncol=2)
+    return fig
+
+
+def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame:
+    """Long table of the logged MP histograms at ``width``: the newest run per (σ, m/d).
+
+    Columns: activation, expansion, gamma, ks, zero_fraction, atom_theory, run_id, center,
+    density (measured, per unit of normalized eigenvalue), theory (MP density at the center).
+
+    Raises:
+        TrackingError: a run has no ``arrays.npz`` (logged with ``tracking.log_arrays=false``).
+        KeyError: ``arrays.npz`` lacks the histogram (not a ``branch_jacobian`` run).
+    """
+    sub = df[df["width"] == width]
+    if "start_time" in sub:
+        sub = sub.sort_values("start_time", ascending=False)
+    sub = sub.drop_duplicates(["activation", "expansion"])
+    parts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _, r in sub.iterrows():
+            dst = Path(tmp) / r["run_id"]
+            dst.mkdir()
+            with np.load(download_artifact(uri, r["run_id"], "arrays.npz", str(dst))) as z:
+                if "mp_hist_centers" not in z:
+                    raise KeyError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
+                centers, density = z["mp_hist_centers"], z["mp_hist_density"]
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "activation": r["activation"],
+                        "expansion": r["expansion"],
+                        "gamma": r["mp_gamma"],
+                        "ks": r["mp_ks"],
+                        "zero_fraction": r.get("mp_zero_fraction", np.nan),
+                        "atom_theory": r.get("mp_atom_theory", np.nan),
+                        "run_id": r["run_id"],
+                        "center": centers,
+                        "density": density,
+                        "theory": marchenko_pastur_density(centers, float(r["mp_gamma"])),
+                    }
+                )
+            )
+    return pd.concat(parts, ignore_index=True)
+
+
+def draw_mp_histograms(hist: pd.DataFrame, width: int):
+    """Rows = activation, columns = m/d; measured histogram (steps) and MP density (line)."""
+    acts = _activations(hist["activation"])
+    exps = sorted(hist["expansion"].unique())
+    fig, axes = plt.subplots(
+        len(acts),
+        len(exps),
+        figsize=(3.2 * len(exps), 2.4 * len(acts)),
+        squeeze=False,
+        layout="constrained",
+    )
+    for i, act in enumerate(acts):
+        for j, e in enumerate(exps):
+            ax = axes[i, j]
+            h = hist[(hist["activation"] == act) & (hist["expansion"] == e)]
+            if h.empty:
+                ax.set_axis_off()
+                continue
+            gamma = float(h["gamma"].iloc[0])
+            ax.step(h["center"], h["density"], where="mid", color="C0", lw=1, label="D W_up")
+            lo, hi = marchenko_pastur_edges(gamma)
+            x = np.linspace(lo + 1e-3 * (hi - lo), hi, 400)
+            ax.plot(x, marchenko_pastur_density(x, gamma), "k-", lw=1, label=f"MP(γ={gamma:.2f})")
+            # the MP density diverges at 0 when γ = 1: scale to the measured bins instead
+            ax.set_ylim(0, 1.15 * max(h["density"].max(), h["theory"].max()))
+            for edge in (lo, hi):
+                ax.axvline(edge, color="grey", lw=0.5, ls="--")
+            ax.set_title(f"{act}, m/d={e:g}: γ={gamma:.2f}, KS={h['ks'].iloc[0]:.3f}", fontsize=8)
+            z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
+            if np.isfinite(z) and (z > 0 or atom > 0):
+                ax.text(
+                    0.97,
+                    0.9,
+                    f"zeros {z:.2f} (MP {atom:.2f})",
+                    transform=ax.transAxes,
+                    ha="right",
+                    fontsize=7,
+                )
+            if i == len(acts) - 1:
+                ax.set_xlabel("eigenvalue / mean")
+            if j == 0:
+                ax.set_ylabel("density")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"Marchenko–Pastur fit of the masked up-projection, d = {width}")
+    return fig
+
+
+def _mp_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, "fig8")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="width d of the histogram grid (default: the largest width run)",
+    )
+    p.add_argument(
+        "--reference-draws",
+        type=int,
+        default=4,
+        help="Monte Carlo draws per point of the Gaussian-product curve (default 4)",
+    )
+
+
+def _mp_main(args: argparse.Namespace) -> list[Path]:
+    needs = ["activation", "width", "expansion"] + [
+        c for c in MP_COLUMNS if c != "survival_measured"
+    ]
+    df = load(args.experiment, args, needs, "branch_jacobian")
+    warn_mixed(df, ("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"), args.experiment)
+    table = mp_table(df)
+    out = out_dir(args)
+    fig = draw_mp_erank(table, args.reference_draws)
+    fig.suptitle(f"{', '.join(args.experiment)}: branch Jacobian rank (Figure 8)")
+    paths = save(fig, out, "mp_erank", table)
+    widths = sorted(df["width"].unique())
+    width = int(args.width if args.width is not None else widths[-1])
+    if width not in widths:
+        raise KeyError(f"--width {width}: the runs have widths {[int(w) for w in widths]}")
+    hist = mp_histograms(df, args.uri, width)
+    fig = draw_mp_histograms(hist, width)
+    paths += save(fig, out, f"mp_histograms_d{width}", hist.set_index(["activation", "expansion"]))
+    return paths
+
+
+mp_command = Command(_mp_arguments, _mp_main)
+
+
+# --------------------------------------------------------------------------- Table 1
+def table1(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 1: quadrature constants at unit variance beside the measured stable rank of σ(W h).
+
+    Columns: ``c``, ``1/c`` (∞ for c = 0), ``p`` = E[σ′²], ``P(σ′≠0)``, ``κ`` = E[σ²];
+    ``stable_rank`` (mean over runs of the seed mean of ``hidden_stable_rank``),
+    ``stable_rank_std`` (seed spread), ``coherence_measured`` (mean(A)²/mean(A²)),
+    ``stable_rank/(1/c)`` (NaN when c = 0), ``runs``.  Index: activation, Table 1 order.
+    """
+    rows = []
+    for act in _activations(df["activation"]):
+        g = df[df["activation"] == act]
+        k = activation_constants(act, 1.0)
+        sr = float(g["hidden_stable_rank"].mean())
+        rows.append(
+            {
+                "activation": act,
+                "c": k.coherence,
+                "1/c": k.spike_bound,
+                "p": k.survival,
+                "P(σ′≠0)": k.survival_rate,
+                "κ": k.kappa,
+                "stable_rank": sr,
+                "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
+                if "hidden_stable_rank_std" in g
+                else math.nan,
+                "coherence_measured": float(g["hidden_coherence"].mean()),
+                "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
+                "runs": len(g),
+            }
+        )
+    return pd.DataFrame(rows).set_index("activation")
+
+
+def _table1_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, "tab1")
+
+
+def _table1_main(args: argparse.Namespace) -> list[Path]:
+    needs = ["activation", "hidden_stable_rank", "hidden_coherence"]
+    df = load(args.experiment, args, needs, "activation_spike")
+    warn_mixed(
+        df,
+        ("width", "expansion", "matrices", PLACEMENT, "alpha", "task.options.activation_spike.n"),
+        args.experiment,
+    )
+    if "alpha" in df and (df["alpha"] != 1).any():
+        log.warning("runs with alpha ≠ 1: Table 1's constants are at unit preactivation variance")
+    t = table1(df)
+    out = out_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    t.to_csv(out / "table1.csv")
+    log.info("wrote %s", out / "table1.csv")
+    md = write_markdown(
+        out / "table1.md",
+        f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
+        "stable rank of σ(W h)",
+        t,
+    )
+    return [out / "table1.csv", md]
+
+
+table1_command = Command(_table1_arguments, _table1_main)
+
+
+# --------------------------------------------------------------------------- Table 6
+def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame:
+    """``erank(Z_l)/d`` per (matrices, activation, width) (rows) and l (columns), mean over runs.
+
+    Values come from each run's ``rep_erank`` series (step = l); an l beyond every run's
+    depth is left out.
+
+    Raises:
+        KeyError: no requested layer exists in any run.
+    """
+    rows = []
+    for _, r in df.iterrows():
+        steps, values = series(uri, r["run_id"], "rep_erank")
+        at = dict(zip(steps.astype(int), values, strict=True))
+        for l in layers:
+            if l in at:
+                rows.append(
+                    {
+                        "matrices": r["matrices"],
+                        "activation": r["activation"],
+                        "d": int(r["width"]),
+                        "l": l,
+                        "erank": at[l],
+                    }
+                )
+    if not rows:
+        raise KeyError(
+            f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})"
+        )
+    long = pd.DataFrame(rows)
+    t = long.groupby(["matrices", "activation", "d", "l"])["erank"].mean().unstack("l")
+    t.columns = [f"l={c}" for c in t.columns]
+    return t
+
+
+def _table6_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, "tab6")
+    p.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=[32, 64, 128, 256, 512],
+        help="layers l to tabulate (default: 32 64 128 256 512)",
+    )
+
+
+def _table6_main(args: argparse.Namespace) -> list[Path]:
+    needs = ["width", "depth", "matrices", "activation", "rep_erank_final"]
+    df = load(args.experiment, args, needs, "representation")
+    warn_mixed(
+        df,
+        ("expansion", PLACEMENT, "alpha", "beta", "task.options.representation.n"),
+        args.experiment,
+    )
+    t = table6(df, args.uri, sorted(set(args.layers)))
+    dropped = [l for l in args.layers if f"l={l}" not in t.columns]
+    if dropped:
+        log.info("layers %s are deeper than every run; left out", dropped)
+    out = out_dir(args)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
+    for idx, row in t.iterrows():
+        ls = [int(c[2:]) for c in t.columns]
+        ax.plot(ls, row.values, "o-", label=f"M={idx[0]}, {idx[1]}, d={idx[2]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("erank(Z_l) / d")
+    ax.set_title(f"{', '.join(args.experiment)}: Table 6")
+    ax.legend(fontsize=7)
+    paths = save(fig, out, "table6", t)
+    paths.append(
+        write_markdown(
+            out / "table6.md",
+            f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
+            t,
+            fmt="{:.3f}",
+        )
+    )
+    return paths
+
+
+table6_command = Command(_table6_arguments, _table6_main)
