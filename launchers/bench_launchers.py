@@ -8,6 +8,12 @@ and wall/N. For slurm, SLURM_CONF must point at a running cluster
 one job that SIGKILLs itself takes to fail (submitit needs `sacct` for this).
 
     python launchers/bench_launchers.py --jobs 20
+    python launchers/bench_launchers.py --rankexp --launchers local slurm
+
+`--rankexp` times real rankexp jobs instead: a `python -m rankexp task=measure` sweep of
+`--jobs` tiny configs (d=8, L=2, one seed: the measurement itself takes milliseconds, so
+what is left is the per-job overhead: interpreter and torch start-up, Hydra, MLflow run,
+params, metrics, artifacts), each launcher in its own directory with its own SQLite store.
 """
 
 from __future__ import annotations
@@ -50,15 +56,58 @@ def timed(cmd, cwd):
     return time.perf_counter() - t0, proc
 
 
+REPO = CONF.parent
+RANKEXP_JOB = ("width=8", "depth=2", "seeds=1")
+LAUNCHER_ARGS = {
+    "slurm": ("hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2"),
+    "local": (),  # joblib, n_jobs=2 (conf/hydra/launcher/local.yaml)
+    "basic": (),  # sequential, in the launching process
+}
+
+
+def bench_rankexp(args):
+    """Wall time of a `python -m rankexp` measure sweep of args.jobs tiny jobs per launcher."""
+    work = Path(tempfile.mkdtemp(prefix="rankexp-bench-launchers-rankexp-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_"))}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    print(f"{args.jobs} jobs of `python -m rankexp {' '.join(RANKEXP_JOB)} seed=range(0,N) -m`")
+    print(f"{'launcher':>10} {'jobs':>5} {'wall_s':>8} {'per_job_s':>10} {'measure_s/job':>14}")
+    for launcher in args.launchers:
+        cwd = work / launcher
+        cwd.mkdir()
+        cmd = [sys.executable, "-m", "rankexp", *RANKEXP_JOB, f"seed=range(0,{args.jobs})",
+               f"hydra/launcher={launcher}", *LAUNCHER_ARGS.get(launcher, ()), "-m"]  # fmt: skip
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode:
+            sys.exit(f"{launcher} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+        exp = client.get_experiment_by_name("rankexp")
+        runs = [r for r in client.search_runs([exp.experiment_id], max_results=10_000)
+                if r.data.tags.get("rankexp.role") != "sweep"]  # fmt: skip
+        assert len(runs) == args.jobs and {r.info.status for r in runs} == {"FINISHED"}
+        measure = sum(r.data.metrics["measure_seconds"] for r in runs) / len(runs)
+        print(f"{launcher:>10} {args.jobs:>5} {wall:>8.2f} {wall / args.jobs:>10.3f} "
+              f"{measure:>14.4f}")  # fmt: skip
+    print(f"(sweep dirs and stores under {work})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--launchers", nargs="+", default=["basic", "local", "slurm"])
     ap.add_argument("--crash", action="store_true", help="also time a sweep whose job 0 dies")
+    ap.add_argument("--rankexp", action="store_true", help="time rankexp measure sweeps instead")
     args = ap.parse_args()
     if "slurm" in args.launchers and not os.environ.get("SLURM_CONF"):
         sys.exit('SLURM_CONF is not set: eval "$(launchers/slurm-cluster.sh env)" first')
 
+    if args.rankexp:
+        bench_rankexp(args)
+        return
     work = Path(tempfile.mkdtemp(prefix="rankexp-bench-launchers-"))
     (work / "app.py").write_text(APP)
     (work / "bench.yaml").write_text(CONFIG)

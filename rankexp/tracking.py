@@ -300,12 +300,15 @@ class SweepCallback(Callback):
         self._state = {**record, "sweep_dir": sweep_dir, "t0": time.time()}
         log.info("MLflow: %s, experiment %r (id %s), sweep run %s", uri, tcfg.experiment, exp_id,
                  parent.info.run_id)
-        atexit.register(self._finish)
+        atexit.register(self._finish, aborted=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._finish()
 
-    def _finish(self) -> None:
+    def _finish(self, aborted: bool = False) -> None:
+        """Close the parent run. ``aborted``: called at exit, not by ``on_multirun_end`` (Hydra
+        raised: a job failed, Ctrl-C, a launcher error), so some jobs may never have run;
+        without a failed job the parent is then KILLED, never FINISHED."""
         state, self._state = self._state, None
         if state is None:
             return
@@ -331,10 +334,15 @@ class SweepCallback(Callback):
             metrics=[Metric(f"jobs_{k.lower()}", v, now, 0) for k, v in counts.items()]
             + [Metric("sweep_seconds", time.time() - state["t0"], now, 0)],
         )
-        client.set_terminated(state["run_id"], "FAILED" if counts["FAILED"] else "FINISHED")
+        status = "FAILED" if counts["FAILED"] else "KILLED" if aborted else "FINISHED"
+        if status == "KILLED":
+            client.set_tag(state["run_id"], "error", "sweep ended early (interrupted, or the "
+                           "launcher failed): rerun the same command to resume")
+        client.set_terminated(state["run_id"], status)
         log.info(
-            "sweep %s: %d finished, %d skipped (already FINISHED), %d failed",
+            "sweep %s: %d finished, %d skipped (already FINISHED), %d failed%s",
             state["sweep_id"], counts["FINISHED"], counts["SKIPPED"], counts["FAILED"],
+            "; ended early, not every job ran" if status == "KILLED" else "",
         )
 
 
@@ -376,3 +384,22 @@ def metric_history(uri: str | None, run_id: str, key: str):
 
     hist = sorted(_client(resolve_uri(uri)).get_metric_history(run_id, key), key=lambda m: m.step)
     return np.array([m.step for m in hist]), np.array([m.value for m in hist])
+
+
+def download_artifact(uri: str | None, run_id: str, path: str, dst: str | None = None) -> Path:
+    """Local path of the artifact ``path`` (e.g. ``arrays.npz``) of run ``run_id``.
+
+    Downloaded into the existing folder ``dst`` (default: a new temporary folder).
+
+    Raises:
+        TrackingError: the run has no such artifact (e.g. logged with ``tracking.log_arrays=false``).
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = Path(_client(resolve_uri(uri)).download_artifacts(run_id, path, dst))
+    except (MlflowException, OSError) as e:
+        raise TrackingError(f"run {run_id} has no artifact {path!r} ({e})") from None
+    if not local.exists():
+        raise TrackingError(f"run {run_id} has no artifact {path!r}")
+    return local

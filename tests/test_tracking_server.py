@@ -1,0 +1,90 @@
+"""Eight parallel jobs log to a real `mlflow server` whose backend is a real PostgreSQL
+(both started by launchers/mlflow-server.sh), and every metric point arrives: counted per
+run and per series through the client, compared value by value with what each job wrote
+to its job directory, and counted once more in PostgreSQL's own `metrics` table."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import services
+from services import clean_env, client, job_result, rankexp, sweep_runs
+
+pg_mlflow_server = services.pg_mlflow_server  # session fixture (tests/services.py)
+
+DEPTHS = (8, 16, 24, 32)
+PROFILE_SERIES = ("erank_profile", "stable_rank_profile", "log_gain_profile")
+
+
+def test_eight_parallel_jobs_log_every_point_to_a_postgres_backed_server(
+    pg_mlflow_server, tmp_path
+):
+    server = pg_mlflow_server
+    res = rankexp(
+        "norm=post", "alpha=1,2", f"depth={','.join(map(str, DEPTHS))}", "width=16", "seeds=1",
+        "hydra/launcher=local", "hydra.launcher.n_jobs=8", f"tracking.uri={server.uri}",
+        "tracking.experiment=server8", "-m",
+        cwd=tmp_path, env=clean_env(), timeout=420,
+    ).check()  # fmt: skip
+    assert "8 finished, 0 skipped (already FINISHED), 0 failed" in res.output, res.output[-3000:]
+    assert not (tmp_path / "mlflow.db").exists()  # nothing went to a local store
+
+    parents, jobs = sweep_runs(server.uri, "server8")
+    (parent,) = parents
+    assert parent.info.status == "FINISHED" and parent.data.metrics["jobs_finished"] == 8
+    assert len(jobs) == 8 and {r.info.status for r in jobs} == {"FINISHED"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {parent.info.run_id}
+    assert sorted(int(r.data.params["depth"]) for r in jobs) == sorted(DEPTHS * 2)
+    # the writers really overlapped (joblib ran them in 8 worker processes)
+    spans = [(r.info.start_time, r.info.end_time) for r in jobs]
+    overlap = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
+    assert overlap >= 2, spans
+
+    c = client(server.uri)
+
+    def check_run(run) -> int:
+        """Points of one run in the store, after checking each series against the job dir."""
+        depth = int(run.data.params["depth"])
+        saved = job_result(run)
+        got = 0
+        for key in sorted(run.data.metrics):
+            hist = sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+            got += len(hist)
+            if key in saved["series"]:
+                s = saved["series"][key]
+                assert [m.step for m in hist] == s["steps"], key
+                assert [m.value for m in hist] == pytest.approx(s["values"], rel=1e-12), key
+            else:
+                assert [(m.step, m.value) for m in hist] == [
+                    (0, pytest.approx(saved["scalars"][key], rel=1e-12, nan_ok=True))
+                ], key
+        for key in PROFILE_SERIES:  # per-layer series: one point per layer, step = layer
+            hist = c.get_metric_history(run.info.run_id, key)
+            assert sorted(m.step for m in hist) == list(range(1, depth + 1)), key
+        assert len(c.get_metric_history(run.info.run_id, "rms")) == depth + 1  # h_0 … h_L
+        expected = len(saved["scalars"]) + sum(len(s["steps"]) for s in saved["series"].values())
+        assert set(run.data.metrics) == set(saved["scalars"]) | set(saved["series"])
+        assert got == expected, (run.info.run_name, got, expected)
+        return got
+
+    with ThreadPoolExecutor(8) as pool:
+        per_run = list(pool.map(check_run, jobs))
+    total = sum(per_run)
+    # 17 scalars + 4 series of L points + rms with L+1, per run
+    assert per_run and all(n > 5 * 8 for n in per_run)
+
+    # the same count straight from PostgreSQL: the server stored each point exactly once
+    ids = [r.info.run_id for r in jobs]
+    ((rows,),) = server.sql("SELECT count(*) FROM metrics WHERE run_uuid = ANY(%s)", ids)
+    assert rows == total, (rows, total)
+
+    # and it never answered a request with a server error
+    log = server.server_log()
+    assert not re.search(r'HTTP/1\.\d" 5\d\d', log), log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    print(
+        f"{total} metric points from 8 parallel jobs all arrived (max overlap {overlap}); "
+        f"server start {server.start_seconds:.1f} s, sweep {res.seconds:.1f} s"
+    )
