@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch/torchvision pinned to the builds in this machine class's local pip cache
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup demo sweep test test-slow bench ui lint clean
+.PHONY: help setup test-deps demo sweep test test-slow bench figures ui lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -28,7 +28,10 @@ sweep: setup  ## the issue's sweep: post-norm, α ∈ {1,2}, L ∈ {48,96}
 	$(PY) -m rankexp norm=post alpha=1,2 depth=48,96 -m
 	$(PY) -m analysis heatmap --experiment rankexp
 
-test: setup  ## the default test suite (fast; no GPU, no network)
+test-deps:  ## system packages the end-to-end tests start: Slurm+MariaDB, PostgreSQL, Chromium (root)
+	bash launchers/install-test-deps.sh
+
+test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm/PostgreSQL/browser)
 	$(PY) -m pytest -q
 
 test-slow: setup  ## long checks (full-size experiments, real services)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Install the system packages the end-to-end tests start (Slurm, MariaDB, PostgreSQL, Chromium).
+# Idempotent and quick when they are present; needs root and Debian's package registry.
+# Called by `make test` (target test-deps).
+#
+# Runs as root on a fresh Debian 12 machine (2 cores, no GPU, package registries only).
+# The end-to-end tests start their own services through launchers/ and stop them at the
+# end; this script installs what they need and nothing else:
+#   slurmctld slurmd slurm-client munge slurmdbd mariadb-server
+#                          tests/test_slurm.py (launchers/slurm-cluster.sh)
+#   postgresql             tests/test_tracking_server.py (launchers/mlflow-server.sh)
+#   chromium chromium-driver
+#                          tests/test_mlflow_ui.py (headless, driven by Selenium)
+#   curl                   the launchers' /health checks
+# (psycopg and selenium come with the project's `test` extra.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server postgresql
+  chromium chromium-driver curl)
+POLICY=/usr/sbin/policy-rc.d
+
+log() { printf '[test-deps %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+created_policy=0
+cleanup() {
+  local rc=$?
+  if ((created_policy)); then rm -f "$POLICY"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+retry() {  # retry CMD...: three tries, for the package mirror's bad moments
+  local i
+  for i in 1 2 3; do
+    "$@" && return 0
+    log "failed (try $i/3): $*"
+    sleep $((10 * i))
+  done
+  return 1
+}
+
+# shellcheck disable=SC1091
+log "machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GB", $2/1048576}' /proc/meminfo), $(. /etc/os-release && echo "$PRETTY_NAME")"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # No systemd here, and the tests run private daemons: keep the packages' maintainer
+  # scripts from starting the system's own munge/MariaDB/PostgreSQL (CPU and ports).
+  if [[ ! -e $POLICY ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod 755 "$POLICY" && created_policy=1
+  fi
+  retry apt-get update -q
+  retry apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if ((created_policy)); then rm -f "$POLICY" && created_policy=0; fi
+fi
