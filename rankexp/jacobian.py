@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 from torch.func import functional_call, jacfwd, vmap
+from tqdm.auto import tqdm
 
 from .model import Block, ResidualMLP
 from .spectra import erank_from_sv, singular_values, stable_rank_from_sv
@@ -145,6 +145,7 @@ def forward_sweep(
     keep_partials: bool = False,
     on_layer: Callable[[LayerJacobian], None] | None = None,
     progress: bool | None = False,
+    spectra: bool = True,
 ) -> ForwardSweep:
     """All partial Jacobians ``∂h_l/∂h_0`` from one forward sweep, with their spectra.
 
@@ -155,6 +156,8 @@ def forward_sweep(
         on_layer: called with each block's :class:`LayerJacobian` (lets other
             probes share the sweep instead of recomputing Jacobians).
         progress: tqdm bar over blocks (``None``: only on a terminal).
+        spectra: compute the per-layer SVDs (``False`` leaves erank/stable rank NaN;
+            for timing the Jacobians alone).
 
     Returns:
         :class:`ForwardSweep`. Costs per block one d-batched jvp through the
@@ -194,9 +197,13 @@ def forward_sweep(
             stale = l - max(model.skip_every, 1)
             units.pop(stale, None)
             logs.pop(stale, None)
-            s = singular_values(unit)
-            er.append(erank_from_sv(s))
-            sr.append(stable_rank_from_sv(s))
+            if spectra or l == model.depth:
+                s = singular_values(unit)
+                er.append(erank_from_sv(s))
+                sr.append(stable_rank_from_sv(s))
+            else:
+                er.append(torch.full_like(log, float("nan")))
+                sr.append(er[-1])
             lg.append(log)
             ratio.append(torch.linalg.matrix_norm(lj.branch) / d**0.5)
             branch_sum += lj.branch

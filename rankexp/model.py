@@ -365,10 +365,10 @@ class ResidualMLP(nn.Module):
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
         return self.trajectory(h0)[-1]
 
-    def trajectory(self, h0: Tensor) -> list[Tensor]:
-        """Every stream state ``[h_0, h_1, …, h_L]``, each ``(E, B, d)``."""
+    def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
+        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
         hs = [h0]
-        for l, block in enumerate(self.blocks, start=1):
+        for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
             skip = hs[self.skip_source(l)] if block.has_skip else None
             hs.append(block(hs[-1], skip))
         return hs

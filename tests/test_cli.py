@@ -8,7 +8,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
 from conftest import runs_in
 
 SMALL = ("width=24", "seeds=2")
