@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch/torchvision pinned to the builds in this machine class's local pip cache
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup test-deps demo sweep test test-slow bench figures ui lint clean
+.PHONY: help setup test-deps demo sweep test test-slow bench bench-services figures ui lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -39,6 +39,15 @@ test-slow: setup  ## long checks (full-size experiments, real services)
 
 bench: setup  ## benchmarks: forward sweep vs reverse mode, Hydra+MLflow overhead per job
 	$(PY) -m rankexp.bench
+
+bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-server runs/s from 8 writers
+	launchers/slurm-cluster.sh start
+	eval "$$(launchers/slurm-cluster.sh env)" && $(PY) launchers/bench_launchers.py --rankexp --jobs 20 --launchers basic local slurm; \
+	  rc=$$?; launchers/slurm-cluster.sh stop; exit $$rc
+	$(PY) launchers/bench_tracking.py
+
+figures: setup  ## every experiment at reduced size into figures/reduced/, then every figure (CPU, < 1 h)
+	$(PY) -m analysis.figures
 
 ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
