@@ -9,6 +9,11 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .isorank import collapse_command, isorank_command
+from .paths_spike import paths_command, spike_command
+from .placements import placements_command
+from .profiles import accumulated_command, profiles_command, stream_command
+from .spectra_tables import mp_command, table1_command, table6_command
 from .training import curves_command, fig6_command, fig16_command, table5_command
 
 COMMANDS = {
@@ -17,6 +22,17 @@ COMMANDS = {
     "table5": (table5_command, "Table 5: max stable learning rate per (placement, depth), per α and max over α"),
     "fig16": (fig16_command, "Figure 16: best test accuracy vs depth, one line per (M, norm placement)"),
     "curves": (curves_command, "test accuracy and train loss vs step, one line per LR, of one train run"),
+    "paths": (paths_command, "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ vs βα^M with the uncorrelated prediction"),
+    "spike": (spike_command, "Figure 7: mean spike — cross-layer cosines vs c, ‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ"),
+    "mp": (mp_command, "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; Marchenko–Pastur histograms of D W_up"),
+    "table1": (table1_command, "Table 1: c, 1/c, p, κ by quadrature beside the measured stable rank of σ(W h)"),
+    "table6": (table6_command, "Table 6: erank(Z_l)/d at each width d and layer l (M = 1 representation collapse)"),
+    "profiles": (profiles_command, "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d"),
+    "collapse": (collapse_command, "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is"),
+    "isorank": (isorank_command, "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes"),
+    "stream": (stream_command, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ"),
+    "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
+    "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
 }
 
 

@@ -1,0 +1,187 @@
+"""Figure 4: rank by norm placement and operation, and the post-norm projection split.
+
+``python -m analysis placements --experiment fig4`` draws ``erank_io`` (erank(∂h_L/∂h_0)/d)
+as grouped bars, one group per (placement, op) and one bar per α, and prints:
+
+* the detached-vs-rmsnorm gap of Post-Norm per α in units of d (the study: ≤ 0.4 % of width,
+  i.e. ≤ 0.004 — both ops have the same forward, only detached's Jacobian lacks the
+  projection);
+* the projection split of the post runs (probe ``projection_split``, Figure 4c / Table 3):
+  ``erank_post`` (the network), ``erank_post_noproj`` (its Jacobian without the norm's
+  projection), ``erank_prenorm`` (same weights, the op moved to Pre-Norm), and the rank the
+  post-residual norm removes through its projection vs its rescaling.
+
+By default the bars show what the figure compares: every placement with rmsnorm and every op
+for Post-Norm (``norm=none`` ignores the op, its runs are pooled); ``--all`` shows every
+(placement, op) that was run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .common import (
+    OP_ORDER,
+    PLACEMENT,
+    Command,
+    add_where,
+    load,
+    out_dir,
+    set_experiment_default,
+    to_markdown,
+    warn_mixed,
+    write_text,
+)
+from .plotting import plt, save
+
+log = logging.getLogger("analysis")
+
+OP = "norm.op"
+SPLIT = (
+    "erank_post",
+    "erank_post_noproj",
+    "erank_prenorm",
+    "erank_unnormalized",
+    "rank_removed_by_projection",
+    "rank_removed_by_rescaling",
+    "rank_removed_total",
+    "erank_projection_product",
+    "erank_projection_product_rw",
+)
+
+
+def config_label(placement: str, op: str) -> str:
+    return placement if placement == "none" else f"{placement}/{op}"
+
+
+def placement_table(
+    df: pd.DataFrame, metric: str = "erank_io", every: bool = False
+) -> pd.DataFrame:
+    """Mean, std (over runs) and run count of ``metric`` per (config, α).
+
+    ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
+    unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
+    rmsnorm for every placement, every op for post, and none (all configs if that leaves
+    nothing).  Rows in the study's order (placements pre, output, post, none; ops rmsnorm,
+    detached, meansub, layernorm).
+    """
+    d = df.assign(config=[config_label(p, o) for p, o in zip(df[PLACEMENT], df[OP], strict=True)])
+    if not every:
+        keep = (d[OP] == "rmsnorm") | (d[PLACEMENT] == "post") | (d[PLACEMENT] == "none")
+        d = d[keep] if keep.any() else d
+    order = ["pre", "output", "post", "peri", "none"]
+    d = d.assign(
+        _p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
+        _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
+    )
+    d.loc[d[PLACEMENT] == "none", "_o"] = 0
+    t = d.groupby(["_p", "_o", "config", "alpha"])[metric].agg(["mean", "std", "count"])
+    return t.droplevel([0, 1])
+
+
+def detached_gap(table: pd.DataFrame) -> pd.Series:
+    """``|erank(post/detached) − erank(post/rmsnorm)|`` per α (units of d); empty if absent."""
+    configs = table.index.get_level_values("config")
+    if not {"post/detached", "post/rmsnorm"} <= set(configs):
+        return pd.Series(dtype=float, name="detached_gap")
+    m = table["mean"]
+    return (m.xs("post/detached") - m.xs("post/rmsnorm")).abs().rename("detached_gap")
+
+
+def split_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean over runs of the projection-split metrics per (op, α), post runs only."""
+    cols = [c for c in SPLIT if c in df]
+    post = df[df[PLACEMENT] == "post"]
+    if not cols or post.empty or post[cols].isna().all().all():
+        return pd.DataFrame()
+    t = post.groupby([OP, "alpha"])[["erank_io", *cols]].mean()
+    rank = {o: i for i, o in enumerate(OP_ORDER)}
+    return t.sort_index(
+        level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s
+    )
+
+
+def draw_placements(table: pd.DataFrame, metric: str):
+    """Grouped bars: one group per config, one bar per α, error bars = std over runs."""
+    configs = list(dict.fromkeys(table.index.get_level_values("config")))
+    alphas = sorted(table.index.get_level_values("alpha").unique())
+    fig, ax = plt.subplots(
+        figsize=(1.1 * len(configs) * max(len(alphas), 2) / 2 + 2, 3.8), layout="constrained"
+    )
+    width = 0.8 / len(alphas)
+    cmap = plt.get_cmap("plasma")
+    for k, a in enumerate(alphas):
+        t = table.xs(a, level="alpha").reindex(configs)
+        xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
+        ax.bar(
+            xs,
+            t["mean"],
+            width,
+            yerr=t["std"].fillna(0),
+            capsize=2,
+            color=cmap(k / max(len(alphas) - 1, 1) * 0.85),
+            label=f"α = {a:g}",
+        )
+    ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right")
+    ax.set_ylabel(metric)
+    ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig4"], "MLflow experiment(s) (default: fig4)")
+    p.add_argument(
+        "--metric", default="erank_io", help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)"
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="every (placement, op) run, not only the figure's selection",
+    )
+    add_where(p)
+
+
+def _main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
+    table = placement_table(df, args.metric, args.every)
+    fig = draw_placements(table, args.metric)
+    fig.suptitle(f"{', '.join(args.experiment)}: {args.metric} by norm placement / op")
+    out = out_dir(args)
+    paths = save(fig, out, f"placements_{args.metric}", table)
+    wide = table["mean"].unstack("alpha")
+    wide.columns = [f"alpha={a:g}" for a in wide.columns]
+    print(f"{args.metric} by placement/op and α ({', '.join(args.experiment)})\n")
+    print(to_markdown(wide))
+    gap = detached_gap(table)
+    if len(gap):
+        print(
+            "\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
+            + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items())
+        )
+    split = split_table(df)
+    if split.empty:
+        log.warning(
+            "no projection_split metrics in the post runs of %s (add projection_split "
+            "to task.probes); no split table",
+            args.experiment,
+        )
+    else:
+        md = to_markdown(split)
+        print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
+        print(md)
+        split.to_csv(out / "projection_split.csv")
+        paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
+        log.info("wrote %s", out / "projection_split.csv")
+    return paths
+
+
+placements_command = Command(_arguments, _main)
