@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from .jacobian import branch_jacobian, layer_jacobians, member_jacobian
 from .measure import Measurement, ProbeContext, register_probe
-from .model import NORM_FNS, Block, ResidualMLP, gaussian_input
+from .model import NORM_FNS, Block, ResidualMLP
 from .spectra import erank_from_sv, singular_values
 from .theory import (
     activation_constants,
@@ -43,27 +43,6 @@ from .theory import (
 )
 
 log = logging.getLogger(__name__)
-
-
-# Option helpers (kept local: rankexp.measure imports the probe modules, which must not import each other).
-def _options(ctx: ProbeContext, name: str, defaults: dict) -> dict:
-    """``ctx.options[name]`` merged over ``defaults``; unknown keys are an error."""
-    given = dict(ctx.options.get(name) or {})
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **given}
-
-
-def _probe_inputs(ctx: ProbeContext, n: int) -> Tensor:
-    """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT``)."""
-    if n < 2:
-        raise ValueError(f"n={n} probe inputs: need at least 2")
-    return gaussian_input(
-        ctx.model.seeds, ctx.width, batch=int(n), dtype=ctx.h0.dtype, device=ctx.h0.device
-    )
 
 
 # --------------------------------------------------------------------------- J_f and D·W_up
@@ -130,7 +109,7 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     Arrays: ``mp_hist_centers``, ``mp_hist_density`` (pooled, per unit of normalized
     eigenvalue, integrating to 1 − zero fraction), ``mp_theory_density``.
     """
-    opt = _options(ctx, "branch_jacobian", {"layers": None, "reference_draws": 4})
+    opt = ctx.probe_options("branch_jacobian", {"layers": None, "reference_draws": 4})
     model, d = ctx.model, ctx.width
     chosen = set(
         range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"])
@@ -232,14 +211,14 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     ``hidden_stable_rank_profile``, ``hidden_coherence_profile``.
     """
     model = ctx.model
-    opt = _options(ctx, "activation_spike", {"n": 2048, "layers": [1]})
+    opt = ctx.probe_options("activation_spike", {"n": 2048, "layers": [1]})
     chosen = {int(v) for v in opt["layers"]}
     if not chosen:
         raise ValueError("task.options.activation_spike.layers: list at least one layer")
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.activation_spike.layers: {bad} outside 1…{model.depth}")
-    h = _probe_inputs(ctx, int(opt["n"]))
+    h = ctx.probe_inputs(int(opt["n"]))
     states, keep = {0: h}, max(model.skip_every, 1)
     sr, coh, qs, steps = [], [], [], []
     with torch.no_grad():

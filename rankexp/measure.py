@@ -93,6 +93,31 @@ class ProbeContext:
     def width(self) -> int:
         return self.model.width
 
+    def probe_options(self, name: str, defaults: dict) -> dict:
+        """``task.options.<name>`` merged over ``defaults``.
+
+        Raises:
+            ValueError: a key the probe does not know (lists the allowed ones).
+        """
+        given = dict(self.options.get(name) or {})
+        unknown = set(given) - set(defaults)
+        if unknown:
+            raise ValueError(
+                f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
+            )
+        return {**defaults, **given}
+
+    def probe_inputs(self, n: int) -> Tensor:
+        """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT``).
+
+        Raises:
+            ValueError: n < 2.
+        """
+        if n < 2:
+            raise ValueError(f"n={n} probe inputs: need at least 2")
+        return gaussian_input(self.model.seeds, self.width, batch=int(n), dtype=self.h0.dtype,
+                              device=self.h0.device)
+
     @property
     def layers(self) -> np.ndarray:
         return np.arange(1, self.model.depth + 1)

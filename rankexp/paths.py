@@ -235,17 +235,6 @@ def path_orders(
     return dp.result(model.beta_eff, model.depth)
 
 
-def _options(ctx: ProbeContext, name: str, defaults: dict) -> dict:
-    """``ctx.options[name]`` merged over ``defaults``; unknown keys are an error."""
-    given = dict(ctx.options.get(name) or {})
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **given}
-
-
 @register_probe("path_order")
 def probe_path_order(ctx: ProbeContext) -> Measurement:
     """Path-order profile of ``∂h_L/∂h_0`` (Eq. 5/11/12; Figure 3), step = path order k.
@@ -264,7 +253,7 @@ def probe_path_order(ctx: ProbeContext) -> Measurement:
 
     The block Jacobians are shared with the forward sweep when it has not run yet.
     """
-    opt = _options(ctx, "path_order", {"max_order": None, "chunk": 64})
+    opt = ctx.probe_options("path_order", {"max_order": None, "chunk": 64})
     model = ctx.model
     _check_structure(model)
     k = model.depth if opt["max_order"] is None else min(int(opt["max_order"]), model.depth)

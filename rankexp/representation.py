@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .measure import Measurement, ProbeContext, register_probe
-from .model import Block, ResidualMLP, gaussian_input, seeded_generator
+from .model import Block, ResidualMLP, seeded_generator
 from .spectra import erank_from_sv
 from .theory import activation_constants
 
@@ -345,25 +345,6 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- probes
-def _options(ctx: ProbeContext, name: str, defaults: dict) -> dict:
-    """``ctx.options[name]`` merged over ``defaults``; unknown keys are an error."""
-    given = dict(ctx.options.get(name) or {})
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **given}
-
-
-def probe_inputs(ctx: ProbeContext, n: int) -> Tensor:
-    """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT`` of each seed)."""
-    if n < 2:
-        raise ValueError(f"n={n} probe inputs: need at least 2")
-    p = ctx.h0
-    return gaussian_input(ctx.model.seeds, ctx.width, batch=int(n), dtype=p.dtype, device=p.device)
-
-
 @register_probe("representation")
 def probe_representation(ctx: ProbeContext) -> Measurement:
     """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
@@ -385,8 +366,8 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     ``branch_mean_snr`` (mean over l of ‖m_l‖ / noise floor).
     Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``.
     """
-    opt = _options(ctx, "representation", {"n": 1024})
-    rep = representation(ctx.model, probe_inputs(ctx, int(opt["n"])))
+    opt = ctx.probe_options("representation", {"n": 1024})
+    rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
     L = ctx.model.depth
     layers, streams = ctx.layers, np.arange(0, L + 1)
     m = Measurement()
@@ -430,10 +411,10 @@ def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     Scalars: ``grad_erank_input`` (at l = 0), ``grad_erank_min``, ``grad_top_energy_input``,
     ``grad_log_gain`` = ln rms(δ_0) − ln rms(δ_L).
     """
-    opt = _options(ctx, "backward_representation", {"n": 1024, "delta": "random", "classes": 10})
+    opt = ctx.probe_options("backward_representation", {"n": 1024, "delta": "random", "classes": 10})
     br = backward_representation(
         ctx.model,
-        probe_inputs(ctx, int(opt["n"])),
+        ctx.probe_inputs(int(opt["n"])),
         delta=str(opt["delta"]),
         classes=int(opt["classes"]),
     )
