@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ import pandas as pd
 
 from rankexp.tracking import TrackingError, metric_history
 
+from .common import Command, set_experiment_default
 from .heatmap import draw_panel, heatmap_table
 from .plotting import plt, save
 from .runs import load_runs
@@ -63,14 +62,6 @@ CONTEXT = (
     "task.stable_accuracy",
 )
 _LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
-
-
-@dataclass(frozen=True)
-class Command:
-    """What ``analysis/__main__.py`` needs of a command: its options and its entry point."""
-
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    main: Callable[[argparse.Namespace], list[Path]]
 
 
 # --------------------------------------------------------------------------- shared
@@ -135,15 +126,6 @@ def _placements(values) -> list[str]:
     return sorted(
         values, key=lambda p: (PLACEMENT_ORDER.index(p) if p in PLACEMENT_ORDER else 99, str(p))
     )
-
-
-def _set_experiment_default(
-    p: argparse.ArgumentParser, names: list[str] | None, help_: str
-) -> None:
-    """Replace the shared ``--experiment`` option's default (and its help) for one command."""
-    for action in p._actions:
-        if action.dest == "experiment":
-            action.default, action.help = names, help_
 
 
 def _depth_axis(ax, depths) -> None:
@@ -213,7 +195,7 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
 
 
 def _fig6_arguments(p: argparse.ArgumentParser) -> None:
-    _set_experiment_default(
+    set_experiment_default(
         p, None, "not used: fig6 reads --rank-experiment and --train-experiment"
     )
     p.add_argument("--rank-experiment", default="fig6", help="task=measure runs (default: fig6)")
@@ -335,7 +317,7 @@ def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFra
 
 
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
-    _set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
     p.add_argument(
         "--stable-accuracy",
         type=float,
@@ -393,7 +375,7 @@ def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.Data
 
 
 def _fig16_arguments(p: argparse.ArgumentParser) -> None:
-    _set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
+    set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
     p.add_argument(
         "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
     )
@@ -477,7 +459,7 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    _set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
     p.add_argument(
         "--where",
