@@ -238,9 +238,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
-    cs.store(group="task", name="measure_schema", node=MeasureTask)
-    cs.store(group="task", name="train_schema", node=TrainTask)
-    cs.store(group="norm", name="norm_schema", node=NormConfig)
+    # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
+    cs.store(group="schema/task", name="measure", node=MeasureTask)
+    cs.store(group="schema/task", name="train", node=TrainTask)
+    cs.store(group="schema/norm", name="norm", node=NormConfig)
 
 
 def validate(cfg: DictConfig) -> RankexpConfig:
