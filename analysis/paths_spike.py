@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrelated_path_profile
-from rankexp.tracking import TrackingError, metric_history
+from rankexp.tracking import TrackingError
 
+from .common import Command, out_dir, series
 from .plotting import plt, save
 from .runs import load_runs
 
@@ -46,14 +45,6 @@ BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}
 PROBE_N = "task.options.representation.n"
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
-
-
-@dataclass(frozen=True)
-class Command:
-    """What ``analysis/__main__.py`` needs of a command: its options and its entry point."""
-
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    main: Callable[[argparse.Namespace], list[Path]]
 
 
 # --------------------------------------------------------------------------- shared
@@ -82,18 +73,6 @@ def load(
     return df
 
 
-def series(uri: str | None, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of the logged series ``key`` of one run.
-
-    Raises:
-        KeyError: the run never logged ``key``.
-    """
-    steps, values = metric_history(uri, run_id, key)
-    if steps.size == 0:
-        raise KeyError(f"run {run_id} has no series {key!r}")
-    return steps, values
-
-
 def warn_mixed(df: pd.DataFrame, keys: tuple[str, ...], experiments: list[str]) -> None:
     """Warn when runs averaged into one line differ in a config key outside the figure's axes."""
     mixed = {k: sorted(df[k].dropna().unique(), key=str) for k in keys if k in df}
@@ -112,10 +91,6 @@ def set_experiment_default(p: argparse.ArgumentParser, name: str) -> None:
     for action in p._actions:
         if action.dest == "experiment":
             action.default, action.help = [name], f"MLflow experiment name(s) (default: {name})"
-
-
-def out_dir(args: argparse.Namespace) -> Path:
-    return Path(args.out) / "_".join(args.experiment)
 
 
 def write_markdown(path: Path, title: str, table: pd.DataFrame, fmt: str = "{:.4g}") -> Path:

@@ -41,16 +41,8 @@ from rankexp.theory import (
 )
 from rankexp.tracking import download_artifact
 
-from .paths_spike import (
-    PLACEMENT,
-    Command,
-    load,
-    out_dir,
-    series,
-    set_experiment_default,
-    warn_mixed,
-    write_markdown,
-)
+from .common import Command, out_dir, series
+from .paths_spike import PLACEMENT, load, set_experiment_default, warn_mixed, write_markdown
 from .plotting import plt, save
 
 log = logging.getLogger("analysis")
