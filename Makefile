@@ -38,7 +38,7 @@ test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow
 
 bench: setup  ## benchmarks: forward sweep vs reverse mode, Hydra+MLflow overhead per job
-	$(PY) -m rankexp.bench
+	$(PY) -m benchmarks.bench
 
 bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-server runs/s from 8 writers
 	launchers/slurm-cluster.sh start
@@ -46,7 +46,7 @@ bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-se
 	  rc=$$?; launchers/slurm-cluster.sh stop; exit $$rc
 	$(PY) launchers/bench_tracking.py
 
-figures: setup  ## every experiment at reduced size into figures/reduced/, then every figure (CPU, < 1 h)
+figures: setup  ## every experiment at size=cpu into figures/cpu/, then every figure (CPU, < 1 h)
 	$(PY) -m analysis.figures
 
 ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)

@@ -1,25 +1,26 @@
-"""``make figures``: every figure and table of the study at reduced size, on this machine.
+"""``make figures``: every figure and table of the study at a CPU size, on this machine.
 
-    python -m analysis.figures [--out DIR] [--only fig1,fig5] [--dry-run]
+    python -m analysis.figures [--out DIR] [--only fig1,fig5] [--size cpu] [--dry-run]
 
 For every experiment config ``conf/experiment/<id>.yaml`` (all but ``demo``; the study's ids
 that have no config yet are listed as skipped) the driver
 
-1. runs the sweep at reduced size, one ``python -m rankexp experiment=<id> <reduced> -m``
-   per reduced line, into its own tracking store ``DIR/mlflow.db`` (Hydra output under
-   ``DIR/multirun/<id>/``, the sweep's log in ``DIR/logs/<id>.log``), and
+1. runs the sweep at ``size=cpu`` (``--size`` picks another: ``smoke``, ``full``), i.e.
+   ``python -m rankexp experiment=<id> size=cpu -m`` — the experiment's own
+   ``conf/size/<id>/cpu.yaml`` sets its CPU-sized grid — into its own tracking store
+   ``DIR/mlflow.db`` (Hydra output under ``DIR/multirun/<id>/``, the sweep's log in
+   ``DIR/logs/<id>.log``), and
 2. draws it: every ``python -m analysis …`` command of the config's header, with
    ``--uri`` pointing at that store and ``--out DIR``.
 
 The plan comes from the config file's header comment, so each experiment's owner keeps it
 next to the full-size sweep:
 
-* ``# reduced: <overrides>`` — the reduced-size overrides appended to the sweep (several
-  lines: several sweeps into the same experiment, e.g. a second activation family);
+* ``# also: <overrides>`` — a further sweep into the same experiment (e.g. a second
+  activation family whose branch needs other knobs), run at the same size;
 * ``python -m analysis <command> <args>`` anywhere in a comment line — an analysis command.
 
-Configs whose header has no ``# reduced:`` line use :data:`FALLBACK_REDUCED`, else they are
-skipped (with a message).  Reruns skip every run that already FINISHED in the store (the
+Reruns skip every run that already FINISHED in the store (the
 sweeps resume by config hash), so a second ``make figures`` only redraws.  A failing sweep or
 command is reported and the driver goes on; the exit status is 1 if anything failed.
 """
@@ -61,14 +62,7 @@ STUDY = (
 )
 #: configs that are not figures of the study
 NOT_FIGURES = ("demo",)
-#: reduced sizes for configs whose header has no ``# reduced:`` line
-FALLBACK_REDUCED = {
-    "fig6": ["width=64 seeds=2"],
-    "fig6_train": ["width=64 task.steps=300 task.eval_every=100 depth=12,24 alpha=1,4"],
-    "fig16": ["width=64 task.steps=200 task.eval_every=100 depth=4,16,64"],
-}
-
-_REDUCED = re.compile(r"^#\s*reduced:\s*(.*?)\s*$")
+_ALSO = re.compile(r"^#\s*also:\s*(.*?)\s*$")
 _ANALYSIS = re.compile(r"python -m analysis\s+([^#&;]+)")
 
 
@@ -78,7 +72,7 @@ class Plan:
 
     experiment: str
     config: Path
-    reduced: list[list[str]] = field(default_factory=list)  # one override list per sweep
+    sweeps: list[list[str]] = field(default_factory=lambda: [[]])  # overrides, one list per sweep
     analyses: list[list[str]] = field(default_factory=list)  # argv of `python -m analysis`
 
 
@@ -99,14 +93,12 @@ def read_plan(experiment: str, config: Path | None = None) -> Plan:
     for line in config.read_text().splitlines():
         if not line.lstrip().startswith("#"):
             continue
-        if m := _REDUCED.match(line.strip()):
-            plan.reduced.append(m.group(1).split())
+        if m := _ALSO.match(line.strip()):
+            plan.sweeps.append(m.group(1).split())
         for m in _ANALYSIS.finditer(line):
             argv = m.group(1).split()
             if argv and argv not in plan.analyses:
                 plan.analyses.append(argv)
-    if not plan.reduced and experiment in FALLBACK_REDUCED:
-        plan.reduced = [s.split() for s in FALLBACK_REDUCED[experiment]]
     return plan
 
 
@@ -138,7 +130,7 @@ def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
 
 
 def run_sweep(plan: Plan, overrides: list[str], out: Path) -> tuple[int, float]:
-    """One reduced sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
+    """One sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     argv = [
         sys.executable,
@@ -195,9 +187,13 @@ def written_since(out: Path, t0: float) -> list[Path]:
 
 
 def make_figures(
-    out: Path, only: list[str] | None = None, extra: list[str] | None = None, dry_run: bool = False
+    out: Path,
+    only: list[str] | None = None,
+    extra: list[str] | None = None,
+    dry_run: bool = False,
+    size: str = "cpu",
 ) -> list[Outcome]:
-    """Run every experiment's reduced sweep and analysis commands; return what happened."""
+    """Run every experiment's sweeps at ``size`` and its analysis commands; return what happened."""
     from . import __main__ as cli
 
     names, missing = experiments(only)
@@ -208,12 +204,8 @@ def make_figures(
         plan = read_plan(name)
         res = Outcome(name)
         outcomes.append(res)
-        if not plan.reduced:
-            res.status, res.note = "skipped", "header has no '# reduced:' line"
-            log.info("[%s] skipped: %s", name, res.note)
-            continue
-        for ov in plan.reduced:
-            ov = merge_overrides(ov, extra or [])
+        for ov in plan.sweeps:
+            ov = merge_overrides([f"size={size}", *ov], extra or [])
             cmd = f"python -m rankexp experiment={name} {' '.join(ov)} -m"
             if dry_run:
                 print(cmd)
@@ -286,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--out",
-        default="figures/reduced",
+        default="figures/cpu",
         type=Path,
-        help="output folder: tracking store, figures, logs (default: figures/reduced)",
+        help="output folder: tracking store, figures, logs (default: figures/cpu)",
     )
     p.add_argument(
         "--only",
@@ -300,16 +292,18 @@ def main(argv: list[str] | None = None) -> int:
         "--extra",
         nargs="*",
         default=[],
-        help="overrides for every sweep; they replace a reduced override of the same "
+        help="overrides for every sweep; they replace an override of the same "
         "key, e.g. hydra/launcher=local or seeds=1",
     )
+    p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"],
+                   help="the experiments' size (conf/size/<experiment>/<size>.yaml; default cpu)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t0 = time.perf_counter()
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = make_figures(args.out, args.only, args.extra, args.dry_run)
+    outcomes = make_figures(args.out, args.only, args.extra, args.dry_run, args.size)
     if args.dry_run:
         return 0
     text = summary(outcomes, time.perf_counter() - t0)

@@ -2,7 +2,7 @@
 
 Data flow (design.md §3): the composed config is validated before anything
 else, so a bad value never creates an MLflow run; the task returns a plain
-:class:`~rankexp.measure.Measurement`; the result is written to the Hydra job
+:class:`~rankexp.result.Measurement`; the result is written to the Hydra job
 directory first (a tracking outage loses nothing) and then logged to MLflow by
 :mod:`rankexp.tracking`.
 """
@@ -13,8 +13,6 @@ import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
 from .config import ConfigError, RankexpConfig, config_hash, flatten, resolved_container, validate
-from .measure import Measurement, run_probes
-from .model import ResidualMLP, effective_beta
+from .models.mlp import effective_beta
+from .result import Measurement
+from .tasks import TASKS
 
 log = logging.getLogger("rankexp")
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` → CUDA when present, else CPU; otherwise the named device.
@@ -47,26 +43,6 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def build_model(s: RankexpConfig, device: torch.device | str = "cpu") -> ResidualMLP:
-    """The :class:`ResidualMLP` a validated config describes, members = seeds ``seed … seed+seeds−1``."""
-    return ResidualMLP(
-        s.width,
-        s.depth,
-        expansion=s.expansion,
-        matrices=s.matrices,
-        activation=s.activation.value,
-        placement=s.norm.placement.value,
-        norm_op=s.norm.op.value,
-        alpha=s.alpha,
-        beta=s.beta,
-        beta_scaling=s.beta_scaling.value,
-        skip_every=s.skip_every,
-        seeds=range(s.seed, s.seed + s.seeds),
-        dtype=DTYPES[s.dtype.value],
-        device=device,
-    )
-
-
 def derived_params(s: RankexpConfig) -> dict[str, float]:
     """``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M (Eq. 21) and ``depth_factor`` βα^M√L."""
     beta = effective_beta(s.beta, s.depth, s.beta_scaling.value)
@@ -81,118 +57,6 @@ def run_name(s: RankexpConfig) -> str:
     if s.task.name == "train":
         name += "·train" if s.lr is None else f"·lr{s.lr:g}"
     return name
-
-
-# --------------------------------------------------------------------------- tasks
-def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=measure``: build the seeds-batched network and run ``task.probes``."""
-    model = build_model(s, device)
-    t0 = time.perf_counter()
-    result = run_probes(model, s.task.probes, options=s.task.options,
-                        progress=lambda p: log.info("probe %s", p))
-    result.scalars["measure_seconds"] = time.perf_counter() - t0
-    return result
-
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def resolve_path(path: str) -> Path:
-    """An input path: relative ones from the launch directory if they exist there, else
-    from the repository root (so ``../shared/data`` works from anywhere in a checkout)."""
-    p = Path(path).expanduser()
-    if p.is_absolute() or p.exists():
-        return p
-    repo = REPO_ROOT / p
-    return repo if repo.exists() else p
-
-
-def cache_path(path: str) -> Path:
-    """A cache path: relative ones live under the repository root, wherever the job was
-    launched, so every job of a checkout shares one decoded data set and one checkpoint
-    folder."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
-def _lr_key(lr: float) -> str:
-    return f"lr{lr:g}"
-
-
-def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=train``: CIFAR-10, Adam, every learning rate of ``task.lrs`` (or ``lr``) as one
-    batched model whose residual stack is initialized exactly as ``measure`` analyses it.
-
-    Live metrics (step = optimizer step): ``train_loss_lr<lr>`` every ``task.log_every``
-    steps, ``test_acc_lr<lr>`` every ``task.eval_every``.  Final scalars:
-    ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
-    ``max_stable_lr`` (largest LR with test accuracy ≥ ``task.stable_accuracy``; NaN if
-    none), per-LR ``final_test_acc_lr<lr>``, ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``.
-    """
-    from .data import load_device_dataset
-    from .train import Classifier, train
-
-    t = s.task
-    lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
-    dtype = DTYPES[t.dtype.value]
-    data = load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir), device=device,
-                               dtype=dtype, source=s.data.source, download=s.data.download)
-    stack = ResidualMLP(
-        s.width, s.depth, expansion=s.expansion, matrices=s.matrices, activation=s.activation.value,
-        placement=s.norm.placement.value, norm_op=s.norm.op.value, alpha=s.alpha, beta=s.beta,
-        beta_scaling=s.beta_scaling.value, skip_every=s.skip_every, seeds=[s.seed] * len(lrs),
-        dtype=dtype, device=device,
-    )
-    ckpt_dir = cache_path(t.checkpoint_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = ckpt_dir / f"{chash}.pt"  # same config → same file, whichever sweep reruns it
-    if s.tracking.force and checkpoint.exists():
-        log.info("tracking.force=true: discarding checkpoint %s, training from scratch", checkpoint)
-        checkpoint.unlink()
-    first_live: list[int] = []
-
-    def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
-        if run is None:
-            return
-        first_live.append(step)
-        series = {f"{name}_{_lr_key(lr)}": ([step], [v]) for name, values in metrics.items()
-                  for lr, v in zip(lrs, values, strict=True)}
-        run.log_metrics({}, series)
-
-    res = train(Classifier(stack), data, lrs, steps=t.steps, batch_size=t.batch_size,
-                eval_every=t.eval_every, seed=s.seed, checkpoint_path=checkpoint,
-                checkpoint_every=t.checkpoint_every, log_every=t.log_every, on_log=on_log,
-                stable_accuracy=t.stable_accuracy, autocast_bf16=t.bf16, compile=t.compile)
-    out = Measurement()
-    out.scalars.update(best_test_accuracy=res.best_acc, best_lr=res.best_lr or float("nan"),
-                       max_stable_lr=res.max_stable_lr or float("nan"), steps_per_s=res.steps_per_s,
-                       train_seconds=res.wall_time_s, steps=res.steps)
-    for i, lr in enumerate(lrs):
-        k = _lr_key(lr)
-        out.scalars[f"final_test_acc_{k}"] = float(res.final_test_acc[i])
-        out.scalars[f"best_test_acc_{k}"] = float(res.best_test_acc[i])
-        out.scalars[f"final_train_loss_{k}"] = float(res.final_train_loss[i])
-        out.scalars[f"diverged_{k}"] = float(res.diverged[i])
-    # points from before a resume were logged by the interrupted run: backfill them here
-    resumed_before = first_live[0] if first_live else res.steps + 1
-    if run is not None:
-        back = {}
-        early = res.eval_steps < resumed_before
-        for i, lr in enumerate(lrs):
-            back[f"test_acc_{_lr_key(lr)}"] = (res.eval_steps[early], res.test_acc[early, i])
-            ends = np.arange(t.log_every, min(resumed_before, res.steps + 1), t.log_every)
-            means = [float(res.loss[e - t.log_every:e, i].mean()) for e in ends]
-            back[f"train_loss_{_lr_key(lr)}"] = (ends, np.array(means))
-        run.log_metrics({}, back)
-    out.arrays.update(lrs=np.array(lrs), loss=res.loss, eval_steps=res.eval_steps, test_acc=res.test_acc)
-    return out
-
-
-#: task name → ``fn(settings, device, job_dir, run_logger_or_None, config_hash) -> Measurement``
-TASKS: dict[str, Callable[..., Measurement]] = {
-    "measure": task_measure,
-    "train": task_train,
-}
 
 
 # --------------------------------------------------------------------------- results on disk

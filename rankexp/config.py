@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .measure import DEFAULT_PROBES
+from .probes import DEFAULT_PROBES
 
 
 class ConfigError(ValueError):
@@ -68,6 +68,14 @@ class Dtype(Enum):
     float64 = "float64"
 
 
+class Size(Enum):
+    """``size=``: which of an experiment's sizes runs (``conf/size/<experiment>/<size>.yaml``)."""
+
+    smoke = "smoke"
+    cpu = "cpu"
+    full = "full"
+
+
 @dataclass
 class NormConfig:
     """Normalization: where (``placement``, Eq. 6/7/17) and what (``op``, Table 2)."""
@@ -77,15 +85,27 @@ class NormConfig:
 
 
 @dataclass
+class MlpModel:
+    """``model=mlp`` (default): the residual MLP of the study (science.md §1,
+    :class:`rankexp.models.mlp.ResidualMLP`), shaped by the top-level knobs."""
+
+    name: str = "mlp"
+
+
+#: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel}
+
+
+@dataclass
 class MeasureTask:
-    """``task=measure``: initialization-rank probes (see :data:`rankexp.measure.PROBES`)."""
+    """``task=measure``: initialization-rank probes (see :data:`rankexp.probes.PROBES`)."""
 
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from .measure import PROBES
+        from .probes import PROBES
 
         if not self.probes:
             raise _bad("task.probes", self.probes, "list at least one probe")
@@ -181,6 +201,8 @@ class RankexpConfig:
     device: str = "auto"
     dtype: Dtype = Dtype.float64
     lr: float | None = None
+    size: Size = Size.full
+    model: Any = MISSING  # a model family's schema from the `model` group (MODEL_SCHEMAS)
     norm: NormConfig = field(default_factory=NormConfig)
     task: Any = MISSING  # a TaskConfig from the `task` group (measure or train)
     data: DataConfig = field(default_factory=DataConfig)
@@ -212,6 +234,8 @@ class RankexpConfig:
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise _bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+        if not isinstance(self.model, tuple(MODEL_SCHEMAS.values())):
+            raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
         if not isinstance(self.task, (MeasureTask, TrainTask)):
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
 
@@ -242,6 +266,8 @@ def register_configs() -> None:
     cs.store(group="schema/task", name="measure", node=MeasureTask)
     cs.store(group="schema/task", name="train", node=TrainTask)
     cs.store(group="schema/norm", name="norm", node=NormConfig)
+    for name, node in MODEL_SCHEMAS.items():
+        cs.store(group="schema/model", name=name, node=node)
 
 
 def validate(cfg: DictConfig) -> RankexpConfig:
@@ -265,7 +291,7 @@ def validate(cfg: DictConfig) -> RankexpConfig:
 
 
 #: config keys that say where/how a run is recorded, not what it computes
-NON_SEMANTIC_KEYS = ("tracking", "device", "hydra")
+NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:

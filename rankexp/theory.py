@@ -32,7 +32,7 @@ from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 from scipy import special, stats
 
-from .model import ACTIVATIONS, LEAKY_SLOPE
+from .models.activations import ACTIVATIONS, LEAKY_SLOPE
 
 # --------------------------------------------------------------------------- quadrature
 _HERMITE_NODES = 160
@@ -113,7 +113,7 @@ def sigma_numpy(
     """NumPy ``(σ, σ′)`` for activation ``name`` (the scalar gate for ``swiglu``).
 
     Raises:
-        ValueError: ``name`` is not in :data:`rankexp.model.ACTIVATIONS`.
+        ValueError: ``name`` is not in :data:`rankexp.models.activations.ACTIVATIONS`.
     """
     if name not in _SIGMA:
         raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")

@@ -381,11 +381,11 @@ def test_clear_errors(store, capsys, argv, message):
 def test_experiment_headers_give_the_plan():
     for name in MINE:
         plan = figures.read_plan(name)
-        assert plan.reduced and all(plan.reduced), name
+        assert plan.sweeps and plan.sweeps[0] == [], name
         assert plan.analyses, name
         for argv in plan.analyses:
             assert argv[0] in COMMANDS, (name, argv)
-    assert figures.read_plan("fig5").reduced == [["width=64", "seeds=2", "depth=12,24,48,96,192"]]
+    assert figures.read_plan("fig7").sweeps == [[], ["matrices=2", "activation=swiglu"]]
     names, _ = figures.experiments()
     assert set(MINE) <= set(names) and "demo" not in names
     assert figures.merge_overrides(["width=64", "seeds=4"], ["seeds=1", "+x=2"]) == [
@@ -400,8 +400,8 @@ def test_make_figures_dry_run_lists_every_configured_experiment(capsys):
     out = capsys.readouterr().out
     names, _ = figures.experiments()
     for name in names:
-        for ov in figures.read_plan(name).reduced:
-            assert f"python -m rankexp experiment={name} {' '.join(ov)} -m" in out
+        for ov in figures.read_plan(name).sweeps:
+            assert f"python -m rankexp experiment={name} {' '.join(['size=cpu', *ov])} -m" in out
     assert "python -m analysis isorank --experiment fig5 --uri" in out
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, runs_in
 
-from rankexp.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
+from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
 
 pytestmark = pytest.mark.skipif(
     not (DEFAULT_ROOT / ARCHIVE_NAME).is_file(), reason=f"no {DEFAULT_ROOT / ARCHIVE_NAME}"

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rankexp import theory as T
-from rankexp.branch import masked_up_projection, projection_split
-from rankexp.jacobian import branch_jacobian, forward_sweep
-from rankexp.measure import run_probes
-from rankexp.model import ResidualMLP, gaussian_input
+from rankexp.models.mlp import ResidualMLP
+from rankexp.probes.branch import masked_up_projection, projection_split
+from rankexp.probes.jacobian import branch_jacobian, forward_sweep
+from rankexp.seeding import gaussian_input
+from rankexp.tasks.measure import run_probes
 
 
 @pytest.mark.parametrize(

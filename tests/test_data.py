@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 from torchvision.io import encode_jpeg
 
-import rankexp.data as data_mod
-from rankexp.data import (
+import rankexp.tasks.data as data_mod
+from rankexp.tasks.data import (
     ARCHIVE_NAME,
     CLASSES,
     DEFAULT_CACHE_DIR,
@@ -112,7 +112,7 @@ def test_corrupt_cache_file_is_rebuilt(tree, tmp_path, caplog):
     first = load(tree.parent, cache)
     (cache_file,) = cache.glob("cifar10-*.pt")
     cache_file.write_bytes(b"not a torch file")
-    with caplog.at_level(logging.WARNING, logger="rankexp.data"):
+    with caplog.at_level(logging.WARNING, logger="rankexp.tasks.data"):
         again = load(tree.parent, cache)
     assert "ignoring unreadable CIFAR-10 cache" in caplog.text
     assert torch.equal(first[0], again[0])
@@ -264,6 +264,6 @@ def test_real_cifar10_counts_classes_statistics_and_cached_load_time():
 
 
 def test_default_paths_point_at_shared_and_repo_cache():
-    repo = Path(data_mod.__file__).resolve().parents[1]
+    repo = Path(data_mod.__file__).resolve().parents[2]  # rankexp/tasks/data.py → the checkout
     assert DEFAULT_ROOT == repo.parent / "shared" / "data"
     assert DEFAULT_CACHE_DIR == repo / ".cache"

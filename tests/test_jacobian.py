@@ -9,8 +9,11 @@ import pytest
 import torch
 from torch.func import jacrev
 
-from rankexp.jacobian import forward_sweep, member_jacobian
-from rankexp.model import ACTIVATIONS, NORM_FNS, NORM_OPS, PLACEMENTS, ResidualMLP, gaussian_input
+from rankexp.models.activations import ACTIVATIONS
+from rankexp.models.mlp import PLACEMENTS, ResidualMLP
+from rankexp.models.norms import NORM_FNS, NORM_OPS
+from rankexp.probes.jacobian import forward_sweep, member_jacobian
+from rankexp.seeding import gaussian_input
 
 SEEDS = [3, 4]
 

@@ -12,10 +12,11 @@ import torch
 from torch.func import jacrev
 
 from rankexp import theory as T
-from rankexp.jacobian import forward_sweep, layer_jacobians
-from rankexp.measure import run_probes
-from rankexp.model import ResidualMLP, gaussian_input
-from rankexp.paths import path_orders
+from rankexp.models.mlp import ResidualMLP
+from rankexp.probes.jacobian import forward_sweep, layer_jacobians
+from rankexp.probes.paths import path_orders
+from rankexp.seeding import gaussian_input
+from rankexp.tasks.measure import run_probes
 
 
 def autograd_io_jacobian(model: ResidualMLP, h0: torch.Tensor) -> torch.Tensor:

@@ -10,16 +10,17 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from rankexp.measure import run_probes
-from rankexp.model import ResidualMLP, gaussian_input, seeded_generator
-from rankexp.representation import (
+from rankexp.models.mlp import ResidualMLP
+from rankexp.probes.representation import (
     STREAM_BACKWARD,
     backward_representation,
     output_gradient,
     representation,
     stack_spectrum,
 )
+from rankexp.seeding import gaussian_input, seeded_generator
 from rankexp.spectra import erank_from_sv
+from rankexp.tasks.measure import run_probes
 
 
 def _rep(matrices, activation, seeds=(0, 1), depth=48, width=96, n=384):

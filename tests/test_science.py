@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rankexp.measure import run_probes
-from rankexp.model import PLACEMENTS, ResidualMLP
+from rankexp.models.mlp import PLACEMENTS, ResidualMLP
+from rankexp.tasks.measure import run_probes
 
 SEEDS = [0, 1, 2]
 
@@ -127,8 +127,8 @@ def test_plain_mlp_collapses_and_spaced_skips_make_a_sawtooth():
 def test_accumulated_branch_norm_matches_direct_sum_and_grows_like_sqrt_depth_for_post():
     """Figure 5b: Post-Norm's accumulated branch ‖Σ βJ_l‖ grows ∝ √L (near the uncorrelated
     prediction); Pre-Norm's stays flat because r_l decays."""
-    from rankexp.jacobian import layer_jacobians
-    from rankexp.model import gaussian_input
+    from rankexp.probes.jacobian import layer_jacobians
+    from rankexp.seeding import gaussian_input
 
     model = ResidualMLP(16, 5, placement="post", alpha=1.3, seeds=[0, 1])
     h0 = gaussian_input([0, 1], 16)

@@ -10,8 +10,10 @@ import torch
 from scipy import integrate
 
 from rankexp import theory as T
-from rankexp.jacobian import forward_sweep
-from rankexp.model import ACTIVATIONS, LEAKY_SLOPE, ResidualMLP, activation_fn, gaussian_input
+from rankexp.models.activations import ACTIVATIONS, LEAKY_SLOPE, activation_fn
+from rankexp.models.mlp import ResidualMLP
+from rankexp.probes.jacobian import forward_sweep
+from rankexp.seeding import gaussian_input
 
 
 def test_relu_abs_linear_closed_forms():

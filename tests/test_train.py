@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from rankexp.data import (
+from rankexp.models.mlp import ResidualMLP
+from rankexp.seeding import STREAM_HEAD, seeded_generator
+from rankexp.tasks.data import (
     ARCHIVE_NAME,
     DEFAULT_ROOT,
     BatchSampler,
     DeviceDataset,
     load_device_dataset,
 )
-from rankexp.model import STREAM_HEAD, ResidualMLP, seeded_generator
-from rankexp.train import STUDY_LRS, Classifier, evaluate, member_losses, train
+from rankexp.tasks.train import STUDY_LRS, Classifier, evaluate, member_losses, train
 
 ARCH = dict(width=8, depth=3, expansion=1.0, placement="pre", alpha=1.0)
 IN, N_TRAIN, N_TEST = 12, 96, 40

@@ -21,96 +21,21 @@ seeds never changes a number.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
+
+from ..seeding import STREAM_WEIGHTS, seeded_generator
+from .activations import ACTIVATIONS, activation_fn
+from .norms import NORM_FNS, NORM_OPS
+from .norms import identity as _identity
 
 PLACEMENTS = ("pre", "post", "output", "peri", "none")
-NORM_OPS = ("rmsnorm", "layernorm", "detached", "meansub")
-ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "linear", "leaky_relu", "swiglu")
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 
-#: Independent random streams derived from one seed (see :func:`seeded_generator`).
-STREAM_WEIGHTS, STREAM_INPUT, STREAM_HEAD, STREAM_DATA = 0, 1, 2, 3
-
-LEAKY_SLOPE = 0.01
-
-
-# --------------------------------------------------------------------------- norm ops
-def rmsnorm(x: Tensor) -> Tensor:
-    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2).
-
-    Jacobian ``sqrt(d)/‖x‖ (I − x̂x̂ᵀ)``: a rescaling times a projection.
-    """
-    return x * (math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True))
-
-
-def meansub(x: Tensor) -> Tensor:
-    """Mean subtraction ``x − mean(x) 1`` over the last axis (Table 2); Jacobian ``I − 11ᵀ/d``."""
-    return x - x.mean(dim=-1, keepdim=True)
-
-
-def layernorm(x: Tensor) -> Tensor:
-    """LayerNorm at gain 1, no bias: center, then rmsnorm (Table 2).
-
-    Jacobian ``sqrt(d)/‖x−μ‖ (I − x̂_c x̂_cᵀ)(I − 11ᵀ/d)``.
-    """
-    return rmsnorm(meansub(x))
-
-
-def detached(x: Tensor) -> Tensor:
-    """Detached rescaling ``x / stopgrad(rms(x))`` (Table 2).
-
-    Same forward value as :func:`rmsnorm`; its Jacobian is the pure rescaling
-    ``sqrt(d)/‖x‖ I`` with no projection, which isolates the rescaling's
-    effect on rank (Figure 4).
-    """
-    scale = math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x * scale.detach()
-
-
-NORM_FNS: dict[str, Callable[[Tensor], Tensor]] = {
-    "rmsnorm": rmsnorm,
-    "layernorm": layernorm,
-    "detached": detached,
-    "meansub": meansub,
-}
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
-
-
-# --------------------------------------------------------------------------- activations
-def _abs(x: Tensor) -> Tensor:
-    return x.abs()
-
-
-ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,  # exact erf form (approximate="none")
-    "silu": F.silu,
-    "abs": _abs,
-    "tanh": torch.tanh,
-    "linear": _identity,
-    "leaky_relu": lambda x: F.leaky_relu(x, LEAKY_SLOPE),
-    "swiglu": F.silu,  # the gate's nonlinearity; the gating itself lives in the branch
-}
-
-
-def activation_fn(name: str) -> Callable[[Tensor], Tensor]:
-    """The scalar nonlinearity σ called ``name``.
-
-    Raises:
-        ValueError: unknown name (allowed: :data:`ACTIVATIONS`).
-    """
-    try:
-        return ACTIVATION_FNS[name]
-    except KeyError:
-        raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}") from None
+__all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "ResidualMLP",
+           "effective_beta"]
 
 
 def effective_beta(beta: float, depth: int, scaling: str) -> float:
@@ -124,30 +49,6 @@ def effective_beta(beta: float, depth: int, scaling: str) -> float:
         return float(beta) / depth
     raise ValueError(f"beta_scaling={scaling!r} is not one of {', '.join(BETA_SCALINGS)}")
 
-
-def seeded_generator(seed: int, stream: int) -> torch.Generator:
-    """A CPU generator for one independent random stream of one seed.
-
-    Streams (:data:`STREAM_WEIGHTS`, :data:`STREAM_INPUT`, …) are derived with
-    NumPy's ``SeedSequence`` so the weights of seed 1 never share bits with the
-    input of seed 0.
-    """
-    state = np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
-
-
-def gaussian_input(
-    seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64, device="cpu"
-) -> Tensor:
-    """Standard Gaussian inputs ``h_0``, shape ``(E, batch, width)``, one draw per seed.
-
-    ``E[h_0²] = 1`` per coordinate, so ``rms(h_0) ≈ 1`` as the study assumes.
-    """
-    rows = [
-        torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT), dtype=torch.float64)
-        for s in seeds
-    ]
-    return torch.stack(rows).to(device=device, dtype=dtype)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -247,7 +148,7 @@ class Block(nn.Module):
 
         ``part="branch"`` returns only :meth:`branch` — the entry point
         ``torch.func.functional_call`` needs to differentiate the branch with
-        per-member weights (see :func:`rankexp.jacobian.branch_jacobian`).
+        per-member weights (see :func:`rankexp.probes.jacobian.branch_jacobian`).
         """
         if part == "branch":
             return self.branch(x)

@@ -24,12 +24,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .measure import Measurement, ProbeContext, register_probe
-from .model import Block, ResidualMLP, seeded_generator
-from .spectra import erank_from_sv
-from .theory import activation_constants
+from ..models.mlp import Block, ResidualMLP
+from ..result import Measurement
+from ..seeding import seeded_generator
+from ..spectra import erank_from_sv
+from ..theory import activation_constants
+from .base import ProbeContext
 
-#: Random stream (see :func:`rankexp.model.seeded_generator`) for the backward probe's
+#: Random stream (see :func:`rankexp.seeding.seeded_generator`) for the backward probe's
 #: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
 STREAM_BACKWARD = 16
 
@@ -345,7 +347,6 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- probes
-@register_probe("representation")
 def probe_representation(ctx: ProbeContext) -> Measurement:
     """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
 
@@ -397,7 +398,6 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     return m
 
 
-@register_probe("backward_representation")
 def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     """Per-input gradients ``δ_l = ∂ℓ/∂h_l`` as an n×d stack (Appendix C).
 

@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from .jacobian import branch_jacobian, layer_jacobians, member_jacobian
-from .measure import Measurement, ProbeContext, register_probe
-from .model import NORM_FNS, Block, ResidualMLP
-from .spectra import erank_from_sv, singular_values
-from .theory import (
+from ..models.mlp import Block, ResidualMLP
+from ..models.norms import NORM_FNS
+from ..result import Measurement
+from ..spectra import erank_from_sv, singular_values
+from ..theory import (
     activation_constants,
     gaussian_product_erank,
     marchenko_pastur_atom,
@@ -41,6 +41,8 @@ from .theory import (
     marchenko_pastur_ks,
     random_walk_projection_product,
 )
+from .base import ProbeContext
+from .jacobian import branch_jacobian, layer_jacobians, member_jacobian
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,6 @@ def _survival_gamma(model: ResidualMLP, q: float) -> tuple[float, float, float]:
     return k.survival, k.survival_rate, k.survival * hidden / model.width
 
 
-@register_probe("branch_jacobian")
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     """Branch Jacobian rank and the masked up-projection vs Marchenko–Pastur (Figure 8/9/17).
 
@@ -188,7 +189,6 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
     return block.sigma(z)
 
 
-@register_probe("activation_spike")
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """Stable rank of ``σ(W h)`` over n probe inputs vs the spike bound ``1/c`` (Table 1).
 
@@ -392,7 +392,6 @@ def _add(u1: Tensor, l1: Tensor, u2: Tensor, l2: Tensor) -> tuple[Tensor, Tensor
     return acc / norm[:, None, None], top + norm.log()
 
 
-@register_probe("projection_split")
 def probe_projection_split(ctx: ProbeContext) -> Measurement:
     """Rank removed by a post-residual norm: rescaling vs projection (Figure 4c, Table 3).
 

@@ -27,8 +27,8 @@ from torch import Tensor
 from torch.func import functional_call, jacfwd, vmap
 from tqdm.auto import tqdm
 
-from .model import Block, ResidualMLP
-from .spectra import erank_from_sv, singular_values, stable_rank_from_sv
+from ..models.mlp import Block, ResidualMLP
+from ..spectra import erank_from_sv, singular_values, stable_rank_from_sv
 
 
 def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = None) -> Tensor:

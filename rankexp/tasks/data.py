@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from rankexp.model import STREAM_DATA
+from ..locations import REPO_ROOT
+from ..seeding import STREAM_DATA
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,6 @@ ARCHIVE_NAME = "cifar10-jpeg.tar.gz"
 FOLDER_NAME = "cifar10-jpeg"
 TORCHVISION_FOLDER = "cifar-10-batches-py"
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache"
 _CACHE_FORMAT = 1

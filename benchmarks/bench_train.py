@@ -1,7 +1,7 @@
 """Benchmark of the training engine: one batched learning-rate sweep vs sequential models.
 
-    python -m rankexp.bench_train                      # d=256, L=12, m/d=1, B=256, six lrs
-    python -m rankexp.bench_train --width 64 --cold    # another size; also time a cold decode
+    python -m benchmarks.bench_train                      # d=256, L=12, m/d=1, B=256, six lrs
+    python -m benchmarks.bench_train --width 64 --cold    # another size; also time a cold decode
 
 Prints, from one run: the CIFAR-10 load time (cached; cold with ``--cold``), the
 sweep steps/s of the six-member batched model and of six one-member models trained
@@ -20,9 +20,15 @@ import time
 
 import torch
 
-from rankexp.data import DEFAULT_CACHE_DIR, DEFAULT_ROOT, IN_FEATURES, DeviceDataset, load_cifar10
-from rankexp.model import ResidualMLP
-from rankexp.train import NUM_CLASSES, STUDY_LRS, Classifier, train
+from rankexp.models.mlp import ResidualMLP
+from rankexp.tasks.data import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_ROOT,
+    IN_FEATURES,
+    DeviceDataset,
+    load_cifar10,
+)
+from rankexp.tasks.train import NUM_CLASSES, STUDY_LRS, Classifier, train
 
 
 def step_flops(width: int, depth: int, expansion: float, matrices: int, batch: int) -> float:

@@ -10,7 +10,7 @@ path that passes through exactly k branches.  The dynamic program
     S_k^{(m)} = S_k^{(m−1)} + J_m S_{k−1}^{(m−1)},   S_0^{(0)} = I         (Eq. 12)
 
 builds every ``S_k`` in O(L²) matrix products.  We run it on the *scaled*
-branch Jacobians ``β J_m = J_b`` (what :func:`rankexp.jacobian.layer_jacobians`
+branch Jacobians ``β J_m = J_b`` (what :func:`rankexp.probes.jacobian.layer_jacobians`
 yields, norm ops included), so it produces ``T_k = β^k S_k`` directly and
 works at β = 0; ``ln ‖S_k‖_F = ln μ_k − k ln β``.
 
@@ -40,10 +40,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..models.mlp import ResidualMLP
+from ..result import Measurement
+from ..theory import uncorrelated_path_profile
+from .base import ProbeContext
 from .jacobian import LayerJacobian, forward_sweep, layer_jacobians
-from .measure import Measurement, ProbeContext, register_probe
-from .model import ResidualMLP
-from .theory import uncorrelated_path_profile
 
 #: ln of a zero norm is clamped here in logged series (below float64's smallest subnormal).
 LOG_ZERO = -746.0
@@ -235,7 +236,6 @@ def path_orders(
     return dp.result(model.beta_eff, model.depth)
 
 
-@register_probe("path_order")
 def probe_path_order(ctx: ProbeContext) -> Measurement:
     """Path-order profile of ``∂h_L/∂h_0`` (Eq. 5/11/12; Figure 3), step = path order k.
 

@@ -1,6 +1,6 @@
 """The CIFAR-10 training engine of the `train` task (science.md §1 and fig6): pure PyTorch.
 
-The network is the measured :class:`~rankexp.model.ResidualMLP` stack between an
+The network is the measured :class:`~rankexp.models.mlp.ResidualMLP` stack between an
 input projection (3072 → d) and a linear head (d → 10). A learning-rate sweep is
 one batched model: member ``e`` of the ensemble axis E is the *same* initial
 network (every member has the same seed) trained with Adam at ``lrs[e]``, so a
@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,8 +45,15 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from rankexp.data import IN_FEATURES, BatchSampler, DeviceDataset
-from rankexp.model import STREAM_HEAD, ResidualMLP, seeded_generator
+from ..locations import cache_path, resolve_path
+from ..models import DTYPES, build_model
+from ..models.mlp import ResidualMLP
+from ..result import Measurement
+from ..seeding import STREAM_HEAD, seeded_generator
+from .data import IN_FEATURES, BatchSampler, DeviceDataset, load_device_dataset
+
+if TYPE_CHECKING:
+    from ..config import RankexpConfig
 
 log = logging.getLogger(__name__)
 
@@ -531,3 +539,69 @@ def train(
         loss_window,
         stable_accuracy,
     )
+
+
+# --------------------------------------------------------------------------- the task
+def _lr_key(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
+    """``task=train``: CIFAR-10, Adam, every learning rate of ``task.lrs`` (or ``lr``) as one
+    batched model whose residual stack is initialized exactly as ``measure`` analyses it.
+
+    Live metrics (step = optimizer step): ``train_loss_lr<lr>`` every ``task.log_every``
+    steps, ``test_acc_lr<lr>`` every ``task.eval_every``.  Final scalars:
+    ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
+    ``max_stable_lr`` (largest LR with test accuracy ≥ ``task.stable_accuracy``; NaN if
+    none), per-LR ``final_test_acc_lr<lr>``, ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``.
+    """
+    t = s.task
+    lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
+    dtype = DTYPES[t.dtype.value]
+    data = load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir), device=device,
+                               dtype=dtype, source=s.data.source, download=s.data.download)
+    stack = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
+    ckpt_dir = cache_path(t.checkpoint_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = ckpt_dir / f"{chash}.pt"  # same config → same file, whichever sweep reruns it
+    if s.tracking.force and checkpoint.exists():
+        log.info("tracking.force=true: discarding checkpoint %s, training from scratch", checkpoint)
+        checkpoint.unlink()
+    first_live: list[int] = []
+
+    def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
+        if run is None:
+            return
+        first_live.append(step)
+        series = {f"{name}_{_lr_key(lr)}": ([step], [v]) for name, values in metrics.items()
+                  for lr, v in zip(lrs, values, strict=True)}
+        run.log_metrics({}, series)
+
+    res = train(Classifier(stack), data, lrs, steps=t.steps, batch_size=t.batch_size,
+                eval_every=t.eval_every, seed=s.seed, checkpoint_path=checkpoint,
+                checkpoint_every=t.checkpoint_every, log_every=t.log_every, on_log=on_log,
+                stable_accuracy=t.stable_accuracy, autocast_bf16=t.bf16, compile=t.compile)
+    out = Measurement()
+    out.scalars.update(best_test_accuracy=res.best_acc, best_lr=res.best_lr or float("nan"),
+                       max_stable_lr=res.max_stable_lr or float("nan"), steps_per_s=res.steps_per_s,
+                       train_seconds=res.wall_time_s, steps=res.steps)
+    for i, lr in enumerate(lrs):
+        k = _lr_key(lr)
+        out.scalars[f"final_test_acc_{k}"] = float(res.final_test_acc[i])
+        out.scalars[f"best_test_acc_{k}"] = float(res.best_test_acc[i])
+        out.scalars[f"final_train_loss_{k}"] = float(res.final_train_loss[i])
+        out.scalars[f"diverged_{k}"] = float(res.diverged[i])
+    # points from before a resume were logged by the interrupted run: backfill them here
+    resumed_before = first_live[0] if first_live else res.steps + 1
+    if run is not None:
+        back = {}
+        early = res.eval_steps < resumed_before
+        for i, lr in enumerate(lrs):
+            back[f"test_acc_{_lr_key(lr)}"] = (res.eval_steps[early], res.test_acc[early, i])
+            ends = np.arange(t.log_every, min(resumed_before, res.steps + 1), t.log_every)
+            means = [float(res.loss[e - t.log_every:e, i].mean()) for e in ends]
+            back[f"train_loss_{_lr_key(lr)}"] = (ends, np.array(means))
+        run.log_metrics({}, back)
+    out.arrays.update(lrs=np.array(lrs), loss=res.loss, eval_steps=res.eval_steps, test_acc=res.test_acc)
+    return out

@@ -1,4 +1,4 @@
-"""``python -m rankexp.bench`` — the measurement engine's speed claims, measured in one run.
+"""``python -m benchmarks.bench`` (``make bench``) — the measurement engine's speed claims, measured in one run.
 
 (a) Per-layer profile erank(∂h_l/∂h_0)/d, l = 1…L, at d=256, L=96, m/d=4: the
     forward sweep (one pass, forward-mode block Jacobians) against reverse mode
@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 from torch.func import jacrev
 
-from .jacobian import forward_sweep
-from .model import ResidualMLP, gaussian_input
-from .spectra import erank
+from rankexp.models.mlp import ResidualMLP
+from rankexp.probes.jacobian import forward_sweep
+from rankexp.seeding import gaussian_input
+from rankexp.spectra import erank
 
 
 def bench_profile(width: int, depth: int, expansion: float, every: int) -> dict[str, float]:
@@ -97,9 +98,9 @@ def main(argv: list[str] | None = None) -> None:
           f"[target ≤ 0.3 s] (1 job {o['one_job_s']:.1f} s, {args.jobs} jobs {o[f'{args.jobs}_jobs_s']:.1f} s)")
     extra = Path(__file__).with_name("bench_train.py")
     if extra.exists():
-        print("--- training (python -m rankexp.bench_train)")
+        print("--- training (python -m benchmarks.bench_train)")
         sys.stdout.flush()
-        subprocess.run([sys.executable, "-m", "rankexp.bench_train"], check=False)
+        subprocess.run([sys.executable, "-m", "benchmarks.bench_train"], check=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""Interruption requests (SIGTERM, SIGINT, SIGHUP, submitit's USR2) as one contract.
+
+The job wrapper (:mod:`rankexp.app`) installs the signal handlers; long loops cooperate:
+
+* outside :func:`deferred`, a signal raises :class:`JobInterrupted` at once (a measurement has
+  nothing worth saving halfway);
+* inside ``with deferred():`` (the training loop), a signal only records the request; the loop
+  polls :func:`requested` once per step — a Python attribute read, no host sync — and at the
+  next step boundary writes its checkpoint and raises :class:`JobInterrupted` itself.
+
+Either way the exception reaches the job wrapper, which ends the MLflow run as KILLED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+class JobInterrupted(BaseException):  # noqa: N818 — a BaseException like KeyboardInterrupt
+    """The job was asked to stop by ``signal_name`` (e.g. ``SIGTERM``); raised by the handler or
+    by a loop that honoured a deferred request.  A ``BaseException`` so ``except Exception``
+    blocks in science code cannot swallow it."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class _State:
+    requested: str | None = None
+    defer_depth: int = 0
+
+
+def request(signal_name: str) -> None:
+    """Record a stop request; raise :class:`JobInterrupted` now unless inside :func:`deferred`."""
+    _State.requested = signal_name
+    if _State.defer_depth == 0:
+        raise JobInterrupted(signal_name)
+
+
+def requested() -> str | None:
+    """The pending request's signal name, or ``None`` (cheap: poll it once per step)."""
+    return _State.requested
+
+
+def clear() -> None:
+    """Forget a pending request (a new job in the same process starts clean)."""
+    _State.requested = None
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within this block signals only set :func:`requested`; the caller stops at a safe point."""
+    _State.defer_depth += 1
+    try:
+        yield
+    finally:
+        _State.defer_depth -= 1
+
+
+def handler(signum: int, _frame) -> None:
+    """A ``signal.signal`` handler that turns ``signum`` into :func:`request`."""
+    request(signal.Signals(signum).name)

@@ -1,0 +1,58 @@
+"""Model families, chosen by the ``model=`` config group (``conf/model/``).
+
+Each family is one module (``mlp.py`` today: the residual MLP of the study) and one builder
+here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .mlp import ResidualMLP
+
+if TYPE_CHECKING:
+    from ..config import RankexpConfig
+
+#: the config's ``dtype`` names → torch dtypes
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+              dtype: torch.dtype | None = None) -> ResidualMLP:
+    """The :class:`ResidualMLP` a validated config describes.
+
+    Members are the seeds ``seed … seed+seeds−1`` unless ``seeds`` is given (training uses one
+    member per learning rate, all with the same seed); ``dtype`` defaults to the config's.
+    """
+    return ResidualMLP(
+        s.width,
+        s.depth,
+        expansion=s.expansion,
+        matrices=s.matrices,
+        activation=s.activation.value,
+        placement=s.norm.placement.value,
+        norm_op=s.norm.op.value,
+        alpha=s.alpha,
+        beta=s.beta,
+        beta_scaling=s.beta_scaling.value,
+        skip_every=s.skip_every,
+        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        dtype=dtype or DTYPES[s.dtype.value],
+        device=device,
+    )
+
+
+#: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
+FAMILIES: dict[str, Callable[..., nn.Module]] = {
+    "mlp": build_mlp,
+}
+
+
+def build_model(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+                dtype: torch.dtype | None = None) -> nn.Module:
+    """The network of the config's model family (``model=``), on ``device``."""
+    return FAMILIES[s.model.name](s, device, seeds=seeds, dtype=dtype)

@@ -1,0 +1,30 @@
+"""Probes: the measurements a ``task=measure`` job can run (``task.probes``).
+
+The registry is explicit here — probe modules never import it, so there is no import circle
+and no registration by side effect.  A probe is ``fn(ctx: ProbeContext) -> Measurement``.
+"""
+
+from __future__ import annotations
+
+from . import branch, paths, representation, sweep
+from .base import Probe, ProbeContext
+
+#: probe name (as in ``task.probes``) → probe function
+PROBES: dict[str, Probe] = {
+    "io_jacobian": sweep.probe_io_jacobian,
+    "profile": sweep.probe_profile,
+    "stream": sweep.probe_stream,
+    "branch_ratio": sweep.probe_branch_ratio,
+    "accumulated_branch": sweep.probe_accumulated_branch,
+    "path_order": paths.probe_path_order,
+    "representation": representation.probe_representation,
+    "backward_representation": representation.probe_backward_representation,
+    "branch_jacobian": branch.probe_branch_jacobian,
+    "activation_spike": branch.probe_activation_spike,
+    "projection_split": branch.probe_projection_split,
+}
+
+#: what ``task=measure`` runs when ``task.probes`` is not given
+DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
+
+__all__ = ["DEFAULT_PROBES", "PROBES", "Probe", "ProbeContext"]

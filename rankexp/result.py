@@ -1,0 +1,54 @@
+"""The plain result object every task returns and tracking logs (design.md §3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import Tensor
+
+
+@dataclass
+class Measurement:
+    """A plain result: what probes return and what tracking logs.
+
+    Attributes:
+        scalars: name → float (MLflow metrics at step 0).
+        series: name → (steps, values), 1-D arrays of equal length; ``steps`` is the
+            layer index l (or path order k) so MLflow draws profiles directly.
+        arrays: name → raw array (per seed), saved as ``.npz``.
+    """
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def update(self, other: Measurement) -> None:
+        for mine, theirs in (
+            (self.scalars, other.scalars),
+            (self.series, other.series),
+            (self.arrays, other.arrays),
+        ):
+            clash = mine.keys() & theirs.keys()
+            if clash:
+                raise ValueError(f"two probes produced the same key(s): {sorted(clash)}")
+            mine.update(theirs)
+
+    def add_seed_stat(self, name: str, per_seed: Tensor) -> None:
+        """Add mean and std over seeds of a per-seed scalar ``(E,)``, and keep the raw values."""
+        v = per_seed.detach().double().cpu().numpy()
+        self.scalars[name] = float(v.mean())
+        self.scalars[f"{name}_std"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
+        self.arrays[name] = v
+
+    def add_seed_series(self, name: str, per_seed: Tensor, steps: Sequence[int]) -> None:
+        """Add the mean and std over seeds of a per-seed series ``(E, n)``, keep the raw values."""
+        v = per_seed.detach().double().cpu().numpy()
+        steps = np.asarray(steps)
+        self.series[name] = (steps, v.mean(0))
+        if v.shape[0] > 1:
+            self.series[f"{name}_std"] = (steps, v.std(0, ddof=1))
+        self.arrays[name] = v
+
+
