@@ -105,14 +105,19 @@ def main(argv: list[str] | None = None) -> None:
             os.chdir(cwd)
         (store / "complete").touch()
 
+    t0 = time.perf_counter()  # a filter sends runs_table through mlflow.search_runs, as v1
+    tracking.runs_table([EXPERIMENT], uri, "attributes.run_name != ''")
+    v1_table = time.perf_counter() - t0
     sample = runs_mod.load_runs(EXPERIMENT, uri).head(args.v1_sample)
     t0 = time.perf_counter()
     for rid in sample["run_id"]:
         for k in KEYS:
             tracking.metric_history(uri, rid, k)
     per_run = (time.perf_counter() - t0) / len(sample)
-    print(f"(b) v1: one metric_history call per run and series: {per_run * 1e3:.0f} ms per run "
-          f"→ {per_run * args.runs:.1f} s for {args.runs} runs (timed on {len(sample)})")
+    v1 = v1_table + per_run * args.runs
+    print(f"(b) v1: table via mlflow.search_runs {v1_table:.1f} s, then one metric_history call "
+          f"per run and series {per_run * 1e3:.0f} ms per run (timed on {len(sample)}) "
+          f"→ {v1:.1f} s for {args.runs} runs")
 
     with tempfile.TemporaryDirectory() as cache:
         runs_mod.forget()
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         check(again)
     assert len(table) == args.runs, len(table)
     print(f"(c) loader, cold cache: {cold:.1f} s for {len(table)} runs "
-          f"({per_run * args.runs / cold:.0f}× v1) [target ≤ 30 s]")
+          f"({v1 / cold:.0f}× faster than v1) [target ≤ 30 s]")
     print(f"(d) loader, warm cache: {warm:.1f} s")
 
 
