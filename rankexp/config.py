@@ -121,6 +121,10 @@ class TrainTask:
     ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
     Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
     config — in a new sweep directory, after preemption — resumes from them.
+    A learning rate *diverged* when its train loss turns non-finite or exceeds
+    ``divergence_factor`` × its initial loss (``inf``: non-finite only). ``compile``
+    (``torch.compile`` of forward + loss) and ``cuda_graphs`` (the whole step replayed as one
+    CUDA graph; ignored with a warning on CPU) are speed options for GPUs.
     """
 
     name: str = "train"
@@ -133,8 +137,10 @@ class TrainTask:
     stable_accuracy: float = 0.4
     dtype: Dtype = Dtype.float32
     checkpoint_dir: str = ".cache/checkpoints"
+    divergence_factor: float = 1000.0
     bf16: bool = False
     compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -143,6 +149,9 @@ class TrainTask:
                 raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
+        if not self.divergence_factor > 1:
+            raise _bad("task.divergence_factor", self.divergence_factor,
+                       "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
 
 
 @dataclass
