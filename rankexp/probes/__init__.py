@@ -6,7 +6,7 @@ and no registration by side effect.  A probe is ``fn(ctx: ProbeContext) -> Measu
 
 from __future__ import annotations
 
-from . import branch, paths, representation, sweep
+from . import branch, gradients, meanfield, paths, representation, sweep
 from .base import Probe, ProbeContext
 
 #: probe name (as in ``task.probes``) → probe function
@@ -22,6 +22,12 @@ PROBES: dict[str, Probe] = {
     "branch_jacobian": branch.probe_branch_jacobian,
     "activation_spike": branch.probe_activation_spike,
     "projection_split": branch.probe_projection_split,
+    # the textbook chapter's mean-field lab (model=plain; science.md §5)
+    "correlation": meanfield.probe_correlation,
+    "jacobian_spectrum": meanfield.probe_jacobian_spectrum,
+    "deep_linear": meanfield.probe_deep_linear,
+    "gradient_norms": gradients.probe_gradient_norms,
+    "shattered": gradients.probe_shattered,
 }
 
 #: what ``task=measure`` runs when ``task.probes`` is not given
