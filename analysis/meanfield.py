@@ -37,7 +37,16 @@ from matplotlib import colors, ticker
 from rankexp import theory
 from rankexp.tracking import download_artifact
 
-from .common import Command, add_where, load, out_dir, series, set_experiment_default, to_markdown, write_text
+from .common import (
+    Command,
+    add_where,
+    load,
+    out_dir,
+    series,
+    set_experiment_default,
+    to_markdown,
+    write_text,
+)
 from .plotting import plt, save
 
 log = logging.getLogger("analysis")
