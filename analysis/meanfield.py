@@ -100,7 +100,7 @@ def _edges(centers) -> np.ndarray:
 def _plain_log_ticks(ax, which: str = "x") -> None:
     """Plain numbers (1, 10, 100 …) instead of 2×10⁰ on a short log axis (layers, depths)."""
     axis = ax.xaxis if which == "x" else ax.yaxis
-    axis.set_major_formatter(ticker.ScalarFormatter())
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
@@ -227,8 +227,9 @@ def draw_relu_collapse(t: pd.DataFrame, cap: str):
     for i, ((c0, width), g) in enumerate(t.groupby(["c0", "width"])):
         col = f"C{i}"
         lab = rf"$c_0$ = {c0:g}" + (f", $n$ = {width:g}" if t["width"].nunique() > 1 else "")
-        axes[0].errorbar(g["layer"], g["gap"], yerr=g["gap_std"], fmt="o", ms=3, color=col,
-                         elinewidth=0.6, label=f"measured, {lab}")
+        axes[0].plot(g["layer"], g["gap"], "o", ms=2.5, color=col, label=f"measured, {lab}")
+        axes[0].fill_between(g["layer"], np.clip(g["gap"] - g["gap_std"], 1e-12, None),
+                             g["gap"] + g["gap_std"], color=col, alpha=0.15, lw=0)
         axes[0].plot(g["layer"], g["gap_exact"], "-", color=col, lw=1)
         axes[1].plot(g["layer"], g["ratio_exact"], "-", color=col, label=f"exact map, {lab}")
         axes[1].plot(g["layer"], g["ratio_measured"], "o", ms=3, color=col, alpha=0.6)
@@ -261,7 +262,8 @@ def _relu_arguments(p: argparse.ArgumentParser) -> None:
 def _relu_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [C0, "mf_c"])
     t = relu_collapse_table(df, args.uri)
-    return save(draw_relu_collapse(t, caption(df)), out_dir(args), "mf_relu_collapse", t)
+    cap = caption(df, extra="bands: ±1 s.d. over seeds")
+    return save(draw_relu_collapse(t, cap), out_dir(args), "mf_relu_collapse", t)
 
 
 mf_relu_collapse_command = Command(_relu_arguments, _relu_main)
@@ -376,7 +378,8 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: str):
         for k, (depth, r) in enumerate(sub.iterrows()):
             steps, g = series(uri, r["run_id"], "grad_norm")
             ax.semilogy(steps, g, "-", color=plt.cm.viridis(k / max(1, len(sub) - 1)), label=f"L={depth}")
-            ref = g[-1] * BN_RELU_GROWTH ** (steps.max() - steps)
+            mid = len(g) // 2  # anchored mid-network: the last layer has its own offset
+            ref = g[mid] * BN_RELU_GROWTH ** (steps[mid] - steps)
             ax.semilogy(steps, ref, ":", color="grey", lw=0.8)
         ax.set_title(r"plain + BN: $\|\partial\ell/\partial W_\ell\|_F$ per layer"
                      "\n" r"(dotted: $\sqrt{\pi/(\pi-1)}$ per layer toward the input)", fontsize=9)

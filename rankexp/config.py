@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .probes import DEFAULT_PROBES
+from .probes import DEFAULT_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES
 
 
 class ConfigError(ValueError):
@@ -265,7 +265,9 @@ class RankexpConfig:
         self._check_family()
 
     def _check_family(self) -> None:
-        """Knobs only one model family has: bias/init/batchnorm (plain), placements (plain)."""
+        """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
+        probes (plain); a batchnorm also rules out the probes that see one input at a time."""
+        probes = list(self.task.probes) if isinstance(self.task, MeasureTask) else []
         if isinstance(self.model, PlainModel):
             if self.norm.placement not in (Placement.none, Placement.pre):
                 raise _bad("norm", self.norm.placement.value,
@@ -273,7 +275,14 @@ class RankexpConfig:
             if self.activation is Activation.swiglu:
                 raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
                            "the gated unit needs model=mlp matrices=2")
+            single = [p for p in probes if p in ONE_INPUT_PROBES]
+            if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
+                raise _bad("task.probes", single, "these differentiate one input per seed and a "
+                           "batchnorm needs a batch; use correlation, gradient_norms, shattered")
             return
+        plain_only = [p for p in probes if p in PLAIN_PROBES]
+        if plain_only:
+            raise _bad("task.probes", plain_only, "the mean-field probes need model=plain")
         if self.bias != 0:
             raise _bad("bias", self.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
         if self.init is not Init.gaussian:

@@ -80,13 +80,19 @@ def test_config_knobs_and_refusals():
     assert s.norm.placement.value == "none"  # the family's own default: no norm
     net = build_model(s, "cpu")
     assert isinstance(net, PlainNet) and net.sigma_b == 0.3 and net.init == "orthogonal"
-    bn = build_model(validate(compose_config("model=plain", "norm=pre", "norm.op=batchnorm", *small)))
+    bn = build_model(validate(compose_config("model=plain", "norm=pre", "norm.op=batchnorm",
+                                             "task.probes=[shattered]", *small)))
     assert bn.blocks[0].norm_op == "batchnorm"
     for overrides, key in ((["bias=0.1"], "bias"), (["init=orthogonal"], "init"),
                            (["norm.op=batchnorm"], "norm.op"),
                            (["model=plain", "norm=post"], "norm")):
         with pytest.raises(ConfigError, match=rf"{key}=.*model=plain"):
             validate(compose_config(*overrides))
+    with pytest.raises(ConfigError, match="need model=plain"):
+        validate(compose_config("task.probes=[correlation]"))
+    with pytest.raises(ConfigError, match="batchnorm needs a batch"):  # default probes: one input
+        validate(compose_config("model=plain", "norm=pre", "norm.op=batchnorm"))
+    validate(compose_config("model=plain", "norm=pre", "norm.op=batchnorm", "task.probes=[shattered]"))
     # the new knobs at their defaults leave every existing config hash unchanged
     container = resolved_container(compose_config("norm=post", "alpha=2"))
     old = {k: v for k, v in container.items() if k not in ("bias", "init")}

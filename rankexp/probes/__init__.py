@@ -30,7 +30,13 @@ PROBES: dict[str, Probe] = {
     "shattered": gradients.probe_shattered,
 }
 
+#: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
+PLAIN_PROBES = ("correlation", "jacobian_spectrum", "gradient_norms", "shattered")
+#: probes that differentiate one input per member: a batchnorm has no batch there
+ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
+                    "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum")
+
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
 
-__all__ = ["DEFAULT_PROBES", "PROBES", "Probe", "ProbeContext"]
+__all__ = ["DEFAULT_PROBES", "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "Probe", "ProbeContext"]

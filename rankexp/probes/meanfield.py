@@ -322,8 +322,12 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     ``log_lambda_mean`` = ln of the raw mean squared singular value (ln ‖J‖_F²/n; ≈ L ln χ₁),
     ``v_d_measured`` (mean over layers of the mask's normalized variance), and theory
     ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})) (= L (v_W + v_D) at the fixed point),
-    ``v_w_theory``, ``v_d_theory`` (at q_0), ``spectrum_q0``.  Arrays: ``lambda`` (E, n),
-    ``log_lambda_hist`` (density per unit log₁₀ λ, pooled over members), ``log_lambda_edges``.
+    ``v_w_theory``, ``v_d_theory`` (at q_0), ``spectrum_q0``; ``lambda_zero_fraction`` (λ
+    below the float64 floor ``(n ε)² max λ``, :func:`_log_histogram`) beside
+    ``lambda_zero_fraction_theory`` = P(φ′ = 0) (a relu mask zeroes half the directions, and
+    the kernel of a product of free factors is the largest factor kernel).  Arrays:
+    ``lambda`` (E, n), ``log_lambda_hist`` (density per unit log₁₀ λ over the resolvable λ,
+    pooled over members), ``log_lambda_edges``.
     """
     opt = ctx.probe_options("jacobian_spectrum", SPECTRUM_DEFAULTS)
     model = ctx.model
@@ -346,23 +350,25 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     return m
 
 
-#: squared singular values below this (relative to the mean, 1) are the kernel: exact zeros
-#: in exact arithmetic (relu masks), ~1e-32 after rounding
-ZERO_LAMBDA = 1e-20
-
-
 def _log_histogram(lam: np.ndarray, bins: int, arrays: dict) -> dict[str, float]:
-    """Density of log₁₀ λ over the nonzero λ (pooled; at least 0.1 decades wide) into
-    ``arrays``; returns the zero fraction (the kernel, 1/2 for relu masks)."""
-    lam = lam.ravel()
-    nonzero = lam[lam > ZERO_LAMBDA]
-    logs = np.log10(nonzero) if nonzero.size else np.zeros(1)
+    """Density of log₁₀ λ over the resolvable λ (pooled; at least 0.1 decades wide) into
+    ``arrays``; returns the fraction of numerically-zero λ.
+
+    A float64 SVD resolves singular values down to about n·ε·s_max, so λ below
+    ``(n ε)² max λ`` are zero to working precision: the kernel of relu masks (exactly half
+    the directions; ~1e−32 after rounding), or genuine but unresolvable values of a very
+    ill-conditioned product (deep Gaussian chains).
+    """
+    n = lam.shape[-1]
+    floor = (n * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)
+    resolved = lam[lam > floor]
+    logs = np.log10(resolved) if resolved.size else np.zeros(1)
     lo, hi = logs.min(), logs.max()
     mid = 0.5 * (lo + hi)
     lo, hi = min(lo, mid - 0.05), max(hi, mid + 0.05)
     arrays["log_lambda_hist"], arrays["log_lambda_edges"] = np.histogram(
         logs, bins=bins, range=(lo, hi), density=True)
-    return {"lambda_zero_fraction": 1.0 - nonzero.size / lam.size}
+    return {"lambda_zero_fraction": 1.0 - resolved.size / lam.size}
 
 
 def _scaled_gaussian(model, q0: float) -> Tensor:
