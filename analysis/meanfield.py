@@ -116,7 +116,7 @@ PHASE_COLUMNS = ["alpha", "bias", "chi1", "chi1_theory", "chi_c", "chi_c_theory"
 
 def phase_table(df: pd.DataFrame) -> pd.DataFrame:
     """Mean over runs per (σ_w², σ_b²) of the correlation probe's χ and ξ_c, measured and theory."""
-    d = df.assign(sigma_w2=df["alpha"] ** 2, sigma_b2=df["bias"] ** 2)
+    d = df.assign(sigma_w2=(df["alpha"] ** 2).round(12), sigma_b2=(df["bias"] ** 2).round(12))
     cols = [c for c in PHASE_COLUMNS[2:] if c in d]
     t = d.groupby(["sigma_w2", "sigma_b2"])[cols].mean()
     t["runs"] = d.groupby(["sigma_w2", "sigma_b2"]).size()
@@ -510,7 +510,7 @@ mf_residual_command = Command(_residual_arguments, _residual_main)
 
 # --------------------------------------------------------------------------- mf_trainability
 def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
-    d = df.assign(sigma_w2=df["alpha"] ** 2, sigma_b2=df["bias"] ** 2)
+    d = df.assign(sigma_w2=(df["alpha"] ** 2).round(12), sigma_b2=(df["bias"] ** 2).round(12))
     t = d.groupby(["sigma_b2", "sigma_w2", "depth"])[["best_test_accuracy"]].max()
     xi = {(b, w): theory.correlation_depth_scale(d["activation"].iloc[0], w, b).xi_c
           for b, w in {(b, w) for b, w, _ in t.index}}

@@ -23,7 +23,7 @@ from rankexp.probes.gradients import (
     random_readout,
     scalar_embedding,
 )
-from rankexp.probes.meanfield import correlated_inputs, fit_depth_scale, layer_chi
+from rankexp.probes.meanfield import correlated_inputs, fit_depth_scale, layer_chi, member_tangents
 from rankexp.tasks.measure import run_probes
 
 
@@ -51,6 +51,20 @@ def test_members_are_bit_identical_to_one_member_models(init):
         assert torch.equal(p_big[1], p_one[0])
     x = torch.randn(3, 5, 24, dtype=torch.float64)
     assert torch.equal(big(x)[1], one(x[1:2])[0])
+
+
+@pytest.mark.parametrize(("probe", "key", "kw"), [
+    ("correlation", "mf_c", dict(norm_op="rmsnorm")),
+    ("jacobian_spectrum", "lambda", {}),
+    ("gradient_norms", "grad_norm", dict(norm_op="batchnorm")),
+    ("shattered", "shattered_autocorr", dict(norm_op="batchnorm", skip_every=1)),
+])
+def test_a_members_probe_numbers_do_not_depend_on_the_other_seeds(probe, key, kw):
+    def arrays(seeds):
+        net = PlainNet(24, 3, activation="tanh", alpha=1.2, bias=0.1, seeds=seeds, **kw)
+        return run_probes(net, [probe]).arrays[key]
+
+    assert np.allclose(arrays([3, 4])[1], arrays([4])[0], rtol=1e-12, atol=1e-14)
 
 
 def test_weight_laws():
@@ -148,7 +162,7 @@ def test_chi1_is_the_mean_squared_singular_value_of_the_layer_jacobian():
     rms = PlainNet(n, 1, activation="tanh", alpha=1.6, norm_op="rmsnorm", seeds=[0])
     jr = vmap(jacfwd(lambda p, xe: functional_call(rms.blocks[0], p, (xe,)), argnums=1))(
         dict(rms.blocks[0].named_parameters()), x[:1, 0])
-    est = layer_chi(rms.blocks[0], x[:1], tangents=32, generator=torch.Generator().manual_seed(0))
+    est = layer_chi(rms.blocks[0], x[:1], member_tangents([0], n, 32))
     assert est[0, 0, 0].item() == pytest.approx(jr.square().sum().item() / n, rel=0.05)
 
 

@@ -29,7 +29,7 @@ from torch.func import functional_call, jacfwd, jvp, vmap
 from .. import theory
 from ..models.plain import PlainNet
 from ..result import Measurement
-from ..seeding import STREAM_INPUT, seeded_generator
+from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _sigma_prime(layer, x: Tensor) -> Tensor:
     return jvp(layer.sigma, (u,), (torch.ones_like(u),))[1]
 
 
-def layer_chi(layer, x: Tensor, *, tangents: int = 4, generator=None) -> Tensor:
+def layer_chi(layer, x: Tensor, tangents: Tensor | None = None) -> Tensor:
     """``tr(J_aᵀ J_b)/n`` for every pair of inputs a, b of ``x`` ``(E, B, n)`` → ``(E, B, B)``.
 
     ``J_a = ∂[g(W φ(N(x_a)) + b)]/∂x_a`` is the layer Jacobian at input a.  The diagonal is
@@ -103,11 +103,13 @@ def layer_chi(layer, x: Tensor, *, tangents: int = 4, generator=None) -> Tensor:
     off-diagonal is the slope of the correlation map at the pair's correlation — χ_c once
     the pair sits at its fixed point c* (215.4).  Without a norm op ``J = g W diag(φ′(x))``
     and the products are exact, ``g² Σ_j φ′(x_a,j) φ′(x_b,j) ‖W_{:,j}‖² / n``; with a
-    per-sample norm op they are estimated as ``E_v[(J_a v)·(J_b v)]``, v ~ N(0, I) shared by
-    the inputs, from ``tangents`` forward-mode products.
+    per-sample norm op they are estimated as ``E_v[(J_a v)·(J_b v)]`` over ``tangents``
+    ``(K, E, 1, n)`` (standard Gaussian, shared by a member's inputs), one forward-mode
+    product each.
 
     Raises:
-        ValueError: a batch-normalized layer (its Jacobian couples the batch).
+        ValueError: a batch-normalized layer (its Jacobian couples the batch), or a norm op
+            without ``tangents``.
     """
     n = x.shape[-1]
     if layer.norm_op is None:
@@ -116,12 +118,21 @@ def layer_chi(layer, x: Tensor, *, tangents: int = 4, generator=None) -> Tensor:
         return layer.scale**2 * torch.einsum("eaj,ebj,ej->eab", d, d, col2) / n
     if layer.norm_op == "batchnorm":
         raise ValueError("χ₁ of a batch-normalized layer couples the batch; not measured")
+    if tangents is None:
+        raise ValueError(f"layer_chi with norm op {layer.norm_op!r} needs tangents (K, E, 1, n)")
     total = torch.zeros(x.shape[:-1] + x.shape[-2:-1], dtype=x.dtype, device=x.device)
-    for _ in range(tangents):
-        v = torch.randn(x.shape[0], 1, n, generator=generator, dtype=torch.float64).to(x)
+    for v in tangents:
         jv = jvp(layer.branch, (x,), (v.expand_as(x),))[1]
         total += jv @ jv.mT
-    return total / (tangents * n)
+    return total / (len(tangents) * n)
+
+
+def member_tangents(seeds, width: int, k: int, *, dtype=torch.float64, device="cpu") -> Tensor:
+    """k standard Gaussian tangents per member ``(k, E, 1, width)`` from each seed's
+    ``STREAM_HEAD`` (a member's estimate does not depend on the other seeds)."""
+    rows = [torch.randn(k, 1, width, generator=seeded_generator(s, STREAM_HEAD),
+                        dtype=torch.float64) for s in seeds]
+    return torch.stack(rows, 1).to(dtype=dtype, device=device)
 
 
 def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
@@ -183,14 +194,15 @@ def probe_correlation(ctx: ProbeContext) -> Measurement:
     model, L = ctx.model, ctx.model.depth
     n, c0, q0 = int(opt["n"]), float(opt["c0"]), float(opt["q0"])
     x = correlated_inputs(model.seeds, model.width, n, c0, q0, **_where(model))
-    gen = seeded_generator(model.seeds[0], STREAM_INPUT)
+    tangents = None if model.blocks[0].norm_op is None else member_tangents(
+        model.seeds, model.width, int(opt["tangents"]), **_where(model))
     with torch.no_grad():
         hs = model.trajectory(x)
         q = torch.stack([h.square().mean((-2, -1)) for h in hs], 1)  # (E, L+1)
         c = torch.stack([_mean_cosine(h) for h in hs], 1)
         chis = None
         if getattr(model.blocks[0], "norm_op", None) != "batchnorm":
-            chis = [layer_chi(layer, h, tangents=int(opt["tangents"]), generator=gen)
+            chis = [layer_chi(layer, h, tangents)
                     for layer, h in zip(model.blocks, hs[:-1], strict=True)]
     steps = np.arange(L + 1)
     m = Measurement()
