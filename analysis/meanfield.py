@@ -279,7 +279,8 @@ def spectrum_table(df: pd.DataFrame) -> pd.DataFrame:
     t = d.set_index(["activation", "init", "depth"])[
         ["lambda_var", "lambda_var_std", "lambda_var_theory", "v_d_measured", "v_d_theory",
          "spectrum_q0", "seeds", "width"]].sort_index()
-    t["ratio"] = t["lambda_var"] / t["lambda_var_theory"]
+    theory_var = t["lambda_var_theory"].where(t["lambda_var_theory"] > 1e-12)  # 0: no ratio
+    t["ratio"] = t["lambda_var"] / theory_var
     return t
 
 
