@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .probes import DEFAULT_PROBES
+from .probes import DEFAULT_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES
 
 
 class ConfigError(ValueError):
@@ -44,6 +44,14 @@ class NormOp(Enum):
     layernorm = "layernorm"
     detached = "detached"
     meansub = "meansub"
+    batchnorm = "batchnorm"  # over the batch of probe inputs; model=plain only
+
+
+class Init(Enum):
+    """Weight initialization of ``model=plain``: i.i.d. Gaussian or scaled orthogonal."""
+
+    gaussian = "gaussian"
+    orthogonal = "orthogonal"
 
 
 class Activation(Enum):
@@ -92,8 +100,20 @@ class MlpModel:
     name: str = "mlp"
 
 
+@dataclass
+class PlainModel:
+    """``model=plain``: the mean-field plain network of the textbook chapter (science.md §5,
+    :class:`rankexp.models.plain.PlainNet`), ``h_l = W_l φ(N(h_{l−1})) + b_l`` (plus the skip
+    ``h_{l−1}`` and branch gain β when ``skip_every=1``), shaped by the top-level knobs
+    ``depth``, ``width``, ``alpha`` (σ_w), ``bias`` (σ_b), ``init``, ``activation``,
+    ``skip_every``, ``beta`` and ``norm`` (``none``, or ``pre`` with any op incl. ``batchnorm``).
+    ``expansion`` and ``matrices`` do not apply (one n×n matrix per layer)."""
+
+    name: str = "plain"
+
+
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel}
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel}
 
 
 @dataclass
@@ -205,6 +225,8 @@ class RankexpConfig:
     beta_scaling: BetaScaling = BetaScaling.const
     activation: Activation = Activation.relu
     skip_every: int = 1
+    bias: float = 0.0
+    init: Init = Init.gaussian
     seeds: int = 4
     seed: int = 0
     device: str = "auto"
@@ -247,6 +269,35 @@ class RankexpConfig:
             raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
         if not isinstance(self.task, (MeasureTask, TrainTask)):
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
+        if not (math.isfinite(self.bias) and self.bias >= 0):
+            raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
+        self._check_family()
+
+    def _check_family(self) -> None:
+        """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
+        probes (plain); a batchnorm also rules out the probes that see one input at a time."""
+        probes = list(self.task.probes) if isinstance(self.task, MeasureTask) else []
+        if isinstance(self.model, PlainModel):
+            if self.norm.placement not in (Placement.none, Placement.pre):
+                raise _bad("norm", self.norm.placement.value,
+                           "model=plain supports norm=none or norm=pre (N before φ)")
+            if self.activation is Activation.swiglu:
+                raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
+                           "the gated unit needs model=mlp matrices=2")
+            single = [p for p in probes if p in ONE_INPUT_PROBES]
+            if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
+                raise _bad("task.probes", single, "these differentiate one input per seed and a "
+                           "batchnorm needs a batch; use correlation, gradient_norms, shattered")
+            return
+        plain_only = [p for p in probes if p in PLAIN_PROBES]
+        if plain_only:
+            raise _bad("task.probes", plain_only, "the mean-field probes need model=plain")
+        if self.bias != 0:
+            raise _bad("bias", self.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
+        if self.init is not Init.gaussian:
+            raise _bad("init", self.init.value, "orthogonal weights exist only in model=plain (add model=plain)")
+        if self.norm.op is NormOp.batchnorm:
+            raise _bad("norm.op", "batchnorm", "batch normalization exists only in model=plain (add model=plain norm=pre)")
 
 
 def sweep_stamp() -> str:
@@ -301,6 +352,9 @@ def validate(cfg: DictConfig) -> RankexpConfig:
 
 #: config keys that say where/how a run is recorded, not what it computes
 NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
+#: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
+#: they existed still match (resume skips them) — a config with default bias/init is unchanged
+LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
@@ -316,7 +370,8 @@ def config_hash(container: dict[str, Any]) -> str:
     Two jobs with the same hash compute the same numbers; resume uses it to
     skip configs that already FINISHED.
     """
-    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS}
+    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS
+                and not (k in LATER_KNOB_DEFAULTS and v == LATER_KNOB_DEFAULTS[k])}
     if semantic.get("task", {}).get("name") == "measure":
         semantic.pop("data", None)
         semantic.pop("lr", None)
