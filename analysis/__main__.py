@@ -13,6 +13,7 @@ from .isorank import collapse_command, isorank_command
 from .paths_spike import paths_command, spike_command
 from .placements import placements_command
 from .profiles import accumulated_command, profiles_command, stream_command
+from .report import report_command
 from .spectra_tables import mp_command, table1_command, table6_command
 from .training import curves_command, fig6_command, fig16_command, table5_command
 
@@ -33,6 +34,7 @@ COMMANDS = {
     "stream": (stream_command, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ"),
     "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
     "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
+    "report": (report_command, "reproduction report: every experiment's figures, tables, config and the study's claims checked (HTML + Markdown)"),
 }
 
 

@@ -153,11 +153,14 @@ def run_sweep(plan: Plan, overrides: list[str], out: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def run_analysis(argv: list[str], out: Path) -> tuple[int, str, list[Path]]:
-    """One analysis command in this process (``analysis.__main__.main``), output captured."""
+def run_analysis(
+    argv: list[str], out: Path, uri: str | None = None
+) -> tuple[int, str, list[Path]]:
+    """One analysis command in this process (``analysis.__main__.main``) on the store ``uri``
+    (default ``out/mlflow.db``), files under ``out``; returns (status, its output, its files)."""
     from . import __main__ as cli
 
-    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    uri = uri or f"sqlite:///{(out / 'mlflow.db').resolve()}"
     buf = io.StringIO()
     root = logging.getLogger()
     saved = root.handlers[:]
@@ -181,7 +184,7 @@ def run_analysis(argv: list[str], out: Path) -> tuple[int, str, list[Path]]:
 
 def written_since(out: Path, t0: float) -> list[Path]:
     """Figure/table files under ``out/<experiment>/`` modified at or after ``t0``."""
-    skip = {"multirun", "mlartifacts", "logs"}
+    skip = {"multirun", "mlartifacts", "logs", "report"}
     dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip]
     return sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)
 
