@@ -379,35 +379,36 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
             s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_ratio"].iloc[0]
             if pt.empty:
                 continue
-            ax.plot(
-                pt["alpha"],
-                pt["depth"],
-                "o-",
-                color=color,
-                ms=2.5,
-                lw=1.0,
-                label=f"{level:g}: $s = {s:.2f}$" if np.isfinite(s) else f"{level:g}",
-            )
+            ax.plot(pt["alpha"], pt["depth"], "o-", color=color, ms=2.5, lw=1.0,
+                    label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
             if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
                 L = np.geomspace(pt["depth"].min(), pt["depth"].max(), 20)
                 a0 = np.exp(np.log(pt["alpha"]).mean())
                 L0 = np.exp(np.log(pt["depth"]).mean())
-                ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="k", ls=":", lw=0.7)
-        ax.plot([], [], color="k", ls=":", lw=0.7, label=r"$\beta\alpha^M \propto L^{-1/2}$")
+                ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="0.55", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
-        ax.set_xticks(grid.columns, [style.number(a) for a in grid.columns], fontsize=6)
+        alphas = grid.columns.to_numpy(float)
+        every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
+        ax.set_xticks(alphas, [style.number(a) if i % every == 0 else ""
+                               for i, a in enumerate(alphas)])
         ax.minorticks_off()
         ax.grid(False)
         ax.set_xlabel(style.name("alpha"))
         ax.set_ylabel(style.name("depth"))
         ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
-        ax.legend(title=r"level: $s = d\log\beta\alpha^M/d\log L$", loc="best", fontsize=5.5,
-                  frameon=True, framealpha=0.7, edgecolor="none")
+        if ax is axes[0]:
+            ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
+        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+                  frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
+                  title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
-    style.caption(fig, df, args.experiment, ["grey: mean over seeds"])
+    style.caption(fig, df, args.experiment, [
+        "grey: mean over seeds",
+        r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+        r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
     print(
         f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "

@@ -419,12 +419,11 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         first = []
         for _, rec in df[df["matrices"] == m].iterrows():
             c, ls = colors[rec["activation"]], styles[rec["n"]]
-            label = f"{style.value_label('activation', rec['activation'])}, $n = {int(rec['n'])}$"
             steps, v = series(uri, rec["run_id"], "branch_mean_sum_norm")
-            axes[i, 1].loglog(steps, v, ls, color=c, lw=1.2, label=label)
+            axes[i, 1].loglog(steps, v, ls, color=c, lw=1.1)
             first.append(v[0])
             steps, v = series(uri, rec["run_id"], "rep_erank")
-            axes[i, 2].plot(steps, v, ls, color=c, lw=1.2, label=label)
+            axes[i, 2].plot(steps, v, ls, color=c, lw=1.1)
         if first:
             l = np.geomspace(1, df["depth"].max(), 50)
             a = float(np.median(first))
@@ -434,11 +433,17 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         axes[i, 1].set_xlabel(style.name("layer"))
         axes[i, 1].set_ylabel(style.name("branch_mean_sum_norm"))
         axes[i, 1].set_title(f"$M = {m}$: accumulated branch mean")
-        axes[i, 1].legend(fontsize=5.5, ncol=2)
+        axes[i, 1].legend(fontsize=5.5, loc="lower right")
         axes[i, 2].set_xlabel(style.name("layer"))
         axes[i, 2].set_ylabel(style.name("rep_erank"))
         axes[i, 2].set_ylim(0, 1.02)
         axes[i, 2].set_title(f"$M = {m}$: representation rank")
+    # one key for colour (σ) and line style (n) instead of an entry per line
+    for a in acts:
+        axes[0, 2].plot([], [], color=colors[a], label=style.value_label("activation", a))
+    for n in sorted(ns):
+        axes[0, 2].plot([], [], styles[n], color="0.3", label=f"$n = {int(n)}$")
+    axes[0, 2].legend(fontsize=5.5, ncol=2, loc="upper right")
     return fig
 
 

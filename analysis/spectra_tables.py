@@ -99,11 +99,10 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
     for (act, width), g in table.groupby(level=["activation", "width"]):
         g = g.droplevel([0, 1]).sort_index()
         kw = dict(color=colors[act], ls=styles[width], marker="o", ms=2.5)
-        label = f"{style.value_label('activation', act)}, $d = {int(width)}$"
         err = g["erank_branch_std"] if "erank_branch_std" in g else None
-        axes[0].errorbar(g.index, g["erank_branch"], yerr=err, label=label, lw=0.9, **kw)
-        axes[1].errorbar(g["mp_gamma"], g["erank_branch"], yerr=err, label=label, lw=0.9, **kw)
-        axes[2].plot(g.index, g["masked_rank"], label=label, lw=0.9, **kw)
+        axes[0].errorbar(g.index, g["erank_branch"], yerr=err, lw=0.9, **kw)
+        axes[1].errorbar(g["mp_gamma"], g["erank_branch"], yerr=err, lw=0.9, **kw)
+        axes[2].plot(g.index, g["masked_rank"], lw=0.9, **kw)
         if width == widths[-1]:
             axes[0].plot(g.index, g["erank_branch_reference"], color=colors[act], lw=0.7, ls=":")
             axes[2].plot(g.index, g["masked_rank_theory"], color=colors[act], lw=0.7, ls=":")
@@ -123,8 +122,14 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
     axes[2].set_xlabel(style.name("expansion"))
     axes[2].set_ylabel(style.name("masked_rank"))
     axes[2].set_title(r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$")
-    axes[1].legend(fontsize=5.5)
-    axes[2].legend(fontsize=5.5, ncol=1)
+    axes[1].legend(fontsize=5.5, loc="lower right")
+    # one legend for what colour and line style mean, not one entry per line
+    for act in acts:
+        axes[2].plot([], [], color=colors[act], marker="o", ms=2.5,
+                     label=style.value_label("activation", act))
+    for width in widths:
+        axes[2].plot([], [], color="0.3", ls=styles[width], label=f"$d = {int(width)}$")
+    axes[2].legend(fontsize=5.5, ncol=2, loc="lower right")
     return fig
 
 

@@ -20,7 +20,7 @@ RAW_WORDS = {
 }  # fmt: skip
 _MATH = re.compile(r"\$[^$]*\$")
 _SNAKE = re.compile(r"\b[a-z][a-z0-9]*_[a-z0-9_]+\b")  # erank_io, best_test_accuracy
-_DOTTED = re.compile(r"\b[a-z]+\.[a-z_]+\b")  # norm.placement, task.stable_accuracy
+_DOTTED = re.compile(r"\b[a-z]+\.[a-z_]{2,}\b")  # norm.placement, task.stable_accuracy (not s.d.)
 
 
 def text_problems(text: str, where: str) -> list[str]:
@@ -147,7 +147,7 @@ def checked(argv: list[str], theory: dict[str, list[str]] | None = None):
 THEORY = {
     "stream_kappa": [r"\kappa = "],
     "accumulated_branch": ["uncorrelated", "coherent"],
-    "isorank_erank_io": [r"L^{-1/2}"],
+    "isorank_erank_io": [r"L^{-1/2}"],  # the study's law, in the first panel
     "paths_profile": ["Binomial"],
     "paths_mean_order": ["uncorrelated"],
     "spike": [r"1/\pi", r"c_\sigma", "coherent", "uncorrelated"],

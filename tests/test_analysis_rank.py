@@ -197,10 +197,9 @@ def _drawn(fig) -> dict:
     axes = []
     for ax in fig.axes:
         bars = []
-        for c in ax.containers:
-            eb = c if isinstance(c, ErrorbarContainer) else getattr(c, "errorbar", None)
-            if eb is not None and eb.lines[2]:
-                bars += [abs(seg[1][1] - seg[0][1]) / 2 for seg in eb.lines[2][0].get_segments()]
+        for c in ax.containers:  # a bar's error bars are an ErrorbarContainer of their own too
+            if isinstance(c, ErrorbarContainer) and c.lines[2]:
+                bars += [abs(seg[1][1] - seg[0][1]) / 2 for seg in c.lines[2][0].get_segments()]
         lines = [(ln.get_label(), ln.get_xdata(), ln.get_ydata()) for ln in ax.get_lines()]
         axes.append({"errorbars": np.array(bars), "lines": lines, "title": ax.get_title()})
     return {"axes": axes}

@@ -30,7 +30,8 @@ def test_checker_catches_raw_keys_and_pseudo_tex_and_accepts_mathtext():
     assert text_problems("alpha", "x")  # a param name as the label
     assert text_problems("$\\alpha", "x")  # unbalanced
     for ok in (style.name("erank_io"), style.name("depth_factor"), "layer $\\ell$",
-               "best test accuracy", style.value_label("beta_scaling", "inv_sqrt_depth")):  # fmt: skip
+               "best test accuracy", "error bars: ±1 s.d. over seeds",
+               style.value_label("beta_scaling", "inv_sqrt_depth")):  # fmt: skip
         assert text_problems(ok, "label") == [], ok
 
 

@@ -124,6 +124,17 @@ def test_a_claim_added_to_the_registry_shows_in_the_report(tmp_path):
     assert "fig4.test_extra" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_make_reproduce_sweeps_without_drawing_then_the_report_draws(capsys):
+    from analysis import figures
+
+    assert figures.main(["--dry-run", "--sweeps-only"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m rankexp experiment=fig5 size=cpu -m" in out
+    assert "python -m analysis" not in out  # drawing is left to the report
+    make = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert "--sweeps-only" in make and "-m analysis report" in make
+
+
 # --------------------------------------------------------------------------- the browser
 @pytest.fixture(scope="module")
 def two_experiments(tmp_path_factory):
