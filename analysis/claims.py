@@ -179,6 +179,10 @@ class Runs:
             raise NotRun(f"no finished runs of experiment {experiment}")
         return df
 
+    def loaded(self) -> dict[str, pd.DataFrame]:
+        """The experiments loaded so far that hold runs: ``{name: runs}``."""
+        return {k: v for k, v in self._frames.items() if len(v)}
+
     def series(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
         return series(self.uri, run_id, key)
 

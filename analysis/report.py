@@ -326,8 +326,7 @@ def build_report(
     for v in verdicts:
         if v.claim.experiment in by_exp:
             by_exp[v.claim.experiment].verdicts.append(v)
-    frames = [runs._frames.get(s.experiment) for s in sections]
-    frames = [f for f in frames if f is not None and len(f)]
+    frames = [f for name, f in runs.loaded().items() if name in by_exp]
     every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     meta = {
         "title": title,

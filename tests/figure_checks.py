@@ -104,7 +104,9 @@ def problems(fig) -> list[str]:
         for need, pattern in (("d", r"\$d (=|\\in)"), ("seeds", r"seeds: \d"), ("size", r"size = \w")):
             if not re.search(pattern, text):
                 out.append(f"caption states no {need}: {text!r}")
-        out += text_problems(_MATH.sub(" ", text).replace("seeds:", ""), "caption")
+        # the caption opens with the MLflow experiment names ("fig6_train: 8 runs"): names, not keys
+        body = text.split(":", 1)[1] if ":" in text else text
+        out += text_problems(_MATH.sub(" ", body).replace("seeds:", ""), "caption")
     for where, text in _texts(fig):
         out += text_problems(text, where)
     for i, ax in enumerate(fig.axes):

@@ -374,7 +374,8 @@ def test_branch_ratio_profile_against_eq_22(store):
     assert set(csv["layer"]) == set(range(1, 17))  # the deepest runs (L = 16) only
     for (pl, a), g in csv.groupby(["norm.placement", "alpha"]):
         r, l = a**2, g["layer"].to_numpy()  # βα^M at β = 1, M = 2; ReLU: p = κ = ½
-        expect = math.sqrt(0.5) * (r / np.sqrt(1 + 0.5 * r**2 * (l - 1)) if pl == "pre" else r)
+        ratio = r / np.sqrt(1 + 0.5 * r**2 * (l - 1)) if pl == "pre" else np.full(l.shape, r)
+        expect = math.sqrt(0.5) * ratio
         np.testing.assert_allclose(g["theory"], expect, rtol=1e-12)
         if pl == "post":
             assert g["branch_ratio"].mean() == pytest.approx(expect.mean(), rel=0.25)
