@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch/torchvision pinned to the builds in this machine class's local pip cache
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures ui lint clean
+.PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures reproduce ui lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -52,6 +52,12 @@ bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-se
 
 figures: setup  ## every experiment at size=cpu into figures/cpu/, then every figure (CPU, < 1 h)
 	$(PY) -m analysis.figures
+
+REPRODUCE ?= figures/cpu
+reproduce: setup  ## every experiment at size=cpu, then the report that checks the study's claims ($(REPRODUCE)/report/report.html)
+	$(PY) -m analysis.figures --size cpu --out $(REPRODUCE) --sweeps-only; rc=$$?; \
+	  $(PY) -m analysis report --uri sqlite:///$(abspath $(REPRODUCE))/mlflow.db --out $(REPRODUCE)/report \
+	  && exit $$rc
 
 ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

@@ -22,6 +22,7 @@ from .meanfield import (
 from .paths_spike import paths_command, spike_command
 from .placements import placements_command
 from .profiles import accumulated_command, profiles_command, stream_command
+from .report import report_command
 from .spectra_tables import mp_command, table1_command, table6_command
 from .training import curves_command, fig6_command, fig16_command, table5_command
 
@@ -50,6 +51,7 @@ COMMANDS = {
     "mf_residual": (mf_residual_command, "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit"),
     "mf_trainability": (mf_trainability_command, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid"),
     "deep_linear": (deep_linear_command, "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains"),
+    "report": (report_command, "reproduction report: every experiment's figures, tables, config and the study's claims checked (HTML + Markdown)"),
 }
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import style
 from .common import (
     OP_ORDER,
     PLACEMENT,
@@ -37,7 +38,8 @@ from .common import (
     warn_mixed,
     write_text,
 )
-from .plotting import plt, save
+from .plotting import save
+from .seeds import pooled
 
 log = logging.getLogger("analysis")
 
@@ -62,7 +64,11 @@ def config_label(placement: str, op: str) -> str:
 def placement_table(
     df: pd.DataFrame, metric: str = "erank_io", every: bool = False
 ) -> pd.DataFrame:
-    """Mean, std (over runs) and run count of ``metric`` per (config, α).
+    """Mean, seed std and counts of ``metric`` per (config, α).
+
+    ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
+    ``<metric>_std`` (:func:`analysis.seeds.pooled`), not the spread over runs; ``count`` =
+    runs, ``seeds`` = seeds in all.
 
     ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
     unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
@@ -80,8 +86,8 @@ def placement_table(
         _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
     )
     d.loc[d[PLACEMENT] == "none", "_o"] = 0
-    t = d.groupby(["_p", "_o", "config", "alpha"])[metric].agg(["mean", "std", "count"])
-    return t.droplevel([0, 1])
+    t = pooled(d, metric, ["_p", "_o", "config", "alpha"]).rename(columns={"runs": "count"})
+    return t[["mean", "std", "count", "seeds"]].droplevel([0, 1])
 
 
 def detached_gap(table: pd.DataFrame) -> pd.Series:
@@ -106,32 +112,34 @@ def split_table(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def draw_placements(table: pd.DataFrame, metric: str):
-    """Grouped bars: one group per config, one bar per α, error bars = std over runs."""
+def _tick(config: str) -> str:
+    placement, _, op = config.partition("/")
+    return style.config_label(placement, op)
+
+
+def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
+    """Grouped bars: one group per config, one bar per α (colour bar), error bars = ±1 s.d.
+    over the seeds of each bar's runs; the detached−RMSNorm gap written in."""
     configs = list(dict.fromkeys(table.index.get_level_values("config")))
     alphas = sorted(table.index.get_level_values("alpha").unique())
-    fig, ax = plt.subplots(
-        figsize=(1.1 * len(configs) * max(len(alphas), 2) / 2 + 2, 3.8), layout="constrained"
-    )
+    fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)
     width = 0.8 / len(alphas)
-    cmap = plt.get_cmap("plasma")
+    colors, sm = style.value_colors(alphas, "plasma", stop=0.85)
     for k, a in enumerate(alphas):
         t = table.xs(a, level="alpha").reindex(configs)
         xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
-        ax.bar(
-            xs,
-            t["mean"],
-            width,
-            yerr=t["std"].fillna(0),
-            capsize=2,
-            color=cmap(k / max(len(alphas) - 1, 1) * 0.85),
-            label=f"α = {a:g}",
-        )
-    ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right")
-    ax.set_ylabel(metric)
+        ax.bar(xs, t["mean"], width, yerr=t["std"].fillna(0), color=colors[a],
+               error_kw={"elinewidth": 0.7, "capsize": 1.5})
+    ax.set_xticks(range(len(configs)), [_tick(c) for c in configs], fontsize=6.5)
+    ax.set_ylabel(style.name(metric))
     ax.set_yscale("log")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    style.plain_log_ticks(ax)
+    ax.grid(axis="x", visible=False)
+    if gap is not None and len(gap):
+        ax.text(0.99, 0.97, r"$|$detached $-$ RMSNorm$|$ (Post-Norm) $\leq$ "
+                f"{gap.max():.2g} (study: $\\leq 0.004$)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=6.5)
+    style.colorbar(fig, sm, ax, "alpha")
     return fig
 
 
@@ -153,8 +161,9 @@ def _main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [args.metric, "alpha", PLACEMENT, OP])
     warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
     table = placement_table(df, args.metric, args.every)
-    fig = draw_placements(table, args.metric)
-    fig.suptitle(f"{', '.join(args.experiment)}: {args.metric} by norm placement / op")
+    fig = draw_placements(table, args.metric, detached_gap(table))
+    fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha")

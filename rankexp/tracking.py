@@ -435,6 +435,26 @@ def _sql_runs_table(engine, experiment_ids: list[str], finished_only: bool):
     return df.sort_values(["start_time", "run_id"], ascending=[False, True], kind="stable")
 
 
+def experiment_names(uri: str | None = None) -> list[str]:
+    """Names of the store's experiments that hold at least one run, oldest first.
+
+    Raises:
+        TrackingError: the store cannot be read.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = _client(resolve_uri(uri))
+    try:
+        exps = client.search_experiments()
+        return [
+            e.name
+            for e in sorted(exps, key=lambda e: int(e.experiment_id))
+            if client.search_runs([e.experiment_id], max_results=1)
+        ]
+    except MlflowException as e:
+        raise TrackingError(f"cannot list the experiments of {resolve_uri(uri)}: {e}") from None
+
+
 def metric_history(uri: str | None, run_id: str, key: str):
     """``(steps, values)`` of one metric series of one run, sorted by step."""
     import numpy as np
