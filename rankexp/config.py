@@ -103,6 +103,8 @@ class MeasureTask:
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     options: dict[str, Any] = field(default_factory=dict)
+    #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
+    max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         from .probes import PROBES
@@ -112,6 +114,8 @@ class MeasureTask:
         for p in self.probes:
             if p not in PROBES:
                 raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
+            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
 
 
 @dataclass
@@ -311,6 +315,8 @@ def config_hash(container: dict[str, Any]) -> str:
     if semantic.get("task", {}).get("name") == "measure":
         semantic.pop("data", None)
         semantic.pop("lr", None)
+        # seed chunking never changes a number (tested), so the budget is not part of the hash
+        semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
     blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

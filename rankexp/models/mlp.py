@@ -21,7 +21,7 @@ seeds never changes a number.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -99,10 +99,13 @@ class Block(nn.Module):
         self.sigma = activation_fn(activation)
         self.gated = activation == "swiglu"
         self.hidden = width if matrices == 1 else max(1, int(round(expansion * width)))
-        norm = NORM_FNS[norm_op]
-        self.pre_norm = norm if placement in ("pre", "peri") else _identity
-        self.out_norm = norm if placement in ("output", "peri") else _identity
-        self.res_norm = norm if placement == "post" else _identity
+        #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
+        self.pre_op = norm_op if placement in ("pre", "peri") else None
+        self.out_op = norm_op if placement in ("output", "peri") else None
+        self.post_op = norm_op if placement == "post" else None
+        self.pre_norm, self.out_norm, self.res_norm = (
+            NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
+        )
         e, d, m = members, width, self.hidden
         if matrices == 1:
             self.w = nn.Parameter(torch.empty(e, d, d))
@@ -130,14 +133,20 @@ class Block(nn.Module):
 
     def f(self, x: Tensor) -> Tensor:
         """The bare branch ``f`` (Eq. 9): ``σ(W x)`` or ``W_down σ(W_up x)`` or SwiGLU."""
+        return self.f_parts(x)[1]
+
+    def f_parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(z, f(x))``: the preactivation ``z = W x`` / ``W_up x`` ``(E, B, m)`` and the branch
+        output ``(E, B, d)`` — the pieces the closed-form Jacobian reuses (σ′ is taken at z)."""
         if self.matrices == 1:
-            return self.sigma(torch.matmul(x, self.w.mT))
+            z = torch.matmul(x, self.w.mT)
+            return z, self.sigma(z)
         up = torch.matmul(x, self.w_up.mT)
         if self.gated:
             hidden = self.sigma(torch.matmul(x, self.w_gate.mT)) * up
         else:
             hidden = self.sigma(up)
-        return torch.matmul(hidden, self.w_down.mT)
+        return up, torch.matmul(hidden, self.w_down.mT)
 
     def branch(self, x: Tensor) -> Tensor:
         """Scaled branch ``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
@@ -265,6 +274,16 @@ class ResidualMLP(nn.Module):
     def forward(self, h0: Tensor) -> Tensor:
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
         return self.trajectory(h0)[-1]
+
+    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
+        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
+        keep, window = max(self.skip_every, 1), {0: h0}
+        for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+            skip = window[self.skip_source(l)] if block.has_skip else None
+            window[l] = block(window[l - 1], skip)
+            window.pop(l - keep, None)
+            yield l, window[l]
 
     def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
         """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
