@@ -4,10 +4,11 @@ One :class:`ResidualMLP` covers every architecture the study measures::
 
     h_l = R( skip + β · B( f( P(h_{l-1}) ) ) )                 (Eq. 17)
 
-with the normalization *placement* choosing which of P (pre), B (branch output)
-and R (post-residual) is a norm operation and which is the identity, and the
-norm *operation* (rmsnorm, layernorm, detached, meansub; Table 2) choosing what
-that operation computes.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
+with P (pre), B (branch output) and R (post-residual) each a norm operation
+(rmsnorm, layernorm, detached, meansub; Table 2) or the identity, chosen
+independently (``pre``, ``out``, ``post``) or through a *placement* preset
+(pre, post, output, peri, none: :data:`rankexp.models.norms.PRESET_SLOTS`) that
+puts its *operation* ``norm_op`` in its slots.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
 ``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
 Weights are biasless and drawn from ``N(0, α²/fan_in)``.
 
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from ..seeding import STREAM_WEIGHTS, seeded_generator
 from .activations import ACTIVATIONS, activation_fn
-from .norms import NORM_FNS, NORM_OPS
+from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
 
 PLACEMENTS = ("pre", "post", "output", "peri", "none")
@@ -60,8 +61,10 @@ class Block(nn.Module):
         expansion: m/d for ``M = 2`` and gated branches (m = round(expansion·d)).
         matrices: M ∈ {1, 2}; the gated unit (activation ``swiglu``) needs M = 2.
         activation: one of :data:`ACTIVATIONS`.
-        placement: one of :data:`PLACEMENTS`.
+        placement: one of :data:`PLACEMENTS` (the preset that fills P, B, R with ``norm_op``).
         norm_op: one of :data:`NORM_OPS`.
+        pre, out, post: the ops P, B, R of Eq. 17 (an op, ``"none"``/``None``), overriding the
+            preset's; :data:`~rankexp.models.norms.PRESET` keeps it.
         beta: effective branch scale of this block (already depth-scaled).
         has_skip: whether the identity skip joins here; a block without skip is a
             plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
@@ -80,6 +83,9 @@ class Block(nn.Module):
         activation: str = "relu",
         placement: str = "pre",
         norm_op: str = "rmsnorm",
+        pre: str | None = PRESET,
+        out: str | None = PRESET,
+        post: str | None = PRESET,
         beta: float = 1.0,
         has_skip: bool = True,
         members: int = 1,
@@ -100,9 +106,7 @@ class Block(nn.Module):
         self.gated = activation == "swiglu"
         self.hidden = width if matrices == 1 else max(1, int(round(expansion * width)))
         #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
-        self.pre_op = norm_op if placement in ("pre", "peri") else None
-        self.out_op = norm_op if placement in ("output", "peri") else None
-        self.post_op = norm_op if placement == "post" else None
+        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
         self.pre_norm, self.out_norm, self.res_norm = (
             NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
         )
@@ -155,12 +159,14 @@ class Block(nn.Module):
     def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
         """``R(skip + branch(x))``; ``skip`` is ``None`` on a plain layer.
 
-        ``part="branch"`` returns only :meth:`branch` — the entry point
-        ``torch.func.functional_call`` needs to differentiate the branch with
+        ``part="branch"`` returns only :meth:`branch`, ``part="f"`` only the bare :meth:`f` —
+        the entry points ``torch.func.functional_call`` needs to differentiate the branch with
         per-member weights (see :func:`rankexp.probes.jacobian.branch_jacobian`).
         """
         if part == "branch":
             return self.branch(x)
+        if part == "f":
+            return self.f(x)
         s = self.branch(x)
         if skip is not None:
             s = skip + s
@@ -176,8 +182,11 @@ class ResidualMLP(nn.Module):
         expansion: m/d of two-matrix branches.
         matrices: M ∈ {1, 2}.
         activation: σ, one of :data:`ACTIVATIONS`.
-        placement: norm placement, one of :data:`PLACEMENTS`.
+        placement: norm placement preset, one of :data:`PLACEMENTS`.
         norm_op: norm operation, one of :data:`NORM_OPS` (ignored for ``none``).
+        pre, out, post: P, B, R of Eq. 17 (an op or ``"none"``), each overriding the preset's
+            slot (default :data:`~rankexp.models.norms.PRESET`: keep it); e.g. Figure 4b is
+            ``placement="pre", post="detached"``.
         alpha: init scale α > 0; every weight ~ ``N(0, α²/fan_in)``.
         beta: branch scale β before depth scaling.
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
@@ -200,6 +209,9 @@ class ResidualMLP(nn.Module):
         activation: str = "relu",
         placement: str = "pre",
         norm_op: str = "rmsnorm",
+        pre: str | None = PRESET,
+        out: str | None = PRESET,
+        post: str | None = PRESET,
         alpha: float = 1.0,
         beta: float = 1.0,
         beta_scaling: str = "const",
@@ -218,6 +230,7 @@ class ResidualMLP(nn.Module):
         self.width, self.depth, self.alpha = width, depth, float(alpha)
         self.skip_every = skip_every
         self.placement, self.norm_op = placement, norm_op
+        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
         self.matrices, self.activation = matrices, activation
         self.seeds = [int(s) for s in seeds]
         self.beta_eff = effective_beta(beta, depth, beta_scaling)
@@ -229,6 +242,9 @@ class ResidualMLP(nn.Module):
                 activation=activation,
                 placement=placement,
                 norm_op=norm_op,
+                pre=self.pre_op,
+                out=self.out_op,
+                post=self.post_op,
                 beta=self.beta_eff,
                 has_skip=self.has_skip(l),
                 members=len(self.seeds),

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..models.activations import ACTIVATION_DERIVATIVES
 from ..models.mlp import Block, ResidualMLP
-from ..models.norms import NORM_FNS, NormJacobian, identity
+from ..models.norms import NORM_FNS, NormJacobian
 from ..result import Measurement
 from ..spectra import erank_from_sv, singular_values
 from ..theory import (
@@ -43,7 +43,7 @@ from ..theory import (
     random_walk_projection_product,
 )
 from .base import ModelShape, ProbeContext
-from .jacobian import layer_jacobians, linearize_branch, member_jacobian
+from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)
 
@@ -308,15 +308,16 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     * ``erank_post_noproj``: ``erank(Π_l (I + J_b))/d`` at the *same* forward
       activations.  A scalar rescaling factors out of the product, so this is
       also the "rescaling-only" (detached) Jacobian; only the projection is gone.
-    * ``erank_prenorm``: the same weights with the same norm op moved to the Pre-Norm
-      position (``h_l = h_{l−1} + β f(N(h_{l−1}))``, Eq. 7) — the reference in which
-      the op does not rescale the stream, so the branch ratio decays (Eq. 22).
+    * ``erank_prenorm``: the same weights with R's op moved to the Pre-Norm position
+      (``h_l = h_{l−1} + β B(f(R(h_{l−1})))``, Eq. 7; it replaces the block's own P, if any) —
+      the reference in which the op does not rescale the stream, so the branch ratio decays
+      (Eq. 22).
     * ``rank_removed_by_projection`` = noproj − post (the Jacobian's projection);
       ``rank_removed_by_rescaling`` = prenorm − noproj (the post-residual rescaling
       holds every branch at ratio βα^M); ``rank_removed_total`` = prenorm − post.
       All in units of d.
     * ``erank_unnormalized``: the same weights with R = identity in forward and
-      Jacobian (``h_l = h_{l−1} + β f(h_{l−1})``).  For positively homogeneous σ
+      Jacobian (``h_l = h_{l−1} + β B(f(P(h_{l−1})))``, the block's own P and B kept).  For positively homogeneous σ
       (relu, abs, leaky_relu, linear) the unnormalized stream is a rescaled copy of
       the Post-Norm stream, so this equals ``erank_post_noproj`` exactly: post-residual
       rescaling then removes no rank relative to no norm at all — both hold the ratio
@@ -326,7 +327,8 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
       the mean relative branch step ``‖β f‖/‖h_{l−1}‖`` driving the stream's direction.
 
     Args:
-        model: ``placement = "post"`` network.
+        model: a network with a post-residual op R (``placement = "post"``, or any P/B with
+            ``norm.post`` set: the general block of Eq. 17).
         h0: ``(E, 1, d)``.
 
     Returns:
@@ -335,10 +337,11 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         ``(1+α²)^L``); its erank is then NaN.
 
     Raises:
-        ValueError: the placement is not ``post``.
+        ValueError: R is the identity.
     """
-    if model.placement != "post":
-        raise ValueError(f"projection_split needs placement='post', got {model.placement!r}")
+    if model.post_op is None:
+        raise ValueError("projection_split needs a post-residual op R (placement='post' or "
+                         f"norm.post), got placement={model.placement!r} with R = identity")
     e, _, d = h0.shape
     eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
     zero = torch.zeros(e, dtype=h0.dtype, device=h0.device)
@@ -374,20 +377,19 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         prods = {0: (eye / math.sqrt(d), zero)}
         for l, block in enumerate(model.blocks, start=1):
             x = states[l - 1]
-            op = model.norm_op if prenorm else None
+            op = model.post_op if prenorm else OWN_PRE
             s, linear = linearize_branch(block, x, pre_op=op)
             if linear is not None:
                 jb = linear.dense()
             else:  # torch.func fallback (gated branch)
                 from torch.func import functional_call
 
-                norm = NORM_FNS[op] if op else identity
-                params = dict(block.named_parameters())
-                jb = member_jacobian(
-                    lambda p, xe, b=block, n=norm: functional_call(b, p, (n(xe),), {"part": "branch"}),
-                    x,
-                    params,
-                )
+                def branch(p, xe, b=block, o=op):
+                    if not prenorm:  # the block's own P, B
+                        return functional_call(b, p, (xe,), {"part": "branch"})
+                    return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[o](xe),), {"part": "f"}))
+
+                jb = member_jacobian(branch, x, dict(block.named_parameters()))
             u, lg = _accumulate(*prods[l - 1], jb)
             if block.has_skip:
                 j = model.skip_source(l)
@@ -447,9 +449,9 @@ def probe_projection_split(ctx: ProbeContext) -> Measurement:
     nothing (and logs that), so it can stay in a sweep across placements.
     """
     model = ctx.model
-    if model.placement != "post":
+    if model.post_op is None:
         log.info(
-            "projection_split: placement=%s has no post-residual norm; skipped", model.placement
+            "projection_split: placement=%s has no post-residual op R; skipped", model.placement
         )
         return Measurement()
     out = projection_split(model, ctx.h0)
