@@ -27,7 +27,8 @@ per-layer consumer (``on_layer``) reads it, and a plain forward pass when nothin
 needed.
 
 Products of many Jacobians span many decades, so the running product is kept as a
-unit-Frobenius matrix plus its log-norm, updated in place (``baddbmm``) on two ping-pong buffers.
+unit-Frobenius matrix plus its log-norm, updated in place (``addmm`` per member) on two
+ping-pong buffers.
 """
 
 from __future__ import annotations
