@@ -1,7 +1,13 @@
-"""Figure 4: rank by norm placement and operation, and the post-norm projection split.
+"""Figure 4: rank by norm placement and operation, the post-residual op under a Pre-RMSNorm,
+and the post-norm projection split.
 
 ``python -m analysis placements --experiment fig4`` draws ``erank_io`` (erank(∂h_L/∂h_0)/d)
-as grouped bars, one group per (placement, op) and one bar per α, and prints:
+as grouped bars, one group per (placement, op) and one bar per α (Figure 4a; runs whose
+``norm.pre/out/post`` are their preset's), and prints:
+
+* Figure 4b: the runs with the Pre-RMSNorm control (``norm.pre=rmsnorm``, no branch-output op),
+  one line per post-residual op R (``norm.post``) across depth — the study: detached ≈ rmsnorm
+  (collapse), meansub and none keep a floor;
 
 * the detached-vs-rmsnorm gap of Post-Norm per α in units of d (the study: ≤ 0.4 % of width,
   i.e. ≤ 0.004 — both ops have the same forward, only detached's Jacobian lacks the
@@ -25,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rankexp.models.norms import PRESET_SLOTS
+
 from . import style
 from .common import (
     OP_ORDER,
@@ -44,6 +52,8 @@ from .seeds import pooled
 log = logging.getLogger("analysis")
 
 OP = "norm.op"
+PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
+R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
 SPLIT = (
     "erank_post",
     "erank_post_noproj",
@@ -59,6 +69,50 @@ SPLIT = (
 
 def config_label(placement: str, op: str) -> str:
     return placement if placement == "none" else f"{placement}/{op}"
+
+
+def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose P, B, R (``norm.pre/out/post``) are what their placement preset puts there
+    (all runs of a store from before the general block, which has no such columns)."""
+    slots = [c for c in (PRE, OUT, POST) if c in df]
+    if not slots:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    for col in slots:
+        slot = col.split(".")[1]
+        want = [op if slot in PRESET_SLOTS.get(p, ()) else "none" for p, op in zip(df[PLACEMENT], df[OP], strict=True)]
+        keep &= (df[col].astype(str) == pd.Series(want, index=df.index)).to_numpy()
+    return df[keep]
+
+
+def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
+    """Figure 4b: mean, std and count of ``metric`` per (R, depth) over the runs with the
+    Pre-RMSNorm control (P = rmsnorm, B = identity); empty unless R takes several values."""
+    if POST not in df or PRE not in df:
+        return pd.DataFrame()
+    d = df[(df[PRE].astype(str) == "rmsnorm") & (df.get(OUT, "none") == "none")]
+    if d[POST].nunique() < 2:
+        return pd.DataFrame()
+    t = d.groupby([POST, "depth"])[metric].agg(["mean", "std", "count"])
+    rank = {o: i for i, o in enumerate(R_ORDER)}
+    return t.sort_index(level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == POST else s)
+
+
+def draw_control(table: pd.DataFrame, metric: str):
+    """Figure 4b: ``metric`` vs depth, one line per post-residual op R (Pre-RMSNorm fixed)."""
+    fig, (ax,) = style.panels(1, width=style.ONE_COLUMN, aspect=0.8)
+    ops = list(dict.fromkeys(table.index.get_level_values(0)))
+    colors, _ = style.value_colors(range(len(ops)))
+    for k, op in enumerate(ops):
+        t = table.xs(op, level=0)
+        ax.errorbar(t.index, t["mean"], yerr=t["std"].fillna(0), marker="o", capsize=2,
+                    color=colors[k], label=f"$R$ = {style.OP_NAMES.get(op, op)}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("depth $L$")
+    ax.set_ylabel(style.name(metric))
+    ax.legend(title="Pre-RMSNorm +")
+    return fig
 
 
 def placement_table(
@@ -158,7 +212,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    everything = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    df = preset_runs(everything)
+    if df.empty:
+        df = everything
+    if "depth" in df and df["depth"].nunique() > 1:
+        # the Figure 4b sweep adds preset runs (R = none) at other depths: the bars are at the
+        # main sweep's depth, the one most runs have
+        main = df["depth"].value_counts().idxmax()
+        log.info("placements: bars at L = %s (the Figure 4b runs at other depths are drawn apart)", main)
+        df = df[df["depth"] == main]
     warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
     table = placement_table(df, args.metric, args.every)
     fig = draw_placements(table, args.metric, detached_gap(table))
@@ -170,6 +233,19 @@ def _main(args: argparse.Namespace) -> list[Path]:
     wide.columns = [f"alpha={a:g}" for a in wide.columns]
     print(f"{args.metric} by placement/op and α ({', '.join(args.experiment)})\n")
     print(to_markdown(wide))
+    control = control_table(everything, args.metric)
+    if not control.empty:
+        fig = draw_control(control, args.metric)
+        fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
+        style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
+                      if "depth" in everything else everything, args.experiment,
+                      ["error bars: ±1 s.d. over runs"])
+        paths += save(fig, out, f"placements_control_{args.metric}", control)
+        wide_c = control["mean"].unstack("depth")
+        wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
+        print(f"\nFigure 4b: {args.metric} with a Pre-RMSNorm, by post-residual op R and depth "
+              "(study: detached ≈ rmsnorm collapse; meansub and none keep a floor)\n")
+        print(to_markdown(wide_c))
     gap = detached_gap(table)
     if len(gap):
         print(

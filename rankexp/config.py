@@ -84,12 +84,47 @@ class Size(Enum):
     full = "full"
 
 
+class NormSlot(Enum):
+    """What one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)."""
+
+    none = "none"
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+
+
+def _preset_slot(slot: str, placement: Any, op: Any) -> str:
+    """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
+    from .models.norms import PRESET_SLOTS
+
+    placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
+    return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
+
+
+def _preset(slot: str) -> str:
+    return f"${{rankexp_norm_slot:{slot},${{.placement}},${{.op}}}}"
+
+
 @dataclass
 class NormConfig:
-    """Normalization: where (``placement``, Eq. 6/7/17) and what (``op``, Table 2)."""
+    """Normalization of the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17).
+
+    ``pre``, ``out``, ``post`` are P, B, R: each an op of Table 2 or ``none``.  By default they
+    follow the ``placement`` preset (``norm=pre|post|output|peri|none``, Eq. 6/7), which puts
+    ``op`` in its slots — so ``norm=post norm.op=layernorm`` works as before — and any slot can
+    be set on its own: ``norm=pre norm.post=detached`` is Figure 4b's Pre-RMSNorm + detached R.
+    """
 
     placement: Placement = Placement.pre
     op: NormOp = NormOp.rmsnorm
+    pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
+    out: NormSlot = _preset("out")  # type: ignore[assignment]
+    post: NormSlot = _preset("post")  # type: ignore[assignment]
+
+    def preset_slot(self, slot: str) -> str:
+        """What the preset alone puts in ``slot`` (``pre``/``out``/``post``)."""
+        return _preset_slot(slot, self.placement, self.op)
 
 
 @dataclass
@@ -123,6 +158,8 @@ class MeasureTask:
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     options: dict[str, Any] = field(default_factory=dict)
+    #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
+    max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         from .probes import PROBES
@@ -132,6 +169,8 @@ class MeasureTask:
         for p in self.probes:
             if p not in PROBES:
                 raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
+            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
 
 
 @dataclass
@@ -320,6 +359,8 @@ def register_configs() -> None:
     and register the ``rankexp_stamp`` resolver used in the output directories."""
     if not OmegaConf.has_resolver("rankexp_stamp"):
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
+    if not OmegaConf.has_resolver("rankexp_norm_slot"):
+        OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
@@ -375,6 +416,14 @@ def config_hash(container: dict[str, Any]) -> str:
     if semantic.get("task", {}).get("name") == "measure":
         semantic.pop("data", None)
         semantic.pop("lr", None)
+        # seed chunking never changes a number (tested), so the budget is not part of the hash
+        semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    norm = semantic.get("norm")
+    if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
+        # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash
+        semantic["norm"] = {k: v for k, v in norm.items()
+                            if not (k in ("pre", "out", "post")
+                                    and v == _preset_slot(k, norm["placement"], norm["op"]))}
     blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -24,16 +24,36 @@ gelu and silu (tested).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
-from scipy import special, stats
 
 from .models.activations import ACTIVATIONS, LEAKY_SLOPE
+
+
+def _lazy_module(name: str) -> ModuleType:
+    """``name`` imported on first attribute access (:class:`importlib.util.LazyLoader`)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# every job imports this module (probes → theory); scipy.stats alone costs ~0.5 s (seconds on a
+# loaded machine), so scipy's special functions and distributions load when first used
+special = _lazy_module("scipy.special")
+stats = _lazy_module("scipy.stats")
 
 # --------------------------------------------------------------------------- quadrature
 _HERMITE_NODES = 160
