@@ -127,6 +127,7 @@ def _draw_row(axes, r: pd.Series, uri: str | None) -> None:
     ax.set_title(r"(a) $\cos(J_i, J_j)$")
     cb = ax.figure.colorbar(im, ax=ax, shrink=0.85, pad=0.02)
     cb.ax.tick_params(labelsize=6)
+    cb.set_label(r"$\cos(J_i, J_j)$", fontsize=6.5)
     ax.set_xlabel(rf"block $j$" "\n" rf"mean {r['ffn_cos_offdiag_mean']:.1e}; $1/d$ = {1 / d:.1e}")
     _, unc = series(uri, r["run_id"], "ffn_uncorrelated")
     _, coh = series(uri, r["run_id"], "ffn_coherent")

@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, checkpoint_shape, lm_shape
+from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, ShapeError, checkpoint_shape, lm_shape
 from .probes import DEFAULT_PROBES, LM_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES, default_probes
 
 
@@ -466,6 +466,10 @@ def validate(cfg: DictConfig) -> RankexpConfig:
         cause = e.__cause__ or e.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
+        while cause is not None:  # the rankexp_lm_shape resolver (model=gpt2), wrapped twice
+            if isinstance(cause, ShapeError):
+                raise ConfigError(f"invalid config: {cause}") from None
+            cause = cause.__cause__ or cause.__context__
         raise
     if not isinstance(obj, RankexpConfig):
         raise ConfigError("the composed config does not extend rankexp_schema")

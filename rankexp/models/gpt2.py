@@ -54,6 +54,11 @@ _CONFIG_KEYS = {"n_embd": ("n_embd", "hidden_size"), "n_layer": ("n_layer", "num
                 "n_head": ("n_head", "num_attention_heads")}
 
 
+class ShapeError(ValueError):
+    """The shape of a ``model=gpt2`` network cannot be known (an unknown config name, a hub id
+    offline); :func:`rankexp.config.validate` reports it as a config error."""
+
+
 def transformers_module():
     """``import transformers``, or an ImportError naming the extra (:data:`EXTRA_HINT`)."""
     try:
@@ -90,18 +95,18 @@ def lm_shape(key: str, config: str, pretrained: str | None) -> int:
     ``model=gpt2`` builds — the checkpoint's when ``pretrained`` is given, else the named config's.
 
     Raises:
-        ValueError: an unknown config name, or a hub id whose shape cannot be known offline
+        ShapeError: an unknown config name, or a hub id whose shape cannot be known offline
             (then give ``width=`` and ``depth=`` on the command line).
     """
     if pretrained:
         shape = checkpoint_shape(str(pretrained))
         if shape is None or key not in shape:
-            raise ValueError(f"model.pretrained={pretrained!r}: its shape is not known offline "
+            raise ShapeError(f"model.pretrained={pretrained!r}: its shape is not known offline "
                              "(not a local checkpoint directory, nor a hub id of "
                              f"{', '.join(LM_SHAPES)}); give width= and depth= explicitly")
         return shape[key]
     if config not in LM_SHAPES:
-        raise ValueError(f"model.config={config!r}: allowed {', '.join(LM_SHAPES)}")
+        raise ShapeError(f"model.config={config!r}: allowed {', '.join(LM_SHAPES)}")
     return LM_SHAPES[config][key]
 
 
@@ -316,5 +321,5 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
 
 
 __all__ = ["ARCHITECTURES", "DEFAULT_PROMPT_IDS", "EXTRA_HINT", "LM_SHAPES", "Architecture",
-           "CausalLM", "build_causal_lm", "checkpoint_shape", "default_heads", "lm_shape",
+           "CausalLM", "ShapeError", "build_causal_lm", "checkpoint_shape", "default_heads", "lm_shape",
            "load_pretrained", "random_gpt2", "tokenize", "transformers_module"]
