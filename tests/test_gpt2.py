@@ -18,18 +18,15 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
+from figure_checks import checked
 from hydra import compose, initialize_config_dir
 
-pytest.importorskip("transformers", reason="the gpt2 extra (pip install -e '.[gpt2]')")
-
-from conftest import REPO  # noqa: E402
-from figure_checks import checked  # noqa: E402
-
-from rankexp.__main__ import CONF_DIR  # noqa: E402
-from rankexp.config import ConfigError, validate  # noqa: E402
-from rankexp.models import gpt2  # noqa: E402
-from rankexp.models.gpt2 import DEFAULT_PROMPT_IDS, build_causal_lm  # noqa: E402
-from rankexp.probes.ffn import (  # noqa: E402
+from rankexp.__main__ import CONF_DIR
+from rankexp.config import ConfigError, validate
+from rankexp.models import gpt2
+from rankexp.models.gpt2 import DEFAULT_PROMPT_IDS, build_causal_lm
+from rankexp.probes.ffn import (
     ffn_jacobian_autograd,
     ffn_jacobians,
     ffn_statistics,
