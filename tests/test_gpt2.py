@@ -8,6 +8,8 @@ GPT-2's initialization the cosines are within a few × 1/d of 0 and the Jacobian
 uncorrelated terms (the study: "every assumption holds exactly at initialization"); the
 pretrained path loads what a test saved with ``save_pretrained``, through the CLI's job code,
 MLflow and ``analysis ffn``.  ``transformers`` is imported only by ``model=gpt2``.
+The test set-up installs the ``gpt2`` extra (``make setup``: ``.[test,gpt2]``); without it
+these fail rather than skip.
 """
 
 from __future__ import annotations
