@@ -9,6 +9,7 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .ffn import ffn_command
 from .isorank import collapse_command, isorank_command
 from .meanfield import (
     deep_linear_command,
@@ -42,6 +43,7 @@ COMMANDS = {
     "isorank": (isorank_command, "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes"),
     "stream": (stream_command, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ"),
     "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
+    "ffn": (ffn_command, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l"),
     "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
     # the mean-field lab (science.md §5)
     "mf_phase": (mf_phase_command, "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours"),

@@ -59,6 +59,7 @@ STUDY = (
     "fig6_train",
     "fig7",
     "fig8",
+    "fig12",
     "fig16",
     "tab1",
     "tab6",

@@ -52,7 +52,11 @@ def derived_params(s: RankexpConfig) -> dict[str, float]:
 
 
 def run_name(s: RankexpConfig) -> str:
-    """Short readable run name, e.g. ``post·α1·β1·L48·d256``."""
+    """Short readable run name, e.g. ``post·α1·β1·L48·d256`` (``model=gpt2``: ``gpt2·L12·d768``,
+    ``<checkpoint>·L12·d768`` when pretrained)."""
+    if s.model.name == "gpt2":
+        source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
+        return f"{source}·L{s.depth}·d{s.width}"
     beta = f"{s.beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[s.beta_scaling.value]
     name = f"{s.norm.placement.value}·α{s.alpha:g}·β{beta}·L{s.depth}·d{s.width}"
     if s.task.name == "train":

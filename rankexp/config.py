@@ -20,7 +20,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .probes import DEFAULT_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES
+from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, ShapeError, checkpoint_shape, lm_shape
+from .probes import DEFAULT_PROBES, LM_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES, default_probes
 
 
 class ConfigError(ValueError):
@@ -148,8 +149,57 @@ class PlainModel:
     name: str = "plain"
 
 
+@dataclass
+class Gpt2Model:
+    """``model=gpt2``: a Hugging Face causal LM (:mod:`rankexp.models.gpt2`), its FFN-branch
+    Jacobians along the residual stream of a fixed prompt (Figure 12, probe ``ffn_jacobian``).
+
+    The top-level ``width`` (d) and ``depth`` (L) default to the network's own — the named
+    ``config``'s, or the checkpoint's when ``pretrained`` is given (``conf/model/gpt2.yaml``) —
+    and ``width=``/``depth=`` reduce a random initialization (tests).  The residual-MLP knobs
+    (``expansion``, ``matrices``, ``alpha``, ``beta``, ``activation``, ``norm``) do not apply.
+
+    Attributes:
+        config: the shape of a random initialization (``gpt2`` = GPT-2 Small, ``gpt2-medium``,
+            ``gpt2-large``, ``gpt2-xl``), GPT-2's own initialization, no download.
+        pretrained: a local checkpoint directory or hub id for ``from_pretrained`` (then one
+            network: ``seeds=1``); null = random initialization.
+        n_head: attention heads (null: the config's, or head size 64 at a reduced width).
+        prompt_ids: the fixed prompt as token ids (default: GPT-2 BPE of "The quick brown fox
+            jumps over the lazy dog.").
+        prompt: the prompt as text instead (tokenized by ``tokenizer``, default ``pretrained``).
+        tokenizer: where the tokenizer of a text prompt comes from (local directory or hub id).
+        position: the token whose stream is traced (negative: from the end; default the last).
+    """
+
+    name: str = "gpt2"
+    config: str = "gpt2"
+    pretrained: str | None = None
+    n_head: int | None = None
+    prompt_ids: list[int] = field(default_factory=lambda: list(DEFAULT_PROMPT_IDS))
+    prompt: str | None = None
+    tokenizer: str | None = None
+    position: int = -1
+
+    def __post_init__(self) -> None:
+        if self.config not in LM_SHAPES:
+            raise _bad("model.config", self.config, f"allowed: {', '.join(LM_SHAPES)}")
+        if self.n_head is not None and self.n_head < 1:
+            raise _bad("model.n_head", self.n_head, "must be an integer ≥ 1 (or null)")
+        if self.prompt is None:
+            ids = list(self.prompt_ids)
+            if not ids or min(ids) < 0:
+                raise _bad("model.prompt_ids", ids, "need at least one token id ≥ 0")
+            if not -len(ids) <= self.position < len(ids):
+                raise _bad("model.position", self.position, f"outside the prompt of {len(ids)} tokens")
+        elif not (self.tokenizer or self.pretrained):
+            raise _bad("model.prompt", self.prompt, "a text prompt needs a tokenizer: set "
+                       "model.tokenizer or model.pretrained (a local directory or hub id), or "
+                       "give model.prompt_ids")
+
+
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel}
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "gpt2": Gpt2Model}
 
 
 @dataclass
@@ -317,6 +367,12 @@ class RankexpConfig:
         """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
         probes (plain); a batchnorm also rules out the probes that see one input at a time."""
         probes = list(self.task.probes) if isinstance(self.task, MeasureTask) else []
+        if isinstance(self.model, Gpt2Model):
+            self._check_lm(probes)
+            return
+        lm_only = [p for p in probes if p in LM_PROBES]
+        if lm_only:
+            raise _bad("task.probes", lm_only, "these probe a causal LM: add model=gpt2")
         if isinstance(self.model, PlainModel):
             if self.norm.placement not in (Placement.none, Placement.pre):
                 raise _bad("norm", self.norm.placement.value,
@@ -349,6 +405,27 @@ class RankexpConfig:
                            "(add model=plain norm=pre norm.op=batchnorm)")
 
 
+    def _check_lm(self, probes: list[str]) -> None:
+        """``model=gpt2``: measure only, its own probes, heads dividing d, one pretrained network
+        whose shape (when known offline) is width × depth."""
+        m = self.model
+        if not isinstance(self.task, MeasureTask):
+            raise _bad("task", self.task.name, "model=gpt2 measures (task=measure); it does not train")
+        other = [p for p in probes if p not in LM_PROBES]
+        if other:
+            raise _bad("task.probes", other, f"model=gpt2 runs {', '.join(LM_PROBES)}")
+        if m.pretrained:
+            if self.seeds != 1:
+                raise _bad("seeds", self.seeds, "pretrained weights are one network: use seeds=1")
+            shape = checkpoint_shape(m.pretrained)
+            if shape and (shape.get("n_embd"), shape.get("n_layer")) != (self.width, self.depth):
+                raise _bad("width/depth", (self.width, self.depth),
+                           f"model.pretrained={m.pretrained!r} has d = {shape.get('n_embd')}, "
+                           f"L = {shape.get('n_layer')} (leave width/depth unset)")
+        elif m.n_head is not None and self.width % m.n_head:
+            raise _bad("model.n_head", m.n_head, f"must divide width={self.width}")
+
+
 def sweep_stamp() -> str:
     """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns.
 
@@ -371,6 +448,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
+    if not OmegaConf.has_resolver("rankexp_default_probes"):
+        OmegaConf.register_new_resolver("rankexp_default_probes", default_probes)
+    if not OmegaConf.has_resolver("rankexp_lm_shape"):
+        OmegaConf.register_new_resolver("rankexp_lm_shape", lm_shape)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
@@ -395,6 +476,10 @@ def validate(cfg: DictConfig) -> RankexpConfig:
         cause = e.__cause__ or e.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
+        while cause is not None:  # the rankexp_lm_shape resolver (model=gpt2), wrapped twice
+            if isinstance(cause, ShapeError):
+                raise ConfigError(f"invalid config: {cause}") from None
+            cause = cause.__cause__ or cause.__context__
         raise
     if not isinstance(obj, RankexpConfig):
         raise ConfigError("the composed config does not extend rankexp_schema")

@@ -1,7 +1,8 @@
 """Model families, chosen by the ``model=`` config group (``conf/model/``).
 
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
-mean-field plain networks of the textbook chapter) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
+mean-field plain networks of the textbook chapter; ``gpt2.py``: Hugging Face causal LMs, which
+imports ``transformers`` only when built) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .gpt2 import CausalLM, build_causal_lm
 from .mlp import ResidualMLP
 from .plain import PlainNet
 
@@ -74,10 +76,23 @@ def build_plain(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None
     )
 
 
+def build_gpt2(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+               dtype: torch.dtype | None = None) -> CausalLM:
+    """The :class:`CausalLM` of ``model=gpt2``: random init of shape width × depth (one network
+    per seed) or the ``model.pretrained`` checkpoint; the prompt and position of ``model``."""
+    m = s.model
+    return build_causal_lm(
+        config=m.config, pretrained=m.pretrained, width=s.width, depth=s.depth, heads=m.n_head,
+        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        prompt_ids=m.prompt_ids, prompt=m.prompt, tokenizer=m.tokenizer, position=m.position,
+        dtype=dtype or DTYPES[s.dtype.value], device=device)
+
+
 #: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
 FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
     "plain": build_plain,
+    "gpt2": build_gpt2,
 }
 
 

@@ -13,7 +13,7 @@ add one line below.
 
 from __future__ import annotations
 
-from . import branch, gradients, meanfield, paths, representation, sweep
+from . import branch, ffn, gradients, meanfield, paths, representation, sweep
 from .base import FoldFactory, Probe, ProbeContext, needs_of
 from .jacobian import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA
 
@@ -49,16 +49,28 @@ PROBES: dict[str, Probe] = {
     "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False),
     "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False),
     "shattered": Probe(gradients.probe_shattered, splits_seeds=False),
+    # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
+    "ffn_jacobian": Probe(ffn.probe_ffn_jacobian, memory=ffn.ffn_memory),
 }
 
 #: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
 PLAIN_PROBES = ("correlation", "jacobian_spectrum", "gradient_norms", "shattered")
+#: probes of a causal LM (``model=gpt2``); the only ones that run on it
+LM_PROBES = ("ffn_jacobian",)
 #: probes that differentiate one input per member: a batchnorm has no batch there
 ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
                     "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum")
 
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
+#: ``model.name`` → its default ``task.probes`` where it differs from :data:`DEFAULT_PROBES`
+FAMILY_DEFAULT_PROBES = {"gpt2": LM_PROBES}
 
-__all__ = ["DEFAULT_PROBES", "FOLDS", "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "Probe",
-           "ProbeContext", "needs_of"]
+
+def default_probes(family: str) -> list[str]:
+    """Resolver ``rankexp_default_probes``: the ``task.probes`` of ``conf/task/measure.yaml`` for
+    model family ``family``."""
+    return list(FAMILY_DEFAULT_PROBES.get(str(family), DEFAULT_PROBES))
+
+__all__ = ["DEFAULT_PROBES", "FAMILY_DEFAULT_PROBES", "FOLDS", "LM_PROBES", "ONE_INPUT_PROBES",
+           "PLAIN_PROBES", "PROBES", "Probe", "ProbeContext", "default_probes", "needs_of"]

@@ -1,0 +1,327 @@
+"""Hugging Face causal LMs — GPT-2 and kin — as a model family (``model=gpt2``; Figure 12).
+
+A Transformer block adds two branches to the residual stream; the study's Figure 12 follows the
+feedforward one.  For block l let ``x_l`` be the stream where the FFN branch reads it (after the
+attention branch was added) at a chosen token position of a fixed prompt; the FFN branch is
+``x ↦ mlp(ln₂(x))`` and its Jacobian ``J_l = ∂ mlp(ln₂(x))/∂x`` at ``x_l`` (GPT-2:
+``W_proj diag(gelu′) W_fc J_ln``; :mod:`rankexp.probes.ffn` computes it).
+
+This module builds the networks and traces the stream; it never imports ``transformers`` at
+import time (only ``model=gpt2`` pays for it, and a missing extra gives :data:`EXTRA_HINT`).
+
+* **Random initialization** from a named config's shape (:data:`LM_SHAPES`: ``gpt2`` = GPT-2
+  Small d = 768, L = 12; ``gpt2-medium`` d = 1024, L = 24; …), no download: GPT-2's own
+  initialization (``N(0, 0.02²)``, residual projections ``/√(2L)``, LayerNorm gain 1), drawn
+  from the member's seed; width / depth / heads can be reduced for tests.
+* **Pretrained weights** from ``from_pretrained(<local dir or hub id>)``; any architecture of
+  :data:`ARCHITECTURES` (GPT-2, and the Llama family's ``post_attention_layernorm`` + gated MLP).
+
+Members: like :class:`~rankexp.models.mlp.ResidualMLP` an instance holds E members (one
+network per seed); pretrained weights are one network (E = 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..seeding import STREAM_WEIGHTS, seeded_generator
+
+log = logging.getLogger(__name__)
+
+EXTRA_HINT = ("model=gpt2 needs the optional extra `transformers`: "
+              "pip install -e '.[gpt2]' (make setup installs it)")
+
+#: named configs a random initialization can take its shape from (no download): d, L, heads
+LM_SHAPES: dict[str, dict[str, int]] = {
+    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12},
+    "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16},
+    "gpt2-large": {"n_embd": 1280, "n_layer": 36, "n_head": 20},
+    "gpt2-xl": {"n_embd": 1600, "n_layer": 48, "n_head": 25},
+}
+#: the same shapes under the hub's organisation-qualified ids
+HUB_IDS = {f"openai-community/{k}": k for k in LM_SHAPES}
+#: GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (the default fixed prompt)
+DEFAULT_PROMPT_IDS = (464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13)
+#: config.json keys of d, L and heads across architectures (GPT-2's names, then Llama's)
+_CONFIG_KEYS = {"n_embd": ("n_embd", "hidden_size"), "n_layer": ("n_layer", "num_hidden_layers"),
+                "n_head": ("n_head", "num_attention_heads")}
+
+
+class ShapeError(ValueError):
+    """The shape of a ``model=gpt2`` network cannot be known (an unknown config name, a hub id
+    offline); :func:`rankexp.config.validate` reports it as a config error."""
+
+
+def transformers_module():
+    """``import transformers``, or an ImportError naming the extra (:data:`EXTRA_HINT`)."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError(EXTRA_HINT) from e
+    return transformers
+
+
+# --------------------------------------------------------------------------- shapes
+def checkpoint_config(pretrained: str) -> dict | None:
+    """The ``config.json`` of a local checkpoint directory, or None when ``pretrained`` is not one."""
+    path = Path(pretrained).expanduser() / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def checkpoint_shape(pretrained: str) -> dict[str, int] | None:
+    """``{"n_embd", "n_layer", "n_head"}`` of a pretrained model known offline: a local directory's
+    ``config.json``, or a hub id of :data:`LM_SHAPES`; None otherwise."""
+    cfg = checkpoint_config(pretrained)
+    if cfg is None:
+        name = HUB_IDS.get(pretrained, pretrained)
+        return dict(LM_SHAPES[name]) if name in LM_SHAPES else None
+    out = {}
+    for key, names in _CONFIG_KEYS.items():
+        found = [cfg[n] for n in names if n in cfg]
+        if found:
+            out[key] = int(found[0])
+    return out
+
+
+def lm_shape(key: str, config: str, pretrained: str | None) -> int:
+    """Resolver ``rankexp_lm_shape``: d (``n_embd``) or L (``n_layer``) of the network
+    ``model=gpt2`` builds — the checkpoint's when ``pretrained`` is given, else the named config's.
+
+    Raises:
+        ShapeError: an unknown config name, or a hub id whose shape cannot be known offline
+            (then give ``width=`` and ``depth=`` on the command line).
+    """
+    if pretrained:
+        shape = checkpoint_shape(str(pretrained))
+        if shape is None or key not in shape:
+            raise ShapeError(f"model.pretrained={pretrained!r}: its shape is not known offline "
+                             "(not a local checkpoint directory, nor a hub id of "
+                             f"{', '.join(LM_SHAPES)}); give width= and depth= explicitly")
+        return shape[key]
+    if config not in LM_SHAPES:
+        raise ShapeError(f"model.config={config!r}: allowed {', '.join(LM_SHAPES)}")
+    return LM_SHAPES[config][key]
+
+
+def default_heads(width: int, config: str) -> int:
+    """Heads of a random-init network of width d: the named config's when d is its width, else
+    as many as keep its head size (64) — the largest divisor of d not above ``d/64`` (≥ 1)."""
+    shape = LM_SHAPES.get(config, LM_SHAPES["gpt2"])
+    if width == shape["n_embd"]:
+        return shape["n_head"]
+    head = shape["n_embd"] // shape["n_head"]
+    n = max(1, width // head)
+    while width % n:
+        n -= 1
+    return n
+
+
+# --------------------------------------------------------------------------- architectures
+@dataclass(frozen=True)
+class Architecture:
+    """Where a causal LM keeps its blocks, the norm in front of the FFN branch, and the FFN.
+
+    Attributes:
+        blocks: ``model → list of blocks`` (in order, block 1 first).
+        ffn_norm, ffn: attribute names, on a block, of ln₂ and the FFN module.
+    """
+
+    blocks: Callable[[nn.Module], Sequence[nn.Module]]
+    ffn_norm: str
+    ffn: str
+
+
+_LLAMA = Architecture(lambda m: m.model.layers, "post_attention_layernorm", "mlp")
+#: ``config.model_type`` → where its FFN branch is (GPT-2 has a closed form in probes.ffn)
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": Architecture(lambda m: m.transformer.h, "ln_2", "mlp"),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+}
+
+
+# --------------------------------------------------------------------------- building
+def random_gpt2(width: int, depth: int, heads: int, seed: int, *, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> nn.Module:
+    """A randomly initialized ``GPT2LMHeadModel`` of width d, depth L and ``heads`` heads.
+
+    GPT-2's own initialization (``GPT2PreTrainedModel._init_weights``), drawn in float32 (as
+    Hugging Face does; 3.7× faster than float64 draws, and ``dtype=float32`` and ``float64``
+    then measure the same network) from the torch RNG seeded from
+    ``seeded_generator(seed, STREAM_WEIGHTS)`` inside a forked RNG (the caller's random state is
+    untouched), then cast to ``dtype``; dropout off; eval mode.
+    """
+    tf = transformers_module()
+    cfg = tf.GPT2Config(n_embd=width, n_layer=depth, n_head=heads, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seeded_generator(seed, STREAM_WEIGHTS).initial_seed())
+        model = tf.GPT2LMHeadModel(cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_pretrained(pretrained: str, *, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(pretrained)`` (a local directory or a hub id), in
+    ``dtype`` on ``device``, eval mode.
+
+    Raises:
+        ValueError: an architecture without an entry in :data:`ARCHITECTURES`.
+        OSError: what ``from_pretrained`` raises for a path or id it cannot load.
+    """
+    tf = transformers_module()
+    model = tf.AutoModelForCausalLM.from_pretrained(pretrained)
+    kind = model.config.model_type
+    if kind not in ARCHITECTURES:
+        raise ValueError(f"model.pretrained={pretrained!r} is a {kind!r} model; model=gpt2 knows "
+                         f"where the FFN branch is in {', '.join(ARCHITECTURES)}")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def tokenize(text: str, source: str) -> list[int]:
+    """Token ids of ``text`` by the tokenizer of ``source`` (local directory or hub id)."""
+    tok = transformers_module().AutoTokenizer.from_pretrained(source)
+    return [int(i) for i in tok(text)["input_ids"]]
+
+
+class CausalLM(nn.Module):
+    """E members (seeds) of one causal-LM architecture with a fixed prompt and token position.
+
+    Args:
+        members: Hugging Face causal LMs of one architecture and shape (eval mode).
+        seeds: one seed per member (pretrained: one member).
+        prompt_ids: the prompt's token ids.
+        position: the token position whose stream is traced (negative counts from the end).
+
+    Attributes:
+        width, depth: d and L.  ``arch``: its :class:`Architecture`; ``model_type`` its name.
+
+    Raises:
+        ValueError: members of different shapes, an empty prompt, a token id outside the
+            vocabulary, or a position outside the prompt.
+    """
+
+    def __init__(self, members: Sequence[nn.Module], seeds: Sequence[int], prompt_ids: Sequence[int],
+                 position: int = -1):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.seeds = [int(s) for s in seeds]
+        cfg = members[0].config
+        self.model_type = cfg.model_type
+        self.arch = ARCHITECTURES[self.model_type]
+        self.width = int(cfg.hidden_size)
+        self.depth = len(self.arch.blocks(members[0]))
+        if any(m.config.hidden_size != self.width or len(self.arch.blocks(m)) != self.depth
+               for m in members):
+            raise ValueError("the members of a CausalLM must share one shape")
+        ids = [int(i) for i in prompt_ids]
+        if not ids or min(ids) < 0 or max(ids) >= cfg.vocab_size:
+            raise ValueError(f"model.prompt_ids={ids}: need ≥ 1 token ids in [0, {cfg.vocab_size})")
+        if not -len(ids) <= position < len(ids):
+            raise ValueError(f"model.position={position} is outside the prompt of {len(ids)} tokens")
+        self.register_buffer("prompt_ids", torch.tensor([ids], dtype=torch.long), persistent=False)
+        self.position = position
+
+    def blocks(self, member: int) -> Sequence[nn.Module]:
+        return self.arch.blocks(self.members[member])
+
+    def ffn_parts(self, member: int, layer: int) -> tuple[nn.Module, nn.Module]:
+        """(ln₂, mlp) of block ``layer`` (1-based) of member ``member``."""
+        block = self.blocks(member)[layer - 1]
+        return getattr(block, self.arch.ffn_norm), getattr(block, self.arch.ffn)
+
+    def ffn_branch(self, member: int, layer: int) -> Callable[[Tensor], Tensor]:
+        """The FFN branch ``x ↦ mlp(ln₂(x))`` of block ``layer``, ``(…, d) → (…, d)``."""
+        norm, mlp = self.ffn_parts(member, layer)
+        return lambda x: mlp(norm(x))
+
+    @torch.no_grad()
+    def trace(self, member: int) -> tuple[Tensor, Tensor]:
+        """One forward pass of the prompt; the stream at the chosen position.
+
+        Returns:
+            ``stream`` ``(L + 1, d)``: ``h_0`` (the embeddings entering block 1) and ``h_l``,
+            the output of block l; ``ffn_in`` ``(L, d)``: ``x_l``, the stream entering block l's
+            FFN branch (``h_{l−1}`` plus its attention branch).
+        """
+        model, pos = self.members[member], self.position
+        blocks = self.blocks(member)
+        stream: list[Tensor | None] = [None] * (self.depth + 1)
+        ffn_in: list[Tensor | None] = [None] * self.depth
+
+        def first_input(_mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            stream[0] = h[0, pos].detach().clone()
+
+        def output(l):
+            def hook(_mod, _args, out):
+                h = out[0] if isinstance(out, tuple) else out
+                stream[l] = h[0, pos].detach().clone()
+            return hook
+
+        def norm_input(l):
+            def hook(_mod, args):
+                ffn_in[l - 1] = args[0][0, pos].detach().clone()
+            return hook
+
+        handles = [blocks[0].register_forward_pre_hook(first_input, with_kwargs=True)]
+        for l, block in enumerate(blocks, 1):
+            handles.append(block.register_forward_hook(output(l)))
+            handles.append(getattr(block, self.arch.ffn_norm).register_forward_pre_hook(norm_input(l)))
+        try:
+            model(input_ids=self.prompt_ids, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        if any(t is None for t in stream + ffn_in):
+            raise RuntimeError(f"{self.model_type}: a block or its FFN norm was not called")
+        return torch.stack(stream), torch.stack(ffn_in)
+
+
+def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: int,
+                    heads: int | None, seeds: Sequence[int], prompt_ids: Sequence[int],
+                    prompt: str | None, tokenizer: str | None, position: int,
+                    dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """The :class:`CausalLM` of a ``model=gpt2`` config (see :class:`rankexp.config.Gpt2Model`).
+
+    Random init: one ``GPT2LMHeadModel`` per seed of shape (width, depth, heads or
+    :func:`default_heads`).  Pretrained: ``from_pretrained`` once (its shape must be width ×
+    depth).  A text ``prompt`` is tokenized by ``tokenizer`` (default: ``pretrained``).
+
+    Raises:
+        ValueError: the checkpoint's shape differs from width/depth; a text prompt with no
+            tokenizer; what :class:`CausalLM` raises.
+    """
+    if prompt is not None:
+        source = tokenizer or pretrained
+        if not source:
+            raise ValueError("model.prompt (text) needs a tokenizer: set model.tokenizer or "
+                             "model.pretrained (a local directory or hub id)")
+        prompt_ids = tokenize(prompt, source)
+    if pretrained:
+        members = [load_pretrained(pretrained, dtype=dtype, device=device)]
+        cfg = members[0].config
+        got = (cfg.hidden_size, len(ARCHITECTURES[cfg.model_type].blocks(members[0])))
+        if got != (width, depth):
+            raise ValueError(f"model.pretrained={pretrained!r} has width × depth {got[0]} × {got[1]}, "
+                             f"the config says {width} × {depth}")
+        seeds = list(seeds)[:1]
+    else:
+        h = heads or default_heads(width, config)
+        members = [random_gpt2(width, depth, h, s, dtype=dtype, device=device) for s in seeds]
+    log.info("%s: d=%d, L=%d, %d member(s), prompt of %d tokens, position %d",
+             pretrained or f"random {config}", width, depth, len(members), len(prompt_ids), position)
+    return CausalLM(members, seeds, prompt_ids, position).to(device)
+
+
+__all__ = ["ARCHITECTURES", "DEFAULT_PROMPT_IDS", "EXTRA_HINT", "LM_SHAPES", "Architecture",
+           "CausalLM", "ShapeError", "build_causal_lm", "checkpoint_shape", "default_heads", "lm_shape",
+           "load_pretrained", "random_gpt2", "tokenize", "transformers_module"]
