@@ -85,6 +85,20 @@ def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
+def figure4_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all runs if none are) at
+    the main sweep's depth, the one most runs have — the Figure 4b also-sweep adds preset runs
+    (R = none) at other depths, which are drawn apart (:func:`control_table`)."""
+    out = preset_runs(df)
+    if out.empty:
+        out = df
+    if "depth" in out and out["depth"].nunique() > 1:
+        main = out["depth"].value_counts().idxmax()
+        log.info("placements: bars at L = %s (the Figure 4b runs at other depths are drawn apart)", main)
+        out = out[out["depth"] == main]
+    return out
+
+
 def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
     """Figure 4b: mean, std and count of ``metric`` per (R, depth) over the runs with the
     Pre-RMSNorm control (P = rmsnorm, B = identity); empty unless R takes several values."""
@@ -213,15 +227,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 def _main(args: argparse.Namespace) -> list[Path]:
     everything = load(args, [args.metric, "alpha", PLACEMENT, OP])
-    df = preset_runs(everything)
-    if df.empty:
-        df = everything
-    if "depth" in df and df["depth"].nunique() > 1:
-        # the Figure 4b sweep adds preset runs (R = none) at other depths: the bars are at the
-        # main sweep's depth, the one most runs have
-        main = df["depth"].value_counts().idxmax()
-        log.info("placements: bars at L = %s (the Figure 4b runs at other depths are drawn apart)", main)
-        df = df[df["depth"] == main]
+    df = figure4_runs(everything)
     warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
     table = placement_table(df, args.metric, args.every)
     fig = draw_placements(table, args.metric, detached_gap(table))

@@ -31,6 +31,7 @@ from .claims import (
 )
 from .common import PLACEMENT
 from .isorank import collapse_spread, isorank_table
+from .placements import figure4_runs
 
 
 # --------------------------------------------------------------------------- fig1
@@ -133,7 +134,7 @@ def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.Da
 
 
 def _fig4_post_like_none(runs: Runs) -> Measured:
-    df = runs("fig4")
+    df = _fig4_runs(runs)
     post, none = _fig4_cell(df, "post", "rmsnorm", 1.0), only(df, norm_placement="none", alpha=1.0)
     both = pd.concat([post.assign(_g="post"), none.assign(_g="none")], ignore_index=True)
 
@@ -144,8 +145,13 @@ def _fig4_post_like_none(runs: Runs) -> Measured:
                     "erank/d Post-RMSNorm ÷ no norm, α = 1")
 
 
+def _fig4_runs(runs: Runs) -> pd.DataFrame:
+    """Figure 4's bars (the Figure 4b also-sweep's runs at other depths and R left out)."""
+    return figure4_runs(runs("fig4"))
+
+
 def _fig4_floor(runs: Runs) -> Measured:
-    df = runs("fig4")
+    df = _fig4_runs(runs)
     keep = df[df[PLACEMENT].isin(["pre", "output"]) & (df["norm.op"] == "rmsnorm")]
     if keep.empty:
         raise NotRun("no pre/output RMSNorm runs")
@@ -156,7 +162,7 @@ def _fig4_floor(runs: Runs) -> Measured:
 
 
 def _fig4_detached(runs: Runs) -> Measured:
-    df = only(runs("fig4"), norm_placement="post")
+    df = only(_fig4_runs(runs), norm_placement="post")
     det, rms = only(df, norm_op="detached"), only(df, norm_op="rmsnorm")
     worst, spread = -1.0, math.nan
     for a in sorted(set(det["alpha"]) & set(rms["alpha"])):
@@ -174,7 +180,7 @@ def _fig4_detached(runs: Runs) -> Measured:
 
 
 def _fig4_projection(runs: Runs) -> Measured:
-    df = only(runs("fig4"), norm_placement="post", norm_op="rmsnorm")
+    df = only(_fig4_runs(runs), norm_placement="post", norm_op="rmsnorm")
     need(df, "rank_removed_by_projection")
     i = df["rank_removed_by_projection"].abs().idxmax()
     return Measured(float(abs(df.loc[i, "rank_removed_by_projection"])),

@@ -211,3 +211,23 @@ def test_fig4_sweeps_and_the_control_panel(tmp_path):
     assert set(bars["config"]) == {"pre/rmsnorm", "output/rmsnorm", "post/rmsnorm", "none"}
     assert (bars["count"] == 1).all()  # one run per cell: the control sweep is not averaged in
     assert np.isfinite(control["mean"]).all()
+
+
+def test_figure4_bars_leave_out_the_figure_4b_runs():
+    """Figure 4's bars (and its claims) read the preset runs at the main depth only: a Pre-RMSNorm
+    run with R = rmsnorm, or one at another depth, must not count as a 'pre' bar."""
+    from analysis.placements import figure4_runs
+
+    rows = [  # placement, op, pre, out, post, depth, erank_io
+        ("pre", "rmsnorm", "rmsnorm", "none", "none", 96, 0.30),
+        ("pre", "rmsnorm", "rmsnorm", "none", "none", 96, 0.31),
+        ("post", "rmsnorm", "none", "none", "rmsnorm", 96, 0.05),
+        ("pre", "rmsnorm", "rmsnorm", "none", "rmsnorm", 96, 0.01),  # Figure 4b: R = rmsnorm
+        ("pre", "rmsnorm", "rmsnorm", "none", "none", 384, 0.02),    # Figure 4b: another depth
+    ]
+    df = pd.DataFrame(rows, columns=["norm.placement", "norm.op", "norm.pre", "norm.out",
+                                     "norm.post", "depth", "erank_io"])
+    bars = figure4_runs(df)
+    assert sorted(bars["erank_io"]) == [0.05, 0.30, 0.31]
+    pre = bars[bars["norm.placement"] == "pre"]
+    assert pre["erank_io"].min() == 0.30
