@@ -1,7 +1,8 @@
 """Model families, chosen by the ``model=`` config group (``conf/model/``).
 
-Each family is one module (``mlp.py`` today: the residual MLP of the study) and one builder
-here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
+Each family is one module (``mlp.py``: the residual MLP of the study; ``convnet.py``: He et
+al.'s CIFAR ResNets and plain nets) and one builder here; :data:`FAMILIES` maps the group's
+``model.name`` to it.  Models never import probes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .convnet import CifarResNet
 from .mlp import ResidualMLP
 
 if TYPE_CHECKING:
@@ -46,9 +48,24 @@ def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
     )
 
 
+def build_cifar_resnet(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+                       dtype: torch.dtype | None = None) -> CifarResNet:
+    """The :class:`CifarResNet` a validated config describes: top-level ``depth`` (6n+2),
+    ``model.residual``, ``model.base_width``; members as for :func:`build_mlp`."""
+    return CifarResNet(
+        s.depth,
+        residual=s.model.residual,
+        base_width=s.model.base_width,
+        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        dtype=dtype or DTYPES[s.dtype.value],
+        device=device,
+    )
+
+
 #: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
 FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
+    "cifar_resnet": build_cifar_resnet,
 }
 
 

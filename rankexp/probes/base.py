@@ -23,6 +23,21 @@ from ..seeding import gaussian_input
 from .jacobian import ForwardSweep, forward_sweep
 
 
+def probe_options(options: dict, name: str, defaults: dict) -> dict:
+    """``options[name]`` (the ``task.options.<name>`` mapping) merged over ``defaults``.
+
+    Raises:
+        ValueError: a key the probe does not know (lists the allowed ones).
+    """
+    given = dict(options.get(name) or {})
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **given}
+
+
 class ProbeContext:
     """The network under test plus lazily computed shared intermediates.
 
@@ -45,18 +60,8 @@ class ProbeContext:
         return self.model.width
 
     def probe_options(self, name: str, defaults: dict) -> dict:
-        """``task.options.<name>`` merged over ``defaults``.
-
-        Raises:
-            ValueError: a key the probe does not know (lists the allowed ones).
-        """
-        given = dict(self.options.get(name) or {})
-        unknown = set(given) - set(defaults)
-        if unknown:
-            raise ValueError(
-                f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-            )
-        return {**defaults, **given}
+        """``task.options.<name>`` merged over ``defaults`` (:func:`probe_options`)."""
+        return probe_options(self.options, name, defaults)
 
     def probe_inputs(self, n: int) -> Tensor:
         """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT``).
@@ -73,7 +78,5 @@ class ProbeContext:
     def layers(self) -> np.ndarray:
         return np.arange(1, self.model.depth + 1)
 
-
-Probe = Callable[[ProbeContext], Measurement]
 
 Probe = Callable[[ProbeContext], Measurement]
