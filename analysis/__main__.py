@@ -9,6 +9,13 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .degradation import (
+    error_curves_command,
+    error_table_command,
+    init_gradients_command,
+    lesion_command,
+    responses_command,
+)
 from .isorank import collapse_command, isorank_command
 from .paths_spike import paths_command, spike_command
 from .placements import placements_command
@@ -33,6 +40,11 @@ COMMANDS = {
     "stream": (stream_command, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ"),
     "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
     "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
+    "init-gradients": (init_gradients_command, "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table"),
+    "responses": (responses_command, "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted"),
+    "error-curves": (error_curves_command, "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet"),
+    "error-table": (error_table_command, "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column"),
+    "lesion": (lesion_command, "degradation: test error with each block replaced by its shortcut, downsampling blocks marked"),
 }
 
 

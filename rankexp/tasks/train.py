@@ -1,7 +1,10 @@
-"""The CIFAR-10 training engine of the `train` task (science.md §1 and fig6): pure PyTorch.
+"""The CIFAR-10 training engine of the `train` task (science.md §1 and fig6, §5's degradation
+replication): pure PyTorch.
 
 The network is the measured :class:`~rankexp.models.mlp.ResidualMLP` stack between an
-input projection (3072 → d) and a linear head (d → 10). A learning-rate sweep is
+input projection (3072 → d) and a linear head (d → 10), or a CIFAR ConvNet
+(:class:`~rankexp.models.convnet.CifarResNet`, trained with He et al.'s recipe through the
+:class:`~rankexp.tasks.optim.Recipe` seams, :mod:`rankexp.tasks.recipes`). A learning-rate sweep is
 one batched model: member ``e`` of the ensemble axis E is the *same* initial
 network (every member has the same seed) trained at ``lrs[e]``, so a sweep step is
 one forward and one backward, however many rates it holds. Per-member rates are the
