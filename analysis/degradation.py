@@ -58,6 +58,7 @@ log = logging.getLogger("analysis")
 EXPERIMENT = "degradation"
 RESIDUAL, DEPTH = "model.residual", "depth"
 FAMILY_NAMES = {False: "plain", True: "ResNet"}
+PANEL_TITLES = {False: "plain networks", True: "ResNets"}
 #: He et al.'s figure y-limit (%)
 PAPER_YLIM = 20.0
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
@@ -339,6 +340,27 @@ def response_ratio(responses: pd.DataFrame) -> float:
     return float((both["ResNet"] / both["plain"]).mean())
 
 
+def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The tables :data:`CLAIMS` read, built from the degradation runs ``df`` (as loaded by
+    :func:`analysis.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
+    ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
+    df = networks(df)
+    tables: dict[str, pd.DataFrame] = {}
+    with_ratio = df[df["grad_ratio"].notna()] if "grad_ratio" in df else df.iloc[:0]
+    if not with_ratio.empty:
+        tables["ratio"] = gradient_ratio_table(with_task(with_ratio, "any", ("measure", "train"))[0])
+    try:
+        train, _ = with_task(df, "train", ("train",))
+    except KeyError:
+        return tables
+    tables["errors"] = final_error_table(train)
+    if "lesion_intact_error" in train:
+        tables["lesion"] = lesion_table(uri, train[train["lesion_intact_error"].notna()])
+    if "response_std_mean" in train:
+        tables["responses"] = response_table(train)
+    return tables
+
+
 CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
               "at initialization grows geometrically with depth", "science.md §5 (BN paradox)",
@@ -395,10 +417,10 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     for ax, res in zip(axes, (False, True), strict=True):
         for (r, depth), (layers, norms) in curves.items():
             if r == res:
-                ax.plot(layers / layers.max(), norms, color=colors[depth], marker=".",
+                ax.plot(layers / layers.max(), norms, color=colors[depth], marker=".", ms=2.5,
                         label=f"$L = {depth}$")
         ax.set_yscale("log")
-        ax.set_title(f"{FAMILY_NAMES[res]} networks at initialization")
+        ax.set_title(f"{PANEL_TITLES[res]} at initialization")
         ax.set_xlabel(SYMBOLS["relative_depth"])
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
@@ -505,7 +527,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax.set_ylim(0, top)
         if top > PAPER_YLIM:
             ax.axhline(PAPER_YLIM, color="0.6", lw=0.6, ls=":")
-        ax.set_title(f"{FAMILY_NAMES[res]} networks")
+        ax.set_title(PANEL_TITLES[res])
         ax.set_xlabel(SYMBOLS["epoch"])
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["error"])
@@ -568,7 +590,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
         for x in (1 / 3, 2 / 3):
             ax.axvline(x, color="0.5", ls=":", lw=0.7)
         ax.set_xlim(0, 1)
-        ax.set_title(f"{FAMILY_NAMES[res]} networks")
+        ax.set_title(PANEL_TITLES[res])
         ax.set_xlabel(SYMBOLS["block_position"])
         _legend(ax)
     axes[0].set_ylabel("test error, one block lesioned (%)")

@@ -85,9 +85,8 @@ class MemberConv(nn.Module):
 
 class MemberBatchNorm(nn.Module):
     """Batch norm over ``(B, E·C, H, W)``: per member and channel, scale/shift ``(E, C)``,
-    running statistics ``(E, C)`` (updated with ``momentum`` in training mode, used in eval
-    mode). ``momentum=None`` on the module makes the next training-mode calls accumulate a
-    cumulative average (``1/k`` at the k-th call after :meth:`reset_running_stats`)."""
+    running statistics ``(E, C)`` (updated with ``momentum`` in training mode — torch's
+    BatchNorm2d convention, unbiased variance — and used in eval mode)."""
 
     def __init__(self, members: int, channels: int, *, eps: float = 1e-5, momentum: float = 0.1,
                  dtype=torch.float32, device="cpu"):
@@ -98,22 +97,16 @@ class MemberBatchNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(members, channels, **kw))
         self.register_buffer("running_mean", torch.zeros(members, channels, **kw))
         self.register_buffer("running_var", torch.ones(members, channels, **kw))
-        self._calls = 0  # training-mode calls since reset (for momentum=None)
 
     def reset_running_stats(self) -> None:
         self.running_mean.zero_()
         self.running_var.fill_(1.0)
-        self._calls = 0
 
     def forward(self, x: Tensor) -> Tensor:
-        momentum = self.momentum
-        if self.training and momentum is None:
-            self._calls += 1
-            momentum = 1.0 / self._calls
         # views of the buffers: the in-place running update lands in them
         return F.batch_norm(x, self.running_mean.view(-1), self.running_var.view(-1),
                             self.weight.view(-1), self.bias.view(-1), self.training,
-                            0.0 if momentum is None else momentum, self.eps)
+                            self.momentum, self.eps)
 
 
 def shortcut_option_a(x: Tensor, members: int, c_out: int, stride: int) -> Tensor:
