@@ -54,6 +54,7 @@ from .common import (
 from .plotting import save
 
 log = logging.getLogger("analysis")
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
 
 EXPERIMENT = "degradation"
 RESIDUAL, DEPTH = "model.residual", "depth"
@@ -518,8 +519,9 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     resnet_finals = [f for r, f in finals if r]
     top = args.ylim
     if top is None:
+        highest = max(r["error"] for r in rows)
         top = PAPER_YLIM if resnet_finals and max(resnet_finals) < PAPER_YLIM else min(
-            100.0, 5 * math.ceil(max(f for _, f in finals) / 5 + 1))
+            100.0, 5 * math.ceil(highest / 5 + 0.2))
         if top != PAPER_YLIM:
             log.info("error-curves: the ResNets end above the paper's %g %% (short runs?); "
                      "y-axis up to %g %% (--ylim to set it)", PAPER_YLIM, top)

@@ -129,3 +129,25 @@ def test_he_recipe_trains_a_convnet_through_the_loop():
     assert ra.train_error.shape == (6, 1) and ((ra.train_error >= 0) & (ra.train_error <= 1)).all()
     for name, w in a.state_dict().items():
         assert torch.equal(b.state_dict()[name], w), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_he_recipe_with_augmentation_is_captured_by_cuda_graphs():
+    """The ConvNet step (augmentation indexed by the device step, SGD, BN statistics) replayed
+    as one CUDA graph trains like the eager step."""
+    cpu = images(256)
+    data = DeviceDataset(*(t.cuda() for t in (cpu.x_train.float(), cpu.y_train, cpu.x_test.float(),
+                                              cpu.y_test)), cpu.mean, cpu.std)
+
+    def run(graphs: bool):
+        r = recipe(task(**HE), depth=8, steps=10, batch_size=32, seed=3, fill=None,
+                   device=torch.device("cuda"))
+        model = CifarResNet(8, base_width=4, seeds=[2], device="cuda")
+        res = train(model, data, [0.1], steps=10, batch_size=32, eval_every=5, progress=False,
+                    recipe=r, cuda_graphs=graphs)
+        return model, res
+
+    (a, ra), (b, rb) = run(False), run(True)
+    np.testing.assert_allclose(rb.loss, ra.loss, rtol=1e-3)
+    for name, w in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[name], w, rtol=1e-3, atol=1e-4, msg=name)
