@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .probes import DEFAULT_PROBES, FAMILY_PROBES, TRAINED_PROBES
+from .probes import CIFAR_PROBES, DEFAULT_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES, TRAINED_PROBES
 
 
 class ConfigError(ValueError):
@@ -44,6 +44,14 @@ class NormOp(Enum):
     layernorm = "layernorm"
     detached = "detached"
     meansub = "meansub"
+    batchnorm = "batchnorm"  # over the batch of probe inputs; model=plain only
+
+
+class Init(Enum):
+    """Weight initialization of ``model=plain``: i.i.d. Gaussian or scaled orthogonal."""
+
+    gaussian = "gaussian"
+    orthogonal = "orthogonal"
 
 
 class Activation(Enum):
@@ -91,12 +99,47 @@ class Size(Enum):
     full = "full"
 
 
+class NormSlot(Enum):
+    """What one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)."""
+
+    none = "none"
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+
+
+def _preset_slot(slot: str, placement: Any, op: Any) -> str:
+    """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
+    from .models.norms import PRESET_SLOTS
+
+    placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
+    return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
+
+
+def _preset(slot: str) -> str:
+    return f"${{rankexp_norm_slot:{slot},${{.placement}},${{.op}}}}"
+
+
 @dataclass
 class NormConfig:
-    """Normalization: where (``placement``, Eq. 6/7/17) and what (``op``, Table 2)."""
+    """Normalization of the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17).
+
+    ``pre``, ``out``, ``post`` are P, B, R: each an op of Table 2 or ``none``.  By default they
+    follow the ``placement`` preset (``norm=pre|post|output|peri|none``, Eq. 6/7), which puts
+    ``op`` in its slots — so ``norm=post norm.op=layernorm`` works as before — and any slot can
+    be set on its own: ``norm=pre norm.post=detached`` is Figure 4b's Pre-RMSNorm + detached R.
+    """
 
     placement: Placement = Placement.pre
     op: NormOp = NormOp.rmsnorm
+    pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
+    out: NormSlot = _preset("out")  # type: ignore[assignment]
+    post: NormSlot = _preset("post")  # type: ignore[assignment]
+
+    def preset_slot(self, slot: str) -> str:
+        """What the preset alone puts in ``slot`` (``pre``/``out``/``post``)."""
+        return _preset_slot(slot, self.placement, self.op)
 
 
 @dataclass
@@ -105,6 +148,18 @@ class MlpModel:
     :class:`rankexp.models.mlp.ResidualMLP`), shaped by the top-level knobs."""
 
     name: str = "mlp"
+
+
+@dataclass
+class PlainModel:
+    """``model=plain``: the mean-field plain network of the textbook chapter (science.md §5,
+    :class:`rankexp.models.plain.PlainNet`), ``h_l = W_l φ(N(h_{l−1})) + b_l`` (plus the skip
+    ``h_{l−1}`` and branch gain β when ``skip_every=1``), shaped by the top-level knobs
+    ``depth``, ``width``, ``alpha`` (σ_w), ``bias`` (σ_b), ``init``, ``activation``,
+    ``skip_every``, ``beta`` and ``norm`` (``none``, or ``pre`` with any op incl. ``batchnorm``).
+    ``expansion`` and ``matrices`` do not apply (one n×n matrix per layer)."""
+
+    name: str = "plain"
 
 
 @dataclass
@@ -129,7 +184,7 @@ class CifarResNetModel:
 
 
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "cifar_resnet": CifarResNetModel}
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "cifar_resnet": CifarResNetModel}
 
 
 @dataclass
@@ -139,6 +194,8 @@ class MeasureTask:
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     options: dict[str, Any] = field(default_factory=dict)
+    #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
+    max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         from .probes import PROBES
@@ -148,6 +205,8 @@ class MeasureTask:
         for p in self.probes:
             if p not in PROBES:
                 raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
+            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
 
 
 @dataclass
@@ -306,6 +365,8 @@ class RankexpConfig:
     beta_scaling: BetaScaling = BetaScaling.const
     activation: Activation = Activation.relu
     skip_every: int = 1
+    bias: float = 0.0
+    init: Init = Init.gaussian
     seeds: int = 4
     seed: int = 0
     device: str = "auto"
@@ -348,36 +409,64 @@ class RankexpConfig:
             raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
         if not isinstance(self.task, (MeasureTask, TrainTask)):
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
-        self._check_family_probes()
+        if not (math.isfinite(self.bias) and self.bias >= 0):
+            raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
+        self._check_family()
+
+    def _check_family(self) -> None:
+        """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
+        probes (plain), the ConvNet probes (cifar_resnet); a batchnorm also rules out the probes
+        that see one input at a time."""
+        probes = list(self.task.probes)
+        self._check_probe_task(probes)
+        if isinstance(self.model, PlainModel):
+            if self.norm.placement not in (Placement.none, Placement.pre):
+                raise _bad("norm", self.norm.placement.value,
+                           "model=plain supports norm=none or norm=pre (N before φ)")
+            if self.activation is Activation.swiglu:
+                raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
+                           "the gated unit needs model=mlp matrices=2")
+            single = [p for p in probes if p in ONE_INPUT_PROBES]
+            if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
+                raise _bad("task.probes", single, "these differentiate one input per seed and a "
+                           "batchnorm needs a batch; use correlation, gradient_norms, shattered")
         if isinstance(self.model, CifarResNetModel):
-            self._check_cifar_resnet()
+            self._check_cifar_resnet(probes)
+        else:
+            convnet_only = [p for p in probes if p in CIFAR_PROBES]
+            if convnet_only:
+                raise _bad("task.probes", convnet_only, "the ConvNet probes need model=cifar_resnet")
+        if isinstance(self.model, PlainModel):
+            return
+        plain_only = [p for p in probes if p in PLAIN_PROBES]
+        if plain_only:
+            raise _bad("task.probes", plain_only, "the mean-field probes need model=plain")
+        if self.bias != 0:
+            raise _bad("bias", self.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
+        if self.init is not Init.gaussian:
+            raise _bad("init", self.init.value, "orthogonal weights exist only in model=plain (add model=plain)")
+        if self.norm.op is NormOp.batchnorm:
+            raise _bad("norm.op", "batchnorm", "batch normalization exists only in model=plain (add model=plain norm=pre)")
 
-    def _check_family_probes(self) -> None:
-        """The probes asked for are the model family's (and ``lesion`` needs training)."""
-        from .probes import PROBES
-
-        family = self.model.name
-        foreign = {p for f, ps in FAMILY_PROBES.items() if f != family for p in ps}
-        own = FAMILY_PROBES.get(family) or tuple(p for p in PROBES if p not in foreign)
-        for p in self.task.probes:
-            if p not in own:
-                hint = ""
-                if family in FAMILY_PROBES:
-                    init = ",".join(q for q in own if q not in TRAINED_PROBES)
-                    hint = f" (at initialization: task.probes=[{init}])"
-                raise _bad("task.probes", p, f"not a probe of model={family}; its probes: "
-                           f"{', '.join(own)}{hint}")
+    def _check_probe_task(self, probes: list[str]) -> None:
+        """``lesion`` needs training; the probes of a training run measure one trained network."""
+        for p in probes:
             if p in TRAINED_PROBES and self.task.name != "train":
                 raise _bad("task.probes", p, "measures a trained network: use it with task=train")
-        if self.task.name == "train" and self.task.probes and self.lr is None and len(self.task.lrs) > 1:
-            raise _bad("task.probes", list(self.task.probes), "measure one trained network: give one "
+        if self.task.name == "train" and probes and self.lr is None and len(self.task.lrs) > 1:
+            raise _bad("task.probes", probes, "measure one trained network: give one "
                        f"learning rate (lr=… or task.lrs=[…]), not the sweep {list(self.task.lrs)}")
 
-    def _check_cifar_resnet(self) -> None:
+    def _check_cifar_resnet(self, probes: list[str]) -> None:
         d = self.depth
         if d < 8 or (d - 2) % 6:
             raise _bad("depth", d, "model=cifar_resnet needs depth = 6n+2, n ≥ 1 (He et al.: "
                        "20, 32, 44, 56, 110; smoke: 8)")
+        foreign = [p for p in probes if p not in CIFAR_PROBES]
+        if foreign:
+            init = ",".join(q for q in CIFAR_PROBES if q not in TRAINED_PROBES)
+            raise _bad("task.probes", foreign, f"not probes of model=cifar_resnet; its probes: "
+                       f"{', '.join(CIFAR_PROBES)} (at initialization: task.probes=[{init}])")
 
 
 def sweep_stamp() -> str:
@@ -400,6 +489,8 @@ def register_configs() -> None:
     and register the ``rankexp_stamp`` resolver used in the output directories."""
     if not OmegaConf.has_resolver("rankexp_stamp"):
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
+    if not OmegaConf.has_resolver("rankexp_norm_slot"):
+        OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
@@ -432,6 +523,9 @@ def validate(cfg: DictConfig) -> RankexpConfig:
 
 #: config keys that say where/how a run is recorded, not what it computes
 NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
+#: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
+#: they existed still match (resume skips them) — a config with default bias/init is unchanged
+LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
@@ -447,10 +541,19 @@ def config_hash(container: dict[str, Any]) -> str:
     Two jobs with the same hash compute the same numbers; resume uses it to
     skip configs that already FINISHED.
     """
-    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS}
+    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS
+                and not (k in LATER_KNOB_DEFAULTS and v == LATER_KNOB_DEFAULTS[k])}
     if semantic.get("task", {}).get("name") == "measure":
         semantic.pop("data", None)
         semantic.pop("lr", None)
+        # seed chunking never changes a number (tested), so the budget is not part of the hash
+        semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    norm = semantic.get("norm")
+    if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
+        # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash
+        semantic["norm"] = {k: v for k, v in norm.items()
+                            if not (k in ("pre", "out", "post")
+                                    and v == _preset_slot(k, norm["placement"], norm["op"]))}
     blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -1,39 +1,73 @@
 """Probes: the measurements a ``task=measure`` job can run (``task.probes``).
 
 The registry is explicit here — probe modules never import it, so there is no import circle
-and no registration by side effect.  A probe is ``fn(ctx) -> Measurement``: the MLP's take a
-:class:`ProbeContext`, the CIFAR ConvNets' (``convnet.py``; which family runs which probe:
-``rankexp.config.FAMILY_PROBES``) an :class:`ImageProbeContext`.
+and no registration by side effect.  Each entry is a :class:`~rankexp.probes.base.Probe`: the
+function ``fn(ctx: ProbeContext) -> Measurement``, the intermediates it *needs* (the task
+computes exactly their union: see :mod:`rankexp.probes.base`), how it pools seeds (``reduce``)
+and its per-seed working memory (for seed chunking).
+
+To add a probe: write ``fn`` in a module of its family, declare its needs (a sweep need of
+:data:`rankexp.probes.jacobian.SWEEP_NEEDS`, a fold registered in :data:`FOLDS`, or none), and
+add one line below.  The CIFAR ConvNets' probes (``convnet.py``, :data:`CIFAR_PROBES`) take an
+:class:`~rankexp.probes.convnet.ImageProbeContext` (the network and CIFAR-10 on its device)
+instead; they need no sweep and declare their memory on a
+:class:`~rankexp.probes.convnet.ConvShape`.
 """
 
 from __future__ import annotations
 
-from . import branch, convnet, paths, representation, sweep
-from .base import Probe, ProbeContext
+from . import branch, convnet, gradients, meanfield, paths, representation, sweep
+from .base import FoldFactory, Probe, ProbeContext, needs_of
 from .convnet import ImageProbeContext
+from .jacobian import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA
 
-#: probe name (as in ``task.probes``) → probe function
+#: per-layer folds a probe can need by name; each runs inside the one shared sweep
+FOLDS: dict[str, FoldFactory] = {
+    "path_orders": paths.PathOrderFold,
+}
+
+#: probe name (as in ``task.probes``) → probe
 PROBES: dict[str, Probe] = {
-    "io_jacobian": sweep.probe_io_jacobian,
-    "profile": sweep.probe_profile,
-    "stream": sweep.probe_stream,
-    "branch_ratio": sweep.probe_branch_ratio,
-    "accumulated_branch": sweep.probe_accumulated_branch,
-    "path_order": paths.probe_path_order,
-    "representation": representation.probe_representation,
-    "backward_representation": representation.probe_backward_representation,
-    "branch_jacobian": branch.probe_branch_jacobian,
-    "activation_spike": branch.probe_activation_spike,
-    "projection_split": branch.probe_projection_split,
-    "layer_response": convnet.probe_layer_response,
-    "init_gradient_norms": convnet.probe_init_gradient_norms,
-    "lesion": convnet.probe_lesion,
+    "io_jacobian": Probe(sweep.probe_io_jacobian, frozenset({IO_JACOBIAN})),
+    "profile": Probe(sweep.probe_profile, frozenset({PARTIAL_SPECTRA})),
+    "stream": Probe(sweep.probe_stream, memory=sweep.stream_memory),
+    "branch_ratio": Probe(sweep.probe_branch_ratio, frozenset({BRANCH_NORMS})),
+    "accumulated_branch": Probe(sweep.probe_accumulated_branch, frozenset({BRANCH_NORMS, BRANCH_SUM})),
+    "path_order": Probe(paths.probe_path_order, frozenset({"path_orders", IO_JACOBIAN, BRANCH_NORMS}),
+                        memory=paths.path_order_memory),
+    "representation": Probe(representation.probe_representation,
+                            reduce=representation.reduce_representation,
+                            memory=representation.representation_memory),
+    "backward_representation": Probe(representation.probe_backward_representation,
+                                     memory=representation.backward_representation_memory),
+    "branch_jacobian": Probe(branch.probe_branch_jacobian, reduce=branch.reduce_branch_jacobian,
+                             memory=branch.branch_jacobian_memory),
+    "activation_spike": Probe(branch.probe_activation_spike, reduce=branch.reduce_activation_spike,
+                              memory=branch.activation_spike_memory),
+    "projection_split": Probe(branch.probe_projection_split, reduce=branch.reduce_projection_split,
+                              memory=branch.projection_split_memory),
+    # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
+    # seeds at once (fits, histograms), so their seeds are never split into memory chunks
+    "correlation": Probe(meanfield.probe_correlation, splits_seeds=False),
+    "jacobian_spectrum": Probe(meanfield.probe_jacobian_spectrum, splits_seeds=False),
+    "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False),
+    "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False),
+    "shattered": Probe(gradients.probe_shattered, splits_seeds=False),
+    # He et al.'s degradation replication (model=cifar_resnet; science.md §5): per member on
+    # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
+    "layer_response": Probe(convnet.probe_layer_response, memory=convnet.layer_response_memory),
+    "init_gradient_norms": Probe(convnet.probe_init_gradient_norms,
+                                 memory=convnet.init_gradient_norms_memory),
+    "lesion": Probe(convnet.probe_lesion, memory=convnet.lesion_memory),
 }
 
-#: the probes a model family's networks run (every probe not listed here is the MLP's)
-FAMILY_PROBES: dict[str, tuple[str, ...]] = {
-    "cifar_resnet": ("layer_response", "init_gradient_norms", "lesion"),
-}
+#: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
+PLAIN_PROBES = ("correlation", "jacobian_spectrum", "gradient_norms", "shattered")
+#: probes that differentiate one input per member: a batchnorm has no batch there
+ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
+                    "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum")
+#: the probes of the CIFAR ConvNets (model=cifar_resnet), and the only ones it runs
+CIFAR_PROBES = ("layer_response", "init_gradient_norms", "lesion")
 #: probes of a trained network (task=train only, after training)
 TRAINED_PROBES = ("lesion",)
 #: probes of the initial network (under task=train they run before the first step)
@@ -42,4 +76,6 @@ INIT_PROBES = ("init_gradient_norms",)
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
 
-__all__ = ["DEFAULT_PROBES", "FAMILY_PROBES", "INIT_PROBES", "PROBES", "TRAINED_PROBES", "ImageProbeContext", "Probe", "ProbeContext"]
+__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FOLDS", "INIT_PROBES", "ONE_INPUT_PROBES",
+           "PLAIN_PROBES", "PROBES", "TRAINED_PROBES", "ImageProbeContext", "Probe", "ProbeContext",
+           "needs_of"]

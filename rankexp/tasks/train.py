@@ -925,7 +925,8 @@ def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dic
     log.info("probes of the %s network: %s", "trained" if trained else "initial", ", ".join(probes))
     if isinstance(net, ResidualMLP):
         return run_probes(net, probes, options=options)
-    return run_probes(net, probes, context=ImageProbeContext(net, data, options, trained=trained))
+    return run_probes(net, probes,
+                      context=lambda m: ImageProbeContext(m, data, options, trained=trained))
 
 
 def _backfill(res: TrainResult, lrs: list[float], resumed_before: int, log_every: int,
