@@ -35,12 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 
+from . import style
 from .common import (
     Command,
     add_where,
@@ -51,7 +51,7 @@ from .common import (
     to_markdown,
     write_text,
 )
-from .plotting import save
+from .plotting import plt, save
 
 log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
@@ -64,14 +64,9 @@ PANEL_TITLES = {False: "plain networks", True: "ResNets"}
 PAPER_YLIM = 20.0
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
-CAPTION_FONTSIZE = 6.5
-#: the house figure style (analysis/style.py's RC, in brief): 8 pt serif, mathtext in DejaVu
-#: Serif, light grid, no top/right spines, TrueType in PDFs
-RC = {"font.family": "serif", "font.serif": ["DejaVu Serif"], "mathtext.fontset": "dejavuserif",
-      "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
-      "ytick.labelsize": 7, "legend.fontsize": 6.5, "legend.frameon": False, "axes.grid": True,
-      "grid.alpha": 0.3, "grid.linewidth": 0.5, "axes.spines.top": False,
-      "axes.spines.right": False, "pdf.fonttype": 42, "ps.fonttype": 42}
+#: the mean-field growth per layer of a batch-normalized ReLU net's weight gradients toward
+#: the input (Yang et al. 2019; the chapter's BN paradox, analysis.meanfield's mf_bn)
+BN_RELU_GROWTH = math.sqrt(math.pi / (math.pi - 1))
 _LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 SYMBOLS = {
@@ -154,44 +149,34 @@ def depth_colors(depths) -> dict[int, tuple]:
     return {d: cmap(x) for d, x in zip(depths, np.linspace(0, 0.85, len(depths)), strict=True)}
 
 
-def _values(df: pd.DataFrame, key: str) -> list:
-    return sorted(df[key].dropna().unique().tolist(), key=str) if key in df else []
-
-
-def caption_text(df: pd.DataFrame, experiment: str, extra: Sequence[str] = ()) -> str:
-    """The house caption line: runs, depths, base width, seeds, size, then ``extra``."""
-    depths = sorted({int(d) for d in df["depth"]})
-    parts = [f"{experiment}: {len(df)} run{'s' if len(df) != 1 else ''}",
-             r"$L \in \{" + ", ".join(map(str, depths)) + r"\}$" if len(depths) > 1
-             else f"$L = {depths[0]}$"]
-    widths = _values(df, "model.base_width") or [16]
-    parts.append(f"base width {'/'.join(str(int(w)) for w in widths)}")
-    train = "task.name" in df and (df["task.name"].astype(str) == "train").all()
-    per_run = [1] if train else [int(v) for v in _values(df, "seeds")] or [1]
-    seeds = f"seeds: {'/'.join(map(str, per_run))} per run"
-    offsets = _values(df, "seed")
-    if len(offsets) > 1:
-        seeds += f" × {len(offsets)} seed offsets"
-    parts.append(seeds)
-    parts.append("size = " + "/".join(map(str, _values(df, "size") or ["full"])))
-    return " · ".join(parts + list(extra))
+def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The params :func:`analysis.style.caption` states, as a ConvNet has them: depth, seeds,
+    size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
+    cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
+    keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
+    out = df[keep].copy()
+    out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
+    return out
 
 
 def caption(fig, df: pd.DataFrame, experiment: str, extra: Sequence[str] = ()):
-    """Write :func:`caption_text` under ``fig`` (``gid="caption"``)."""
-    return fig.text(0.5, 0.0, caption_text(df, experiment, extra), ha="center", va="top",
-                    fontsize=CAPTION_FONTSIZE, color="0.25", gid="caption", wrap=True)
+    """The house caption (:func:`analysis.style.caption`) for ConvNet runs: runs, $d$ (stage-1
+    filters; 2d and 4d in stages 2 and 3), $L$, seeds, size, then ``extra``."""
+    return style.caption(fig, caption_frame(df), experiment,
+                         ["$d$: stage-1 filters (2$d$, 4$d$ after)", *extra])
 
 
-def _panels(n: int = 2, *, sharey: bool = True, height: float = 2.5):
-    plt.rcParams.update(RC)
-    fig, axes = plt.subplots(1, n, figsize=(7.0, height), sharey=sharey, layout="constrained",
-                             squeeze=False)
-    return fig, list(axes[0])
+def _panels(n: int = 2, *, sharey: bool = True):
+    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.style.panels`)."""
+    return style.panels(n, sharey=sharey) if n > 1 else style.panels(n)
 
 
 def _label(res: bool, depth: int) -> str:
     return f"{FAMILY_NAMES[res]}-{depth}"
+
+
+def _values(df: pd.DataFrame, key: str) -> list:
+    return sorted(df[key].dropna().unique().tolist(), key=str) if key in df else []
 
 
 def _legend(ax) -> None:
@@ -205,7 +190,8 @@ def _legend(ax) -> None:
 # --------------------------------------------------------------------------- tables (pure)
 def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
-    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10``.
+    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
+    ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
 
     Raises:
         KeyError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
@@ -220,9 +206,11 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
         rows[int(depth)][f"{name}_std"] = float(np.sqrt(np.nanmean(std.astype(float) ** 2)))
     table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
     table.index.name = "depth"
+    steps = 6 * ((table.index.to_numpy() - 2) // 6) - 1  # conv 2 → conv 6n+1
     for name in FAMILY_NAMES.values():
         if name in table:
             table[f"{name}_log10"] = np.log10(table[name])
+            table[f"{name}_per_layer"] = table[name] ** (1.0 / steps)
     return table
 
 
@@ -423,9 +411,17 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
         ax.set_yscale("log")
         ax.set_title(f"{PANEL_TITLES[res]} at initialization")
         ax.set_xlabel(SYMBOLS["relative_depth"])
+    plain = {d: c for (r, d), c in curves.items() if not r}
+    if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
+        layers, norms = plain[max(plain)]
+        axes[0].plot(layers / layers.max(), norms[-1] * BN_RELU_GROWTH ** (layers[-1] - layers),
+                     **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
+    for ax in axes:
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
-    caption(fig, runs, args.experiment[0], [f"task={task}", "one fixed batch of 256 training images"])
+    batch = _values(runs, "task.options.init_gradient_norms.batch") or [256]
+    caption(fig, runs, args.experiment[0],
+            [f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
     out = out_dir(args)
     paths = save(fig, out, "init_gradient_norms", table)
     paths.append(write_text(out / "init_gradient_ratio.md", to_markdown(table, ".3g")))
@@ -446,8 +442,8 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH, "response_std_mean"]))
     runs, task = with_task(df, args.task, ("train", "measure"))
     colors = depth_colors(runs["depth"])
-    plt.rcParams.update(RC)
-    fig, axes = plt.subplots(2, 1, figsize=(3.4 * 1.6, 4.4), layout="constrained")
+    fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
+    axes = list(grid[:, 0])
     rows = []
     for ax, key, xlabel in ((axes[0], "response_std", SYMBOLS["layer"]),
                             (axes[1], "response_std_sorted", SYMBOLS["layer_sorted"])):
@@ -462,7 +458,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     axes[0].legend(ncol=2)
     state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
     axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
-    caption(fig, runs, args.experiment[0], [f"task={task}", "plain dashed, ResNet solid"])
+    caption(fig, runs, args.experiment[0], [f"task = {task}", "plain dashed, ResNet solid"])
     table = pd.DataFrame(rows)
     return save(fig, out_dir(args), f"layer_responses_{task}", table)
 
@@ -497,7 +493,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
     colors = depth_colors(runs["depth"])
-    fig, axes = _panels(height=2.6)
+    fig, axes = _panels()
     rows, finals = [], []
     for (res, depth), group in runs.groupby(["residual", "depth"]):
         curves = {}
@@ -546,22 +542,21 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
     table = final_error_table(runs)
-    fig, axes = _panels(1, height=2.4)
+    fig, axes = _panels(1)
     ax = axes[0]
-    for name, style in (("plain_test", dict(color="C3", ls="--", marker="s")),
-                        ("ResNet_test", dict(color="C0", marker="o"))):
+    for name, kw in (("plain_test", dict(color="C3", ls="--", marker="s")),
+                     ("ResNet_test", dict(color="C0", marker="o"))):
         if name in table:
-            ax.plot(table.index, table[name], label=f"{name.split('_')[0]} (this run)", **style)
+            ax.plot(table.index, table[name], label=f"{name.split('_')[0]} (this run)", **kw)
     he = table["He_ResNet_test"].dropna()
     if not he.empty:
         ax.plot(he.index, he, color="k", ls=":", marker="x", label="ResNet, He et al. Table 6")
     ax.set_xscale("log")
     ax.set_xticks(table.index, [str(d) for d in table.index])
     ax.minorticks_off()
-    ax.set_xlabel("depth $L$")
+    ax.set_xlabel("network depth $L$")
     ax.set_ylabel("final test error (%)")
     ax.legend()
-    fig.set_size_inches(3.4, 2.4)
     caption(fig, runs, args.experiment[0])
     out = out_dir(args)
     paths = save(fig, out, "final_errors", table)
@@ -579,7 +574,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
     runs, _ = with_task(df, "train", ("train",))
     table = lesion_table(args.uri, runs)
     colors = depth_colors(table["depth"])
-    fig, axes = _panels(height=2.6)
+    fig, axes = _panels()
     for ax, res in zip(axes, (False, True), strict=True):
         for depth, t in table[table["residual"] == res].groupby("depth"):
             c = colors[depth]
