@@ -27,7 +27,7 @@ from rankexp.probes.convnet import (
     probe_lesion,
 )
 from rankexp.seeding import subset_indices
-from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT, DeviceDataset
+from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT, DeviceDataset
 from rankexp.tasks.measure import measure_seeds
 from rankexp.tasks.recipes import recipe
 from rankexp.tasks.train import train
@@ -113,7 +113,7 @@ def test_memory_estimate_covers_what_autograd_keeps(cifar):
     the backward on one member: at least all of it, at most 3× (an estimate, not a bound)."""
     depth, width, batch = 14, 8, 16
     model = CifarResNet(depth, base_width=width, seeds=[0])
-    x = cifar.x_train[:batch]
+    x = cifar.x_train[:batch].clone()  # its own storage, not a view of the data set
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}  # storage → bytes: each kept activation once, the weights (not new memory) left out
 
