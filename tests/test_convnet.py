@@ -173,3 +173,33 @@ def test_lesion_replaces_exactly_one_block_by_its_shortcut():
             h = blk.shortcut(h) if i == lesioned else blk(h)
         torch.testing.assert_close(model(x, lesion=lesioned), model.head(h), rtol=0, atol=0)
     assert not torch.allclose(model(x, lesion=0), model(x))
+
+
+def test_configs_of_the_family_are_checked_before_any_run():
+    """Depth 6n+2, the family's own probes, lesion only after training, one LR when a
+    trained network is measured; the other families refuse the ConvNet probes."""
+    from hydra import compose, initialize_config_dir
+
+    from rankexp.__main__ import CONF_DIR
+    from rankexp.config import ConfigError, validate
+
+    def config(*overrides: str):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return validate(compose("config", list(overrides)))
+
+    ok = config("model=cifar_resnet", "depth=56", "model.residual=false",
+                "task.probes=[init_gradient_norms,layer_response]")
+    assert ok.model.residual is False and ok.depth == 56
+    config("model=cifar_resnet", "depth=8", "task=train", "task.lrs=[0.1]", "task.probes=[lesion]")
+    for overrides, match in (
+        (["model=cifar_resnet", "depth=21", "task.probes=[init_gradient_norms]"], "6n\\+2"),
+        (["model=cifar_resnet", "depth=20"], "not probes of model=cifar_resnet"),  # MLP defaults
+        (["model=cifar_resnet", "depth=20", "task.probes=[lesion]"], "trained network"),
+        (["model=cifar_resnet", "depth=20", "task=train", "task.lrs=[0.1,0.05]",
+          "task.probes=[lesion]"], "one learning rate"),
+        (["task.probes=[layer_response]"], "need model=cifar_resnet"),
+        (["model=plain", "task.probes=[init_gradient_norms]"], "need model=cifar_resnet"),
+        (["model=cifar_resnet", "model.base_width=0", "task.probes=[layer_response]"], "base_width"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            config(*overrides)
