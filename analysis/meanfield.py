@@ -35,8 +35,10 @@ import pandas as pd
 from matplotlib import colors, ticker
 
 from rankexp import theory
+from rankexp.probes.meanfield import DEEP_LINEAR_DEFAULTS
 from rankexp.tracking import download_artifact
 
+from . import style
 from .common import (
     Command,
     add_where,
@@ -61,17 +63,14 @@ def _values(df: pd.DataFrame, key: str) -> str:
     return fmt[0] if len(fmt) == 1 else "{" + ", ".join(fmt) + "}"
 
 
-def caption(df: pd.DataFrame, *, seeds: bool = True, extra: str = "") -> str:
-    """``width n = …, depth L = …, S seeds, size = …, R runs`` (+ ``extra``) for a figure."""
-    parts = [f"width $n$ = {_values(df, 'width')}", f"depth $L$ = {_values(df, 'depth')}"]
-    if seeds:
-        parts.append(f"{_values(df, 'seeds')} seeds per run")
-    parts += [f"size = {_values(df, 'size')}", f"{len(df)} runs"]
-    return ", ".join(parts) + (f"; {extra}" if extra else "")
+def caption(df: pd.DataFrame, experiments, *, extra: str = "") -> tuple:
+    """What :func:`analysis.style.caption` writes under a figure: the runs (width, depth, seeds,
+    size stated from them), the experiment names and ``extra``."""
+    return df, experiments, [extra] if extra else []
 
 
-def _caption(fig, text: str) -> None:
-    fig.text(0.5, -0.01, text, ha="center", va="top", fontsize=8)
+def _caption(fig, cap: tuple) -> None:
+    style.caption(fig, *cap)
 
 
 def _arrays(uri: str | None, run_id: str) -> dict[str, np.ndarray]:
@@ -135,7 +134,7 @@ def theory_depth_scale_grid(sw2: np.ndarray, sb2: np.ndarray, activation: str = 
     return out
 
 
-def draw_phase(table: pd.DataFrame, resolution: int, cap: str):
+def draw_phase(table: pd.DataFrame, resolution: int, cap: tuple):
     sw2 = np.sort(table.index.get_level_values("sigma_w2").unique().to_numpy())
     sb2 = np.sort(table.index.get_level_values("sigma_b2").unique().to_numpy())
     grid = {k: table[k].unstack("sigma_w2").reindex(index=sb2, columns=sw2).to_numpy()
@@ -146,7 +145,7 @@ def draw_phase(table: pd.DataFrame, resolution: int, cap: str):
     tw = np.linspace(max(xe[0], 1e-3), xe[-1], resolution)
     tb = np.linspace(ye[0], ye[-1], max(2, resolution * 2 // 3))
     xi_theory = theory_depth_scale_grid(tw, tb)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
+    fig, axes = style.panels(3, aspect=0.9)
     panels = (("chi1", r"measured $\chi_1$", colors.TwoSlopeNorm(1.0, vmin=min(0.5, np.nanmin(grid["chi1"])),
                                                                 vmax=max(1.5, np.nanmax(grid["chi1"]))), "RdBu_r"),
               ("xi_c", r"measured $\xi_c = -1/\ln\chi_c$ (layers)",
@@ -193,7 +192,7 @@ def _phase_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, PHASE_COLUMNS)
     table = phase_table(df)
     out = out_dir(args)
-    fig = draw_phase(table, args.theory_resolution, caption(df, extra="tanh, two inputs at $c_0$ = 0.5"))
+    fig = draw_phase(table, args.theory_resolution, caption(df, args.experiment, extra="tanh, two inputs at $c_0$ = 0.5"))
     write_text(out / "mf_phase.md", to_markdown(table))
     return save(fig, out, "mf_phase", table)
 
@@ -222,8 +221,8 @@ def relu_collapse_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return t[t["layer"] >= 1]
 
 
-def draw_relu_collapse(t: pd.DataFrame, cap: str):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+def draw_relu_collapse(t: pd.DataFrame, cap: tuple):
+    fig, axes = style.panels(2, width=style.TWO_COLUMN, aspect=0.7)
     for i, ((c0, width), g) in enumerate(t.groupby(["c0", "width"])):
         col = f"C{i}"
         lab = rf"$c_0$ = {c0:g}" + (f", $n$ = {width:g}" if t["width"].nunique() > 1 else "")
@@ -262,7 +261,7 @@ def _relu_arguments(p: argparse.ArgumentParser) -> None:
 def _relu_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [C0, "mf_c"])
     t = relu_collapse_table(df, args.uri)
-    cap = caption(df, extra="bands: ±1 s.d. over seeds")
+    cap = caption(df, args.experiment, extra="bands: ±1 s.d. over seeds")
     return save(draw_relu_collapse(t, cap), out_dir(args), "mf_relu_collapse", t)
 
 
@@ -305,12 +304,11 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def draw_spectrum(df: pd.DataFrame, uri: str | None, cap: str):
+def draw_spectrum(df: pd.DataFrame, uri: str | None, cap: tuple):
     d = _newest(df, ["activation", "init", "depth"])
     acts = sorted(d["activation"].unique(), key=lambda a: SPECTRUM_ORDER.index(a) if a in SPECTRUM_ORDER else 9)
     inits = ["gaussian", "orthogonal"]
-    fig, axes = plt.subplots(len(acts), 2, figsize=(10, 2.6 * len(acts)), squeeze=False,
-                             layout="constrained")
+    fig, axes = style.grid(len(acts), 2, aspect=0.45)
     for i, act in enumerate(acts):
         for j, init in enumerate(inits):
             ax = axes[i, j]
@@ -340,7 +338,7 @@ def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     t = spectrum_table(df)
     out = out_dir(args)
     write_text(out / "mf_spectrum.md", spectrum_markdown(t))
-    return save(draw_spectrum(df, args.uri, caption(df)), out, "mf_spectrum", t)
+    return save(draw_spectrum(df, args.uri, caption(df, args.experiment)), out, "mf_spectrum", t)
 
 
 mf_spectrum_command = Command(_spectrum_arguments, _spectrum_main)
@@ -369,10 +367,10 @@ def bn_table(df: pd.DataFrame) -> pd.DataFrame:
     return d.set_index(["arch", "depth"])[cols + ["run_id"]].sort_index()
 
 
-def draw_bn(t: pd.DataFrame, uri: str | None, cap: str):
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), layout="constrained")
+def draw_bn(t: pd.DataFrame, uri: str | None, cap: tuple):
+    fig, axes = style.panels(3, aspect=0.95)
     archs = list(dict.fromkeys(t.index.get_level_values("arch")))
-    style = {a: f"C{i}" for i, a in enumerate(archs)}
+    arch_color = {a: f"C{i}" for i, a in enumerate(archs)}
     ax = axes[0]
     if "plain + BN" in archs:
         sub = t.loc["plain + BN"]
@@ -391,12 +389,12 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: str):
     for a in archs:
         sub = t.loc[a]
         ax.errorbar(sub.index, sub["grad_ratio"], yerr=sub.get("grad_ratio_std"), fmt="o-",
-                    color=style[a], ms=4, label=a)
+                    color=arch_color[a], ms=4, label=a)
     depths = np.array(sorted(t.index.get_level_values("depth").unique()), dtype=float)
     ax.plot(depths, BN_RELU_GROWTH ** (depths - 1), "k:", lw=1,
             label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")
     ax.set_yscale("log")
-    ax.set_xlabel("depth $L$")
+    ax.set_xlabel(style.name("depth"))
     ax.set_ylabel(r"$\|\nabla W_1\| / \|\nabla W_L\|$")
     ax.set_title("gradient ratio first / last layer", fontsize=9)
     ax.legend(fontsize=7)
@@ -404,9 +402,9 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: str):
     for a in archs:
         deepest = t.loc[a].iloc[-1]
         steps, ac = series(uri, deepest["run_id"], "shattered_autocorr")
-        ax.plot(steps, ac, "-", color=style[a], label=a)
+        ax.plot(steps, ac, "-", color=arch_color[a], label=a)
         if "shattered_autocorr_final" in t:
-            ax.plot(t.loc[a].index, t.loc[a]["shattered_autocorr_final"], "o", ms=4, color=style[a])
+            ax.plot(t.loc[a].index, t.loc[a]["shattered_autocorr_final"], "o", ms=4, color=arch_color[a])
     lay = np.arange(1, int(depths.max()) + 1, dtype=float)
     ax.plot(lay, 0.5**lay, "k--", lw=0.8, label=r"$2^{-L}$")
     ax.plot(lay, 0.75**lay, "k-.", lw=0.8, label=r"$(3/4)^L$")
@@ -432,7 +430,7 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     t = bn_table(df)
     out = out_dir(args)
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
-    return save(draw_bn(t, args.uri, caption(df, extra="ReLU, $\\sigma_w^2$ = 2")), out, "mf_bn",
+    return save(draw_bn(t, args.uri, caption(df, args.experiment, extra="ReLU, $\\sigma_w^2$ = 2")), out, "mf_bn",
                 t.drop(columns="run_id"))
 
 
@@ -460,8 +458,8 @@ def residual_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def draw_residual(t: pd.DataFrame, cap: str):
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), layout="constrained")
+def draw_residual(t: pd.DataFrame, cap: tuple):
+    fig, axes = style.panels(3, aspect=0.95)
     for k, ((scaling, depth), g) in enumerate(t.groupby(["beta_scaling", "depth"])):
         col = f"C{k}"
         lab = rf"$\beta$ = {'1' if scaling == 'const' else '1/√L'}, $L$ = {depth}"
@@ -502,7 +500,7 @@ def _residual_arguments(p: argparse.ArgumentParser) -> None:
 def _residual_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
     t = residual_table(df, args.uri)
-    return save(draw_residual(t, caption(df, extra="ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5")),
+    return save(draw_residual(t, caption(df, args.experiment, extra="ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5")),
                 out_dir(args), "mf_residual", t)
 
 
@@ -520,10 +518,9 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def draw_trainability(t: pd.DataFrame, activation: str, cap: str):
+def draw_trainability(t: pd.DataFrame, activation: str, cap: tuple):
     sb2s = sorted(t.index.get_level_values("sigma_b2").unique())
-    fig, axes = plt.subplots(1, len(sb2s), figsize=(6.5 * len(sb2s), 4.6), squeeze=False,
-                             layout="constrained")
+    fig, axes = style.grid(1, len(sb2s), width=min(style.TWO_COLUMN, 3.6 * len(sb2s)), aspect=0.85)
     for ax, sb2 in zip(axes[0], sb2s, strict=True):
         g = t.loc[sb2]["best_test_accuracy"].unstack("sigma_w2")
         sw2, depths = g.columns.to_numpy(float), g.index.to_numpy(float)
@@ -542,7 +539,7 @@ def draw_trainability(t: pd.DataFrame, activation: str, cap: str):
         ax.set_yticks(depths, [f"{d:g}" for d in depths])
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel(r"$\sigma_w^2$")
-        ax.set_ylabel("depth $L$")
+        ax.set_ylabel(style.name("depth"))
         ax.set_title(rf"{activation}, $\sigma_b^2$ = {sb2:.3g}", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Trainability of plain networks on CIFAR-10 vs the correlation depth scale "
@@ -560,7 +557,7 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
     t = trainability_table(df)
     steps = _values(df, "task.steps")
     lrs = _values(df, "task.lrs")
-    cap = caption(df, seeds=False, extra=f"Adam, {steps} steps, best over lrs {lrs}")
+    cap = caption(df, args.experiment, extra=f"Adam, {steps} steps, best over lrs {lrs}")
     return save(draw_trainability(t, str(df["activation"].iloc[0]), cap), out_dir(args),
                 "mf_trainability", t)
 
@@ -593,10 +590,9 @@ def deep_linear_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return t
 
 
-def draw_deep_linear(t: pd.DataFrame, cap: str):
+def draw_deep_linear(t: pd.DataFrame, cap: tuple):
     ss = sorted(t["s"].unique())
-    fig, axes = plt.subplots(1, len(ss), figsize=(6 * len(ss), 4.4), squeeze=False,
-                             layout="constrained")
+    fig, axes = style.grid(1, len(ss), width=min(style.TWO_COLUMN, 3.6 * len(ss)), aspect=0.8)
     for ax, s in zip(axes[0], ss, strict=True):
         for k, (a0, g) in enumerate(t[t["s"] == s].groupby("a0")):
             col = f"C{k}"
@@ -607,7 +603,7 @@ def draw_deep_linear(t: pd.DataFrame, cap: str):
             ax.semilogy(g["N"], g["T_sim"], "o", mfc="none", color=col, ms=7)
         ax.plot([], [], "k--", lw=0.8, label=r"asymptote $a_0^{-(N-2)}/(s(N-2))$")
         ax.plot([], [], "ko", mfc="none", label="gradient flow on a real chain")
-        ax.set_xlabel("depth $N$")
+        ax.set_xlabel("layers $N$")
         ax.set_ylabel(r"time $T(N, a_0)$ to reach $s/2$")
         ax.set_title(rf"target $s$ = {s:g} (lines: quadrature of 215.8)", fontsize=9)
         ax.legend(fontsize=7)
@@ -626,8 +622,12 @@ def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
     out = out_dir(args)
     table = t.pivot_table(index=["s", "N"], columns="a0", values="T_quad")
     write_text(out / "deep_linear.md", to_markdown(table, ".6g"))
-    cap = (f"{len(df)} runs (one per target $s$), size = {_values(df, 'size')}; gradient flow "
-           f"on orthogonal chains, largest |sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}")
+    # the chains simulated are sim_width wide (the task's own network is unused): d is theirs
+    key = "task.options.deep_linear.sim_width"
+    sim_width = df[key].astype(int) if key in df else DEEP_LINEAR_DEFAULTS["sim_width"]
+    cap = caption(df.assign(width=sim_width).drop(columns=["depth"], errors="ignore"), args.experiment,
+                  extra=f"one run per target $s$; gradient flow on orthogonal chains, largest "
+                        f"|sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}")
     return save(draw_deep_linear(t, cap), out, "deep_linear", t)
 
 

@@ -109,7 +109,7 @@ def draw_control(table: pd.DataFrame, metric: str):
                     color=colors[k], label=f"$R$ = {style.OP_NAMES.get(op, op)}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("depth $L$")
+    ax.set_xlabel(style.name("depth"))
     ax.set_ylabel(style.name(metric))
     ax.legend(title="Pre-RMSNorm +")
     return fig

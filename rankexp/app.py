@@ -44,9 +44,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
-    """``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M (Eq. 21) and ``depth_factor`` βα^M√L."""
+    """``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M (Eq. 21; M = 1 for ``model=plain``,
+    one matrix per layer) and ``depth_factor`` βα^M√L."""
     beta = effective_beta(s.beta, s.depth, s.beta_scaling.value)
-    ratio = beta * s.alpha**s.matrices
+    ratio = beta * s.alpha ** (1 if s.model.name == "plain" else s.matrices)
     return {"beta_eff": beta, "nominal_ratio": ratio, "depth_factor": ratio * s.depth**0.5}
 
 

@@ -107,6 +107,7 @@ class NormSlot(Enum):
     layernorm = "layernorm"
     detached = "detached"
     meansub = "meansub"
+    batchnorm = "batchnorm"  # model=plain only (refused for the residual MLP)
 
 
 def _preset_slot(slot: str, placement: Any, op: Any) -> str:
@@ -426,6 +427,11 @@ class RankexpConfig:
             if self.activation is Activation.swiglu:
                 raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
                            "the gated unit needs model=mlp matrices=2")
+            for slot in ("pre", "out", "post"):
+                got = getattr(self.norm, slot).value
+                if got != _preset_slot(slot, self.norm.placement, self.norm.op):
+                    raise _bad(f"norm.{slot}", got, "model=plain takes its norm from norm= and "
+                               "norm.op (the slots P, B, R of Eq. 17 are model=mlp's)")
             single = [p for p in probes if p in ONE_INPUT_PROBES]
             if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
                 raise _bad("task.probes", single, "these differentiate one input per seed and a "
@@ -447,6 +453,10 @@ class RankexpConfig:
             raise _bad("init", self.init.value, "orthogonal weights exist only in model=plain (add model=plain)")
         if self.norm.op is NormOp.batchnorm:
             raise _bad("norm.op", "batchnorm", "batch normalization exists only in model=plain (add model=plain norm=pre)")
+        for slot in ("pre", "out", "post"):
+            if getattr(self.norm, slot) is NormSlot.batchnorm:
+                raise _bad(f"norm.{slot}", "batchnorm", "batch normalization exists only in model=plain "
+                           "(add model=plain norm=pre norm.op=batchnorm)")
 
     def _check_probe_task(self, probes: list[str]) -> None:
         """``lesion`` needs training; the probes of a training run measure one trained network."""

@@ -99,6 +99,8 @@ def test_config_knobs_and_refusals():
     assert bn.blocks[0].norm_op == "batchnorm"
     for overrides, key in ((["bias=0.1"], "bias"), (["init=orthogonal"], "init"),
                            (["norm.op=batchnorm"], "norm.op"),
+                           (["norm.post=batchnorm"], "norm.post"),
+                           (["model=plain", "norm=pre", "norm.post=rmsnorm"], "norm.post"),
                            (["model=plain", "norm=post"], "norm")):
         with pytest.raises(ConfigError, match=rf"{key}=.*model=plain"):
             validate(compose_config(*overrides))
@@ -264,3 +266,16 @@ def test_plain_batchnorm_gradients_shatter_and_residual_ones_do_not():
     plain, residual = autocorr(0), autocorr(1)
     assert plain[-1] < 0.3 and residual[-1] > 0.6
     assert plain[0] > 0.9  # one layer is smooth
+
+
+def test_nominal_ratio_of_a_plain_residual_net_is_beta_sigma_w():
+    """A plain net has one matrix per layer: its branch-to-skip ratio is β σ_w, not β σ_w^M."""
+    from rankexp.app import derived_params
+
+    small = ("width=8", "depth=4")
+    plain = derived_params(validate(compose_config("model=plain", "alpha=1.5", "beta=0.5",
+                                                   "skip_every=1", *small)))
+    mlp = derived_params(validate(compose_config("alpha=1.5", "beta=0.5", "matrices=2", *small)))
+    assert plain["nominal_ratio"] == pytest.approx(0.5 * 1.5)
+    assert mlp["nominal_ratio"] == pytest.approx(0.5 * 1.5**2)
+    assert plain["depth_factor"] == pytest.approx(0.75 * 2)

@@ -251,6 +251,8 @@ class ResidualMLP(nn.Module):
             )
             for l in range(1, depth + 1)
         )
+        # draw into float64 storage: a float64 network must not carry float32-rounded weights
+        self.to(dtype=torch.float64)
         self.reset_parameters()
         self.to(device=device, dtype=dtype)
 

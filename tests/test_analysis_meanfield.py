@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO, runs_in
+from figure_checks import checked
 from mlflow.tracking import MlflowClient
 
-from analysis.__main__ import main as analysis_main
 from analysis.figures import read_plan
 from rankexp import theory
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
@@ -27,6 +27,16 @@ from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
 EXPERIMENTS = ("mf_phase", "mf_relu_collapse", "mf_spectrum", "mf_bn", "mf_residual",
                "mf_trainability", "deep_linear")
 HAVE_CIFAR = (DEFAULT_ROOT / ARCHIVE_NAME).is_file()
+#: the theory each figure promises in its legends (figure stem → substrings)
+MF_THEORY = {
+    "mf_phase": [r"critical line $\chi_1 = 1$", "measured = theory"],
+    "mf_relu_collapse": [r"9\pi^2", "exact map"],
+    "mf_spectrum": ["theory"],
+    "mf_bn": ["Yang et al.", r"(3/4)^L"],
+    "mf_residual": ["ODE limit", r"\dot c"],
+    "mf_trainability": [r"6\,\xi_c", r"critical $\chi_1 = 1$"],
+    "deep_linear": ["asymptote"],
+}
 
 
 def sweep(root: Path, experiment: str, *, also: bool = False) -> str:
@@ -70,13 +80,14 @@ def job_runs(stores: Path, experiment: str):
 
 
 def draw(stores: Path, capsys, experiment: str, *extra: str) -> Path:
-    """``python -m analysis <experiment> -e <experiment>``; asserts PNG, PDF and CSV exist."""
+    """``python -m analysis <experiment> -e <experiment>``; asserts PNG, PDF and CSV exist and
+    every figure passes :func:`figure_checks.problems` with its theory curves in the legend."""
     out = stores / "figs"
     capsys.readouterr()
-    rc = analysis_main([experiment, "-e", experiment, "--uri", uri(stores, experiment),
-                        "--out", str(out), *extra])
-    text = capsys.readouterr()
-    assert rc == 0, text.out + text.err
+    argv = [experiment, "-e", experiment, "--uri", uri(stores, experiment), "--out", str(out), *extra]
+    with checked(argv, MF_THEORY) as (rc, _):  # every figure passes the publication checks
+        text = capsys.readouterr()
+        assert rc == 0, text.out + text.err
     folder = out / experiment
     for ext in ("png", "pdf", "csv"):
         assert (folder / f"{experiment}.{ext}").stat().st_size > 0, ext
