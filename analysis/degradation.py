@@ -179,10 +179,10 @@ def _values(df: pd.DataFrame, key: str) -> list:
     return sorted(df[key].dropna().unique().tolist(), key=str) if key in df else []
 
 
-def _legend(ax) -> None:
+def _legend(ax, **kw) -> None:
     """A legend, or a note where the panel has no runs."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(**kw)
     else:
         ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="0.5")
 
@@ -416,8 +416,8 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
         layers, norms = plain[max(plain)]
         axes[0].plot(layers / layers.max(), norms[-1] * BN_RELU_GROWTH ** (layers[-1] - layers),
                      **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
-    for ax in axes:
-        _legend(ax)
+    for ax in axes:  # the plain curves fill the upper left
+        _legend(ax, loc="upper right")
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
     batch = _values(runs, "task.options.init_gradient_norms.batch") or [256]
     caption(fig, runs, args.experiment[0],
