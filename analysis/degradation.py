@@ -455,6 +455,10 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
                           "std": float(s)} for i, s in zip(layers, std, strict=True)]
         ax.set_xlabel(xlabel)
         ax.set_ylabel(SYMBOLS["response_std"])
+        ax.ticklabel_format(axis="y", useOffset=False)
+        if task == "measure":  # BN (scale 1) with batch statistics: 1 up to ε, by construction
+            ax.axhline(1.0, **style.THEORY, label="BN at initialization: 1")
+            ax.set_ylim(0, 1.25)
     axes[0].legend(ncol=2)
     state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
     axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
