@@ -9,6 +9,13 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .degradation import (
+    error_curves_command,
+    error_table_command,
+    init_gradients_command,
+    lesion_command,
+    responses_command,
+)
 from .ffn import ffn_command
 from .isorank import collapse_command, isorank_command
 from .meanfield import (
@@ -53,6 +60,12 @@ COMMANDS = {
     "mf_residual": (mf_residual_command, "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit"),
     "mf_trainability": (mf_trainability_command, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid"),
     "deep_linear": (deep_linear_command, "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains"),
+    # He et al.'s degradation replication (science.md §5, last item)
+    "init-gradients": (init_gradients_command, "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table"),
+    "responses": (responses_command, "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted"),
+    "error-curves": (error_curves_command, "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet"),
+    "error-table": (error_table_command, "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column"),
+    "lesion": (lesion_command, "degradation: test error with each block replaced by its shortcut, downsampling blocks marked"),
     "report": (report_command, "reproduction report: every experiment's figures, tables, config and the study's claims checked (HTML + Markdown)"),
 }
 

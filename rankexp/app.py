@@ -52,11 +52,16 @@ def derived_params(s: RankexpConfig) -> dict[str, float]:
 
 
 def run_name(s: RankexpConfig) -> str:
-    """Short readable run name, e.g. ``post·α1·β1·L48·d256`` (``model=gpt2``: ``gpt2·L12·d768``,
-    ``<checkpoint>·L12·d768`` when pretrained)."""
+    """Short readable run name, e.g. ``post·α1·β1·L48·d256``; ``model=gpt2``: ``gpt2·L12·d768``
+    (``<checkpoint>·L12·d768`` when pretrained); ``model=cifar_resnet``: ``resnet·L110·train``."""
     if s.model.name == "gpt2":
         source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
         return f"{source}·L{s.depth}·d{s.width}"
+    if s.model.name == "cifar_resnet":
+        name = f"{'resnet' if s.model.residual else 'plain'}·L{s.depth}"
+        if s.model.base_width != 16:
+            name += f"·w{s.model.base_width}"
+        return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
     beta = f"{s.beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[s.beta_scaling.value]
     name = f"{s.norm.placement.value}·α{s.alpha:g}·β{beta}·L{s.depth}·d{s.width}"
     if s.task.name == "train":
@@ -151,7 +156,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
-    params = {**flatten(container), **derived_params(s)}
+    # (βα^M and friends describe the MLP; a ConvNet has no β or α)
+    derived = derived_params(s) if s.model.name != "cifar_resnet" else {}
+    params = {**flatten(container), **derived}
     task = TASKS[s.task.name]
     try:
         if uri is None:

@@ -21,7 +21,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, ShapeError, checkpoint_shape, lm_shape
-from .probes import DEFAULT_PROBES, LM_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES, default_probes
+from .probes import (
+    CIFAR_PROBES,
+    DEFAULT_PROBES,
+    LM_PROBES,
+    ONE_INPUT_PROBES,
+    PLAIN_PROBES,
+    TRAINED_PROBES,
+    default_probes,
+)
 
 
 class ConfigError(ValueError):
@@ -75,6 +83,21 @@ class BetaScaling(Enum):
 class Dtype(Enum):
     float32 = "float32"
     float64 = "float64"
+
+
+class Optimizer(Enum):
+    adam = "adam"
+    sgd = "sgd"
+
+
+class Schedule(Enum):
+    constant = "constant"
+    step = "step"
+
+
+class Augment(Enum):
+    none = "none"
+    pad_crop_flip = "pad_crop_flip"
 
 
 class Size(Enum):
@@ -198,8 +221,30 @@ class Gpt2Model:
                        "give model.prompt_ids")
 
 
+@dataclass
+class CifarResNetModel:
+    """``model=cifar_resnet``: He et al.'s (2016, §4.2) CIFAR-10 ConvNet of depth 6n+2
+    (:class:`rankexp.models.convnet.CifarResNet`; science.md §5, degradation replication).
+
+    The top-level ``depth`` (6n+2: 20, 32, 44, 56, 110), ``seed``/``seeds`` and ``dtype`` shape
+    it; ``residual`` (option-A shortcuts every two convs, or the plain network) and
+    ``base_width`` (stage-1 filters; 16, 32, 64 across the stages) are this family's own: the
+    top-level ``width``, ``expansion``, ``alpha``, ``beta``, ``norm`` … describe the MLP and are
+    not used.
+    """
+
+    name: str = "cifar_resnet"
+    residual: bool = True
+    base_width: int = 16
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base_width, bool) or not isinstance(self.base_width, int) or self.base_width < 1:
+            raise _bad("model.base_width", self.base_width, "must be an integer ≥ 1 (He et al.: 16)")
+
+
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "gpt2": Gpt2Model}
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "gpt2": Gpt2Model,
+                                  "cifar_resnet": CifarResNetModel}
 
 
 @dataclass
@@ -226,7 +271,27 @@ class MeasureTask:
 
 @dataclass
 class TrainTask:
-    """``task=train``: CIFAR-10 with Adam; all learning rates trained as one batched model.
+    """``task=train``: CIFAR-10; all learning rates trained as one batched model.
+
+    Length: ``steps`` optimizer steps (evaluations every ``eval_every``, reports every
+    ``log_every``, series logged at step = optimizer step), or ``epochs`` passes over the
+    training set (⌊50000/batch_size⌋ steps each; one report and evaluation per epoch, series
+    logged at step = epoch; ``eval_every``/``log_every`` are then not used) — exactly one of
+    the two is set.
+
+    Recipe (:mod:`rankexp.tasks.recipes`): ``optimizer`` adam (the study's) or sgd
+    (``momentum``, ``weight_decay`` on conv kernels and weight matrices only, never on BN
+    scale/shift or biases); ``schedule`` constant or step (rates × ``gamma`` at each fraction
+    ``milestones`` of training, and × ``warmup_factor`` for the first ``warmup_steps`` steps of
+    networks with ``depth ≥ warmup_min_depth``); ``augment`` none or pad_crop_flip (He et al.:
+    ``pad`` pixels, random crop, horizontal flip; on the device). He et al.'s CIFAR recipe is
+    ``conf/experiment/degradation.yaml``'s.
+
+    Measurements: ``probes`` lists those of the model family to run — ``init_gradient_norms``
+    on the initial network before the first step, the others (``layer_response``, ``lesion``)
+    on the trained one — with ``options.<probe>`` as for ``task=measure``;
+    ``clean_train_images`` > 0 also evaluates that many training images without augmentation
+    at the end (``clean_train_error_lr<lr>``).
 
     ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
     Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
@@ -238,7 +303,8 @@ class TrainTask:
     """
 
     name: str = "train"
-    steps: int = 5000
+    steps: int | None = 5000
+    epochs: int | None = None
     batch_size: int = 256
     lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
     eval_every: int = 500
@@ -251,12 +317,56 @@ class TrainTask:
     bf16: bool = False
     compile: bool = False
     cuda_graphs: bool = False
+    optimizer: Optimizer = Optimizer.adam
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: Schedule = Schedule.constant
+    milestones: list[float] = field(default_factory=lambda: [0.5, 0.75])
+    gamma: float = 0.1
+    warmup_steps: int = 0
+    warmup_factor: float = 0.1
+    warmup_min_depth: int = 0
+    augment: Augment = Augment.none
+    pad: int = 4
+    clean_train_images: int = 0
+    probes: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+        if (self.steps is None) == (self.epochs is None):
+            raise _bad("task.steps/task.epochs", (self.steps, self.epochs),
+                       "set exactly one: task.steps (optimizer steps) or task.epochs "
+                       "(e.g. task.epochs=null task.steps=300)")
+        for key in ("steps", "epochs"):
+            v = getattr(self, key)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 1 (or null)")
+        for key in ("batch_size", "eval_every", "log_every", "checkpoint_every"):
             v = getattr(self, key)
             if not (isinstance(v, int) and v >= 1):
                 raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
+        for key in ("warmup_steps", "warmup_min_depth", "pad", "clean_train_images"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 0")
+        if not 0 <= self.momentum < 1:
+            raise _bad("task.momentum", self.momentum, "must be in [0, 1)")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise _bad("task.weight_decay", self.weight_decay, "must be a finite number ≥ 0")
+        if self.weight_decay and self.optimizer is not Optimizer.sgd:
+            raise _bad("task.weight_decay", self.weight_decay, "applies to task.optimizer=sgd only")
+        if any(not 0 < m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
+            raise _bad("task.milestones", list(self.milestones),
+                       "must be increasing fractions of training in (0, 1), e.g. [0.5, 0.75]")
+        for key in ("gamma", "warmup_factor"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise _bad(f"task.{key}", v, "must be a finite number > 0")
+        from .probes import PROBES
+
+        for p in self.probes:
+            if p not in PROBES:
+                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
         if not self.divergence_factor > 1:
@@ -365,8 +475,10 @@ class RankexpConfig:
 
     def _check_family(self) -> None:
         """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
-        probes (plain); a batchnorm also rules out the probes that see one input at a time."""
-        probes = list(self.task.probes) if isinstance(self.task, MeasureTask) else []
+        probes (plain), the LM probes (gpt2), the ConvNet probes (cifar_resnet); a batchnorm also
+        rules out the probes that see one input at a time."""
+        probes = list(self.task.probes)
+        self._check_probe_task(probes)
         if isinstance(self.model, Gpt2Model):
             self._check_lm(probes)
             return
@@ -389,6 +501,13 @@ class RankexpConfig:
             if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
                 raise _bad("task.probes", single, "these differentiate one input per seed and a "
                            "batchnorm needs a batch; use correlation, gradient_norms, shattered")
+        if isinstance(self.model, CifarResNetModel):
+            self._check_cifar_resnet(probes)
+        else:
+            convnet_only = [p for p in probes if p in CIFAR_PROBES]
+            if convnet_only:
+                raise _bad("task.probes", convnet_only, "the ConvNet probes need model=cifar_resnet")
+        if isinstance(self.model, PlainModel):
             return
         plain_only = [p for p in probes if p in PLAIN_PROBES]
         if plain_only:
@@ -403,6 +522,26 @@ class RankexpConfig:
             if getattr(self.norm, slot) is NormSlot.batchnorm:
                 raise _bad(f"norm.{slot}", "batchnorm", "batch normalization exists only in model=plain "
                            "(add model=plain norm=pre norm.op=batchnorm)")
+
+    def _check_probe_task(self, probes: list[str]) -> None:
+        """``lesion`` needs training; the probes of a training run measure one trained network."""
+        for p in probes:
+            if p in TRAINED_PROBES and self.task.name != "train":
+                raise _bad("task.probes", p, "measures a trained network: use it with task=train")
+        if self.task.name == "train" and probes and self.lr is None and len(self.task.lrs) > 1:
+            raise _bad("task.probes", probes, "measure one trained network: give one "
+                       f"learning rate (lr=… or task.lrs=[…]), not the sweep {list(self.task.lrs)}")
+
+    def _check_cifar_resnet(self, probes: list[str]) -> None:
+        d = self.depth
+        if d < 8 or (d - 2) % 6:
+            raise _bad("depth", d, "model=cifar_resnet needs depth = 6n+2, n ≥ 1 (He et al.: "
+                       "20, 32, 44, 56, 110; smoke: 8)")
+        foreign = [p for p in probes if p not in CIFAR_PROBES]
+        if foreign:
+            init = ",".join(q for q in CIFAR_PROBES if q not in TRAINED_PROBES)
+            raise _bad("task.probes", foreign, f"not probes of model=cifar_resnet; its probes: "
+                       f"{', '.join(CIFAR_PROBES)} (at initialization: task.probes=[{init}])")
 
 
     def _check_lm(self, probes: list[str]) -> None:

@@ -41,3 +41,12 @@ def gaussian_input(
     return torch.stack(rows).to(device=device, dtype=dtype)
 
 
+
+
+def subset_indices(total: int, n: int, seed: int = 0) -> Tensor | None:
+    """A fixed random subset of ``n`` of ``range(total)`` (int64 ``(n,)``, CPU), drawn from
+    ``seeded_generator(seed, STREAM_INPUT)``; None when ``n ≥ total`` (take them all, in order).
+    Data sets stored sorted by class need this rather than their first ``n`` items."""
+    if n >= total:
+        return None
+    return torch.randperm(int(total), generator=seeded_generator(seed, STREAM_INPUT))[: int(n)]

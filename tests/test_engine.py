@@ -281,11 +281,13 @@ def test_join_refuses_pooled_values_without_reduce():
 
 
 def test_every_probe_declares_a_memory_estimate():
+    from rankexp.probes import CIFAR_PROBES
     from rankexp.probes.base import ModelShape
+    from rankexp.probes.convnet import ConvShape
 
-    shape = ModelShape(256, 48, 1024, 2, 1, 8)
+    mlp, conv = ModelShape(256, 48, 1024, 2, 1, 8), ConvShape(110, 16, 4)  # the ConvNets' own shape
     for name, probe in PROBES.items():
-        assert probe.memory(shape, {}) > 0, name
+        assert probe.memory(conv if name in CIFAR_PROBES else mlp, {}) > 0, name
 
 
 def test_cli_chunks_seeds_to_the_budget_and_reports_peak_memory(tmp_path):

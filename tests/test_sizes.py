@@ -26,6 +26,15 @@ def grid_size(cfg) -> int:
     return n
 
 
+def network_width(cfg) -> int:
+    """The widest layer the sweep builds: ``width`` (the MLP's d), or a ConvNet's stage-1
+    filters ``model.base_width`` (the top-level width is not its knob)."""
+    params = cfg.hydra.sweeper.params
+    if "base_width" in cfg.model:
+        return max(int(w) for w in str(params.get("model.base_width", cfg.model.base_width)).split(","))
+    return max(int(w) for w in str(params.get("width", cfg.width)).split(","))
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_has_three_sizes_that_shrink(name):
     for size in SIZES:
@@ -37,8 +46,7 @@ def test_every_experiment_has_three_sizes_that_shrink(name):
         compose_experiment(name).hydra.sweeper.params)
     # smaller sizes never grow the grid or the network
     assert grid_size(cfgs["smoke"]) <= grid_size(cfgs["cpu"]) <= grid_size(cfgs["full"])
-    widths = [max(int(w) for w in str(c.hydra.sweeper.params.get("width", c.width)).split(","))
-              for c in (cfgs[s] for s in SIZES)]
+    widths = [network_width(cfgs[s]) for s in SIZES]
     assert widths == sorted(widths) and widths[0] <= 32, widths
 
 

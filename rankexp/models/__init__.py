@@ -1,8 +1,10 @@
 """Model families, chosen by the ``model=`` config group (``conf/model/``).
 
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
-mean-field plain networks of the textbook chapter; ``gpt2.py``: Hugging Face causal LMs, which
-imports ``transformers`` only when built) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
+mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
+and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
+when built) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.
+Models never import probes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .convnet import CifarResNet
 from .gpt2 import CausalLM, build_causal_lm
 from .mlp import ResidualMLP
 from .plain import PlainNet
@@ -88,11 +91,26 @@ def build_gpt2(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
         dtype=dtype or DTYPES[s.dtype.value], device=device)
 
 
+def build_cifar_resnet(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+                       dtype: torch.dtype | None = None) -> CifarResNet:
+    """The :class:`CifarResNet` a validated config describes: top-level ``depth`` (6n+2),
+    ``model.residual``, ``model.base_width``; members as for :func:`build_mlp`."""
+    return CifarResNet(
+        s.depth,
+        residual=s.model.residual,
+        base_width=s.model.base_width,
+        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        dtype=dtype or DTYPES[s.dtype.value],
+        device=device,
+    )
+
+
 #: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
 FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
     "plain": build_plain,
     "gpt2": build_gpt2,
+    "cifar_resnet": build_cifar_resnet,
 }
 
 

@@ -8,13 +8,17 @@ and its per-seed working memory (for seed chunking).
 
 To add a probe: write ``fn`` in a module of its family, declare its needs (a sweep need of
 :data:`rankexp.probes.jacobian.SWEEP_NEEDS`, a fold registered in :data:`FOLDS`, or none), and
-add one line below.
+add one line below.  The CIFAR ConvNets' probes (``convnet.py``, :data:`CIFAR_PROBES`) take an
+:class:`~rankexp.probes.convnet.ImageProbeContext` (the network and CIFAR-10 on its device)
+instead; they need no sweep and declare their memory on a
+:class:`~rankexp.probes.convnet.ConvShape`.
 """
 
 from __future__ import annotations
 
-from . import branch, ffn, gradients, meanfield, paths, representation, sweep
+from . import branch, convnet, ffn, gradients, meanfield, paths, representation, sweep
 from .base import FoldFactory, Probe, ProbeContext, needs_of
+from .convnet import ImageProbeContext
 from .jacobian import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA
 
 #: per-layer folds a probe can need by name; each runs inside the one shared sweep
@@ -51,6 +55,12 @@ PROBES: dict[str, Probe] = {
     "shattered": Probe(gradients.probe_shattered, splits_seeds=False),
     # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
     "ffn_jacobian": Probe(ffn.probe_ffn_jacobian, memory=ffn.ffn_memory),
+    # He et al.'s degradation replication (model=cifar_resnet; science.md §5): per member on
+    # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
+    "layer_response": Probe(convnet.probe_layer_response, memory=convnet.layer_response_memory),
+    "init_gradient_norms": Probe(convnet.probe_init_gradient_norms,
+                                 memory=convnet.init_gradient_norms_memory),
+    "lesion": Probe(convnet.probe_lesion, memory=convnet.lesion_memory),
 }
 
 #: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
@@ -60,6 +70,12 @@ LM_PROBES = ("ffn_jacobian",)
 #: probes that differentiate one input per member: a batchnorm has no batch there
 ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
                     "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum")
+#: the probes of the CIFAR ConvNets (model=cifar_resnet), and the only ones it runs
+CIFAR_PROBES = ("layer_response", "init_gradient_norms", "lesion")
+#: probes of a trained network (task=train only, after training)
+TRAINED_PROBES = ("lesion",)
+#: probes of the initial network (under task=train they run before the first step)
+INIT_PROBES = ("init_gradient_norms",)
 
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
@@ -72,5 +88,6 @@ def default_probes(family: str) -> list[str]:
     model family ``family``."""
     return list(FAMILY_DEFAULT_PROBES.get(str(family), DEFAULT_PROBES))
 
-__all__ = ["DEFAULT_PROBES", "FAMILY_DEFAULT_PROBES", "FOLDS", "LM_PROBES", "ONE_INPUT_PROBES",
-           "PLAIN_PROBES", "PROBES", "Probe", "ProbeContext", "default_probes", "needs_of"]
+__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FAMILY_DEFAULT_PROBES", "FOLDS", "INIT_PROBES",
+           "LM_PROBES", "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "TRAINED_PROBES",
+           "ImageProbeContext", "Probe", "ProbeContext", "default_probes", "needs_of"]

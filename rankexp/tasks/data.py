@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..locations import REPO_ROOT
+from ..locations import REPO_ROOT, cache_path, resolve_path
 from ..seeding import STREAM_DATA
 
 log = logging.getLogger(__name__)
@@ -479,6 +479,14 @@ def load_device_dataset(
     """:func:`load_cifar10` then :meth:`DeviceDataset.from_uint8` (same errors)."""
     tensors = load_cifar10(root, cache_dir, source=source, download=download, progress=progress)
     return DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype)
+
+
+def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceDataset:
+    """The data set a validated config names (``data.root``, ``cache_dir``, ``source``,
+    ``download``; relative paths as :mod:`rankexp.locations` resolves them) on ``device``."""
+    return load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir),
+                               device=device, dtype=dtype, source=s.data.source,
+                               download=s.data.download)
 
 
 class BatchSampler:

@@ -5,6 +5,10 @@ Seeds are a batch dimension of the network, but all their weights and working se
 device's free memory) and joins the chunks' per-seed results, then lets each probe pool over
 all seeds (:attr:`rankexp.probes.base.Probe.reduce`) — so the result is the one a single batch
 gives, number for number.
+
+The MLP families are probed on Gaussian inputs (:class:`~rankexp.probes.ProbeContext`); the
+CIFAR ConvNets on CIFAR-10 itself (:class:`~rankexp.probes.ImageProbeContext`, loaded once onto
+the device before the seeds are chunked).
 """
 
 from __future__ import annotations
@@ -20,19 +24,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..models import DTYPES, build_model
+from ..models.convnet import CifarResNet
 from ..models.mlp import ResidualMLP
-from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ProbeContext, needs_of
+from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ImageProbeContext, ProbeContext, needs_of
 from ..probes.base import ModelShape
+from ..probes.convnet import ConvShape
 from ..result import Measurement
 from ..seeding import gaussian_input
+from .data import dataset_for
 
 if TYPE_CHECKING:
     from ..config import RankexpConfig
 
 log = logging.getLogger(__name__)
+
+#: ``context(network) -> ctx``: the context its probes get (default: a :class:`ProbeContext`)
+ContextFactory = Callable[[nn.Module], Any]
 
 
 def _check(probes: Sequence[str]) -> None:
@@ -48,16 +58,22 @@ def probe_chunk(
     h0: Tensor | None = None,
     options: dict | None = None,
     progress: Callable[[str], None] | None = None,
-) -> tuple[Measurement, ProbeContext]:
+    context: ContextFactory | None = None,
+) -> tuple[Measurement, Any]:
     """Run the probes' ``fn`` on one batch of seeds (no pooling over seeds yet).
 
-    Returns the per-chunk :class:`Measurement` and the context (for the probes' ``reduce``).
+    ``context`` builds the probes' context for ``model`` (``h0`` is then not used); default: a
+    :class:`ProbeContext` on ``h0``.  Returns the per-chunk :class:`Measurement` and the context
+    (for the probes' ``reduce``).
     """
     _check(probes)
-    if h0 is None:
-        p = next(model.parameters())
-        h0 = gaussian_input(model.seeds, model.width, dtype=p.dtype, device=p.device)
-    ctx = ProbeContext(model, h0, options, needs=needs_of(PROBES[n] for n in probes), folds=FOLDS)
+    if context is not None:
+        ctx = context(model)
+    else:
+        if h0 is None:
+            p = next(model.parameters())
+            h0 = gaussian_input(model.seeds, model.width, dtype=p.dtype, device=p.device)
+        ctx = ProbeContext(model, h0, options, needs=needs_of(PROBES[n] for n in probes), folds=FOLDS)
     out = Measurement()
     for name in probes:
         if progress:
@@ -66,7 +82,7 @@ def probe_chunk(
     return out, ctx
 
 
-def _reduce(m: Measurement, probes: Sequence[str], ctx: ProbeContext) -> Measurement:
+def _reduce(m: Measurement, probes: Sequence[str], ctx: Any) -> Measurement:
     for name in probes:
         if PROBES[name].reduce is not None:
             PROBES[name].reduce(m, ctx)
@@ -83,6 +99,7 @@ def run_probes(
     h0: Tensor | None = None,
     options: dict | None = None,
     progress: Callable[[str], None] | None = None,
+    context: ContextFactory | None = None,
 ) -> Measurement:
     """Run ``probes`` on ``model`` with one Gaussian input per seed, all seeds as one batch.
 
@@ -91,13 +108,15 @@ def run_probes(
         probes: names from :data:`PROBES`.
         h0: inputs ``(E, 1, d)``; default: standard Gaussian drawn from each seed.
         options: probe options passed through :class:`ProbeContext`.
+        context: builds the probes' context instead (a ConvNet's :class:`ImageProbeContext`,
+            which carries its own options; ``h0`` and ``options`` are then not used).
 
     The sweep computes exactly the union of the probes' needs, once.
 
     Raises:
         KeyError: an unknown probe name (lists the known ones).
     """
-    m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress)
+    m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress, context=context)
     return _reduce(m, probes, ctx)
 
 
@@ -147,17 +166,23 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
 
 
-def model_shape(s: RankexpConfig) -> ModelShape:
+def model_shape(s: RankexpConfig) -> ModelShape | ConvShape:
+    """One seed's network as the probes' memory estimates see it (a ConvNet's own shape)."""
+    itemsize = torch.empty(0, dtype=DTYPES[s.dtype.value]).element_size()
+    if s.model.name == "cifar_resnet":
+        return ConvShape(s.depth, s.model.base_width, itemsize)
     hidden = s.width if s.matrices == 1 else max(1, round(s.expansion * s.width))
-    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every,
-                      torch.empty(0, dtype=DTYPES[s.dtype.value]).element_size())
+    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every, itemsize)
 
 
 def seed_bytes(s: RankexpConfig) -> float:
     """Memory one seed needs: its weights plus the largest working set of the chosen probes."""
     shape = model_shape(s)
-    per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
-    weights = shape.depth * per_block * shape.itemsize
+    if isinstance(shape, ConvShape):
+        weights = shape.weight_bytes()
+    else:
+        per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
+        weights = shape.depth * per_block * shape.itemsize
     probes = [PROBES[p] for p in s.task.probes]
     return weights + max(p.memory(shape, s.task.options) for p in probes)
 
@@ -184,12 +209,13 @@ def seed_chunk_size(s: RankexpConfig, device: torch.device) -> int:
 
 
 def measure_seeds(
-    build: Callable[[range], ResidualMLP],
+    build: Callable[[range], nn.Module],
     seeds: range,
     probes: Sequence[str],
     chunk: int,
     options: dict | None = None,
     progress: Callable[[str], None] | None = None,
+    context: ContextFactory | None = None,
 ) -> Measurement:
     """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each its own network.
 
@@ -198,6 +224,7 @@ def measure_seeds(
             network of seed s has, so the chunks are the batch's members).
         seeds: all seeds, in order.
         chunk: seeds per network (≥ 1).
+        context: the probes' context for each chunk's network (see :func:`probe_chunk`).
 
     Returns:
         The same :class:`Measurement` one batch of all seeds gives (tested).
@@ -210,7 +237,7 @@ def measure_seeds(
         if len(seeds) > chunk:
             log.info("seeds %d…%d of %d", part[0], part[-1], len(seeds))
         model = build(part)
-        m, ctx = probe_chunk(model, probes, options=options, progress=progress)
+        m, ctx = probe_chunk(model, probes, options=options, progress=progress, context=context)
         parts.append(m)
         del model
     return _reduce(join_seeds(parts), probes, ctx)
@@ -231,6 +258,13 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     """
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    context = None
+    if s.model.name == "cifar_resnet":  # measured on CIFAR-10 itself, on the device before chunking
+        data = dataset_for(s, device, DTYPES[s.dtype.value])
+
+        def context(net: CifarResNet) -> ImageProbeContext:
+            return ImageProbeContext(net, data, s.task.options)
+
     chunk = seed_chunk_size(s, device)
     seeds = range(s.seed, s.seed + s.seeds)
     if chunk < s.seeds:
@@ -238,7 +272,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
                  seed_bytes(s) / 1e9, f"{s.task.max_memory_gb} GB" if s.task.max_memory_gb else "80% free")
     built = [0.0]
 
-    def build(part: range) -> ResidualMLP:
+    def build(part: range) -> nn.Module:
         t = time.perf_counter()
         model = build_model(s, device, seeds=part)
         built[0] += time.perf_counter() - t
@@ -246,7 +280,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
 
     t0 = time.perf_counter()
     result = measure_seeds(build, seeds, s.task.probes, chunk, options=s.task.options,
-                           progress=lambda p: log.info("probe %s", p))
+                           progress=lambda p: log.info("probe %s", p), context=context)
     result.scalars["measure_seconds"] = time.perf_counter() - t0 - built[0]
     result.scalars["build_seconds"] = built[0]
     result.scalars["peak_memory_gb"] = peak_memory_gb(device)

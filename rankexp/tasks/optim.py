@@ -168,15 +168,17 @@ class Recipe:
         schedule: ``schedule(step, steps)`` → the factor multiplying every member's rate at
             0-based ``step`` (warm-up, step decay); host arithmetic, no device work.
         batch_transform: ``batch_transform(x, step)`` → the batch the model sees (on-device
-            augmentation), or None. A function of ``(x, step)`` and its own seeded state only,
-            so a resumed run sees the batches an uninterrupted one would. Not captured into
-            CUDA graphs (``cuda_graphs=True`` refuses a transform).
+            augmentation), or None. ``step`` is the 0-based step as a 0-dim int64 tensor on
+            the device (the loop's counter), so a transform that only indexes with it (no
+            host reads) is captured into CUDA graphs with the rest of the step. A function of
+            ``(x, step)`` and its own seeded state only, so a resumed run sees the batches an
+            uninterrupted one would.
     """
 
     name: str = "adam"
     optimizer: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam
     schedule: Callable[[int, int], float] = constant
-    batch_transform: Callable[[Tensor, int], Tensor] | None = None
+    batch_transform: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 #: Adam at constant per-member rates (the study's fig6 / Table 5 training).

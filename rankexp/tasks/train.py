@@ -1,7 +1,10 @@
-"""The CIFAR-10 training engine of the `train` task (science.md §1 and fig6): pure PyTorch.
+"""The CIFAR-10 training engine of the `train` task (science.md §1 and fig6, §5's degradation
+replication): pure PyTorch.
 
 The network is the measured :class:`~rankexp.models.mlp.ResidualMLP` stack between an
-input projection (3072 → d) and a linear head (d → 10). A learning-rate sweep is
+input projection (3072 → d) and a linear head (d → 10), or a CIFAR ConvNet
+(:class:`~rankexp.models.convnet.CifarResNet`, trained with He et al.'s recipe through the
+:class:`~rankexp.tasks.optim.Recipe` seams, :mod:`rankexp.tasks.recipes`). A learning-rate sweep is
 one batched model: member ``e`` of the ensemble axis E is the *same* initial
 network (every member has the same seed) trained at ``lrs[e]``, so a sweep step is
 one forward and one backward, however many rates it holds. Per-member rates are the
@@ -52,13 +55,15 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from .. import interrupt
-from ..locations import cache_path, resolve_path
+from ..locations import cache_path
 from ..models import DTYPES, build_model
 from ..models.mlp import ResidualMLP
+from ..probes import INIT_PROBES, ImageProbeContext
 from ..result import Measurement
-from ..seeding import STREAM_HEAD, seeded_generator
-from . import checkpoint
-from .data import IN_FEATURES, BatchSampler, DeviceDataset, load_device_dataset
+from ..seeding import STREAM_HEAD, seeded_generator, subset_indices
+from . import checkpoint, recipes
+from .data import IN_FEATURES, BatchSampler, DeviceDataset, dataset_for
+from .measure import run_probes
 from .optim import ADAM, MemberOptimizer, Recipe
 
 if TYPE_CHECKING:
@@ -162,6 +167,11 @@ class Classifier(nn.Module):
         return functional_call(self.stack, weights, (h0,)) @ self.w_out.squeeze(0).mT
 
 
+def member_errors(logits: Tensor, y: Tensor) -> Tensor:
+    """Fraction misclassified per member: logits ``(E, B, C)``, labels ``(B,)`` → float32 ``(E,)``."""
+    return (logits.argmax(-1) != y).float().mean(1)
+
+
 def member_losses(logits: Tensor, y: Tensor) -> Tensor:
     """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
     members, batch, classes = logits.shape
@@ -233,6 +243,9 @@ class TrainResult:
             first non-finite or above ``divergence_factor`` × the initial loss (that
             member frozen from then on), -1 if never.
         loss: ``(steps, E)`` train loss of every step (row t = step t+1, before its update).
+        train_error: ``(steps, E)`` fraction of that step's (augmented) batch misclassified,
+            by the same forward pass (training-mode batch norm), NaN for steps of a resumed
+            checkpoint that predates this record.
         eval_steps: ``(n_evals,)`` steps after which the test set was evaluated.
         test_acc: ``(n_evals, E)`` test accuracy at those steps.
         best_lr, best_acc: the learning rate with the highest final test accuracy
@@ -253,6 +266,7 @@ class TrainResult:
     diverged: np.ndarray
     diverged_step: np.ndarray
     loss: np.ndarray
+    train_error: np.ndarray
     eval_steps: np.ndarray
     test_acc: np.ndarray
     best_lr: float | None
@@ -267,6 +281,7 @@ def _summarize(
     steps_done: int,
     completed: bool,
     loss: np.ndarray,
+    train_error: np.ndarray,
     diverged_step: np.ndarray,
     eval_steps: list[int],
     test_acc: list[np.ndarray],
@@ -298,6 +313,7 @@ def _summarize(
         diverged=diverged,
         diverged_step=diverged_step,
         loss=loss,
+        train_error=train_error,
         eval_steps=np.asarray(eval_steps, dtype=np.int64),
         test_acc=acc,
         best_lr=best_lr,
@@ -320,6 +336,7 @@ class LoopState:
         diverged_step: int64 ``(E,)`` 1-based step of divergence, -1 if none.
         loss: float32 ``(steps + SLACK, E)`` every step's train loss (row 0 is the initial
             loss); the rows past ``steps`` absorb the CUDA-graph warm-up's writes.
+        error: float32 ``(steps + SLACK, E)`` every step's train-batch error (fraction wrong).
     """
 
     SLACK = 4
@@ -328,6 +345,7 @@ class LoopState:
     alive: Tensor
     diverged_step: Tensor
     loss: Tensor
+    error: Tensor
 
     @classmethod
     def fresh(cls, members: int, steps: int, device: torch.device) -> LoopState:
@@ -337,10 +355,12 @@ class LoopState:
             diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
             loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
                             device=device),
+            error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
+                             device=device),
         )
 
     def tensors(self) -> list[Tensor]:
-        return [self.done, self.alive, self.diverged_step, self.loss]
+        return [self.done, self.alive, self.diverged_step, self.loss, self.error]
 
 
 def _draw_batch(data: DeviceDataset, idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -366,18 +386,22 @@ def _step_body(
     optimizer: MemberOptimizer,
     state: LoopState,
     data: DeviceDataset,
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
     recipe: Recipe,
     divergence_factor: float,
 ) -> Callable[[Tensor, Tensor | float, int], None]:
-    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only."""
+    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only.
+
+    The batch transform gets the 0-based step as the device counter ``state.done`` (not the
+    host ``step``), so a transform that only indexes with it is captured into CUDA graphs."""
     params = list(model.parameters())
 
     def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
         x, y = _draw_batch(data, idx)
         if recipe.batch_transform is not None:
-            x = recipe.batch_transform(x, step)
-        losses = loss_fn(x, y)  # (E,)
+            x = recipe.batch_transform(x, state.done)
+        losses, errors = loss_fn(x, y)  # (E,) each
+        state.error.index_copy_(0, state.done.view(1), errors.detach()[None])
         alive = _watch_divergence(state, losses, divergence_factor)
         for p in params:
             p.grad = None
@@ -500,7 +524,8 @@ def train(
         log_every: also report the train loss every this many steps (None: only at
             evaluations). Losses reach the host only at these reports.
         on_log: called at every report as ``on_log(step, metrics)`` with host arrays
-            ``metrics["train_loss"]`` ``(E,)`` (mean since the previous report) and, at
+            ``metrics["train_loss"]`` and ``metrics["train_error"]`` ``(E,)`` (means of the
+            steps since the previous report) and, at
             evaluations, ``metrics["test_acc"]`` ``(E,)`` (the hook for live tracking).
         stable_accuracy: final test accuracy that makes a learning rate stable
             (``max_stable_lr``; Table 5 uses 0.4).
@@ -516,8 +541,7 @@ def train(
     Raises:
         ValueError: ``len(lrs)`` ≠ E, a non-positive or non-finite learning rate,
             non-positive step counts, ``divergence_factor`` ≤ 1, data/model on different
-            devices or of mismatched width, ``cuda_graphs`` off CUDA or with a batch
-            transform, or a checkpoint from a different run (other lrs, seed, batch size,
+            devices or of mismatched width, ``cuda_graphs`` off CUDA, or a checkpoint from a different run (other lrs, seed, batch size,
             recipe or architecture).
         rankexp.interrupt.JobInterrupted: a stop was requested (signal); the checkpoint of
             the last completed step has been written.
@@ -588,8 +612,6 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
         raise ValueError("every parameter needs the leading member axis E")
     if plan.cuda_graphs and data.device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs a CUDA device; the data are on {data.device}")
-    if plan.cuda_graphs and plan.recipe.batch_transform is not None:
-        raise ValueError("cuda_graphs=True cannot capture the recipe's batch_transform")
     return lrs
 
 
@@ -641,6 +663,8 @@ class _Loop:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.state.loss[:start] = ckpt["loss"]
+            if "error" in ckpt:  # (checkpoints written before the error record have none)
+                self.state.error[:start] = ckpt["error"]
             self.state.alive.copy_(ckpt["alive"])
             self.state.diverged_step.copy_(ckpt["diverged_step"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
@@ -670,18 +694,20 @@ class _Loop:
             "alive": s.alive.cpu(),
             "diverged_step": s.diverged_step.cpu(),
             "loss": s.loss[:done].cpu(),
+            "error": s.error[:done].cpu(),
             "eval_steps": list(h.eval_steps),
             "test_acc": [a.tolist() for a in h.test_acc],
             "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0,
         })
 
     # ---------------------------------------------------------------- the steps
-    def _loss_fn(self) -> Callable[[Tensor, Tensor], Tensor]:
+    def _loss_fn(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
         model, device, bf16 = self.model, self.device, self.plan.autocast_bf16
 
-        def forward_loss(x: Tensor, y: Tensor) -> Tensor:
+        def forward_loss(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             with _autocast(device, bf16):
-                return member_losses(model(x), y)
+                logits = model(x)
+                return member_losses(logits, y), member_errors(logits, y)
 
         return torch.compile(forward_loss) if self.plan.compile else forward_loss
 
@@ -752,7 +778,8 @@ class _Loop:
         self.side_time += time.perf_counter() - t_side
 
     def _report(self, done: int, evaluating: bool, bar) -> None:
-        metrics = {"train_loss": self.state.loss[self.logged:done].mean(0).cpu().numpy()}
+        metrics = {"train_loss": self.state.loss[self.logged:done].mean(0).cpu().numpy(),
+                   "train_error": self.state.error[self.logged:done].mean(0).cpu().numpy()}
         if evaluating:
             acc = evaluate(self.model, self.data.x_test, self.data.y_test,
                            batch_size=self.plan.eval_batch_size,
@@ -787,7 +814,7 @@ class _Loop:
         step_time = self.call_time - self.side_time
         return _summarize(
             self.lrs, done, done == self.plan.steps, self.state.loss[:done].cpu().numpy(),
-            diverged_step, self.history.eval_steps, self.history.test_acc,
+            self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
             self.history.elapsed_before + self.call_time,
             (done - start) / step_time if step_time > 0 and done > start else 0.0,
             loss_window, stable_accuracy,
@@ -800,21 +827,38 @@ def _lr_key(lr: float) -> str:
 
 
 def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=train``: CIFAR-10, Adam, every learning rate of ``task.lrs`` (or ``lr``) as one
-    batched model whose residual stack is initialized exactly as ``measure`` analyses it.
+    """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched
+    model, with the recipe of the ``task`` options (:func:`rankexp.tasks.recipes.recipe`).
 
-    Live metrics (step = optimizer step): ``train_loss_lr<lr>`` every ``task.log_every``
-    steps, ``test_acc_lr<lr>`` every ``task.eval_every``.  Final scalars:
+    The network is the config's family: the MLP's residual stack (initialized exactly as
+    ``measure`` analyses it) between a projection and a head (:class:`Classifier`), or a
+    CIFAR ConvNet as it is.
+
+    Live metrics, step = optimizer step (``task.steps``) or epoch (``task.epochs``):
+    ``train_loss_lr<lr>`` and ``train_error_lr<lr>`` (means over the steps since the last
+    report; the error of the augmented batches under training-mode BN, as He et al. plot it),
+    ``test_acc_lr<lr>`` and ``test_error_lr<lr>`` at evaluations.  Final scalars:
     ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
     ``max_stable_lr`` (largest LR with test accuracy ≥ ``task.stable_accuracy``; NaN if
-    none), per-LR ``final_test_acc_lr<lr>``, ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``.
+    none), per-LR ``final_test_acc_lr<lr>``, ``final_test_error_lr<lr>``,
+    ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``, ``clean_train_error_lr<lr>`` (with
+    ``task.clean_train_images``), ``train_seconds`` (wall time), ``steps_per_epoch``; then
+    the metrics of ``task.probes``.
     """
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
     dtype = DTYPES[t.dtype.value]
-    data = load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir), device=device,
-                               dtype=dtype, source=s.data.source, download=s.data.download)
-    stack = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
+    data = dataset_for(s, device, dtype)
+    net = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
+    model = Classifier(net) if isinstance(net, ResidualMLP) else net
+    per_epoch = data.y_train.shape[0] // t.batch_size
+    if t.epochs is None:
+        steps, eval_every, log_every, unit = t.steps, t.eval_every, t.log_every, 1
+    else:
+        steps, eval_every, log_every, unit = t.epochs * per_epoch, per_epoch, per_epoch, per_epoch
+    fill = (-data.mean / data.std).to(dtype)  # black, in the normalized units
+    the_recipe = recipes.recipe(t, depth=s.depth, steps=steps, batch_size=t.batch_size,
+                                seed=s.seed, fill=fill, device=device)
     ckpt_dir = cache_path(t.checkpoint_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt_file = ckpt_dir / f"{chash}.pt"  # same config → same file, whichever sweep reruns it
@@ -824,41 +868,78 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     graphs = t.cuda_graphs and device.type == "cuda"
     if t.cuda_graphs and not graphs:
         log.warning("task.cuda_graphs=true has no effect on %s: training without CUDA graphs", device)
+    out = Measurement()
+    before = [p for p in t.probes if p in INIT_PROBES]
+    if before:  # the fresh network, whether or not a checkpoint is resumed below
+        out.update(_probes(net, data, before, t.options, trained=False))
     first_live: list[int] = []
 
     def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
         if run is None:
             return
         first_live.append(step)
-        series = {f"{name}_{_lr_key(lr)}": ([step], [v]) for name, values in metrics.items()
+        if "test_acc" in metrics:
+            metrics = {**metrics, "test_error": 1.0 - metrics["test_acc"]}
+        series = {f"{name}_{_lr_key(lr)}": ([step // unit], [v]) for name, values in metrics.items()
                   for lr, v in zip(lrs, values, strict=True)}
         run.log_metrics({}, series)
 
-    res = train(Classifier(stack), data, lrs, steps=t.steps, batch_size=t.batch_size,
-                eval_every=t.eval_every, seed=s.seed, checkpoint_path=ckpt_file,
-                checkpoint_every=t.checkpoint_every, log_every=t.log_every, on_log=on_log,
+    res = train(model, data, lrs, steps=steps, batch_size=t.batch_size,
+                eval_every=eval_every, seed=s.seed, checkpoint_path=ckpt_file,
+                checkpoint_every=t.checkpoint_every, log_every=log_every, on_log=on_log,
                 stable_accuracy=t.stable_accuracy, divergence_factor=t.divergence_factor,
-                autocast_bf16=t.bf16, compile=t.compile, cuda_graphs=graphs)
-    out = Measurement()
+                autocast_bf16=t.bf16, compile=t.compile, cuda_graphs=graphs, recipe=the_recipe)
     out.scalars.update(best_test_accuracy=res.best_acc, best_lr=res.best_lr or float("nan"),
                        max_stable_lr=res.max_stable_lr or float("nan"), steps_per_s=res.steps_per_s,
-                       train_seconds=res.wall_time_s, steps=res.steps)
+                       train_seconds=res.wall_time_s, steps=res.steps, steps_per_epoch=per_epoch)
+    clean = None
+    if t.clean_train_images:
+        idx = subset_indices(data.y_train.shape[0], t.clean_train_images)
+        x, y = (data.x_train, data.y_train) if idx is None else (
+            data.x_train[idx.to(device)], data.y_train[idx.to(device)])
+        clean = 1.0 - evaluate(model, x, y, autocast_bf16=t.bf16).cpu().numpy()
     for i, lr in enumerate(lrs):
         k = _lr_key(lr)
         out.scalars[f"final_test_acc_{k}"] = float(res.final_test_acc[i])
+        out.scalars[f"final_test_error_{k}"] = 1.0 - float(res.final_test_acc[i])
         out.scalars[f"best_test_acc_{k}"] = float(res.best_test_acc[i])
         out.scalars[f"final_train_loss_{k}"] = float(res.final_train_loss[i])
         out.scalars[f"diverged_{k}"] = float(res.diverged[i])
+        if clean is not None:
+            out.scalars[f"clean_train_error_{k}"] = float(clean[i])
+    after = [p for p in t.probes if p not in INIT_PROBES]
+    if after:
+        out.update(_probes(net, data, after, t.options, trained=True))
     # points from before a resume were logged by the interrupted run: backfill them here
     resumed_before = first_live[0] if first_live else res.steps + 1
     if run is not None:
-        back = {}
-        early = res.eval_steps < resumed_before
-        for i, lr in enumerate(lrs):
-            back[f"test_acc_{_lr_key(lr)}"] = (res.eval_steps[early], res.test_acc[early, i])
-            ends = np.arange(t.log_every, min(resumed_before, res.steps + 1), t.log_every)
-            means = [float(res.loss[e - t.log_every:e, i].mean()) for e in ends]
-            back[f"train_loss_{_lr_key(lr)}"] = (ends, np.array(means))
-        run.log_metrics({}, back)
-    out.arrays.update(lrs=np.array(lrs), loss=res.loss, eval_steps=res.eval_steps, test_acc=res.test_acc)
+        run.log_metrics({}, _backfill(res, lrs, resumed_before, log_every, unit))
+    out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
+                      eval_steps=res.eval_steps, test_acc=res.test_acc)
     return out
+
+
+def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
+            trained: bool) -> Measurement:
+    """``probes`` of the network: a ConvNet on CIFAR-10, the MLP stack on Gaussian inputs."""
+    log.info("probes of the %s network: %s", "trained" if trained else "initial", ", ".join(probes))
+    if isinstance(net, ResidualMLP):
+        return run_probes(net, probes, options=options)
+    return run_probes(net, probes,
+                      context=lambda m: ImageProbeContext(m, data, options, trained=trained))
+
+
+def _backfill(res: TrainResult, lrs: list[float], resumed_before: int, log_every: int,
+              unit: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The live series' points of the steps before ``resumed_before`` (step // ``unit``)."""
+    back = {}
+    early = res.eval_steps < resumed_before
+    ends = np.arange(log_every, min(resumed_before, res.steps + 1), log_every)
+    for i, lr in enumerate(lrs):
+        k = _lr_key(lr)
+        back[f"test_acc_{k}"] = (res.eval_steps[early] // unit, res.test_acc[early, i])
+        back[f"test_error_{k}"] = (res.eval_steps[early] // unit, 1.0 - res.test_acc[early, i])
+        for name, values in (("train_loss", res.loss), ("train_error", res.train_error)):
+            means = [float(values[e - log_every:e, i].mean()) for e in ends]
+            back[f"{name}_{k}"] = (ends // unit, np.array(means))
+    return back

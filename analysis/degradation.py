@@ -1,0 +1,604 @@
+"""The degradation replication (science.md §5, last item; He et al. 2016 §4.2) from logged runs.
+
+Commands (``python -m analysis <command> --help``), all on ``--experiment degradation`` by default:
+
+* ``init-gradients`` — per-conv weight-gradient norms at initialization ‖∂ℓ/∂W_i‖_F against the
+  relative depth i/(6n+1), log scale, plain | ResNet panels; the ratio table ‖∇W₂‖/‖∇W_{6n+1}‖
+  per (network, depth). The chapter: plain BN networks' gradients explode geometrically toward
+  the input, ResNets' stay within an order of magnitude.
+* ``responses`` — He et al. Fig. 7: std of each 3×3 layer's response (after BN, before the add
+  and ReLU) in layer order and sorted; plain dashed, ResNet solid. He et al.: ResNets respond
+  less than their plain counterparts, and less the deeper they are.
+* ``error-curves`` — He et al. Fig. 6: train error (thin, dashed; augmented batches) and test
+  error (bold) against epochs, plain | ResNet panels, y up to the paper's 20 %.
+* ``error-table`` — final test error and clean final train error per depth, plain and ResNet,
+  beside He et al.'s ResNet column (Table 6), and the figure of test error against depth.
+* ``lesion`` — Veit et al.'s lesion: test error with each block replaced by its shortcut against
+  the block's relative position, the downsampling blocks (option A) marked.
+
+Init-time commands read ``task=measure`` runs (``size=cpu``) where there are any, else the
+``init_gradient_norms`` the training runs took before their first step (``--task`` chooses);
+``responses`` prefers trained networks. Each writes PNG, PDF and CSV (tables also Markdown)
+under ``figures/<experiment>/``, with a caption line stating depths, width, seeds and size.
+
+The claims of the replication are small pure functions of the tables (:data:`CLAIMS`), for the
+report's claims registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.models.convnet import HE_RESNET_TEST_ERROR
+
+from . import style
+from .common import (
+    Command,
+    add_where,
+    load,
+    out_dir,
+    series,
+    set_experiment_default,
+    to_markdown,
+    write_text,
+)
+from .plotting import plt, save
+
+log = logging.getLogger("analysis")
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
+
+EXPERIMENT = "degradation"
+RESIDUAL, DEPTH = "model.residual", "depth"
+FAMILY_NAMES = {False: "plain", True: "ResNet"}
+PANEL_TITLES = {False: "plain networks", True: "ResNets"}
+#: He et al.'s figure y-limit (%)
+PAPER_YLIM = 20.0
+#: He et al. §4.2: the plain 110-layer network "has >60% error"
+HE_PLAIN110_ERROR = 60.0
+#: the mean-field growth per layer of a batch-normalized ReLU net's weight gradients toward
+#: the input (Yang et al. 2019; the chapter's BN paradox, analysis.meanfield's mf_bn)
+BN_RELU_GROWTH = math.sqrt(math.pi / (math.pi - 1))
+_LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
+
+SYMBOLS = {
+    "grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
+    "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
+    "relative_depth": r"relative depth $i/(6n+1)$",
+    "response_std": r"std of layer response",
+    "layer": r"3$\times$3 layer $i$ (network order)",
+    "layer_sorted": r"3$\times$3 layer (sorted by magnitude)",
+    "error": r"error (%)",
+    "epoch": "epoch",
+    "block_position": r"relative block position $(b-\frac{1}{2})/3n$",
+}
+
+
+# --------------------------------------------------------------------------- loading
+def networks(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``residual`` (bool) and ``depth`` (int) columns, ordered plain→ResNet, by depth.
+
+    Raises:
+        KeyError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
+    """
+    if RESIDUAL not in df:
+        raise KeyError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
+                       "(python -m rankexp experiment=degradation -m)?")
+    df = df.copy()
+    df["residual"] = df[RESIDUAL].astype(str).str.lower().isin(["true", "1"])
+    df["depth"] = df[DEPTH].astype(int)
+    return df.sort_values(["residual", "depth"]).reset_index(drop=True)
+
+
+def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.DataFrame, str]:
+    """The runs of ``task`` (``measure``, ``train``), or with ``any`` the first of ``prefer``
+    that has runs. Returns ``(runs, task)``.
+
+    Raises:
+        KeyError: no run of that task (names the sizes that make them).
+    """
+    names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
+    for t in ([task] if task != "any" else list(prefer)):
+        sel = df[names == t]
+        if not sel.empty:
+            return sel.reset_index(drop=True), t
+    hint = {"train": "size=smoke or size=full", "measure": "size=cpu"}
+    raise KeyError(f"no task={task if task != 'any' else '/'.join(prefer)} runs with this metric "
+                   f"(run python -m rankexp experiment={EXPERIMENT} "
+                   f"{hint.get(task, 'size=cpu / size=smoke')} -m)")
+
+
+def lr_key(row: pd.Series) -> str:
+    """The learning-rate suffix ``<k>`` of a train run's ``*_lr<k>`` metrics (its one rate).
+
+    Raises:
+        KeyError: the run logged no per-LR metrics.
+    """
+    for c, v in row.items():
+        m = _LR_COLUMN.match(str(c))
+        if m and pd.notna(v):
+            return m.group(1)
+    raise KeyError(f"run {row.get('run_id')} has no final_test_acc_lr<lr>: is it a task=train run?")
+
+
+def mean_series(uri: str | None, runs: pd.DataFrame, key: Callable[[pd.Series], str] | str):
+    """``{(residual, depth): (steps, mean values over the runs)}`` of a logged series."""
+    out = {}
+    for (res, depth), group in runs.groupby(["residual", "depth"], sort=True):
+        curves = [series(uri, row["run_id"], key(row) if callable(key) else key)
+                  for _, row in group.iterrows()]
+        steps = curves[0][0]
+        same = [v for s, v in curves if len(s) == len(steps) and (s == steps).all()]
+        out[(bool(res), int(depth))] = (steps, np.mean(same, axis=0))
+    return out
+
+
+# --------------------------------------------------------------------------- figure helpers
+def depth_colors(depths) -> dict[int, tuple]:
+    """One viridis colour per depth (shallow dark, deep light), the same in every figure."""
+    depths = sorted({int(d) for d in depths})
+    cmap = plt.get_cmap("viridis")
+    return {d: cmap(x) for d, x in zip(depths, np.linspace(0, 0.85, len(depths)), strict=True)}
+
+
+def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The params :func:`analysis.style.caption` states, as a ConvNet has them: depth, seeds,
+    size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
+    cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
+    keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
+    out = df[keep].copy()
+    out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
+    return out
+
+
+def caption(fig, df: pd.DataFrame, experiment: str, extra: Sequence[str] = ()):
+    """The house caption (:func:`analysis.style.caption`) for ConvNet runs: runs, $d$ (stage-1
+    filters; 2d and 4d in stages 2 and 3), $L$, seeds, size, then ``extra``."""
+    return style.caption(fig, caption_frame(df), experiment,
+                         ["$d$: stage-1 filters (2$d$, 4$d$ after)", *extra])
+
+
+def _panels(n: int = 2, *, sharey: bool = True):
+    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.style.panels`)."""
+    return style.panels(n, sharey=sharey) if n > 1 else style.panels(n)
+
+
+def _label(res: bool, depth: int) -> str:
+    return f"{FAMILY_NAMES[res]}-{depth}"
+
+
+def _values(df: pd.DataFrame, key: str) -> list:
+    return sorted(df[key].dropna().unique().tolist(), key=str) if key in df else []
+
+
+def _legend(ax, **kw) -> None:
+    """A legend, or a note where the panel has no runs."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+    else:
+        ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="0.5")
+
+
+# --------------------------------------------------------------------------- tables (pure)
+def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
+    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
+    ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
+
+    Raises:
+        KeyError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
+    """
+    if "grad_ratio" not in runs:
+        raise KeyError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
+    rows = {}
+    for (res, depth), g in runs.groupby(["residual", "depth"]):
+        std = g["grad_ratio_std"] if "grad_ratio_std" in g else pd.Series(np.nan, index=g.index)
+        name = FAMILY_NAMES[bool(res)]
+        rows.setdefault(int(depth), {})[name] = float(g["grad_ratio"].mean())
+        rows[int(depth)][f"{name}_std"] = float(np.sqrt(np.nanmean(std.astype(float) ** 2)))
+    table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    table.index.name = "depth"
+    steps = 6 * ((table.index.to_numpy() - 2) // 6) - 1  # conv 2 → conv 6n+1
+    for name in FAMILY_NAMES.values():
+        if name in table:
+            table[f"{name}_log10"] = np.log10(table[name])
+            table[f"{name}_per_layer"] = table[name] ** (1.0 / steps)
+    return table
+
+
+def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Final errors (%) per depth: ``plain_test``, ``ResNet_test`` (final test error),
+    ``plain_train``, ``ResNet_train`` (clean final train error, where logged), ``He_ResNet_test``
+    (He et al. Table 6), ``runs``.
+
+    Raises:
+        KeyError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
+    """
+    rows: dict[int, dict] = {}
+    for _, row in runs.iterrows():
+        k = lr_key(row)
+        name, depth = FAMILY_NAMES[bool(row["residual"])], int(row["depth"])
+        cell = rows.setdefault(depth, {})
+        cell.setdefault(f"{name}_test", []).append(100 * (1 - float(row[f"final_test_acc_lr{k}"])))
+        clean = row.get(f"clean_train_error_lr{k}")
+        if clean is not None and pd.notna(clean):
+            cell.setdefault(f"{name}_train", []).append(100 * float(clean))
+        cell["runs"] = cell.get("runs", 0) + 1
+    table = pd.DataFrame({d: {k: (float(np.mean(v)) if isinstance(v, list) else v)
+                              for k, v in cell.items()} for d, cell in rows.items()}).T.sort_index()
+    table.index.name = "depth"
+    table["He_ResNet_test"] = [HE_RESNET_TEST_ERROR.get(int(d), np.nan) for d in table.index]
+    order = [c for c in ("plain_test", "ResNet_test", "He_ResNet_test", "plain_train",
+                         "ResNet_train", "runs") if c in table]
+    return table[order]
+
+
+def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
+    """Long table (network, depth, block, position, downsampling, error %, intact %) of the
+    runs' ``lesion_error`` series (means over runs of a network)."""
+    rows = []
+    curves = mean_series(uri, runs, "lesion_error")
+    intact = runs.groupby(["residual", "depth"])["lesion_intact_error"].mean()
+    for (res, depth), (blocks, err) in curves.items():
+        n = (depth - 2) // 6
+        for b, e in zip(blocks.astype(int), err, strict=True):
+            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth,
+                         "block": b, "position": (b - 0.5) / (3 * n),
+                         "downsampling": b in (n + 1, 2 * n + 1), "error": 100 * e,
+                         "intact": 100 * float(intact[(res, depth)])})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- claims (pure)
+@dataclass(frozen=True)
+class ClaimSpec:
+    """One claim of the replication for the report's registry: ``value(tables)`` → float,
+    judged with ``passes``; ``tables`` holds what it needs (``ratio``, ``errors``, ``lesion``,
+    ``responses``) and the function raises KeyError when a table or entry is missing."""
+
+    id: str
+    statement: str
+    source: str
+    study: str
+    tolerance: str
+    value: Callable[[dict], float]
+    passes: Callable[[float], bool]
+
+
+def plain_ratio_growth(ratio: pd.DataFrame) -> float:
+    """Smallest log10 growth of the plain ratio between consecutive measured depths (> 0: it
+    grows with depth at every step)."""
+    r = ratio["plain"].dropna()
+    if len(r) < 2:
+        raise KeyError("plain grad_ratio at fewer than two depths")
+    return float(np.diff(np.log10(r.to_numpy())).min())
+
+
+def resnet_ratio_spread(ratio: pd.DataFrame) -> float:
+    """Largest |log10 ratio| of the ResNets over depths (≤ 1: within an order of magnitude of 1)."""
+    r = ratio["ResNet"].dropna()
+    if r.empty:
+        raise KeyError("no ResNet grad_ratio")
+    return float(np.abs(np.log10(r.to_numpy())).max())
+
+
+def plain_degradation(errors: pd.DataFrame) -> float:
+    """Plain-56 minus plain-20 final test error (pp; > 0: the deeper plain net is worse)."""
+    return float(errors.loc[56, "plain_test"] - errors.loc[20, "plain_test"])
+
+
+def resnet_gain(errors: pd.DataFrame) -> float:
+    """ResNet-20 minus ResNet-110 final test error (pp; > 0: depth helps the ResNet)."""
+    return float(errors.loc[20, "ResNet_test"] - errors.loc[110, "ResNet_test"])
+
+
+def resnet_vs_he(errors: pd.DataFrame) -> float:
+    """Largest |ResNet − He et al.| final test error over the depths both have (pp)."""
+    diff = (errors["ResNet_test"] - errors["He_ResNet_test"]).dropna()
+    if diff.empty:
+        raise KeyError("no ResNet test error at He et al.'s depths")
+    return float(diff.abs().max())
+
+
+def lesion_gap(lesion: pd.DataFrame) -> float:
+    """Mean over depths of (ResNet − plain) mean error increase from lesioning an
+    identity-shortcut block (pp; < 0: ResNets are hurt less)."""
+    plain_blocks = lesion[~lesion["downsampling"]]
+    inc = (plain_blocks["error"] - plain_blocks["intact"]).groupby(
+        [plain_blocks["residual"], plain_blocks["depth"]]).mean()
+    gaps = [inc[(True, d)] - inc[(False, d)] for d in sorted({d for _, d in inc.index})
+            if (True, d) in inc and (False, d) in inc]
+    if not gaps:
+        raise KeyError("lesions of plain and ResNet networks at a common depth")
+    return float(np.mean(gaps))
+
+
+def response_ratio(responses: pd.DataFrame) -> float:
+    """Mean over depths of ResNet / plain mean response std (trained; < 1: ResNets respond less)."""
+    both = responses.dropna(subset=["plain", "ResNet"])
+    if both.empty:
+        raise KeyError("trained plain and ResNet responses at a common depth")
+    return float((both["ResNet"] / both["plain"]).mean())
+
+
+def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The tables :data:`CLAIMS` read, built from the degradation runs ``df`` (as loaded by
+    :func:`analysis.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
+    ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
+    df = networks(df)
+    tables: dict[str, pd.DataFrame] = {}
+    with_ratio = df[df["grad_ratio"].notna()] if "grad_ratio" in df else df.iloc[:0]
+    if not with_ratio.empty:
+        tables["ratio"] = gradient_ratio_table(with_task(with_ratio, "any", ("measure", "train"))[0])
+    try:
+        train, _ = with_task(df, "train", ("train",))
+    except KeyError:
+        return tables
+    tables["errors"] = final_error_table(train)
+    if "lesion_intact_error" in train:
+        tables["lesion"] = lesion_table(uri, train[train["lesion_intact_error"].notna()])
+    if "response_std_mean" in train:
+        tables["responses"] = response_table(train)
+    return tables
+
+
+CLAIMS: tuple[ClaimSpec, ...] = (
+    ClaimSpec("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
+              "at initialization grows geometrically with depth", "science.md §5 (BN paradox)",
+              "grows at every depth", "min Δlog10 > 0",
+              lambda t: plain_ratio_growth(t["ratio"]), lambda v: v > 0),
+    ClaimSpec("degradation.resnet_grad_ratio_bounded", "ResNets' gradient ratio stays within an "
+              "order of magnitude of 1", "science.md §5", "|log10| ≤ 1", "≤ 1",
+              lambda t: resnet_ratio_spread(t["ratio"]), lambda v: v <= 1),
+    ClaimSpec("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
+              "He et al. 2016 Fig. 6", "> 0 pp", "> 0",
+              lambda t: plain_degradation(t["errors"]), lambda v: v > 0),
+    ClaimSpec("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
+              "He et al. 2016 Table 6", "8.75 → 6.43 %", "> 0",
+              lambda t: resnet_gain(t["errors"]), lambda v: v > 0),
+    ClaimSpec("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
+              "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %", "≤ 1 pp",
+              lambda t: resnet_vs_he(t["errors"]), lambda v: v <= 1.0),
+    ClaimSpec("degradation.plain110_fails", "plain-110 stays above 60 % test error",
+              "He et al. 2016 §4.2", "> 60 %", "> 60",
+              lambda t: float(t["errors"].loc[110, "plain_test"]), lambda v: v > HE_PLAIN110_ERROR),
+    ClaimSpec("degradation.lesion_resnet_milder", "lesioning one block hurts a ResNet less than a "
+              "plain net", "Veit et al. 2016", "< 0 pp", "< 0",
+              lambda t: lesion_gap(t["lesion"]), lambda v: v < 0),
+    ClaimSpec("degradation.resnet_smaller_responses", "trained ResNets have smaller layer "
+              "responses than their plain counterparts", "He et al. 2016 Fig. 7", "< 1", "< 1",
+              lambda t: response_ratio(t["responses"]), lambda v: v < 1),
+)
+
+
+# --------------------------------------------------------------------------- init-gradients
+def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--task", choices=["measure", "train", "any"], default=default,
+                   help=f"which runs: task=measure (initialization), task=train, or any "
+                        f"(default: {default})")
+
+
+def _common_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, [EXPERIMENT], f"MLflow experiment(s) (default: {EXPERIMENT})")
+    add_where(p)
+
+
+def _init_gradients_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    _task_argument(p, "any")
+
+
+def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "grad_ratio"]))
+    runs, task = with_task(df, args.task, ("measure", "train"))
+    table = gradient_ratio_table(runs)
+    curves = mean_series(args.uri, runs, "grad_norm")
+    colors = depth_colors(runs["depth"])
+    fig, axes = _panels()
+    for ax, res in zip(axes, (False, True), strict=True):
+        for (r, depth), (layers, norms) in curves.items():
+            if r == res:
+                ax.plot(layers / layers.max(), norms, color=colors[depth], marker=".", ms=2.5,
+                        label=f"$L = {depth}$")
+        ax.set_yscale("log")
+        ax.set_title(f"{PANEL_TITLES[res]} at initialization")
+        ax.set_xlabel(SYMBOLS["relative_depth"])
+    plain = {d: c for (r, d), c in curves.items() if not r}
+    if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
+        layers, norms = plain[max(plain)]
+        axes[0].plot(layers / layers.max(), norms[-1] * BN_RELU_GROWTH ** (layers[-1] - layers),
+                     **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
+    for ax in axes:  # the plain curves fill the upper left
+        _legend(ax, loc="upper right")
+    axes[0].set_ylabel(SYMBOLS["grad_norm"])
+    batch = _values(runs, "task.options.init_gradient_norms.batch") or [256]
+    caption(fig, runs, args.experiment[0],
+            [f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
+    out = out_dir(args)
+    paths = save(fig, out, "init_gradient_norms", table)
+    paths.append(write_text(out / "init_gradient_ratio.md", to_markdown(table, ".3g")))
+    log.info("gradient ratio ‖∇W₂‖/‖∇W_last‖ at initialization:\n%s", to_markdown(table, ".3g"))
+    return paths
+
+
+init_gradients_command = Command(_init_gradients_arguments, _init_gradients_main)
+
+
+# --------------------------------------------------------------------------- responses
+def _responses_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    _task_argument(p, "any")
+
+
+def _responses_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "response_std_mean"]))
+    runs, task = with_task(df, args.task, ("train", "measure"))
+    colors = depth_colors(runs["depth"])
+    fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
+    axes = list(grid[:, 0])
+    rows = []
+    for ax, key, xlabel in ((axes[0], "response_std", SYMBOLS["layer"]),
+                            (axes[1], "response_std_sorted", SYMBOLS["layer_sorted"])):
+        for (res, depth), (layers, std) in mean_series(args.uri, runs, key).items():
+            ax.plot(layers, std, color=colors[depth], ls="-" if res else "--", lw=1.0,
+                    label=_label(res, depth))
+            if key == "response_std":
+                rows += [{"network": FAMILY_NAMES[res], "depth": depth, "layer": int(i),
+                          "std": float(s)} for i, s in zip(layers, std, strict=True)]
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(SYMBOLS["response_std"])
+        ax.ticklabel_format(axis="y", useOffset=False)
+        if task == "measure":  # BN (scale 1) with batch statistics: 1 up to ε, by construction
+            ax.axhline(1.0, **style.THEORY, label="BN at initialization: 1")
+            ax.set_ylim(0, 1.25)
+    axes[0].legend(ncol=2)
+    state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
+    axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
+    caption(fig, runs, args.experiment[0], [f"task = {task}", "plain dashed, ResNet solid"])
+    table = pd.DataFrame(rows)
+    return save(fig, out_dir(args), f"layer_responses_{task}", table)
+
+
+def response_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean response std over layers per (depth × network), columns ``plain`` and ``ResNet``."""
+    t = runs.groupby(["depth", "residual"])["response_std_mean"].mean().unstack("residual")
+    return t.rename(columns=FAMILY_NAMES)
+
+
+responses_command = Command(_responses_arguments, _responses_main)
+
+
+# --------------------------------------------------------------------------- error curves
+def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
+    """A train run's logged steps as epochs (its series are at step = epoch when it ran with
+    ``task.epochs``, else at step = optimizer step)."""
+    epochs = row.get("task.epochs")
+    if epochs is not None and str(epochs) not in ("None", "nan", ""):
+        return steps.astype(float)
+    return steps / float(row["steps_per_epoch"])
+
+
+def _curves_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    p.add_argument("--ylim", type=float, default=None,
+                   help=f"top of the error axis in %% (default: the paper's {PAPER_YLIM:g} when "
+                        "the ResNets end below it, else what the curves need)")
+
+
+def _curves_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH]))
+    runs, _ = with_task(df, "train", ("train",))
+    colors = depth_colors(runs["depth"])
+    fig, axes = _panels()
+    rows, finals = [], []
+    for (res, depth), group in runs.groupby(["residual", "depth"]):
+        curves = {}
+        for name in ("train_error", "test_error"):
+            xs, ys = [], []
+            for _, row in group.iterrows():
+                steps, values = series(args.uri, row["run_id"], f"{name}_lr{lr_key(row)}")
+                xs.append(epoch_axis(row, steps))
+                ys.append(100 * values)
+            n = min(len(x) for x in xs)
+            curves[name] = (xs[0][:n], np.mean([y[:n] for y in ys], axis=0))
+        ax = axes[int(bool(res))]
+        ax.plot(*curves["train_error"], color=colors[depth], ls="--", lw=0.7)
+        ax.plot(*curves["test_error"], color=colors[depth], lw=1.6, label=_label(res, depth))
+        finals.append((bool(res), float(curves["test_error"][1][-1])))
+        for name, (x, y) in curves.items():
+            rows += [{"network": FAMILY_NAMES[res], "depth": depth, "series": name,
+                      "epoch": float(a), "error": float(b)} for a, b in zip(x, y, strict=True)]
+    resnet_finals = [f for r, f in finals if r]
+    top = args.ylim
+    if top is None:
+        highest = max(r["error"] for r in rows)
+        top = PAPER_YLIM if resnet_finals and max(resnet_finals) < PAPER_YLIM else min(
+            100.0, 5 * math.ceil(highest / 5 + 0.2))
+        if top != PAPER_YLIM:
+            log.info("error-curves: the ResNets end above the paper's %g %% (short runs?); "
+                     "y-axis up to %g %% (--ylim to set it)", PAPER_YLIM, top)
+    for ax, res in zip(axes, (False, True), strict=True):
+        ax.set_ylim(0, top)
+        if top > PAPER_YLIM:
+            ax.axhline(PAPER_YLIM, color="0.6", lw=0.6, ls=":")
+        ax.set_title(PANEL_TITLES[res])
+        ax.set_xlabel(SYMBOLS["epoch"])
+        _legend(ax)
+    axes[0].set_ylabel(SYMBOLS["error"])
+    caption(fig, runs, args.experiment[0],
+            ["bold: test error", "dashed: train error (augmented batches)"])
+    return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
+
+
+error_curves_command = Command(_curves_arguments, _curves_main)
+
+
+# --------------------------------------------------------------------------- error table
+def _table_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH]))
+    runs, _ = with_task(df, "train", ("train",))
+    table = final_error_table(runs)
+    fig, axes = _panels(1)
+    ax = axes[0]
+    for name, kw in (("plain_test", dict(color="C3", ls="--", marker="s")),
+                     ("ResNet_test", dict(color="C0", marker="o"))):
+        if name in table:
+            ax.plot(table.index, table[name], label=f"{name.split('_')[0]} (this run)", **kw)
+    he = table["He_ResNet_test"].dropna()
+    if not he.empty:
+        ax.plot(he.index, he, color="k", ls=":", marker="x", label="ResNet, He et al. Table 6")
+    ax.set_xscale("log")
+    ax.set_xticks(table.index, [str(d) for d in table.index])
+    ax.minorticks_off()
+    ax.set_xlabel("network depth $L$")
+    ax.set_ylabel("final test error (%)")
+    ax.legend()
+    caption(fig, runs, args.experiment[0])
+    out = out_dir(args)
+    paths = save(fig, out, "final_errors", table)
+    paths.append(write_text(out / "final_errors.md", to_markdown(table, ".3g")))
+    log.info("final errors (%%):\n%s", to_markdown(table, ".3g"))
+    return paths
+
+
+error_table_command = Command(_common_arguments, _table_main)
+
+
+# --------------------------------------------------------------------------- lesion
+def _lesion_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "lesion_intact_error"]))
+    runs, _ = with_task(df, "train", ("train",))
+    table = lesion_table(args.uri, runs)
+    colors = depth_colors(table["depth"])
+    fig, axes = _panels()
+    for ax, res in zip(axes, (False, True), strict=True):
+        for depth, t in table[table["residual"] == res].groupby("depth"):
+            c = colors[depth]
+            ax.plot(t["position"], t["error"], color=c, marker="o", ms=3, lw=1.0,
+                    label=_label(res, depth))
+            ds = t[t["downsampling"]]
+            ax.plot(ds["position"], ds["error"], ls="none", marker="o", ms=6, mfc="white",
+                    mec=c, zorder=3)
+            ax.axhline(t["intact"].iloc[0], color=c, ls="--", lw=0.6)
+        for x in (1 / 3, 2 / 3):
+            ax.axvline(x, color="0.5", ls=":", lw=0.7)
+        ax.set_xlim(0, 1)
+        ax.set_title(PANEL_TITLES[res])
+        ax.set_xlabel(SYMBOLS["block_position"])
+        _legend(ax)
+    axes[0].set_ylabel("test error, one block lesioned (%)")
+    caption(fig, runs, args.experiment[0],
+            ["open circles: downsampling blocks (option A)", "dotted: stage boundaries",
+             "dashed: intact network"])
+    return save(fig, out_dir(args), "lesion", table)
+
+
+lesion_command = Command(_common_arguments, _lesion_main)

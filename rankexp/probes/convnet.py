@@ -1,0 +1,293 @@
+"""Probes of the CIFAR ConvNets (:class:`~rankexp.models.convnet.CifarResNet`): the textbook
+chapter's measurements beside He et al.'s degradation replication (science.md §5).
+
+* ``layer_response`` — He et al. (2016) Fig. 7: the standard deviation of each 3×3 conv layer's
+  output after BN, before the shortcut add and the ReLU, on CIFAR-10 test images; series
+  ``response_std`` in network order (step = conv layer 1 … 6n+1) and ``response_std_sorted``
+  (descending, step = rank). A trained network is measured as it is tested (BN with its running
+  statistics); an untrained one as SGD sees it at step 0 (BN with the statistics of each batch of
+  ``batch`` images — so each response std is ≈ 1 by construction, the closed form
+  ``√(1 − ε/(σ² + ε))`` of BN with scale 1).
+* ``init_gradient_norms`` — the "BN paradox" (science.md §5; Yang et al. 2019): the Frobenius
+  norm of each conv's weight gradient of the mean cross-entropy on one fixed batch of ``batch``
+  (256) training images at initialization, BN in training mode; series ``grad_norm`` (step =
+  conv layer) and scalar ``grad_ratio`` = ‖∇W₂‖/‖∇W_{6n+1}‖ (second conv over last conv). A
+  plain network's ratio grows geometrically with depth, a residual one's stays near 1.
+* ``lesion`` — Veit et al. (2016): test error with one block at a time replaced by its shortcut
+  alone (identity, or option A at the two stage changes), trained network in eval mode; series
+  ``lesion_error`` (step = block 1 … 3n), scalar ``lesion_intact_error``.
+
+Every per-member quantity is reduced to mean and seed spread (:class:`~rankexp.result.Measurement`),
+so the seeds may run in memory chunks (:func:`rankexp.tasks.measure.measure_seeds`); each
+probe's per-seed working memory is estimated from the network's :class:`ConvShape`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from ..models.convnet import CifarResNet
+from ..result import Measurement
+from ..seeding import subset_indices
+from .base import probe_options
+
+if TYPE_CHECKING:
+    from ..tasks.data import DeviceDataset
+
+#: option defaults (``task.options.<probe>``), shared by each probe and its memory estimate
+LAYER_RESPONSE_OPTIONS = {"images": 10000, "batch": 500}
+INIT_GRADIENT_NORMS_OPTIONS = {"batch": 256, "batch_seed": 0}
+LESION_OPTIONS = {"images": 10000, "batch": 250}
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """What a memory estimate needs to know about one member of a :class:`CifarResNet`.
+
+    Attributes:
+        depth: 6n + 2. base_width: stage-1 filters (16). itemsize: bytes per number.
+    """
+
+    depth: int
+    base_width: int
+    itemsize: int
+    num_classes: int = 10
+
+    @property
+    def n(self) -> int:
+        return (self.depth - 2) // 6
+
+    def layer_sizes(self) -> list[int]:
+        """Numbers per image of each conv layer's output, layers 1 … 6n+1 (C·H·W)."""
+        w, n = self.base_width, self.n
+        return [w * 32 * 32] * (2 * n + 1) + [2 * w * 16 * 16] * (2 * n) + [4 * w * 8 * 8] * (2 * n)
+
+    def parameters(self) -> int:
+        """Trainable numbers of one member (convs, BN scale/shift, classifier; closed form of
+        :meth:`CifarResNet.parameter_count`) plus its BN running statistics."""
+        w, n = self.base_width, self.n
+        convs = 9 * 3 * w + sum(9 * (c // 2 if stage and b == 0 else c) * c + 9 * c * c
+                                for stage, c in enumerate((w, 2 * w, 4 * w)) for b in range(n))
+        bn = 4 * (w + 2 * n * (w + 2 * w + 4 * w))  # weight, bias, running mean, running var
+        return convs + bn + self.num_classes * (4 * w + 1)
+
+    def weight_bytes(self) -> int:
+        return self.parameters() * self.itemsize
+
+
+def layer_response_memory(shape: ConvShape, options: Mapping) -> float:
+    """No-grad forward in batches: a block's input, conv, BN and ReLU outputs at the widest
+    layer, plus the hook's squared copy (5 × the largest layer × batch)."""
+    batch = probe_options(options, "layer_response", LAYER_RESPONSE_OPTIONS)["batch"]
+    return 5.0 * max(shape.layer_sizes()) * int(batch) * shape.itemsize
+
+
+def init_gradient_norms_memory(shape: ConvShape, options: Mapping) -> float:
+    """One backward through the whole network: autograd keeps ≈ 3 tensors per conv layer (the
+    conv's input, the BN's input, the ReLU's output), the backward ≈ 4 more of the widest."""
+    batch = probe_options(options, "init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)["batch"]
+    sizes = shape.layer_sizes()
+    return (3.0 * sum(sizes) + 4.0 * max(sizes)) * int(batch) * shape.itemsize + shape.weight_bytes()
+
+
+def lesion_memory(shape: ConvShape, options: Mapping) -> float:
+    """No-grad forward keeping every block's input of one batch (≈ every second layer's
+    output), plus 4 × the widest layer for the running block."""
+    batch = probe_options(options, "lesion", LESION_OPTIONS)["batch"]
+    sizes = shape.layer_sizes()
+    return (sum(sizes[::2]) + 4.0 * max(sizes)) * int(batch) * shape.itemsize
+
+
+class ImageProbeContext:
+    """A ConvNet under test, CIFAR-10 on its device, the probe options, and whether it is trained.
+
+    Attributes:
+        model: the :class:`CifarResNet` (E members).
+        data: the data set on the model's device (``x_train``, ``y_train``, ``x_test``,
+            ``y_test``; images flattened ``(N, 3072)``).
+        options: ``task.options`` (``options.<probe>.<key>``).
+        trained: measure as tested (BN running statistics) rather than at initialization.
+    """
+
+    def __init__(self, model: CifarResNet, data: DeviceDataset, options: dict | None = None, *,
+                 trained: bool = False):
+        self.model, self.data, self.options, self.trained = model, data, dict(options or {}), trained
+
+    def probe_options(self, name: str, defaults: dict) -> dict:
+        return probe_options(self.options, name, defaults)
+
+    def images(self, split: str, n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """``n`` images of ``split`` (train | test) and their labels: all of them in order when
+        ``n`` ≥ the split's size, else a fixed random subset (``seeded_generator(seed,
+        STREAM_INPUT)``; the image-folder source stores the splits sorted by class).
+
+        Raises:
+            ValueError: n < 1.
+        """
+        x, y = (self.data.x_train, self.data.y_train) if split == "train" else (
+            self.data.x_test, self.data.y_test)
+        if n < 1:
+            raise ValueError(f"{split} images: n={n} must be ≥ 1")
+        idx = subset_indices(x.shape[0], n, seed)
+        if idx is None:
+            return x, y
+        idx = idx.to(x.device)
+        return x[idx], y[idx]
+
+
+@contextlib.contextmanager
+def training_mode_untouched(model: CifarResNet):
+    """Batch norm with batch statistics (training mode) while the running statistics, the mode
+    and the gradients of ``model`` come back unchanged afterwards."""
+    saved = {k: b.clone() for k, b in model.named_buffers()}
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for k, b in model.named_buffers():
+                b.copy_(saved[k])
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def as_tested(model: CifarResNet):
+    """Eval mode (BN with running statistics), restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _member_view(r: Tensor, members: int) -> Tensor:
+    return r.reshape(r.shape[0], members, -1)
+
+
+@torch.no_grad()
+def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
+    """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
+
+    Options (``task.options.layer_response``): ``images`` (10000: the whole test set; fewer:
+    a fixed random subset), ``batch`` (images per forward; at initialization also the batch of
+    BN's statistics; 500).
+
+    Returns series ``response_std`` ``(E, 6n+1)`` (step = layer), ``response_std_sorted``
+    (descending per member, step = rank 1 …), scalar ``response_std_mean`` (over layers).
+    """
+    opts = ctx.probe_options("layer_response", LAYER_RESPONSE_OPTIONS)
+    model, members, layers = ctx.model, ctx.model.members, ctx.model.conv_layers
+    x, _ = ctx.images("test", int(opts["images"]))
+    dev = x.device
+    s1 = torch.zeros(members, layers, dtype=torch.float64, device=dev)
+    s2 = torch.zeros_like(s1)
+    count = torch.zeros(layers, dtype=torch.float64, device=dev)
+
+    def hook(layer: int, r: Tensor) -> None:
+        v = _member_view(r, members)
+        s1[:, layer - 1] += v.sum((0, 2), dtype=torch.float64)
+        s2[:, layer - 1] += v.square().sum((0, 2), dtype=torch.float64)
+        count[layer - 1] += v.shape[0] * v.shape[2]
+
+    mode = as_tested(model) if ctx.trained else training_mode_untouched(model)
+    with mode:
+        for chunk in x.split(int(opts["batch"])):
+            model(chunk, on_response=hook)
+    mean = s1 / count
+    std = (s2 / count - mean.square()).clamp_min(0).sqrt()
+    steps = np.arange(1, layers + 1)
+    out = Measurement()
+    out.add_seed_series("response_std", std, steps)
+    out.add_seed_series("response_std_sorted", std.sort(dim=1, descending=True).values, steps)
+    out.add_seed_stat("response_std_mean", std.mean(1))
+    return out
+
+
+def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
+    """Per-conv weight-gradient norms at initialization on one fixed batch of training images.
+
+    Options (``task.options.init_gradient_norms``): ``batch`` (256), ``batch_seed`` (0: which
+    images — the same for every network and seed).
+
+    Returns series ``grad_norm`` ``(E, 6n+1)`` = ‖∂ℓ/∂W_i‖_F (ℓ the batch's mean cross-entropy
+    in nats, step = conv layer i), scalars ``grad_ratio`` = ‖∂ℓ/∂W₂‖_F / ‖∂ℓ/∂W_{6n+1}‖_F
+    and ``log10_grad_ratio``. The model's parameters, gradients and BN statistics are left
+    as they were.
+
+    Raises:
+        ValueError: the context's network is trained (this measures the initial one).
+    """
+    if ctx.trained:
+        raise ValueError("init_gradient_norms measures the initial network; under task=train "
+                         "it runs before the first step")
+    opts = ctx.probe_options("init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)
+    model = ctx.model
+    x, y = ctx.images("train", int(opts["batch"]), seed=int(opts["batch_seed"]))
+    weights = [conv.weight for conv in model.convs]
+    with training_mode_untouched(model):
+        logits = model(x)  # (E, B, C)
+        members, batch, classes = logits.shape
+        ce = F.cross_entropy(logits.reshape(-1, classes), y.repeat(members), reduction="none")
+        grads = torch.autograd.grad(ce.view(members, batch).mean(1).sum(), weights)
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads], 1).double()  # (E, 6n+1)
+    out = Measurement()
+    out.add_seed_series("grad_norm", norms, np.arange(1, norms.shape[1] + 1))
+    ratio = norms[:, 1] / norms[:, -1]
+    out.add_seed_stat("grad_ratio", ratio)
+    out.add_seed_stat("log10_grad_ratio", ratio.log10())
+    return out
+
+
+@torch.no_grad()
+def probe_lesion(ctx: ImageProbeContext) -> Measurement:
+    """Test error of the trained network with each block in turn replaced by its shortcut.
+
+    Options (``task.options.lesion``): ``images`` (10000: the test set; fewer: a fixed random
+    subset), ``batch`` (250; the inputs of every block of one batch are kept, so the lesioned
+    networks share the intact prefix).
+
+    Returns series ``lesion_error`` ``(E, 3n)`` (fraction wrong, step = block 1 … 3n; blocks
+    n+1 and 2n+1 are the downsampling ones, array ``lesion_downsampling_blocks``), scalars
+    ``lesion_intact_error`` and ``lesion_error_mean`` (over blocks).
+
+    Raises:
+        ValueError: the context's network is not trained (BN has no running statistics yet).
+    """
+    if not ctx.trained:
+        raise ValueError("lesion measures a trained network (task=train, task.probes=[lesion])")
+    opts = ctx.probe_options("lesion", LESION_OPTIONS)
+    model, members = ctx.model, ctx.model.members
+    blocks = list(model.blocks)
+    x, y = ctx.images("test", int(opts["images"]))
+    wrong = torch.zeros(members, len(blocks) + 1, dtype=torch.float64, device=x.device)
+    with as_tested(model):
+        for xc, yc in zip(x.split(int(opts["batch"])), y.split(int(opts["batch"])), strict=True):
+            h = model.stem_forward(xc)
+            inputs = []
+            for blk in blocks:
+                inputs.append(h)
+                h = blk(h)
+            wrong[:, 0] += (model.head(h).argmax(-1) != yc).sum(1)
+            for b, blk in enumerate(blocks):
+                h = blk.shortcut(inputs[b])
+                for later in blocks[b + 1:]:
+                    h = later(h)
+                wrong[:, b + 1] += (model.head(h).argmax(-1) != yc).sum(1)
+    error = wrong / x.shape[0]
+    out = Measurement()
+    out.add_seed_stat("lesion_intact_error", error[:, 0])
+    out.add_seed_series("lesion_error", error[:, 1:], np.arange(1, len(blocks) + 1))
+    out.add_seed_stat("lesion_error_mean", error[:, 1:].mean(1))
+    out.arrays["lesion_downsampling_blocks"] = np.array(
+        [i + 1 for i, blk in enumerate(blocks) if blk.downsamples])
+    return out
