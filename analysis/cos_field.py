@@ -7,8 +7,9 @@ scale [−1, 1]: (a) M = 1 ReLU — a uniform field at the coherence c = 1/π (t
 off-diagonal mean 0.320), no decay with separation; (b) M = 2 — ≈ 0 (0.002); (c) a centred σ
 (E[σ] = 0) — ≈ 0 (−0.000).  A second figure gives the off-diagonal mean against the layer
 separation |l − l′| (flat where the field is uniform).  The table: off-diagonal mean ± s.d. over
-seeds (``branch_mean_cos_cross``) per configuration beside Table 1's c at the measured
-preactivation variance (``coherence_theory``) and the per-input cross-layer cosine
+seeds (``branch_mean_cos_cross``) per configuration beside the prediction (``predicted``:
+Table 1's c at the measured preactivation variance for M = 1, 0 for M = 2) and the per-input
+cross-layer cosine
 (``branch_input_cos_cross``).
 """
 
@@ -95,7 +96,7 @@ def draw_separation(fields: dict, coherence: dict):
         s = by_separation(c)
         ax.plot(np.arange(1, len(s) + 1), s, color=colors[k], label=config_title(*key))
         if np.isfinite(coherence.get(key, np.nan)):
-            ax.axhline(coherence[key], color=colors[k], **{**style.THEORY, "color": colors[k]})
+            ax.axhline(coherence[key], **{**style.THEORY, "color": colors[k]})
     ax.plot([], [], **style.THEORY, label=r"$c = E[\sigma]^2/E[\sigma^2]$ (Table 1)")
     ax.set_xscale("log")
     ax.set_xlabel(r"layer separation $|\ell - \ell'|$")
@@ -119,14 +120,20 @@ def _main(args: argparse.Namespace) -> list[Path]:
             log.warning("%s: runs of different depth; using L = %d", key, mats[0].shape[-1])
             mats = [m for m in mats if m.shape[-1] == mats[0].shape[-1]]
         fields[key] = np.concatenate(mats).mean(0)
-        coherence[key] = float(g["coherence_theory"].mean()) if "coherence_theory" in g else np.nan
+        c = float(g["coherence_theory"].mean()) if "coherence_theory" in g else np.nan
+        # M = 1 adds the same mean direction every layer (cos = c); M = 2 rotates it by W_down
+        coherence[key] = c if int(key[0]) == 1 else 0.0
         cross = pooled(g, "branch_mean_cos_cross", []).iloc[0]
         rows.append({"matrices": int(key[0]), "activation": key[1], "cos_mean_offdiag": cross["mean"],
                      "cos_mean_offdiag_std": cross["std"], "seeds": int(cross["seeds"]),
-                     "coherence_theory": coherence[key],
+                     "predicted": coherence[key],
                      "cos_input_cross": float(g["branch_input_cos_cross"].mean())
                      if "branch_input_cos_cross" in g else np.nan})
-    table = pd.DataFrame(rows).set_index(KEYS)
+    # the study's panel order: (a) M = 1 with a coherent σ, (b) M = 2, (c) a centred σ
+    order = sorted(fields, key=lambda k: (0 if int(k[0]) == 1 and coherence[k] > 1e-3
+                                          else 1 if int(k[0]) == 2 else 2, k))
+    fields = {k: fields[k] for k in order}
+    table = pd.DataFrame(rows).set_index(KEYS).reindex(order)
     out = out_dir(args)
     fig = draw_fields(fields, args.every)
     fig.suptitle(r"Figure 14: pairwise $\cos(m_\ell, m_{\ell'})$ of the branch means")
