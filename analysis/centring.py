@@ -70,10 +70,11 @@ def _band(ax, uri, runs, label, color) -> None:
 
 def draw(df: pd.DataFrame, uri: str | None):
     fig, axes = style.panels(2, max_cols=2, aspect=0.8)
-    colors = dict(zip(B_ORDER, style.value_colors(range(4), "tab10", stop=0.3)[0].values(), strict=True))
+    tab = style.plt.get_cmap("tab10")
+    colors = {op: tab(i) for i, op in enumerate(B_ORDER)}
     a = df[df[OUT].astype(str) == "none"]
     for k, p in enumerate([o for o in ("layernorm", "rmsnorm") if o in set(a[PRE])]):
-        _band(axes[0], uri, a[a[PRE] == p], f"pre-{style.OP_NAMES.get(p, p)}", list(colors.values())[k])
+        _band(axes[0], uri, a[a[PRE] == p], f"pre-{style.OP_NAMES.get(p, p)}", tab(k + 4))
     axes[0].set_title("(a) pre-branch op $P$")
     b = df[df[PRE].astype(str) == "rmsnorm"]
     for op in [o for o in B_ORDER if o in set(b[OUT])]:
