@@ -31,6 +31,7 @@ from .claims import (
 )
 from .common import PLACEMENT
 from .isorank import collapse_spread, isorank_table
+from .placements import preset_runs
 
 
 # --------------------------------------------------------------------------- fig1
@@ -145,7 +146,8 @@ def _fig4_post_like_none(runs: Runs) -> Measured:
 
 
 def _fig4_floor(runs: Runs) -> Measured:
-    df = runs("fig4")
+    # panel (a) only: the Figure 4b runs (norm=pre norm.post=<R>) are not Pre-Norm presets
+    df = preset_runs(runs("fig4"))
     keep = df[df[PLACEMENT].isin(["pre", "output"]) & (df["norm.op"] == "rmsnorm")]
     if keep.empty:
         raise NotRun("no pre/output RMSNorm runs")
