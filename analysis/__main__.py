@@ -9,6 +9,8 @@ import sys
 from rankexp.tracking import TrackingError
 
 from . import heatmap
+from .centring import centring_command
+from .cos_field import cos_field_command
 from .degradation import (
     error_curves_command,
     error_table_command,
@@ -27,8 +29,10 @@ from .meanfield import (
     mf_spectrum_command,
     mf_trainability_command,
 )
+from .op_tables import table2_command, table3_command
 from .paths_spike import paths_command, spike_command
 from .placements import placements_command
+from .post_ops import post_ops_command
 from .profiles import accumulated_command, profiles_command, stream_command
 from .report import report_command
 from .spectra_tables import mp_command, table1_command, table6_command
@@ -52,6 +56,12 @@ COMMANDS = {
     "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
     "ffn": (ffn_command, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l"),
     "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
+    # the rest of the study (science.md §4)
+    "post_ops": (post_ops_command, "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control"),
+    "cos_field": (cos_field_command, "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ"),
+    "centring": (centring_command, "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B"),
+    "table2": (table2_command, "Table 2: the post-residual ops' Jacobians (closed form vs autograd, removed directions, scale)"),
+    "table3": (table3_command, "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L"),
     # the mean-field lab (science.md §5)
     "mf_phase": (mf_phase_command, "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours"),
     "mf_relu_collapse": (mf_relu_collapse_command, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)"),

@@ -51,7 +51,8 @@ log = logging.getLogger("analysis")
 
 HOLDS, FAILS, NOT_RUN, ERROR = "holds", "does not hold", "not run", "error"
 #: modules whose import registers claims: the study's, then later experiments' (add yours)
-PLUGINS: list[str] = ["analysis.study_claims", "analysis.ffn_claims", "analysis.degradation_claims"]
+PLUGINS: list[str] = ["analysis.study_claims", "analysis.rest_claims", "analysis.ffn_claims",
+                      "analysis.degradation_claims"]
 
 
 class NotRun(Exception):

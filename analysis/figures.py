@@ -47,8 +47,9 @@ REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf" / "experiment"
 log = logging.getLogger("analysis.figures")
 
-#: the study's figures and tables in drawing order (science.md §3); fig6 (ranks) precedes
-#: fig6_train, whose ``analysis fig6`` reads both
+#: the study's figures and tables in drawing order (science.md §3, §4); fig6 (ranks) precedes
+#: fig6_train, whose ``analysis fig6`` reads both (fig13 / fig13_train alike); fig12 (GPT-2)
+#: joins when its config exists
 STUDY = (
     "fig1",
     "fig2",
@@ -59,9 +60,18 @@ STUDY = (
     "fig6_train",
     "fig7",
     "fig8",
+    "fig10",
+    "fig11",
     "fig12",
+    "fig13",
+    "fig13_train",
+    "fig14",
+    "fig15",
     "fig16",
+    "fig17",
     "tab1",
+    "tab2",
+    "tab3",
     "tab6",
 )
 #: configs that are not figures of the study

@@ -211,6 +211,8 @@ def _fig6_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-color", action="store_true", help="logarithmic colour scale for the rank column"
     )
+    p.add_argument("--figure", default="6",
+                   help="the study's figure number in the title (default 6; 13 for norm=output)")
 
 
 def _fig6_main(args: argparse.Namespace) -> list[Path]:
@@ -232,7 +234,8 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     )
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
     fig.suptitle(
-        f"Figure 6: {style.name(args.rank_metric)} at init beside {style.name(args.train_metric)}"
+        f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+        f"{style.name(args.train_metric)}"
     )
     style.caption(
         fig,

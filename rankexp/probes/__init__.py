@@ -16,7 +16,18 @@ instead; they need no sweep and declare their memory on a
 
 from __future__ import annotations
 
-from . import branch, convnet, ffn, gradients, meanfield, paths, representation, sweep
+from . import (
+    branch,
+    convnet,
+    ffn,
+    gradients,
+    meanfield,
+    norm_jacobian,
+    paths,
+    representation,
+    sweep,
+    walk,
+)
 from .base import FoldFactory, Probe, ProbeContext, needs_of
 from .convnet import ImageProbeContext
 from .jacobian import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA
@@ -46,6 +57,9 @@ PROBES: dict[str, Probe] = {
                               memory=branch.activation_spike_memory),
     "projection_split": Probe(branch.probe_projection_split, reduce=branch.reduce_projection_split,
                               memory=branch.projection_split_memory),
+    # Table 2 (the post-residual ops' Jacobians vs autograd) and Table 3 (random-walk projections)
+    "norm_jacobian": Probe(norm_jacobian.probe_norm_jacobian, memory=norm_jacobian.norm_jacobian_memory),
+    "projection_walk": Probe(walk.probe_projection_walk, memory=walk.projection_walk_memory),
     # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
     # seeds at once (fits, histograms), so their seeds are never split into memory chunks
     "correlation": Probe(meanfield.probe_correlation, splits_seeds=False),
@@ -69,7 +83,8 @@ PLAIN_PROBES = ("correlation", "jacobian_spectrum", "gradient_norms", "shattered
 LM_PROBES = ("ffn_jacobian",)
 #: probes that differentiate one input per member: a batchnorm has no batch there
 ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
-                    "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum")
+                    "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum",
+                    "norm_jacobian")
 #: the probes of the CIFAR ConvNets (model=cifar_resnet), and the only ones it runs
 CIFAR_PROBES = ("layer_response", "init_gradient_norms", "lesion")
 #: probes of a trained network (task=train only, after training)
