@@ -183,7 +183,7 @@ def sweep_runs(uri: str, experiment: str = "rankexp"):
 
 def job_result(run) -> dict:
     """The ``result.json`` the job wrote into its Hydra job dir before logging to MLflow."""
-    return json.loads((Path(run.data.tags["job_dir"]) / "result.json").read_text())
+    return json.loads((Path(run.data.tags["job_dir"]) / "result" / "result.json").read_text())
 
 
 # --------------------------------------------------------------------------- Slurm
