@@ -239,10 +239,15 @@ class Job:
             if s.tracking.enabled and self.offline is None:
                 self.logger = tracking.RunLogger(self.uri, self.exp_id, run_name(s), params, tags,
                                                  journal)
-                run_id = self.logger.start()
-                if previous.get("run_id") and previous.get("status") != "FINISHED":
+                try:
+                    run_id = self.logger.start()
+                except Exception as e:  # the store went away just now: compute offline
+                    self.offline = tracking._first_line(e)
+                    log.error("tracking store %s stopped answering (%s): computing anyway",
+                              self.uri, self.offline)
+                if run_id and previous.get("run_id") and previous.get("status") != "FINISHED":
                     self._supersede(previous["run_id"], run_id)
-            else:
+            if self.offline is not None or not s.tracking.enabled:
                 self.logger = tracking.Journal(journal)
             tracking.write_status(job_dir, "RUNNING", run_id=run_id, config_hash=self.chash,
                                   uri=self.uri, **tracking.owner_tags())
@@ -320,13 +325,16 @@ class Job:
             result = TASKS[s.task.name](s, self.device, self.job_dir, logger, self.chash)
         save_result(out, result, {"config_hash": self.chash, "run_id": run_id},
                     None if s.tracking.log_arrays else self.job_dir)
+        hint = (f"the result is in {self.job_dir}: log it with `python -m rankexp.sync "
+                f"{self.ctx.sweep_dir or self.job_dir}` once the store is back")
         if isinstance(logger, tracking.RunLogger):
-            logger.finish(result.scalars, result.series, out)
+            try:
+                logger.finish(result.scalars, result.series, out)
+            except tracking.TrackingLost as e:
+                raise tracking.TrackingLost(f"{e}; {hint}") from None
         elif s.tracking.enabled:
             raise tracking.TrackingLost(
-                f"tracking store {self.uri} did not answer ({self.offline}); the result is in "
-                f"{self.job_dir}: log it with `python -m rankexp.sync "
-                f"{self.ctx.sweep_dir or self.job_dir}` once the store is back")
+                f"tracking store {self.uri} did not answer ({self.offline}); {hint}")
         return result
 
     # ------------------------------------------------------------------ endings

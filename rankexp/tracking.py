@@ -596,8 +596,11 @@ class RunLogger(Journal):
                                      start_time=start_time)
         self.run_id = run.info.run_id
         params = [Param(k, _param_value(v)) for k, v in sorted(self.params.items())]
-        for chunk in _chunks(params, MAX_PARAMS):
-            self.client.log_batch(self.run_id, params=chunk)
+        try:
+            for chunk in _chunks(params, MAX_PARAMS):
+                self.client.log_batch(self.run_id, params=chunk)
+        except Exception as e:  # the run exists: the job goes on, finish() reports the loss
+            self.lost = _first_line(e)
         return self.run_id
 
     def log_metrics(
