@@ -188,8 +188,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ctx = job_context()
     pin_threads(ctx.launcher)
     limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
-    with interrupt.installed({signal.SIGUSR2: limit}) as previous:
-        return Job(cfg, s, ctx, limit, previous.get(signal.SIGUSR2)).run()
+    try:
+        with interrupt.installed({signal.SIGUSR2: limit}) as previous:
+            return Job(cfg, s, ctx, limit, previous.get(signal.SIGUSR2)).run()
+    finally:
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            # this process's one job is over: a late time-limit warning must neither requeue
+            # it (submitit's handler) nor kill it while it exits (Python's default at shutdown)
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 class Job:

@@ -4,11 +4,15 @@ them: ``python -m rankexp ... hydra/launcher=slurm -m`` with ``SLURM_CONF`` expo
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import services
-from services import rankexp, sweep_runs
+from mlflow.entities import ViewType
+from services import client, finish, rankexp, start_rankexp, sweep_runs
 
 slurm_cluster = services.slurm_cluster  # session fixture (tests/services.py)
 
@@ -100,10 +104,128 @@ def test_killed_slurm_job_is_failed_in_mlflow_and_the_sweep_exits_nonzero(slurm_
     assert status["1.0"].info.status == "FINISHED"
     killed = status["2.0"]
     assert killed.info.status == "FAILED"
-    assert "killed" in killed.data.tags["error"], killed.data.tags
+    # closed by the sweep from Slurm's accounting: sacct's state is the reason
+    assert killed.data.tags["rankexp.end_reason"] == "FAILED", killed.data.tags
+    assert f"Slurm job {array_id}_1 ended FAILED" in killed.data.tags["error"], killed.data.tags
     assert parent.info.status == "FAILED"
     assert parent.data.metrics["jobs_failed"] == 1 and parent.data.metrics["jobs_finished"] == 1
     # from the killed job's start to the sweep's verdict (parent closed FAILED): < 1 min
     seconds = (parent.info.end_time - killed.info.start_time) / 1000
     assert 0 < seconds < 60, seconds
     print(f"killed job reported FAILED {seconds:.1f} s after it started; sweep {res.seconds:.1f} s")
+
+
+def test_cluster_daemons_listen_on_loopback_only_and_keep_passwords_out_of_argv(slurm_cluster):
+    """Issue 8, row 10: Debian's Slurm listens on every interface whatever slurm.conf says;
+    the cluster's preload keeps slurmctld, slurmd and slurmdbd (and MariaDB) on 127.0.0.1."""
+    ports = range(slurm_cluster.port, slurm_cluster.port + 4)
+    listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout
+    mine = [line.split()[3] for line in listening.splitlines()
+            if int(line.split()[3].rsplit(":", 1)[1]) in ports]
+    assert len(mine) == 4 and all(a.startswith("127.0.0.1:") for a in mine), mine
+    password = (slurm_cluster.dir / "etc" / "dbpass").read_text().strip()
+    assert oct((slurm_cluster.dir / "etc" / "slurmdbd.conf").stat().st_mode & 0o777) == "0o600"
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert password not in cmdline.read_bytes().decode(errors="replace"), cmdline
+        except OSError:
+            continue
+
+
+def test_job_past_its_time_limit_is_failed_with_reason_timeout(slurm_cluster, tmp_path):
+    """Issue 8, row 3: ``timeout_min=1``.  The warning signal is derived from the limit (15 s
+    before it, not the plugin's 120 s that would land at the start); the alpha=2 job hangs
+    past the limit (RANKEXP_FAULT_HANG), Slurm stops it, and its run is FAILED with reason
+    TIMEOUT (sacct: TIMEOUT) within a minute of the limit; counts and exit status agree."""
+    res = rankexp(
+        "alpha=1,2", "depth=2", "width=8", "seeds=1", *SLURM[:3], "hydra.launcher.timeout_min=1", "-m",
+        cwd=tmp_path, env=slurm_cluster.env(RANKEXP_FAULT_HANG="alpha=2"), timeout=TIMEOUT,
+    )  # fmt: skip
+    assert res.returncode == 1, res.output[-3000:]
+    assert "1 finished, 0 skipped (already FINISHED), 1 failed, 0 killed, 0 not run" in res.output
+    sweep, arrays = submitit_arrays(tmp_path)
+    ((array_id, _),) = arrays.items()
+    script = (sweep / ".submitit" / array_id / f"{array_id}_submission.sh").read_text()
+    assert "#SBATCH --signal=USR2@15" in script and "#SBATCH --time=1" in script, script
+    states = slurm_cluster.wait_sacct(array_id, {"COMPLETED", "TIMEOUT"})
+    assert states == {f"{array_id}_0": "COMPLETED", f"{array_id}_1": "TIMEOUT"}, states
+    (parent,), jobs = sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    by_alpha = {r.data.params["alpha"]: r for r in jobs}
+    assert by_alpha["1.0"].info.status == "FINISHED"
+    late = by_alpha["2.0"]
+    assert late.info.status == "FAILED" and late.data.tags["rankexp.end_reason"] == "TIMEOUT", late.data.tags
+    ran = (late.info.end_time - late.info.start_time) / 1000
+    assert 30 < ran < 60 + 60, ran  # Slurm stops it at the 1-minute limit (checked every 30 s)
+    assert parent.info.status == "FAILED"
+    assert (parent.data.metrics["jobs_finished"], parent.data.metrics["jobs_failed"]) == (1, 1)
+    print(f"timed-out job FAILED/TIMEOUT {ran:.0f} s after its run started; sweep {res.seconds:.0f} s")
+
+
+def _release(job: str, env: dict) -> None:
+    """Slurm holds a requeued job until a BeginTime ~2 min ahead; start it now instead."""
+    for _ in range(40):
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                       capture_output=True, timeout=30)
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], env=env,
+                               capture_output=True, text=True, timeout=30).stdout
+        if "BeginTime" not in state and "REQUEUE" not in state:
+            return
+        time.sleep(0.5)
+
+
+def test_requeued_training_jobs_end_one_finished_run_each(slurm_cluster, tmp_path):
+    """Issue 8, row 4 and item 3: two training jobs, both checkpointing.  Task 0 is requeued
+    from outside (``scontrol requeue``: SIGTERM, then Slurm runs it again); task 1 gets
+    submitit's time-limit warning (SIGUSR2), checkpoints and requeues itself
+    (``max_num_timeout``).  Each resumes from its checkpoint; the earlier attempt's run is
+    superseded (tagged, deleted), so each config has one FINISHED run, the parent FINISHED
+    with 2 finished, and the sweep exits 0."""
+    env = slurm_cluster.env()
+    ckpt = tmp_path / "ckpt"
+    proc = start_rankexp(
+        "task=train", "depth=2", "width=16", "alpha=1,2", "task.steps=3000", "task.eval_every=1000",
+        "task.log_every=100", "task.checkpoint_every=100", "task.lrs=[0.001]",
+        f"task.checkpoint_dir={ckpt}", *SLURM, "-m", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    deadline, hashes = time.monotonic() + 200, {}
+    while time.monotonic() < deadline and len(hashes) < 2 and proc.poll() is None:
+        for status in tmp_path.glob("multirun/*/*/[01]/status.json"):
+            doc = json.loads(status.read_text())
+            if (ckpt / f"{doc['config_hash']}.pt").exists():
+                hashes[status.parent.name] = doc["config_hash"]
+        time.sleep(0.5)
+    assert len(hashes) == 2, (hashes, proc.poll())
+    _, arrays = submitit_arrays(tmp_path)
+    ((array_id, _),) = arrays.items()
+    subprocess.run(["scontrol", "requeue", f"{array_id}_0"], env=env, check=True, timeout=30)
+    subprocess.run(["scancel", "--signal=USR2", f"{array_id}_1"], env=env, check=True, timeout=30)
+    time.sleep(3)
+    for task in (0, 1):
+        _release(f"{array_id}_{task}", env)
+    res = finish(proc, timeout=TIMEOUT)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "2 finished, 0 skipped (already FINISHED), 0 failed, 0 killed, 0 not run" in res.output
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (parent,), jobs = sweep_runs(uri)
+    assert parent.info.status == "FINISHED"
+    m = parent.data.metrics
+    assert (m["jobs_finished"], m["jobs_failed"], m["jobs_killed"]) == (2, 0, 0)
+    assert sorted(r.info.status for r in jobs) == ["FINISHED", "FINISHED"]  # deleted ones hidden
+    assert {r.data.tags["config_hash"] for r in jobs} == set(hashes.values())
+    c = client(uri)
+    every = c.search_runs([parent.info.experiment_id], run_view_type=ViewType.ALL)
+    superseded = [r for r in every if r.info.lifecycle_stage == "deleted"]
+    assert len(superseded) == 2, [(r.info.status, r.data.tags.get("rankexp.end_reason")) for r in every]
+    reasons = sorted(r.data.tags["rankexp.end_reason"] for r in superseded)
+    assert reasons == ["SIGTERM", "requeued"], reasons
+    for old in superseded:
+        new = c.get_run(old.data.tags["rankexp.superseded_by"])
+        assert new.info.status == "FINISHED" and new.data.tags["config_hash"] == old.data.tags["config_hash"]
+        assert new.data.tags["rankexp.attempt"] == "2"
+        steps = [p.step for p in c.get_metric_history(new.info.run_id, "train_loss_lr0.001")]
+        assert sorted(steps) == list(range(100, 3001, 100)), steps  # whole curve, no duplicates
+    logs = "".join(p.read_text() for p in tmp_path.glob("multirun/*/*/.submitit/*/*_log.*"))
+    assert len(re.findall(r"resuming from .* at step [1-9]", logs)) == 2, logs[-3000:]
+    states = slurm_cluster.wait_sacct(array_id, {"COMPLETED"})
+    assert set(states.values()) == {"COMPLETED"}, states

@@ -4,7 +4,11 @@ The plugin's ``launch`` returns at the first job that failed (raising), while th
 the array still run, so the sweep would count them before they end.  Here every job's outcome
 comes back — a failed or vanished one as a FAILED ``JobReturn`` carrying submitit's error —
 and an interrupted sweep (SIGTERM, Ctrl-C) cancels the jobs it submitted (``scancel``), so
-their runs end KILLED instead of logging into a closed sweep.  Submission is the plugin's own.
+their runs end KILLED instead of logging into a closed sweep.  Submission is the plugin's own,
+with one change: each job's interpreter starts with SIGUSR2 ignored (submitit's ``python``
+command, wrapped in ``trap '' USR2``).  Slurm may send the time-limit warning up to a minute
+early — with a short limit, while the job is still importing torch — and its default action
+would kill the job before submitit and rankexp install their handlers.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,8 +59,9 @@ class RankexpSlurmLauncher(SlurmLauncher):
         """The plugin's submission (one array, the same parameters), unchanged."""
         params = self.params
         init_keys = {"max_num_timeout", "submitit_folder"}
+        python = f"sh -c 'trap \"\" USR2; exec \"$0\" \"$@\"' {shlex.quote(sys.executable)}"
         executor = submitit.AutoExecutor(
-            cluster=self._EXECUTOR, folder=params["submitit_folder"],
+            cluster=self._EXECUTOR, folder=params["submitit_folder"], slurm_python=python,
             **{f"{self._EXECUTOR}_max_num_timeout": params[k] for k in ("max_num_timeout",) if k in params})
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v
