@@ -278,6 +278,7 @@ class Job:
             "overrides": self.ctx.overrides,
             "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
             "task": self.s.task.name,
+            "torch_threads": str(torch.get_num_threads()),
             "job_dir": str(self.job_dir),
             **tracking.owner_tags(),
         }

@@ -20,6 +20,9 @@ def test_fresh_sqlite_store_under_four_parallel_first_jobs(cli):
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
     assert runs_in(cli.uri, "Default") == []
     assert sorted(r.data.params["alpha"] for r in runs) == ["1.0", "2.0", "3.0", "4.0"]
+    # each of the 4 workers gets cores ÷ workers torch threads, not all cores' threads
+    cores = len(os.sched_getaffinity(0))
+    assert {r.data.tags["torch_threads"] for r in runs} == {str(max(1, cores // 4))}
 
 
 def test_same_second_sweeps_in_parallel_do_not_collide(cli):
