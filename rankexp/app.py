@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig
 
 from . import interrupt, tracking
 from .config import (
@@ -232,7 +233,7 @@ class Job:
                 return {"status": "SKIPPED", "run_id": done, "scalars": {}}
         out = job_dir / tracking.RESULT_DIR
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(self.container)))
+        (out / "config.yaml").write_text(yaml.safe_dump(self.container, sort_keys=False))
         params = {**flatten(self.container), **derived_params(s)}
         tracking.write_json(job_dir / tracking.RUN_FILE, {
             "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,

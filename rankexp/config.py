@@ -288,14 +288,23 @@ def slurm_signal_delay(timeout_min: float) -> int:
     return int(max(1, min(limit / 2, max(15.0, min(120.0, 0.1 * limit)))))
 
 
+def hydra_subdir(mode: Any) -> str | None:
+    """``hydra.output_subdir``: ``.hydra`` for a single run; none for the jobs of a sweep, whose
+    resolved config is ``result/config.yaml`` and whose Hydra config is the sweep's
+    ``multirun.yaml`` (three YAML dumps and files fewer per job)."""
+    return None if str(mode).endswith("MULTIRUN") else ".hydra"
+
+
 def register_configs() -> None:
     """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)
-    and register the resolvers ``rankexp_stamp`` (output directories) and
-    ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml)."""
+    and register the resolvers ``rankexp_stamp`` (output directories), ``rankexp_hydra_subdir``
+    (conf/config.yaml) and ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml)."""
     if not OmegaConf.has_resolver("rankexp_stamp"):
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
     if not OmegaConf.has_resolver("rankexp_signal_delay"):
         OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
+    if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
+        OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # group schemas live under schema/ so `--help` lists only real choices for norm= and task=

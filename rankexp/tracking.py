@@ -59,6 +59,7 @@ RUN_FILE = "run.json"
 JOURNAL_FILE = "metrics.jsonl"
 RESULT_DIR = "result"
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # log_batch limits (platform.md)
+MAX_ENTITIES = 1000  # … and at most this many of them together
 PARAM_VALUE_LIMIT = 6000
 
 TAG_ROLE = "rankexp.role"
@@ -570,9 +571,10 @@ class TrackingLost(TrackingError):
 
 class RunLogger(Journal):
     """One job's MLflow run, written in as few requests as MLflow allows: ``create_run`` with
-    every tag (owner and parent included), one ``log_batch`` of the params, the task's live
-    points as it logs them, then at the end one ``log_batch`` of all metrics and end tags,
-    one ``log_artifacts`` of the result folder and ``set_terminated``.
+    every tag (owner and parent included), then ``log_batch`` calls that each carry whatever
+    is pending — the params ride on the first one (a training task's first live report, or a
+    measurement's result), the metrics, the end tags — one ``log_artifacts`` of the result
+    folder and ``set_terminated``: four requests for a measurement.
 
     Live points are also journalled (:class:`Journal`).  When a request fails (bounded by
     :func:`configure_http`), the logger stops talking to the store — later points only go to
@@ -587,20 +589,13 @@ class RunLogger(Journal):
         self.client = _client(uri)
         self.run_id: str | None = None
         self.lost: str | None = None
+        self._pending_params = sorted(self.params.items())
 
     def start(self, start_time: int | None = None) -> str:
-        """Create the run (tags at once) and log its params; returns the run id."""
-        from mlflow.entities import Param
-
+        """Create the run, every tag at once; returns the run id."""
         run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=self.tags,
                                      start_time=start_time)
         self.run_id = run.info.run_id
-        params = [Param(k, _param_value(v)) for k, v in sorted(self.params.items())]
-        try:
-            for chunk in _chunks(params, MAX_PARAMS):
-                self.client.log_batch(self.run_id, params=chunk)
-        except Exception as e:  # the run exists: the job goes on, finish() reports the loss
-            self.lost = _first_line(e)
         return self.run_id
 
     def log_metrics(
@@ -621,15 +616,20 @@ class RunLogger(Journal):
         return n
 
     def _send(self, points: list[list], tags: dict[str, str], timestamp: int | None = None) -> None:
-        from mlflow.entities import Metric, RunTag
+        """``points``, ``tags`` and any params not yet sent, in as few ``log_batch`` as fit."""
+        from mlflow.entities import Metric, Param, RunTag
 
         now = timestamp or int(time.time() * 1000)
         metrics = [Metric(k, v, now, s) for k, s, v in points]
         tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
-        chunks = list(_chunks(metrics, MAX_METRICS)) or [[]]
-        for i, chunk in enumerate(chunks):
-            if chunk or (i == 0 and tag_list):
-                self.client.log_batch(self.run_id, metrics=chunk, tags=tag_list if i == 0 else [])
+        params = [Param(k, _param_value(v)) for k, v in self._pending_params]
+        self._pending_params = []
+        while metrics or params or tag_list:
+            p, params = params[:MAX_PARAMS], params[MAX_PARAMS:]
+            t, tag_list = tag_list[:MAX_TAGS], tag_list[MAX_TAGS:]
+            room = min(MAX_METRICS, MAX_ENTITIES - len(p) - len(t))
+            m, metrics = metrics[:room], metrics[room:]
+            self.client.log_batch(self.run_id, metrics=m, params=p, tags=t)
 
     def finish(self, scalars: dict[str, float], series: dict[str, tuple[Any, Any]],
                artifact_dir: Path | None, tags: dict[str, str] | None = None,
@@ -655,8 +655,9 @@ class RunLogger(Journal):
         """End the run as ``status`` with its reason; best effort (False if the store is gone)."""
         if self.run_id is None or self.lost is not None:
             return False
-        try:
-            close_run(self.client, self.run_id, status, reason, message)
+        try:  # the params go too, if no batch took them yet: every ended run has its config
+            self._send([], {TAG_REASON: reason, **({"error": message[:5000]} if message else {})})
+            self.client.set_terminated(self.run_id, status)
         except Exception as e:
             log.error("could not close run %s as %s (%s)", self.run_id, status, _first_line(e))
             return False

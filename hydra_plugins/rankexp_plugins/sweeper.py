@@ -107,9 +107,8 @@ class RankexpSweeper(BasicSweeper):
                     cfg = self.loader.load_sweep_config(self.config, overrides)
                     with open_dict(cfg.hydra.job):
                         cfg.hydra.job.num = cfg.hydra.job.id = idx
-                    HydraConfig.instance().set_config(cfg)
-                    job_dirs.append(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
-                    with open_dict(cfg):
+                    job_dirs.append(self._job_dir(cfg))
+                    with open_dict(cfg):  # this copy is the check's own: what a job sees
                         del cfg["hydra"]
                     s = check_job(cfg, device=local)
                     hashes.append(config_hash(resolved_container(cfg)))
@@ -137,6 +136,19 @@ class RankexpSweeper(BasicSweeper):
                   + "\n".join(errors), file=sys.stderr)
             raise SystemExit(2)
         return {"job_dirs": job_dirs, "hashes": hashes, "settings": settings}
+
+    @staticmethod
+    def _job_dir(cfg: DictConfig) -> Path:
+        """``hydra.sweep.dir / hydra.sweep.subdir`` of one job, as its launcher will resolve it
+        (through Hydra's ``${hydra:…}`` resolver only when the pattern needs it: that copy
+        costs more than the rest of the check)."""
+        from omegaconf.errors import InterpolationResolutionError
+
+        try:
+            return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        except InterpolationResolutionError:
+            HydraConfig.instance().set_config(cfg)
+            return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
 
     def _open_parent(self, checked: dict[str, Any]):
         """The sweep directory and, when the jobs log to MLflow, the parent run."""
