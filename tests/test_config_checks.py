@@ -118,7 +118,8 @@ def test_a_sweep_with_bad_jobs_lists_each_and_starts_nothing(cli):
 def test_a_damaged_store_is_named_before_any_run(cli):
     """Row 8: a truncated ``mlflow.db`` gave a 78-line traceback that never named the file."""
     db = cli.cwd / "mlflow.db"
-    cli("depth=2", "width=8", "seeds=1")  # a real store with one run
+    tracking.check_store(cli.uri)  # a real store, with an experiment in it
+    tracking.prepare_experiment(cli.uri, "rankexp")
     with sqlite3.connect(db) as c:  # everything into the main file, then cut it short
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.write_bytes(db.read_bytes()[:4096])

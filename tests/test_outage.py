@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from services import REPO, MlflowServer, clean_env, client, finish, start_rankexp, sweep_runs
 
-SWEEP = ("depth=4,48", "alpha=1,2,3", "width=32", "seeds=1", "tracking.experiment=outage", "-m")
+SWEEP = ("depth=4,24", "alpha=1,2,3", "width=16", "seeds=1", "tracking.experiment=outage", "-m")
 
 
 def sync(*args: str) -> subprocess.CompletedProcess:
@@ -106,6 +106,7 @@ def test_server_stopped_mid_sweep_then_sync_logs_every_config_once(server, tmp_p
           f"{len(lost)} jobs logged by sync")
 
 
+@pytest.mark.slow
 def test_sync_of_a_job_dir_without_a_store_says_so(tmp_path):
     """``tracking=off`` jobs have no store: sync needs ``--uri`` for them, and says so."""
     res = subprocess.run([sys.executable, "-m", "rankexp", "depth=2", "width=8", "seeds=1",
