@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch/torchvision pinned to the builds in this machine class's local pip cache
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup test-deps demo sweep test test-slow bench bench-services figures ui lint clean
+.PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures reproduce ui lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -37,8 +37,12 @@ test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm
 test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow
 
-bench: setup  ## benchmarks: forward sweep vs reverse mode, Hydra+MLflow overhead per job
-	$(PY) -m benchmarks.bench
+bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_loader
+
+gpu-check: setup  ## GPU claims in one script (< 8 min on one GPU): CUDA vs CPU measure, training modes, grid wall times
+	$(PY) -m benchmarks.gpu_check
 
 bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-server runs/s from 8 writers
 	launchers/slurm-cluster.sh start
@@ -48,6 +52,12 @@ bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-se
 
 figures: setup  ## every experiment at size=cpu into figures/cpu/, then every figure (CPU, < 1 h)
 	$(PY) -m analysis.figures
+
+REPRODUCE ?= figures/cpu
+reproduce: setup  ## every experiment at size=cpu, then the report that checks the study's claims ($(REPRODUCE)/report/report.html)
+	$(PY) -m analysis.figures --size cpu --out $(REPRODUCE) --sweeps-only; rc=$$?; \
+	  $(PY) -m analysis report --uri sqlite:///$(abspath $(REPRODUCE))/mlflow.db --out $(REPRODUCE)/report \
+	  && exit $$rc
 
 ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

@@ -10,9 +10,19 @@ from rankexp.tracking import TrackingError
 
 from . import heatmap
 from .isorank import collapse_command, isorank_command
+from .meanfield import (
+    deep_linear_command,
+    mf_bn_command,
+    mf_phase_command,
+    mf_relu_collapse_command,
+    mf_residual_command,
+    mf_spectrum_command,
+    mf_trainability_command,
+)
 from .paths_spike import paths_command, spike_command
 from .placements import placements_command
 from .profiles import accumulated_command, profiles_command, stream_command
+from .report import report_command
 from .spectra_tables import mp_command, table1_command, table6_command
 from .training import curves_command, fig6_command, fig16_command, table5_command
 
@@ -33,6 +43,15 @@ COMMANDS = {
     "stream": (stream_command, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ"),
     "accumulated": (accumulated_command, "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction"),
     "placements": (placements_command, "Figure 4: erank by norm placement/op and α, and the projection split"),
+    # the mean-field lab (science.md §5)
+    "mf_phase": (mf_phase_command, "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours"),
+    "mf_relu_collapse": (mf_relu_collapse_command, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)"),
+    "mf_spectrum": (mf_spectrum_command, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms"),
+    "mf_bn": (mf_bn_command, "BN at init: per-layer gradient norms, ratio first/last vs depth, shattered-gradient autocorrelation"),
+    "mf_residual": (mf_residual_command, "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit"),
+    "mf_trainability": (mf_trainability_command, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid"),
+    "deep_linear": (deep_linear_command, "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains"),
+    "report": (report_command, "reproduction report: every experiment's figures, tables, config and the study's claims checked (HTML + Markdown)"),
 }
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.tracking import TrackingError, metric_history
+from rankexp.tracking import TrackingError
 
-from .runs import load_runs
+from .runs import cached_series, load_runs
 
 log = logging.getLogger("analysis")
 
@@ -114,17 +114,21 @@ def require(df: pd.DataFrame, columns: list[str], experiments: list[str]) -> Non
 
 
 def series(uri: str | None, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of the series ``key`` of one run (one MLflow call).
+    """``(steps, values)`` of the series ``key`` of one run.
+
+    Served by :func:`analysis.runs.cached_series`: the first call for a key reads it in bulk
+    for every run the last :func:`load` of this store returned (and caches them on disk), so
+    a loop over runs costs one query per key, not one per run.
 
     Raises:
         KeyError: the run never logged ``key``.
     """
-    steps, values = metric_history(uri, run_id, key)
-    if steps.size == 0:
+    got = cached_series(uri, run_id, key)
+    if got is None or got[0].size == 0:
         raise KeyError(
             f"run {run_id} has no series {key!r} (was the probe that logs it in task.probes?)"
         )
-    return steps, values
+    return got
 
 
 def ordered(values, order: list[str]) -> list:

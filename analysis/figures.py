@@ -20,6 +20,9 @@ next to the full-size sweep:
   activation family whose branch needs other knobs), run at the same size;
 * ``python -m analysis <command> <args>`` anywhere in a comment line — an analysis command.
 
+``--sweeps-only`` runs the sweeps and draws nothing (``make reproduce`` then builds
+``python -m analysis report``, which draws every figure into the report).
+
 Reruns skip every run that already FINISHED in the store (the
 sweeps resume by config hash), so a second ``make figures`` only redraws.  A failing sweep or
 command is reported and the driver goes on; the exit status is 1 if anything failed.
@@ -153,11 +156,14 @@ def run_sweep(plan: Plan, overrides: list[str], out: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def run_analysis(argv: list[str], out: Path) -> tuple[int, str, list[Path]]:
-    """One analysis command in this process (``analysis.__main__.main``), output captured."""
+def run_analysis(
+    argv: list[str], out: Path, uri: str | None = None
+) -> tuple[int, str, list[Path]]:
+    """One analysis command in this process (``analysis.__main__.main``) on the store ``uri``
+    (default ``out/mlflow.db``), files under ``out``; returns (status, its output, its files)."""
     from . import __main__ as cli
 
-    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    uri = uri or f"sqlite:///{(out / 'mlflow.db').resolve()}"
     buf = io.StringIO()
     root = logging.getLogger()
     saved = root.handlers[:]
@@ -181,7 +187,7 @@ def run_analysis(argv: list[str], out: Path) -> tuple[int, str, list[Path]]:
 
 def written_since(out: Path, t0: float) -> list[Path]:
     """Figure/table files under ``out/<experiment>/`` modified at or after ``t0``."""
-    skip = {"multirun", "mlartifacts", "logs"}
+    skip = {"multirun", "mlartifacts", "logs", "report"}
     dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip]
     return sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)
 
@@ -192,8 +198,10 @@ def make_figures(
     extra: list[str] | None = None,
     dry_run: bool = False,
     size: str = "cpu",
+    draw: bool = True,
 ) -> list[Outcome]:
-    """Run every experiment's sweeps at ``size`` and its analysis commands; return what happened."""
+    """Run every experiment's sweeps at ``size`` and (``draw``) its analysis commands; return
+    what happened."""
     from . import __main__ as cli
 
     names, missing = experiments(only)
@@ -225,7 +233,7 @@ def make_figures(
                 )
             else:
                 log.info("[%s] sweep done in %.0f s", name, dt)
-        for argv in plan.analyses:
+        for argv in plan.analyses if draw else []:
             if argv[0] not in cli.COMMANDS:
                 res.note += f"analysis {argv[0]!r} not registered yet; "
                 log.warning("[%s] skipped `analysis %s`: no such command yet", name, argv[0])
@@ -298,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"],
                    help="the experiments' size (conf/size/<experiment>/<size>.yaml; default cpu)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--sweeps-only", action="store_true",
+                   help="run the sweeps, draw nothing (make reproduce: the report draws)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t0 = time.perf_counter()
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = make_figures(args.out, args.only, args.extra, args.dry_run, args.size)
+    outcomes = make_figures(
+        args.out, args.only, args.extra, args.dry_run, args.size, draw=not args.sweeps_only
+    )
     if args.dry_run:
         return 0
     text = summary(outcomes, time.perf_counter() - t0)

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plotting import plt, save
+from . import style
+from .common import PLACEMENT_ORDER, ordered
+from .plotting import save
 from .runs import load_runs
 
 
@@ -38,34 +40,37 @@ def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool
         norm = LogNorm(vmin, vmax)
     im = ax.imshow(grid.values, origin="lower", aspect="auto", cmap="viridis",
                    vmin=None if norm else vmin, vmax=None if norm else vmax, norm=norm)
-    ax.set_xticks(range(grid.shape[1]), [f"{c:g}" if isinstance(c, float) else str(c) for c in grid.columns])
-    ax.set_yticks(range(grid.shape[0]), [f"{r:g}" if isinstance(r, float) else str(r) for r in grid.index])
+    ax.set_xticks(range(grid.shape[1]), [style.number(c) for c in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [style.number(r) for r in grid.index])
+    ax.grid(False)
     mid = (np.log(vmin * vmax) / 2) if norm else (vmin + vmax) / 2
+    small = grid.size > 30  # keep the annotations legible on a page-sized panel
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
             dark = (np.log(v) if norm else v) < mid
-            ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
-                    color="white" if dark else "black")
+            ax.text(j, i, f"{v:.2g}" if small else f"{v:.3g}", ha="center", va="center",
+                    fontsize=5 if small else 6, color="white" if dark else "black")
     return im
 
 
 def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | None,
                  title: str = "", log_color: bool = False):
-    """One annotated panel per value of ``panel``; rows = ``y`` (ascending), columns = ``x``."""
-    panels = list(table.index.get_level_values(0).unique()) if panel else [None]
+    """One annotated panel per value of ``panel`` (wrapped to fit a page); rows = ``y``
+    (ascending), columns = ``x``; one colour bar named after ``metric``."""
+    panels = ordered(table.index.get_level_values(0), PLACEMENT_ORDER) if panel else [None]
     means = table["mean"]
     vmin, vmax = float(np.nanmin(means)), float(np.nanmax(means))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1, 3.8), squeeze=False)
-    for ax, p in zip(axes[0], panels, strict=True):
+    fig, axes = style.panels(len(panels), max_cols=2, aspect=0.85)
+    for ax, p in zip(axes, panels, strict=True):
         grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
         im = draw_panel(ax, grid, vmin, vmax, log_color)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.set_title(f"{panel} = {p}" if panel else metric)
-    fig.colorbar(im, ax=axes[0].tolist(), label=metric)
+        ax.set_xlabel(style.name(x))
+        ax.set_ylabel(style.name(y))
+        ax.set_title(style.value_label(panel, p) if panel else style.name(metric))
+    style.colorbar(fig, im, axes, metric)
     if title:
-        fig.suptitle(title, y=1.03)
+        fig.suptitle(title)
     return fig
 
 
@@ -84,6 +89,8 @@ def main(args: argparse.Namespace) -> list[Path]:
     panel = args.panel or None
     table = heatmap_table(df, args.metric, args.x, args.y, panel)
     fig = draw_heatmap(table, args.metric, args.x, args.y, panel,
-                       title=f"{', '.join(args.experiment)}: {args.metric}", log_color=args.log_color)
+                       title=f"{style.name(args.metric)} over {style.name(args.x)} × {style.name(args.y)}",
+                       log_color=args.log_color)
+    style.caption(fig, df, args.experiment, ["cells: mean over seeds"])
     stem = f"heatmap_{args.metric}_{args.y}_x_{args.x}"
     return save(fig, Path(args.out) / "_".join(args.experiment), stem, table)

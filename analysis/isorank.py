@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import style
 from .common import (
     CONFIG_KEYS,
     PLACEMENT,
     PLACEMENT_ORDER,
     Command,
     add_where,
-    label,
     load,
     ordered,
     out_dir,
@@ -41,7 +41,7 @@ from .common import (
     warn_mixed,
     write_text,
 )
-from .plotting import plt, save
+from .plotting import save
 
 log = logging.getLogger("analysis")
 
@@ -147,44 +147,49 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [args.metric, args.x, *keys])
     warn_mixed(df, [*keys, *INGREDIENTS[args.x]], args.experiment)
     spread = collapse_spread(df, args.metric, args.x, args.match_rtol)
-    xname = {"nominal_ratio": "βα^M", "depth_factor": "βα^M √L"}[args.x]
+    xname = style.name(args.x)
     panels = _panels(df, args.panel)
-    fig, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(4.6 * len(panels) + 0.4, 3.8),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
-    order = PLACEMENT_ORDER if args.color == PLACEMENT else []
-    colors = ordered(df[args.color], order) if order else sorted(df[args.color].unique())
-    cmap = plt.get_cmap("tab10" if len(colors) <= 10 else "viridis")
-    for ax, (pv, sub) in zip(axes[0], panels, strict=True):
-        for k, c in enumerate(colors):
+    fig, axes = style.panels(len(panels), max_cols=2, aspect=0.75, sharey=True)
+    numeric = pd.api.types.is_numeric_dtype(df[args.color])
+    if numeric:
+        colors, sm = style.value_colors(df[args.color], "viridis")
+    else:
+        order = PLACEMENT_ORDER if args.color == PLACEMENT else []
+        names = ordered(df[args.color], order) if order else sorted(df[args.color].unique())
+        colors = {c: f"C{k % 10}" for k, c in enumerate(names)}
+    std = f"{args.metric}_std"
+    for ax, (pv, sub) in zip(axes, panels, strict=True):
+        for c, col in colors.items():
             s = sub[sub[args.color] == c]
             if s.empty:
                 continue
-            col = cmap(k if len(colors) <= 10 else k / (len(colors) - 1))
-            ax.scatter(
-                s[args.x], s[args.metric], s=14, color=col, alpha=0.8, label=label(args.color, c)
+            ax.errorbar(
+                s[args.x],
+                s[args.metric],
+                yerr=s[std] if std in s else None,
+                fmt="o",
+                ms=2.5,
+                lw=0.5,
+                color=col,
+                alpha=0.85,
+                label=None if numeric else style.value_label(args.color, c),
             )
             line = s.groupby(args.x)[args.metric].mean().sort_index()
-            ax.plot(line.index, line.values, color=col, lw=0.8, alpha=0.6)
+            ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
         ax.set_xscale("log")
         ax.set_xlabel(xname)
         pv = pv if isinstance(pv, tuple) else (pv,)
-        ax.set_title(
-            ", ".join(label(k, v) for k, v in zip(args.panel, pv, strict=True)), fontsize=9
-        )
-        ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel(args.metric)
-    axes[0, -1].legend(fontsize=7)
+        ax.set_title(", ".join(style.value_label(k, v) for k, v in zip(args.panel, pv, strict=True)))
+    axes[0].set_ylabel(style.name(args.metric))
+    if numeric:
+        style.colorbar(fig, sm, axes, args.color)
+    else:
+        axes[-1].legend()
     worst = float(spread["spread"].max()) if len(spread) else float("nan")
     fig.suptitle(
-        f"{', '.join(args.experiment)}: {args.metric} vs {xname} "
-        f"(max spread at equal {xname}: {worst:.2g})"
+        f"{style.name(args.metric)} vs {xname} (max spread at equal {xname}: {worst:.2g})"
     )
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     cols = [
         "run_id",
         *dict.fromkeys([*keys, "alpha", "beta", "beta_eff", "depth", args.x]),
@@ -352,13 +357,9 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     slopes, points = isorank_table(df, args.metric, args.levels, args.panel)
     groups = _panels(df, args.panel)
     flat = slopes.reset_index()
-    ncol = min(len(groups), 4)
-    nrow = -(-len(groups) // ncol)
-    fig, axes = plt.subplots(
-        nrow, ncol, figsize=(4.3 * ncol, 3.6 * nrow), squeeze=False, layout="constrained"
-    )
-    cmap = plt.get_cmap("viridis")
-    for ax, (pv, sub) in zip(axes.flat, groups, strict=False):
+    fig, axes = style.panels(len(groups), max_cols=2, aspect=0.8)
+    level_colors, _ = style.value_colors(args.levels, "autumn", stop=0.8)
+    for ax, (pv, sub) in zip(axes, groups, strict=True):
         pv = pv if isinstance(pv, tuple) else (pv,)
         grid = sub.groupby(["depth", "alpha"])[args.metric].mean().unstack("alpha").sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
@@ -371,31 +372,43 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         for k, v in key.items():
             sel &= (points[k] == v).to_numpy()
             sel_s &= (flat[k] == v).to_numpy()
-        for n, level in enumerate(args.levels):
+        m = float(sub["matrices"].iloc[0]) if "matrices" in sub else 2.0
+        for level in args.levels:
             pt = points[sel & (points["level"] == level).to_numpy()]
-            color = cmap(n / max(len(args.levels) - 1, 1) * 0.9)
-            s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_alpha"].iloc[0]
-            ax.plot(
-                pt["alpha"],
-                pt["depth"],
-                "o-",
-                color=color,
-                ms=3,
-                lw=1.2,
-                label=f"{level:g}: s={s:.2f}" if np.isfinite(s) else f"{level:g}",
-            )
+            color = level_colors[level]
+            s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_ratio"].iloc[0]
+            if pt.empty:
+                continue
+            ax.plot(pt["alpha"], pt["depth"], "o-", color=color, ms=2.5, lw=1.0,
+                    label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
+            if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
+                L = np.geomspace(pt["depth"].min(), pt["depth"].max(), 20)
+                a0 = np.exp(np.log(pt["alpha"]).mean())
+                L0 = np.exp(np.log(pt["depth"]).mean())
+                ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="0.55", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
+        alphas = grid.columns.to_numpy(float)
+        every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
+        ax.set_xticks(alphas, [style.number(a) if i % every == 0 else ""
+                               for i, a in enumerate(alphas)])
         ax.minorticks_off()
-        ax.set_xlabel("α")
-        ax.set_ylabel("L")
-        ax.set_title(", ".join(label(k, v) for k, v in key.items()), fontsize=9)
-        ax.legend(fontsize=6, title="level: d log α/d log L", title_fontsize=6)
-    for ax in axes.flat[len(groups) :]:
-        ax.set_visible(False)
-    fig.colorbar(im, ax=axes.ravel().tolist(), label=args.metric)
-    fig.suptitle(f"{', '.join(args.experiment)}: iso-{args.metric} contours over (α, L)")
+        ax.grid(False)
+        ax.set_xlabel(style.name("alpha"))
+        ax.set_ylabel(style.name("depth"))
+        ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
+        if ax is axes[0]:
+            ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
+        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+                  frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
+                  title_fontsize=5)
+    style.colorbar(fig, im, axes, args.metric)
+    fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
+    style.caption(fig, df, args.experiment, [
+        "grey: mean over seeds",
+        r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+        r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
     print(
         f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "

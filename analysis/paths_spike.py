@@ -34,15 +34,16 @@ import pandas as pd
 from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrelated_path_profile
 from rankexp.tracking import TrackingError
 
+from . import style
 from .common import Command, out_dir, series
-from .plotting import plt, save
+from .plotting import save
 from .runs import load_runs
 
 log = logging.getLogger("analysis")
 
 PLACEMENT = "norm.placement"
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
-SCALING_LABEL = {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}
+SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 PROBE_N = "task.options.representation.n"
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
 
@@ -144,7 +145,9 @@ def mean_orders(energy: np.ndarray) -> tuple[float, float]:
 
 
 def beta_label(beta: float, scaling: str) -> str:
-    return f"β = {beta:g}{SCALING_LABEL.get(scaling, '·' + scaling)}"
+    """``$\\beta = 1/\\sqrt{L}$`` for β = 1 with scaling inv_sqrt_depth."""
+    suffix = SCALING_LABEL.get(scaling, rf"\cdot\mathrm{{{scaling}}}")
+    return rf"$\beta = {beta:g}{suffix}$"
 
 
 def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -177,6 +180,7 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
                 "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
                 "mean_path_order_theory": th_mu,
                 "mean_path_order_energy": rec["mean_path_order_energy"],
+                "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
                 "mean_path_order_energy_theory": th_en,
                 "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
                 "path_order_peak": rec["path_order_peak"],
@@ -216,54 +220,51 @@ def draw_profiles(profiles: pd.DataFrame, summary: pd.DataFrame):
     order = {sc: i for i, sc in enumerate(_scalings(panels["beta_scaling"]))}
     panels = sorted(panels.itertuples(index=False), key=lambda p: (order[p.beta_scaling], -p.beta))
     alphas = sorted(summary["alpha"].unique())
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(alphas)))
+    colors, sm = style.value_colors(alphas, "viridis")
     mean = profiles.groupby(["beta", "beta_scaling", "alpha", "k"])[["profile", "theory"]].mean()
     visible = mean.index.get_level_values("k")[mean["profile"] > 1e-3 * mean["profile"].max()]
     kmax = max(10, int(visible.max()) + 2) if len(visible) else 10
-    fig, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(4.3 * len(panels), 3.6),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
-    for ax, p in zip(axes[0], panels, strict=True):
-        for a, c in zip(alphas, colors, strict=True):
+    fig, axes = style.panels(len(panels), max_cols=3, aspect=0.8, sharey=True)
+    for ax, p in zip(axes, panels, strict=True):
+        for a in alphas:
             key = (p.beta, p.beta_scaling, a)
             if key not in mean.index.droplevel("k"):
                 continue
             t = mean.loc[key]
-            ax.plot(t.index, t["profile"], "o-", ms=3, color=c, label=f"α = {a:g}")
-            ax.plot(t.index, t["theory"], "--", color=c, lw=1)
+            ax.plot(t.index, t["profile"], "o-", ms=2.5, color=colors[a])
+            ax.plot(t.index, t["theory"], "--", color=colors[a], lw=0.8)
         ax.set_xlim(-0.5, kmax)
-        ax.set_xlabel("path order k")
+        ax.set_xlabel("path order $k$")
         ax.set_title(beta_label(p.beta, p.beta_scaling))
-    axes[0, 0].set_ylabel("μ_k / Σ_j μ_j")
-    axes[0, -1].legend(fontsize=8, title="dashed: uncorrelated", title_fontsize=8)
+    axes[0].set_ylabel(style.name("path_profile"))
+    axes[0].plot([], [], **style.THEORY, label=r"uncorrelated: $\sqrt{\mathrm{Binomial}(L, \rho/(1+\rho))}$")
+    axes[0].legend(loc="upper right")
+    style.colorbar(fig, sm, axes, "alpha")
     return fig
 
 
 def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     """⟨k⟩ (μ-weighted and energy-weighted) against βα^M, markers per β scaling, theory curve."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    fig, axes = style.panels(2, aspect=0.8)
     markers = dict(zip(BETA_SCALINGS, "osD", strict=True))
     lo, hi = summary["nominal_ratio"].min(), summary["nominal_ratio"].max()
     grid = np.geomspace(lo / 1.5, hi * 1.5, 80)
     contexts = df[["depth", "activation", PLACEMENT]].drop_duplicates()
     for ax, col, what in (
-        (axes[0], "mean_path_order", "⟨k⟩ under μ_k"),
-        (axes[1], "mean_path_order_energy", "⟨k⟩ under μ_k²"),
+        (axes[0], "mean_path_order", r"$\langle k\rangle$ under $\mu_k$"),
+        (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$"),
     ):
         groups = summary.groupby(["beta", "beta_scaling"])
         order = {sc: i for i, sc in enumerate(_scalings(summary["beta_scaling"]))}
         for (beta, scaling), g in sorted(groups, key=lambda kv: (order[kv[0][1]], -kv[0][0])):
-            ax.plot(
+            ax.errorbar(
                 g["nominal_ratio"],
                 g[col],
-                markers.get(scaling, "^"),
-                ms=6,
+                yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
+                fmt=markers.get(scaling, "^"),
+                ms=4,
                 mfc="none",
+                lw=0.6,
                 label=beta_label(beta, scaling),
             )
         for ctx in contexts.itertuples(index=False):
@@ -277,9 +278,9 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
             ax.plot(
                 grid,
                 th[:, 0 if col == "mean_path_order" else 1],
-                "k-",
-                lw=1,
-                label=f"uncorrelated ({place}, {act}, L={depth})",
+                **{**style.THEORY, "ls": "-"},
+                label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
+                f"{style.value_label('activation', act)}, $L = {depth}$)",
             )
         if (
             col == "mean_path_order_energy"
@@ -289,13 +290,13 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
                 summary["nominal_ratio"],
                 summary["mean_path_order_uncorrelated"],
                 "k.",
-                ms=4,
-                label="uncorrelated, measured r_l",
+                ms=3,
+                label=r"uncorrelated, measured $r_\ell$",
             )
         ax.set_xscale("log")
-        ax.set_xlabel("βα^M")
+        ax.set_xlabel(style.name("nominal_ratio"))
         ax.set_ylabel(what)
-        ax.legend(fontsize=7)
+        ax.legend()
     return fig
 
 
@@ -326,10 +327,12 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
     summary, profiles = paths_tables(df, args.uri)
     out = out_dir(args)
     fig = draw_profiles(profiles, summary)
-    fig.suptitle(f"{', '.join(args.experiment)}: path-order profile (Eq. 11)")
+    fig.suptitle(r"Figure 3: path-order profile $\mu_k = \|\beta^k S_k\|_F$ (Eq. 11)")
+    style.caption(fig, df, args.experiment, ["lines: mean over seeds"])
     paths = save(fig, out, "paths_profile", profiles.set_index(["run_id", "k"]))
     fig = draw_mean_order(summary, df)
-    fig.suptitle(f"{', '.join(args.experiment)}: mean path order vs βα^M")
+    fig.suptitle(r"Figure 3: mean path order vs $\beta\alpha^M$")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     paths += save(fig, out, "paths_mean_order", summary.sort_values("nominal_ratio"))
     return paths
 
@@ -355,6 +358,8 @@ def spike_table(df: pd.DataFrame) -> pd.DataFrame:
         "rep_erank_final",
         "rep_erank_min",
         "branch_mean_snr",
+        "branch_input_cos_cross_std",
+        "branch_mean_cos_cross_std",
     ]
     cols = [c for c in cols if c in df]
     t = df.groupby(["matrices", "activation", "n"])[cols].mean()
@@ -375,13 +380,12 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
     ms = sorted(df["matrices"].unique())
     acts = _activation_order(df["activation"])
     ns = sorted(df["n"].unique())
-    colors = dict(zip(acts, plt.cm.tab10(np.arange(len(acts))), strict=True))
+    colors = {a: f"C{k % 10}" for k, a in enumerate(acts)}
     styles = dict(zip(reversed(ns), ["-", "--", ":", "-."] * 4, strict=False))
-    fig, axes = plt.subplots(
-        len(ms), 3, figsize=(14, 3.8 * len(ms)), squeeze=False, layout="constrained"
-    )
+    fig, axes = style.grid(len(ms), 3, aspect=0.8)
     cos = table[["branch_input_cos_cross", "branch_mean_cos_cross", "c_prediction"]].to_numpy()
-    cos_lim = (min(-0.02, np.nanmin(cos) - 0.02), max(0.05, np.nanmax(cos) + 0.05))
+    # headroom above the bars for the legend
+    cos_lim = (min(-0.02, np.nanmin(cos) - 0.02), max(0.05, 1.7 * np.nanmax(cos) + 0.05))
     for i, m in enumerate(ms):
         ax = axes[i, 0]
         # per activation, the row of the largest n it was run with (the least noisy means)
@@ -389,44 +393,57 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         sub = sub.groupby("activation").last()
         sub = sub.reindex([a for a in acts if a in sub.index])
         x = np.arange(len(sub))
-        ax.bar(x - 0.2, sub["branch_input_cos_cross"], 0.4, label="per input cos(b_l(x), b_k(x))")
-        ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, label="branch means cos(m_l, m_k)")
+        ax.bar(x - 0.2, sub["branch_input_cos_cross"], 0.4, color="C0",
+               yerr=sub.get("branch_input_cos_cross_std"), error_kw={"elinewidth": 0.6},
+               label=f"per input {style.name('branch_input_cos_cross')}")
+        ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
+               yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
+               label=f"branch means {style.name('branch_mean_cos_cross')}")
         ax.plot(
             x,
             sub["c_prediction"],
             "k_",
-            ms=28,
-            mew=2,
-            label="c (Table 1)" if m == 1 else "prediction 0",
+            ms=16,
+            mew=1.5,
+            label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0",
         )
+        if m == 1:
+            ax.axhline(1 / np.pi, **style.THEORY, label=r"$1/\pi$ (ReLU)")
         ax.axhline(0, color="grey", lw=0.5)
-        ax.set_xticks(x, sub.index)
+        ax.set_xticks(x, [style.value_label("activation", a) for a in sub.index])
+        ax.grid(axis="x", visible=False)
         ax.set_ylim(*cos_lim)  # the same scale in every row: M = 2's ≈ 0 beside M = 1's c
         ax.set_ylabel("cross-layer cosine")
-        ax.set_title(f"M = {m}: cross-layer cosines (largest n)")
-        ax.legend(fontsize=7)
+        ax.set_title(f"$M = {m}$: cross-layer cosines")
+        ax.legend(loc="upper right", fontsize=5.5)
         first = []
         for _, rec in df[df["matrices"] == m].iterrows():
             c, ls = colors[rec["activation"]], styles[rec["n"]]
-            label = f"{rec['activation']}, n={int(rec['n'])}"
             steps, v = series(uri, rec["run_id"], "branch_mean_sum_norm")
-            axes[i, 1].loglog(steps, v, ls, color=c, lw=1.2, label=label)
+            axes[i, 1].loglog(steps, v, ls, color=c, lw=1.1)
             first.append(v[0])
             steps, v = series(uri, rec["run_id"], "rep_erank")
-            axes[i, 2].plot(steps, v, ls, color=c, lw=1.2, label=label)
+            axes[i, 2].plot(steps, v, ls, color=c, lw=1.1)
         if first:
             l = np.geomspace(1, df["depth"].max(), 50)
             a = float(np.median(first))
-            axes[i, 1].loglog(l, a * l, "k--", lw=0.8, label="∝ l")
-            axes[i, 1].loglog(l, a * np.sqrt(l), "k:", lw=0.8, label="∝ √l")
-        axes[i, 1].set_xlabel("layer l")
-        axes[i, 1].set_ylabel("‖Σ_{k≤l} m_k‖")
-        axes[i, 1].set_title(f"M = {m}: accumulated branch mean")
-        axes[i, 1].legend(fontsize=6, ncol=2)
-        axes[i, 2].set_xlabel("layer l")
-        axes[i, 2].set_ylabel("erank(Z_l) / d")
+            axes[i, 1].loglog(l, a * l, **style.THEORY, label=r"coherent $\propto \ell$")
+            axes[i, 1].loglog(l, a * np.sqrt(l), color="k", ls=":", lw=0.9,
+                              label=r"uncorrelated $\propto \sqrt{\ell}$")
+        axes[i, 1].set_xlabel(style.name("layer"))
+        axes[i, 1].set_ylabel(style.name("branch_mean_sum_norm"))
+        axes[i, 1].set_title(f"$M = {m}$: accumulated branch mean")
+        axes[i, 1].legend(fontsize=5.5, loc="lower right")
+        axes[i, 2].set_xlabel(style.name("layer"))
+        axes[i, 2].set_ylabel(style.name("rep_erank"))
         axes[i, 2].set_ylim(0, 1.02)
-        axes[i, 2].set_title(f"M = {m}: representation rank")
+        axes[i, 2].set_title(f"$M = {m}$: representation rank")
+    # one key for colour (σ) and line style (n) instead of an entry per line
+    for a in acts:
+        axes[0, 2].plot([], [], color=colors[a], label=style.value_label("activation", a))
+    for n in sorted(ns):
+        axes[0, 2].plot([], [], styles[n], color="0.3", label=f"$n = {int(n)}$")
+    axes[0, 2].legend(fontsize=5.5, ncol=2, loc="upper right")
     return fig
 
 
@@ -451,7 +468,10 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
     warn_mixed(df, ("width", "depth", "expansion", PLACEMENT, "alpha", "beta"), args.experiment)
     table = spike_table(df)
     fig = draw_spike(df, table, args.uri)
-    fig.suptitle(f"{', '.join(args.experiment)}: the mean spike (Figure 7)")
+    fig.suptitle("Figure 7: the mean spike")
+    style.caption(fig, df, args.experiment, [
+        f"$n \\in \\{{{', '.join(str(int(n)) for n in sorted(df['n'].unique()))}\\}}$ probe inputs",
+        "bars: largest $n$, ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "spike", table)
 
 

@@ -1,7 +1,13 @@
-"""Figure 4: rank by norm placement and operation, and the post-norm projection split.
+"""Figure 4: rank by norm placement and operation, the post-residual op under a Pre-RMSNorm,
+and the post-norm projection split.
 
 ``python -m analysis placements --experiment fig4`` draws ``erank_io`` (erank(∂h_L/∂h_0)/d)
-as grouped bars, one group per (placement, op) and one bar per α, and prints:
+as grouped bars, one group per (placement, op) and one bar per α (Figure 4a; runs whose
+``norm.pre/out/post`` are their preset's), and prints:
+
+* Figure 4b: the runs with the Pre-RMSNorm control (``norm.pre=rmsnorm``, no branch-output op),
+  one line per post-residual op R (``norm.post``) across depth — the study: detached ≈ rmsnorm
+  (collapse), meansub and none keep a floor;
 
 * the detached-vs-rmsnorm gap of Post-Norm per α in units of d (the study: ≤ 0.4 % of width,
   i.e. ≤ 0.004 — both ops have the same forward, only detached's Jacobian lacks the
@@ -25,6 +31,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rankexp.models.norms import PRESET_SLOTS
+
+from . import style
 from .common import (
     OP_ORDER,
     PLACEMENT,
@@ -37,11 +46,14 @@ from .common import (
     warn_mixed,
     write_text,
 )
-from .plotting import plt, save
+from .plotting import save
+from .seeds import pooled
 
 log = logging.getLogger("analysis")
 
 OP = "norm.op"
+PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
+R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
 SPLIT = (
     "erank_post",
     "erank_post_noproj",
@@ -59,10 +71,58 @@ def config_label(placement: str, op: str) -> str:
     return placement if placement == "none" else f"{placement}/{op}"
 
 
+def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose P, B, R (``norm.pre/out/post``) are what their placement preset puts there
+    (all runs of a store from before the general block, which has no such columns)."""
+    slots = [c for c in (PRE, OUT, POST) if c in df]
+    if not slots:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    for col in slots:
+        slot = col.split(".")[1]
+        want = [op if slot in PRESET_SLOTS.get(p, ()) else "none" for p, op in zip(df[PLACEMENT], df[OP], strict=True)]
+        keep &= (df[col].astype(str) == pd.Series(want, index=df.index)).to_numpy()
+    return df[keep]
+
+
+def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
+    """Figure 4b: mean, std and count of ``metric`` per (R, depth) over the runs with the
+    Pre-RMSNorm control (P = rmsnorm, B = identity); empty unless R takes several values."""
+    if POST not in df or PRE not in df:
+        return pd.DataFrame()
+    d = df[(df[PRE].astype(str) == "rmsnorm") & (df.get(OUT, "none") == "none")]
+    if d[POST].nunique() < 2:
+        return pd.DataFrame()
+    t = d.groupby([POST, "depth"])[metric].agg(["mean", "std", "count"])
+    rank = {o: i for i, o in enumerate(R_ORDER)}
+    return t.sort_index(level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == POST else s)
+
+
+def draw_control(table: pd.DataFrame, metric: str):
+    """Figure 4b: ``metric`` vs depth, one line per post-residual op R (Pre-RMSNorm fixed)."""
+    fig, (ax,) = style.panels(1, width=style.ONE_COLUMN, aspect=0.8)
+    ops = list(dict.fromkeys(table.index.get_level_values(0)))
+    colors, _ = style.value_colors(range(len(ops)))
+    for k, op in enumerate(ops):
+        t = table.xs(op, level=0)
+        ax.errorbar(t.index, t["mean"], yerr=t["std"].fillna(0), marker="o", capsize=2,
+                    color=colors[k], label=f"$R$ = {style.OP_NAMES.get(op, op)}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("depth $L$")
+    ax.set_ylabel(style.name(metric))
+    ax.legend(title="Pre-RMSNorm +")
+    return fig
+
+
 def placement_table(
     df: pd.DataFrame, metric: str = "erank_io", every: bool = False
 ) -> pd.DataFrame:
-    """Mean, std (over runs) and run count of ``metric`` per (config, α).
+    """Mean, seed std and counts of ``metric`` per (config, α).
+
+    ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
+    ``<metric>_std`` (:func:`analysis.seeds.pooled`), not the spread over runs; ``count`` =
+    runs, ``seeds`` = seeds in all.
 
     ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
     unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
@@ -80,8 +140,8 @@ def placement_table(
         _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
     )
     d.loc[d[PLACEMENT] == "none", "_o"] = 0
-    t = d.groupby(["_p", "_o", "config", "alpha"])[metric].agg(["mean", "std", "count"])
-    return t.droplevel([0, 1])
+    t = pooled(d, metric, ["_p", "_o", "config", "alpha"]).rename(columns={"runs": "count"})
+    return t[["mean", "std", "count", "seeds"]].droplevel([0, 1])
 
 
 def detached_gap(table: pd.DataFrame) -> pd.Series:
@@ -106,32 +166,34 @@ def split_table(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def draw_placements(table: pd.DataFrame, metric: str):
-    """Grouped bars: one group per config, one bar per α, error bars = std over runs."""
+def _tick(config: str) -> str:
+    placement, _, op = config.partition("/")
+    return style.config_label(placement, op)
+
+
+def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
+    """Grouped bars: one group per config, one bar per α (colour bar), error bars = ±1 s.d.
+    over the seeds of each bar's runs; the detached−RMSNorm gap written in."""
     configs = list(dict.fromkeys(table.index.get_level_values("config")))
     alphas = sorted(table.index.get_level_values("alpha").unique())
-    fig, ax = plt.subplots(
-        figsize=(1.1 * len(configs) * max(len(alphas), 2) / 2 + 2, 3.8), layout="constrained"
-    )
+    fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)
     width = 0.8 / len(alphas)
-    cmap = plt.get_cmap("plasma")
+    colors, sm = style.value_colors(alphas, "plasma", stop=0.85)
     for k, a in enumerate(alphas):
         t = table.xs(a, level="alpha").reindex(configs)
         xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
-        ax.bar(
-            xs,
-            t["mean"],
-            width,
-            yerr=t["std"].fillna(0),
-            capsize=2,
-            color=cmap(k / max(len(alphas) - 1, 1) * 0.85),
-            label=f"α = {a:g}",
-        )
-    ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right")
-    ax.set_ylabel(metric)
+        ax.bar(xs, t["mean"], width, yerr=t["std"].fillna(0), color=colors[a],
+               error_kw={"elinewidth": 0.7, "capsize": 1.5})
+    ax.set_xticks(range(len(configs)), [_tick(c) for c in configs], fontsize=6.5)
+    ax.set_ylabel(style.name(metric))
     ax.set_yscale("log")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    style.plain_log_ticks(ax)
+    ax.grid(axis="x", visible=False)
+    if gap is not None and len(gap):
+        ax.text(0.99, 0.97, r"$|$detached $-$ RMSNorm$|$ (Post-Norm) $\leq$ "
+                f"{gap.max():.2g} (study: $\\leq 0.004$)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=6.5)
+    style.colorbar(fig, sm, ax, "alpha")
     return fig
 
 
@@ -150,17 +212,40 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    everything = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    df = preset_runs(everything)
+    if df.empty:
+        df = everything
+    if "depth" in df and df["depth"].nunique() > 1:
+        # the Figure 4b sweep adds preset runs (R = none) at other depths: the bars are at the
+        # main sweep's depth, the one most runs have
+        main = df["depth"].value_counts().idxmax()
+        log.info("placements: bars at L = %s (the Figure 4b runs at other depths are drawn apart)", main)
+        df = df[df["depth"] == main]
     warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
     table = placement_table(df, args.metric, args.every)
-    fig = draw_placements(table, args.metric)
-    fig.suptitle(f"{', '.join(args.experiment)}: {args.metric} by norm placement / op")
+    fig = draw_placements(table, args.metric, detached_gap(table))
+    fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha")
     wide.columns = [f"alpha={a:g}" for a in wide.columns]
     print(f"{args.metric} by placement/op and α ({', '.join(args.experiment)})\n")
     print(to_markdown(wide))
+    control = control_table(everything, args.metric)
+    if not control.empty:
+        fig = draw_control(control, args.metric)
+        fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
+        style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
+                      if "depth" in everything else everything, args.experiment,
+                      ["error bars: ±1 s.d. over runs"])
+        paths += save(fig, out, f"placements_control_{args.metric}", control)
+        wide_c = control["mean"].unstack("depth")
+        wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
+        print(f"\nFigure 4b: {args.metric} with a Pre-RMSNorm, by post-residual op R and depth "
+              "(study: detached ≈ rmsnorm collapse; meansub and none keep a floor)\n")
+        print(to_markdown(wide_c))
     gap = detached_gap(table)
     if len(gap):
         print(

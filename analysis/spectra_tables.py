@@ -41,9 +41,10 @@ from rankexp.theory import (
 )
 from rankexp.tracking import download_artifact
 
+from . import style
 from .common import Command, out_dir, series
 from .paths_spike import PLACEMENT, load, set_experiment_default, warn_mixed, write_markdown
-from .plotting import plt, save
+from .plotting import save
 
 log = logging.getLogger("analysis")
 
@@ -92,36 +93,43 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
     """erank(J_f)/d vs m/d and vs γ (with the Gaussian-product curve), rank(D W_up)/d vs m/d."""
     acts = _activations(table.index.get_level_values("activation"))
     widths = sorted(table.index.get_level_values("width").unique())
-    colors = dict(zip(acts, plt.cm.tab10(np.arange(len(acts))), strict=True))
+    colors = {a: f"C{k % 10}" for k, a in enumerate(acts)}
     styles = dict(zip(reversed(widths), ["-", "--", ":", "-."] * 4, strict=False))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout="constrained")
+    fig, axes = style.panels(3, aspect=0.85)
     for (act, width), g in table.groupby(level=["activation", "width"]):
         g = g.droplevel([0, 1]).sort_index()
-        kw = dict(color=colors[act], ls=styles[width], marker="o", ms=4)
-        label = f"{act}, d={int(width)}"
-        axes[0].plot(g.index, g["erank_branch"], label=label, **kw)
-        axes[1].plot(g["mp_gamma"], g["erank_branch"], label=label, **kw)
-        axes[2].plot(g.index, g["masked_rank"], label=label, **kw)
+        kw = dict(color=colors[act], ls=styles[width], marker="o", ms=2.5)
+        err = g["erank_branch_std"] if "erank_branch_std" in g else None
+        axes[0].errorbar(g.index, g["erank_branch"], yerr=err, lw=0.9, **kw)
+        axes[1].errorbar(g["mp_gamma"], g["erank_branch"], yerr=err, lw=0.9, **kw)
+        axes[2].plot(g.index, g["masked_rank"], lw=0.9, **kw)
         if width == widths[-1]:
-            axes[0].plot(g.index, g["erank_branch_reference"], color=colors[act], lw=0.8, ls=":")
-            axes[2].plot(g.index, g["masked_rank_theory"], color=colors[act], lw=0.8, ls=":")
+            axes[0].plot(g.index, g["erank_branch_reference"], color=colors[act], lw=0.7, ls=":")
+            axes[2].plot(g.index, g["masked_rank_theory"], color=colors[act], lw=0.7, ls=":")
     d = int(widths[-1])
     gam = np.geomspace(table["mp_gamma"].min() / 1.2, table["mp_gamma"].max() * 1.2, 16)
     ref = [gaussian_product_erank(d, int(round(x * d)), draws=reference_draws, seed=0) for x in gam]
-    axes[1].plot(gam, ref, "k-", lw=1.2, label=f"Gaussian product G₂G₁, inner γd (d={d})")
+    axes[1].plot(gam, ref, **{**style.THEORY, "ls": "-"},
+                 label=rf"Gaussian product $G_2G_1$, inner $\gamma d$ ($d = {d}$)")
     for ax in axes:
         ax.set_xscale("log", base=2)
-    axes[0].set_xlabel("m/d (expansion)")
-    axes[0].set_ylabel("erank(J_f) / d")
-    axes[0].set_title("vs m/d (dotted: reference at each γ)")
-    axes[1].set_xlabel("γ = p·m/d")
-    axes[1].set_ylabel("erank(J_f) / d")
-    axes[1].set_title("vs γ")
-    axes[2].set_xlabel("m/d (expansion)")
-    axes[2].set_ylabel("rank(D W_up) / d")
-    axes[2].set_title("masked up-projection (dotted: min(1, P(σ′≠0)·m/d))")
-    axes[1].legend(fontsize=7)
-    axes[2].legend(fontsize=6, ncol=2)
+    axes[0].set_xlabel(style.name("expansion"))
+    axes[0].set_ylabel(style.name("erank_branch"))
+    axes[0].set_title(r"vs $m/d$ (dotted: reference at each $\gamma$)")
+    axes[1].set_xlabel(style.name("mp_gamma"))
+    axes[1].set_ylabel(style.name("erank_branch"))
+    axes[1].set_title(r"vs $\gamma$")
+    axes[2].set_xlabel(style.name("expansion"))
+    axes[2].set_ylabel(style.name("masked_rank"))
+    axes[2].set_title(r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$")
+    axes[1].legend(fontsize=5.5, loc="lower right")
+    # one legend for what colour and line style mean, not one entry per line
+    for act in acts:
+        axes[2].plot([], [], color=colors[act], marker="o", ms=2.5,
+                     label=style.value_label("activation", act))
+    for width in widths:
+        axes[2].plot([], [], color="0.3", ls=styles[width], label=f"$d = {int(width)}$")
+    axes[2].legend(fontsize=5.5, ncol=2, loc="lower right")
     return fig
 
 
@@ -171,13 +179,7 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
     """Rows = activation, columns = m/d; measured histogram (steps) and MP density (line)."""
     acts = _activations(hist["activation"])
     exps = sorted(hist["expansion"].unique())
-    fig, axes = plt.subplots(
-        len(acts),
-        len(exps),
-        figsize=(3.2 * len(exps), 2.4 * len(acts)),
-        squeeze=False,
-        layout="constrained",
-    )
+    fig, axes = style.grid(len(acts), len(exps), aspect=0.62)
     for i, act in enumerate(acts):
         for j, e in enumerate(exps):
             ax = axes[i, j]
@@ -186,15 +188,22 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
                 ax.set_axis_off()
                 continue
             gamma = float(h["gamma"].iloc[0])
-            ax.step(h["center"], h["density"], where="mid", color="C0", lw=1, label="D W_up")
+            ax.step(h["center"], h["density"], where="mid", color="C0", lw=0.9,
+                    label=r"$D W_\mathrm{up}$")
             lo, hi = marchenko_pastur_edges(gamma)
             x = np.linspace(lo + 1e-3 * (hi - lo), hi, 400)
-            ax.plot(x, marchenko_pastur_density(x, gamma), "k-", lw=1, label=f"MP(γ={gamma:.2f})")
+            ax.plot(x, marchenko_pastur_density(x, gamma), **{**style.THEORY, "ls": "-"},
+                    label="Marchenko–Pastur")
             # the MP density diverges at 0 when γ = 1: scale to the measured bins instead
             ax.set_ylim(0, 1.15 * max(h["density"].max(), h["theory"].max()))
             for edge in (lo, hi):
                 ax.axvline(edge, color="grey", lw=0.5, ls="--")
-            ax.set_title(f"{act}, m/d={e:g}: γ={gamma:.2f}, KS={h['ks'].iloc[0]:.3f}", fontsize=8)
+            ax.grid(False)
+            ax.set_title(
+                f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
+                f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$",
+                fontsize=6.5,
+            )
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
                 ax.text(
@@ -203,14 +212,16 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
                     f"zeros {z:.2f} (MP {atom:.2f})",
                     transform=ax.transAxes,
                     ha="right",
-                    fontsize=7,
+                    fontsize=6,
                 )
             if i == len(acts) - 1:
-                ax.set_xlabel("eigenvalue / mean")
+                ax.set_xlabel(r"eigenvalue $\lambda/\bar\lambda$")
             if j == 0:
                 ax.set_ylabel("density")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"Marchenko–Pastur fit of the masked up-projection, d = {width}")
+    axes[0, 0].legend(fontsize=5.5)
+    fig.suptitle(
+        rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur (dashed: edges), $d = {width}$"
+    )
     return fig
 
 
@@ -239,7 +250,8 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     table = mp_table(df)
     out = out_dir(args)
     fig = draw_mp_erank(table, args.reference_draws)
-    fig.suptitle(f"{', '.join(args.experiment)}: branch Jacobian rank (Figure 8)")
+    fig.suptitle(r"Figure 8: branch Jacobian rank $\mathrm{erank}(J_f)/d$")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     paths = save(fig, out, "mp_erank", table)
     widths = sorted(df["width"].unique())
     width = int(args.width if args.width is not None else widths[-1])
@@ -247,6 +259,7 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
         raise KeyError(f"--width {width}: the runs have widths {[int(w) for w in widths]}")
     hist = mp_histograms(df, args.uri, width)
     fig = draw_mp_histograms(hist, width)
+    style.caption(fig, df[df["width"] == width], args.experiment, ["all seeds' eigenvalues pooled"])
     paths += save(fig, out, f"mp_histograms_d{width}", hist.set_index(["activation", "expansion"]))
     return paths
 
@@ -304,16 +317,45 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
         log.warning("runs with alpha ≠ 1: Table 1's constants are at unit preactivation variance")
     t = table1(df)
     out = out_dir(args)
-    out.mkdir(parents=True, exist_ok=True)
-    t.to_csv(out / "table1.csv")
-    log.info("wrote %s", out / "table1.csv")
+    fig = draw_table1(t)
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
+    paths = save(fig, out, "table1", t)
     md = write_markdown(
         out / "table1.md",
         f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
         "stable rank of σ(W h)",
         t,
     )
-    return [out / "table1.csv", md]
+    return [*paths, md]
+
+
+def draw_table1(t: pd.DataFrame):
+    """Measured stable rank of σ(W h) per activation (bars, ±1 seed s.d.) beside the spike
+    bound 1/c of the quadrature (black ticks; none where c = 0), and measured vs quadrature
+    coherence c."""
+    fig, (ax, bx) = style.panels(2, aspect=0.75)
+    x = np.arange(len(t))
+    names = [style.value_label("activation", a) for a in t.index]
+    ax.bar(x, t["stable_rank"], 0.6, yerr=t["stable_rank_std"], color="C0",
+           error_kw={"elinewidth": 0.7}, label=style.name("hidden_stable_rank"))
+    bound = t["1/c"].where(np.isfinite(t["1/c"]))
+    ax.plot(x, bound, "k_", ms=14, mew=1.5, label=r"spike bound $1/c$ (quadrature)")
+    ax.set_xticks(x, names)
+    ax.set_yscale("log")
+    style.plain_log_ticks(ax)
+    ax.grid(axis="x", visible=False)
+    ax.set_ylabel("stable rank")
+    ax.legend()
+    ax.set_title(r"stable rank of $\sigma(W h)$")
+    bx.bar(x - 0.2, t["coherence_measured"], 0.4, color="C1", label="measured")
+    bx.bar(x + 0.2, t["c"], 0.4, color="0.3", label="quadrature")
+    bx.set_xticks(x, names)
+    bx.grid(axis="x", visible=False)
+    bx.set_ylabel(r"coherence $c = \mathrm{E}[\sigma]^2/\mathrm{E}[\sigma^2]$")
+    bx.legend()
+    bx.set_title("coherence")
+    fig.suptitle(r"Table 1: activation constants at $q = 1$ vs $\sigma(W h)$")
+    return fig
 
 
 table1_command = Command(_table1_arguments, _table1_main)
@@ -378,15 +420,21 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     if dropped:
         log.info("layers %s are deeper than every run; left out", dropped)
     out = out_dir(args)
-    fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
+    fig, (ax,) = style.panels(1)
+    ds = sorted({idx[2] for idx in t.index})
+    colors, sm = style.value_colors(ds, "viridis")
     for idx, row in t.iterrows():
         ls = [int(c[2:]) for c in t.columns]
-        ax.plot(ls, row.values, "o-", label=f"M={idx[0]}, {idx[1]}, d={idx[2]}")
+        ax.plot(ls, row.values, "o-", color=colors[idx[2]],
+                label=f"{style.value_label('matrices', idx[0])}, "
+                f"{style.value_label('activation', idx[1])}" if idx[2] == ds[0] else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("layer l")
-    ax.set_ylabel("erank(Z_l) / d")
-    ax.set_title(f"{', '.join(args.experiment)}: Table 6")
-    ax.legend(fontsize=7)
+    ax.set_xlabel(style.name("layer"))
+    ax.set_ylabel(style.name("rep_erank"))
+    ax.legend()
+    style.colorbar(fig, sm, ax, "width")
+    fig.suptitle("Table 6: representation collapse")
+    style.caption(fig, df, args.experiment, ["mean over seeds"])
     paths = save(fig, out, "table6", t)
     paths.append(
         write_markdown(

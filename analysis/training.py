@@ -31,10 +31,12 @@ import pandas as pd
 
 from rankexp.tracking import TrackingError, metric_history
 
+from . import style
 from .common import Command, set_experiment_default
 from .heatmap import draw_panel, heatmap_table
-from .plotting import plt, save
+from .plotting import save
 from .runs import load_runs
+from .seeds import pooled
 
 log = logging.getLogger("analysis")
 
@@ -134,7 +136,7 @@ def _depth_axis(ax, depths) -> None:
     ax.set_xscale("log")
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
-    ax.set_xlabel("L (depth)")
+    ax.set_xlabel(style.name("depth"))
 
 
 def _lr_label(lr: float) -> str:
@@ -174,23 +176,17 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
     placements = _placements(table.index.get_level_values(0))
     depths = sorted(table.index.get_level_values(1).unique())
     alphas = sorted(table.index.get_level_values(2).unique())
-    fig, axes = plt.subplots(
-        len(placements),
-        2,
-        figsize=(10, 3.4 * len(placements) + 0.6),
-        squeeze=False,
-        layout="constrained",
-    )
+    fig, axes = style.grid(len(placements), 2, aspect=0.7)
     for j, metric in enumerate((rank_metric, train_metric)):
         values = table[metric]
         vmin, vmax = float(np.nanmin(values)), float(np.nanmax(values))
         for i, p in enumerate(placements):
             grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
             im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
-            axes[i, j].set_xlabel("α (alpha)")
-            axes[i, j].set_ylabel("L (depth)")
-            axes[i, j].set_title(f"{p}: {metric}")
-        fig.colorbar(im, ax=axes[:, j].tolist(), label=metric)
+            axes[i, j].set_xlabel(style.name("alpha"))
+            axes[i, j].set_ylabel(style.name("depth"))
+            axes[i, j].set_title(style.value_label(PLACEMENT, p))
+        style.colorbar(fig, im, axes[:, j].tolist(), metric)
     return fig
 
 
@@ -236,7 +232,13 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     )
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
     fig.suptitle(
-        f"{args.rank_experiment}: {args.rank_metric}  |  {args.train_experiment}: {args.train_metric}"
+        f"Figure 6: {style.name(args.rank_metric)} at init beside {style.name(args.train_metric)}"
+    )
+    style.caption(
+        fig,
+        frames[args.train_experiment],
+        [args.rank_experiment, args.train_experiment],
+        [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
     )
     return save(
         fig,
@@ -345,18 +347,21 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
         f"{', '.join(args.experiment)}\n"
     )
     print(md)
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, (ax,) = style.panels(1)
     for p in _placements(table.index.get_level_values(0)):
         s = table.loc[p, "max over alpha"]
-        ax.plot(s.index, s.values, "o-", label=p)
+        ax.plot(s.index, s.values, "o-", label=style.value_label(PLACEMENT, p))
     _depth_axis(ax, table.index.get_level_values(1))
     if table["max over alpha"].notna().any():
         ax.set_yscale("log")
     else:
         ax.text(0.5, 0.5, "no stable learning rate", transform=ax.transAxes, ha="center")
-    ax.set_ylabel("max stable LR (max over α)")
-    ax.set_title(f"{', '.join(args.experiment)}: Table 5")
-    ax.legend(title="placement")
+    ax.set_ylabel(r"max stable LR (max over $\alpha$)")
+    ax.legend()
+    fig.suptitle("Table 5: max stable learning rate")
+    if args.stable_accuracy is None and "task.stable_accuracy" in df:
+        thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
+    style.caption(fig, df, args.experiment, [f"stable: final test accuracy ≥ {thr}"])
     out = Path(args.out) / "_".join(args.experiment)
     paths = save(fig, out, "table5_max_stable_lr", table)
     paths.append(out / "table5_max_stable_lr.md")
@@ -370,8 +375,14 @@ table5_command = Command(_table5_arguments, _table5_main)
 
 # --------------------------------------------------------------------------- fig16
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
-    """Mean, std and count of ``metric`` per (matrices, placement, depth)."""
-    return df.groupby(["matrices", PLACEMENT, "depth"])[metric].agg(["mean", "std", "count"])
+    """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
+
+    ``std`` is the seed spread (:func:`analysis.seeds.pooled`: a train run is one seed, so
+    it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
+    ``count`` = runs.
+    """
+    t = pooled(df, metric, ["matrices", PLACEMENT, "depth"])
+    return t.rename(columns={"runs": "count"})[["mean", "std", "count", "seeds"]]
 
 
 def _fig16_arguments(p: argparse.ArgumentParser) -> None:
@@ -386,7 +397,7 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     _require(df, ["matrices", PLACEMENT, "depth", args.metric], args.experiment)
     warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment)
     table = fig16_table(df, args.metric)
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, (ax,) = style.panels(1)
     for m in sorted(table.index.get_level_values(0).unique()):
         for p in _placements(table.loc[m].index.get_level_values(0)):
             s = table.loc[(m, p)]
@@ -395,15 +406,15 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
                 s["mean"],
                 yerr=s["std"].fillna(0),
                 marker="o",
-                capsize=3,
                 linestyle="-" if m == 2 else "--",
-                label=f"M={m}, {p}",
+                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
             )
-    ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
+    ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
     _depth_axis(ax, table.index.get_level_values(2))
-    ax.set_ylabel(args.metric)
-    ax.set_title(f"{', '.join(args.experiment)}: {args.metric} vs depth")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(style.name(args.metric))
+    ax.legend()
+    fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     return save(
         fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
     )
@@ -474,21 +485,25 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     df = _load(args.experiment, args)
     run = select_run(df, args.run_id, args.where)
     curves = training_curves(args.uri, run)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    fig, axes = style.panels(2, aspect=0.7)
+    lrs = sorted(curves["lr"].unique())
+    colors, sm = style.value_colors(lrs, "plasma")
     for ax, metric in zip(axes, ("test_acc", "train_loss"), strict=True):
         for lr, g in curves[curves["metric"] == metric].groupby("lr"):
             ax.plot(
                 g["step"],
                 g["value"],
                 marker="o" if metric == "test_acc" else None,
-                ms=3,
-                label=f"lr {_lr_label(lr)}",
+                color=colors[lr],
+                ms=2.5,
             )
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel({"test_acc": "test accuracy", "train_loss": "train loss (nats)"}[metric])
-    axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
+        ax.set_ylabel(style.name(metric))
+    axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
+    axes[0].legend()
+    style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")
+    fig.suptitle(f"Training curves of {run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
+    style.caption(fig, run.to_frame().T, args.experiment)
     return save(
         fig,
         Path(args.out) / "_".join(args.experiment),

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .probes import DEFAULT_PROBES
+from .probes import DEFAULT_PROBES, ONE_INPUT_PROBES, PLAIN_PROBES
 
 
 class ConfigError(ValueError):
@@ -49,6 +49,14 @@ class NormOp(Enum):
     layernorm = "layernorm"
     detached = "detached"
     meansub = "meansub"
+    batchnorm = "batchnorm"  # over the batch of probe inputs; model=plain only
+
+
+class Init(Enum):
+    """Weight initialization of ``model=plain``: i.i.d. Gaussian or scaled orthogonal."""
+
+    gaussian = "gaussian"
+    orthogonal = "orthogonal"
 
 
 class Activation(Enum):
@@ -81,12 +89,47 @@ class Size(Enum):
     full = "full"
 
 
+class NormSlot(Enum):
+    """What one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)."""
+
+    none = "none"
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+
+
+def _preset_slot(slot: str, placement: Any, op: Any) -> str:
+    """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
+    from .models.norms import PRESET_SLOTS
+
+    placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
+    return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
+
+
+def _preset(slot: str) -> str:
+    return f"${{rankexp_norm_slot:{slot},${{.placement}},${{.op}}}}"
+
+
 @dataclass
 class NormConfig:
-    """Normalization: where (``placement``, Eq. 6/7/17) and what (``op``, Table 2)."""
+    """Normalization of the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17).
+
+    ``pre``, ``out``, ``post`` are P, B, R: each an op of Table 2 or ``none``.  By default they
+    follow the ``placement`` preset (``norm=pre|post|output|peri|none``, Eq. 6/7), which puts
+    ``op`` in its slots — so ``norm=post norm.op=layernorm`` works as before — and any slot can
+    be set on its own: ``norm=pre norm.post=detached`` is Figure 4b's Pre-RMSNorm + detached R.
+    """
 
     placement: Placement = Placement.pre
     op: NormOp = NormOp.rmsnorm
+    pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
+    out: NormSlot = _preset("out")  # type: ignore[assignment]
+    post: NormSlot = _preset("post")  # type: ignore[assignment]
+
+    def preset_slot(self, slot: str) -> str:
+        """What the preset alone puts in ``slot`` (``pre``/``out``/``post``)."""
+        return _preset_slot(slot, self.placement, self.op)
 
 
 @dataclass
@@ -97,8 +140,20 @@ class MlpModel:
     name: str = "mlp"
 
 
+@dataclass
+class PlainModel:
+    """``model=plain``: the mean-field plain network of the textbook chapter (science.md §5,
+    :class:`rankexp.models.plain.PlainNet`), ``h_l = W_l φ(N(h_{l−1})) + b_l`` (plus the skip
+    ``h_{l−1}`` and branch gain β when ``skip_every=1``), shaped by the top-level knobs
+    ``depth``, ``width``, ``alpha`` (σ_w), ``bias`` (σ_b), ``init``, ``activation``,
+    ``skip_every``, ``beta`` and ``norm`` (``none``, or ``pre`` with any op incl. ``batchnorm``).
+    ``expansion`` and ``matrices`` do not apply (one n×n matrix per layer)."""
+
+    name: str = "plain"
+
+
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel}
+MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel}
 
 
 @dataclass
@@ -108,6 +163,8 @@ class MeasureTask:
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     options: dict[str, Any] = field(default_factory=dict)
+    #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
+    max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         from .probes import PROBES
@@ -117,6 +174,8 @@ class MeasureTask:
         for p in self.probes:
             if p not in PROBES:
                 raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
+            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
 
 
 @dataclass
@@ -126,6 +185,10 @@ class TrainTask:
     ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
     Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
     config — in a new sweep directory, after preemption — resumes from them.
+    A learning rate *diverged* when its train loss turns non-finite or exceeds
+    ``divergence_factor`` × its initial loss (``inf``: non-finite only). ``compile``
+    (``torch.compile`` of forward + loss) and ``cuda_graphs`` (the whole step replayed as one
+    CUDA graph; ignored with a warning on CPU) are speed options for GPUs.
     """
 
     name: str = "train"
@@ -138,8 +201,10 @@ class TrainTask:
     stable_accuracy: float = 0.4
     dtype: Dtype = Dtype.float32
     checkpoint_dir: str = ".cache/checkpoints"
+    divergence_factor: float = 1000.0
     bf16: bool = False
     compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -148,6 +213,9 @@ class TrainTask:
                 raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
         if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
             raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
+        if not self.divergence_factor > 1:
+            raise _bad("task.divergence_factor", self.divergence_factor,
+                       "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
 
 
 @dataclass
@@ -220,6 +288,8 @@ class RankexpConfig:
     beta_scaling: BetaScaling = BetaScaling.const
     activation: Activation = Activation.relu
     skip_every: int = 1
+    bias: float = 0.0
+    init: Init = Init.gaussian
     seeds: int = 4
     seed: int = 0
     device: str = "auto"
@@ -262,6 +332,35 @@ class RankexpConfig:
             raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
         if not isinstance(self.task, (MeasureTask, TrainTask)):
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
+        if not (math.isfinite(self.bias) and self.bias >= 0):
+            raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
+        self._check_family()
+
+    def _check_family(self) -> None:
+        """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
+        probes (plain); a batchnorm also rules out the probes that see one input at a time."""
+        probes = list(self.task.probes) if isinstance(self.task, MeasureTask) else []
+        if isinstance(self.model, PlainModel):
+            if self.norm.placement not in (Placement.none, Placement.pre):
+                raise _bad("norm", self.norm.placement.value,
+                           "model=plain supports norm=none or norm=pre (N before φ)")
+            if self.activation is Activation.swiglu:
+                raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
+                           "the gated unit needs model=mlp matrices=2")
+            single = [p for p in probes if p in ONE_INPUT_PROBES]
+            if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
+                raise _bad("task.probes", single, "these differentiate one input per seed and a "
+                           "batchnorm needs a batch; use correlation, gradient_norms, shattered")
+            return
+        plain_only = [p for p in probes if p in PLAIN_PROBES]
+        if plain_only:
+            raise _bad("task.probes", plain_only, "the mean-field probes need model=plain")
+        if self.bias != 0:
+            raise _bad("bias", self.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
+        if self.init is not Init.gaussian:
+            raise _bad("init", self.init.value, "orthogonal weights exist only in model=plain (add model=plain)")
+        if self.norm.op is NormOp.batchnorm:
+            raise _bad("norm.op", "batchnorm", "batch normalization exists only in model=plain (add model=plain norm=pre)")
 
 
 def sweep_stamp() -> str:
@@ -298,13 +397,16 @@ def hydra_subdir(mode: Any) -> str | None:
 def register_configs() -> None:
     """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)
     and register the resolvers ``rankexp_stamp`` (output directories), ``rankexp_hydra_subdir``
-    (conf/config.yaml) and ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml)."""
+    (conf/config.yaml), ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml) and ``rankexp_norm_slot``
+    (conf/norm/*.yaml)."""
     if not OmegaConf.has_resolver("rankexp_stamp"):
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
     if not OmegaConf.has_resolver("rankexp_signal_delay"):
         OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
     if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
         OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
+    if not OmegaConf.has_resolver("rankexp_norm_slot"):
+        OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
@@ -337,6 +439,9 @@ def validate(cfg: DictConfig) -> RankexpConfig:
 
 #: config keys that say where/how a run is recorded, not what it computes
 NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
+#: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
+#: they existed still match (resume skips them) — a config with default bias/init is unchanged
+LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
@@ -352,10 +457,19 @@ def config_hash(container: dict[str, Any]) -> str:
     Two jobs with the same hash compute the same numbers; resume uses it to
     skip configs that already FINISHED.
     """
-    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS}
+    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS
+                and not (k in LATER_KNOB_DEFAULTS and v == LATER_KNOB_DEFAULTS[k])}
     if semantic.get("task", {}).get("name") == "measure":
         semantic.pop("data", None)
         semantic.pop("lr", None)
+        # seed chunking never changes a number (tested), so the budget is not part of the hash
+        semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    norm = semantic.get("norm")
+    if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
+        # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash
+        semantic["norm"] = {k: v for k, v in norm.items()
+                            if not (k in ("pre", "out", "post")
+                                    and v == _preset_slot(k, norm["placement"], norm["op"]))}
     blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -18,11 +18,14 @@ class Measurement:
         series: name → (steps, values), 1-D arrays of equal length; ``steps`` is the
             layer index l (or path order k) so MLflow draws profiles directly.
         arrays: name → raw array (per seed), saved as ``.npz``.
+        seed_arrays: names of the arrays whose axis 0 is the seed (set by ``add_seed_*``), so
+            results of disjoint seed chunks can be joined exactly.
     """
 
     scalars: dict[str, float] = field(default_factory=dict)
     series: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    seed_arrays: set[str] = field(default_factory=set)
 
     def update(self, other: Measurement) -> None:
         for mine, theirs in (
@@ -34,6 +37,7 @@ class Measurement:
             if clash:
                 raise ValueError(f"two probes produced the same key(s): {sorted(clash)}")
             mine.update(theirs)
+        self.seed_arrays |= other.seed_arrays
 
     def add_seed_stat(self, name: str, per_seed: Tensor) -> None:
         """Add mean and std over seeds of a per-seed scalar ``(E,)``, and keep the raw values."""
@@ -41,6 +45,13 @@ class Measurement:
         self.scalars[name] = float(v.mean())
         self.scalars[f"{name}_std"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
         self.arrays[name] = v
+        self.seed_arrays.add(name)
+
+    def add_seed_array(self, name: str, per_seed) -> None:
+        """Keep a raw per-seed array ``(E, ...)`` (saved, joined across seed chunks; no statistic)."""
+        v = per_seed.detach().double().cpu().numpy() if isinstance(per_seed, Tensor) else np.asarray(per_seed)
+        self.arrays[name] = v
+        self.seed_arrays.add(name)
 
     def add_seed_series(self, name: str, per_seed: Tensor, steps: Sequence[int]) -> None:
         """Add the mean and std over seeds of a per-seed series ``(E, n)``, keep the raw values."""
@@ -50,5 +61,6 @@ class Measurement:
         if v.shape[0] > 1:
             self.series[f"{name}_std"] = (steps, v.std(0, ddof=1))
         self.arrays[name] = v
+        self.seed_arrays.add(name)
 
 

@@ -23,16 +23,37 @@ gelu and silu (tested).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
-from scipy import special, stats
 
 from .models.activations import ACTIVATIONS, LEAKY_SLOPE
+
+
+def _lazy_module(name: str) -> ModuleType:
+    """``name`` imported on first attribute access (:class:`importlib.util.LazyLoader`)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# every job imports this module (probes → theory); scipy.stats alone costs ~0.5 s (seconds on a
+# loaded machine), so scipy's special functions and distributions load when first used
+special = _lazy_module("scipy.special")
+stats = _lazy_module("scipy.stats")
 
 # --------------------------------------------------------------------------- quadrature
 _HERMITE_NODES = 160
@@ -46,12 +67,23 @@ def _hermite_rule(n: int = _HERMITE_NODES) -> tuple[np.ndarray, np.ndarray]:
     return x, w / math.sqrt(2 * math.pi)
 
 
+@functools.cache
+def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss–Legendre nodes and weights on [−1, 1], computed once per n (read-only arrays;
+    numpy's ``leggauss`` solves an n×n eigenproblem, ~20 ms at n = 160)."""
+    y, v = leggauss(n)
+    y.flags.writeable = v.flags.writeable = False
+    return y, v
+
+
+@functools.cache
 def _split_rule(n: int = _LEGENDRE_NODES, t: float = _TRUNCATION) -> tuple[np.ndarray, np.ndarray]:
     """Gauss–Legendre on ``[−t, 0] ∪ [0, t]`` times the standard normal density."""
-    y, v = leggauss(n)
+    y, v = _legendre(n)
     half = 0.5 * t * (y + 1.0)  # nodes on (0, t)
     x = np.concatenate([-half[::-1], half])
     w = np.concatenate([v[::-1], v]) * 0.5 * t * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+    x.flags.writeable = w.flags.writeable = False  # cached: shared by every caller
     return x, w
 
 
@@ -438,7 +470,7 @@ def _polar_rule(
         np.mod([0.5 * np.pi, 1.5 * np.pi, phi + 0.5 * np.pi, phi - 0.5 * np.pi], 2 * np.pi)
     )
     edges = np.concatenate([cuts, [cuts[0] + 2 * np.pi]])
-    y, v = leggauss(n_angle)
+    y, v = _legendre(n_angle)
     th, wt = [], []
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         if hi - lo < 1e-15:
@@ -446,7 +478,7 @@ def _polar_rule(
         th.append(lo + 0.5 * (hi - lo) * (y + 1))
         wt.append(0.5 * (hi - lo) * v / (2 * np.pi))
     th, wt = np.concatenate(th), np.concatenate(wt)
-    yr, vr = leggauss(n_radius)
+    yr, vr = _legendre(n_radius)
     r = 0.5 * _TRUNCATION * (yr + 1)
     wr = 0.5 * _TRUNCATION * vr * r * np.exp(-0.5 * r * r)
     rr, tt = np.meshgrid(r, th, indexing="ij")
@@ -537,3 +569,307 @@ def random_walk_projection_product(
         u /= np.linalg.norm(u)
         q = q - np.outer(u, u @ q)
     return np.linalg.svd(q, compute_uv=False)
+
+
+# --------------------------------------------------------------------------- mean-field lab
+# The textbook chapter's signal-propagation theory beyond the maps above (science.md §5):
+# two-input covariance maps off the fixed point, the stable correlation fixed point and its
+# slope χ_c, the tanh critical line, v_D of the Jacobian spectrum (215.7), the residual ReLU
+# correlation trajectory and its depth limit, and the deep-linear learning time (215.8/215.9).
+def covariance_map(q_a: float, q_b: float, c: float, activation: str, sigma_w2: float,
+                   sigma_b2: float = 0.0) -> tuple[float, float, float]:
+    """One layer of the two-input mean-field maps (215.1/215.2) off the fixed point.
+
+    With ``u_a = √q_a z₁``, ``u_b = √q_b (c z₁ + √(1−c²) z₂)``:
+    ``q_a' = σ_w² E[φ(u_a)²] + σ_b²`` (same for b) and
+    ``q_ab' = σ_w² E[φ(u_a)φ(u_b)] + σ_b²``; returns ``(q_a', q_b', c' = q_ab'/√(q_a' q_b'))``.
+    At ``q_a = q_b = q*`` this is :func:`length_map` and :func:`correlation_map`.
+
+    Raises:
+        ValueError: ``q_a`` or ``q_b`` ≤ 0, or ``|c| > 1``.
+    """
+    if not (q_a > 0 and q_b > 0) or abs(c) > 1:
+        raise ValueError(f"q_a={q_a}, q_b={q_b} must be > 0 and |c|={abs(c)} ≤ 1")
+    sig, _ = sigma_numpy(activation)
+    z1, z2, ww = _polar_rule(float(c))
+    u_a = math.sqrt(q_a) * z1
+    u_b = math.sqrt(q_b) * (c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2)
+    qa = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_a) * z) ** 2) + sigma_b2
+    qb = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_b) * z) ** 2) + sigma_b2
+    qab = sigma_w2 * float(np.sum(ww * sig(u_a) * sig(u_b))) + sigma_b2
+    return qa, qb, float(np.clip(qab / math.sqrt(qa * qb), -1.0, 1.0))
+
+
+def covariance_iterates(q0: float, c0: float, layers: int, activation: str, sigma_w2: float,
+                        sigma_b2: float = 0.0, *, gain: float | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """``(q_l, c_l)`` for l = 0…layers from two inputs of length q0 and correlation c0.
+
+    Plain (``gain=None``): :func:`covariance_map` iterated.  Residual with branch gain g
+    (``h_l = h_{l−1} + g (W φ(h_{l−1}) + b)``, W independent of the stream): every second
+    moment adds, ``q_l = q_{l−1} + g² (σ_w² E[φ²] + σ_b²)`` and
+    ``q_ab,l = q_ab,l−1 + g² (σ_w² E[φ_a φ_b] + σ_b²)``.  Both inputs have length q0 (as the
+    probe ``correlation`` draws them), so they keep equal lengths.
+
+    Returns:
+        two ``(layers+1,)`` arrays.
+    """
+    q, c = np.empty(layers + 1), np.empty(layers + 1)
+    q[0], c[0] = q0, c0
+    for l in range(layers):
+        qn, _, cn = covariance_map(q[l], q[l], c[l], activation, sigma_w2, sigma_b2)
+        if gain is None:
+            q[l + 1], c[l + 1] = qn, cn
+        else:
+            g2 = gain * gain
+            q[l + 1] = q[l] + g2 * qn
+            c[l + 1] = (c[l] * q[l] + g2 * cn * qn) / q[l + 1]
+    return q, c
+
+
+def correlation_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *,
+                            iters: int = 20_000, tol: float = 1e-13) -> float:
+    """The stable fixed point c* of :func:`correlation_map` at q* (215.2).
+
+    Ordered phase (χ₁ ≤ 1, to 1e-9 so that quadrature rounding at a critical point such as
+    relu at σ_w² = 2 counts as critical): c* = 1.  Chaotic phase (χ₁ > 1): c = 1 is unstable
+    and c* < 1 is the root of ``f(c) − c`` on ``[0, 1 − 10⁻⁶]`` (``f(0) = σ_b²/q* ≥ 0``,
+    ``f(1 − δ) < 1 − δ``; Brent's method), or — where the bracket fails, a hair from the
+    critical line — the limit of the iteration from c = 0.
+
+    Raises:
+        ValueError: no finite q* (:func:`length_fixed_point`), or no convergence.
+    """
+    from scipy.optimize import brentq
+
+    q = length_fixed_point(activation, sigma_w2, sigma_b2)
+    if chi_1(activation, sigma_w2, q) <= 1.0 + 1e-9:
+        return 1.0
+
+    def gap(c: float) -> float:
+        return correlation_map(c, activation, sigma_w2, sigma_b2, q) - c
+
+    hi = 1.0 - 1e-6
+    if gap(0.0) >= 0 > gap(hi):
+        return float(brentq(gap, 0.0, hi, xtol=tol, rtol=4 * np.finfo(float).eps))
+    c = 0.0
+    for _ in range(iters):
+        nc = c + gap(c)
+        if abs(nc - c) <= tol:
+            return float(nc)
+        c = nc
+    raise ValueError(f"correlation map of {activation} at σ_w²={sigma_w2}, σ_b²={sigma_b2} "
+                     f"did not settle in {iters} steps")
+
+
+@dataclass(frozen=True)
+class DepthScale:
+    """The correlation depth scale of one operating point (215.4).
+
+    Attributes:
+        q_star: length fixed point q*.
+        chi_1: χ₁ = σ_w² E[φ′(√q* z)²] (215.3); order χ₁ < 1, chaos χ₁ > 1.
+        c_star: stable correlation fixed point (1 in the ordered phase).
+        chi_c: slope of the correlation map at c*, ``σ_w² E[φ′(u₁)φ′(u₂)]`` (χ₁ when c* = 1).
+        xi_c: ξ_c = −1/log χ_c in layers (∞ at criticality).
+    """
+
+    q_star: float
+    chi_1: float
+    c_star: float
+    chi_c: float
+    xi_c: float
+
+
+def correlation_depth_scale(activation: str, sigma_w2: float, sigma_b2: float = 0.0) -> DepthScale:
+    """q*, χ₁, c*, χ_c and ξ_c (215.1–215.4) of ``activation`` at ``(σ_w², σ_b²)``.
+
+    ``|c_l − c*| ∝ exp(−l/ξ_c)`` at large l; Schoenholz et al. (2017): networks train when
+    L ≲ 6 ξ_c.
+
+    Raises:
+        ValueError: no finite q* (e.g. relu with σ_w² > 2).
+    """
+    q = length_fixed_point(activation, sigma_w2, sigma_b2)
+    chi = chi_1(activation, sigma_w2, q)
+    c = correlation_fixed_point(activation, sigma_w2, sigma_b2)
+    if c >= 1.0:
+        chic = chi
+    else:
+        _, dsig = sigma_numpy(activation)
+        z1, z2, ww = _polar_rule(c)
+        s = math.sqrt(q)
+        u2 = c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2
+        chic = sigma_w2 * float(np.sum(ww * dsig(s * z1) * dsig(s * u2)))
+    return DepthScale(q, chi, c, chic, depth_scale(chic) if chic > 0 else 0.0)
+
+
+def tanh_critical_point(q_star: float) -> tuple[float, float]:
+    """The point ``(σ_w², σ_b²)`` of the tanh critical line χ₁ = 1 whose fixed point is q*.
+
+    χ₁ = σ_w² E[sech⁴(√q* z)] = 1 gives ``σ_w² = 1/E[φ′(√q* z)²]``, and the length map's
+    fixed point gives ``σ_b² = q* − σ_w² E[tanh²(√q* z)]`` (215.1/215.3).  q* → 0 is the
+    point (1, 0); the textbook's critical tanh spectrum (215.7) sits at q* = 1/64.
+
+    Raises:
+        ValueError: q* ≤ 0.
+    """
+    if not q_star > 0:
+        raise ValueError(f"q_star={q_star} must be > 0")
+    s = math.sqrt(q_star)
+    sw2 = 1.0 / gaussian_expectation(lambda z: (1.0 - np.tanh(s * z) ** 2) ** 2)
+    sb2 = q_star - sw2 * gaussian_expectation(lambda z: np.tanh(s * z) ** 2)
+    return sw2, max(sb2, 0.0)
+
+
+def tanh_critical_line(sigma_b2) -> np.ndarray | float:
+    """σ_w² on the tanh critical line χ₁ = 1 at bias variance σ_b² (scalar or array, ≥ 0).
+
+    Solves ``σ_b²(q*) = σ_b²`` of :func:`tanh_critical_point` for q* (σ_b² grows
+    monotonically with q*) and returns its σ_w²; 1 at σ_b² = 0.  Left of the line (smaller
+    σ_w²) is the ordered phase, right of it the chaotic phase.
+
+    Raises:
+        ValueError: σ_b² < 0.
+    """
+    from scipy.optimize import brentq
+
+    sb = np.atleast_1d(np.asarray(sigma_b2, dtype=float))
+    if (sb < 0).any():
+        raise ValueError(f"sigma_b2 must be ≥ 0, got {sb.min()}")
+    out = []
+    for target in sb:
+        if target == 0:
+            out.append(1.0)
+            continue
+        hi = 1.0
+        while tanh_critical_point(hi)[1] < target:
+            hi *= 2.0
+        q = brentq(lambda v, t=target: tanh_critical_point(v)[1] - t, 1e-12, hi, xtol=1e-14,
+                   rtol=1e-13)
+        out.append(tanh_critical_point(q)[0])
+    out = np.array(out)
+    return out if np.ndim(sigma_b2) else float(out[0])
+
+
+def activation_vd(activation: str, q: float = 1.0) -> float:
+    """v_D of the Jacobian spectrum (215.7): the variance of ``φ′(√q z)²`` normalized to mean 1.
+
+    ``v_D = E[φ′(√q z)⁴] / E[φ′(√q z)²]² − 1`` — 0 for linear, 1 for relu (a ½-Bernoulli
+    mask), and for tanh at a critical point (χ₁ = 1) equal to the chapter's
+    ``σ_w⁴ E[φ′(√q* z)⁴] − 1`` (→ 0 as q* → 0).
+
+    Raises:
+        ValueError: q ≤ 0, or φ′ vanishes almost surely.
+    """
+    if not q > 0:
+        raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
+    _, dsig = sigma_numpy(activation)
+    s = math.sqrt(q)
+    m2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
+    m4 = gaussian_expectation(lambda z: dsig(s * z) ** 4)
+    if not m2 > 0:
+        raise ValueError(f"{activation}: E[φ′²] = 0 at q={q}")
+    return max(m4 / m2**2 - 1.0, 0.0)  # ≥ 0 by Jensen; rounding can dip below
+
+
+def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float = 1.0) -> float:
+    """Var(λ) = L (v_W + v_D) of the squared singular values of ∂h_L/∂h_0, each of the L
+    factors ``W D`` normalized to mean 1 (215.7, free multiplicative convolution: the
+    variances of mean-1 free factors add).  v_W = 1 for Gaussian, 0 for orthogonal weights;
+    v_D from :func:`activation_vd` at the preactivation variance q (= q* at the fixed point).
+
+    Raises:
+        ValueError: unknown ``init``.
+    """
+    v_w = {"gaussian": 1.0, "orthogonal": 0.0}.get(init)
+    if v_w is None:
+        raise ValueError(f"init={init!r} is not one of gaussian, orthogonal")
+    return depth * (v_w + activation_vd(activation, q))
+
+
+def residual_relu_correlation(c0: float, depth: int, gain: float) -> np.ndarray:
+    """Correlation trajectory of a residual ReLU network with branch gain g (science.md §5).
+
+    ``h_l = h_{l−1} + g W relu(h_{l−1})`` with W ~ N(0, 2/n), σ_b = 0: lengths grow by
+    ``1 + g²`` per layer (:func:`residual_variance`) and
+    ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)``, f = :func:`relu_correlation_map`.
+
+    Returns:
+        ``(depth+1,)`` array c_0 … c_L.
+    """
+    out = np.empty(depth + 1)
+    out[0] = c0
+    g2 = gain * gain
+    for l in range(depth):
+        out[l + 1] = (out[l] + g2 * relu_correlation_map(out[l])) / (1.0 + g2)
+    return out
+
+
+def residual_relu_correlation_ode(c0: float, t, tau: float) -> np.ndarray:
+    """Continuous-depth limit of :func:`residual_relu_correlation`: ``dc/dt = τ (f(c) − c)``.
+
+    With g² = τ/L and t = l/L the discrete map's step is ``(τ/L)(f(c) − c) + O(L⁻²)``, so
+    ``c_{tL} → c(t)`` as L → ∞ at fixed τ = g² L (g = 1/√L: τ = 1); the lengths follow
+    ``q(t) = q_0 e^{τ t}`` (the limit of (1 + τ/L)^{tL}, e for τ = t = 1).  Integrated with
+    scipy's DOP853 at rtol 1e-11.
+
+    Args:
+        c0: c(0) ∈ [−1, 1].
+        t: times ≥ 0 (scalar or array, any order).
+        tau: τ = g² L ≥ 0.
+    """
+    from scipy.integrate import solve_ivp
+
+    ts = np.atleast_1d(np.asarray(t, dtype=float))
+    order = np.argsort(ts)
+    sol = solve_ivp(lambda _, c: tau * (relu_correlation_map(c) - c), (0.0, max(ts.max(), 0.0)),
+                    [c0], method="DOP853", t_eval=ts[order], rtol=1e-11, atol=1e-13)
+    out = np.empty_like(ts)
+    out[order] = sol.y[0]
+    return out if np.ndim(t) else float(out[0])
+
+
+def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
+    """Learning time of the deep-linear plateau (215.8) by quadrature.
+
+    N scalar layers from the balanced start ``a_i(0) = a₀`` under gradient flow on
+    ``½(s − Π a_i)²`` keep ``a_i = a`` and ``u = a^N`` obeys ``u̇ = N u^{2−2/N}(s − u)``; the
+    time to reach s/2 is ``T = ∫_{u₀}^{s/2} du / (N u^{2−2/N}(s − u))``, u₀ = a₀^N.  Integrated
+    in the layer variable a (u = a^N), where it is smooth:
+    ``T = ∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` (adaptive Gauss–Kronrod,
+    rtol 1e-13).  Returns 0 when u₀ ≥ s/2 (already past halfway).
+
+    Args:
+        depth: N ≥ 1 layers.
+        a0: initial scale of every layer, > 0 (1 = the identity start).
+        s: target singular value, > 0.
+
+    Raises:
+        ValueError: N < 1, a₀ ≤ 0 or s ≤ 0.
+    """
+    from scipy.integrate import quad
+
+    if depth < 1 or not a0 > 0 or not s > 0:
+        raise ValueError(f"need depth ≥ 1, a0 > 0, s > 0 (got {depth}, {a0}, {s})")
+    a_half = (s / 2.0) ** (1.0 / depth)
+    if a0 >= a_half:
+        return 0.0
+    n = depth
+    val, _ = quad(lambda a: 1.0 / (a ** (n - 1) * (s - a**n)), a0, a_half,
+                  epsabs=0.0, epsrel=1e-13, limit=200)
+    return float(val)
+
+
+def deep_linear_time_asymptote(depth: int, a0: float, s: float = 1.0) -> float:
+    """Small-start asymptote of :func:`deep_linear_time` (215.9): ``a₀^{−(N−2)} / (s (N−2))``.
+
+    The plateau near u₀ dominates the integral: its ratio to the quadrature → 1 as N grows
+    at fixed a₀ < 1 (and as a₀ → 0 at fixed N > 2).
+
+    Raises:
+        ValueError: N ≤ 2 (no plateau: T stays finite as a₀ → 0 only for N > 2).
+    """
+    if depth <= 2:
+        raise ValueError(f"the asymptote 215.9 needs N > 2, got N={depth}")
+    return a0 ** (-(depth - 2)) / (s * (depth - 2))

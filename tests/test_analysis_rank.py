@@ -1,6 +1,8 @@
 """Rank figures end to end (Figures 1, 2, 4, 5, 11, 12; Table 4): tiny real sweeps of the
 experiment configs through the CLI into a real SQLite store, then the analysis commands
-profiles, collapse, placements, stream, accumulated, isorank.  Numbers in their CSVs are
+heatmap, profiles, collapse, placements, stream, accumulated, isorank — every figure they
+save passes the publication checks of ``figure_checks`` (mathtext labels, caption with d,
+seeds and size, page-sized, the promised theory curves).  Numbers in their CSVs are
 checked against what MLflow holds (read with MlflowClient, not through ``analysis``),
 against closed forms of rankexp.theory recomputed here, and against exact identities of the
 model (βα^M symmetry of ReLU; the projection split's products are the Jacobians of other
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO, runs_in
+from figure_checks import THEORY, checked
 
 from analysis import figures
 from analysis.__main__ import COMMANDS
@@ -157,8 +160,15 @@ def store(tmp_path_factory):
         out = cwd / "figs"
 
         def analyse(self, *argv: str, ok: bool = True):
-            rc = analysis_main([*argv, "--uri", self.uri, "--out", str(self.out)])
-            assert (rc == 0) == ok, f"analysis {' '.join(argv)} returned {rc}"
+            """Run a command; its figures must pass ``figure_checks`` (returned by stem)."""
+            self.figures = {}
+            if not ok:
+                rc = analysis_main([*argv, "--uri", self.uri, "--out", str(self.out)])
+                assert rc != 0, f"analysis {' '.join(argv)} returned 0"
+                return rc
+            with checked([*argv, "--uri", self.uri, "--out", str(self.out)], THEORY) as (rc, figs):
+                assert rc == 0, f"analysis {' '.join(argv)} returned {rc}"
+                self.figures = {k: _drawn(f) for k, f in figs.items()}
             return rc
 
         def runs(self, experiment: str) -> dict:
@@ -177,6 +187,22 @@ def store(tmp_path_factory):
     s = Store()
     s.out.mkdir()
     return s
+
+
+def _drawn(fig) -> dict:
+    """What tests read off a figure after it is closed: per axes, its error-bar half-lengths
+    and its lines' (label, x, y)."""
+    from matplotlib.container import ErrorbarContainer
+
+    axes = []
+    for ax in fig.axes:
+        bars = []
+        for c in ax.containers:  # a bar's error bars are an ErrorbarContainer of their own too
+            if isinstance(c, ErrorbarContainer) and c.lines[2]:
+                bars += [abs(seg[1][1] - seg[0][1]) / 2 for seg in c.lines[2][0].get_segments()]
+        lines = [(ln.get_label(), ln.get_xdata(), ln.get_ydata()) for ln in ax.get_lines()]
+        axes.append({"errorbars": np.array(bars), "lines": lines, "title": ax.get_title()})
+    return {"axes": axes}
 
 
 def files(out, experiment: str, stem: str) -> list:
@@ -248,12 +274,32 @@ def test_placements_table_and_projection_split_identities(store):
             and float(r.data.params["alpha"]) == alpha
         ]
 
+    def per_seed(placement, op, alpha) -> list:
+        """Each seed's erank_io, from the runs' arrays.npz (not through analysis)."""
+        from mlflow.tracking import MlflowClient
+
+        out = []
+        for r in runs:
+            p = r.data.params
+            if (p["norm.placement"], p["norm.op"], float(p["alpha"])) == (placement, op, alpha):
+                path = MlflowClient(store.uri).download_artifacts(r.info.run_id, "arrays.npz")
+                out += list(np.load(path)["erank_io"])
+        return out
+
     for _, row in table.iterrows():
         placement, _, op = row["config"].partition("/")
         values = io(placement, op or "rmsnorm", row["alpha"]) + (
             io(placement, "detached", row["alpha"]) if placement == "none" else []
         )
         assert row["mean"] == pytest.approx(np.mean(values), rel=1e-12)
+        # the error bar is the spread over the bar's seeds, not over its runs (one run here)
+        seeds = per_seed(placement, op or "rmsnorm", row["alpha"]) + (
+            per_seed(placement, "detached", row["alpha"]) if placement == "none" else []
+        )
+        assert row["seeds"] == len(seeds) == 2 * (2 if placement == "none" else 1)
+        assert row["std"] == pytest.approx(np.std(seeds, ddof=1), rel=1e-9) and row["std"] > 0
+    drawn = store.figures["placements_erank_io"]["axes"][0]["errorbars"]
+    np.testing.assert_allclose(sorted(drawn), sorted(table["std"]), rtol=1e-9)
     split = pd.read_csv(store.out / "fig4" / "projection_split.csv")
     assert sorted(split["norm.op"].unique()) == ["detached", "rmsnorm"]
     for _, row in split.iterrows():
@@ -305,11 +351,45 @@ def test_accumulated_branch_csv_and_depth_scaling(store):
         if r.data.params["norm.placement"] == "post":
             ratio = float(r.data.params["nominal_ratio"])
             np.testing.assert_allclose(t["theory"], ratio * np.sqrt(t["k"] / 2), rtol=1e-12)
+            # fully coherent: every block's ‖βJ_l‖_F/‖I‖_F = √p βα^M adds in one direction
+            np.testing.assert_allclose(t["coherent"], ratio * t["k"] / math.sqrt(2), rtol=1e-12)
+        # triangle inequality, per seed and so for the mean: ‖Σ βJ_l‖ ≤ Σ ‖βJ_l‖ (coherent)
+        coherent = np.cumsum(store.history(rid, "branch_ratio"))
+        assert (t["accumulated"].to_numpy() <= coherent * (1 + 1e-9)).all()
     # Post-Norm: the sum grows like √L (measured, not the overlay)
     final = table.sort_values("k").groupby("run_id").tail(1)
     post = final[(final["norm.placement"] == "post") & (final["alpha"] == 1.0)]
     slope = np.polyfit(np.log(post["depth"]), np.log(post["accumulated"]), 1)[0]
     assert slope == pytest.approx(0.5, abs=0.15)
+
+
+def test_branch_ratio_profile_against_eq_22(store):
+    """``profiles --metric branch_ratio``: the dashed theory is √p r̃_l of Eq. 22 (Pre-Norm)
+    and √p βα^M (Post-Norm), recomputed here; the measured post ratio sits on it."""
+    store.analyse(
+        "profiles", "--experiment", "fig5", "--metric", "branch_ratio",
+        "--rows", "norm.placement", "--cols", "expansion", "--hue", "alpha",
+    )  # fmt: skip
+    csv = pd.read_csv(files(store.out, "fig5", "profiles_branch_ratio")[2])
+    assert set(csv["layer"]) == set(range(1, 17))  # the deepest runs (L = 16) only
+    for (pl, a), g in csv.groupby(["norm.placement", "alpha"]):
+        r, l = a**2, g["layer"].to_numpy()  # βα^M at β = 1, M = 2; ReLU: p = κ = ½
+        ratio = r / np.sqrt(1 + 0.5 * r**2 * (l - 1)) if pl == "pre" else np.full(l.shape, r)
+        expect = math.sqrt(0.5) * ratio
+        np.testing.assert_allclose(g["theory"], expect, rtol=1e-12)
+        if pl == "post":
+            assert g["branch_ratio"].mean() == pytest.approx(expect.mean(), rel=0.25)
+    lines = [ln for ax in store.figures["profiles_branch_ratio"]["axes"] for ln in ax["lines"]]
+    assert sum(1 for label, *_ in lines if label.startswith("_")) >= 2 * 3 * 2  # data + theory
+
+
+def test_heatmap_of_fig2_over_alpha_and_beta(store):
+    store.analyse("heatmap", "--experiment", "fig2", "--x", "alpha", "--y", "beta", "--log-color")
+    table = pd.read_csv(files(store.out, "fig2", "heatmap_erank_io_beta_x_alpha")[2])
+    runs = store.runs("fig2")
+    assert table["count"].sum() == len(runs) == 8
+    titles = [ax["title"] for ax in store.figures["heatmap_erank_io_beta_x_alpha"]["axes"]]
+    assert titles[:2] == ["Pre-Norm", "Post-Norm"]  # the study's order, named as in the field
 
 
 def test_isorank_points_are_interpolated_from_the_logged_ranks(store, capsys):

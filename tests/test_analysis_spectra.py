@@ -2,7 +2,10 @@
 through ``python -m rankexp`` into one scratch SQLite store, then its analysis command through
 ``analysis.__main__.main`` (what ``python -m analysis`` exits with, run in-process: interpreter
 start-up is most of a tiny command's time).  Every number checked in a CSV is compared with what
-MLflow holds (read with MlflowClient, not through ``analysis``) or with a closed form."""
+MLflow holds (read with MlflowClient, not through ``analysis``) or with a closed form, and every
+figure saved passes the publication checks of ``figure_checks`` (mathtext labels, caption with
+d, seeds and size, page-sized, its theory curves named: Binomial path profile, 1/π and c_σ,
+Marchenko–Pastur, the Gaussian product, 1/c)."""
 
 from __future__ import annotations
 
@@ -16,9 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO, runs_in
+from figure_checks import THEORY, checked
 from mlflow.tracking import MlflowClient
 
-from analysis.__main__ import main as analysis_main
 from rankexp.theory import marchenko_pastur_density
 
 
@@ -56,18 +59,10 @@ class Store:
     def analyse(self, capsys, command: str, experiment: str, *extra: str) -> tuple[int, str]:
         """``python -m analysis command --experiment … --uri … --out figs …`` → (status, output)."""
         capsys.readouterr()
-        rc = analysis_main(
-            [
-                command,
-                "--experiment",
-                experiment,
-                "--uri",
-                self.uri,
-                "--out",
-                str(self.cwd / "figs"),
-                *extra,
-            ]
-        )
+        argv = [command, "--experiment", experiment, "--uri", self.uri,
+                "--out", str(self.cwd / "figs"), *extra]  # fmt: skip
+        with checked(argv, THEORY) as (rc, _):
+            pass
         out = capsys.readouterr()
         return rc, out.out + out.err
 

@@ -1,7 +1,8 @@
 """Trainability analysis end to end: real sweeps on real CIFAR-10 into a real SQLite store,
 then the analysis commands fig6, table5, fig16, curves; every number in the CSVs is
 checked against what MLflow holds for the runs (read with MlflowClient, not through
-``analysis``)."""
+``analysis``), and every figure they save passes the publication checks of
+``figure_checks`` (run in the batch process on the figure objects)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ def job_runs(uri: str, experiment: str):
 # exits with, its stdout/stderr/logging captured apart.
 BATCH = """
 import contextlib, io, json, logging, sys
+sys.path.insert(0, sys.argv[3])  # tests/, for figure_checks
 from analysis.__main__ import main
+from analysis.plotting import recording
+from figure_checks import THEORY, legend_texts, problems
 
 class Current:  # a logging stream that writes to whatever sys.stdout is at the time
     def write(self, s): sys.stdout.write(s)
@@ -59,9 +63,15 @@ logging.basicConfig(level=logging.INFO, format="%(message)s", stream=Current())
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+    with recording() as figs, contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         rc = main(argv)
-    results[name] = {"rc": rc, "out": buf.getvalue()}
+        found = {f.get_label(): problems(f) for f in figs}
+        for f in figs:
+            for k, wants in THEORY.items():
+                if f.get_label().startswith(k):
+                    found[f.get_label()] += [f"no theory curve {w!r}" for w in wants
+                                             if w not in legend_texts(f)]
+    results[name] = {"rc": rc, "out": buf.getvalue(), "figures": found}
 open(sys.argv[2], "w").write(json.dumps(results))
 """
 
@@ -93,7 +103,7 @@ def store(tmp_path_factory):
 
     def analyse(commands: dict[str, list[str]]) -> dict[str, dict]:
         out = cwd / "analyses.json"
-        run(json.dumps(commands), str(out), module="", prefix=("-c", BATCH))
+        run(json.dumps(commands), str(out), str(REPO / "tests"), module="", prefix=("-c", BATCH))
         return json.loads(out.read_text())
 
     small = train_overrides(cwd / "checkpoints")
@@ -164,6 +174,16 @@ def analysed(store):
         **{name: argv for name, (argv, _) in ERRORS.items()},
     }
     return store.analyse(commands)
+
+
+def test_every_figure_is_publication_ready(analysed):
+    """Each successful command saved figures, and none has a problem (figure_checks)."""
+    for name, res in analysed.items():
+        if res["rc"] != 0:
+            continue
+        assert res["figures"], f"{name}: no figure saved"
+        bad = {stem: p for stem, p in res["figures"].items() if p}
+        assert not bad, f"{name}: {bad}"
 
 
 def by_cell(uri: str, experiment: str, keys: tuple[str, ...]) -> dict[tuple, object]:

@@ -114,8 +114,51 @@ def test_corrupt_cache_file_is_rebuilt(tree, tmp_path, caplog):
     cache_file.write_bytes(b"not a torch file")
     with caplog.at_level(logging.WARNING, logger="rankexp.tasks.data"):
         again = load(tree.parent, cache)
-    assert "ignoring unreadable CIFAR-10 cache" in caplog.text
+    assert f"ignoring CIFAR-10 cache {cache_file}" in caplog.text
     assert torch.equal(first[0], again[0])
+
+
+def test_bit_flipped_cache_fails_its_checksum_and_is_decoded_again(tree, tmp_path, caplog,
+                                                                   monkeypatch):
+    """Issue 8 row 12: one flipped bit in the cached pixels must not load silently."""
+    cache = tmp_path / "cache"
+    first = load(tree.parent, cache)
+    (cache_file,) = cache.glob("cifar10-*.pt")
+    raw = bytearray(cache_file.read_bytes())
+    at = raw.find(first[0].numpy().tobytes()[:256])  # the stored train pixels
+    assert at > 0
+    raw[at + 1000] ^= 0x10
+    cache_file.write_bytes(bytes(raw))
+    # the damaged file still loads as tensors: only the checksum can tell
+    damaged = torch.load(cache_file, mmap=True, weights_only=True)["x_train"]
+    assert not torch.equal(damaged, first[0])
+    decodes = []
+    real_decode = data_mod._decode_imagefolder
+    monkeypatch.setattr(data_mod, "_decode_imagefolder",
+                        lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
+    with caplog.at_level(logging.WARNING, logger="rankexp.tasks.data"):
+        again = load(tree.parent, cache)
+    assert "do not match their SHA-256" in caplog.text and str(cache_file) in caplog.text
+    assert decodes == [1]
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)
+    caplog.clear()
+    load(tree.parent, cache)  # rewritten: the next load is a clean cached one
+    assert decodes == [1] and "ignoring" not in caplog.text
+
+
+def test_cache_without_checksum_is_decoded_again(tree, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    first = load(tree.parent, cache)
+    (cache_file,) = cache.glob("cifar10-*.pt")
+    blob = torch.load(cache_file, weights_only=True)
+    del blob["sha256"]  # as the previous version wrote it
+    torch.save(blob, cache_file)
+    with caplog.at_level(logging.WARNING, logger="rankexp.tasks.data"):
+        again = load(tree.parent, cache)
+    assert "no checksum" in caplog.text
+    assert torch.equal(first[0], again[0])
+    assert "sha256" in torch.load(cache_file, weights_only=True)
 
 
 def test_archive_is_extracted_once_and_matches_the_tree(tree, tmp_path):

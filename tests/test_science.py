@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import pytest
 import torch
 
@@ -144,3 +147,46 @@ def test_accumulated_branch_norm_matches_direct_sum_and_grows_like_sqrt_depth_fo
     pre = measure(placement="pre", width=64, depth=64, probes=("accumulated_branch",))
     _, acc_pre = pre.series["accumulated_branch"]
     assert acc_pre[63] / acc_pre[15] < 1.6
+
+
+# --------------------------------------------------------------------------- the general block (Eq. 17)
+R_OPS = ("none", "rmsnorm", "detached", "meansub", "layernorm")
+
+
+@functools.cache
+def _post_ops(pre: str, depth: int) -> dict[str, float]:
+    """erank(∂h_L/∂h_0)/d for every post-residual op R, P = ``pre``, B = identity, α = β = 1, m/d = 1."""
+    return {
+        r: measure(placement="none", pre=pre, post=r, expansion=1, depth=depth,
+                   probes=("io_jacobian",)).scalars["erank_io"]
+        for r in R_OPS
+    }
+
+
+def test_fig4b_with_a_pre_rmsnorm_rescaling_collapses_and_centring_keeps_a_floor():
+    """Figure 4b: every config has a Pre-RMSNorm; R varies.  detached ≈ rmsnorm (the rescaling
+    collapses rank; R's projection removes about one direction, ≤ 1/d — the study: 0.4 % of
+    width at d = 256), layernorm collapses too, while meansub and none keep a floor, and the gap
+    widens with depth."""
+    shallow, deep = _post_ops("rmsnorm", 32), _post_ops("rmsnorm", 64)
+    for e, factor in ((shallow, 2.5), (deep, 4.0)):
+        assert abs(e["detached"] - e["rmsnorm"]) <= 1 / 48
+        for floor in ("none", "meansub"):
+            assert e[floor] > 0.3
+            assert e[floor] > factor * max(e["rmsnorm"], e["detached"], e["layernorm"])
+        assert abs(e["meansub"] - e["none"]) < 0.05  # centring alone does not rescale
+    for collapsing in ("rmsnorm", "detached", "layernorm"):
+        assert deep[collapsing] < 0.7 * shallow[collapsing]
+
+
+def test_fig10a_without_the_control_no_op_and_meansub_collapse_like_rescaling():
+    """Figure 10a: with P = identity the branch is unnormalized, the ratio stays at βα^M, and
+    R = none or meansub collapse at nearly the rescaling rate: all five ops look alike."""
+    free, controlled = _post_ops("none", 64), _post_ops("rmsnorm", 64)
+    values = np.array(list(free.values()))
+    assert values.max() < 1.5 * values.min()
+    for op in ("none", "meansub"):
+        assert free[op] < 0.4 * controlled[op]
+    # the rescaling ops themselves barely notice the control (Figure 10b)
+    for op in ("rmsnorm", "layernorm"):
+        assert free[op] == pytest.approx(controlled[op], rel=0.2)

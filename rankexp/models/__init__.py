@@ -1,7 +1,7 @@
 """Model families, chosen by the ``model=`` config group (``conf/model/``).
 
-Each family is one module (``mlp.py`` today: the residual MLP of the study) and one builder
-here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
+Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
+mean-field plain networks of the textbook chapter) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.  Models never import probes.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .mlp import ResidualMLP
+from .plain import PlainNet
 
 if TYPE_CHECKING:
     from ..config import RankexpConfig
@@ -36,7 +37,34 @@ def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
         activation=s.activation.value,
         placement=s.norm.placement.value,
         norm_op=s.norm.op.value,
+        pre=s.norm.pre.value,
+        out=s.norm.out.value,
+        post=s.norm.post.value,
         alpha=s.alpha,
+        beta=s.beta,
+        beta_scaling=s.beta_scaling.value,
+        skip_every=s.skip_every,
+        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        dtype=dtype or DTYPES[s.dtype.value],
+        device=device,
+    )
+
+
+def build_plain(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
+                dtype: torch.dtype | None = None) -> PlainNet:
+    """The :class:`PlainNet` a validated config describes (``model=plain``): σ_w = ``alpha``,
+    σ_b = ``bias``, ``init``, the norm op before φ when ``norm=pre`` (none for ``norm=none``).
+
+    Members and dtype as :func:`build_mlp`.
+    """
+    return PlainNet(
+        s.width,
+        s.depth,
+        activation=s.activation.value,
+        alpha=s.alpha,
+        bias=s.bias,
+        init=s.init.value,
+        norm_op=None if s.norm.placement.value == "none" else s.norm.op.value,
         beta=s.beta,
         beta_scaling=s.beta_scaling.value,
         skip_every=s.skip_every,
@@ -49,6 +77,7 @@ def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
 #: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
 FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
+    "plain": build_plain,
 }
 
 

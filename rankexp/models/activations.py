@@ -1,7 +1,15 @@
-"""Scalar activations σ of the model families (science.md §1)."""
+"""Scalar activations σ of the model families (science.md §1) and their derivatives σ′.
+
+:data:`ACTIVATION_DERIVATIVES` holds σ′ in closed form, equal to what autograd returns
+(including its choice at the kinks: relu′(0) = abs′(0) = 0, leaky_relu′(0) = slope), so the
+closed-form Jacobians of the engine match ``torch.func`` to rounding.  :data:`MASKED` names the
+activations whose σ′ is 0 on a set of units (relu): the branch Jacobian then only needs the
+active units, ``J_f = W_down[:, a] W_up[a, :]``.  The gated unit (swiglu) has no scalar σ′.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -30,6 +38,44 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "leaky_relu": lambda x: F.leaky_relu(x, LEAKY_SLOPE),
     "swiglu": F.silu,  # the gate's nonlinearity; the gating itself lives in the branch
 }
+
+
+def _relu_prime(x: Tensor) -> Tensor:
+    return (x > 0).to(x.dtype)
+
+
+def _gelu_prime(x: Tensor) -> Tensor:
+    # d/dx x Φ(x) = Φ(x) + x φ(x), exact erf form
+    cdf = 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5)))
+    return cdf + x * torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _silu_prime(x: Tensor) -> Tensor:
+    s = torch.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _tanh_prime(x: Tensor) -> Tensor:
+    return 1.0 - torch.tanh(x).square()
+
+
+def _leaky_prime(x: Tensor) -> Tensor:
+    return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, LEAKY_SLOPE))
+
+
+#: σ′ in closed form for every scalar activation (not the gated swiglu, whose branch is not σ(W x))
+ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": _relu_prime,
+    "gelu": _gelu_prime,
+    "silu": _silu_prime,
+    "abs": torch.sign,
+    "tanh": _tanh_prime,
+    "linear": torch.ones_like,
+    "leaky_relu": _leaky_prime,
+}
+
+#: activations whose σ′ vanishes on the inactive units (the engine keeps only the active ones)
+MASKED = frozenset({"relu"})
 
 
 def activation_fn(name: str) -> Callable[[Tensor], Tensor]:

@@ -4,10 +4,11 @@ One :class:`ResidualMLP` covers every architecture the study measures::
 
     h_l = R( skip + β · B( f( P(h_{l-1}) ) ) )                 (Eq. 17)
 
-with the normalization *placement* choosing which of P (pre), B (branch output)
-and R (post-residual) is a norm operation and which is the identity, and the
-norm *operation* (rmsnorm, layernorm, detached, meansub; Table 2) choosing what
-that operation computes.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
+with P (pre), B (branch output) and R (post-residual) each a norm operation
+(rmsnorm, layernorm, detached, meansub; Table 2) or the identity, chosen
+independently (``pre``, ``out``, ``post``) or through a *placement* preset
+(pre, post, output, peri, none: :data:`rankexp.models.norms.PRESET_SLOTS`) that
+puts its *operation* ``norm_op`` in its slots.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
 ``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
 Weights are biasless and drawn from ``N(0, α²/fan_in)``.
 
@@ -21,14 +22,14 @@ seeds never changes a number.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..seeding import STREAM_WEIGHTS, seeded_generator
 from .activations import ACTIVATIONS, activation_fn
-from .norms import NORM_FNS, NORM_OPS
+from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
 
 PLACEMENTS = ("pre", "post", "output", "peri", "none")
@@ -60,8 +61,10 @@ class Block(nn.Module):
         expansion: m/d for ``M = 2`` and gated branches (m = round(expansion·d)).
         matrices: M ∈ {1, 2}; the gated unit (activation ``swiglu``) needs M = 2.
         activation: one of :data:`ACTIVATIONS`.
-        placement: one of :data:`PLACEMENTS`.
+        placement: one of :data:`PLACEMENTS` (the preset that fills P, B, R with ``norm_op``).
         norm_op: one of :data:`NORM_OPS`.
+        pre, out, post: the ops P, B, R of Eq. 17 (an op, ``"none"``/``None``), overriding the
+            preset's; :data:`~rankexp.models.norms.PRESET` keeps it.
         beta: effective branch scale of this block (already depth-scaled).
         has_skip: whether the identity skip joins here; a block without skip is a
             plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
@@ -80,6 +83,9 @@ class Block(nn.Module):
         activation: str = "relu",
         placement: str = "pre",
         norm_op: str = "rmsnorm",
+        pre: str | None = PRESET,
+        out: str | None = PRESET,
+        post: str | None = PRESET,
         beta: float = 1.0,
         has_skip: bool = True,
         members: int = 1,
@@ -99,10 +105,11 @@ class Block(nn.Module):
         self.sigma = activation_fn(activation)
         self.gated = activation == "swiglu"
         self.hidden = width if matrices == 1 else max(1, int(round(expansion * width)))
-        norm = NORM_FNS[norm_op]
-        self.pre_norm = norm if placement in ("pre", "peri") else _identity
-        self.out_norm = norm if placement in ("output", "peri") else _identity
-        self.res_norm = norm if placement == "post" else _identity
+        #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
+        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
+        self.pre_norm, self.out_norm, self.res_norm = (
+            NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
+        )
         e, d, m = members, width, self.hidden
         if matrices == 1:
             self.w = nn.Parameter(torch.empty(e, d, d))
@@ -130,14 +137,20 @@ class Block(nn.Module):
 
     def f(self, x: Tensor) -> Tensor:
         """The bare branch ``f`` (Eq. 9): ``σ(W x)`` or ``W_down σ(W_up x)`` or SwiGLU."""
+        return self.f_parts(x)[1]
+
+    def f_parts(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(z, f(x))``: the preactivation ``z = W x`` / ``W_up x`` ``(E, B, m)`` and the branch
+        output ``(E, B, d)`` — the pieces the closed-form Jacobian reuses (σ′ is taken at z)."""
         if self.matrices == 1:
-            return self.sigma(torch.matmul(x, self.w.mT))
+            z = torch.matmul(x, self.w.mT)
+            return z, self.sigma(z)
         up = torch.matmul(x, self.w_up.mT)
         if self.gated:
             hidden = self.sigma(torch.matmul(x, self.w_gate.mT)) * up
         else:
             hidden = self.sigma(up)
-        return torch.matmul(hidden, self.w_down.mT)
+        return up, torch.matmul(hidden, self.w_down.mT)
 
     def branch(self, x: Tensor) -> Tensor:
         """Scaled branch ``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
@@ -146,12 +159,14 @@ class Block(nn.Module):
     def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
         """``R(skip + branch(x))``; ``skip`` is ``None`` on a plain layer.
 
-        ``part="branch"`` returns only :meth:`branch` — the entry point
-        ``torch.func.functional_call`` needs to differentiate the branch with
+        ``part="branch"`` returns only :meth:`branch`, ``part="f"`` only the bare :meth:`f` —
+        the entry points ``torch.func.functional_call`` needs to differentiate the branch with
         per-member weights (see :func:`rankexp.probes.jacobian.branch_jacobian`).
         """
         if part == "branch":
             return self.branch(x)
+        if part == "f":
+            return self.f(x)
         s = self.branch(x)
         if skip is not None:
             s = skip + s
@@ -167,8 +182,11 @@ class ResidualMLP(nn.Module):
         expansion: m/d of two-matrix branches.
         matrices: M ∈ {1, 2}.
         activation: σ, one of :data:`ACTIVATIONS`.
-        placement: norm placement, one of :data:`PLACEMENTS`.
+        placement: norm placement preset, one of :data:`PLACEMENTS`.
         norm_op: norm operation, one of :data:`NORM_OPS` (ignored for ``none``).
+        pre, out, post: P, B, R of Eq. 17 (an op or ``"none"``), each overriding the preset's
+            slot (default :data:`~rankexp.models.norms.PRESET`: keep it); e.g. Figure 4b is
+            ``placement="pre", post="detached"``.
         alpha: init scale α > 0; every weight ~ ``N(0, α²/fan_in)``.
         beta: branch scale β before depth scaling.
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
@@ -191,6 +209,9 @@ class ResidualMLP(nn.Module):
         activation: str = "relu",
         placement: str = "pre",
         norm_op: str = "rmsnorm",
+        pre: str | None = PRESET,
+        out: str | None = PRESET,
+        post: str | None = PRESET,
         alpha: float = 1.0,
         beta: float = 1.0,
         beta_scaling: str = "const",
@@ -209,6 +230,7 @@ class ResidualMLP(nn.Module):
         self.width, self.depth, self.alpha = width, depth, float(alpha)
         self.skip_every = skip_every
         self.placement, self.norm_op = placement, norm_op
+        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
         self.matrices, self.activation = matrices, activation
         self.seeds = [int(s) for s in seeds]
         self.beta_eff = effective_beta(beta, depth, beta_scaling)
@@ -220,6 +242,9 @@ class ResidualMLP(nn.Module):
                 activation=activation,
                 placement=placement,
                 norm_op=norm_op,
+                pre=self.pre_op,
+                out=self.out_op,
+                post=self.post_op,
                 beta=self.beta_eff,
                 has_skip=self.has_skip(l),
                 members=len(self.seeds),
@@ -265,6 +290,16 @@ class ResidualMLP(nn.Module):
     def forward(self, h0: Tensor) -> Tensor:
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
         return self.trajectory(h0)[-1]
+
+    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
+        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
+        keep, window = max(self.skip_every, 1), {0: h0}
+        for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+            skip = window[self.skip_source(l)] if block.has_skip else None
+            window[l] = block(window[l - 1], skip)
+            window.pop(l - keep, None)
+            yield l, window[l]
 
     def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
         """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""

@@ -1,13 +1,19 @@
-"""Normalization operations at gain 1 over the last axis (Table 2 of the study).
+"""Normalization operations at gain 1 over the last axis, and their closed-form Jacobians (Table 2).
 
-Each maps ``(..., d) → (..., d)``; the Jacobians in the docstrings are the closed forms the
-engine and the tests use (Table 2, Eq. 19–20).
+Each op maps ``(..., d) → (..., d)``.  Every Jacobian of Table 2 has the form
+
+    J = c · (I − V Vᵀ)          c > 0 a scalar, V ∈ R^{d×r} with orthonormal columns, r ≤ 2
+
+(rmsnorm: c = √d/‖x‖, V = x̂; layernorm: c = √d/‖x−μ‖, V = [x̂_c, 1/√d]; detached:
+c = √d/‖x‖, r = 0; meansub: c = 1, V = 1/√d), which :class:`NormJacobian` applies to a matrix
+in O(r·d·n) — a scaled identity minus a rank-1 or rank-2 term, never a dense d×d product.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -55,8 +61,104 @@ NORM_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-
-
 def identity(x: Tensor) -> Tensor:
     """The identity operation (a placement without a norm)."""
     return x
+
+
+# --------------------------------------------------------------------------- Eq. 17 presets
+#: the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17) has three slots
+SLOTS = ("pre", "out", "post")
+#: each named placement (``norm=pre|post|output|peri|none``) is a preset: the slots it fills
+#: with its op (the others are the identity)
+PRESET_SLOTS: dict[str, tuple[str, ...]] = {
+    "pre": ("pre",),  # Pre-Norm, Eq. 7
+    "post": ("post",),  # Post-Norm, Eq. 6
+    "output": ("out",),  # branch-output norm
+    "peri": ("pre", "out"),  # pre + output
+    "none": (),
+}
+#: ``block_ops(…, pre=PRESET)``: take the slot from the placement preset
+PRESET = "preset"
+
+
+def block_ops(placement: str, op: str, pre: str | None = PRESET, out: str | None = PRESET,
+              post: str | None = PRESET) -> tuple[str | None, str | None, str | None]:
+    """The ops ``(P, B, R)`` of Eq. 17, each a name of :data:`NORM_OPS` or ``None`` (identity).
+
+    A slot given as :data:`PRESET` comes from the placement preset (``op`` where the preset puts
+    a norm, else the identity); an explicit op name, ``"none"`` or ``None`` overrides it.
+
+    Raises:
+        ValueError: unknown placement or op.
+    """
+    if placement not in PRESET_SLOTS:
+        raise ValueError(f"placement={placement!r} is not one of {', '.join(PRESET_SLOTS)}")
+    out_ops = []
+    for slot, given in zip(SLOTS, (pre, out, post), strict=True):
+        chosen = (op if slot in PRESET_SLOTS[placement] else None) if given == PRESET else given
+        chosen = None if chosen in (None, "none") else chosen
+        if chosen is not None and chosen not in NORM_OPS:
+            raise ValueError(f"norm.{slot}={chosen!r} is not one of none, {', '.join(NORM_OPS)}")
+        out_ops.append(chosen)
+    return tuple(out_ops)
+
+
+# --------------------------------------------------------------------------- Table 2 Jacobians
+@dataclass
+class NormJacobian:
+    """A Table 2 Jacobian ``J = c (I − V Vᵀ)`` per member, kept in factored form.
+
+    Attributes:
+        scale: c, shape ``(E,)``.
+        basis: V, shape ``(E, d, r)`` with orthonormal columns, or ``None`` (r = 0: J = c I).
+    """
+
+    scale: Tensor
+    basis: Tensor | None
+
+    def left(self, a: Tensor) -> Tensor:
+        """``J a`` for ``a`` of shape ``(E, d, n)`` (a new tensor; O(r·d·n))."""
+        return self.left_(a.clone())
+
+    def left_(self, a: Tensor) -> Tensor:
+        """``a ← J a`` in place (``a`` ``(E, d, n)``); returns ``a``."""
+        if self.basis is not None:
+            # bmm then subtract (not baddbmm_): per-member bits independent of the batch size
+            a.sub_(self.basis @ (self.basis.mT @ a))
+        return a.mul_(self.scale[:, None, None])
+
+    def right_(self, a: Tensor) -> Tensor:
+        """``a ← a J`` in place (``a`` ``(E, n, d)``); returns ``a``."""
+        if self.basis is not None:
+            a.sub_((a @ self.basis) @ self.basis.mT)
+        return a.mul_(self.scale[:, None, None])
+
+    def dense(self, width: int) -> Tensor:
+        """J as a dense ``(E, d, d)`` matrix, d = ``width`` (tests, small-d probes)."""
+        e = self.scale.shape[0]
+        eye = torch.eye(width, dtype=self.scale.dtype, device=self.scale.device)
+        return self.left_(eye.expand(e, width, width).clone())
+
+
+def norm_jacobian(op: str, x: Tensor) -> NormJacobian:
+    """Closed-form Jacobian of norm ``op`` at ``x`` ``(E, d)`` (Table 2, Eq. 19–20).
+
+    Raises:
+        ValueError: unknown op (allowed: :data:`NORM_OPS`).
+    """
+    d = x.shape[-1]
+    root = math.sqrt(d)
+    if op in ("rmsnorm", "detached"):
+        n = torch.linalg.vector_norm(x, dim=-1)
+        basis = (x / n[:, None])[..., None] if op == "rmsnorm" else None
+        return NormJacobian(root / n, basis)
+    ones = torch.full_like(x, 1.0 / root)
+    if op == "meansub":
+        return NormJacobian(torch.ones_like(x[:, 0]), ones[..., None])
+    if op == "layernorm":
+        xc = x - x.mean(dim=-1, keepdim=True)
+        n = torch.linalg.vector_norm(xc, dim=-1)
+        # (I − x̂_c x̂_cᵀ)(I − 11ᵀ/d) = I − x̂_c x̂_cᵀ − 11ᵀ/d because x̂_c ⊥ 1
+        return NormJacobian(root / n, torch.stack([xc / n[:, None], ones], dim=-1))
+    raise ValueError(f"norm op {op!r} is not one of {', '.join(NORM_OPS)}")

@@ -1,18 +1,41 @@
-"""What every probe shares: the network under test and lazily computed intermediates.
+"""What every probe shares: the network under test, and the intermediates probes *declare*.
 
-A *probe* is a pure function ``probe(ctx: ProbeContext) -> Measurement`` (tensors in, numbers
-out); the registry that names them is :data:`rankexp.probes.PROBES`.  Probes share expensive
-intermediate results through :class:`ProbeContext` (the forward sweep of
-:mod:`rankexp.probes.jacobian` is computed once, on first use).
+A probe is a pure function ``fn(ctx: ProbeContext) -> Measurement`` (tensors in, numbers out),
+registered in :data:`rankexp.probes.PROBES` as a :class:`Probe` together with what it needs.
 
-Every per-seed quantity is reduced to a mean (``name``) and a standard deviation over seeds
-(``name_std``); the raw per-seed arrays are kept for the artifact file.
+**The "needs" mechanism.**  A probe never triggers work it did not declare.  Its
+:attr:`Probe.needs` names intermediates of two kinds:
+
+* *sweep needs* — what the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`)
+  can compute: ``io_jacobian``, ``partial_spectra``, ``branch_norms``, ``branch_sum``
+  (:data:`rankexp.probes.jacobian.SWEEP_NEEDS`); the probe reads them from ``ctx.sweep``;
+* *layer folds* — a per-layer accumulation fed each block's
+  :class:`~rankexp.probes.jacobian.LayerJacobian` during that same sweep (the path-order
+  dynamic program), registered by name in :data:`rankexp.probes.FOLDS` as a factory
+  ``factory(ctx) -> LayerFold``; the probe reads its result with ``ctx.fold(name)``.
+
+The task computes the union of the needs of the probes it runs (:func:`needs_of`) and hands it
+to :class:`ProbeContext`, which runs the sweep once, on first use, with exactly that union
+and every requested fold.  A probe with no needs (stream, representation, branch Jacobian,
+spike, projection split) walks the network itself and costs nothing when it is not run.
+A later probe family plugs in the same way: declare a new sweep need (extend the engine), or a
+fold (any per-layer consumer of block Jacobians — e.g. GPT-2 FFN Jacobians' pairwise cosines),
+or nothing.
+
+**Seeds.**  Every per-seed quantity is reduced to a mean (``name``) and a standard deviation
+over seeds (``name_std``) with the raw per-seed arrays kept (``Measurement.add_seed_*``).  A
+quantity pooled over seeds (a Marchenko–Pastur fit over every seed's eigenvalues, a theory
+value at the seeds' mean preactivation variance) is computed by the probe's :attr:`Probe.reduce`
+from per-seed arrays, after the seeds of all memory chunks are joined
+(:func:`rankexp.tasks.measure.measure_seeds`), so chunking seeds never changes a number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, Protocol
 
 import numpy as np
 from torch import Tensor
@@ -20,25 +43,78 @@ from torch import Tensor
 from ..models.mlp import ResidualMLP
 from ..result import Measurement
 from ..seeding import gaussian_input
-from .jacobian import ForwardSweep, forward_sweep
+from .jacobian import SWEEP_NEEDS, ForwardSweep, LayerJacobian, forward_sweep, layer_jacobians
+
+
+class LayerFold(Protocol):
+    """A per-layer consumer of the sweep: ``step`` is called with every block's Jacobian pieces
+    in order, ``result`` once after the last block."""
+
+    def step(self, lj: LayerJacobian) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+#: a fold's factory: builds the empty accumulator for a context (reads its options, shapes)
+FoldFactory = Callable[["ProbeContext"], LayerFold]
 
 
 class ProbeContext:
-    """The network under test plus lazily computed shared intermediates.
+    """The network under test plus the lazily computed intermediates its probes declared.
 
-    Attributes:
+    Args:
         model: the :class:`ResidualMLP` (E members = seeds).
         h0: Gaussian inputs ``(E, 1, d)``, one per seed.
         options: the probe options from ``task.options`` (free-form mapping).
+        needs: the union of the probes' needs; ``None`` = every sweep need (a context built by
+            hand, e.g. in a test, behaves like v1's: the sweep computes everything).
+        folds: fold factories by name (:data:`rankexp.probes.FOLDS`).
+
+    Raises:
+        ValueError: a need that is neither a sweep need nor a known fold.
     """
 
-    def __init__(self, model: ResidualMLP, h0: Tensor, options: dict | None = None):
+    def __init__(self, model: ResidualMLP, h0: Tensor, options: dict | None = None,
+                 needs: Iterable[str] | None = None, folds: Mapping[str, FoldFactory] | None = None):
         self.model, self.h0, self.options = model, h0, dict(options or {})
+        self.folds = dict(folds or {})
+        self.needs = SWEEP_NEEDS if needs is None else frozenset(needs)
+        unknown = self.needs - SWEEP_NEEDS - set(self.folds)
+        if unknown:
+            raise ValueError(f"unknown need(s) {sorted(unknown)}; known: "
+                             f"{sorted(SWEEP_NEEDS | set(self.folds))}")
+        self._fold_results: dict[str, Any] = {}
 
     @cached_property
     def sweep(self) -> ForwardSweep:
-        """The one forward sweep over all blocks (:func:`rankexp.probes.jacobian.forward_sweep`)."""
-        return forward_sweep(self.model, self.h0, progress=None)
+        """The one forward sweep, computing exactly the declared sweep needs and folds."""
+        active = {n: self.folds[n](self) for n in sorted(self.needs & set(self.folds))}
+
+        def feed(lj: LayerJacobian) -> None:
+            for f in active.values():
+                f.step(lj)
+
+        sweep = forward_sweep(self.model, self.h0, needs=self.needs & SWEEP_NEEDS,
+                              on_layer=feed if active else None, progress=None)
+        self._fold_results.update({n: f.result() for n, f in active.items()})
+        return sweep
+
+    def fold(self, name: str) -> Any:
+        """The result of layer fold ``name``: from the shared sweep when it was declared, else
+        from a walk of its own (so a probe called outside the task still works).
+
+        Raises:
+            KeyError: an unknown fold.
+        """
+        if name not in self._fold_results:
+            if name in self.needs and "sweep" not in self.__dict__:
+                self.sweep  # noqa: B018 — runs the sweep, which fills every declared fold
+            else:
+                f = self.folds[name](self)
+                for lj in layer_jacobians(self.model, self.h0):
+                    f.step(lj)
+                self._fold_results[name] = f.result()
+        return self._fold_results[name]
 
     @property
     def width(self) -> int:
@@ -50,13 +126,7 @@ class ProbeContext:
         Raises:
             ValueError: a key the probe does not know (lists the allowed ones).
         """
-        given = dict(self.options.get(name) or {})
-        unknown = set(given) - set(defaults)
-        if unknown:
-            raise ValueError(
-                f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-            )
-        return {**defaults, **given}
+        return probe_options(self.options, name, defaults)
 
     def probe_inputs(self, n: int) -> Tensor:
         """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT``).
@@ -74,6 +144,77 @@ class ProbeContext:
         return np.arange(1, self.model.depth + 1)
 
 
-Probe = Callable[[ProbeContext], Measurement]
+def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
+    """``options[name]`` merged over ``defaults``.
 
-Probe = Callable[[ProbeContext], Measurement]
+    Raises:
+        ValueError: a key the probe does not know (lists the allowed ones).
+    """
+    given = dict(options.get(name) or {})
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **given}
+
+
+#: per-seed working memory of a probe in bytes: ``fn(shape, options)``
+MemoryEstimate = Callable[["ModelShape", Mapping], float]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a memory estimate needs to know about the network (one seed)."""
+
+    width: int
+    depth: int
+    hidden: int
+    matrices: int
+    skip_every: int
+    itemsize: int
+
+
+def sweep_memory(shape: ModelShape, options: Mapping) -> float:
+    """Working set of the forward sweep per seed: the skip window of partials, two buffers,
+    ``J_b``, the branch sum and temporaries (≈ (k + 6)·d² numbers)."""
+    return (max(shape.skip_every, 1) + 6) * shape.width**2 * shape.itemsize
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A registered probe: the function, what it needs, how to pool seeds, its memory.
+
+    Attributes:
+        fn: ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities only when
+            ``reduce`` is given).
+        needs: intermediates read from ``ctx`` (see the module docstring).
+        reduce: ``reduce(m, ctx)`` adds to the joined :class:`Measurement` of all seeds what is
+            pooled over seeds, from per-seed arrays ``fn`` left in ``m.arrays`` (it may remove
+            them); ``ctx`` is any chunk's context (the architecture and options, not its seeds).
+        memory: per-seed working memory in bytes beyond the weights (default: the sweep's).
+        splits_seeds: whether the seeds may run in memory chunks; ``False`` for a probe that
+            pools over all seeds inside ``fn`` (a fit or histogram over every seed) without a
+            ``reduce`` — its seeds always run as one batch.
+    """
+
+    fn: Callable[[ProbeContext], Measurement]
+    needs: frozenset[str] = frozenset()
+    reduce: Callable[[Measurement, ProbeContext], None] | None = None
+    memory: MemoryEstimate = sweep_memory
+    splits_seeds: bool = True
+
+    def __call__(self, ctx: ProbeContext) -> Measurement:
+        """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""
+        m = self.fn(ctx)
+        if self.reduce is not None:
+            self.reduce(m, ctx)
+        return m
+
+
+def needs_of(probes: Iterable[Probe]) -> frozenset[str]:
+    """The union of the probes' needs: what the context must compute."""
+    out: frozenset[str] = frozenset()
+    for p in probes:
+        out |= p.needs
+    return out

@@ -9,8 +9,8 @@
   The bracket (``D W_up``, ``D W`` or the gated bracket) is the *masked
   up-projection* ``A ∈ R^{m×d}``; its Gram spectrum is compared with
   Marchenko–Pastur at γ = p·m/d (Figure 8/9/17; normalization in
-  :func:`rankexp.theory.marchenko_pastur_edges`).  σ′ comes from autograd on
-  the model's own σ, so every activation works.
+  :func:`rankexp.theory.marchenko_pastur_edges`).  σ′ is the closed form (autograd on
+  the model's own σ for any other), so every activation works.
 * Activation spike (Table 1): the stable rank of the hidden activations
   ``σ(W P(h))`` over n probe inputs approaches the spike bound ``1/c``.
 * Projection split (Figure 4c, Table 3): for Post-Norm, how much rank the
@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.func import functional_call
 
+from ..models.activations import ACTIVATION_DERIVATIVES
 from ..models.mlp import Block, ResidualMLP
-from ..models.norms import NORM_FNS
+from ..models.norms import NORM_FNS, NormJacobian
 from ..result import Measurement
 from ..spectra import erank_from_sv, singular_values
 from ..theory import (
@@ -41,15 +42,17 @@ from ..theory import (
     marchenko_pastur_ks,
     random_walk_projection_product,
 )
-from .base import ProbeContext
-from .jacobian import branch_jacobian, layer_jacobians, member_jacobian
+from .base import ModelShape, ProbeContext
+from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- J_f and D·W_up
 def _sigma_prime(block: Block, z: Tensor) -> Tensor:
-    """σ′(z) elementwise by autograd on the block's σ (any activation)."""
+    """σ′(z) elementwise: the closed form, or autograd on the block's σ (any other activation)."""
+    if block.activation in ACTIVATION_DERIVATIVES:
+        return ACTIVATION_DERIVATIVES[block.activation](z)
     with torch.enable_grad():
         z = z.detach().requires_grad_(True)
         (g,) = torch.autograd.grad(block.sigma(z).sum(), z)
@@ -108,9 +111,11 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     ``survival_measured`` (mean D²; theory ``survival_theory`` = p).
     Series (step = l): ``erank_branch_profile``.
     Arrays: ``mp_hist_centers``, ``mp_hist_density`` (pooled, per unit of normalized
-    eigenvalue, integrating to 1 − zero fraction), ``mp_theory_density``.
+    eigenvalue, integrating to 1 − zero fraction), ``mp_theory_density``; per seed
+    ``mp_preact_var`` ``(E, layers)``.  The pooled quantities come from
+    :func:`reduce_branch_jacobian`.
     """
-    opt = ctx.probe_options("branch_jacobian", {"layers": None, "reference_draws": 4})
+    opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
     chosen = set(
         range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"])
@@ -144,13 +149,34 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
             states[l] = block.res_norm(s)
             states.pop(l - keep, None)
     er_t, ev_t = torch.stack(er, 1), torch.stack(eigs, 1)  # (E, n), (E, n, d)
-    q = float(torch.stack(qs).mean())
-    p, rate, gamma = _survival_gamma(model, q)
-    lo, hi = marchenko_pastur_edges(gamma)
-    ev_np = ev_t.double().cpu().numpy()
     m = Measurement()
     m.add_seed_series("erank_branch_profile", er_t, steps)
     m.add_seed_stat("erank_branch", er_t.mean(1))
+    nz = ev_t > tol * ev_t.amax(-1, keepdim=True)
+    m.add_seed_stat("mp_eig_max", ev_t.amax(-1).mean(1))
+    m.add_seed_stat("mp_eig_min", torch.where(nz, ev_t, math.inf).amin(-1).mean(1))
+    m.add_seed_stat("mp_zero_fraction", (~nz).to(ev_t.dtype).mean((1, 2)))
+    m.add_seed_stat("masked_rank", torch.stack(rank, 1).mean(1))
+    if surv:
+        m.add_seed_stat("survival_measured", torch.stack(surv, 1).mean(1))
+    m.add_seed_array("mp_preact_var", torch.stack(qs, 1))
+    m.add_seed_array(_EIGENVALUES, ev_t)  # pooled by reduce_branch_jacobian, then dropped
+    return m
+
+
+_EIGENVALUES = "_mp_eigenvalues"
+
+
+def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
+    """What pools every seed: γ at the mean preactivation variance, the MP fit (KS distance,
+    edges, atom, histogram) of all seeds' eigenvalues, and the Gaussian-product reference."""
+    opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
+    model, d = ctx.model, ctx.width
+    tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
+    ev_np = m.arrays.pop(_EIGENVALUES)
+    m.seed_arrays.discard(_EIGENVALUES)
+    p, rate, gamma = _survival_gamma(model, float(m.arrays["mp_preact_var"].mean()))
+    lo, hi = marchenko_pastur_edges(gamma)
     m.scalars["erank_branch_reference"] = gaussian_product_erank(
         d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0
     )
@@ -163,20 +189,21 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
         masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
         survival_theory=p,
     )
-    nz = ev_t > tol * ev_t.amax(-1, keepdim=True)
-    m.add_seed_stat("mp_eig_max", ev_t.amax(-1).mean(1))
-    m.add_seed_stat("mp_eig_min", torch.where(nz, ev_t, math.inf).amin(-1).mean(1))
-    m.add_seed_stat("mp_zero_fraction", (~nz).to(ev_t.dtype).mean((1, 2)))
-    m.add_seed_stat("masked_rank", torch.stack(rank, 1).mean(1))
-    if surv:
-        m.add_seed_stat("survival_measured", torch.stack(surv, 1).mean(1))
     top = max(hi, float(ev_np.max())) * 1.02
     counts, edges = np.histogram(ev_np[ev_np > tol * ev_np.max()], bins=80, range=(0.0, top))
     centers = 0.5 * (edges[1:] + edges[:-1])
     m.arrays["mp_hist_centers"] = centers
     m.arrays["mp_hist_density"] = counts / (ev_np.size * np.diff(edges))
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
-    return m
+
+
+BRANCH_JACOBIAN_OPTIONS = {"layers": None, "reference_draws": 4}
+
+
+def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: ``A`` and ``J_f`` of one layer, its Gram matrix, and the kept eigenvalues."""
+    d, m = shape.width, shape.hidden
+    return (3 * m * d + 4 * d * d + shape.depth * d) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- Table 1 spike
@@ -239,21 +266,35 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
             if l >= max(chosen):
                 break
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)
-    c = activation_constants(model.activation, float(qs[0].mean())).coherence
     m = Measurement()
     m.add_seed_series("hidden_stable_rank_profile", sr_t, steps)
     m.add_seed_series("hidden_coherence_profile", coh_t, steps)
     m.add_seed_stat("hidden_stable_rank", sr_t[:, 0])
     m.add_seed_stat("hidden_coherence", coh_t[:, 0])
-    m.add_seed_stat("hidden_stable_rank_x_c", sr_t[:, 0] * c)
-    m.scalars["spike_coherence_theory"] = c
+    m.add_seed_array("hidden_preact_var", qs[0])
     return m
 
 
+def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
+    """Pooled over seeds: c at the seeds' mean preactivation variance of the shallowest layer,
+    and the per-seed ``stable rank × c`` against it."""
+    c = activation_constants(ctx.model.activation, float(m.arrays["hidden_preact_var"].mean())).coherence
+    m.add_seed_stat("hidden_stable_rank_x_c", torch.as_tensor(m.arrays["hidden_stable_rank"] * c))
+    m.scalars["spike_coherence_theory"] = c
+
+
+def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
+    n = int(dict(options.get("activation_spike") or {}).get("n", 2048))
+    d, m = shape.width, shape.hidden
+    return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
+
+
 # --------------------------------------------------------------------------- Figure 4c / Table 3
-def _accumulate(unit: Tensor, log: Tensor, factor: Tensor) -> tuple[Tensor, Tensor]:
-    """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form."""
-    acc = factor @ unit
+def _accumulate(unit: Tensor, log: Tensor, factor: Tensor | NormJacobian) -> tuple[Tensor, Tensor]:
+    """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form (closed-form factors
+    applied in O(d²))."""
+    acc = factor.left(unit) if isinstance(factor, NormJacobian) else factor @ unit
     norm = torch.linalg.matrix_norm(acc)
     return acc / norm[:, None, None], log + norm.log()
 
@@ -267,15 +308,16 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     * ``erank_post_noproj``: ``erank(Π_l (I + J_b))/d`` at the *same* forward
       activations.  A scalar rescaling factors out of the product, so this is
       also the "rescaling-only" (detached) Jacobian; only the projection is gone.
-    * ``erank_prenorm``: the same weights with the same norm op moved to the Pre-Norm
-      position (``h_l = h_{l−1} + β f(N(h_{l−1}))``, Eq. 7) — the reference in which
-      the op does not rescale the stream, so the branch ratio decays (Eq. 22).
+    * ``erank_prenorm``: the same weights with R's op moved to the Pre-Norm position
+      (``h_l = h_{l−1} + β B(f(R(h_{l−1})))``, Eq. 7; it replaces the block's own P, if any) —
+      the reference in which the op does not rescale the stream, so the branch ratio decays
+      (Eq. 22).
     * ``rank_removed_by_projection`` = noproj − post (the Jacobian's projection);
       ``rank_removed_by_rescaling`` = prenorm − noproj (the post-residual rescaling
       holds every branch at ratio βα^M); ``rank_removed_total`` = prenorm − post.
       All in units of d.
     * ``erank_unnormalized``: the same weights with R = identity in forward and
-      Jacobian (``h_l = h_{l−1} + β f(h_{l−1})``).  For positively homogeneous σ
+      Jacobian (``h_l = h_{l−1} + β B(f(P(h_{l−1})))``, the block's own P and B kept).  For positively homogeneous σ
       (relu, abs, leaky_relu, linear) the unnormalized stream is a rescaled copy of
       the Post-Norm stream, so this equals ``erank_post_noproj`` exactly: post-residual
       rescaling then removes no rank relative to no norm at all — both hold the ratio
@@ -285,7 +327,8 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
       the mean relative branch step ``‖β f‖/‖h_{l−1}‖`` driving the stream's direction.
 
     Args:
-        model: ``placement = "post"`` network.
+        model: a network with a post-residual op R (``placement = "post"``, or any P/B with
+            ``norm.post`` set: the general block of Eq. 17).
         h0: ``(E, 1, d)``.
 
     Returns:
@@ -294,10 +337,11 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         ``(1+α²)^L``); its erank is then NaN.
 
     Raises:
-        ValueError: the placement is not ``post``.
+        ValueError: R is the identity.
     """
-    if model.placement != "post":
-        raise ValueError(f"projection_split needs placement='post', got {model.placement!r}")
+    if model.post_op is None:
+        raise ValueError("projection_split needs a post-residual op R (placement='post' or "
+                         f"norm.post), got placement={model.placement!r} with R = identity")
     e, _, d = h0.shape
     eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
     zero = torch.zeros(e, dtype=h0.dtype, device=h0.device)
@@ -318,16 +362,14 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
                 sf, slf, sn, sln = skips[lj.skip_from]
                 nf, nlf = _add(nf, nlf, sf, slf)
                 nn_, nln = _add(nn_, nln, sn, sln)
-            nf, nlf = _accumulate(nf, nlf, lj.residual_norm)
+            nf, nlf = _accumulate(nf, nlf, lj.residual)
             skips[lj.layer] = (nf, nlf, nn_, nln)
             skips.pop(lj.layer - keep, None)
-            r = lj.residual_norm
-            r = r / torch.linalg.matrix_norm(r, ord=2)[:, None, None]
+            # J_R/‖J_R‖_2 = I − VVᵀ: the projection without the rescaling
+            r = NormJacobian(torch.ones_like(lj.residual.scale), lj.residual.basis)
             u_proj, l_proj = _accumulate(u_proj, l_proj, r)
         uf, _, un, _ = skips[model.depth]
         return uf, un, u_proj, torch.stack(steps, 1).mean(1)
-
-    norm = NORM_FNS[model.norm_op]
 
     def walk_residual(prenorm: bool):
         """Product of (skip + J) with R = identity; the op before the branch if ``prenorm``."""
@@ -335,17 +377,19 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         prods = {0: (eye / math.sqrt(d), zero)}
         for l, block in enumerate(model.blocks, start=1):
             x = states[l - 1]
-            if prenorm:
-                params = dict(block.named_parameters())
-                jb = member_jacobian(
-                    lambda p, xe, b=block: functional_call(b, p, (norm(xe),), {"part": "branch"}),
-                    x,
-                    params,
-                )
-                s = block.branch(norm(x))
-            else:
-                jb = branch_jacobian(block, x)
-                s = block.branch(x)
+            op = model.post_op if prenorm else OWN_PRE
+            s, linear = linearize_branch(block, x, pre_op=op)
+            if linear is not None:
+                jb = linear.dense()
+            else:  # torch.func fallback (gated branch)
+                from torch.func import functional_call
+
+                def branch(p, xe, b=block, o=op):
+                    if not prenorm:  # the block's own P, B
+                        return functional_call(b, p, (xe,), {"part": "branch"})
+                    return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[o](xe),), {"part": "f"}))
+
+                jb = member_jacobian(branch, x, dict(block.named_parameters()))
             u, lg = _accumulate(*prods[l - 1], jb)
             if block.has_skip:
                 j = model.skip_source(l)
@@ -405,19 +449,30 @@ def probe_projection_split(ctx: ProbeContext) -> Measurement:
     nothing (and logs that), so it can stay in a sweep across placements.
     """
     model = ctx.model
-    if model.placement != "post":
+    if model.post_op is None:
         log.info(
-            "projection_split: placement=%s has no post-residual norm; skipped", model.placement
+            "projection_split: placement=%s has no post-residual op R; skipped", model.placement
         )
         return Measurement()
     out = projection_split(model, ctx.h0)
     m = Measurement()
     for k, v in out.items():
         m.add_seed_stat(k, v)
+    return m
+
+
+def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
+    """Pooled over seeds: the random-walk reference at the seeds' mean ``projection_step``."""
+    if "projection_step" not in m.arrays:  # not a post-norm network: nothing was measured
+        return
     sv = random_walk_projection_product(
-        ctx.width, model.depth, float(out["projection_step"].mean()), seed=0
+        ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0
     )
     p = sv / sv.sum()
     p = p[p > 0]
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width
-    return m
+
+
+def projection_split_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: three running products over the skip window, J_b, J_R and temporaries."""
+    return (3 * max(shape.skip_every, 1) + 10) * shape.width**2 * shape.itemsize

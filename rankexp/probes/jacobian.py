@@ -1,36 +1,64 @@
-"""Input–output and partial Jacobians by forward-mode accumulation (design.md §4).
+"""Block Jacobians in closed form and the one forward sweep over all ``∂h_l/∂h_0`` (design.md §4).
 
-One forward sweep over the blocks gives every partial Jacobian
-``∂h_l/∂h_0``: block l contributes
+One forward sweep over the blocks gives every partial Jacobian ``∂h_l/∂h_0``: block l adds
 
     ∂h_l/∂h_0 = J_R · ( ∂h_{l−k}/∂h_0 + J_b · ∂h_{l−1}/∂h_0 )          (Eq. 2/10/18)
 
-where ``J_b = ∂[β B(f(P(x)))]/∂x`` is the scaled branch Jacobian at the
-forward activation ``x = h_{l−1}``, ``J_R`` the post-residual norm's Jacobian
-(identity unless Post-Norm) and the skip term is present only on blocks with a
-skip.  ``J_b`` and ``J_R`` come from ``torch.func.jvp`` on the module itself
-(one batched jvp per block over the d basis directions, seeds batched too), so
-every activation and norm op works without hand-written derivatives; the
-closed forms of Table 2 serve as test oracles.
+with ``J_b = ∂[β B(f(P(x)))]/∂x = β J_B J_f J_P`` the scaled branch Jacobian at the forward
+activation ``x = h_{l−1}`` (Eq. 17), ``J_R`` the post-residual op's Jacobian, and the skip term
+only on blocks with a skip.
 
-Products of many Jacobians span many decades, so the running product is kept
-as a unit-Frobenius matrix plus its log-norm.
+**Closed forms.**  ``J_P``, ``J_B``, ``J_R`` are Table 2's ``c (I − V Vᵀ)``
+(:class:`rankexp.models.norms.NormJacobian`: a scaled identity minus a rank-1/rank-2 term, never
+a dense d×d product).  The bare branch Jacobian is ``J_f = W_down diag(σ′(z)) W_up`` (M = 2,
+Eq. 9/25) or ``diag(σ′(z)) W`` (M = 1) with σ′ in closed form
+(:data:`rankexp.models.activations.ACTIVATION_DERIVATIVES`); for a masked activation (ReLU) only
+the active units enter, ``J_f = W_down[:, a] W_up[a, :]`` — half the FLOPs of the dense product.
+:class:`BranchLinearization` keeps ``J_b`` factored and either forms it (one GEMM over the active
+units plus O(d²) corrections) or applies it to the running product directly, whichever is
+cheaper when no probe needs ``J_b`` itself.  ``torch.func`` (``vmap(jacfwd)`` on the module) is
+the automatic fallback for branches without a closed form (the gated SwiGLU unit) and the test
+oracle (:func:`branch_jacobian`, :func:`residual_norm_jacobian`).
+
+**Only the work asked for.**  :func:`forward_sweep` computes the union of what its ``needs``
+name (:data:`SWEEP_NEEDS`): no per-layer SVD unless ``partial_spectra`` is asked for, no running
+product unless a partial Jacobian is, no dense ``J_b`` unless its norm, the running sum or a
+per-layer consumer (``on_layer``) reads it, and a plain forward pass when nothing Jacobian is
+needed.
+
+Products of many Jacobians span many decades, so the running product is kept as a
+unit-Frobenius matrix plus its log-norm, updated in place (``addmm`` per member) on two
+ping-pong buffers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from torch.func import functional_call, jacfwd, vmap
 from tqdm.auto import tqdm
 
+from ..models.activations import ACTIVATION_DERIVATIVES, MASKED
 from ..models.mlp import Block, ResidualMLP
+from ..models.norms import NORM_FNS, NormJacobian, norm_jacobian
 from ..spectra import erank_from_sv, singular_values, stable_rank_from_sv
 
+#: ``∂h_L/∂h_0`` (unit + log gain) and its singular values
+IO_JACOBIAN = "io_jacobian"
+#: erank / stable rank / log gain of every ``∂h_l/∂h_0`` (one SVD per layer: the profile)
+PARTIAL_SPECTRA = "partial_spectra"
+#: ``‖J_b‖_F/√d`` per layer (the branch-to-skip ratio, Eq. 4)
+BRANCH_NORMS = "branch_norms"
+#: ``‖Σ_{l≤k} J_b‖_F/√d`` per layer (accumulated branch, Figure 5b)
+BRANCH_SUM = "branch_sum"
+#: what :func:`forward_sweep` can compute; ``rms(h_l)`` of its input comes with every sweep
+SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM})
 
+
+# --------------------------------------------------------------------------- torch.func (oracle, fallback)
 def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = None) -> Tensor:
     """Per-member Jacobian by forward mode: ``vmap`` over members of ``jacfwd``.
 
@@ -41,17 +69,28 @@ def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = 
         params: tensors with leading member axis E (or ``None``).
 
     Returns:
-        ``(E, d_out, d_in)`` with ``J[e] = ∂fn(params_e, x_e)/∂x_e``. Members are
-        mapped with ``vmap`` so each member's weights stay 2-D and the d tangent
-        directions fold into one GEMM per matrix.
+        ``(E, d_out, d_in)`` with ``J[e] = ∂fn(params_e, x_e)/∂x_e``.
+
+    Raises:
+        ValueError: ``x`` holds more than one point per member.
     """
+    from torch.func import (  # first use imports torch._dynamo (seconds): only when needed
+        jacfwd,
+        vmap,
+    )
+
     if x.shape[1] != 1:
         raise ValueError(f"one input per member expected, got x of shape {tuple(x.shape)}")
     return vmap(jacfwd(fn, argnums=1))(params or {}, x[:, 0])
 
 
 def branch_jacobian(block: Block, x: Tensor) -> Tensor:
-    """``J_b = ∂[β B(f(P(x)))]/∂x`` of ``block`` at ``x`` ``(E, 1, d)`` → ``(E, d, d)`` (Eq. 9/17)."""
+    """``J_b = ∂[β B(f(P(x)))]/∂x`` by ``torch.func`` at ``x`` ``(E, 1, d)`` → ``(E, d, d)`` (Eq. 9/17).
+
+    The automatic fallback for branches without a closed form and the oracle of the closed forms.
+    """
+    from torch.func import functional_call
+
     params = dict(block.named_parameters())
     return member_jacobian(
         lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params
@@ -59,11 +98,129 @@ def branch_jacobian(block: Block, x: Tensor) -> Tensor:
 
 
 def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
-    """``J_R`` of the post-residual norm at the sum ``s`` ``(E, 1, d)`` → ``(E, d, d)`` (Eq. 18/19)."""
+    """``J_R`` of the post-residual op by ``torch.func`` at the sum ``s`` ``(E, 1, d)`` → ``(E, d, d)``."""
     return member_jacobian(lambda _, se: block.res_norm(se), s)
 
 
+# --------------------------------------------------------------------------- closed forms
 @dataclass
+class BranchLinearization:
+    """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25).
+
+    Attributes:
+        scale: β (1 on a plain layer).
+        pre, out: Table 2 Jacobians of P and B, ``None`` for the identity.
+        deriv: σ′(z) at the preactivation, ``(E, m)``.
+        up: ``W_up`` ``(E, m, d)`` (M = 1: ``W``).
+        down: ``W_down`` ``(E, d, m)``, ``None`` for M = 1.
+        active: per member the active units ``a`` (σ′ ≠ 0) of a masked activation, else ``None``.
+    """
+
+    scale: float
+    pre: NormJacobian | None
+    out: NormJacobian | None
+    deriv: Tensor
+    up: Tensor
+    down: Tensor | None
+    active: list[Tensor] | None = None
+
+    @property
+    def active_units(self) -> float:
+        """Mean number of units that enter ``J_f`` (m unless the activation is masked)."""
+        if self.active is None:
+            return float(self.deriv.shape[-1])
+        return sum(a.numel() for a in self.active) / len(self.active)
+
+    def _finish_left(self, y: Tensor) -> Tensor:
+        if self.out is not None:
+            self.out.left_(y)
+        return y.mul_(self.scale) if self.scale != 1.0 else y
+
+    def dense(self) -> Tensor:
+        """``J_b`` ``(E, d, d)``: one GEMM over the active units, then O(d²) norm corrections."""
+        e, d = self.up.shape[0], self.up.shape[-1]
+        if self.down is None:  # M = 1: diag(σ′) W costs O(d²) already
+            jf = self.deriv[..., None] * self.up
+        elif self.active is None:
+            jf = torch.bmm(self.down * self.deriv[:, None, :], self.up)
+        else:
+            jf = self.up.new_empty(e, d, d)
+            for i, a in enumerate(self.active):
+                torch.mm(_columns(self.down[i], a), self.up[i].index_select(0, a), out=jf[i])
+        if self.pre is not None:
+            self.pre.right_(jf)
+        return self._finish_left(jf)
+
+    def apply(self, u: Tensor) -> Tensor:
+        """``J_b u`` for ``u`` ``(E, d, n)`` without forming ``J_b`` (``4|a|dn`` FLOP for M = 2)."""
+        t = self.pre.left(u) if self.pre is not None else u
+        if self.active is None:
+            z = self.deriv[..., None] * (self.up @ t)
+            y = z if self.down is None else self.down @ z
+        else:
+            y = t.new_zeros(t.shape) if self.down is None else t.new_empty(t.shape)
+            for i, a in enumerate(self.active):
+                z = self.up[i].index_select(0, a) @ t[i]
+                if self.down is None:
+                    y[i].index_copy_(0, a, z)
+                else:
+                    torch.mm(_columns(self.down[i], a), z, out=y[i])
+        return self._finish_left(y)
+
+    def apply_is_cheaper(self) -> bool:
+        """Whether ``apply(u)`` on a d×d ``u`` beats ``dense() @ u`` (M = 2: when |a| < d)."""
+        return self.down is None and self.active is not None or (
+            self.down is not None and self.active_units < self.up.shape[-1]
+        )
+
+
+def _columns(w: Tensor, index: Tensor) -> Tensor:
+    """``w[:, index]`` (``gather`` is ~3× faster than ``index_select`` along dim 1 on CPU)."""
+    return torch.gather(w, 1, index.expand(w.shape[0], -1))
+
+
+def has_closed_form(block: Block) -> bool:
+    """Whether the engine has the branch Jacobian of ``block`` in closed form (every scalar σ)."""
+    return not block.gated and block.activation in ACTIVATION_DERIVATIVES
+
+
+#: ``linearize_branch(…, pre_op=OWN_PRE)``: the block's own P
+OWN_PRE = "own"
+
+
+def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE
+                     ) -> tuple[Tensor, BranchLinearization | None]:
+    """The scaled branch output ``β B(f(P(x)))`` ``(E, 1, d)`` and its closed-form linearization.
+
+    The forward uses the block's own ops in its own order, so the stream is bit-for-bit the
+    one :meth:`ResidualMLP.trajectory` computes.  ``pre_op`` replaces the block's P by another
+    op (or ``None``, the identity) — the counterfactual networks of :func:`projection_split`.
+    The linearization is ``None`` for a branch without closed form (:func:`has_closed_form`).
+    """
+    if pre_op == OWN_PRE:
+        pre_op, xp = block.pre_op, block.pre_norm(x)
+    else:
+        xp = NORM_FNS[pre_op](x) if pre_op else x
+    z, y = block.f_parts(xp)
+    branch = block.scale * block.out_norm(y)
+    if not has_closed_form(block):
+        return branch, None
+    deriv = ACTIVATION_DERIVATIVES[block.activation](z[:, 0])
+    active = None
+    if block.activation in MASKED:
+        active = [torch.nonzero(g).squeeze(1) for g in deriv]
+    up, down = (block.w, None) if block.matrices == 1 else (block.w_up, block.w_down)
+    return branch, BranchLinearization(
+        scale=block.scale,
+        pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
+        out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None,
+        deriv=deriv,
+        up=up,
+        down=down,
+        active=active,
+    )
+
+
 class LayerJacobian:
     """The pieces of block ``layer``'s Jacobian at the forward activation.
 
@@ -71,17 +228,36 @@ class LayerJacobian:
         layer: 1-based block index l.
         h_in: ``h_{l−1}``, ``(E, 1, d)``.
         h_out: ``h_l``, ``(E, 1, d)``.
-        branch: ``J_b = ∂[β B(f(P(x)))]/∂x`` at ``h_{l−1}``, ``(E, d, d)`` (β only on residual blocks).
         skip_from: j such that the block adds ``h_j`` (``l − k``), or ``None`` on a plain layer.
-        residual_norm: ``J_R`` at the pre-norm sum, ``(E, d, d)``, or ``None`` when R is the identity.
+        linear: the closed-form :class:`BranchLinearization`, or ``None`` (``torch.func`` fallback).
+        residual: ``J_R`` at the pre-norm sum as a :class:`NormJacobian`, ``None`` when R = identity.
+        branch: ``J_b`` ``(E, d, d)``, formed on first access (β only on residual blocks).
+        residual_norm: ``J_R`` as a dense ``(E, d, d)`` matrix, or ``None``.
     """
 
-    layer: int
-    h_in: Tensor
-    h_out: Tensor
-    branch: Tensor
-    skip_from: int | None
-    residual_norm: Tensor | None
+    def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor,
+                 skip_from: int | None, linear: BranchLinearization | None,
+                 residual: NormJacobian | None):
+        self.layer, self.block, self.h_in, self.h_out = layer, block, h_in, h_out
+        self.skip_from, self.linear, self.residual = skip_from, linear, residual
+        self._branch: Tensor | None = None
+
+    @property
+    def branch(self) -> Tensor:
+        if self._branch is None:
+            self._branch = (self.linear.dense() if self.linear is not None
+                            else branch_jacobian(self.block, self.h_in))
+        return self._branch
+
+    @property
+    def residual_norm(self) -> Tensor | None:
+        return None if self.residual is None else self.residual.dense(self.h_in.shape[-1])
+
+    def branch_times(self, u: Tensor) -> Tensor:
+        """``J_b u`` for ``u`` ``(E, d, n)``, the cheaper way unless ``J_b`` is already formed."""
+        if self._branch is None and self.linear is not None and self.linear.apply_is_cheaper():
+            return self.linear.apply(u)
+        return self.branch @ u
 
 
 def layer_jacobians(model: ResidualMLP, h0: Tensor) -> Iterator[LayerJacobian]:
@@ -91,29 +267,30 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor) -> Iterator[LayerJacobian]:
         model: the network (E members).
         h0: inputs ``(E, 1, d)``.
     """
-    hs = [h0]
+    keep, states = max(model.skip_every, 1), {0: h0}
     with torch.no_grad():
         for l, block in enumerate(model.blocks, start=1):
-            x = hs[-1]
-            jb = branch_jacobian(block, x)
+            x = states[l - 1]
+            s, linear = linearize_branch(block, x)
             skip_from = model.skip_source(l) if block.has_skip else None
-            s = block.branch(x)
             if skip_from is not None:
-                s = s + hs[skip_from]
-            jr = residual_norm_jacobian(block, s) if model.placement == "post" else None
-            h = block.res_norm(s)
-            hs.append(h)
-            yield LayerJacobian(l, x, h, jb, skip_from, jr)
+                s = states[skip_from] + s
+            residual = norm_jacobian(block.post_op, s[:, 0]) if block.post_op else None
+            states[l] = block.res_norm(s)
+            states.pop(l - keep, None)
+            yield LayerJacobian(l, block, x, states[l], skip_from, linear, residual)
 
 
+# --------------------------------------------------------------------------- the sweep
 @dataclass
 class ForwardSweep:
-    """Everything one forward sweep measures, per member (seed).
+    """Everything one forward sweep measured, per member (seed); ``None`` where not asked for.
 
     Attributes (E = members, L = depth, d = width):
-        rms: ``rms(h_l)`` for l = 0…L, ``(E, L+1)``.
-        erank: ``erank(∂h_l/∂h_0)`` for l = 1…L, unnormalized, ``(E, L)``.
-        stable_rank: ``‖∂h_l/∂h_0‖_F² / ‖∂h_l/∂h_0‖_2²``, ``(E, L)``.
+        rms: ``rms(h_l)`` for l = 0…L, ``(E, L+1)`` (always).
+        erank: ``erank(∂h_l/∂h_0)`` for l = 1…L, unnormalized, ``(E, L)``; NaN except at l = L
+            unless ``partial_spectra`` was asked for.
+        stable_rank: ``‖∂h_l/∂h_0‖_F² / ‖∂h_l/∂h_0‖_2²``, ``(E, L)``, same rule.
         log_gain: ``ln ‖∂h_l/∂h_0‖_F``, ``(E, L)``.
         branch_ratio: branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` (Eq. 4), ``(E, L)``.
         accumulated_branch: ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` for k = 1…L, ``(E, L)`` (Figure 5b/12).
@@ -123,13 +300,13 @@ class ForwardSweep:
     """
 
     rms: Tensor
-    erank: Tensor
-    stable_rank: Tensor
-    log_gain: Tensor
-    branch_ratio: Tensor
-    accumulated_branch: Tensor
-    io_unit: Tensor
-    io_singular_values: Tensor
+    erank: Tensor | None = None
+    stable_rank: Tensor | None = None
+    log_gain: Tensor | None = None
+    branch_ratio: Tensor | None = None
+    accumulated_branch: Tensor | None = None
+    io_unit: Tensor | None = None
+    io_singular_values: Tensor | None = None
     partials: list[Tensor] = field(default_factory=list)
 
     @property
@@ -138,90 +315,150 @@ class ForwardSweep:
         return self.io_unit * self.log_gain[:, -1].exp()[:, None, None]
 
 
+def resolve_needs(needs: Collection[str] | None, spectra: bool = True) -> frozenset[str]:
+    """``needs`` checked against :data:`SWEEP_NEEDS`; ``None`` means everything (``spectra``) or
+    only the input–output Jacobian (``spectra=False``).
+
+    Raises:
+        ValueError: an unknown need.
+    """
+    if needs is None:
+        return SWEEP_NEEDS if spectra else frozenset({IO_JACOBIAN})
+    unknown = set(needs) - SWEEP_NEEDS
+    if unknown:
+        raise ValueError(f"unknown sweep need(s) {sorted(unknown)}; known: {sorted(SWEEP_NEEDS)}")
+    return frozenset(needs)
+
+
+def _rms(h: Tensor) -> Tensor:
+    return h.square().mean((-2, -1)).sqrt()
+
+
 def forward_sweep(
     model: ResidualMLP,
     h0: Tensor,
     *,
+    needs: Collection[str] | None = None,
     keep_partials: bool = False,
     on_layer: Callable[[LayerJacobian], None] | None = None,
     progress: bool | None = False,
     spectra: bool = True,
 ) -> ForwardSweep:
-    """All partial Jacobians ``∂h_l/∂h_0`` from one forward sweep, with their spectra.
+    """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep.
 
     Args:
         model: the network; its dtype and device are used throughout.
         h0: inputs ``(E, 1, d)``, one per member.
+        needs: what to compute, a subset of :data:`SWEEP_NEEDS`; default (``None``): everything,
+            or with ``spectra=False`` only ``io_jacobian`` (one SVD, at l = L).
         keep_partials: also return every ``∂h_l/∂h_0`` (memory ``L·E·d²``; for tests).
-        on_layer: called with each block's :class:`LayerJacobian` (lets other
-            probes share the sweep instead of recomputing Jacobians).
+        on_layer: called with each block's :class:`LayerJacobian` (lets other probes share
+            the sweep instead of recomputing Jacobians; ``lj.branch`` is then formed).
         progress: tqdm bar over blocks (``None``: only on a terminal).
-        spectra: compute the per-layer SVDs (``False`` leaves erank/stable rank NaN;
-            for timing the Jacobians alone).
+        spectra: see ``needs``.
 
     Returns:
-        :class:`ForwardSweep`. Costs per block one d-batched jvp through the
-        branch, one ``d×d`` product and one batched SVD.
+        :class:`ForwardSweep`.  Costs per block, for a masked M = 2 branch with |a| active
+        units: ``2|a|d²`` to form ``J_b`` (or ``4|a|d²`` applied without forming it, when
+        cheaper and nobody reads it), ``2d³`` for the product, O(d²) for the norm ops, plus
+        one SVD per layer only for ``partial_spectra``.
+
+    Raises:
+        ValueError: unknown needs.
     """
+    needs = resolve_needs(needs, spectra)
     e, _, d = h0.shape
+    want_partials = keep_partials or IO_JACOBIAN in needs or PARTIAL_SPECTRA in needs
+    want_dense = on_layer is not None or BRANCH_NORMS in needs or BRANCH_SUM in needs
+    rms = [_rms(h0)]
+    bar = dict(total=model.depth, desc="forward sweep", unit="block", leave=False,
+               disable=None if progress is None else not progress)
+    if not (want_partials or want_dense):  # forward only
+        with torch.no_grad():
+            for _, h in tqdm(model.states(h0), **bar):
+                rms.append(_rms(h))
+        return ForwardSweep(rms=torch.stack(rms, 1))
+
     eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
-    zero = torch.zeros(e, dtype=h0.dtype, device=h0.device)
     # unit-Frobenius factor and log-norm of ∂h_j/∂h_0; index j = 0…L (anchors only, unless kept)
     units: dict[int, Tensor] = {0: eye / d**0.5}
-    logs: dict[int, Tensor] = {0: zero + 0.5 * torch.log(torch.tensor(float(d), dtype=h0.dtype))}
-    rms, er, sr, lg, ratio, acc_branch, partials = [h0.square().mean((-2, -1)).sqrt()], [], [], [], [], [], []
-    branch_sum = torch.zeros(e, d, d, dtype=h0.dtype, device=h0.device)
-    io_unit, s = units[0], None
+    logs: dict[int, Tensor] = {0: h0.new_full((e,), 0.5 * math.log(d))}
+    spare = torch.empty_like(units[0]) if model.skip_every == 1 and not keep_partials else None
+    er, sr, lg, ratio, acc_branch, partials = [], [], [], [], [], []
+    branch_sum = h0.new_zeros(e, d, d) if BRANCH_SUM in needs else None
+    s = None
     with torch.no_grad():
-        blocks = tqdm(layer_jacobians(model, h0), total=model.depth, desc="forward sweep",
-                      unit="block", leave=False, disable=None if progress is None else not progress)
-        for lj in blocks:
+        for lj in tqdm(layer_jacobians(model, h0), **bar):
             l = lj.layer
-            prev_u, prev_log = units[l - 1], logs[l - 1]
-            acc = lj.branch @ prev_u  # at scale exp(prev_log)
-            acc_log = prev_log
-            if lj.skip_from is not None:
-                skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
-                top = torch.maximum(acc_log, skip_log)
-                # weights below e^-80 only add subnormals (100× slower on CPU), not accuracy
-                wa = torch.where(acc_log - top < -80, 0.0, (acc_log - top).exp())
-                ws = torch.where(skip_log - top < -80, 0.0, (skip_log - top).exp())
-                acc = acc * wa[:, None, None] + skip_u * ws[:, None, None]
-                acc_log = top
-            if lj.residual_norm is not None:
-                acc = lj.residual_norm @ acc
-            norm = torch.linalg.matrix_norm(acc)
-            unit, log = acc / norm[:, None, None], acc_log + norm.log()
-            units[l], logs[l] = unit, log
-            # later blocks read only ∂h_j/∂h_0 for j ≥ l + 1 − k (their input or skip source)
-            stale = l - max(model.skip_every, 1)
-            units.pop(stale, None)
-            logs.pop(stale, None)
-            if spectra or l == model.depth:
-                s = singular_values(unit)
-                er.append(erank_from_sv(s))
-                sr.append(stable_rank_from_sv(s))
-            else:
-                er.append(torch.full_like(log, float("nan")))
-                sr.append(er[-1])
-            lg.append(log)
-            ratio.append(torch.linalg.matrix_norm(lj.branch) / d**0.5)
-            branch_sum += lj.branch
-            acc_branch.append(torch.linalg.matrix_norm(branch_sum) / d**0.5)
-            rms.append(lj.h_out.square().mean((-2, -1)).sqrt())
-            if keep_partials:
-                partials.append(unit * log.exp()[:, None, None])
+            if want_dense:
+                jb = lj.branch
+                if BRANCH_NORMS in needs:
+                    ratio.append(torch.linalg.matrix_norm(jb) / d**0.5)
+                if branch_sum is not None:
+                    branch_sum += jb
+                    acc_branch.append(torch.linalg.matrix_norm(branch_sum) / d**0.5)
+            if want_partials:
+                unit, log = _advance(lj, units, logs, spare)
+                if spare is not None:
+                    spare = units[l - 1]  # ∂h_{l−1}/∂h_0 is read by no later block: reuse its memory
+                units[l], logs[l] = unit, log
+                # later blocks read only ∂h_j/∂h_0 for j ≥ l + 1 − k (their input or skip source)
+                stale = l - max(model.skip_every, 1)
+                units.pop(stale, None)
+                logs.pop(stale, None)
+                if PARTIAL_SPECTRA in needs or l == model.depth:
+                    s = singular_values(unit)
+                    er.append(erank_from_sv(s))
+                    sr.append(stable_rank_from_sv(s))
+                else:
+                    er.append(torch.full_like(log, float("nan")))
+                    sr.append(er[-1])
+                lg.append(log)
+                if keep_partials:
+                    partials.append(unit * log.exp()[:, None, None])
+            rms.append(_rms(lj.h_out))
             if on_layer is not None:
                 on_layer(lj)
-            io_unit = unit
-    return ForwardSweep(
-        rms=torch.stack(rms, 1),
-        erank=torch.stack(er, 1),
-        stable_rank=torch.stack(sr, 1),
-        log_gain=torch.stack(lg, 1),
-        branch_ratio=torch.stack(ratio, 1),
-        accumulated_branch=torch.stack(acc_branch, 1),
-        io_unit=io_unit,
-        io_singular_values=s,
-        partials=partials,
-    )
+    out = ForwardSweep(rms=torch.stack(rms, 1), partials=partials)
+    if want_partials:
+        out.erank, out.stable_rank, out.log_gain = (torch.stack(v, 1) for v in (er, sr, lg))
+        out.io_unit, out.io_singular_values = units[model.depth], s
+    if ratio:
+        out.branch_ratio = torch.stack(ratio, 1)
+    if acc_branch:
+        out.accumulated_branch = torch.stack(acc_branch, 1)
+    return out
+
+
+def _advance(lj: LayerJacobian, units: dict[int, Tensor], logs: dict[int, Tensor],
+             spare: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``∂h_l/∂h_0`` (unit, log-norm) from the stored partials of its input and skip source."""
+    l = lj.layer
+    prev_u, prev_log = units[l - 1], logs[l - 1]
+    acc_log = prev_log
+    factored = lj._branch is None and lj.linear is not None and lj.linear.apply_is_cheaper()
+    if lj.skip_from == l - 1 and not factored:
+        # the standard block: U ← U + J_b U, one GEMM per member accumulating into the spare
+        # buffer (addmm per member: faster than baddbmm on CPU, and batch-independent bits)
+        acc = torch.empty_like(prev_u) if spare is None else spare
+        jb = lj.branch
+        for i in range(acc.shape[0]):
+            torch.addmm(prev_u[i], jb[i], prev_u[i], out=acc[i])
+    elif lj.skip_from == l - 1:
+        acc = lj.linear.apply(prev_u).add_(prev_u)
+    else:
+        acc = lj.branch_times(prev_u)  # at scale exp(prev_log)
+        if lj.skip_from is not None:
+            skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
+            top = torch.maximum(acc_log, skip_log)
+            top = torch.where(torch.isfinite(top), top, 0.0)  # both partials exactly zero
+            # weights below e^-80 only add subnormals (100× slower on CPU), not accuracy
+            wa = torch.where(acc_log - top < -80, 0.0, (acc_log - top).exp())
+            ws = torch.where(skip_log - top < -80, 0.0, (skip_log - top).exp())
+            acc = acc.mul_(wa[:, None, None]).add_(skip_u * ws[:, None, None])
+            acc_log = top
+    if lj.residual is not None:
+        lj.residual.left_(acc)
+    norm = torch.linalg.matrix_norm(acc)
+    # a dead plain ReLU layer makes ∂h_l/∂h_0 exactly 0: keep the zeros (log-norm −inf, erank NaN)
+    return acc.div_(norm.clamp(min=torch.finfo(norm.dtype).tiny)[:, None, None]), acc_log + norm.log()

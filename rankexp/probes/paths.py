@@ -33,7 +33,7 @@ Magnitudes ``μ_k = ‖β^k S_k‖_F`` span hundreds of decades at L = 384, so e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +41,11 @@ import torch
 from torch import Tensor
 
 from ..models.mlp import ResidualMLP
+from ..models.norms import NormJacobian
 from ..result import Measurement
 from ..theory import uncorrelated_path_profile
-from .base import ProbeContext
-from .jacobian import LayerJacobian, forward_sweep, layer_jacobians
+from .base import ModelShape, ProbeContext, sweep_memory
+from .jacobian import LayerJacobian, layer_jacobians
 
 #: ln of a zero norm is clamped here in logged series (below float64's smallest subnormal).
 LOG_ZERO = -746.0
@@ -157,12 +158,13 @@ class PathOrderDP:
             ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf
         )
 
-    def step(self, branch: Tensor, residual_norm: Tensor | None = None) -> None:
+    def step(self, branch: Tensor, residual_norm: NormJacobian | Tensor | None = None) -> None:
         """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``.
 
         Args:
             branch: ``J_b = β J_m`` ``(E, d, d)``.
-            residual_norm: ``J_R`` ``(E, d, d)`` (post-norm) or ``None`` (identity).
+            residual_norm: ``J_R`` (post-norm) as a closed-form :class:`NormJacobian`
+                (O(d²) per order) or a dense ``(E, d, d)`` matrix, or ``None`` (identity).
         """
         self.layers_seen += 1
         e, d = self.terms.shape[:2]
@@ -178,17 +180,22 @@ class PathOrderDP:
             acc *= _weight(prev_log - top)[:, None, :, None]
             acc += _weight(cur_log - top)[:, None, :, None] * self.terms[:, :, lo : hi + 1, :]
             if residual_norm is not None:
-                acc = (residual_norm @ acc.view(e, d, n * d)).view(e, d, n, d)
+                acc = _left(residual_norm, acc.view(e, d, n * d)).view(e, d, n, d)
             self._store(acc, top, lo, hi + 1)
             hi = lo - 1
         if residual_norm is not None:
-            acc = (residual_norm @ self._block(0, 1)).view(e, d, 1, d)
+            acc = _left(residual_norm, self._block(0, 1).clone()).view(e, d, 1, d)
             self._store(acc, self.log_mu[:, :1].clone(), 0, 1)
 
     def result(self, beta: float, depth: int) -> PathOrders:
         return PathOrders(
             self.terms.permute(0, 2, 1, 3), self.log_mu, beta, complete=self.max_order >= depth
         )
+
+
+def _left(j: NormJacobian | Tensor, a: Tensor) -> Tensor:
+    """``J a`` for ``a`` ``(E, d, n)``: in place for a closed form, one product for a dense J."""
+    return j.left_(a) if isinstance(j, NormJacobian) else j @ a
 
 
 def _check_structure(model: ResidualMLP) -> None:
@@ -230,10 +237,40 @@ def path_orders(
     dp = PathOrderDP(e, d, k, chunk=chunk, dtype=h0.dtype, device=h0.device)
     with torch.no_grad():
         for lj in layer_jacobians(model, h0):
-            dp.step(lj.branch, lj.residual_norm)
+            dp.step(lj.branch, lj.residual)
             if on_layer is not None:
                 on_layer(lj)
     return dp.result(model.beta_eff, model.depth)
+
+
+class PathOrderFold:
+    """The dynamic program as a layer fold of the shared sweep (``needs`` name ``path_orders``)."""
+
+    def __init__(self, ctx: ProbeContext):
+        opt = ctx.probe_options("path_order", PATH_ORDER_OPTIONS)
+        model = ctx.model
+        _check_structure(model)
+        k = model.depth if opt["max_order"] is None else min(int(opt["max_order"]), model.depth)
+        e, _, d = ctx.h0.shape
+        self.model = model
+        self.dp = PathOrderDP(e, d, k, chunk=int(opt["chunk"]), dtype=ctx.h0.dtype, device=ctx.h0.device)
+
+    def step(self, lj: LayerJacobian) -> None:
+        self.dp.step(lj.branch, lj.residual)
+
+    def result(self) -> PathOrders:
+        return self.dp.result(self.model.beta_eff, self.model.depth)
+
+
+PATH_ORDER_OPTIONS = {"max_order": None, "chunk": 64}
+
+
+def path_order_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the ``K+1`` stored orders plus a chunk of temporaries, and the sweep's."""
+    opt = {**PATH_ORDER_OPTIONS, **dict(options.get("path_order") or {})}
+    k = shape.depth if opt["max_order"] is None else min(int(opt["max_order"]), shape.depth)
+    chunk = min(int(opt["chunk"]), k + 1)
+    return (k + 1 + 3 * chunk) * shape.width**2 * shape.itemsize + sweep_memory(shape, options)
 
 
 def probe_path_order(ctx: ProbeContext) -> Measurement:
@@ -251,22 +288,13 @@ def probe_path_order(ctx: ProbeContext) -> Measurement:
     ``‖Σ_k β^k S_k − ∂h_L/∂h_0‖_F / ‖∂h_L/∂h_0‖_F`` against the forward sweep
     (~1e−15 in float64 when K = L; the truncation error otherwise).
 
-    The block Jacobians are shared with the forward sweep when it has not run yet.
+    Needs ``path_orders`` (the fold, fed by the shared sweep), ``io_jacobian`` and
+    ``branch_norms``: the block Jacobians are formed once for every probe.
     """
-    opt = ctx.probe_options("path_order", {"max_order": None, "chunk": 64})
+    ctx.probe_options("path_order", PATH_ORDER_OPTIONS)  # unknown keys fail before any work
     model = ctx.model
     _check_structure(model)
-    k = model.depth if opt["max_order"] is None else min(int(opt["max_order"]), model.depth)
-    e, _, d = ctx.h0.shape
-    dp = PathOrderDP(e, d, k, chunk=int(opt["chunk"]), dtype=ctx.h0.dtype, device=ctx.h0.device)
-    if "sweep" in ctx.__dict__:  # already computed by another probe: walk the blocks again
-        for lj in layer_jacobians(model, ctx.h0):
-            dp.step(lj.branch, lj.residual_norm)
-    else:  # compute the shared sweep and the DP from the same block Jacobians
-        ctx.sweep = forward_sweep(
-            model, ctx.h0, on_layer=lambda lj: dp.step(lj.branch, lj.residual_norm)
-        )
-    po = dp.result(model.beta_eff, model.depth)
+    po = ctx.fold("path_orders")
     sw = ctx.sweep
 
     m = Measurement()

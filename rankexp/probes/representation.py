@@ -17,7 +17,7 @@ per-input gradients ``δ_l = ∂ℓ/∂h_l`` stacked as ``n×d``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,7 @@ from ..result import Measurement
 from ..seeding import seeded_generator
 from ..spectra import erank_from_sv
 from ..theory import activation_constants
-from .base import ProbeContext
+from .base import ModelShape, ProbeContext
 
 #: Random stream (see :func:`rankexp.seeding.seeded_generator`) for the backward probe's
 #: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
@@ -365,7 +365,7 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     ``branch_mean_cos_consecutive``, ``branch_mean_cos_ones_mean``,
     ``branch_mean_sum_exponent`` (log–log slope of ‖Σ_{k≤l} m_k‖: 1 aligned, ½ random),
     ``branch_mean_snr`` (mean over l of ‖m_l‖ / noise floor).
-    Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``.
+    Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``, ``preact_var`` ``(E,)``.
     """
     opt = ctx.probe_options("representation", {"n": 1024})
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
@@ -392,10 +392,31 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
         cm = rep.mean_cos_matrix
         off = (cm.sum((1, 2)) - cm.diagonal(dim1=1, dim2=2).sum(1)) / (L * (L - 1))
         m.add_seed_stat("branch_mean_cos_cross", off)
-        m.arrays["branch_mean_cos_matrix"] = cm.double().cpu().numpy()
-    q = float(rep.preact_var.mean())
-    m.scalars["coherence_theory"] = activation_constants(ctx.model.activation, q).coherence
+        m.add_seed_array("branch_mean_cos_matrix", cm)
+    m.add_seed_array("preact_var", rep.preact_var)
     return m
+
+
+def reduce_representation(m: Measurement, ctx: ProbeContext) -> None:
+    """Pooled over seeds: ``coherence_theory`` = c at the seeds' mean preactivation variance."""
+    q = float(m.arrays["preact_var"].mean())
+    m.scalars["coherence_theory"] = activation_constants(ctx.model.activation, q).coherence
+
+
+def representation_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the skip window of n states, one block's hidden activations, the running
+    unit sum and the L branch means."""
+    n = int(dict(options.get("representation") or {}).get("n", 1024))
+    d, m = shape.width, shape.hidden
+    return (n * (d * (max(shape.skip_every, 1) + 5) + 2 * m) + shape.depth * d) * shape.itemsize
+
+
+def backward_representation_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: √L checkpoint windows of n states, a segment of states, autograd buffers."""
+    n = int(dict(options.get("backward_representation") or {}).get("n", 1024))
+    d, m, k = shape.width, shape.hidden, max(shape.skip_every, 1)
+    seg = math.isqrt(max(shape.depth - 1, 0)) + 1
+    return n * (d * (2 * seg * k + 8) + 4 * m) * shape.itemsize
 
 
 def probe_backward_representation(ctx: ProbeContext) -> Measurement:

@@ -1,14 +1,22 @@
-"""Probes that read the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`):
-the input–output Jacobian, the per-layer profile, the stream, the branch-to-skip ratio and the
-accumulated branch norm."""
+"""Probes that read the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`) — the
+input–output Jacobian, the per-layer profile, the branch-to-skip ratio and the accumulated
+branch norm — and the forward-only stream probe.
+
+Their needs (registered in :data:`rankexp.probes.PROBES`): ``io_jacobian`` → one SVD at l = L;
+``profile`` → ``partial_spectra`` (L SVDs); ``branch_ratio`` → ``branch_norms`` (block Jacobians,
+no running product); ``accumulated_branch`` → ``branch_norms`` + ``branch_sum``; ``stream`` →
+nothing (one forward pass of its own inputs).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from ..result import Measurement
-from .base import ProbeContext
+from .base import ModelShape, ProbeContext
 
 
 def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
@@ -21,7 +29,7 @@ def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("erank_io", sw.erank[:, -1] / ctx.width)
     m.add_seed_stat("stable_rank_io", sw.stable_rank[:, -1])
     m.add_seed_stat("log_gain_io", sw.log_gain[:, -1])
-    m.arrays["io_singular_values"] = sw.io_singular_values.double().cpu().numpy()
+    m.add_seed_array("io_singular_values", sw.io_singular_values)
     return m
 
 
@@ -40,20 +48,42 @@ def probe_profile(ctx: ProbeContext) -> Measurement:
 
 
 def probe_stream(ctx: ProbeContext) -> Measurement:
-    """Stream scale ``rms(h_l)`` for l = 0…L (Figure 11).
+    """Stream scale ``rms(h_l)`` for l = 0…L (Figure 11), forward only.
+
+    Option ``task.options.stream.inputs`` (default 1: the seed's own ``h_0``): n Gaussian inputs
+    per seed; ``rms(h_l)`` is then the root of the mean over inputs of ``rms(h_l(x))²`` — the
+    mean-rms² estimator whose slope is κ.
 
     Pre-Norm prediction ``rms(h_l)² = 1 + κ(βα^M)² l`` (science.md §2 item 3):
     scalar ``stream_kappa`` is the least-squares slope of ``rms(h_l)² − rms(h_0)²``
     against ``(βα^M)² l`` through the origin (meaningful for Pre-Norm).
+
+    Raises:
+        ValueError: ``inputs`` < 1.
     """
-    sw, m = ctx.sweep, Measurement()
-    rms = sw.rms
+    n = int(ctx.probe_options("stream", {"inputs": 1})["inputs"])
+    if n < 1:
+        raise ValueError(f"task.options.stream.inputs={n}: need at least 1")
+    h0 = ctx.h0 if n == 1 else ctx.probe_inputs(n)
+    with torch.no_grad():
+        rms = torch.stack([_rms(h0)] + [_rms(h) for _, h in ctx.model.states(h0)], 1)
+    m = Measurement()
     m.add_seed_series("rms", rms, np.arange(0, ctx.model.depth + 1))
     m.add_seed_stat("rms_final", rms[:, -1])
     x = torch.as_tensor(ctx.model.nominal_ratio**2 * np.arange(0, ctx.model.depth + 1), dtype=rms.dtype)
     y = rms.square() - rms[:, :1].square()
     m.add_seed_stat("stream_kappa", (y * x).sum(1) / x.square().sum())
     return m
+
+
+def stream_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the skip window of n stream states plus one block's hidden activations."""
+    n = int(dict(options.get("stream") or {}).get("inputs", 1))
+    return n * (shape.width * (max(shape.skip_every, 1) + 3) + 2 * shape.hidden) * shape.itemsize
+
+
+def _rms(h: torch.Tensor) -> torch.Tensor:
+    return h.square().mean((-2, -1)).sqrt()
 
 
 def probe_branch_ratio(ctx: ProbeContext) -> Measurement:

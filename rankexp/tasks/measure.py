@@ -1,20 +1,31 @@
-"""The ``measure`` task: run the chosen probes on a freshly initialized network."""
+"""The ``measure`` task: run the chosen probes on a freshly initialized network.
+
+Seeds are a batch dimension of the network, but all their weights and working sets must fit:
+:func:`measure_seeds` runs them in chunks that fit ``task.max_memory_gb`` (default: 80 % of the
+device's free memory) and joins the chunks' per-seed results, then lets each probe pool over
+all seeds (:attr:`rankexp.probes.base.Probe.reduce`) — so the result is the one a single batch
+gives, number for number.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import resource
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..models import build_model
+from ..models import DTYPES, build_model
 from ..models.mlp import ResidualMLP
-from ..probes import DEFAULT_PROBES, PROBES, ProbeContext
+from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ProbeContext, needs_of
+from ..probes.base import ModelShape
 from ..result import Measurement
 from ..seeding import gaussian_input
 
@@ -22,6 +33,47 @@ if TYPE_CHECKING:
     from ..config import RankexpConfig
 
 log = logging.getLogger(__name__)
+
+
+def _check(probes: Sequence[str]) -> None:
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown:
+        raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
+
+
+def probe_chunk(
+    model: ResidualMLP,
+    probes: Sequence[str] = DEFAULT_PROBES,
+    *,
+    h0: Tensor | None = None,
+    options: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Measurement, ProbeContext]:
+    """Run the probes' ``fn`` on one batch of seeds (no pooling over seeds yet).
+
+    Returns the per-chunk :class:`Measurement` and the context (for the probes' ``reduce``).
+    """
+    _check(probes)
+    if h0 is None:
+        p = next(model.parameters())
+        h0 = gaussian_input(model.seeds, model.width, dtype=p.dtype, device=p.device)
+    ctx = ProbeContext(model, h0, options, needs=needs_of(PROBES[n] for n in probes), folds=FOLDS)
+    out = Measurement()
+    for name in probes:
+        if progress:
+            progress(name)
+        out.update(PROBES[name].fn(ctx))
+    return out, ctx
+
+
+def _reduce(m: Measurement, probes: Sequence[str], ctx: ProbeContext) -> Measurement:
+    for name in probes:
+        if PROBES[name].reduce is not None:
+            PROBES[name].reduce(m, ctx)
+    for k, v in m.scalars.items():
+        if not math.isfinite(v):
+            log.warning("probe result %s = %s is not finite", k, v)
+    return m
 
 
 def run_probes(
@@ -32,7 +84,7 @@ def run_probes(
     options: dict | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Measurement:
-    """Run ``probes`` on ``model`` with one Gaussian input per seed.
+    """Run ``probes`` on ``model`` with one Gaussian input per seed, all seeds as one batch.
 
     Args:
         model: the network; its members are the seeds.
@@ -40,32 +92,163 @@ def run_probes(
         h0: inputs ``(E, 1, d)``; default: standard Gaussian drawn from each seed.
         options: probe options passed through :class:`ProbeContext`.
 
+    The sweep computes exactly the union of the probes' needs, once.
+
     Raises:
         KeyError: an unknown probe name (lists the known ones).
     """
-    unknown = [p for p in probes if p not in PROBES]
-    if unknown:
-        raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
-    if h0 is None:
-        p = next(model.parameters())
-        h0 = gaussian_input(model.seeds, model.width, dtype=p.dtype, device=p.device)
-    ctx = ProbeContext(model, h0, options)
-    out = Measurement()
-    for name in probes:
-        if progress:
-            progress(name)
-        out.update(PROBES[name](ctx))
-    for k, v in out.scalars.items():
-        if not math.isfinite(v):
-            log.warning("probe result %s = %s is not finite", k, v)
+    m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress)
+    return _reduce(m, probes, ctx)
+
+
+# --------------------------------------------------------------------------- seed chunks
+def join_seeds(parts: Sequence[Measurement]) -> Measurement:
+    """Join the per-seed results of disjoint seed chunks (in seed order) into one.
+
+    Per-seed arrays are concatenated along the seed axis and their mean/std recomputed exactly
+    as :meth:`Measurement.add_seed_stat` / ``add_seed_series`` compute them; anything else must
+    be the same in every chunk.
+
+    Raises:
+        ValueError: a value that is not per-seed differs between chunks (a probe pools over
+            seeds without a ``reduce``).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    first, out = parts[0], Measurement()
+    for name in first.seed_arrays:
+        v = np.concatenate([p.arrays[name] for p in parts], axis=0)
+        out.seed_arrays.add(name)
+        out.arrays[name] = v
+        if name in first.scalars:
+            out.scalars[name] = float(v.mean())
+            out.scalars[f"{name}_std"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
+        elif name in first.series:
+            steps = first.series[name][0]
+            out.series[name] = (steps, v.mean(0))
+            if v.shape[0] > 1:
+                out.series[f"{name}_std"] = (steps, v.std(0, ddof=1))
+    derived = {f"{n}_std" for n in first.seed_arrays}
+    for kind in ("scalars", "series", "arrays"):
+        for key, value in getattr(first, kind).items():
+            if key in first.seed_arrays or key in derived:
+                continue
+            if not all(_same(value, getattr(p, kind)[key]) for p in parts[1:]):
+                raise ValueError(f"{kind[:-1]} {key!r} differs between seed chunks: it is pooled over "
+                                 "seeds, so its probe needs a reduce (rankexp.probes.base.Probe)")
+            getattr(out, kind)[key] = value
     return out
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal scalars, series ``(steps, values)`` or arrays, NaN equal to NaN."""
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
+
+
+def model_shape(s: RankexpConfig) -> ModelShape:
+    hidden = s.width if s.matrices == 1 else max(1, round(s.expansion * s.width))
+    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every,
+                      torch.empty(0, dtype=DTYPES[s.dtype.value]).element_size())
+
+
+def seed_bytes(s: RankexpConfig) -> float:
+    """Memory one seed needs: its weights plus the largest working set of the chosen probes."""
+    shape = model_shape(s)
+    per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
+    weights = shape.depth * per_block * shape.itemsize
+    probes = [PROBES[p] for p in s.task.probes]
+    return weights + max(p.memory(shape, s.task.options) for p in probes)
+
+
+def free_memory_bytes(device: torch.device) -> float:
+    """Free memory of ``device``: CUDA's free bytes, or the host's available RAM."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return float(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def seed_chunk_size(s: RankexpConfig, device: torch.device) -> int:
+    """Seeds per chunk: as many as fit ``task.max_memory_gb`` (default 80 % of free memory), ≥ 1;
+    all of them when a probe cannot split its seeds (:attr:`Probe.splits_seeds`)."""
+    if not all(PROBES[p].splits_seeds for p in s.task.probes):
+        return s.seeds  # a probe pools over every seed in one batch (Probe.splits_seeds)
+    budget = s.task.max_memory_gb * 1e9 if s.task.max_memory_gb else 0.8 * free_memory_bytes(device)
+    return max(1, min(s.seeds, int(budget // seed_bytes(s))))
+
+
+def measure_seeds(
+    build: Callable[[range], ResidualMLP],
+    seeds: range,
+    probes: Sequence[str],
+    chunk: int,
+    options: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Measurement:
+    """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each its own network.
+
+    Args:
+        build: ``build(seed_range) -> network`` (member e of seed s has the weights a one-member
+            network of seed s has, so the chunks are the batch's members).
+        seeds: all seeds, in order.
+        chunk: seeds per network (≥ 1).
+
+    Returns:
+        The same :class:`Measurement` one batch of all seeds gives (tested).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} seeds: need at least 1")
+    parts, ctx = [], None
+    for start in range(0, len(seeds), chunk):
+        part = seeds[start : start + chunk]
+        if len(seeds) > chunk:
+            log.info("seeds %d…%d of %d", part[0], part[-1], len(seeds))
+        model = build(part)
+        m, ctx = probe_chunk(model, probes, options=options, progress=progress)
+        parts.append(m)
+        del model
+    return _reduce(join_seeds(parts), probes, ctx)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process on ``device`` (CUDA: allocated tensors; CPU: peak RSS) in GB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
 def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=measure``: build the seeds-batched network and run ``task.probes``."""
-    model = build_model(s, device)
+    """``task=measure``: run ``task.probes`` on all seeds, in chunks that fit the memory budget.
+
+    Adds scalars ``measure_seconds`` (the probes), ``build_seconds`` (drawing the weights),
+    ``peak_memory_gb`` (:func:`peak_memory_gb`) and ``seed_chunk`` (seeds per network).
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    chunk = seed_chunk_size(s, device)
+    seeds = range(s.seed, s.seed + s.seeds)
+    if chunk < s.seeds:
+        log.info("%d seeds in chunks of %d (%.2f GB per seed, budget %s)", s.seeds, chunk,
+                 seed_bytes(s) / 1e9, f"{s.task.max_memory_gb} GB" if s.task.max_memory_gb else "80% free")
+    built = [0.0]
+
+    def build(part: range) -> ResidualMLP:
+        t = time.perf_counter()
+        model = build_model(s, device, seeds=part)
+        built[0] += time.perf_counter() - t
+        return model
+
     t0 = time.perf_counter()
-    result = run_probes(model, s.task.probes, options=s.task.options,
-                        progress=lambda p: log.info("probe %s", p))
-    result.scalars["measure_seconds"] = time.perf_counter() - t0
+    result = measure_seeds(build, seeds, s.task.probes, chunk, options=s.task.options,
+                           progress=lambda p: log.info("probe %s", p))
+    result.scalars["measure_seconds"] = time.perf_counter() - t0 - built[0]
+    result.scalars["build_seconds"] = built[0]
+    result.scalars["peak_memory_gb"] = peak_memory_gb(device)
+    result.scalars["seed_chunk"] = float(chunk)
     return result

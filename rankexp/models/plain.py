@@ -1,0 +1,260 @@
+"""Plain mean-field networks of the textbook chapter (science.md §5), ensemble-native.
+
+One :class:`PlainNet` covers the chapter's signal-propagation experiments::
+
+    h_l = W_l φ(N(h_{l−1})) + b_l                         (plain, skip_every = 0; 215.1–215.3)
+    h_l = h_{l−1} + β (W_l φ(N(h_{l−1})) + b_l)           (residual, skip_every = 1)
+
+* **Weights** ``W_l ∈ R^{n×n}``: Gaussian ``N(0, σ_w²/n)`` or scaled orthogonal ``σ_w Q``
+  (Q Haar-distributed, so ``W Wᵀ = σ_w² I``); **biases** ``b_l ~ N(0, σ_b²)``.
+  σ_w is rankexp's ``alpha`` knob, σ_b its ``bias`` knob, β its ``beta`` (depth-scaled by
+  ``beta_scaling``, e.g. β = 1/√L), and the chapter's residual "branch gain α" is β here.
+* **N**: the identity (``norm=none``) or a norm op applied to the preactivation before φ
+  (``norm=pre``): the per-sample ops of :mod:`rankexp.models.norms` or :func:`batchnorm`
+  (training-mode statistics over the batch axis, gain 1, no shift).
+* **Input-layer convention**: the input ``h_0`` is treated as the zeroth preactivation, so
+  layer 1 already applies φ: ``h_1 = W_1 φ(N(h_0)) + b_1``.  Every layer is then the same
+  map and the length / correlation maps iterate from ``q_0 = ‖h_0‖²/n`` and the inputs'
+  correlation ``c_0`` with no special first step, and ``∂h_L/∂h_0 = Π_l W_l D_{l−1}`` is a
+  product of L identical-in-law factors ``W D`` (215.7).
+* **Readout convention**: the network's output is the last preactivation ``h_L`` (before any
+  φ); a readout — the train task's linear head, a probe's random readout — is linear in
+  ``h_L``.  Under ``task=train`` the stack sits between the input projection 3072 → n and
+  the head n → 10 (:class:`rankexp.tasks.train.Classifier`), so the trained net is
+  ``head · h_L(W_in x)`` with L nonlinear layers.
+
+Ensemble-native like :class:`~rankexp.models.mlp.ResidualMLP`: every parameter carries a
+leading member axis E, activations are ``(E, B, n)``, and member e with seed s holds exactly
+the weights and biases a one-member model with seed s holds.  Each layer exposes the
+``Block`` interface (``has_skip``, ``branch``, ``res_norm``, ``forward(x, skip)``), so the
+study's per-sample probes also run on plain networks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..seeding import STREAM_WEIGHTS, seeded_generator
+from .activations import activation_fn
+from .mlp import effective_beta
+from .norms import NORM_FNS
+from .norms import identity as _identity
+
+INITS = ("gaussian", "orthogonal")
+#: norm ops a plain network accepts before φ (``norm=pre``)
+PLAIN_NORM_OPS = (*NORM_FNS, "batchnorm")
+BN_EPS = 1e-5  # as torch.nn.BatchNorm1d
+
+__all__ = ["BN_EPS", "INITS", "PLAIN_NORM_OPS", "PlainLayer", "PlainNet", "batchnorm",
+           "haar_orthogonal"]
+
+
+def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
+    """Batch normalization at gain 1, no shift, training-mode statistics over the batch axis.
+
+    ``(x − mean_B x) / sqrt(var_B x + ε)`` per feature, biased variance, ε = :data:`BN_EPS`.
+
+    Args:
+        x: ``(..., B, n)``; statistics run over axis −2 (the batch of probe inputs).
+        detach_stats: treat the batch mean and variance as constants in autograd: the same
+            forward values, but each output then depends on its own input only (the network
+            as a function of one input at the batch's statistics; the ``shattered`` probe).
+
+    Raises:
+        ValueError: no batch axis, or a batch of one (its statistics are degenerate).
+    """
+    if x.dim() < 2 or x.shape[-2] < 2:
+        raise ValueError(
+            f"batchnorm normalizes over a batch of inputs (…, B ≥ 2, n); got shape "
+            f"{tuple(x.shape)} — probes that differentiate one input at a time "
+            "(io_jacobian, profile, jacobian_spectrum) cannot run on batch-normalized networks")
+    mean = x.mean(-2, keepdim=True)
+    var = x.var(-2, unbiased=False, keepdim=True)
+    if detach_stats:
+        mean, var = mean.detach(), var.detach()
+    return (x - mean) / torch.sqrt(var + BN_EPS)
+
+
+def haar_orthogonal(g: Tensor) -> Tensor:
+    """A Haar-distributed orthogonal matrix from a square Gaussian draw ``g`` (QR, sign-fixed).
+
+    ``g = QR``; multiplying column j of Q by ``sign(R_jj)`` makes the law exactly Haar
+    (Mezzadri 2007), so orthogonal weights use the same random numbers as Gaussian ones.
+    """
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
+
+
+class PlainLayer(nn.Module):
+    """One layer ``h_l = [skip +] g · (W φ(N(x)) + b)`` for E members; g = β on a skip layer, else 1.
+
+    Parameters ``w`` ``(E, n, n)`` and ``b`` ``(E, n)``.  ``branch(x)`` is the scaled term
+    ``g (W φ(N(x)) + b)``; ``forward(x, skip)`` adds ``skip`` when given.
+    """
+
+    def __init__(self, width: int, *, activation: str, norm_op: str | None, beta: float,
+                 has_skip: bool, members: int):
+        super().__init__()
+        if norm_op is not None and norm_op not in PLAIN_NORM_OPS:
+            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(PLAIN_NORM_OPS)}")
+        self.width = self.hidden = width
+        self.activation, self.norm_op = activation, norm_op
+        self.sigma = activation_fn(activation)
+        self.beta, self.has_skip = float(beta), bool(has_skip)
+        self.res_norm = _identity
+        # float64 until PlainNet casts, so float64 networks keep every bit of the draw
+        self.w = nn.Parameter(torch.empty(members, width, width, dtype=torch.float64))
+        self.b = nn.Parameter(torch.empty(members, width, dtype=torch.float64))
+
+    @property
+    def scale(self) -> float:
+        """The factor in front of the layer map: β on a residual layer, 1 on a plain one."""
+        return self.beta if self.has_skip else 1.0
+
+    def normalize(self, x: Tensor, *, detach_stats: bool = False) -> Tensor:
+        """``N(x)``: the identity, a per-sample norm op, or :func:`batchnorm`."""
+        if self.norm_op is None:
+            return x
+        if self.norm_op == "batchnorm":
+            return batchnorm(x, detach_stats=detach_stats)
+        return NORM_FNS[self.norm_op](x)
+
+    def branch(self, x: Tensor, *, detach_stats: bool = False) -> Tensor:
+        """``g (W φ(N(x)) + b)``, ``(E, B, n)`` (or ``(n,)`` per member under ``vmap``)."""
+        u = self.sigma(self.normalize(x, detach_stats=detach_stats))
+        # b is (E, n); under vmap over members it is (n,) and broadcasts as it is
+        b = self.b.unsqueeze(-2) if self.b.dim() == 2 else self.b
+        return self.scale * (torch.matmul(u, self.w.mT) + b)
+
+    def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block",
+                detach_stats: bool = False) -> Tensor:
+        """``skip + branch(x)`` (``skip`` is ``None`` on a plain layer); ``part="branch"``
+        returns :meth:`branch` alone (the ``Block`` interface of the residual MLP)."""
+        s = self.branch(x, detach_stats=detach_stats)
+        if part == "branch" or skip is None:
+            return s
+        return skip + s
+
+
+class PlainNet(nn.Module):
+    """A depth-L plain (or residual) mean-field network on width n (science.md §5).
+
+    Args:
+        width: n (every layer n → n).
+        depth: L ≥ 1 layers.
+        activation: φ, one of :data:`rankexp.models.activations.ACTIVATIONS` (not swiglu).
+        alpha: σ_w > 0; Gaussian weights ``N(0, σ_w²/n)``, orthogonal ``σ_w Q``.
+        bias: σ_b ≥ 0; biases ``N(0, σ_b²)`` (drawn even at σ_b = 0, so every σ_b of a sweep
+            sees the same random numbers).
+        init: ``gaussian`` or ``orthogonal`` (:data:`INITS`).
+        norm_op: ``None`` (no norm) or one of :data:`PLAIN_NORM_OPS`, applied before φ.
+        beta: branch gain β of residual layers, before ``beta_scaling``.
+        beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
+        skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
+        seeds: one seed per member; layer by layer W_l then b_l are drawn in float64 on
+            CPU from ``seeded_generator(seed, STREAM_WEIGHTS)``.
+        dtype, device: where the parameters live.
+
+    Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
+
+    Raises:
+        ValueError: a size < 1, σ_w ≤ 0, σ_b < 0, unknown init / norm op, or swiglu.
+    """
+
+    matrices = 1  # one n×n matrix per layer (the Block interface of the study's MLP)
+
+    def __init__(
+        self,
+        width: int = 256,
+        depth: int = 48,
+        *,
+        activation: str = "tanh",
+        alpha: float = 1.0,
+        bias: float = 0.0,
+        init: str = "gaussian",
+        norm_op: str | None = None,
+        beta: float = 1.0,
+        beta_scaling: str = "const",
+        skip_every: int = 0,
+        seeds: Sequence[int] = (0,),
+        dtype: torch.dtype = torch.float64,
+        device: str | torch.device = "cpu",
+    ):
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
+        if not alpha > 0 or not bias >= 0:
+            raise ValueError(f"alpha (σ_w) = {alpha} must be > 0 and bias (σ_b) = {bias} ≥ 0")
+        if init not in INITS:
+            raise ValueError(f"init={init!r} is not one of {', '.join(INITS)}")
+        if activation == "swiglu":
+            raise ValueError("activation='swiglu' is a gated two-matrix branch (model=mlp)")
+        if skip_every < 0:
+            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = plain)")
+        self.width, self.depth = width, depth
+        self.alpha, self.sigma_b, self.init = float(alpha), float(bias), init
+        self.activation, self.norm_op = activation, norm_op
+        self.placement = "none" if norm_op is None else "pre"
+        self.skip_every = skip_every
+        self.seeds = [int(s) for s in seeds]
+        self.beta_eff = effective_beta(beta, depth, beta_scaling)
+        self.blocks = nn.ModuleList(
+            PlainLayer(width, activation=activation, norm_op=norm_op, beta=self.beta_eff,
+                       has_skip=self.has_skip(l), members=len(self.seeds))
+            for l in range(1, depth + 1)
+        )
+        self.reset_parameters()
+        self.to(device=device, dtype=dtype)
+
+    @property
+    def members(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def sigma_w(self) -> float:
+        return self.alpha
+
+    @property
+    def nominal_ratio(self) -> float:
+        """β σ_w on residual networks, σ_w on plain ones (the study's βα^M with M = 1)."""
+        return (self.beta_eff if self.skip_every else 1.0) * self.alpha
+
+    def has_skip(self, layer: int) -> bool:
+        """Whether layer ``layer`` (1-based) adds the identity skip from ``h_{layer−k}``."""
+        return self.skip_every > 0 and layer % self.skip_every == 0
+
+    def skip_source(self, layer: int) -> int:
+        return layer - self.skip_every
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draw W_l then b_l for l = 1…L per member from its seed (see the class docstring)."""
+        n = self.width
+        for e, seed in enumerate(self.seeds):
+            g = seeded_generator(seed, STREAM_WEIGHTS)
+            for layer in self.blocks:
+                w = torch.randn(n, n, generator=g, dtype=torch.float64)
+                b = torch.randn(n, generator=g, dtype=torch.float64)
+                w = self.alpha * (haar_orthogonal(w) if self.init == "orthogonal" else w / math.sqrt(n))
+                layer.w[e].copy_(w)
+                layer.b[e].copy_(self.sigma_b * b)
+
+    def forward(self, h0: Tensor, *, detach_stats: bool = False) -> Tensor:
+        """``h_L`` for inputs ``h0`` ``(E, B, n)``."""
+        return self.trajectory(h0, detach_stats=detach_stats)[-1]
+
+    def trajectory(self, h0: Tensor, upto: int | None = None, *,
+                   detach_stats: bool = False) -> list[Tensor]:
+        """``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, n)``.
+
+        ``detach_stats`` is passed to :func:`batchnorm` (no effect without batchnorm).
+        """
+        hs = [h0]
+        for l, layer in enumerate(self.blocks[: upto if upto is not None else self.depth], 1):
+            skip = hs[self.skip_source(l)] if layer.has_skip else None
+            hs.append(layer(hs[-1], skip, detach_stats=detach_stats))
+        return hs

@@ -1,0 +1,98 @@
+"""Training checkpoints: written atomically, read back or moved aside, never half-trusted.
+
+A checkpoint is one ``torch.save`` file holding the run's identity (learning rates, seed,
+batch size, sampler, recipe, architecture), the step, the model, the optimizer and the loop's
+device state. Three outcomes when a run finds one:
+
+* it resumes from it (identity equal, file readable);
+* it refuses it with a :class:`ValueError` naming the differing key (a checkpoint of another
+  run at this path is the user's to sort out, never silently mixed in);
+* it moves it aside to ``<name>.corrupt`` with a warning naming both paths and why, and
+  trains from step 0 (a truncated or unreadable file, an older format): rerunning the same
+  command then works instead of failing the same way every time (issue 8, row 11).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: 2: per-member Adam state (:class:`~rankexp.tasks.optim.MemberAdam`), divergence factor.
+FORMAT = 2
+_REQUIRED = ("format", "step", "model", "optimizer", "alive", "diverged_step", "loss",
+             "eval_steps", "test_acc", "elapsed_s")
+
+
+def save(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` atomically: a temporary file, fsync, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save({"format": FORMAT, **payload}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict | None:
+    """The checkpoint at ``path`` if this run can resume from it, else ``None``.
+
+    Args:
+        identity: what the checkpoint must have been written with (``{key: value}``).
+        steps: the run's total steps (a checkpoint beyond them is refused).
+
+    Returns:
+        The payload (tensors on ``device``), or ``None`` when there is no file or it was
+        unusable and has been moved to ``<path>.corrupt``.
+
+    Raises:
+        ValueError: the checkpoint belongs to another run (an identity key differs) or is
+            past ``steps``.
+        OSError: the file cannot be read or moved for reasons of the file system.
+    """
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:  # a file-system error (permissions) propagates from here
+        try:
+            ckpt = torch.load(f, map_location=device, weights_only=True)
+        except Exception as err:  # noqa: BLE001 — whatever torch.load cannot parse is corrupt
+            problem = f"unreadable ({type(err).__name__}: {err})"
+        else:
+            problem = _malformed(ckpt)
+    if problem:
+        return _move_aside(path, problem)
+    for key, want in identity.items():
+        if ckpt.get(key) != want:
+            raise ValueError(
+                f"checkpoint {path} was written with {key}={ckpt.get(key)!r}, this run has "
+                f"{key}={want!r}; delete it or point checkpoint_path elsewhere to start afresh"
+            )
+    if ckpt["step"] > steps:
+        raise ValueError(f"checkpoint {path} is at step {ckpt['step']} > steps={steps}")
+    return ckpt
+
+
+def _malformed(ckpt: object) -> str | None:
+    if not isinstance(ckpt, dict):
+        return f"not a training checkpoint (a {type(ckpt).__name__})"
+    if ckpt.get("format") != FORMAT:
+        return f"format {ckpt.get('format')!r}, this version reads format {FORMAT}"
+    missing = [k for k in _REQUIRED if k not in ckpt]
+    return f"incomplete (no {', '.join(missing)})" if missing else None
+
+
+def _move_aside(path: Path, why: str) -> None:
+    aside = path.with_name(path.name + ".corrupt")
+    os.replace(path, aside)
+    log.warning("checkpoint %s is %s; moved it to %s and training from step 0", path, why, aside)
+    return None
+
+
+def unusable(path: Path, why: str) -> None:
+    """Move a checkpoint that loaded but does not fit the model aside (see module docstring)."""
+    _move_aside(path, why)

@@ -1,0 +1,183 @@
+"""Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
+
+Every parameter carries the leading member axis E (see :class:`~rankexp.tasks.train.Classifier`).
+An optimizer here updates all members with one pass over each parameter, and keeps them
+independent: every operation is elementwise or broadcasts a per-member ``(E,)`` coefficient,
+so member ``e`` follows exactly the trajectory a one-member model at ``lrs[e]`` would.
+
+A member can be *frozen* (``alive[e] = False``: it diverged). Its parameters then stay
+bit-for-bit what they were, and nothing non-finite it produces reaches the others (there is
+nothing shared to reach) or its own weights: gradients are cleared with ``masked_fill`` (a
+``where``, never a product — ``0 · NaN`` is NaN).
+
+The seams a model family fills in (:class:`Recipe`): an optimizer factory, a learning-rate
+schedule (a multiplier of every member's rate, a function of the step), and a batch transform
+(on-device augmentation). Adam at a constant rate is the study's recipe (fig6, Table 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class MemberOptimizer(Protocol):
+    """What the training loop needs of an optimizer (no host sync in :meth:`step` on CUDA)."""
+
+    def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
+        """One update from the parameters' ``.grad``: member e at ``lrs[e] · lr_scale``, frozen
+        members (``alive[e]`` False) unchanged."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class MemberAdam:
+    """Adam (Kingma & Ba 2015; ``torch.optim.Adam``'s defaults, no weight decay) for E members,
+    member ``e`` at learning rate ``lrs[e]``.
+
+    With bias corrections ``c1 = 1 − β1^t``, ``c2 = 1 − β2^t`` Adam moves a weight by
+    ``lr/c1 · m / (√v/√c2 + ε)``. Written as ``m / D`` with ``D = a_e √v + b_e``,
+    ``a_e = c1 / (lr_e √c2)`` and ``b_e = ε c1 / lr_e``, the per-member rate is folded into the
+    denominator: one broadcast multiply-add on a preallocated buffer, no snapshot of the
+    parameters, no extra pass. A frozen member gets ``a_e = 0, b_e = +inf``: ``D = inf``,
+    its step ``m/D = 0`` exactly. Its gradients are zeroed first so its moments stay finite.
+
+    Args:
+        params: tensors ``(E, …)`` sharing one dtype and device.
+        lrs: ``(E,)`` learning rates (> 0).
+        betas, eps: Adam's constants.
+
+    Raises:
+        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without the
+            leading member axis E.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lrs: Tensor | Sequence[float],
+        *,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
+        self.params = list(params)
+        device, self.dtype = self.params[0].device, self.params[0].dtype
+        self.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(device)
+        members = self.lrs.shape[0] if self.lrs.dim() == 1 else -1
+        if members < 1 or not bool(((self.lrs > 0) & torch.isfinite(self.lrs)).all()):
+            raise ValueError(f"lrs={self.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
+        if any(p.dim() < 1 or p.shape[0] != members for p in self.params):
+            raise ValueError(f"every parameter needs the leading member axis E={members}")
+        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
+        self.t = torch.zeros((), dtype=torch.float64, device=device)  # steps taken
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        # the denominator's buffer: allocated once (a fresh one per step costs page faults on CPU)
+        self._denom = [torch.empty_like(p) for p in self.params]
+        self._shapes = [(members,) + (1,) * (p.dim() - 1) for p in self.params]
+
+    @torch.no_grad()
+    def coefficients(self, alive: Tensor, lr_scale: Tensor | float) -> tuple[Tensor, Tensor]:
+        """``(a, b)``, ``(E,)`` in the parameters' dtype, for the step about to be taken."""
+        beta1, beta2 = self.betas
+        t = self.t + 1
+        c1, c2 = 1 - beta1**t, 1 - beta2**t
+        lr = self.lrs * lr_scale
+        a = torch.where(alive, c1 / (lr * c2.sqrt()), 0.0)
+        b = torch.where(alive, self.eps * c1 / lr, math.inf)
+        return a.to(self.dtype), b.to(self.dtype)
+
+    @torch.no_grad()
+    def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
+        a, b = self.coefficients(alive, lr_scale)
+        # On CPU reading ``alive`` is free, so the clearing pass runs only once a member is
+        # frozen; on CUDA that read would be a host sync, so it always runs (graphs fuse it).
+        clear = alive.device.type != "cpu" or not bool(alive.all())
+        self.t += 1
+        beta1, beta2 = self.betas
+        dead = ~alive
+        for p, m, v, d, shape in zip(
+            self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True
+        ):
+            g = p.grad
+            if g is None:  # like torch.optim: a parameter without gradient is not stepped
+                continue
+            if clear:
+                g.masked_fill_(dead.view(shape), 0.0)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            torch.sqrt(v, out=d)
+            d.mul_(a.view(shape)).add_(b.view(shape))
+            p.addcdiv_(m, d, value=-1.0)
+
+    def state_dict(self) -> dict:
+        return {
+            "name": "adam",
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "t": self.t.clone(),
+            "exp_avg": [m.clone() for m in self.exp_avg],
+            "exp_avg_sq": [v.clone() for v in self.exp_avg_sq],
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore in place (tensors keep their addresses, so a captured CUDA graph stays valid).
+
+        Raises:
+            ValueError: another optimizer's state, other constants, or other shapes.
+        """
+        if state.get("name") != "adam" or len(state["exp_avg"]) != len(self.params):
+            raise ValueError(f"not the state of this MemberAdam ({len(self.params)} parameters)")
+        if tuple(state["betas"]) != self.betas or state["eps"] != self.eps:
+            raise ValueError(f"Adam constants differ: {state['betas']}, {state['eps']}")
+        pairs = list(zip(self.exp_avg + self.exp_avg_sq,
+                         list(state["exp_avg"]) + list(state["exp_avg_sq"]), strict=True))
+        for mine, saved in pairs:  # check everything before changing anything
+            if mine.shape != saved.shape:
+                raise ValueError(f"moment of shape {tuple(saved.shape)}, expected {tuple(mine.shape)}")
+        self.t.copy_(state["t"])
+        for mine, saved in pairs:
+            mine.copy_(saved)
+
+
+def member_adam(model: nn.Module, lrs: Tensor) -> MemberAdam:
+    """The study's optimizer: :class:`MemberAdam` over every parameter of ``model``."""
+    return MemberAdam(list(model.parameters()), lrs)
+
+
+def constant(step: int, steps: int) -> float:
+    """The study's schedule: every member at its own rate throughout (multiplier 1)."""
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the members of a model are optimized — the seams of the training loop.
+
+    Attributes:
+        name: recorded in checkpoints (a checkpoint of another recipe is not resumed).
+        optimizer: ``optimizer(model, lrs)`` → a :class:`MemberOptimizer`; ``lrs`` ``(E,)``.
+        schedule: ``schedule(step, steps)`` → the factor multiplying every member's rate at
+            0-based ``step`` (warm-up, step decay); host arithmetic, no device work.
+        batch_transform: ``batch_transform(x, step)`` → the batch the model sees (on-device
+            augmentation), or None. A function of ``(x, step)`` and its own seeded state only,
+            so a resumed run sees the batches an uninterrupted one would. Not captured into
+            CUDA graphs (``cuda_graphs=True`` refuses a transform).
+    """
+
+    name: str = "adam"
+    optimizer: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam
+    schedule: Callable[[int, int], float] = constant
+    batch_transform: Callable[[Tensor, int], Tensor] | None = None
+
+
+#: Adam at constant per-member rates (the study's fig6 / Table 5 training).
+ADAM = Recipe()

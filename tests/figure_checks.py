@@ -1,0 +1,161 @@
+"""What makes a figure publication-ready here, checked on the matplotlib objects a command
+drew (``analysis.plotting.recording``), not by eye: every label in the field's names
+(mathtext for symbols, no metric keys or pseudo-TeX outside ``$…$``), mathtext that renders,
+a caption line stating d, seeds and size, a page-sized canvas, labelled colour bars, every
+panel row/column labelled, and the theory curves a command promises in its legend."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+from analysis import style
+from analysis.__main__ import main as analysis_main
+from analysis.plotting import recording
+
+#: words that are raw config/metric keys when they stand alone as a label
+RAW_WORDS = {
+    "alpha", "beta", "depth", "width", "expansion", "matrices", "activation",
+    "nominal_ratio", "depth_factor", "erank_io", "erank_profile", "erank",
+}  # fmt: skip
+_MATH = re.compile(r"\$[^$]*\$")
+_SNAKE = re.compile(r"\b[a-z][a-z0-9]*_[a-z0-9_]+\b")  # erank_io, best_test_accuracy
+_DOTTED = re.compile(r"\b[a-z]+\.[a-z_]{2,}\b")  # norm.placement, task.stable_accuracy (not s.d.)
+
+
+def text_problems(text: str, where: str) -> list[str]:
+    """Raw keys or pseudo-TeX in one piece of text (math spans are allowed anything)."""
+    if not text:
+        return []
+    if text.count("$") % 2:
+        return [f"{where}: unbalanced $ in {text!r}"]
+    plain = _MATH.sub(" ", text)
+    out = []
+    if m := _SNAKE.search(plain):
+        out.append(f"{where}: raw key {m.group(0)!r} in {text!r}")
+    if m := _DOTTED.search(plain):
+        out.append(f"{where}: dotted key {m.group(0)!r} in {text!r}")
+    if re.search(r"[_^]", plain):
+        out.append(f"{where}: pseudo-TeX (_ or ^ outside $…$) in {text!r}")
+    if plain.strip().lower() in RAW_WORDS:
+        out.append(f"{where}: label is the raw key {text!r}")
+    return out
+
+
+def _texts(fig):
+    """``(where, text)`` of every label a reader sees: suptitle, titles, axis labels,
+    legend entries and titles, colour-bar labels, categorical tick labels."""
+    if fig._suptitle is not None:
+        yield "suptitle", fig._suptitle.get_text()
+    for i, ax in enumerate(fig.axes):
+        yield f"axes[{i}].title", ax.get_title()
+        yield f"axes[{i}].xlabel", ax.get_xlabel()
+        yield f"axes[{i}].ylabel", ax.get_ylabel()
+        leg = ax.get_legend()
+        if leg is not None:
+            yield f"axes[{i}].legend title", leg.get_title().get_text()
+            for t in leg.get_texts():
+                yield f"axes[{i}].legend", t.get_text()
+        for t in ax.get_xticklabels():
+            if not re.fullmatch(r"[−\-0-9.e+×^{}$\\a-z ]*", t.get_text()):
+                yield f"axes[{i}].xtick", t.get_text()
+    for leg in fig.legends:
+        for t in leg.get_texts():
+            yield "figure legend", t.get_text()
+
+
+def _grid_labels(fig) -> list[str]:
+    """Every row of panels has a y label and every column an x label (or category ticks)."""
+    rows, cols = {}, {}
+    for ax in fig.axes:
+        if getattr(ax, "_colorbar", None) is not None or not ax.get_visible():
+            continue
+        spec = ax.get_subplotspec()
+        if spec is None:
+            continue
+        r, c = spec.rowspan.start, spec.colspan.start
+        rows.setdefault(r, []).append(bool(ax.get_ylabel()))
+        categorical = any(
+            t.get_text() and not re.fullmatch(r"[−\-0-9.e+$\\{}^]*", t.get_text())
+            for t in ax.get_xticklabels()
+        )
+        cols.setdefault(c, []).append(bool(ax.get_xlabel()) or categorical)
+    out = [f"row {r} of panels has no y label" for r, v in rows.items() if not any(v)]
+    out += [f"column {c} of panels has no x label" for c, v in cols.items() if not any(v)]
+    return out
+
+
+def problems(fig) -> list[str]:
+    """Everything that keeps ``fig`` from going into a paper as it is (empty: none)."""
+    out = []
+    try:
+        fig.canvas.draw()  # mathtext that does not parse raises here
+    except Exception as e:  # noqa: BLE001
+        return [f"figure does not render: {type(e).__name__}: {e}"]
+    w, h = fig.get_size_inches()
+    if w > style.TWO_COLUMN + 1e-6 or h > style.PAGE_HEIGHT + 1e-6:
+        out.append(f"canvas {w:.2f} × {h:.2f} in exceeds a page ({style.TWO_COLUMN} × "
+                   f"{style.PAGE_HEIGHT} in)")
+    caps = style.captions(fig)
+    if not caps:
+        out.append("no caption line")
+    else:
+        text = " ".join(t.get_text() for t in caps)
+        for need, pattern in (("d", r"\$d (=|\\in)"), ("seeds", r"seeds: \d"), ("size", r"size = \w")):
+            if not re.search(pattern, text):
+                out.append(f"caption states no {need}: {text!r}")
+        # the caption opens with the MLflow experiment names ("fig6_train: 8 runs"): names, not keys
+        body = text.split(":", 1)[1] if ":" in text else text
+        out += text_problems(_MATH.sub(" ", body).replace("seeds:", ""), "caption")
+    for where, text in _texts(fig):
+        out += text_problems(text, where)
+    for i, ax in enumerate(fig.axes):
+        if getattr(ax, "_colorbar", None) is not None and not (ax.get_ylabel() or ax.get_xlabel()):
+            out.append(f"axes[{i}]: colour bar without a label")
+    out += _grid_labels(fig)
+    return out
+
+
+def legend_texts(fig) -> str:
+    """Every legend entry of ``fig`` joined (theory curves are named there)."""
+    parts = []
+    for ax in fig.axes:
+        if (leg := ax.get_legend()) is not None:
+            parts += [t.get_text() for t in leg.get_texts()]
+    return " | ".join(parts)
+
+
+@contextlib.contextmanager
+def checked(argv: list[str], theory: dict[str, list[str]] | None = None):
+    """Run ``python -m analysis argv`` in this process; assert every figure it saved passes
+    :func:`problems` and names each promised theory curve (``{figure stem prefix:
+    [substring…]}`` in its legends).  Yields ``(status, figures)``; the figures close when the block ends."""
+    with recording() as figs:
+        rc = analysis_main(argv)
+        if rc == 0:
+            assert figs, f"`analysis {' '.join(argv)}` saved no figure"
+        for fig in figs:
+            found = problems(fig)
+            assert not found, f"`analysis {argv[0]}`, figure {fig.get_label()}:\n" + "\n".join(found)
+            wants = [w for k, ws in (theory or {}).items() if fig.get_label().startswith(k) for w in ws]
+            for want in wants:
+                assert want in legend_texts(fig), (
+                    f"{fig.get_label()}: no theory curve {want!r} in the legend: {legend_texts(fig)}"
+                )
+        yield rc, {f.get_label(): f for f in figs}
+
+
+#: the theory curves each figure promises, by figure stem (substrings of legend entries)
+THEORY = {
+    "stream_kappa": [r"\kappa = "],
+    "accumulated_branch": ["uncorrelated", "coherent"],
+    "isorank_erank_io": [r"L^{-1/2}"],  # the study's law, in the first panel
+    "paths_profile": ["Binomial"],
+    "paths_mean_order": ["uncorrelated"],
+    "spike": [r"1/\pi", r"c_\sigma", "coherent", "uncorrelated"],
+    "mp_erank": ["Gaussian product"],
+    "mp_histograms": ["Marchenko"],
+    "profiles_branch_ratio": ["Eq. 21/22"],
+    "table1": ["1/c"],
+    "fig16_best_test_accuracy_vs_depth": ["chance"],
+}

@@ -1,0 +1,160 @@
+"""The house figure style (analysis/style.py) and the checker every analysis test applies to
+the figures it draws (tests/figure_checks.py): the checker must catch v1's figures (metric
+keys on axes, pseudo-TeX, no caption, a 2600-px strip) and pass the styled ones; names,
+captions, grids and the seed spread are checked against what they must state."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from figure_checks import problems, text_problems
+from matplotlib.mathtext import MathTextParser
+
+from analysis import style
+from analysis.__main__ import COMMANDS
+from analysis.seeds import pooled
+from analysis.style import plt
+
+TESTS = Path(__file__).parent
+
+
+def test_checker_catches_raw_keys_and_pseudo_tex_and_accepts_mathtext():
+    assert text_problems("erank_io", "y")  # a metric key
+    assert text_problems("norm.placement = post", "title")  # a dotted param
+    assert text_problems("∂h_l/∂h_0", "y")  # TeX outside math
+    assert text_problems("βα^M √L", "x")
+    assert text_problems("alpha", "x")  # a param name as the label
+    assert text_problems("$\\alpha", "x")  # unbalanced
+    for ok in (style.name("erank_io"), style.name("depth_factor"), "layer $\\ell$",
+               "best test accuracy", "error bars: ±1 s.d. over seeds",
+               style.value_label("beta_scaling", "inv_sqrt_depth")):  # fmt: skip
+        assert text_problems(ok, "label") == [], ok
+
+
+def v1_figure():
+    """Figure 4 as v1 drew it: raw key on the axis, pseudo-TeX title, a wide strip, no caption."""
+    fig, ax = plt.subplots(figsize=(13.7, 3.9))
+    ax.bar(range(3), [0.6, 0.1, 0.05])
+    ax.set_xticks(range(3), ["pre/rmsnorm", "post/rmsnorm", "none"])
+    ax.set_ylabel("erank_io")
+    ax.set_title("fig4: erank_io vs βα^M")
+    return fig
+
+
+def styled_figure():
+    fig, (ax,) = style.panels(1)
+    ax.plot([1, 2, 3], [0.5, 0.3, 0.2], label=style.value_label("expansion", 4))
+    ax.plot([1, 2, 3], [0.45, 0.3, 0.25], **style.THEORY, label="Eq. 22")
+    ax.set_xlabel(style.name("depth"))
+    ax.set_ylabel(style.name("erank_io"))
+    ax.legend()
+    df = pd.DataFrame({"width": [64, 64], "expansion": [4, 4], "depth": [12, 24], "seeds": [4, 4],
+                       "size": ["cpu", "cpu"], "matrices": [2, 2]})  # fmt: skip
+    style.caption(fig, df, "fig5")
+    return fig
+
+
+def test_checker_fails_v1_figures_and_passes_styled_ones():
+    bad = problems(v1_figure())
+    assert any("exceeds a page" in p for p in bad)
+    assert any("no caption" in p for p in bad)
+    assert any("erank_io" in p and "ylabel" in p for p in bad)
+    assert any("pseudo-TeX" in p for p in bad)
+    assert problems(styled_figure()) == []
+    plt.close("all")
+
+
+def test_every_symbol_is_valid_mathtext():
+    parser = MathTextParser("agg")
+    for key, sym in style.SYMBOLS.items():
+        for math in re.findall(r"\$[^$]*\$", sym):
+            parser.parse(math, dpi=72)  # raises ValueError on bad TeX
+        assert text_problems(sym, key) == [], key
+
+
+def test_value_labels_use_the_fields_names():
+    assert style.value_label("expansion", 4.0) == "$m/d = 4$"
+    assert style.value_label("alpha", 0.354) == r"$\alpha = 0.354$"
+    assert style.value_label("norm.placement", "post") == "Post-Norm"
+    assert style.value_label("skip_every", 0) == "no skip"
+    assert style.value_label("beta_scaling", "inv_sqrt_depth") == r"$\beta \propto 1/\sqrt{L}$"
+    assert style.name("erank_io") == r"$\mathrm{erank}(\partial h_L/\partial h_0)/d$"
+    assert style.name("depth_factor") == r"$\beta\alpha^M\sqrt{L}$"
+
+
+def test_caption_states_d_md_depth_seeds_and_size():
+    df = pd.DataFrame({
+        "width": [64] * 4, "expansion": [1, 1, 4, 4], "depth": [12, 24, 48, 96],
+        "matrices": [2] * 4, "activation": ["relu"] * 4, "seeds": [2] * 4, "size": ["cpu"] * 4,
+    })  # fmt: skip
+    fig, _ = style.panels(2)
+    text = style.caption(fig, df, "fig5").get_text()
+    for want in ("fig5: 4 runs", "$d = 64$", r"$m/d \in \{1, 4\}$", r"$L \in \{12, 24, 48, 96\}$",
+                 "seeds: 2 per run", "size = cpu", "ReLU"):  # fmt: skip
+        assert want in text, (want, text)
+    train = df.assign(**{"task.name": "train", "seed": [0, 1, 0, 1]}).drop(columns="size")
+    text = style.caption(fig, train, "fig6_train").get_text()
+    assert "seeds: 1 per run × 2 seed offsets" in text and "size = full" in text
+    plt.close("all")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 12])
+def test_panel_grids_fit_a_page_and_wrap(n):
+    fig, axes = style.panels(n)
+    w, h = fig.get_size_inches()
+    assert len(axes) == n and w <= style.TWO_COLUMN and h <= style.PAGE_HEIGHT
+    rows = {ax.get_subplotspec().rowspan.start for ax in axes}
+    assert len(rows) == -(-n // 3)  # at most 3 panels to a row: no 1 × n strip
+    fig, axes = style.grid(9, 4)
+    assert fig.get_size_inches()[1] <= style.PAGE_HEIGHT
+    plt.close("all")
+
+
+def test_discrete_colour_bar_has_one_tick_per_value():
+    fig, (ax,) = style.panels(1)
+    colors, sm = style.value_colors([4.0, 1.0, 2.0, 1.0])
+    assert list(colors) == [1.0, 2.0, 4.0] and len(set(map(tuple, colors.values()))) == 3
+    cb = style.colorbar(fig, sm, ax, "expansion")
+    fig.canvas.draw()
+    assert cb.ax.get_ylabel() == "$m/d$"
+    assert [t.get_text() for t in cb.ax.get_yticklabels()] == ["1", "2", "4"]
+    plt.close("all")
+
+
+def test_seed_spread_pools_every_seed_of_a_cells_runs():
+    """pooled() from run means/stds/counts equals the std of the concatenated seeds."""
+    rng = np.random.default_rng(0)
+    seeds = [rng.normal(0.3, 0.05, n) for n in (4, 4, 7)]
+    df = pd.DataFrame({
+        "cell": ["a", "a", "b"],
+        "erank_io": [s.mean() for s in seeds],
+        "erank_io_std": [s.std(ddof=1) for s in seeds],
+        "seeds": [len(s) for s in seeds],
+    })  # fmt: skip
+    t = pooled(df, "erank_io", ["cell"])
+    both = np.concatenate(seeds[:2])
+    assert t.loc["a", "mean"] == pytest.approx(both.mean(), rel=1e-12)
+    assert t.loc["a", "std"] == pytest.approx(both.std(ddof=1), rel=1e-12)
+    assert t.loc["a", "seeds"] == 8 and t.loc["a", "runs"] == 2
+    assert t.loc["b", "std"] == pytest.approx(seeds[2].std(ddof=1), rel=1e-12)  # one run
+    # train runs are one seed each: the spread is over the runs (seed offsets)
+    train = pd.DataFrame({"cell": ["c"] * 3, "acc": [0.5, 0.52, 0.47], "seeds": [4] * 3,
+                          "task.name": ["train"] * 3})  # fmt: skip
+    t = pooled(train, "acc", ["cell"])
+    assert t.loc["c", "std"] == pytest.approx(np.std([0.5, 0.52, 0.47], ddof=1))
+    assert t.loc["c", "seeds"] == 3
+
+
+def test_every_analysis_command_is_style_checked_by_a_test():
+    """Each command (the report aside) is run by a test module whose figures go through
+    figure_checks (test_analysis_rank / _spectra via `checked`, _training via its batch)."""
+    sources = {p.name: p.read_text() for p in TESTS.glob("test_analysis_*.py")}
+    checked = {n: s for n, s in sources.items() if "checked" in s or "problems" in s}
+    for command in set(COMMANDS) - {"report"}:
+        assert any(
+            re.search(rf"""["']{command}["']""", s) for s in checked.values()
+        ), f"no style-checked test runs `analysis {command}`"
