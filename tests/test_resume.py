@@ -108,6 +108,9 @@ def test_sigkill_leaves_runs_that_the_next_command_reconciles(tmp_path):
     runs = {r.info.run_id: r for r in jobs}
     assert runs[lone.info.run_id].info.status == "KILLED"
     assert runs[lone.info.run_id].data.tags["rankexp.end_reason"] == "owner_gone"
+    # killed before its first batch, it gets its config from its job directory's run.json
+    assert runs[lone.info.run_id].data.params["task.name"] == "train"
+    assert runs[lone.info.run_id].data.params["depth"] == "2"
     measured = [r for r in jobs if r.data.tags["task"] == "measure"]
     assert statuses(measured) == ["FINISHED", "FINISHED", "RUNNING"] and parent.info.status == "RUNNING"
     stale = {parent.info.run_id} | {r.info.run_id for r in measured if r.info.status == "RUNNING"}
