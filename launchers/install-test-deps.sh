@@ -6,8 +6,9 @@
 # Runs as root on a fresh Debian 12 machine (2 cores, no GPU, package registries only).
 # The end-to-end tests start their own services through launchers/ and stop them at the
 # end; this script installs what they need and nothing else:
-#   slurmctld slurmd slurm-client munge slurmdbd mariadb-server
-#                          tests/test_slurm.py (launchers/slurm-cluster.sh)
+#   slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev
+#                          tests/test_slurm.py (launchers/slurm-cluster.sh; gcc builds the
+#                          preload that keeps the Slurm daemons on loopback)
 #   postgresql             tests/test_tracking_server.py (launchers/mlflow-server.sh)
 #   chromium chromium-driver
 #                          tests/test_mlflow_ui.py (headless, driven by Selenium)
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server postgresql
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev postgresql
   chromium chromium-driver curl)
 POLICY=/usr/sbin/policy-rc.d
 

@@ -3,23 +3,35 @@
 #
 #   eval "$(launchers/mlflow-server.sh start)"                    # SQLite backend (one node)
 #   eval "$(launchers/mlflow-server.sh start --backend postgres)" # private PostgreSQL 15
+#   eval "$(launchers/mlflow-server.sh start --host 0.0.0.0 --auth)"  # other nodes, with a password
 #   launchers/mlflow-server.sh status | env | stop | purge
 #
-# `start` prints exactly one line on stdout, `export MLFLOW_TRACKING_URI=http://HOST:PORT`,
-# so it can be eval'ed; progress goes to stderr. It waits until /health answers and is
-# idempotent: a second `start` with the same backend only prints the line again.
+# `start` prints only `export` lines on stdout — MLFLOW_TRACKING_URI=http://HOST:PORT, and with
+# --auth MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, the password read from its file by
+# the eval'ing shell (`$(cat FILE)`), so it is never printed — to be eval'ed; progress goes to
+# stderr. It waits until /health answers and is idempotent: a second `start` with the same
+# backend only prints the lines again.
+#
+# Security: the server binds loopback (127.0.0.1) unless told otherwise. Any other address
+# needs --auth (MLflow's basic-auth app: anonymous requests get 401; the admin password is
+# generated once into auth/admin-password, mode 600, and reaches MLflow through a mode-600
+# config file, never a command line) or an explicit --insecure, which prints a warning:
+# then anyone who can reach the port can read, change and delete every run.
 #
 # Everything lives in one state dir (RANKEXP_MLFLOW_DIR, default /tmp/rankexp-mlflow):
 #   sqlite/mlflow.db | postgres/data   the backend store
 #   artifacts/                         --artifacts-destination (clients upload through the
 #                                      server, so compute nodes need no shared filesystem)
 #   server.log, server.pid, postgres/postgres.log, pgpass (mode 600)
+#   auth/ (mode 700): admin-password, secret-key, basic_auth.ini, basic_auth.db (--auth)
 #
 # Options (or environment):
 #   --backend sqlite|postgres  RANKEXP_MLFLOW_BACKEND  (sqlite)
 #   --host ADDR                RANKEXP_MLFLOW_HOST     (127.0.0.1; 0.0.0.0 to serve other nodes)
 #   --port N                   RANKEXP_MLFLOW_PORT     (5000)
 #   --workers N                RANKEXP_MLFLOW_WORKERS  (4)
+#   --auth                     RANKEXP_MLFLOW_AUTH=1   (MLflow basic-auth; required off loopback)
+#   --insecure                 RANKEXP_MLFLOW_INSECURE=1 (serve another address without auth)
 #                              RANKEXP_PG_PORT         (5433; PostgreSQL, loopback only)
 #                              RANKEXP_MLFLOW_ALLOWED_HOSTS (see below)
 #                              MLFLOW                  (mlflow executable; default: the
@@ -36,6 +48,8 @@ BACKEND=${RANKEXP_MLFLOW_BACKEND:-sqlite}
 HOST=${RANKEXP_MLFLOW_HOST:-127.0.0.1}
 PORT=${RANKEXP_MLFLOW_PORT:-5000}
 WORKERS=${RANKEXP_MLFLOW_WORKERS:-4}
+AUTH=${RANKEXP_MLFLOW_AUTH:-0}
+INSECURE=${RANKEXP_MLFLOW_INSECURE:-0}
 PG_PORT=${RANKEXP_PG_PORT:-5433}
 if [[ -z ${MLFLOW:-} ]]; then
   if [[ -x $HERE/../.venv/bin/mlflow ]]; then MLFLOW=$HERE/../.venv/bin/mlflow; else MLFLOW=mlflow; fi
@@ -48,7 +62,7 @@ log() { printf '[mlflow-server] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-  echo "usage: $0 {start [--backend sqlite|postgres] [--host ADDR] [--port N] [--workers N]|stop|status|env|purge}" >&2
+  echo "usage: $0 {start [--backend sqlite|postgres] [--host ADDR] [--port N] [--workers N] [--auth|--insecure]|stop|status|env|purge}" >&2
   exit 2
 }
 
@@ -61,10 +75,15 @@ while (($#)); do
     --host) HOST=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
+    --auth) AUTH=1; shift ;;
+    --insecure) INSECURE=1; shift ;;
     *) usage ;;
   esac
 done
 [[ $BACKEND == sqlite || $BACKEND == postgres ]] || die "--backend must be sqlite or postgres, not '$BACKEND'"
+AUTH_DIR=$DIR/auth
+
+loopback() { [[ $1 == 127.* || $1 == localhost || $1 == ::1 ]]; }
 
 # The address other processes should use: the bind address, unless it is a wildcard.
 client_host() {
@@ -126,9 +145,12 @@ start_postgres() {
   pw=$(<"$DIR/pgpass.secret")
   if ! as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -tAc \
     "SELECT 1 FROM pg_database WHERE datname='mlflow'" | grep -q 1; then
-    as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -q -v ON_ERROR_STOP=1 \
-      -c "CREATE ROLE mlflow LOGIN PASSWORD '$pw'" -c "CREATE DATABASE mlflow OWNER mlflow" \
+    # SQL on stdin, not -c: a password in argv is visible to every user (ps, /proc/PID/cmdline)
+    as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -q -v ON_ERROR_STOP=1 <<SQL \
       || die "could not create the mlflow role/database"
+CREATE ROLE mlflow LOGIN PASSWORD '$pw';
+CREATE DATABASE mlflow OWNER mlflow;
+SQL
   fi
   # libpq (under psycopg) reads the password from PGPASSFILE, so it never appears in argv.
   (umask 077 && echo "127.0.0.1:$PG_PORT:mlflow:mlflow:$pw" >"$DIR/pgpass")
@@ -147,16 +169,49 @@ stop_postgres() {
 
 cmd_env() {
   echo "export MLFLOW_TRACKING_URI=http://$(client_host):$PORT"
+  if [[ -s $DIR/auth-mode && $(<"$DIR/auth-mode") == auth ]]; then
+    echo "export MLFLOW_TRACKING_USERNAME=admin"
+    echo "export MLFLOW_TRACKING_PASSWORD=\"\$(cat '$AUTH_DIR/admin-password')\""
+  fi
+}
+
+python_of_mlflow() { "$(dirname "$(readlink -f "$(command -v "$MLFLOW")")")/python" "$@"; }
+
+# MLflow's basic-auth app: a generated admin password and Flask secret (mode 600, created
+# once), and the app's config file naming them; the server gets the file's path in its
+# environment (MLFLOW_AUTH_CONFIG_PATH), so no secret is ever an argument.
+prepare_auth() {
+  python_of_mlflow -c 'import flask_wtf' 2>/dev/null \
+    || die "--auth needs Flask-WTF next to $MLFLOW (pip install 'Flask-WTF>=1.2,<2', or the project's [auth] extra)"
+  (
+    umask 077
+    mkdir -p "$AUTH_DIR"
+    chmod 700 "$AUTH_DIR"
+    [[ -s $AUTH_DIR/admin-password ]] || head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/admin-password"
+    [[ -s $AUTH_DIR/secret-key ]] || head -c 32 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/secret-key"
+    cat >"$AUTH_DIR/basic_auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = sqlite:///$AUTH_DIR/basic_auth.db
+admin_username = admin
+admin_password = $(<"$AUTH_DIR/admin-password")
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+INI
+  )
 }
 
 cmd_start() {
   mkdir -p "$DIR"
   exec 9>"$DIR/.lock"
   flock 9
+  local mode=open
+  ((AUTH)) && mode=auth
   if server_alive; then
-    local running
+    local running running_mode
     running=$(cat "$DIR/backend" 2>/dev/null || echo '?')
+    running_mode=$(cat "$DIR/auth-mode" 2>/dev/null || echo open)
     [[ $running == "$BACKEND" ]] || die "a server with backend '$running' is running; stop it first"
+    [[ $running_mode == "$mode" ]] || die "a server with auth '$running_mode' is running; stop it first"
     read -r HOST PORT <"$DIR/address"
     health "$(client_host)" "$PORT" || die "server process alive but /health does not answer; see $DIR/server.log"
     log "already running ($running, state dir $DIR)"
@@ -166,8 +221,17 @@ cmd_start() {
   if health "$(client_host)" "$PORT" 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
     die "port $PORT is already in use by another process; pick another with --port"
   fi
+  if ! loopback "$HOST" && ((!AUTH)); then
+    ((INSECURE)) || die "--host $HOST serves the network: anyone reaching port $PORT could read, change and delete every run. Add --auth (MLflow's basic-auth, password generated into $AUTH_DIR/admin-password) or, on a network you trust, --insecure"
+    log "WARNING: --insecure: serving $HOST:$PORT WITHOUT authentication; anyone who can reach it can read, change and delete every run"
+  fi
   "$MLFLOW" --version >/dev/null 2>&1 || die "cannot run '$MLFLOW' (set MLFLOW=/path/to/mlflow)"
   mkdir -p "$DIR/artifacts"
+  local app=()
+  if ((AUTH)); then
+    prepare_auth
+    app=(--app-name basic-auth)
+  fi
   local uri
   case $BACKEND in
     sqlite)
@@ -178,31 +242,40 @@ cmd_start() {
       start_postgres
       export PGPASSFILE=$DIR/pgpass
       uri="postgresql://mlflow@127.0.0.1:$PG_PORT/mlflow"
-      "$(dirname "$(readlink -f "$(command -v "$MLFLOW")")")/python" -c 'import psycopg' 2>/dev/null \
+      python_of_mlflow -c 'import psycopg' 2>/dev/null \
         || log "warning: psycopg not importable next to $MLFLOW; pip install 'psycopg[binary]'"
       ;;
   esac
   local allowed=()
   if [[ -n ${RANKEXP_MLFLOW_ALLOWED_HOSTS:-} ]]; then
     allowed=(--allowed-hosts "$RANKEXP_MLFLOW_ALLOWED_HOSTS")
-  elif [[ $HOST != 127.* && $HOST != localhost && $HOST != ::1 ]]; then
+  elif ! loopback "$HOST"; then
     local h f
     h=$(hostname)
     f=$(hostname -f 2>/dev/null || hostname)
     allowed=(--allowed-hosts "localhost,localhost:*,127.0.0.1,127.0.0.1:*,$h,$h:*,$f,$f:*,$HOST,$HOST:*,10.*,192.168.*,172.*")
   fi
   echo "$BACKEND" >"$DIR/backend"
+  echo "$mode" >"$DIR/auth-mode"
   echo "$HOST $PORT" >"$DIR/address"
-  log "starting mlflow server ($BACKEND) on $HOST:$PORT, $WORKERS workers"
+  log "starting mlflow server ($BACKEND, $mode) on $HOST:$PORT, $WORKERS workers"
   # Own session (setsid): stop can reach the workers through the process group if needed.
   # MLFLOW_BACKEND_STORE_URI instead of an argument keeps the URI out of `ps`.
   # MLflow 3's background job runner (7 huey processes, for GenAI scorers) is off unless
   # MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true is exported: experiment tracking does not use it.
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
-    MLFLOW_BACKEND_STORE_URI=$uri setsid "$MLFLOW" server \
-    --host "$HOST" --port "$PORT" --workers "$WORKERS" \
-    --artifacts-destination "$DIR/artifacts" "${allowed[@]}" \
-    </dev/null >"$DIR/server.log" 2>&1 9>&- &
+  # With --auth, the app's config file and the Flask secret come through the environment too
+  # (exported in the subshell, which then becomes the server: nothing secret is an argument).
+  (
+    export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
+    export MLFLOW_BACKEND_STORE_URI=$uri
+    if ((AUTH)); then
+      export MLFLOW_AUTH_CONFIG_PATH=$AUTH_DIR/basic_auth.ini
+      MLFLOW_FLASK_SERVER_SECRET_KEY=$(<"$AUTH_DIR/secret-key")
+      export MLFLOW_FLASK_SERVER_SECRET_KEY
+    fi
+    exec setsid "$MLFLOW" server --host "$HOST" --port "$PORT" --workers "$WORKERS" "${app[@]}" \
+      --artifacts-destination "$DIR/artifacts" "${allowed[@]}" </dev/null >"$DIR/server.log" 2>&1 9>&-
+  ) &
   echo $! >"$PIDFILE"
   local end=$((SECONDS + 120))
   until health "$(client_host)" "$PORT" 2>/dev/null; do
@@ -238,7 +311,7 @@ cmd_stop() {
 cmd_status() {
   if server_alive; then
     read -r HOST PORT <"$DIR/address"
-    echo "mlflow server running (pid $(<"$PIDFILE"), backend $(<"$DIR/backend"), http://$(client_host):$PORT)"
+    echo "mlflow server running (pid $(<"$PIDFILE"), backend $(<"$DIR/backend"), $(cat "$DIR/auth-mode" 2>/dev/null || echo open), http://$(client_host):$PORT)"
     if health "$(client_host)" "$PORT"; then echo "health: OK"; else echo "health: NOT answering"; return 1; fi
   else
     echo "mlflow server stopped"

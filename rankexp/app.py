@@ -1,46 +1,67 @@
-"""One Hydra job: validate → (skip if already finished) → run the task → save → log.
+"""One Hydra job: check → claim → compute → job directory → MLflow.
 
-Data flow (design.md §3): the composed config is validated before anything
-else, so a bad value never creates an MLflow run; the task returns a plain
-:class:`~rankexp.result.Measurement`; the result is written to the Hydra job
-directory first (a tracking outage loses nothing) and then logged to MLflow by
-:mod:`rankexp.tracking`.
+Data flow (design.md §3) and what a job promises (issue 8):
+
+* The composed config is checked before anything else (:func:`rankexp.config.check_job`:
+  unknown keys, values, input paths, device), so a mistake never creates a run.
+* A single run checks its store (:func:`rankexp.tracking.check_store`) and closes stale runs
+  of its experiment before its own run exists; a job of a sweep leaves that to the sweeper
+  (hydra_plugins/rankexp_plugins) and only asks whether the store answers *now*
+  (:func:`rankexp.tracking.unreachable`, bounded by ``tracking.http_*``).  A job that cannot
+  reach the store still computes, writes everything to its job directory and fails clearly;
+  ``python -m rankexp.sync`` logs it later with the same params, tags, metrics and artifacts.
+* Every run ends FINISHED, FAILED or KILLED: SIGTERM/SIGINT/SIGHUP end it KILLED (reason: the
+  signal); a Slurm time limit ends it FAILED with reason ``TIMEOUT``; submitit's SIGUSR2 (time
+  limit near) makes a training job requeue itself from its checkpoint, while a measurement,
+  which has nothing to checkpoint, goes on.
+* A requeued attempt *supersedes* the run of the attempt before it
+  (:func:`rankexp.tracking.supersede`): MLflow's params are write-once and its metric
+  histories append-only, so a new run holding the whole series (the training task backfills
+  the points from before its checkpoint) is exact where reopening the old one would duplicate
+  points; the old run is closed, tagged and soft-deleted — one config, one live run.
+
+The job directory (``multirun/<date>/<time>-<pid>/<n>/`` or ``outputs/…``)::
+
+    result/          config.yaml, result.json, arrays.npz — the run's artifacts, one upload
+    run.json         the run as logged (or to be logged): URI, experiment, name, params, tags
+    metrics.jsonl    points the task logged while running (training curves)
+    status.json      RUNNING, then FINISHED / SKIPPED / FAILED / KILLED, run id, reason, error
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig
 
-from . import tracking
-from .config import ConfigError, RankexpConfig, config_hash, flatten, resolved_container, validate
+from . import interrupt, tracking
+from .config import (
+    RankexpConfig,
+    check_job,
+    config_hash,
+    flatten,
+    resolve_device,
+    resolved_container,
+)
 from .models.mlp import effective_beta
 from .result import Measurement
 from .tasks import TASKS
 
 log = logging.getLogger("rankexp")
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → CUDA when present, else CPU; otherwise the named device.
-
-    Raises:
-        ConfigError: a CUDA device on a machine without one (before any run exists).
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
-        raise ConfigError(f"invalid config: device={name!r} — this machine has no such CUDA device "
-                          "(use device=auto or device=cpu)")
-    return dev
+#: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
+RESUMABLE_TASKS = {"train"}
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
@@ -70,48 +91,97 @@ def run_name(s: RankexpConfig) -> str:
 
 
 # --------------------------------------------------------------------------- results on disk
-def save_result(job_dir: Path, result: Measurement, extra: dict[str, Any]) -> list[Path]:
-    """Write ``result.json`` (scalars, series) and ``arrays.npz`` into the job directory."""
-    job_dir.mkdir(parents=True, exist_ok=True)
+def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
+                arrays_dir: Path | None = None) -> None:
+    """Write ``result.json`` (scalars, series, ``extra``) into ``out_dir`` and ``arrays.npz``
+    there too, or into ``arrays_dir`` (arrays kept on disk but not uploaded)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         **extra,
         "scalars": result.scalars,
         "series": {k: {"steps": np.asarray(st).tolist(), "values": np.asarray(v).tolist()}
                    for k, (st, v) in result.series.items()},
     }
-    files = [job_dir / "result.json"]
-    files[0].write_text(json.dumps(doc, indent=1, default=float))
+    (out_dir / "result.json").write_text(json.dumps(doc, indent=1, default=float))
     if result.arrays:
-        files.append(job_dir / "arrays.npz")
-        np.savez_compressed(files[-1], **result.arrays)
-    return files
+        np.savez_compressed((arrays_dir or out_dir) / "arrays.npz", **result.arrays)
 
 
-def _job_context() -> tuple[Path, Path | None, str]:
-    """(job dir, sweep dir or None, override string) of the running Hydra job."""
+@dataclass
+class JobContext:
+    """Where the running Hydra job is: its directory, its sweep's (None for a single run),
+    its override string and its launcher's config."""
+
+    job_dir: Path
+    sweep_dir: Path | None
+    overrides: str
+    launcher: DictConfig | None
+
+
+def job_context() -> JobContext:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
-        return Path.cwd(), None, ""
+        return JobContext(Path.cwd(), None, "", None)
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
-    return Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task)
+    return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
+                      hc.launcher if sweep else None)
 
 
-# --------------------------------------------------------------------------- the job
+def pin_threads(launcher: DictConfig | None) -> None:
+    """A joblib worker (``hydra/launcher=local``) uses cores ÷ workers torch/OpenMP threads:
+    every worker at all cores' threads oversubscribes the machine (platform.md: 6× slower)."""
+    if launcher is None or "joblib" not in str(launcher.get("_target_", "")):
+        return
+    cores = len(os.sched_getaffinity(0))
+    n_jobs = int(launcher.get("n_jobs") or 1)
+    workers = n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
+    threads = max(1, cores // workers)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+# --------------------------------------------------------------------------- fault injection
 FAULT_ENV = "RANKEXP_FAULT_KILL"
+HANG_ENV = "RANKEXP_FAULT_HANG"
 
 
 def _fault_injection(overrides: str) -> None:
-    """Failure-handling tests: if ``$RANKEXP_FAULT_KILL`` names one of this job's overrides
-    (e.g. ``alpha=2``), the job SIGKILLs itself right after its MLflow run exists — the way
-    an OOM killer or a Slurm preemption ends a job, with no chance to report."""
-    target = os.environ.get(FAULT_ENV)
-    if target and target in overrides.split():
-        log.warning("%s=%s: killing this job (pid %d)", FAULT_ENV, target, os.getpid())
+    """Failure-handling tests.  ``$RANKEXP_FAULT_KILL=alpha=2``: the job with that override
+    SIGKILLs itself right after its run exists — the way an OOM killer or a Slurm preemption
+    ends a job, with no chance to report.  ``$RANKEXP_FAULT_HANG=alpha=2``: it waits (signals
+    still land) — a job that runs past its time limit."""
+    mine = overrides.split()
+    if os.environ.get(FAULT_ENV) in mine:
+        log.warning("%s=%s: killing this job (pid %d)", FAULT_ENV, os.environ[FAULT_ENV], os.getpid())
         logging.shutdown()
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(HANG_ENV) in mine:
+        log.warning("%s=%s: hanging until a signal (pid %d)", HANG_ENV, os.environ[HANG_ENV], os.getpid())
+        for _ in range(36_000):
+            time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- signals
+class _TimeLimit:
+    """Submitit's SIGUSR2 says the Slurm time limit is near.  A resumable task turns it into a
+    stop request (checkpoint, then requeue); any other task goes on, and the SIGTERM Slurm
+    sends at the limit then means TIMEOUT."""
+
+    def __init__(self, resumable: bool):
+        self.resumable, self.warned = resumable, False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.warned = True
+        if self.resumable:
+            interrupt.handler(signum, frame)
+        else:
+            log.warning("SIGUSR2: the Slurm time limit is near; this task cannot checkpoint, so "
+                        "it goes on (raise hydra.launcher.timeout_min if it is cut off)")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -119,68 +189,216 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     Raises:
         ConfigError: invalid config (before any run exists).
+        TrackingError: the store cannot be used (single run: before any run exists), or it
+            stopped answering (the result is in the job directory, for ``rankexp.sync``).
+        JobInterrupted: a signal stopped the job (its run is KILLED, or FAILED at a time limit).
         Exception: whatever the task raised; the MLflow run is then FAILED.
     """
-    s = validate(cfg)
-    container = resolved_container(cfg)
-    chash = config_hash(container)
-    job_dir, sweep_dir, overrides = _job_context()
-    device = resolve_device(s.device)
+    interrupt.clear()
+    s = check_job(cfg)
+    ctx = job_context()
+    pin_threads(ctx.launcher)
+    limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
+    try:
+        with interrupt.installed({signal.SIGUSR2: limit}) as previous:
+            return Job(cfg, s, ctx, limit, previous.get(signal.SIGUSR2)).run()
+    finally:
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            # this process's one job is over: a late time-limit warning must neither requeue
+            # it (submitit's handler) nor kill it while it exits (Python's default at shutdown)
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
-    uri = exp_id = None
-    tags = {
-        "config_hash": chash,
-        "git_commit": tracking.git_commit(),
-        "overrides": overrides,
-        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
-        "task": s.task.name,
-        "job_dir": str(job_dir),
-    }
-    if s.tracking.enabled:
-        parent = tracking.read_parent(sweep_dir) if sweep_dir else None
-        if parent and parent["uri"] == tracking.resolve_uri(s.tracking.uri):
-            uri, exp_id = parent["uri"], parent["experiment_id"]
-            tags["mlflow.parentRunId"] = parent["run_id"]
-            tags["sweep_id"] = parent["sweep_id"]
-        else:
-            uri = tracking.resolve_uri(s.tracking.uri)
-            exp_id = tracking.prepare_experiment(uri, s.tracking.experiment)
-            tags["sweep_id"] = str(sweep_dir) if sweep_dir else ""
-        if s.tracking.resume and not s.tracking.force:
-            done = tracking.find_finished(uri, exp_id, chash)
+
+class Job:
+    """The state of one job while it runs (see the module docstring for its steps)."""
+
+    def __init__(self, cfg: DictConfig, s: RankexpConfig, ctx: JobContext, limit: _TimeLimit,
+                 requeue_handler: Any):
+        self.s, self.ctx, self.limit = s, ctx, limit
+        # submitit's own USR2 handler (checkpoint + requeue) when running as a submitit job
+        self.requeue_handler = requeue_handler if callable(requeue_handler) else None
+        self.container = resolved_container(cfg)
+        self.chash = config_hash(self.container)
+        self.device = resolve_device(s.device)
+        self.job_dir = ctx.job_dir
+        self.uri = self.exp_id = None
+        self.offline: str | None = None  # why the store cannot be reached
+        self.logger: tracking.Journal | None = None
+
+    # ------------------------------------------------------------------ steps
+    def run(self) -> dict[str, Any]:
+        s, job_dir = self.s, self.job_dir
+        tags = self._tags()
+        previous = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
+        if previous.get("config_hash") != self.chash:
+            previous = {}
+        if s.tracking.enabled:
+            done = self._prepare_tracking(tags)
+            again = s.tracking.resume and not s.tracking.force
+            if (again and done is None and previous.get("status") == "FINISHED"
+                    and previous.get("run_id") and self._store_status(previous["run_id"]) == "FINISHED"):
+                # an earlier attempt of this very job finished (a Slurm requeue after the end):
+                # the job stays FINISHED, counted once — not "skipped" as done by another sweep
+                log.info("this job already FINISHED as run %s (an earlier attempt); nothing to do",
+                         previous["run_id"])
+                return {"status": "FINISHED", "run_id": previous["run_id"], "scalars": {}}
             if done:
                 log.info("skipping: this config (hash %s) already FINISHED as run %s "
-                         "(tracking.force=true reruns it)", chash, done)
-                tracking.write_status(job_dir, "SKIPPED", run_id=done, config_hash=chash)
+                         "(tracking.force=true reruns it)", self.chash, done)
+                tracking.write_status(job_dir, "SKIPPED", run_id=done, config_hash=self.chash)
                 return {"status": "SKIPPED", "run_id": done, "scalars": {}}
-
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
-    # (βα^M and friends describe the MLP; a ConvNet has no β or α)
-    derived = derived_params(s) if s.model.name != "cifar_resnet" else {}
-    params = {**flatten(container), **derived}
-    task = TASKS[s.task.name]
-    try:
-        if uri is None:
-            result = task(s, device, job_dir, None, chash)
-            save_result(job_dir, result, {"config_hash": chash, "status": "FINISHED"})
+        out = job_dir / tracking.RESULT_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(self.container, sort_keys=False))
+        # (βα^M and friends describe the MLP; a ConvNet has no β or α)
+        derived = derived_params(s) if s.model.name != "cifar_resnet" else {}
+        params = {**flatten(self.container), **derived}
+        tracking.write_json(job_dir / tracking.RUN_FILE, {
+            "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,
+            "run_name": run_name(s), "params": params, "tags": tags, "config_hash": self.chash,
+            "start_time": int(time.time() * 1000), "log_arrays": s.tracking.log_arrays})
+        journal = job_dir / tracking.JOURNAL_FILE
+        journal.unlink(missing_ok=True)
+        try:
             run_id = None
+            if s.tracking.enabled and self.offline is None:
+                self.logger = tracking.RunLogger(self.uri, self.exp_id, run_name(s), params, tags,
+                                                 journal)
+                try:
+                    run_id = self.logger.start()
+                except Exception as e:  # the store went away just now: compute offline
+                    self.offline = tracking._first_line(e)
+                    log.error("tracking store %s stopped answering (%s): computing anyway",
+                              self.uri, self.offline)
+                if run_id and previous.get("run_id") and previous.get("status") != "FINISHED":
+                    self._supersede(previous["run_id"], run_id)
+            if self.offline is not None or not s.tracking.enabled:
+                self.logger = tracking.Journal(journal)
+            tracking.write_status(job_dir, "RUNNING", run_id=run_id, config_hash=self.chash,
+                                  uri=self.uri, **tracking.owner_tags())
+            result = self._compute(run_id, out)
+        except BaseException as e:
+            with interrupt.deferred():  # a second signal must not cut the bookkeeping short
+                self._failed(e)
+            raise
+        tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=self.chash,
+                              uri=self.uri)
+        headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
+                    if k in result.scalars}
+        log.info("%s finished%s: %s", run_name(s), f" (run {run_id})" if run_id else "",
+                 ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
+        return {"status": "FINISHED", "run_id": run_id, "scalars": result.scalars}
+
+    def _tags(self) -> dict[str, str]:
+        dev = self.device
+        return {
+            "config_hash": self.chash,
+            "git_commit": tracking.git_commit(),
+            "overrides": self.ctx.overrides,
+            "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
+            "task": self.s.task.name,
+            "torch_threads": str(torch.get_num_threads()),
+            "job_dir": str(self.job_dir),
+            **tracking.owner_tags(),
+        }
+
+    def _prepare_tracking(self, tags: dict[str, str]) -> str | None:
+        """Find the store and experiment (the sweep's parent, else our own checks); returns the
+        run id of a FINISHED run of this config to skip to, else None."""
+        t = self.s.tracking
+        tracking.configure_http(t.http_retries, t.http_timeout_s, t.http_backoff)
+        self.uri = tracking.resolve_uri(t.uri)
+        resume = t.resume and not t.force
+        parent = tracking.read_parent(self.ctx.sweep_dir) if self.ctx.sweep_dir else None
+        if parent and parent["uri"] == self.uri and parent["experiment"] == t.experiment:
+            self.exp_id = parent["experiment_id"]
+            tags["mlflow.parentRunId"] = parent["run_id"]
+            tags["sweep_id"] = parent["sweep_id"]
+            self.offline = tracking.unreachable(self.uri)
+            if self.offline:
+                log.error("tracking store %s does not answer (%s): computing anyway; the result "
+                          "goes to %s — log it later with `python -m rankexp.sync %s`",
+                          self.uri, self.offline, self.job_dir, self.ctx.sweep_dir)
+                return None
+            finished = tracking.read_json(self.ctx.sweep_dir / tracking.FINISHED_FILE) or {}
+            return finished.get(self.chash) if resume else None
+        # a single run (or a sweep without rankexp's sweeper): check everything here
+        tracking.check_store(self.uri)
+        self.exp_id = tracking.prepare_experiment(self.uri, t.experiment)
+        tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
+        tags["sweep_id"] = str(self.ctx.sweep_dir) if self.ctx.sweep_dir else ""
+        return tracking.find_finished(self.uri, self.exp_id, self.chash) if resume else None
+
+    def _store_status(self, run_id: str) -> str | None:
+        try:
+            return tracking._client(self.uri).get_run(run_id).info.status
+        except Exception:
+            return None
+
+    def _supersede(self, old: str, new: str) -> None:
+        try:
+            tracking.supersede(self.uri, old, new)
+        except Exception as e:  # the new run is what matters; the old one is reconciled later
+            log.warning("could not supersede the earlier run %s (%s)", old, tracking._first_line(e))
+
+    def _compute(self, run_id: str | None, out: Path) -> Measurement:
+        """Run the task, save its result, log it (or fail clearly when offline)."""
+        s, logger = self.s, self.logger
+        beat = (tracking.Heartbeat(self.uri, run_id, s.tracking.heartbeat_s) if run_id
+                else contextlib.nullcontext())
+        with beat:
+            _fault_injection(self.ctx.overrides)
+            result = TASKS[s.task.name](s, self.device, self.job_dir, logger, self.chash)
+        save_result(out, result, {"config_hash": self.chash, "run_id": run_id},
+                    None if s.tracking.log_arrays else self.job_dir)
+        hint = (f"the result is in {self.job_dir}: log it with `python -m rankexp.sync "
+                f"{self.ctx.sweep_dir or self.job_dir}` once the store is back")
+        if isinstance(logger, tracking.RunLogger):
+            try:
+                logger.finish(result.scalars, result.series, out)
+            except tracking.TrackingLost as e:
+                raise tracking.TrackingLost(f"{e}; {hint}") from None
+        elif s.tracking.enabled:
+            raise tracking.TrackingLost(
+                f"tracking store {self.uri} did not answer ({self.offline}); {hint}")
+        return result
+
+    # ------------------------------------------------------------------ endings
+    def _failed(self, e: BaseException) -> None:
+        """Close the run and the job's status for whatever stopped the job."""
+        run_id = getattr(self.logger, "run_id", None)
+        if isinstance(e, interrupt.JobInterrupted):
+            status, reason, message = self._interrupted(e.signal_name)
+        elif isinstance(e, KeyboardInterrupt):
+            status, reason, message = "KILLED", "SIGINT", "interrupted (KeyboardInterrupt)"
+        elif isinstance(e, SystemExit):
+            status, reason, message = "KILLED", "requeued", "checkpointed and requeued by submitit"
+        elif isinstance(e, tracking.TrackingError):
+            reason = "tracking_unreachable" if self.offline else "tracking_lost"
+            status, message = "FAILED", str(e)
         else:
-            with tracking.RunLogger(uri, exp_id, run_name(s), params, tags) as logger:
-                run_id = logger.run_id
-                _fault_injection(overrides)
-                result = task(s, device, job_dir, logger, chash)
-                files = save_result(job_dir, result, {"config_hash": chash, "run_id": run_id,
-                                                      "status": "FINISHED"})
-                logger.log_metrics(result.scalars, result.series)
-                artifacts = [job_dir / "config.yaml"] + files
-                logger.log_artifacts(artifacts if s.tracking.log_arrays else artifacts[:2])
-    except BaseException as e:
-        tracking.write_status(job_dir, "FAILED", error=f"{type(e).__name__}: {e}", config_hash=chash)
-        raise
-    tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=chash)
-    headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
-                if k in result.scalars}
-    log.info("%s finished%s: %s", run_name(s), f" (run {run_id})" if run_id else "",
-             ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
-    return {"status": "FINISHED", "run_id": run_id, "scalars": result.scalars}
+            status, reason, message = "FAILED", "exception", f"{type(e).__name__}: {e}"
+            log.error("job failed: %s", message, exc_info=e)
+        if isinstance(self.logger, tracking.RunLogger):
+            self.logger.end(status, reason, message)
+        tracking.write_status(self.job_dir, status, run_id=run_id, config_hash=self.chash,
+                              uri=self.uri, reason=reason, error=message[:2000])
+        if status == "KILLED":
+            log.warning("job stopped (%s): run %s is KILLED", reason, run_id)
+
+    def _interrupted(self, name: str) -> tuple[str, str, str]:
+        """(status, reason, message) for a stop request; at a Slurm time-limit warning a
+        resumable task is handed to submitit's handler, which requeues it (SystemExit) or
+        refuses once ``max_num_timeout`` is spent (UncompletedJobError)."""
+        if name == "SIGUSR2" and self.requeue_handler is not None:
+            try:
+                self.requeue_handler(signal.SIGUSR2, None)
+            except SystemExit:
+                log.warning("time limit near: checkpointed, requeued by submitit")
+                return "KILLED", "requeued", "time limit near: checkpointed and requeued"
+            except Exception as e:  # submitit's UncompletedJobError: no requeue left
+                return "FAILED", "TIMEOUT", f"time limit reached, not requeued: {e}"
+            return "KILLED", "requeued", "time limit near: checkpointed and requeued"
+        if self.limit.warned:
+            return "FAILED", "TIMEOUT", f"{name} after the time-limit warning: the Slurm time limit"
+        return "KILLED", name, f"interrupted by {name}"

@@ -10,11 +10,16 @@ creates any MLflow run.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import json
 import math
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -391,10 +396,16 @@ class DataConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow: store URI, experiment name, resume behaviour.
+    """MLflow: store URI, experiment name, resume behaviour, outage and liveness bounds.
 
     ``uri: null`` means ``$MLFLOW_TRACKING_URI`` if set, else an embedded SQLite
     file ``mlflow.db`` in the directory the command was started from.
+
+    ``http_retries``, ``http_timeout_s``, ``http_backoff`` become MLflow's own
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` for the job (so a
+    server outage costs seconds, not MLflow's default of minutes per call).  A run's owner
+    refreshes the tag ``rankexp.heartbeat`` every ``heartbeat_s`` seconds; a RUNNING run whose
+    owner cannot be checked otherwise (another host, no Slurm) is stale after ``stale_after_s``.
     """
 
     uri: str | None = None
@@ -403,10 +414,23 @@ class TrackingConfig:
     resume: bool = True
     force: bool = False
     log_arrays: bool = True
+    http_retries: int = 2
+    http_timeout_s: int = 10
+    http_backoff: int = 1
+    heartbeat_s: int = 30
+    stale_after_s: int = 600
 
     def __post_init__(self) -> None:
         if not self.experiment or not self.experiment.strip():
             raise _bad("tracking.experiment", self.experiment, "must be a non-empty name")
+        for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
+                         ("heartbeat_s", 1), ("stale_after_s", 1)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise _bad(f"tracking.{key}", v, f"must be an integer ≥ {low}")
+        if self.stale_after_s < 2 * self.heartbeat_s:
+            raise _bad("tracking.stale_after_s", self.stale_after_s,
+                       f"must be at least twice tracking.heartbeat_s={self.heartbeat_s}")
 
 
 @dataclass
@@ -580,11 +604,33 @@ def sweep_stamp() -> str:
     )
 
 
+def slurm_signal_delay(timeout_min: float) -> int:
+    """Seconds before a Slurm time limit at which submitit's warning signal (USR2) is sent:
+    10 % of the limit, at least 15 s (time to write a checkpoint) and at most 120 s, and never
+    more than half the limit (plugin default: 120 s whatever the limit, which for
+    ``timeout_min=1`` signals at the start)."""
+    limit = float(timeout_min) * 60
+    return int(max(1, min(limit / 2, max(15.0, min(120.0, 0.1 * limit)))))
+
+
+def hydra_subdir(mode: Any) -> str | None:
+    """``hydra.output_subdir``: ``.hydra`` for a single run; none for the jobs of a sweep, whose
+    resolved config is ``result/config.yaml`` and whose Hydra config is the sweep's
+    ``multirun.yaml`` (three YAML dumps and files fewer per job)."""
+    return None if str(mode).endswith("MULTIRUN") else ".hydra"
+
+
 def register_configs() -> None:
     """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)
-    and register the ``rankexp_stamp`` resolver used in the output directories."""
+    and register the resolvers ``rankexp_stamp`` (output directories), ``rankexp_hydra_subdir``
+    (conf/config.yaml), ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml) and ``rankexp_norm_slot``
+    (conf/norm/*.yaml)."""
     if not OmegaConf.has_resolver("rankexp_stamp"):
         OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
+    if not OmegaConf.has_resolver("rankexp_signal_delay"):
+        OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
+    if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
+        OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     if not OmegaConf.has_resolver("rankexp_default_probes"):
@@ -672,3 +718,180 @@ def flatten(container: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# --------------------------------------------------------------------------- checks before a run
+#: fields of the root whose node type depends on a config group choice
+_CHOSEN_NODES: dict[str, tuple[type, ...]] = {
+    "model": tuple(MODEL_SCHEMAS.values()),
+    "task": (MeasureTask, TrainTask),
+}
+_FREE = "free-form"  # a dict field: any key is allowed (e.g. task.options)
+
+
+def _children(types: tuple[type, ...], root: bool) -> dict[str, Any]:
+    """Field name → node types (dataclass fields), ``_FREE`` (dict fields) or ``None`` (leaves),
+    over every schema in ``types``."""
+    out: dict[str, Any] = {}
+    for t in types:
+        hints = typing.get_type_hints(t)
+        for f in dataclasses.fields(t):
+            hint = hints[f.name]
+            if root and f.name in _CHOSEN_NODES:
+                out[f.name] = _CHOSEN_NODES[f.name]
+            elif dataclasses.is_dataclass(hint):
+                out[f.name] = (hint,)
+            elif typing.get_origin(hint) is dict:
+                out[f.name] = _FREE
+            else:
+                out.setdefault(f.name, None)
+    return out
+
+
+def _unknown(key: str, where: str, allowed: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], allowed, n=1, cutoff=0.6)
+    hint = f"did you mean '{where}{close[0]}'? " if close else ""
+    return ConfigError(
+        f"invalid config: unknown key '{where}{key.rsplit('.', 1)[-1]}' — {hint}"
+        f"keys{' under ' + where.rstrip('.') if where else ''}: {', '.join(sorted(allowed))}"
+    )
+
+
+def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None:
+    """Refuse a command-line key that no config of the schema has (``deph=4``, ``+deph=4``,
+    ``task.stepz=5``), before Hydra composes anything, with a did-you-mean suggestion.
+
+    Hydra's own message for ``deph=4`` advises ``+deph=4``, which would run the defaults with a
+    stray key; this check knows the schema.  Group choices (``norm=post``), ``hydra.*`` and
+    keys under dict fields (``task.options``) pass; values are checked after composition.
+
+    Raises:
+        ConfigError: the first unknown key, naming the allowed ones.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return  # a syntax error: Hydra reports it with its own parser's message
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_hydra_override() or o.package is not None or "/" in key:
+            continue
+        parts = key.split(".")
+        if len(parts) == 1 and parts[0] in groups:
+            continue
+        node: Any = (RankexpConfig,)
+        for depth, part in enumerate(parts):
+            if node is _FREE:
+                break
+            if node is None:  # below a leaf
+                raise ConfigError(f"invalid config: '{'.'.join(parts[:depth])}' is a value, "
+                                  f"it has no key '{part}' (override {o.input_line!r})")
+            kids = _children(node, root=depth == 0)
+            if part not in kids and not (depth == 0 and part in groups):
+                raise _unknown(part, "".join(p + "." for p in parts[:depth]), list(kids))
+            node = kids.get(part, _FREE)
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Refuse keys the schema does not have anywhere in the composed ``cfg`` (``+deph=4``
+    composes fine, but nothing would read ``deph``).  Dict fields (``task.options``) are
+    free-form; the ``hydra`` node is Hydra's.
+
+    Raises:
+        ConfigError: the first unknown key, with a did-you-mean suggestion.
+    """
+
+    def walk(node: DictConfig, where: str) -> None:
+        t = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(t):
+            return
+        names = [f.name for f in dataclasses.fields(t)]
+        for key in node.keys():
+            if where == "" and key == "hydra":
+                continue
+            if key not in names:
+                raise _unknown(str(key), where, names)
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, f"{where}{key}.")
+
+    walk(cfg, "")
+
+
+def resolve_device(name: str):
+    """``auto`` → CUDA when present, else CPU; otherwise the named device (``torch.device``).
+
+    Raises:
+        ConfigError: a CUDA device on a machine without one (before any run exists).
+    """
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
+        raise ConfigError(f"invalid config: device={name!r} — this machine has no such CUDA device "
+                          "(use device=auto or device=cpu)")
+    return dev
+
+
+def check_paths(s: RankexpConfig) -> None:
+    """Inputs a task reads must exist before its run does: ``data.root`` for ``task=train``
+    (unless ``data.download=true`` may fetch it).
+
+    Raises:
+        ConfigError: the path, where it was looked for, and what belongs there.
+    """
+    from .locations import resolve_path
+
+    if not isinstance(s.task, TrainTask) or (s.data.download and s.data.source in ("auto", "torchvision")):
+        return
+    root = resolve_path(s.data.root)
+    if not root.exists():
+        raise ConfigError(
+            f"invalid config: data.root={s.data.root!r} — no such file or directory ({root}); "
+            "point it at CIFAR-10: the folder holding cifar10-jpeg.tar.gz (default ../shared/data, "
+            "or set $RANKEXP_DATA), an image-folder tree, or torchvision's cifar-10-batches-py "
+            "(data.download=true fetches that where there is internet)"
+        )
+
+
+def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
+    """Everything that can be known about one job before its run exists: schema keys, values,
+    input paths and (``device``: jobs that run on this machine) the device.
+
+    Raises:
+        ConfigError: one message naming key, value or path and what is allowed.
+    """
+    check_keys(cfg)
+    s = validate(cfg)
+    check_paths(s)
+    if device:
+        resolve_device(s.device)
+    return s
+
+
+def check_slurm_limits(launcher: DictConfig) -> None:
+    """A Slurm launcher's warning signal must come before its time limit.
+
+    Raises:
+        ConfigError: ``signal_delay_s`` ≥ the limit (the job would be warned at its start).
+    """
+    if "timeout_min" not in launcher or "signal_delay_s" not in launcher:
+        return
+    limit, delay = float(launcher.timeout_min) * 60, float(launcher.signal_delay_s)
+    if delay >= limit:
+        raise ConfigError(
+            f"invalid config: hydra.launcher.signal_delay_s={delay:g} — not below the time limit "
+            f"(timeout_min={launcher.timeout_min:g} → {limit:g} s), so Slurm would signal the job "
+            f"at its start; leave it unset (derived: {slurm_signal_delay(launcher.timeout_min)} s) "
+            "or make it smaller"
+        )
+
+
+def config_groups(conf_dir: str | Path) -> list[str]:
+    """The config groups of the tree at ``conf_dir`` (its sub-folders), e.g. ``norm``, ``task``."""
+    return sorted(p.name for p in Path(conf_dir).iterdir() if p.is_dir() and p.name != "hydra")

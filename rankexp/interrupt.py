@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: the signals that stop a job or a sweep: kill/Ctrl-C/hang-up, and submitit's time-limit warning
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
 
 class JobInterrupted(BaseException):  # noqa: N818 — a BaseException like KeyboardInterrupt
@@ -63,3 +68,25 @@ def deferred() -> Iterator[None]:
 def handler(signum: int, _frame) -> None:
     """A ``signal.signal`` handler that turns ``signum`` into :func:`request`."""
     request(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def installed(
+    handlers: dict[int, Callable[[int, Any], None]] | None = None,
+) -> Iterator[dict[int, Any]]:
+    """Within this block every signal of :data:`SIGNALS` goes to :func:`handler` (or to
+    ``handlers[signum]``); yields the handlers they replace (e.g. submitit's USR2 handler,
+    which requeues a Slurm job) and restores them at exit.
+
+    Signal handlers live in the main thread only; elsewhere this installs nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield {}
+        return
+    chosen = {sig: (handlers or {}).get(sig, handler) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, fn) for sig, fn in chosen.items()}
+    try:
+        yield previous
+    finally:
+        for sig, fn in previous.items():
+            signal.signal(sig, fn if fn is not None else signal.SIG_DFL)

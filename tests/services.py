@@ -183,7 +183,7 @@ def sweep_runs(uri: str, experiment: str = "rankexp"):
 
 def job_result(run) -> dict:
     """The ``result.json`` the job wrote into its Hydra job dir before logging to MLflow."""
-    return json.loads((Path(run.data.tags["job_dir"]) / "result.json").read_text())
+    return json.loads((Path(run.data.tags["job_dir"]) / "result" / "result.json").read_text())
 
 
 # --------------------------------------------------------------------------- Slurm
@@ -297,8 +297,10 @@ class MlflowServer:
             )
         assert p.stdout.strip() == f"export MLFLOW_TRACKING_URI={self.uri}", p.stdout
 
-    def stop(self) -> None:
-        self._run("stop" if KEEP else "purge", timeout=120)
+    def stop(self, keep: bool = KEEP) -> None:
+        """Stop the server (and PostgreSQL); its state is deleted unless ``keep``."""
+        p = self._run("stop" if keep else "purge", timeout=120)
+        assert p.returncode == 0, p.stderr
 
     def server_log(self) -> str:
         return (self.dir / "server.log").read_text(errors="replace")

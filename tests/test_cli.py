@@ -58,7 +58,7 @@ def test_issue_sweep_leaves_four_finished_runs_and_a_heatmap(cli):
     depth = int(client_runs[rid].data.params["depth"])
     assert [h.step for h in hist] == list(range(1, depth + 1))
     job_dir = Path(client_runs[rid].data.tags["job_dir"])
-    saved = json.loads((job_dir / "result.json").read_text())
+    saved = json.loads((job_dir / "result" / "result.json").read_text())
     assert saved["series"]["erank_profile"]["values"] == pytest.approx(
         [h.value for h in hist], rel=1e-12
     )
@@ -148,7 +148,8 @@ def test_one_failing_job_does_not_stop_the_sweep_and_is_recorded_failed(cli):
     parent = [r for r in runs_in(cli.uri) if r.data.tags.get("rankexp.role") == "sweep"][0]
     assert parent.info.status == "FAILED"
     assert parent.data.metrics["jobs_failed"] == 2 and parent.data.metrics["jobs_finished"] == 2
-    assert "2 finished, 0 skipped (already FINISHED), 2 failed" in p.stdout
+    assert "2 finished, 0 skipped (already FINISHED), 2 failed, 0 killed, 0 not run" in p.stdout
+    assert p.returncode == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -12,13 +12,17 @@ TINY = ("width=8", "depth=3", "seeds=1")
 
 
 def test_fresh_sqlite_store_under_four_parallel_first_jobs(cli):
-    """No callback to pre-create anything: four joblib workers hit a brand-new store at once."""
+    """Hydra's own sweeper (no whole-sweep check, no parent run to pre-create anything): four
+    joblib workers hit a brand-new store at once."""
     cli("alpha=1,2,3,4", *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
-        "~hydra.callbacks.tracking", "tracking.experiment=fresh", "-m")
+        "hydra/sweeper=basic", "tracking.experiment=fresh", "-m")
     runs = runs_in(cli.uri, "fresh")
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
     assert runs_in(cli.uri, "Default") == []
     assert sorted(r.data.params["alpha"] for r in runs) == ["1.0", "2.0", "3.0", "4.0"]
+    # each of the 4 workers gets cores ÷ workers torch threads, not all cores' threads
+    cores = len(os.sched_getaffinity(0))
+    assert {r.data.tags["torch_threads"] for r in runs} == {str(max(1, cores // 4))}
 
 
 def test_same_second_sweeps_in_parallel_do_not_collide(cli):

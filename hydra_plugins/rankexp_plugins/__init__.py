@@ -1,0 +1,9 @@
+"""rankexp's Hydra plugins (Hydra only instantiates plugins from the ``hydra_plugins`` namespace).
+
+* :class:`~hydra_plugins.rankexp_plugins.sweeper.RankexpSweeper` (``hydra/sweeper=rankexp``,
+  the default in conf/config.yaml): Hydra's basic sweeper that checks the whole sweep before
+  any job starts, composes each job once, and owns the sweep's parent run and exit status.
+* :class:`~hydra_plugins.rankexp_plugins.loader.TemplateConfigLoader`: the compose-once loader.
+* :class:`~hydra_plugins.rankexp_plugins.slurm.RankexpSlurmLauncher` (``hydra/launcher=slurm``):
+  the submitit Slurm launcher, waiting for every job and cancelling them on interrupt.
+"""

@@ -1,0 +1,78 @@
+"""The command line: ``python -m rankexp [overrides] [-m]`` (design.md §1).
+
+Exit status: 0 done; 1 a job failed (or, for a single run, its result could not be logged: it
+is in the job directory for ``python -m rankexp.sync``); 2 a config or store error, before any
+run exists; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM), the runs then KILLED.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from .config import ConfigError, check_override_keys, config_groups, register_configs
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+log = logging.getLogger("rankexp")
+
+register_configs()
+
+
+class _State:
+    composed = False  # Hydra composed a config: its exit status 1 is no longer a config error
+
+
+def mark_composed() -> None:
+    """Called once a config is composed (the task, or the sweeper before its jobs run)."""
+    _State.composed = True
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> dict:
+    """The Hydra task: one job (:func:`rankexp.app.run`)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from . import interrupt
+    from .app import run
+    from .tracking import TrackingError, TrackingLost
+
+    mark_composed()
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return run(cfg)  # failures are the sweeper's to count and report
+    try:
+        return run(cfg)
+    except TrackingLost as e:
+        _fail(str(e), 1)
+    except (ConfigError, TrackingError) as e:
+        _fail(str(e), 2)
+    except interrupt.JobInterrupted as e:
+        _fail(f"interrupted by {e.signal_name}; the run is closed (rerun the same command to "
+              "resume)", 128 + signal.Signals[e.signal_name].value)
+
+
+def cli() -> None:
+    """Check the command line's keys against the schema, then let Hydra run."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    try:
+        check_override_keys(args.overrides, config_groups(CONF_DIR))
+    except ConfigError as e:
+        _fail(str(e), 2)
+    try:
+        main()
+    except SystemExit as e:
+        if e.code == 1 and not _State.composed:
+            raise SystemExit(2) from None  # Hydra could not compose the config (its message is out)
+        raise

@@ -1,0 +1,132 @@
+"""Mistakes fail before anything runs (issue 8, rows 5–8 and item 4): unknown keys (``+key``
+included) with a did-you-mean, input paths, the whole sweep, the store — each one message
+naming key, value or path and what is allowed, exit status 2, no run, no traceback."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import runs_in
+from hydra import compose, initialize_config_dir
+
+from rankexp import tracking
+from rankexp.cli import CONF_DIR
+from rankexp.config import (
+    ConfigError,
+    check_job,
+    check_override_keys,
+    check_slurm_limits,
+    config_groups,
+    slurm_signal_delay,
+)
+
+GROUPS = config_groups(CONF_DIR)
+
+
+@pytest.mark.parametrize("override,hint", [
+    ("deph=4", "did you mean 'depth'"),
+    ("+deph=4", "did you mean 'depth'"),
+    ("task.stepz=5", "did you mean 'task.steps'"),
+    ("data.rot=x", "did you mean 'data.root'"),
+    ("trackng.uri=x", "did you mean 'tracking'"),
+    ("depth.x=1", "'depth' is a value"),
+])  # fmt: skip
+def test_unknown_keys_are_refused_with_a_suggestion(override, hint):
+    with pytest.raises(ConfigError, match="invalid config") as e:
+        check_override_keys([override], GROUPS)
+    assert hint in str(e.value)
+
+
+@pytest.mark.parametrize("override", [
+    "depth=4", "norm=post", "norm.op=layernorm", "experiment=fig5", "task.steps=5",
+    "+task.options.stream.inputs=64", "hydra.launcher.n_jobs=2", "hydra/launcher=slurm",
+])  # fmt: skip
+def test_known_keys_and_groups_pass(override):
+    check_override_keys([override], GROUPS)
+
+
+def test_a_composed_plus_key_is_refused():
+    """Keys added by a config file (not the command line) are checked after composition."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["+deph=4", "+task.options.stream.inputs=3"])
+    with pytest.raises(ConfigError, match="unknown key 'deph' — did you mean 'depth'"):
+        check_job(cfg)
+
+
+def test_signal_delay_follows_the_time_limit():
+    assert [slurm_signal_delay(m) for m in (0.5, 1, 10, 60, 240)] == [15, 15, 60, 120, 120]
+    assert slurm_signal_delay(1) < 60 / 2 + 1
+    from omegaconf import OmegaConf
+
+    check_slurm_limits(OmegaConf.create({"timeout_min": 1, "signal_delay_s": 15}))
+    with pytest.raises(ConfigError, match="signal_delay_s=120 — not below the time limit"):
+        check_slurm_limits(OmegaConf.create({"timeout_min": 1, "signal_delay_s": 120}))
+
+
+def test_store_problems_are_one_message_naming_the_store(tmp_path):
+    tracking.configure_http(retries=0, timeout_s=2, backoff=0)
+    cases = {
+        "garbage://x": "MLflow knows no store for this URI scheme",
+        f"sqlite:///{tmp_path}/missing/dir/mlflow.db": f"the folder {tmp_path}/missing/dir does not exist",
+        "http://127.0.0.1:9": "does not answer (connection refused)",
+    }
+    bad = tmp_path / "not-a-db"
+    bad.write_text("hello, I am not SQLite\n")
+    cases[f"sqlite:///{bad}"] = f"{bad} is not an SQLite database"
+    good = tmp_path / "good.db"
+    tracking.check_store(f"sqlite:///{good}")  # creates a fresh store
+    truncated = tmp_path / "truncated.db"
+    truncated.write_bytes(good.read_bytes()[:3000])
+    cases[f"sqlite:///{truncated}"] = f"{truncated} cannot be used as an MLflow store"
+    for uri, message in cases.items():
+        with pytest.raises(tracking.TrackingError) as e:
+            tracking.check_store(uri)
+        assert message in str(e.value), (uri, str(e.value))
+        assert "\n" not in str(e.value)
+    with sqlite3.connect(good) as c:  # a store on a local disk uses SQLite's write-ahead log
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_typo_and_missing_data_fail_before_any_run(cli):
+    """Rows 5 and 6: ``+deph=4`` ran the defaults as a FINISHED run; ``data.root=/nonexistent``
+    created a FAILED run.  Now both exit 2 with one line, and the store stays empty."""
+    p = cli("depth=2", "width=16", "+deph=4", check=False)
+    assert p.returncode == 2 and "unknown key 'deph' — did you mean 'depth'?" in p.stdout
+    p = cli("task=train", "depth=2", "width=8", "data.root=/nonexistent", check=False)
+    assert p.returncode == 2, p.stdout[-2000:]
+    assert "data.root='/nonexistent' — no such file or directory" in p.stdout
+    assert "Traceback" not in p.stdout
+    assert runs_in(cli.uri) == []
+
+
+def test_a_sweep_with_bad_jobs_lists_each_and_starts_nothing(cli):
+    """Row 7: ``matrices=1,3`` and ``depth=4,0`` ran the valid jobs, then failed the others
+    with tracebacks and no run, and closed the parent KILLED.  Now every bad combination is
+    listed, the exit status is 2, and nothing exists: no run, no sweep directory, no store."""
+    p = cli("matrices=1,3", "depth=4,0", "width=8", "seeds=1", "-m", check=False)
+    assert p.returncode == 2, p.stdout[-3000:]
+    assert "invalid sweep — nothing was started (4 jobs)" in p.stdout
+    lines = [line.strip() for line in p.stdout.splitlines() if line.strip().startswith("#")]
+    assert len(lines) == 3, p.stdout
+    assert any("matrices=3 depth=4" in line and "M = 1 or M = 2" in line for line in lines)
+    assert any("matrices=1 depth=0" in line and "depth (L) must be" in line for line in lines)
+    assert "Traceback" not in p.stdout
+    assert not (cli.cwd / "multirun").exists() and not (cli.cwd / "mlflow.db").exists()
+
+
+def test_a_damaged_store_is_named_before_any_run(cli):
+    """Row 8: a truncated ``mlflow.db`` gave a 78-line traceback that never named the file."""
+    db = cli.cwd / "mlflow.db"
+    tracking.check_store(cli.uri)  # a real store, with an experiment in it
+    tracking.prepare_experiment(cli.uri, "rankexp")
+    with sqlite3.connect(db) as c:  # everything into the main file, then cut it short
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.write_bytes(db.read_bytes()[:4096])
+    p = cli("depth=3", "width=8", "seeds=1", check=False)
+    assert p.returncode == 2, p.stdout[-2000:]
+    assert f"{db} cannot be used as an MLflow store" in p.stdout
+    assert "Traceback" not in p.stdout and len(p.stdout.strip().splitlines()) <= 3, p.stdout
+    p = cli("depth=3", "width=8", "seeds=1", "alpha=1,2,3", "-m", check=False)  # once, not per job
+    assert p.returncode == 2 and p.stdout.count(f"{db} cannot be used as an MLflow store") == 1, p.stdout
+    assert not (cli.cwd / "multirun").exists()
