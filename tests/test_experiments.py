@@ -44,7 +44,7 @@ def trains(name: str) -> bool:
 
 def sweep(name: str, overrides: list[str], store: Path, monkeypatch) -> None:
     """``python -m rankexp experiment=<name> <overrides> -m`` in this process, into ``store``."""
-    from rankexp.__main__ import main
+    from rankexp.cli import cli
 
     argv = ["rankexp", f"experiment={name}", *overrides,
             f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
@@ -53,7 +53,10 @@ def sweep(name: str, overrides: list[str], store: Path, monkeypatch) -> None:
     if trains(name):
         argv.append(f"task.checkpoint_dir={store / 'ckpt'}")
     monkeypatch.setattr(sys, "argv", [*argv, "-m"])
-    main()
+    try:
+        cli()
+    except SystemExit as e:  # the rankexp sweeper exits with the sweep's status
+        assert e.code in (0, None), f"{name} {overrides}: exit {e.code}"
 
 
 def run_experiment(name: str, size: str, store: Path, monkeypatch) -> list[str]:
