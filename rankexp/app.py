@@ -45,7 +45,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from . import interrupt, tracking
+from . import interrupt, naming, tracking
 from .config import (
     RankexpConfig,
     check_job,
@@ -71,13 +71,35 @@ def derived_params(s: RankexpConfig) -> dict[str, float]:
     return {"beta_eff": beta, "nominal_ratio": ratio, "depth_factor": ratio * s.depth**0.5}
 
 
-def run_name(s: RankexpConfig) -> str:
-    """Short readable run name, e.g. ``post·α1·β1·L48·d256``."""
-    beta = f"{s.beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[s.beta_scaling.value]
-    name = f"{s.norm.placement.value}·α{s.alpha:g}·β{beta}·L{s.depth}·d{s.width}"
-    if s.task.name == "train":
-        name += "·train" if s.lr is None else f"·lr{s.lr:g}"
-    return name
+def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
+    """The run's MLflow params: what defines the experiment — the resolved config flattened with
+    dots, without where/how it is recorded or run (``tracking.*``, ``device``: tags), without
+    ``data.*`` and the memory budget for a measurement, without options of probes it does not
+    run and without unset values (``lr: None``) — plus :func:`derived_params`."""
+    c = {k: v for k, v in container.items() if k not in ("tracking", "device")}
+    if s.task.name == "measure":
+        c.pop("data", None)
+        task = {k: v for k, v in c["task"].items() if k != "max_memory_gb"}
+        task["options"] = {p: o for p, o in (task.get("options") or {}).items() if p in s.task.probes}
+        c["task"] = task
+    return {k: v for k, v in {**flatten(c), **derived_params(s)}.items()
+            if v is not None and v != {}}
+
+
+def base_name(s: RankexpConfig) -> str:
+    """A single run's name from its config, e.g. ``post·α1·β1·L48·d256`` (a sweep's jobs are
+    named by the axes it varies instead: :mod:`rankexp.naming`)."""
+    return naming.base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
+                            s.depth, s.width, s.task.name, s.lr)
+
+
+def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
+    """The job's run name: the one its sweep gave it (``run_names.json``), else :func:`base_name`."""
+    if ctx is not None and ctx.sweep_dir is not None and ctx.num is not None:
+        names = tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}
+        if str(ctx.num) in names:
+            return names[str(ctx.num)]
+    return base_name(s)
 
 
 # --------------------------------------------------------------------------- results on disk
@@ -106,6 +128,7 @@ class JobContext:
     sweep_dir: Path | None
     overrides: str
     launcher: DictConfig | None
+    num: int | None = None  # the job's number in its sweep
 
 
 def job_context() -> JobContext:
@@ -117,7 +140,7 @@ def job_context() -> JobContext:
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
-                      hc.launcher if sweep else None)
+                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None)
 
 
 def pin_threads(launcher: DictConfig | None) -> None:
@@ -214,6 +237,7 @@ class Job:
         self.uri = self.exp_id = None
         self.offline: str | None = None  # why the store cannot be reached
         self.logger: tracking.Journal | None = None
+        self.name = run_name(s, ctx)
 
     # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
@@ -234,17 +258,17 @@ class Job:
         out = job_dir / tracking.RESULT_DIR
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(self.container, sort_keys=False))
-        params = {**flatten(self.container), **derived_params(s)}
+        params = run_params(self.container, s)
         tracking.write_json(job_dir / tracking.RUN_FILE, {
             "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,
-            "run_name": run_name(s), "params": params, "tags": tags, "config_hash": self.chash,
+            "run_name": self.name, "params": params, "tags": tags, "config_hash": self.chash,
             "start_time": int(time.time() * 1000), "log_arrays": s.tracking.log_arrays})
         journal = job_dir / tracking.JOURNAL_FILE
         journal.unlink(missing_ok=True)
         try:
             run_id = None
             if s.tracking.enabled and self.offline is None:
-                self.logger = tracking.RunLogger(self.uri, self.exp_id, run_name(s), params, tags,
+                self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params, tags,
                                                  journal)
                 try:
                     run_id = self.logger.start()
@@ -267,7 +291,7 @@ class Job:
                               uri=self.uri)
         headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
                     if k in result.scalars}
-        log.info("%s finished%s: %s", run_name(s), f" (run {run_id})" if run_id else "",
+        log.info("%s finished%s: %s", self.name, f" (run {run_id})" if run_id else "",
                  ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
         return {"status": "FINISHED", "run_id": run_id, "scalars": result.scalars}
 
@@ -282,6 +306,7 @@ class Job:
             "torch_threads": str(torch.get_num_threads()),
             "job_dir": str(self.job_dir),
             **tracking.owner_tags(),
+            **tracking.system_tags(),
         }
 
     def _prepare_tracking(self, tags: dict[str, str]) -> str | None:

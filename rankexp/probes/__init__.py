@@ -8,7 +8,10 @@ and its per-seed working memory (for seed chunking).
 
 To add a probe: write ``fn`` in a module of its family, declare its needs (a sweep need of
 :data:`rankexp.probes.jacobian.SWEEP_NEEDS`, a fold registered in :data:`FOLDS`, or none), and
-add one line below.
+add one line below.  Its options are the ``options`` it declares (their defaults): the config
+schema of ``task.options.<probe>`` is built from them (:func:`rankexp.config.options_schema`), so
+``task.options.representation.n=512`` overrides as typed and an unknown key is refused, listing
+the allowed ones, before any run exists.
 """
 
 from __future__ import annotations
@@ -26,29 +29,38 @@ FOLDS: dict[str, FoldFactory] = {
 PROBES: dict[str, Probe] = {
     "io_jacobian": Probe(sweep.probe_io_jacobian, frozenset({IO_JACOBIAN})),
     "profile": Probe(sweep.probe_profile, frozenset({PARTIAL_SPECTRA})),
-    "stream": Probe(sweep.probe_stream, memory=sweep.stream_memory),
+    "stream": Probe(sweep.probe_stream, memory=sweep.stream_memory, options=sweep.STREAM_OPTIONS),
     "branch_ratio": Probe(sweep.probe_branch_ratio, frozenset({BRANCH_NORMS})),
     "accumulated_branch": Probe(sweep.probe_accumulated_branch, frozenset({BRANCH_NORMS, BRANCH_SUM})),
     "path_order": Probe(paths.probe_path_order, frozenset({"path_orders", IO_JACOBIAN, BRANCH_NORMS}),
-                        memory=paths.path_order_memory),
+                        memory=paths.path_order_memory, options=paths.PATH_ORDER_OPTIONS),
     "representation": Probe(representation.probe_representation,
                             reduce=representation.reduce_representation,
-                            memory=representation.representation_memory),
+                            memory=representation.representation_memory,
+                            options=representation.REPRESENTATION_OPTIONS),
     "backward_representation": Probe(representation.probe_backward_representation,
-                                     memory=representation.backward_representation_memory),
+                                     memory=representation.backward_representation_memory,
+                                     options=representation.BACKWARD_REPRESENTATION_OPTIONS),
     "branch_jacobian": Probe(branch.probe_branch_jacobian, reduce=branch.reduce_branch_jacobian,
-                             memory=branch.branch_jacobian_memory),
+                             memory=branch.branch_jacobian_memory,
+                             options=branch.BRANCH_JACOBIAN_OPTIONS),
     "activation_spike": Probe(branch.probe_activation_spike, reduce=branch.reduce_activation_spike,
-                              memory=branch.activation_spike_memory),
+                              memory=branch.activation_spike_memory,
+                              options=branch.ACTIVATION_SPIKE_OPTIONS),
     "projection_split": Probe(branch.probe_projection_split, reduce=branch.reduce_projection_split,
                               memory=branch.projection_split_memory),
     # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
     # seeds at once (fits, histograms), so their seeds are never split into memory chunks
-    "correlation": Probe(meanfield.probe_correlation, splits_seeds=False),
-    "jacobian_spectrum": Probe(meanfield.probe_jacobian_spectrum, splits_seeds=False),
-    "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False),
-    "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False),
-    "shattered": Probe(gradients.probe_shattered, splits_seeds=False),
+    "correlation": Probe(meanfield.probe_correlation, splits_seeds=False,
+                         options=meanfield.CORRELATION_DEFAULTS),
+    "jacobian_spectrum": Probe(meanfield.probe_jacobian_spectrum, splits_seeds=False,
+                               options=meanfield.SPECTRUM_DEFAULTS),
+    "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False,
+                         options=meanfield.DEEP_LINEAR_DEFAULTS),
+    "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False,
+                            options=gradients.GRADIENT_NORMS_OPTIONS),
+    "shattered": Probe(gradients.probe_shattered, splits_seeds=False,
+                       options=gradients.SHATTERED_OPTIONS),
 }
 
 #: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
