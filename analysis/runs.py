@@ -37,6 +37,8 @@ log = logging.getLogger("analysis")
 #: goes with it. ``$RANKEXP_ANALYSIS_CACHE`` overrides both.
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "analysis"
 SERIES_PREFIX = "series:"
+#: ``DataFrame.attrs`` key of a loaded table: the names of its param columns
+PARAMS_ATTR = "params"
 
 Series = tuple[np.ndarray, np.ndarray]
 
@@ -102,6 +104,7 @@ def load_runs(
         if c.startswith("tags." + SEED_STD_PREFIX):
             cols.setdefault(c[len("tags." + SEED_STD_PREFIX):] + "_std", pd.to_numeric(v, errors="coerce"))
     table = pd.concat([out, pd.DataFrame(cols)], axis=1)
+    table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.common.mixed_cells)
     session = _Session.of(uri, cache_dir)
     session.remember(table)
     if series:

@@ -95,11 +95,32 @@ def base_name(s: RankexpConfig) -> str:
 
 def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
     """The job's run name: the one its sweep gave it (``run_names.json``), else :func:`base_name`."""
-    if ctx is not None and ctx.sweep_dir is not None and ctx.num is not None:
-        names = tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}
-        if str(ctx.num) in names:
-            return names[str(ctx.num)]
-    return base_name(s)
+    names = sweep_record(ctx).get("names", [])
+    return names[ctx.num] if ctx is not None and ctx.num is not None and ctx.num < len(names) \
+        else base_name(s)
+
+
+def sweep_record(ctx: JobContext | None) -> dict[str, Any]:
+    """The sweeper's record of this job's sweep (:data:`rankexp.tracking.NAMES_FILE`), or {}."""
+    if ctx is None or ctx.sweep_dir is None:
+        return {}
+    return tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}
+
+
+def sweep_progress(ctx: JobContext, name: str) -> str | None:
+    """``job 3/8 post·α1·L96 — 2 done in 1m10s, ETA 3m30s`` for a job of a sweep (ETA from the
+    sweep's throughput so far, so parallel launchers are estimated right), else None."""
+    record = sweep_record(ctx)
+    if ctx.num is None or "names" not in record:
+        return None
+    total = len(record["names"])
+    done = sum((tracking.read_json(ctx.sweep_dir / str(i) / tracking.STATUS_FILE) or {}).get("status")
+               in ("FINISHED", "SKIPPED", "FAILED", "KILLED") for i in range(total) if i != ctx.num)
+    elapsed = time.time() - float(record.get("started", time.time()))
+    from .tasks.train import duration
+
+    eta = f", ETA {duration(elapsed / done * (total - done))}" if done else ""
+    return f"job {ctx.num + 1}/{total} {name} — {done} done in {duration(elapsed)}{eta}"
 
 
 # --------------------------------------------------------------------------- results on disk
@@ -242,6 +263,9 @@ class Job:
     # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
         s, job_dir = self.s, self.job_dir
+        line = sweep_progress(self.ctx, self.name)
+        if line:
+            log.info("%s", line)
         tags = self._tags()
         previous = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         if previous.get("config_hash") != self.chash:

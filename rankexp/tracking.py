@@ -61,7 +61,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 PARENT_FILE = "mlflow_parent.json"
-#: job number → run name, written by the sweeper (names from the swept axes: rankexp.naming)
+#: ``{"started": Unix time, "names": [run name of job 0, 1, …]}``, written by the sweeper
+#: (names from the swept axes: rankexp.naming); jobs read their name and `job i/N` from it
 NAMES_FILE = "run_names.json"
 FINISHED_FILE = "finished.json"
 STATUS_FILE = "status.json"

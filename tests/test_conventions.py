@@ -128,3 +128,26 @@ printf 'reply:%s\\n' "${COMPREPLY[@]}"
     assert "hydra_bash_completion" in p.stdout and "rankexp" in p.stdout
     replies = {line[len("reply:"):] for line in p.stdout.splitlines() if line.startswith("reply:")}
     assert {"norm=", "norm."} <= replies, p.stdout
+
+
+def test_heatmap_refuses_to_average_runs_whose_params_differ():
+    """Row 9: a sweep plus one extra run with another width (and other probes) in one cell."""
+    import pandas as pd
+
+    from analysis.heatmap import heatmap_table
+
+    grid = [(a, L) for a in (1.0, 2.0) for L in (4, 8)]
+    rows = [{"alpha": a, "depth": L, "width": 16, "task.probes": "[io_jacobian]", "seed": 0,
+             "nominal_ratio": a * a, "norm.placement": "post", "erank_io": 0.5} for a, L in grid]
+    df = pd.DataFrame(rows)
+    df.attrs["params"] = ["alpha", "depth", "width", "task.probes", "seed", "nominal_ratio",
+                          "norm.placement"]
+    assert heatmap_table(df, "erank_io", "alpha", "depth", "norm.placement")["count"].max() == 1
+    again = pd.concat([df, df.assign(seed=4)])  # the same configs, other seeds: averaged
+    assert heatmap_table(again, "erank_io", "alpha", "depth", None)["count"].max() == 2
+    extra = pd.concat([df, df.iloc[:1].assign(width=32, **{"task.probes": "[profile]"})])
+    with pytest.raises(SystemExit, match=r"width ∈ \[16, 32\]; task.probes ∈") as e:
+        heatmap_table(extra, "erank_io", "alpha", "depth", "norm.placement")
+    assert "--filter" in str(e.value)
+    # … unless the differing param is an axis of the figure
+    assert heatmap_table(extra, "erank_io", "alpha", "width", "depth")["count"].max() == 1

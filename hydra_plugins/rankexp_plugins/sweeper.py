@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,8 @@ class RankexpSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        tracking.write_json(sweep_dir / tracking.NAMES_FILE, dict(enumerate(checked["names"])))
+        tracking.write_json(sweep_dir / tracking.NAMES_FILE,
+                            {"started": time.time(), "names": checked["names"]})
         first = checked["settings"][0].tracking
         if not first.enabled:
             return None
