@@ -22,7 +22,7 @@ PREFIX = {
     "task": "", "norm.pre": "P:", "norm.out": "B:", "norm.post": "R:", "dtype": "",
 }
 #: values shown in the field's notation instead of the config's spelling
-VALUE = {"beta_scaling": {"const": "β·1", "inv_sqrt_depth": "β/√L", "inv_depth": "β/L"}}
+VALUE = {"beta_scaling": {"const": "β", "inv_sqrt_depth": "β/√L", "inv_depth": "β/L"}}
 SEP = "·"
 
 

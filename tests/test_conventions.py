@@ -151,3 +151,17 @@ def test_heatmap_refuses_to_average_runs_whose_params_differ():
     assert "--filter" in str(e.value)
     # … unless the differing param is an axis of the figure
     assert heatmap_table(extra, "erank_io", "alpha", "width", "depth")["count"].max() == 1
+
+
+def test_the_gpu_cluster_launcher_example_composes_as_documented():
+    """Row 11: launchers/README.md's worked example inherits slurm_gpu and sets site keys."""
+    from rankexp.config import check_slurm_limits
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", ["hydra/launcher=example_gpu_cluster"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("RankexpSlurmLauncher") and launcher.partition == "gpu"
+    assert (launcher.account, launcher.qos, launcher.gres) == ("myproject", "normal", "gpu:a100:1")
+    assert launcher.max_num_timeout == 10 and launcher.signal_delay_s == 120
+    assert launcher.setup[0] == "module purge" and "MLFLOW_TRACKING_URI" in launcher.setup[-1]
+    check_slurm_limits(launcher)
