@@ -174,12 +174,17 @@ def options_schema() -> type:
     with the allowed keys."""
     from .probes import PROBES
 
+    def named(cls: type) -> type:  # importable by name, so configs pickle (submitit ships them)
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+        globals()[cls.__name__] = cls
+        return cls
+
     nodes = []
     for name, probe in PROBES.items():
         fields = [(k, *_option_field(v)) for k, v in probe.options.items()]
-        node = dataclasses.make_dataclass(f"{name.title().replace('_', '')}Options", fields)
+        node = named(dataclasses.make_dataclass(f"{name.title().replace('_', '')}Options", fields))
         nodes.append((name, node, field(default_factory=node)))
-    return dataclasses.make_dataclass("ProbeOptions", nodes)
+    return named(dataclasses.make_dataclass("ProbeOptions", nodes))
 
 
 ProbeOptions = options_schema()
