@@ -479,13 +479,29 @@ def owner_gone(tags: dict[str, str], start_ms: int, sacct: dict[str, str],
     return None
 
 
-def close_run(client, run_id: str, status: str, reason: str, message: str = "") -> None:
-    """End a run that will not finish: ``rankexp.end_reason``, ``error`` and the status."""
-    from mlflow.entities import RunTag
+def close_run(client, run_id: str, status: str, reason: str, message: str = "",
+              params: dict[str, Any] | None = None) -> None:
+    """End a run that will not finish: ``rankexp.end_reason``, ``error``, the ``params`` its
+    owner had not sent yet (they ride on a job's first batch) and the status."""
+    from mlflow.entities import Param, RunTag
 
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
-    client.log_batch(run_id, tags=tags)
+    pending = [Param(k, _param_value(v)) for k, v in sorted((params or {}).items())]
+    client.log_batch(run_id, tags=tags, params=pending[:MAX_PARAMS])
+    for chunk in _chunks(pending[MAX_PARAMS:], MAX_PARAMS):
+        client.log_batch(run_id, params=chunk)
     client.set_terminated(run_id, status)
+
+
+def _unsent_params(run) -> dict[str, Any]:
+    """The params of a job run killed before its first batch, from its job directory's
+    ``run.json`` (when this machine sees it and it is that run's); else none."""
+    if run.data.params or run.data.tags.get(TAG_ROLE) == "sweep" or not run.data.tags.get("job_dir"):
+        return {}
+    record = read_json(Path(run.data.tags["job_dir"]) / RUN_FILE) or {}
+    if record.get("config_hash") != run.data.tags.get("config_hash"):
+        return {}
+    return record.get("params") or {}
 
 
 def reconcile(uri: str, experiment_id: str, stale_after_s: float,
@@ -507,7 +523,7 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
         status, reason, message = verdict
         if r.data.tags.get(TAG_ROLE) == "sweep":
             _log_counts(client, r.info.run_id, count_jobs(_job_dirs_of(r.data.tags.get("sweep_id"))))
-        close_run(client, r.info.run_id, status, reason, message)
+        close_run(client, r.info.run_id, status, reason, message, _unsent_params(r))
         closed[r.info.run_id] = (status, reason)
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
                     message)

@@ -127,3 +127,6 @@ def test_a_damaged_store_is_named_before_any_run(cli):
     assert p.returncode == 2, p.stdout[-2000:]
     assert f"{db} cannot be used as an MLflow store" in p.stdout
     assert "Traceback" not in p.stdout and len(p.stdout.strip().splitlines()) <= 3, p.stdout
+    p = cli("depth=3", "width=8", "seeds=1", "alpha=1,2,3", "-m", check=False)  # once, not per job
+    assert p.returncode == 2 and p.stdout.count(f"{db} cannot be used as an MLflow store") == 1, p.stdout
+    assert not (cli.cwd / "multirun").exists()

@@ -18,7 +18,8 @@ import pytest
 from services import clean_env, finish, rankexp, start_rankexp, sweep_runs
 
 # Hydra's basic launcher runs the jobs one after another in this order: two cheap jobs
-# (L=4), then two that take a second or two each (L=64), so job 3 can be caught running.
+# (L=4), then the two L=64 ones.  Job 3 is caught running by making it wait for the signal
+# (RANKEXP_FAULT_HANG; the engine computes an L=64 job faster than the store can be polled).
 SWEEP = ("norm=post", "depth=4,64", "alpha=1,2", "width=16", "seeds=1", "-m")
 GRID = {("4", "1.0"), ("4", "2.0"), ("64", "1.0"), ("64", "2.0")}
 
@@ -30,7 +31,8 @@ def statuses(runs) -> list[str]:
 def stop_after_two_finished(tmp_path, uri: str, sig: int, in_job: bool, group: bool = False):
     """Start the sweep, poll its store, send ``sig`` once two runs are FINISHED (and, if
     ``in_job``, the third is RUNNING); returns the sweep's Result."""
-    proc = start_rankexp(*SWEEP, cwd=tmp_path, env=clean_env())
+    env = clean_env(RANKEXP_FAULT_HANG="depth=64") if in_job else clean_env()
+    proc = start_rankexp(*SWEEP, cwd=tmp_path, env=env)
     deadline, seen = time.monotonic() + 240, None
     while proc.poll() is None and time.monotonic() < deadline:
         # poll only once the sweep has created the store (no schema race with it)
@@ -106,6 +108,9 @@ def test_sigkill_leaves_runs_that_the_next_command_reconciles(tmp_path):
     runs = {r.info.run_id: r for r in jobs}
     assert runs[lone.info.run_id].info.status == "KILLED"
     assert runs[lone.info.run_id].data.tags["rankexp.end_reason"] == "owner_gone"
+    # killed before its first batch, it gets its config from its job directory's run.json
+    assert runs[lone.info.run_id].data.params["task.name"] == "train"
+    assert runs[lone.info.run_id].data.params["depth"] == "2"
     measured = [r for r in jobs if r.data.tags["task"] == "measure"]
     assert statuses(measured) == ["FINISHED", "FINISHED", "RUNNING"] and parent.info.status == "RUNNING"
     stale = {parent.info.run_id} | {r.info.run_id for r in measured if r.info.status == "RUNNING"}

@@ -32,12 +32,8 @@ pytestmark = pytest.mark.skipif(
     not (DEFAULT_ROOT / ARCHIVE_NAME).is_file(), reason=f"no {DEFAULT_ROOT / ARCHIVE_NAME}"
 )
 
-# the job wrapper's part, done here: SIGTERM → interrupt.request (deferred inside the loop)
-DRIVER = (
-    "import signal, sys; from rankexp import interrupt; "
-    "signal.signal(signal.SIGTERM, interrupt.handler); "
-    "from rankexp.__main__ import main; sys.argv[0] = 'rankexp'; main()"
-)
+# the command line as users start it (its job wrapper turns SIGTERM into a stop request)
+DRIVER = "import sys; from rankexp.__main__ import cli; sys.argv[0] = 'rankexp'; cli()"
 
 
 def tiny_train(run_dir: Path, ckpt_dir: Path, *extra: str) -> list[str]:
@@ -66,7 +62,7 @@ def finished(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
 
 
 def arrays(run_dir: Path) -> dict[str, np.ndarray]:
-    with np.load(run_dir / "arrays.npz") as z:
+    with np.load(run_dir / "result" / "arrays.npz") as z:
         return {k: z[k] for k in z.files}
 
 
@@ -90,8 +86,10 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_resumes_bit_identically(tmp_
             break
         time.sleep(0.05)
     out = finished(proc, log)
-    assert proc.returncode != 0, out[-3000:]
-    assert "SIGTERM: stopped after step" in out and "JobInterrupted" in out, out[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "SIGTERM: stopped after step" in out and "interrupted by SIGTERM" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "KILLED"
     (ckpt,) = ckpt_dir.glob("*.pt")
     stopped_at = torch.load(ckpt, weights_only=True)["step"]
     assert 30 <= stopped_at < 300
@@ -109,7 +107,7 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_resumes_bit_identically(tmp_
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     for name, w in final_model(ref_ckpt).items():
         assert torch.equal(final_model(ckpt_dir)[name], w), name
-    scalars = json.loads((run_dir / "result.json").read_text())["scalars"]
+    scalars = json.loads((run_dir / "result" / "result.json").read_text())["scalars"]
     assert scalars["steps"] == 300
 
 

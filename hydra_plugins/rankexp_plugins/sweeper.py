@@ -130,11 +130,12 @@ class RankexpSweeper(BasicSweeper):
             tracking.configure_http(t.http_retries, t.http_timeout_s, t.http_backoff)
             try:
                 uri = tracking.resolve_uri(t.uri)
-                if uri not in stores:
-                    tracking.check_store(uri)
-                    stores.add(uri)
+                if uri in stores:  # each store once, answering or not
+                    continue
+                stores.add(uri)
+                tracking.check_store(uri)
             except tracking.TrackingError as e:
-                if str(e) not in errors:
+                if f"  {e}" not in errors:
                     errors.append(f"  {e}")
         if errors:
             print(f"error: invalid sweep — nothing was started ({len(jobs)} jobs):\n"
