@@ -93,7 +93,7 @@ def _env() -> dict[str, str]:
 
 
 def test_rankexp_help_lists_knobs_probes_and_groups_users_choose(tmp_path):
-    """Row 4 (and row 3's `--hydra-help`): the console script's app help, in a subprocess."""
+    """Row 4: the console script's app help, in a subprocess."""
     p = subprocess.run(["rankexp", "depth=96", "--help"], cwd=tmp_path, env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -106,21 +106,21 @@ def test_rankexp_help_lists_knobs_probes_and_groups_users_choose(tmp_path):
             assert f"{key}=" in out, (probe, key)
     assert "norm: none, output, peri, post, pre" in out and "size: smoke, cpu, full" in out
     assert "schema/" not in out and "fig1/" not in out and "powered by Hydra" not in out
-    h = subprocess.run([sys.executable, "-m", "rankexp", "--hydra-help"], cwd=tmp_path, env=_env(),
-                       capture_output=True, text=True, timeout=300)
-    assert h.returncode == 0 and "-sc install=bash" in h.stdout, h.stderr
 
 
 def test_bash_completion_of_the_rankexp_command(tmp_path):
     """Row 3: install Hydra's bash completion for `rankexp` and complete `nor<TAB>` exactly as
-    bash would (the completion function with COMP_LINE/COMP_POINT/COMP_CWORD)."""
-    script = """
+    bash would (the completion function with COMP_LINE/COMP_POINT/COMP_CWORD).  The install
+    runs the form `--hydra-help` prints for `python -m rankexp` (`python …/rankexp/__main__.py`),
+    which v1's relative import crashed."""
+    script = f"""
 set -e
+eval "$({sys.executable} {Path(CONF_DIR).parent / 'rankexp' / '__main__.py'} -sc install=bash)"
 eval "$(rankexp -sc install=bash)"
 complete -p rankexp
-COMP_LINE="rankexp alpha=2 nor"; COMP_POINT=${#COMP_LINE}; COMP_WORDS=(rankexp alpha=2 nor); COMP_CWORD=2
+COMP_LINE="rankexp alpha=2 nor"; COMP_POINT=${{#COMP_LINE}}; COMP_WORDS=(rankexp alpha=2 nor); COMP_CWORD=2
 hydra_bash_completion
-printf 'reply:%s\\n' "${COMPREPLY[@]}"
+printf 'reply:%s\\n' "${{COMPREPLY[@]}}"
 """
     p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_env(), capture_output=True,
                        text=True, timeout=300)
