@@ -76,7 +76,7 @@ def test_eight_parallel_jobs_log_every_point_to_a_postgres_backed_server(
     with ThreadPoolExecutor(8) as pool:
         per_run = list(pool.map(check_run, jobs))
     total = sum(per_run)
-    # 9 scalars (their seed spread in tags) + 4 series of L points + rms with L+1, per run
+    # the scalars (their seed spread in tags) + 4 series of L points + rms with L+1, per run
     assert per_run and all(n > 5 * 8 for n in per_run)
 
     # the same count straight from PostgreSQL: the server stored each point exactly once
