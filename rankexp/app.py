@@ -272,8 +272,14 @@ class Job:
             previous = {}
         if s.tracking.enabled:
             done = self._prepare_tracking(tags)
-            if done is None and previous.get("status") == "FINISHED" and previous.get("run_id"):
-                done = previous["run_id"] if self._store_status(previous["run_id"]) == "FINISHED" else None
+            again = s.tracking.resume and not s.tracking.force
+            if (again and done is None and previous.get("status") == "FINISHED"
+                    and previous.get("run_id") and self._store_status(previous["run_id"]) == "FINISHED"):
+                # an earlier attempt of this very job finished (a Slurm requeue after the end):
+                # the job stays FINISHED, counted once — not "skipped" as done by another sweep
+                log.info("this job already FINISHED as run %s (an earlier attempt); nothing to do",
+                         previous["run_id"])
+                return {"status": "FINISHED", "run_id": previous["run_id"], "scalars": {}}
             if done:
                 log.info("skipping: this config (hash %s) already FINISHED as run %s "
                          "(tracking.force=true reruns it)", self.chash, done)

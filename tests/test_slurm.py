@@ -156,12 +156,13 @@ def test_requeued_training_jobs_end_one_finished_run_each(slurm_cluster, tmp_pat
     submitit's time-limit warning (SIGUSR2), checkpoints and requeues itself
     (``max_num_timeout``).  Each resumes from its checkpoint; the earlier attempt's run is
     superseded (tagged, deleted), so each config has one FINISHED run, the parent FINISHED
-    with 2 finished, and the sweep exits 0."""
+    with 2 finished, and the sweep exits 0.  (6000 steps: the merged training engine ran
+    1500 tiny steps before the signals landed.)"""
     env = slurm_cluster.env()
     ckpt = tmp_path / "ckpt"
     proc = start_rankexp(
-        "task=train", "depth=2", "width=16", "alpha=1,2", "task.steps=1500", "task.eval_every=500",
-        "task.log_every=100", "task.checkpoint_every=100", "task.lrs=[0.001]",
+        "task=train", "depth=2", "width=16", "alpha=1,2", "task.steps=6000", "task.eval_every=2000",
+        "task.log_every=500", "task.checkpoint_every=100", "task.lrs=[0.001]",
         f"task.checkpoint_dir={ckpt}", *SLURM, "-m", cwd=tmp_path, env=env,
     )  # fmt: skip
     deadline, hashes = time.monotonic() + 200, {}
@@ -193,16 +194,24 @@ def test_requeued_training_jobs_end_one_finished_run_each(slurm_cluster, tmp_pat
     c = client(uri)
     every = c.search_runs([parent.info.experiment_id], run_view_type=ViewType.ALL)
     superseded = [r for r in every if r.info.lifecycle_stage == "deleted"]
-    assert len(superseded) == 2, [(r.info.status, r.data.tags.get("rankexp.end_reason")) for r in every]
+    task0 = "".join(line for p in tmp_path.glob(f"multirun/*/*/.submitit/{array_id}_0/*_log.out")
+                    for line in p.read_text().splitlines(keepends=True) if "step/s]" not in line)
+    # Task 0: this test cluster's slurmd does not always stop a running task on `scontrol
+    # requeue`; the task then trains to the end and Slurm starts it again afterwards.  Either
+    # way it must end one FINISHED run, counted once: interrupted → superseded (SIGTERM) and
+    # resumed; not interrupted → the second start finds its own FINISHED run.
+    outside = [r for r in superseded if r.data.tags["rankexp.end_reason"] == "SIGTERM"]
+    if not outside:
+        assert "already FINISHED as run" in task0 and "(an earlier attempt)" in task0, task0[-4000:]
     reasons = sorted(r.data.tags["rankexp.end_reason"] for r in superseded)
-    assert reasons == ["SIGTERM", "requeued"], reasons
+    assert reasons == (["SIGTERM", "requeued"] if outside else ["requeued"]), (reasons, task0[-4000:])
     for old in superseded:
         new = c.get_run(old.data.tags["rankexp.superseded_by"])
         assert new.info.status == "FINISHED" and new.data.tags["config_hash"] == old.data.tags["config_hash"]
         assert new.data.tags["rankexp.attempt"] == "2"
         steps = [p.step for p in c.get_metric_history(new.info.run_id, "train_loss_lr0.001")]
-        assert sorted(steps) == list(range(100, 1501, 100)), steps  # whole curve, no duplicates
+        assert sorted(steps) == list(range(500, 6001, 500)), steps  # whole curve, no duplicates
     logs = "".join(p.read_text() for p in tmp_path.glob("multirun/*/*/.submitit/*/*_log.*"))
-    assert len(re.findall(r"resuming from .* at step [1-9]", logs)) == 2, logs[-3000:]
+    assert len(re.findall(r"resuming from .* at step [1-9]", logs)) == 1 + len(outside), logs[-3000:]
     states = slurm_cluster.wait_sacct(array_id, {"COMPLETED"})
     assert set(states.values()) == {"COMPLETED"}, states
