@@ -60,8 +60,11 @@ reproduce: setup  ## every experiment at size=cpu, then the report that checks t
 	  $(PY) -m analysis report --uri sqlite:///$(abspath $(REPRODUCE))/mlflow.db --out $(REPRODUCE)/report \
 	  && exit $$rc
 
-ui: setup  ## browse the default store in the MLflow UI (http://127.0.0.1:5000)
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+UI_STORE ?= sqlite:///$(CURDIR)/mlflow.db
+UI_PORT  ?= 5000
+ui: setup  ## browse a store in the MLflow UI, http://127.0.0.1:5000 (UI_STORE=…, UI_PORT=…); job runner off, 1 worker
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri $(UI_STORE) \
+	  --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 lint: setup
 	$(VENV)/bin/ruff check rankexp analysis tests

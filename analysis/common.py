@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import pandas as pd
 
 from rankexp.tracking import TrackingError
 
-from .runs import cached_series, load_runs
+from .runs import PARAMS_ATTR, cached_series, load_runs
 
 log = logging.getLogger("analysis")
 
@@ -176,6 +176,45 @@ def warn_mixed(df: pd.DataFrame, axes: Iterable[str], experiments: list[str]) ->
             ", ".join(f"{k} ∈ {sorted(df[k].dropna().unique().tolist(), key=str)}" for k in mixed),
         )
     return mixed
+
+
+#: params that are functions of others (βα^M, β/√L…) or that only tell repeated runs of one
+#: config apart (the seed offset): never a reason to keep two runs out of one cell
+DERIVED_PARAMS = ("beta_eff", "nominal_ratio", "depth_factor", "seed", "size")
+
+
+def mixed_cells(df: pd.DataFrame, cells: Sequence[str]) -> dict[str, list]:
+    """Params (other than ``cells``) whose value differs between runs of one cell: the runs a
+    figure would average although their configs differ (e.g. one extra run with another width
+    or other probes).  Params are the loaded table's param columns (``load_runs``), else
+    :data:`CONFIG_KEYS`.
+
+    Returns ``{param: sorted values}`` over the cells where it differs.
+    """
+    params = df.attrs.get(PARAMS_ATTR) or [k for k in CONFIG_KEYS if k in df]
+    others = [k for k in params if k in df and k not in set(cells) and k not in DERIVED_PARAMS]
+    if not others or df.empty:
+        return {}
+    text = df[others].astype(str)
+    counts = text.groupby([df[c].astype(str) for c in cells], dropna=False).nunique()
+    bad = [k for k in others if (counts[k] > 1).any()]
+    return {k: sorted(df[k].dropna().unique().tolist(), key=str) for k in bad}
+
+
+def refuse_mixed(df: pd.DataFrame, cells: Sequence[str], command: str) -> None:
+    """Refuse (exit 2) to average runs whose configs differ within a cell, naming the params.
+
+    Raises:
+        SystemExit: the message lists every differing param with its values and how to select.
+    """
+    mixed = mixed_cells(df, cells)
+    if mixed:
+        first = next(iter(mixed))
+        raise SystemExit(
+            f"error: {command}: runs in one cell differ in "
+            + "; ".join(f"{k} ∈ {v}" for k, v in mixed.items())
+            + f" — they would be averaged. Select some with --filter \"params.`{first}` = "
+            f"'{mixed[first][0]}'\", or make the param an axis (--panel {first})")
 
 
 def out_dir(args: argparse.Namespace) -> Path:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from .common import PLACEMENT_ORDER, ordered
+from .common import PLACEMENT_ORDER, ordered, refuse_mixed
 from .plotting import save
 from .runs import load_runs
 
@@ -17,13 +17,18 @@ from .runs import load_runs
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
     """Mean of ``metric`` per (panel, y, x) cell, with the number of runs per cell.
 
+    Runs of one cell must share every other param (seed offsets aside): a cell never averages
+    runs whose configs differ.
+
     Raises:
         KeyError: a column that the runs do not have (lists the ones they do).
+        SystemExit: runs of one cell differ in a param (each named with its values).
     """
     for col in [metric, x, y] + ([panel] if panel else []):
         if col not in df:
             raise KeyError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
     keys = ([panel] if panel else []) + [y, x]
+    refuse_mixed(df, keys, "heatmap")
     return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from rankexp.locations import REPO_ROOT
-from rankexp.tracking import metric_histories, resolve_uri, runs_table
+from rankexp.tracking import SEED_STD_PREFIX, metric_histories, resolve_uri, runs_table
 
 log = logging.getLogger("analysis")
 
@@ -37,6 +37,8 @@ log = logging.getLogger("analysis")
 #: goes with it. ``$RANKEXP_ANALYSIS_CACHE`` overrides both.
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "analysis"
 SERIES_PREFIX = "series:"
+#: ``DataFrame.attrs`` key of a loaded table: the names of its param columns
+PARAMS_ATTR = "params"
 
 Series = tuple[np.ndarray, np.ndarray]
 
@@ -65,7 +67,8 @@ def load_runs(
     Column names drop MLflow's prefixes: params keep their dotted config keys
     (``depth``, ``alpha``, ``norm.placement``, ``nominal_ratio``…; numeric where
     every value parses), metrics are prefixed ``m:`` only if a param has the same
-    name, tags keep ``tags.``.  ``run_id``, ``status`` and ``end_time`` (ms since the
+    name, tags keep ``tags.``; a scalar's seed spread (tag ``seed_std.<m>``) is the column
+    ``<m>_std``.  ``run_id``, ``status`` and ``end_time`` (ms since the
     epoch, NaN while running) are kept.
 
     Args:
@@ -95,7 +98,13 @@ def load_runs(
     for k, v in metrics.items():
         cols[f"m:{k}" if k in params else k] = v
     cols.update(tags)
+    # a scalar's seed spread is the tag seed_std.<m> (rankexp.tracking.split_seed_std); stores
+    # written before it have the metric <m>_std, which wins where both exist
+    for c, v in tags.items():
+        if c.startswith("tags." + SEED_STD_PREFIX):
+            cols.setdefault(c[len("tags." + SEED_STD_PREFIX):] + "_std", pd.to_numeric(v, errors="coerce"))
     table = pd.concat([out, pd.DataFrame(cols)], axis=1)
+    table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.common.mixed_cells)
     session = _Session.of(uri, cache_dir)
     session.remember(table)
     if series:

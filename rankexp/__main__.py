@@ -1,6 +1,10 @@
-"""``python -m rankexp [overrides] [-m]`` — the one entrypoint (design.md §1; :mod:`rankexp.cli`)."""
+"""``python -m rankexp [overrides] [-m]`` — the one entrypoint (design.md §1; :mod:`rankexp.cli`).
 
-from .cli import CONF_DIR, cli
+The console script ``rankexp`` is the same (pyproject ``[project.scripts]``).  Imports are
+absolute so that ``python rankexp/__main__.py`` (the form Hydra's ``--hydra-help`` prints) works.
+"""
+
+from rankexp.cli import CONF_DIR, cli
 
 __all__ = ["CONF_DIR", "cli"]
 

@@ -45,7 +45,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from . import interrupt, tracking
+from . import interrupt, naming, tracking
 from .config import (
     RankexpConfig,
     check_job,
@@ -72,9 +72,27 @@ def derived_params(s: RankexpConfig) -> dict[str, float]:
     return {"beta_eff": beta, "nominal_ratio": ratio, "depth_factor": ratio * s.depth**0.5}
 
 
-def run_name(s: RankexpConfig) -> str:
-    """Short readable run name, e.g. ``post·α1·β1·L48·d256``; ``model=gpt2``: ``gpt2·L12·d768``
-    (``<checkpoint>·L12·d768`` when pretrained); ``model=cifar_resnet``: ``resnet·L110·train``."""
+def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
+    """The run's MLflow params: what defines the experiment — the resolved config flattened with
+    dots, without where/how it is recorded or run (``tracking.*``, ``device``: tags), without
+    ``data.*`` and the memory budget for a measurement, without options of probes it does not
+    run and without unset values (``lr: None``) — plus :func:`derived_params`."""
+    c = {k: v for k, v in container.items() if k not in ("tracking", "device")}
+    if s.task.name == "measure":
+        c.pop("data", None)
+        task = {k: v for k, v in c["task"].items() if k != "max_memory_gb"}
+        task["options"] = {p: o for p, o in (task.get("options") or {}).items() if p in s.task.probes}
+        c["task"] = task
+    # βα^M and friends describe the residual MLP and the plain nets; a ConvNet or an LM has no β, α
+    derived = derived_params(s) if s.model.name in ("mlp", "plain") else {}
+    return {k: v for k, v in {**flatten(c), **derived}.items() if v is not None and v != {}}
+
+
+def base_name(s: RankexpConfig) -> str:
+    """A single run's name from its config, e.g. ``post·α1·β1·L48·d256`` (a sweep's jobs are
+    named by the axes it varies instead: :mod:`rankexp.naming`); ``model=gpt2``:
+    ``gpt2·L12·d768`` (``<checkpoint>·L12·d768`` when pretrained); ``model=cifar_resnet``:
+    ``resnet·L110·train``."""
     if s.model.name == "gpt2":
         source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
         return f"{source}·L{s.depth}·d{s.width}"
@@ -83,11 +101,38 @@ def run_name(s: RankexpConfig) -> str:
         if s.model.base_width != 16:
             name += f"·w{s.model.base_width}"
         return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
-    beta = f"{s.beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[s.beta_scaling.value]
-    name = f"{s.norm.placement.value}·α{s.alpha:g}·β{beta}·L{s.depth}·d{s.width}"
-    if s.task.name == "train":
-        name += "·train" if s.lr is None else f"·lr{s.lr:g}"
-    return name
+    return naming.base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
+                            s.depth, s.width, s.task.name, s.lr)
+
+
+def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
+    """The job's run name: the one its sweep gave it (``run_names.json``), else :func:`base_name`."""
+    names = sweep_record(ctx).get("names", [])
+    return names[ctx.num] if ctx is not None and ctx.num is not None and ctx.num < len(names) \
+        else base_name(s)
+
+
+def sweep_record(ctx: JobContext | None) -> dict[str, Any]:
+    """The sweeper's record of this job's sweep (:data:`rankexp.tracking.NAMES_FILE`), or {}."""
+    if ctx is None or ctx.sweep_dir is None:
+        return {}
+    return tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}
+
+
+def sweep_progress(ctx: JobContext, name: str) -> str | None:
+    """``job 3/8 post·α1·L96 — 2 done in 1m10s, ETA 3m30s`` for a job of a sweep (ETA from the
+    sweep's throughput so far, so parallel launchers are estimated right), else None."""
+    record = sweep_record(ctx)
+    if ctx.num is None or "names" not in record:
+        return None
+    total = len(record["names"])
+    done = sum((tracking.read_json(ctx.sweep_dir / str(i) / tracking.STATUS_FILE) or {}).get("status")
+               in ("FINISHED", "SKIPPED", "FAILED", "KILLED") for i in range(total) if i != ctx.num)
+    elapsed = time.time() - float(record.get("started", time.time()))
+    from .tasks.train import duration
+
+    eta = f", ETA {duration(elapsed / done * (total - done))}" if done else ""
+    return f"job {ctx.num + 1}/{total} {name} — {done} done in {duration(elapsed)}{eta}"
 
 
 # --------------------------------------------------------------------------- results on disk
@@ -116,6 +161,7 @@ class JobContext:
     sweep_dir: Path | None
     overrides: str
     launcher: DictConfig | None
+    num: int | None = None  # the job's number in its sweep
 
 
 def job_context() -> JobContext:
@@ -127,7 +173,7 @@ def job_context() -> JobContext:
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
-                      hc.launcher if sweep else None)
+                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None)
 
 
 def pin_threads(launcher: DictConfig | None) -> None:
@@ -224,10 +270,14 @@ class Job:
         self.uri = self.exp_id = None
         self.offline: str | None = None  # why the store cannot be reached
         self.logger: tracking.Journal | None = None
+        self.name = run_name(s, ctx)
 
     # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
         s, job_dir = self.s, self.job_dir
+        line = sweep_progress(self.ctx, self.name)
+        if line:
+            log.info("%s", line)
         tags = self._tags()
         previous = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         if previous.get("config_hash") != self.chash:
@@ -250,19 +300,17 @@ class Job:
         out = job_dir / tracking.RESULT_DIR
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(self.container, sort_keys=False))
-        # (βα^M and friends describe the MLP; a ConvNet has no β or α)
-        derived = derived_params(s) if s.model.name != "cifar_resnet" else {}
-        params = {**flatten(self.container), **derived}
+        params = run_params(self.container, s)
         tracking.write_json(job_dir / tracking.RUN_FILE, {
             "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,
-            "run_name": run_name(s), "params": params, "tags": tags, "config_hash": self.chash,
+            "run_name": self.name, "params": params, "tags": tags, "config_hash": self.chash,
             "start_time": int(time.time() * 1000), "log_arrays": s.tracking.log_arrays})
         journal = job_dir / tracking.JOURNAL_FILE
         journal.unlink(missing_ok=True)
         try:
             run_id = None
             if s.tracking.enabled and self.offline is None:
-                self.logger = tracking.RunLogger(self.uri, self.exp_id, run_name(s), params, tags,
+                self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params, tags,
                                                  journal)
                 try:
                     run_id = self.logger.start()
@@ -285,7 +333,7 @@ class Job:
                               uri=self.uri)
         headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
                     if k in result.scalars}
-        log.info("%s finished%s: %s", run_name(s), f" (run {run_id})" if run_id else "",
+        log.info("%s finished%s: %s", self.name, f" (run {run_id})" if run_id else "",
                  ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
         return {"status": "FINISHED", "run_id": run_id, "scalars": result.scalars}
 
@@ -300,6 +348,7 @@ class Job:
             "torch_threads": str(torch.get_num_threads()),
             "job_dir": str(self.job_dir),
             **tracking.owner_tags(),
+            **tracking.system_tags(),
         }
 
     def _prepare_tracking(self, tags: dict[str, str]) -> str | None:

@@ -67,7 +67,8 @@ def cli() -> None:
 
     args, _ = get_args_parser().parse_known_args(sys.argv[1:])
     try:
-        check_override_keys(args.overrides, config_groups(CONF_DIR))
+        if not args.shell_completion:  # `-sc install=bash` / `query=bash` are Hydra's, not keys
+            check_override_keys(args.overrides, config_groups(CONF_DIR))
     except ConfigError as e:
         _fail(str(e), 2)
     try:

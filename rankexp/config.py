@@ -10,6 +10,7 @@ creates any MLflow run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -252,19 +253,72 @@ MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "gpt2": 
                                   "cifar_resnet": CifarResNetModel}
 
 
+def _option_field(default: Any) -> tuple[Any, Any]:
+    """(type, dataclass field) of one probe option from its declared default: ints, floats and
+    bools are typed (``n=abc`` is refused while composing), anything else (``None``, strings
+    that may also be numbers, lists) is ``Any``."""
+    kind = type(default) if isinstance(default, (bool, int, float)) else Any
+    if isinstance(default, (list, dict)):
+        return kind, field(default_factory=lambda d=default: copy.deepcopy(d))
+    return kind, field(default=default)
+
+
+def options_schema() -> type:
+    """The schema of ``task.options``: one node per probe of :data:`rankexp.probes.PROBES`, its
+    keys and defaults those the probe declares (``Probe.options``) — so every documented option
+    overrides as typed (``task.options.representation.n=512``) and an unknown one is refused
+    with the allowed keys."""
+    from .probes import PROBES
+
+    def named(cls: type) -> type:  # importable by name, so configs pickle (submitit ships them)
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+        globals()[cls.__name__] = cls
+        return cls
+
+    nodes = []
+    for name, probe in PROBES.items():
+        fields = [(k, *_option_field(v)) for k, v in probe.options.items()]
+        node = named(dataclasses.make_dataclass(f"{name.title().replace('_', '')}Options", fields))
+        nodes.append((name, node, field(default_factory=node)))
+    return named(dataclasses.make_dataclass("ProbeOptions", nodes))
+
+
+ProbeOptions = options_schema()
+
+
+def given_options(options: Any) -> dict[str, dict[str, Any]]:
+    """``task.options`` (the schema node, a dict, or its dataclass) as ``{probe: {key: value}}``
+    without the values equal to the probe's declared default: what the user chose."""
+    from .probes import PROBES
+
+    if dataclasses.is_dataclass(options):
+        options = dataclasses.asdict(options)
+    out = {}
+    for name, opts in dict(options or {}).items():
+        defaults = PROBES[name].options if name in PROBES else {}
+        chosen = {k: v for k, v in dict(opts or {}).items()
+                  if k not in defaults or v != defaults[k]}
+        if chosen:
+            out[name] = chosen
+    return out
+
+
 @dataclass
 class MeasureTask:
     """``task=measure``: initialization-rank probes (see :data:`rankexp.probes.PROBES`)."""
 
     name: str = "measure"
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
-    options: dict[str, Any] = field(default_factory=dict)
+    #: per-probe options, ``task.options.<probe>.<key>`` (:func:`options_schema`)
+    options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
     #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
     max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         from .probes import PROBES
 
+        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
+            self.options = dataclasses.asdict(self.options)
         if not self.probes:
             raise _bad("task.probes", self.probes, "list at least one probe")
         for p in self.probes:
@@ -631,6 +685,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
     if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
         OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
+    if not OmegaConf.has_resolver("rankexp_help"):
+        from .helptext import section
+
+        OmegaConf.register_new_resolver("rankexp_help", section)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     if not OmegaConf.has_resolver("rankexp_default_probes"):
@@ -698,6 +756,8 @@ def config_hash(container: dict[str, Any]) -> str:
         semantic.pop("lr", None)
         # seed chunking never changes a number (tested), so the budget is not part of the hash
         semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+        # an option at its declared default adds nothing: v1's `options: {}` keeps its hash
+        semantic["task"]["options"] = given_options(semantic["task"].get("options"))
     norm = semantic.get("norm")
     if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
         # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash

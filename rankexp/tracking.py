@@ -6,8 +6,14 @@ Schema of one run (one Hydra job):
 * run name: short and readable, e.g. ``post·α1·β1·L48·d256``;
 * params: the resolved config flattened with dots, plus ``nominal_ratio`` (βα^M)
   and ``depth_factor`` (βα^M√L);
-* tags: ``config_hash`` (resume key), ``git_commit``, ``overrides``, ``sweep_id``,
-  ``device``, ``task``, ``job_dir``; ``mlflow.parentRunId`` groups a multirun under one parent;
+* run name: the axes the sweep varies (:mod:`rankexp.naming`: ``post·α2·L96``); a single
+  run ``post·α1·β1·L48·d256``; the sweep's parent ``<experiment>·<size>·<start time>``;
+* tags: MLflow's system tags (``mlflow.source.name``/``.type``, ``mlflow.user``,
+  ``mlflow.source.git.commit``: the UI's Source, Created by and commit) and
+  ``rankexp.git_dirty``; ``config_hash`` (resume key), ``git_commit`` (``+dirty`` when the
+  tree was), ``overrides``, ``sweep_id``, ``device``, ``task``, ``job_dir``, ``seed_std.<m>``
+  (the seed spread of scalar ``m``); ``mlflow.parentRunId`` groups a multirun under one parent,
+  whose ``mlflow.note.content`` (its description) is the command line;
 * owner tags, so that a run whose process is gone can be found and closed:
   ``rankexp.host``, ``rankexp.pid``, ``rankexp.pid_start`` (the process's start time, so a
   recycled pid is not mistaken for the owner), ``rankexp.slurm_job_id`` (``A_T`` for array
@@ -40,19 +46,24 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 PARENT_FILE = "mlflow_parent.json"
+#: ``{"started": Unix time, "names": [run name of job 0, 1, …]}``, written by the sweeper
+#: (names from the swept axes: rankexp.naming); jobs read their name and `job i/N` from it
+NAMES_FILE = "run_names.json"
 FINISHED_FILE = "finished.json"
 STATUS_FILE = "status.json"
 RUN_FILE = "run.json"
@@ -66,6 +77,9 @@ TAG_ROLE = "rankexp.role"
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_ATTEMPT, TAG_HEARTBEAT = "rankexp.slurm_job_id", "rankexp.attempt", "rankexp.heartbeat"
 TAG_REASON, TAG_SUPERSEDED = "rankexp.end_reason", "rankexp.superseded_by"
+TAG_DIRTY = "rankexp.git_dirty"
+SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
+TAG_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
 #: Slurm states in which a job may still close its own run
 SLURM_LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
               "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "STOPPED"}
@@ -299,10 +313,12 @@ def prepare_experiment(uri: str, name: str) -> str:
 _GIT: dict[str, str] = {}
 
 
-def git_commit(repo: Path | None = None) -> str:
-    """``HEAD`` of the repository holding rankexp (``+dirty`` if modified), or ``unknown``."""
-    if "commit" not in _GIT:
+def _git_state(repo: Path | None = None) -> dict[str, str]:
+    """``{"sha": HEAD or "", "dirty": "true"/"false"/""}`` of the repository holding rankexp
+    (asked once per process: two ``git`` calls)."""
+    if not _GIT:
         repo = repo or Path(__file__).resolve().parent.parent
+        _GIT.update(sha="", dirty="")
         try:
             sha = subprocess.run(
                 ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
@@ -313,10 +329,44 @@ def git_commit(repo: Path | None = None) -> str:
                 text=True,
                 timeout=5,
             ).stdout.strip()
-            _GIT["commit"] = (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+            if sha:
+                _GIT.update(sha=sha, dirty="true" if dirty else "false")
         except (OSError, subprocess.SubprocessError):
-            _GIT["commit"] = "unknown"
-    return _GIT["commit"]
+            pass
+    return _GIT
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """``HEAD`` of the repository holding rankexp (``+dirty`` if modified), or ``unknown``."""
+    g = _git_state(repo)
+    return (g["sha"] + ("+dirty" if g["dirty"] == "true" else "")) if g["sha"] else "unknown"
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as the user typed it: ``rankexp …`` (the console script) or
+    ``python -m rankexp …``."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = "rankexp" if Path(argv[0]).name == "rankexp" else "python -m rankexp"
+    return " ".join([prog, *(shlex.quote(a) for a in argv[1:])])
+
+
+def system_tags() -> dict[str, str]:
+    """MLflow's own tags, which its UI shows as Source, Created by and the commit
+    (``mlflow.source.name``, ``mlflow.source.type``, ``mlflow.user``,
+    ``mlflow.source.git.commit``), plus ``rankexp.git_dirty`` (``true`` when the working
+    tree differed from that commit).  A Slurm job is ``JOB``, anything else ``LOCAL``."""
+    import getpass
+
+    g = _git_state()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    tags = {"mlflow.source.name": "rankexp",
+            "mlflow.source.type": "JOB" if slurm_job_id() else "LOCAL", "mlflow.user": user}
+    if g["sha"]:
+        tags.update({"mlflow.source.git.commit": g["sha"], TAG_DIRTY: g["dirty"]})
+    return tags
 
 
 def _chunks(items: list, n: int) -> Iterator[list]:
@@ -569,6 +619,17 @@ def _points(scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None
     return points
 
 
+def split_seed_std(scalars: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """``(metrics, tags)``: a scalar's seed spread ``<m>_std`` (beside its mean ``<m>``) goes to
+    the tag ``seed_std.<m>`` rather than a metric of its own, so the MLflow UI draws one chart
+    per quantity, not two (the per-seed values are in ``arrays.npz``; series keep their
+    ``<m>_std`` band partner).  :func:`analysis.runs.load_runs` reads the tags back as
+    ``<m>_std`` columns."""
+    spread = {k for k in scalars if k.endswith("_std") and k[: -len("_std")] in scalars}
+    return ({k: v for k, v in scalars.items() if k not in spread},
+            {f"{SEED_STD_PREFIX}{k[: -len('_std')]}": repr(float(scalars[k])) for k in sorted(spread)})
+
+
 def read_journal(path: Path) -> list[tuple[int, list[list]]]:
     """``[(timestamp_ms, [[key, step, value], …]), …]`` from a :class:`Journal` file."""
     if not path.exists():
@@ -606,6 +667,20 @@ class RunLogger(Journal):
         self.run_id: str | None = None
         self.lost: str | None = None
         self._pending_params = sorted(self.params.items())
+
+    def __enter__(self) -> RunLogger:
+        """``with RunLogger(...) as run:`` — started on entry; on exit FINISHED (pending params
+        sent), or FAILED (KILLED for an interrupt) with the exception as its reason."""
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.finish({}, {}, None)
+        else:
+            killed = issubclass(exc_type, KeyboardInterrupt)
+            self.end("KILLED" if killed else "FAILED", exc_type.__name__, str(exc))
+        return False
 
     def start(self, start_time: int | None = None) -> str:
         """Create the run, every tag at once; returns the run id."""
@@ -657,7 +732,8 @@ class RunLogger(Journal):
         """
         if self.lost is None:
             try:
-                self._send(_points(scalars, series), tags or {})
+                scalars, spread = split_seed_std(scalars)
+                self._send(_points(scalars, series), {**spread, **(tags or {})})
                 if artifact_dir is not None:
                     self.client.log_artifacts(self.run_id, str(artifact_dir))
                 self.client.set_terminated(self.run_id, "FINISHED", end_time=end_time)
@@ -753,8 +829,10 @@ class SweepRun:
     true outcome of every job — after closing the children whose owners are gone."""
 
     def __init__(self, uri: str, experiment: str, sweep_dir: Path, job_dirs: list[Path],
-                 overrides: str, heartbeat_s: float, stale_after_s: float):
+                 overrides: str, heartbeat_s: float, stale_after_s: float,
+                 name: str | None = None, note: str = ""):
         self.uri, self.experiment, self.sweep_dir = uri, experiment, Path(sweep_dir).resolve()
+        self.name, self.note = name or f"sweep·{self.sweep_dir.name}", note
         self.job_dirs, self.overrides = job_dirs, overrides
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.client = _client(uri)
@@ -773,8 +851,9 @@ class SweepRun:
             done = {h: r for h, r in finished_configs(self.uri, self.experiment_id).items() if h in wanted}
             write_json(self.sweep_dir / FINISHED_FILE, done)
         tags = {"sweep_id": str(self.sweep_dir), TAG_ROLE: "sweep", "overrides": self.overrides,
-                "git_commit": git_commit(), "jobs_total": str(len(self.job_dirs)), **owner_tags()}
-        run = self.client.create_run(self.experiment_id, run_name=f"sweep·{self.sweep_dir.name}", tags=tags)
+                "git_commit": git_commit(), "jobs_total": str(len(self.job_dirs)), **owner_tags(),
+                **system_tags(), **({TAG_NOTE: self.note} if self.note else {})}
+        run = self.client.create_run(self.experiment_id, run_name=self.name, tags=tags)
         self.run_id = run.info.run_id
         write_json(self.sweep_dir / PARENT_FILE, {
             "uri": self.uri, "experiment": self.experiment, "experiment_id": self.experiment_id,

@@ -35,9 +35,17 @@ def test_issue_sweep_leaves_four_finished_runs_and_a_heatmap(cli):
             "erank_profile",
             "rms",
             "branch_ratio",
-            "erank_io_std",
+            "erank_profile_std",  # a series keeps its band partner
         ):
             assert key in m, key
+        # a scalar's seed spread is a tag, not a second chart (issue 9 row 8)
+        assert "erank_io_std" not in m and float(t["seed_std.erank_io"]) >= 0
+        # params are what defines the experiment
+        assert not [k for k in p if k.startswith(("tracking.", "data.")) or k in ("lr", "device")]
+        # MLflow's system tags: Source, Created by, the commit (+ whether the tree was dirty)
+        assert t["mlflow.source.name"] == "rankexp" and t["mlflow.source.type"] == "LOCAL"
+        assert t["mlflow.user"] and len(t["mlflow.source.git.commit"]) == 40
+        assert t["rankexp.git_dirty"] in ("true", "false")
         assert 0 < m["erank_io"] <= 1 and 1 <= m["stable_rank_io"] <= 24
         assert p["norm.placement"] == "post" and p["width"] == "24"
         assert float(p["nominal_ratio"]) == pytest.approx(float(p["alpha"]) ** 2)
@@ -48,7 +56,12 @@ def test_issue_sweep_leaves_four_finished_runs_and_a_heatmap(cli):
             assert t[tag], tag
         assert t["mlflow.parentRunId"] == parents[0].info.run_id
         assert "norm=post" in t["overrides"]
-        assert r.info.run_name.startswith("post·α")
+    # names from the swept axes (the norm= choice leads), the parent by experiment and time
+    assert sorted(r.info.run_name for r in runs) == ["post·α1·L48", "post·α1·L96",
+                                                     "post·α2·L48", "post·α2·L96"]
+    assert parents[0].info.run_name.startswith("rankexp·20")
+    note = parents[0].data.tags["mlflow.note.content"]
+    assert "python -m rankexp norm=post alpha=1,2 depth=48,96" in note
     # the per-layer series are logged with step = layer, and equal the job-dir result
     from mlflow.tracking import MlflowClient
 

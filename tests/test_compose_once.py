@@ -16,7 +16,7 @@ from rankexp.cli import CONF_DIR
 
 SWEEPS = {
     "values": [[f"alpha={a}", "width=8", "depth=2"] for a in (1, 1.5, 2)],
-    "groups and values": [[f"norm={n}", f"alpha={a}", "+task.options.stream.inputs=4"]
+    "groups and values": [[f"norm={n}", f"alpha={a}", "task.options.stream.inputs=4"]
                           for n in ("pre", "post") for a in (1, 2)],
     "experiment and size": [["experiment=fig5", "size=smoke", f"depth={d}", "++seed=3"]
                                    for d in (12, 24)],

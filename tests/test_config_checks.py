@@ -40,7 +40,7 @@ def test_unknown_keys_are_refused_with_a_suggestion(override, hint):
 
 @pytest.mark.parametrize("override", [
     "depth=4", "norm=post", "norm.op=layernorm", "experiment=fig5", "task.steps=5",
-    "+task.options.stream.inputs=64", "hydra.launcher.n_jobs=2", "hydra/launcher=slurm",
+    "task.options.stream.inputs=64", "hydra.launcher.n_jobs=2", "hydra/launcher=slurm",
 ])  # fmt: skip
 def test_known_keys_and_groups_pass(override):
     check_override_keys([override], GROUPS)
@@ -49,7 +49,7 @@ def test_known_keys_and_groups_pass(override):
 def test_a_composed_plus_key_is_refused():
     """Keys added by a config file (not the command line) are checked after composition."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=["+deph=4", "+task.options.stream.inputs=3"])
+        cfg = compose("config", overrides=["+deph=4", "task.options.stream.inputs=3"])
     with pytest.raises(ConfigError, match="unknown key 'deph' — did you mean 'depth'"):
         check_job(cfg)
 

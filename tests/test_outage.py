@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from services import REPO, MlflowServer, clean_env, client, finish, start_rankexp, sweep_runs
 
+from rankexp import tracking
+
 SWEEP = ("depth=4,24", "alpha=1,2,3", "width=16", "seeds=1", "tracking.experiment=outage", "-m")
 
 
@@ -91,8 +93,10 @@ def test_server_stopped_mid_sweep_then_sync_logs_every_config_once(server, tmp_p
         assert run.info.run_name == record["run_name"]
         assert run.data.params == {k: str(v) if not isinstance(v, (list, dict)) else json.dumps(v)
                                    for k, v in record["params"].items()}
+        scalars, spread = tracking.split_seed_std(result["scalars"])  # seed spread → tags
         assert run.data.metrics == pytest.approx(
-            {**result["scalars"], **{k: v["values"][-1] for k, v in result["series"].items()}}, nan_ok=True)
+            {**scalars, **{k: v["values"][-1] for k, v in result["series"].items()}}, nan_ok=True)
+        assert spread and all(run.data.tags[k] == v for k, v in spread.items())
         hist = sorted(c.get_metric_history(run.info.run_id, "erank_profile"), key=lambda m: m.step)
         assert [m.value for m in hist] == pytest.approx(result["series"]["erank_profile"]["values"])
         assert {a.path for a in c.list_artifacts(run.info.run_id)} == {"config.yaml", "result.json",

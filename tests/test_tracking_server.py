@@ -12,6 +12,8 @@ import pytest
 import services
 from services import clean_env, client, job_result, rankexp, sweep_runs
 
+from rankexp import tracking
+
 pg_mlflow_server = services.pg_mlflow_server  # session fixture (tests/services.py)
 
 DEPTHS = (8, 16, 24, 32)
@@ -64,15 +66,17 @@ def test_eight_parallel_jobs_log_every_point_to_a_postgres_backed_server(
             hist = c.get_metric_history(run.info.run_id, key)
             assert sorted(m.step for m in hist) == list(range(1, depth + 1)), key
         assert len(c.get_metric_history(run.info.run_id, "rms")) == depth + 1  # h_0 … h_L
-        expected = len(saved["scalars"]) + sum(len(s["steps"]) for s in saved["series"].values())
-        assert set(run.data.metrics) == set(saved["scalars"]) | set(saved["series"])
+        scalars, spread = tracking.split_seed_std(saved["scalars"])  # seed spread → tags
+        assert spread and all(run.data.tags[k] == v for k, v in spread.items())
+        expected = len(scalars) + sum(len(s["steps"]) for s in saved["series"].values())
+        assert set(run.data.metrics) == set(scalars) | set(saved["series"])
         assert got == expected, (run.info.run_name, got, expected)
         return got
 
     with ThreadPoolExecutor(8) as pool:
         per_run = list(pool.map(check_run, jobs))
     total = sum(per_run)
-    # 17 scalars + 4 series of L points + rms with L+1, per run
+    # the scalars (their seed spread in tags) + 4 series of L points + rms with L+1, per run
     assert per_run and all(n > 5 * 8 for n in per_run)
 
     # the same count straight from PostgreSQL: the server stored each point exactly once

@@ -539,3 +539,24 @@ def test_cuda_graph_steps_train_like_eager_steps():
     graphed = train(classifier(3, dtype=torch.float32).cuda(), data, lrs, cuda_graphs=True, **kw)
     np.testing.assert_allclose(graphed.loss[:, :2], eager.loss[:, :2], rtol=1e-4)
     np.testing.assert_array_equal(graphed.diverged_step, eager.diverged_step)
+
+
+def test_redirected_output_gets_labelled_report_lines_and_no_bar(capsys, caplog):
+    """Issue 9 row 7: with stderr not a terminal (as under Slurm) no tqdm frame is written; a
+    line every log_every steps says step/total, elapsed, ETA and each value by learning rate."""
+    from rankexp.tasks.train import duration, progress_line
+
+    lrs = [1e-3, 1e-2]
+    with caplog.at_level(logging.INFO, logger="rankexp.tasks.train"):
+        train(classifier(2), synthetic(), lrs, steps=6, batch_size=16, eval_every=6, log_every=3,
+              progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "step/s" not in err and "it/s" not in err
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["3/6", "6/6"], lines
+    for ln in lines:
+        assert "elapsed " in ln and "ETA " in ln and "train_loss lr0.001=" in ln and " lr0.01=" in ln
+    assert "test_acc lr0.001=" in lines[-1] and "ETA 0s" in lines[-1]
+    line = progress_line(500, 5000, 62.0, 500, [3e-5], {"train_loss": np.array([2.3012])})
+    assert line == "step 500/5000 (10%)  elapsed 1m02s  ETA 9m18s  train_loss lr3e-05=2.301"
+    assert duration(3725) == "1h02m" and duration(7) == "7s"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +59,19 @@ class RankexpSweeper(BasicSweeper):
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt
+        from rankexp import cli, interrupt, naming
 
         cli.mark_composed()
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         parsed = parser.parse_overrides(self._parse_config() + list(arguments))
         self.overrides = self.split_arguments(parsed, self.max_batch_size)
-        swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+        axes = list(dict.fromkeys(o.get_key_element() for o in parsed if o.is_sweep_override()))
+        swept = set(axes)
         jobs = [job for batch in self.overrides for job in batch]
         with interrupt.installed():
             try:
                 checked = self._check_all(jobs, swept)
+                checked["names"] = naming.job_names(jobs, axes, checked["names"])
                 parent = self._open_parent(checked)
             except interrupt.JobInterrupted as e:
                 raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
@@ -91,10 +94,11 @@ class RankexpSweeper(BasicSweeper):
     def _check_all(self, jobs: list[list[str]], swept: set[str]) -> dict[str, Any]:
         """Compose and check every job and every store; exit 2 listing every problem."""
         from rankexp import tracking
+        from rankexp.app import base_name
         from rankexp.config import check_job, check_slurm_limits, config_hash, resolved_container
 
         local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
-        errors, job_dirs, hashes, settings = [], [], [], []
+        errors, job_dirs, hashes, settings, names = [], [], [], [], []
         try:
             check_slurm_limits(self.config.hydra.launcher)
         except ValueError as e:
@@ -113,6 +117,7 @@ class RankexpSweeper(BasicSweeper):
                     s = check_job(cfg, device=local)
                     hashes.append(config_hash(resolved_container(cfg)))
                     settings.append(s)
+                    names.append(base_name(s))
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
                     errors.append(f"  #{idx} {label or ' '.join(overrides)}: {_message(e)}")
         finally:
@@ -136,7 +141,7 @@ class RankexpSweeper(BasicSweeper):
             print(f"error: invalid sweep — nothing was started ({len(jobs)} jobs):\n"
                   + "\n".join(errors), file=sys.stderr)
             raise SystemExit(2)
-        return {"job_dirs": job_dirs, "hashes": hashes, "settings": settings}
+        return {"job_dirs": job_dirs, "hashes": hashes, "settings": settings, "names": names}
 
     @staticmethod
     def _job_dir(cfg: DictConfig) -> Path:
@@ -153,17 +158,26 @@ class RankexpSweeper(BasicSweeper):
 
     def _open_parent(self, checked: dict[str, Any]):
         """The sweep directory and, when the jobs log to MLflow, the parent run."""
-        from rankexp import tracking
+        from rankexp import naming, tracking
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        tracking.write_json(sweep_dir / tracking.NAMES_FILE,
+                            {"started": time.time(), "names": checked["names"]})
         first = checked["settings"][0].tracking
         if not first.enabled:
             return None
+        choices = self.config.hydra.runtime.choices
+        command = tracking.command_line()
+        note = (f"```\n{command}\n```\n\n{len(checked['job_dirs'])} jobs in `{sweep_dir}`"
+                f" (size={checked['settings'][0].size.value}).")
         parent = tracking.SweepRun(
             tracking.resolve_uri(first.uri), first.experiment, sweep_dir, checked["job_dirs"],
-            " ".join(self.config.hydra.overrides.task), first.heartbeat_s, first.stale_after_s)
+            " ".join(self.config.hydra.overrides.task), first.heartbeat_s, first.stale_after_s,
+            name=naming.sweep_name(choices.get("experiment") or first.experiment,
+                                   checked["settings"][0].size.value),
+            note=note)
         try:
             parent.open(checked["hashes"], resume=first.resume and not first.force)
         except Exception as e:

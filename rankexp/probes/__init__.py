@@ -8,7 +8,11 @@ and its per-seed working memory (for seed chunking).
 
 To add a probe: write ``fn`` in a module of its family, declare its needs (a sweep need of
 :data:`rankexp.probes.jacobian.SWEEP_NEEDS`, a fold registered in :data:`FOLDS`, or none), and
-add one line below.  The CIFAR ConvNets' probes (``convnet.py``, :data:`CIFAR_PROBES`) take an
+add one line below.  Its options are the ``options`` it declares (their defaults): the config
+schema of ``task.options.<probe>`` is built from them (:func:`rankexp.config.options_schema`), so
+``task.options.representation.n=512`` overrides as typed and an unknown key is refused, listing
+the allowed ones, before any run exists.
+The CIFAR ConvNets' probes (``convnet.py``, :data:`CIFAR_PROBES`) take an
 :class:`~rankexp.probes.convnet.ImageProbeContext` (the network and CIFAR-10 on its device)
 instead; they need no sweep and declare their memory on a
 :class:`~rankexp.probes.convnet.ConvShape`.
@@ -41,40 +45,53 @@ FOLDS: dict[str, FoldFactory] = {
 PROBES: dict[str, Probe] = {
     "io_jacobian": Probe(sweep.probe_io_jacobian, frozenset({IO_JACOBIAN})),
     "profile": Probe(sweep.probe_profile, frozenset({PARTIAL_SPECTRA})),
-    "stream": Probe(sweep.probe_stream, memory=sweep.stream_memory),
+    "stream": Probe(sweep.probe_stream, memory=sweep.stream_memory, options=sweep.STREAM_OPTIONS),
     "branch_ratio": Probe(sweep.probe_branch_ratio, frozenset({BRANCH_NORMS})),
     "accumulated_branch": Probe(sweep.probe_accumulated_branch, frozenset({BRANCH_NORMS, BRANCH_SUM})),
     "path_order": Probe(paths.probe_path_order, frozenset({"path_orders", IO_JACOBIAN, BRANCH_NORMS}),
-                        memory=paths.path_order_memory),
+                        memory=paths.path_order_memory, options=paths.PATH_ORDER_OPTIONS),
     "representation": Probe(representation.probe_representation,
                             reduce=representation.reduce_representation,
-                            memory=representation.representation_memory),
+                            memory=representation.representation_memory,
+                            options=representation.REPRESENTATION_OPTIONS),
     "backward_representation": Probe(representation.probe_backward_representation,
-                                     memory=representation.backward_representation_memory),
+                                     memory=representation.backward_representation_memory,
+                                     options=representation.BACKWARD_REPRESENTATION_OPTIONS),
     "branch_jacobian": Probe(branch.probe_branch_jacobian, reduce=branch.reduce_branch_jacobian,
-                             memory=branch.branch_jacobian_memory),
+                             memory=branch.branch_jacobian_memory,
+                             options=branch.BRANCH_JACOBIAN_OPTIONS),
     "activation_spike": Probe(branch.probe_activation_spike, reduce=branch.reduce_activation_spike,
-                              memory=branch.activation_spike_memory),
+                              memory=branch.activation_spike_memory,
+                              options=branch.ACTIVATION_SPIKE_OPTIONS),
     "projection_split": Probe(branch.probe_projection_split, reduce=branch.reduce_projection_split,
                               memory=branch.projection_split_memory),
     # Table 2 (the post-residual ops' Jacobians vs autograd) and Table 3 (random-walk projections)
-    "norm_jacobian": Probe(norm_jacobian.probe_norm_jacobian, memory=norm_jacobian.norm_jacobian_memory),
-    "projection_walk": Probe(walk.probe_projection_walk, memory=walk.projection_walk_memory),
+    "norm_jacobian": Probe(norm_jacobian.probe_norm_jacobian, memory=norm_jacobian.norm_jacobian_memory,
+                           options=norm_jacobian.NORM_JACOBIAN_DEFAULTS),
+    "projection_walk": Probe(walk.probe_projection_walk, memory=walk.projection_walk_memory,
+                             options=walk.WALK_DEFAULTS),
     # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
     # seeds at once (fits, histograms), so their seeds are never split into memory chunks
-    "correlation": Probe(meanfield.probe_correlation, splits_seeds=False),
-    "jacobian_spectrum": Probe(meanfield.probe_jacobian_spectrum, splits_seeds=False),
-    "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False),
-    "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False),
-    "shattered": Probe(gradients.probe_shattered, splits_seeds=False),
+    "correlation": Probe(meanfield.probe_correlation, splits_seeds=False,
+                         options=meanfield.CORRELATION_DEFAULTS),
+    "jacobian_spectrum": Probe(meanfield.probe_jacobian_spectrum, splits_seeds=False,
+                               options=meanfield.SPECTRUM_DEFAULTS),
+    "deep_linear": Probe(meanfield.probe_deep_linear, splits_seeds=False,
+                         options=meanfield.DEEP_LINEAR_DEFAULTS),
+    "gradient_norms": Probe(gradients.probe_gradient_norms, splits_seeds=False,
+                            options=gradients.GRADIENT_NORMS_OPTIONS),
+    "shattered": Probe(gradients.probe_shattered, splits_seeds=False,
+                       options=gradients.SHATTERED_OPTIONS),
     # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
-    "ffn_jacobian": Probe(ffn.probe_ffn_jacobian, memory=ffn.ffn_memory),
+    "ffn_jacobian": Probe(ffn.probe_ffn_jacobian, memory=ffn.ffn_memory, options=ffn.FFN_JACOBIAN_OPTIONS),
     # He et al.'s degradation replication (model=cifar_resnet; science.md §5): per member on
     # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
-    "layer_response": Probe(convnet.probe_layer_response, memory=convnet.layer_response_memory),
+    "layer_response": Probe(convnet.probe_layer_response, memory=convnet.layer_response_memory,
+                            options=convnet.LAYER_RESPONSE_OPTIONS),
     "init_gradient_norms": Probe(convnet.probe_init_gradient_norms,
-                                 memory=convnet.init_gradient_norms_memory),
-    "lesion": Probe(convnet.probe_lesion, memory=convnet.lesion_memory),
+                                 memory=convnet.init_gradient_norms_memory,
+                                 options=convnet.INIT_GRADIENT_NORMS_OPTIONS),
+    "lesion": Probe(convnet.probe_lesion, memory=convnet.lesion_memory, options=convnet.LESION_OPTIONS),
 }
 
 #: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)

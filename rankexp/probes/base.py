@@ -33,7 +33,7 @@ from per-seed arrays, after the seeds of all memory chunks are joined
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -196,6 +196,9 @@ class Probe:
         splits_seeds: whether the seeds may run in memory chunks; ``False`` for a probe that
             pools over all seeds inside ``fn`` (a fit or histogram over every seed) without a
             ``reduce`` — its seeds always run as one batch.
+        options: the probe's options and their defaults (``task.options.<name>.<key>``): the one
+            place they are declared — ``fn`` reads them with :meth:`ProbeContext.probe_options`,
+            and the config schema and ``--help`` are built from them.
     """
 
     fn: Callable[[ProbeContext], Measurement]
@@ -203,6 +206,7 @@ class Probe:
     reduce: Callable[[Measurement, ProbeContext], None] | None = None
     memory: MemoryEstimate = sweep_memory
     splits_seeds: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __call__(self, ctx: ProbeContext) -> Measurement:
         """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""

@@ -216,6 +216,10 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
     return block.sigma(z)
 
 
+#: options of ``activation_spike``: n inputs, the 1-based layers
+ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
+
+
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """Stable rank of ``σ(W h)`` over n probe inputs vs the spike bound ``1/c`` (Table 1).
 
@@ -238,7 +242,7 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     ``hidden_stable_rank_profile``, ``hidden_coherence_profile``.
     """
     model = ctx.model
-    opt = ctx.probe_options("activation_spike", {"n": 2048, "layers": [1]})
+    opt = ctx.probe_options("activation_spike", ACTIVATION_SPIKE_OPTIONS)
     chosen = {int(v) for v in opt["layers"]}
     if not chosen:
         raise ValueError("task.options.activation_spike.layers: list at least one layer")

@@ -36,6 +36,10 @@ from .base import ModelShape, ProbeContext
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
+#: options of ``ffn_jacobian`` (``task.options.ffn_jacobian``): the first block the cosines and
+#: sums include (the study leaves block 1 out)
+FFN_JACOBIAN_OPTIONS = {"first_block": 2}
+
 
 def _gelu_tanh_derivative(z: Tensor) -> Tensor:
     """d/dz of ``½ z (1 + tanh(√(2/π)(z + 0.044715 z³)))`` (GPT-2's ``gelu_new``)."""
@@ -170,7 +174,7 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     lm = ctx.model
     if not isinstance(lm, CausalLM):
         raise TypeError("probe ffn_jacobian needs model=gpt2 (a causal LM)")
-    first = int(ctx.probe_options("ffn_jacobian", {"first_block": 2})["first_block"])
+    first = int(ctx.probe_options("ffn_jacobian", FFN_JACOBIAN_OPTIONS)["first_block"])
     per: dict[str, list[Tensor]] = {}
     for e in range(len(lm.members)):
         stream, ffn_in = lm.trace(e)

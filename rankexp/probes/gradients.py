@@ -60,6 +60,12 @@ def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor) -> Tensor:
     return torch.stack([torch.linalg.matrix_norm(gr) for gr in grads], 1)
 
 
+#: options of ``gradient_norms``: Gaussian inputs per member
+GRADIENT_NORMS_OPTIONS = {"batch": 128}
+#: options of ``shattered``: grid points on [lo, hi]
+SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
+
+
 def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     """Per-layer weight-gradient norms at initialization for a random readout (BN paradox).
 
@@ -70,7 +76,7 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     input), ``grad_growth`` = the fitted per-layer factor exp(−slope of ln ‖∂ℓ/∂W_l‖ vs l)
     (> 1: each layer toward the input multiplies the gradient by it).
     """
-    opt = ctx.probe_options("gradient_norms", {"batch": 128})
+    opt = ctx.probe_options("gradient_norms", GRADIENT_NORMS_OPTIONS)
     model, b = ctx.model, int(opt["batch"])
     where = _where(model)
     h0 = gaussian_input(model.seeds, model.width, batch=b, **where)
@@ -142,7 +148,7 @@ def probe_shattered(ctx: ProbeContext) -> Measurement:
     the grid (seed mean, ``_std``).  Scalar ``shattered_autocorr_final`` (l = L).  Arrays:
     ``shattered_grad`` ``(E, P)`` at l = L, ``shattered_x`` ``(P,)``.
     """
-    opt = ctx.probe_options("shattered", {"points": 256, "lo": -2.0, "hi": 2.0})
+    opt = ctx.probe_options("shattered", SHATTERED_OPTIONS)
     model = ctx.model
     where = _where(model)
     x = torch.linspace(float(opt["lo"]), float(opt["hi"]), int(opt["points"]), **where)

@@ -347,6 +347,12 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- probes
+#: options of ``representation``: n probe inputs
+REPRESENTATION_OPTIONS = {"n": 1024}
+#: options of ``backward_representation``: n inputs, the output gradient δ_L (``random`` or ``cross_entropy``), classes
+BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
+
+
 def probe_representation(ctx: ProbeContext) -> Measurement:
     """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
 
@@ -367,7 +373,7 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     ``branch_mean_snr`` (mean over l of ‖m_l‖ / noise floor).
     Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``, ``preact_var`` ``(E,)``.
     """
-    opt = ctx.probe_options("representation", {"n": 1024})
+    opt = ctx.probe_options("representation", REPRESENTATION_OPTIONS)
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
     L = ctx.model.depth
     layers, streams = ctx.layers, np.arange(0, L + 1)
@@ -432,7 +438,7 @@ def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     Scalars: ``grad_erank_input`` (at l = 0), ``grad_erank_min``, ``grad_top_energy_input``,
     ``grad_log_gain`` = ln rms(δ_0) − ln rms(δ_L).
     """
-    opt = ctx.probe_options("backward_representation", {"n": 1024, "delta": "random", "classes": 10})
+    opt = ctx.probe_options("backward_representation", BACKWARD_REPRESENTATION_OPTIONS)
     br = backward_representation(
         ctx.model,
         ctx.probe_inputs(int(opt["n"])),

@@ -47,6 +47,10 @@ def probe_profile(ctx: ProbeContext) -> Measurement:
     return m
 
 
+#: options of ``stream`` (``task.options.stream``): n Gaussian inputs (1: the seed's own h_0)
+STREAM_OPTIONS = {"inputs": 1}
+
+
 def probe_stream(ctx: ProbeContext) -> Measurement:
     """Stream scale ``rms(h_l)`` for l = 0…L (Figure 11), forward only.
 
@@ -61,7 +65,7 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     Raises:
         ValueError: ``inputs`` < 1.
     """
-    n = int(ctx.probe_options("stream", {"inputs": 1})["inputs"])
+    n = int(ctx.probe_options("stream", STREAM_OPTIONS)["inputs"])
     if n < 1:
         raise ValueError(f"task.options.stream.inputs={n}: need at least 1")
     h0 = ctx.h0 if n == 1 else ctx.probe_inputs(n)

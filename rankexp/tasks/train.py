@@ -729,8 +729,11 @@ class _Loop:
             return
         step_fn = self._step_function(start)  # (graph capture counts as bookkeeping)
         self.side_time, self.logged = time.perf_counter() - self.t0, start
+        # a bar only on a terminal (tqdm's disable=None); redirected output (Slurm, nohup) gets
+        # the report lines alone, never \r frames
         bar = tqdm(total=plan.steps, initial=start, desc="train", unit="step",
-                   disable=not plan.progress)
+                   disable=None if plan.progress else True)
+        self.start_step = start
         try:
             with interrupt.deferred():
                 for step in range(start, end):
@@ -789,8 +792,8 @@ class _Loop:
             self.history.test_acc.append(metrics["test_acc"])
             bar.set_postfix(best_acc=f"{np.nanmax(metrics['test_acc']):.3f}")
         self._warn_diverged(self.state.diverged_step.cpu().numpy())
-        log.info("step %d/%d  %s", done, self.plan.steps, "  ".join(
-            f"{k} {np.array2string(v, precision=3)}" for k, v in metrics.items()))
+        log.info("%s", progress_line(done, self.plan.steps, time.perf_counter() - self.t0,
+                                     done - self.start_step, self.lrs, metrics))
         if self.on_log is not None:
             self.on_log(done, metrics)
 
@@ -819,6 +822,27 @@ class _Loop:
             (done - start) / step_time if step_time > 0 and done > start else 0.0,
             loss_window, stable_accuracy,
         )
+
+
+# --------------------------------------------------------------------------- progress lines
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m07s``, ``12s``: a short human duration."""
+    s = int(round(max(seconds, 0.0)))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def progress_line(done: int, total: int, elapsed: float, steps_run: int, lrs: list[float],
+                  metrics: dict[str, np.ndarray]) -> str:
+    """One report line for a log file: step/total, elapsed, ETA (from this run's rate) and each
+    metric labelled by learning rate, e.g.
+    ``step 500/5000 (10%)  elapsed 1m02s  ETA 9m18s  train_loss lr3e-05=2.301 lr0.001=1.887``."""
+    eta = elapsed / steps_run * (total - done) if steps_run > 0 else float("nan")
+    values = "  ".join(f"{k} " + " ".join(f"{_lr_key(lr)}={float(v):.4g}" for lr, v in zip(lrs, vals, strict=True))
+                       for k, vals in metrics.items())
+    return (f"step {done}/{total} ({100 * done / total:.0f}%)  elapsed {duration(elapsed)}  "
+            f"ETA {duration(eta) if math.isfinite(eta) else '?'}  {values}")
 
 
 # --------------------------------------------------------------------------- the task

@@ -1,0 +1,98 @@
+"""Run names that show what a sweep varies: ``post·α2·L96``, ``detached·L48``, ``n=512``.
+
+A job's name is built from the axes its sweep varies (the keys of Hydra's sweep overrides and
+``hydra.sweeper.params``), one short label per axis in the order the sweep lists them, so the
+lines of an MLflow chart legend differ exactly where their configs do; a ``model=``, ``norm=``
+or ``task=`` choice given on the command line leads (``norm=post alpha=1,2 depth=48,96`` →
+``post·α1·L48``).  A single run (nothing
+swept) is named by :func:`base_name` from its config.  The parent run of a sweep is named by
+experiment and start time (:func:`sweep_name`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+
+#: swept key → label prefix (the value follows); ``""``: the value alone (a choice's name)
+PREFIX = {
+    "depth": "L", "width": "d", "expansion": "m/d", "matrices": "M", "alpha": "α", "beta": "β",
+    "seeds": "seeds", "seed": "seed", "skip_every": "skip", "bias": "σb", "lr": "lr",
+    "norm": "", "norm.placement": "", "norm.op": "", "activation": "", "model": "", "init": "",
+    "task": "", "norm.pre": "P:", "norm.out": "B:", "norm.post": "R:", "dtype": "",
+}
+#: values shown in the field's notation instead of the config's spelling
+VALUE = {"beta_scaling": {"const": "β", "inv_sqrt_depth": "β/√L", "inv_depth": "β/L"}}
+SEP = "·"
+
+
+def _number(value: str) -> str:
+    try:
+        return f"{float(value):g}"
+    except ValueError:
+        return value
+
+
+def label(key: str, value: str) -> str:
+    """The short label of one swept axis at one value: ``alpha=2`` → ``α2``, ``norm.op=detached``
+    → ``detached``, ``task.options.representation.n=512`` → ``n=512``."""
+    key = key.lstrip("+~")
+    value = str(value).strip("'\"")
+    if key in VALUE:
+        return VALUE[key].get(value, value)
+    if key in PREFIX:
+        prefix = PREFIX[key]
+        return prefix + (_number(value) if prefix and not prefix.endswith(":") else value)
+    return f"{key.rsplit('.', 1)[-1]}={_number(value)}"
+
+
+def split(override: str) -> tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+#: group choices named even when the sweep does not vary them (``norm=post alpha=1,2`` → ``post·α1``)
+NAMED_CHOICES = ("model", "norm", "task")
+
+
+def job_name(overrides: Sequence[str], swept: Iterable[str]) -> str:
+    """The name of one job of a sweep: the choices of :data:`NAMED_CHOICES` it was given, then
+    a label per swept key, in the sweep's order.
+
+    Args:
+        overrides: the job's overrides (``["norm=post", "alpha=2", "depth=96"]``).
+        swept: the keys the sweep varies (other overrides, fixed for every job, are left out).
+    """
+    axes = list(dict.fromkeys(k.lstrip("+~") for k in swept))
+    given = dict(split(o) for o in overrides)
+    keys = [k for k in NAMED_CHOICES if k in given and k not in axes] + axes
+    return SEP.join(label(k, given[k]) for k in keys if k in given)
+
+
+def job_names(jobs: Sequence[Sequence[str]], swept: Iterable[str], fallback: Sequence[str]) -> list[str]:
+    """Names of every job of a sweep, made distinct: a name shared by two jobs (values that read
+    the same, e.g. ``alpha=1`` and ``alpha=1.0``) gets ``#<job number>``; a job with no swept
+    axis takes its ``fallback`` (:func:`base_name`)."""
+    swept = list(swept)
+    names = [job_name(o, swept) or fallback[i] for i, o in enumerate(jobs)]
+    seen: dict[str, int] = {}
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+    return [f"{n}{SEP}#{i}" if seen[n] > 1 else n for i, n in enumerate(names)]
+
+
+def base_name(placement: str, alpha: float, beta: float, beta_scaling: str, depth: int,
+              width: int, task: str, lr: float | None) -> str:
+    """A single run's name from its config: ``post·α1·β1·L48·d256`` (``·train`` for training)."""
+    beta_s = f"{beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[beta_scaling]
+    name = f"{placement}·α{alpha:g}·β{beta_s}·L{depth}·d{width}"
+    if task == "train":
+        name += "·train" if lr is None else f"·lr{lr:g}"
+    return name
+
+
+def sweep_name(experiment: str | None, size: str, started: datetime.datetime | None = None) -> str:
+    """The parent run's name: ``fig1·smoke·2026-12-01 12:40:03`` (size left out when full)."""
+    started = started or datetime.datetime.now()
+    parts = [experiment or "sweep"] + ([size] if size and size != "full" else [])
+    return SEP.join(parts) + f"·{started:%Y-%m-%d %H:%M:%S}"
