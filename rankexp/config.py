@@ -389,9 +389,11 @@ class TrainTask:
     pad: int = 4
     clean_train_images: int = 0
     probes: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
 
     def __post_init__(self) -> None:
+        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
+            self.options = dataclasses.asdict(self.options)
         if (self.steps is None) == (self.epochs is None):
             raise _bad("task.steps/task.epochs", (self.steps, self.epochs),
                        "set exactly one: task.steps (optimizer steps) or task.epochs "
@@ -756,8 +758,9 @@ def config_hash(container: dict[str, Any]) -> str:
         semantic.pop("lr", None)
         # seed chunking never changes a number (tested), so the budget is not part of the hash
         semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    if isinstance(semantic.get("task"), dict) and "options" in semantic["task"]:
         # an option at its declared default adds nothing: v1's `options: {}` keeps its hash
-        semantic["task"]["options"] = given_options(semantic["task"].get("options"))
+        semantic["task"] = {**semantic["task"], "options": given_options(semantic["task"]["options"])}
     norm = semantic.get("norm")
     if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
         # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash
