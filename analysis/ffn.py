@@ -51,13 +51,19 @@ STUDY = {
 }
 METRICS = ["ffn_accumulated_ratio", "ffn_coherent_ratio", "ffn_cos_offdiag_mean",
            "ffn_cos_offdiag_abs_mean", "ffn_cos_offdiag_rms", "width", "depth", "seeds",
-           "model.config", "model.pretrained"]
+           "model.config"]
+
+
+def with_pretrained(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``model.pretrained`` column: runs log no param for an unset value, so a
+    store of random-init runs only has none."""
+    return df if "model.pretrained" in df else df.assign(**{"model.pretrained": None})
 
 
 def trained(df: pd.DataFrame) -> pd.Series:
     """Whether each run loaded pretrained weights (``model.pretrained`` set)."""
-    p = df["model.pretrained"].astype(str)
-    return ~p.isin(["None", "", "nan", "null"])
+    p = with_pretrained(df)["model.pretrained"]
+    return ~(p.isna() | p.astype(str).isin(["None", "", "nan", "null", "<NA>"]))
 
 
 def network_label(row: pd.Series) -> str:
@@ -74,7 +80,7 @@ def network_label(row: pd.Series) -> str:
 def networks(df: pd.DataFrame) -> pd.DataFrame:
     """The newest run per network (pretrained source or random config, width, depth), ordered
     random before pretrained, small before large."""
-    df = df.assign(trained=trained(df))
+    df = with_pretrained(df).assign(trained=trained(df))
     if "end_time" in df:
         df = df.sort_values("end_time", ascending=False)
     keys = ["trained", "model.pretrained", "model.config", "width", "depth"]

@@ -14,15 +14,15 @@ import math
 import pandas as pd
 
 from .claims import Claim, Measured, NotRun, Runs, at_most, near, need, register, seed_std
-from .ffn import trained
+from .ffn import trained, with_pretrained
 
 #: GPT-2 Small and Medium widths (the study's two networks)
 SMALL, MEDIUM = 768, 1024
 
 
 def _runs(runs: Runs, pretrained: bool, width: int | None = None) -> pd.DataFrame:
-    df = runs("fig12")
-    need(df, "ffn_accumulated_ratio", "ffn_cos_offdiag_rms", "model.pretrained", "width")
+    df = with_pretrained(runs("fig12"))
+    need(df, "ffn_accumulated_ratio", "ffn_cos_offdiag_rms", "width")
     df = df[trained(df) == pretrained]
     if width is not None:
         df = df[df["width"] == width]

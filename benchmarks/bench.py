@@ -218,7 +218,7 @@ def fresh_process(width: int, depth: int, expansion: float, pythonpath: str | No
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=d, env=env, check=True, capture_output=True)
         wall = time.perf_counter() - t0
-        doc = json.loads((Path(d) / "run" / "result.json").read_text())
+        doc = json.loads((Path(d) / "run" / "result" / "result.json").read_text())
     return {"fresh_measure_s": doc["scalars"]["measure_seconds"], "fresh_wall_s": wall,
             "fresh_build_s": doc["scalars"].get("build_seconds", float("nan"))}
 

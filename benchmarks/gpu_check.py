@@ -80,7 +80,7 @@ def finish_job(job: Job, timeout: float = 900) -> dict:
     if job.proc.returncode != 0:
         raise RuntimeError(f"`rankexp {' '.join(job.args)}` exited {job.proc.returncode}:\n"
                            f"{(err or '')[-2000:]}")
-    doc = json.loads((job.run_dir / "result.json").read_text())
+    doc = json.loads((job.run_dir / "result" / "result.json").read_text())
     return {**doc, "wall_s": time.perf_counter() - job.t0}
 
 

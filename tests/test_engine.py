@@ -294,7 +294,7 @@ def test_cli_chunks_seeds_to_the_budget_and_reports_peak_memory(tmp_path):
     cmd = [sys.executable, "-m", "rankexp", "width=16", "depth=3", "seeds=3", "task.max_memory_gb=1e-6",
            "tracking=off", "device=cpu", f"hydra.run.dir={tmp_path}/run"]
     subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
-    s = json.loads((tmp_path / "run" / "result.json").read_text())["scalars"]
+    s = json.loads((tmp_path / "run" / "result" / "result.json").read_text())["scalars"]
     assert s["seed_chunk"] == 1.0
     assert 0.05 < s["peak_memory_gb"] < 64
     bad = subprocess.run([*cmd[:-1], "task.max_memory_gb=-1", f"hydra.run.dir={tmp_path}/bad"],

@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import services
 from mlflow.entities import ViewType
 from services import client, finish, rankexp, start_rankexp, sweep_runs
@@ -150,6 +151,7 @@ def _release(job: str, env: dict) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # ~6.5 min of real training under Slurm: the default suite's largest single cost
 def test_requeued_training_jobs_end_one_finished_run_each(slurm_cluster, tmp_path):
     """Issue 8, row 4 and item 3: two training jobs, both checkpointing.  Task 0 is requeued
     from outside (``scontrol requeue``: SIGTERM, then Slurm runs it again); task 1 gets

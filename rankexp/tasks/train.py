@@ -57,6 +57,7 @@ from tqdm.auto import tqdm
 from .. import interrupt
 from ..locations import cache_path
 from ..models import DTYPES, build_model
+from ..models.convnet import CifarResNet
 from ..models.mlp import ResidualMLP
 from ..probes import INIT_PROBES, ImageProbeContext
 from ..result import Measurement
@@ -874,7 +875,9 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     dtype = DTYPES[t.dtype.value]
     data = dataset_for(s, device, dtype)
     net = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
-    model = Classifier(net) if isinstance(net, ResidualMLP) else net
+    # the MLP families (residual MLP, plain mean-field nets) get the projection and head; a
+    # ConvNet classifies images itself
+    model = net if isinstance(net, CifarResNet) else Classifier(net)
     per_epoch = data.y_train.shape[0] // t.batch_size
     if t.epochs is None:
         steps, eval_every, log_every, unit = t.steps, t.eval_every, t.log_every, 1

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 from conftest import runs_in
+from figure_checks import problems
 
 from analysis.figures import CONF, read_plan, run_analysis
+from analysis.plotting import recording
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
 
 EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
@@ -26,11 +28,15 @@ EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
 #: (smaller grids of their own): here they run under -m slow, so the default suite pays once
 COVERED_ELSEWHERE = {
     **dict.fromkeys(("mf_phase", "mf_relu_collapse", "mf_spectrum", "mf_bn", "mf_residual",
-                     "mf_trainability", "deep_linear"), "test_meanfield_cli.py"),
+                     "mf_trainability", "deep_linear"), "test_analysis_meanfield.py"),
     **dict.fromkeys(("fig1", "fig2", "fig4", "fig5"), "test_analysis_rank.py"),
     **dict.fromkeys(("fig6", "fig6_train", "fig16"), "test_analysis_training.py"),
     **dict.fromkeys(("fig3", "fig7", "fig8", "tab1", "tab6"), "test_analysis_spectra.py"),
+    "degradation": "test_analysis_degradation.py",
+    "fig12": "test_analysis_ffn.py",
 }
+#: the analysis commands whose figures only this module draws (and style-checks)
+DRAWN_HERE = ("post_ops", "cos_field", "centring", "table2", "table3")
 HAVE_CIFAR = (DEFAULT_ROOT / ARCHIVE_NAME).is_file()
 #: the experiments of science.md §4 (their cpu sizes run under -m slow)
 REST = ("fig10", "fig11", "fig13", "fig13_train", "fig14", "fig15", "fig17", "tab2", "tab3")
@@ -71,8 +77,6 @@ def run_experiment(name: str, size: str, store: Path, monkeypatch) -> list[str]:
 
 
 def check(name: str, size: str, tmp_path: Path, monkeypatch) -> None:
-    if trains(name) and not HAVE_CIFAR:
-        pytest.skip(f"{name} trains on CIFAR-10: no {DEFAULT_ROOT / ARCHIVE_NAME}")
     for k in ("MLFLOW_TRACKING_URI", "RANKEXP_STAMP"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -85,18 +89,36 @@ def check(name: str, size: str, tmp_path: Path, monkeypatch) -> None:
     plan = read_plan(name)
     assert plan.analyses, f"{name}: its header names no `python -m analysis` command"
     for argv in plan.analyses:
-        rc, text, files = run_analysis(argv, tmp_path)
-        assert rc == 0, f"python -m analysis {' '.join(argv)} exited {rc}:\n{text[-3000:]}"
-        assert files and all(f.stat().st_size > 0 for f in files), (argv, files)
+        with recording() as figs:
+            rc, text, files = run_analysis(argv, tmp_path)
+            assert rc == 0, f"python -m analysis {' '.join(argv)} exited {rc}:\n{text[-3000:]}"
+            assert files and all(f.stat().st_size > 0 for f in files), (argv, files)
+            for fig in figs:  # publication-ready (tests/figure_checks.py)
+                found = problems(fig)
+                assert not found, f"{argv[0]}, figure {fig.get_label()}:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("name", [pytest.param(e, marks=pytest.mark.slow) if e in COVERED_ELSEWHERE
-                                  else e for e in EXPERIMENTS])
+def case(name: str, slow: bool = False):
+    """One experiment as a test case: slow if asked; skipped if it trains and CIFAR-10 is absent."""
+    marks = [pytest.mark.slow] if slow else []
+    marks.append(pytest.mark.skipif(trains(name) and not HAVE_CIFAR,
+                                    reason=f"{name} trains on CIFAR-10: no {DEFAULT_ROOT / ARCHIVE_NAME}"))
+    return pytest.param(name, marks=marks)
+
+
+@pytest.mark.parametrize("name", [case(e, slow=e in COVERED_ELSEWHERE) for e in EXPERIMENTS])
 def test_experiment_runs_at_smoke_size_and_its_analysis_draws(name, tmp_path, monkeypatch):
     check(name, "smoke", tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", REST)
+@pytest.mark.parametrize("name", [case(e) for e in REST])
 def test_experiment_runs_at_cpu_size_and_its_analysis_draws(name, tmp_path, monkeypatch):
     check(name, "cpu", tmp_path, monkeypatch)
+
+
+def test_every_command_drawn_here_is_in_a_default_case():
+    """The commands only this module draws run in an experiment of the default suite."""
+    default = [e for e in EXPERIMENTS if e not in COVERED_ELSEWHERE]
+    commands = {argv[0] for e in default for argv in read_plan(e).analyses}
+    assert set(DRAWN_HERE) <= commands, set(DRAWN_HERE) - commands
