@@ -138,14 +138,25 @@ class MemberAdam:
             raise ValueError(f"not the state of this MemberAdam ({len(self.params)} parameters)")
         if tuple(state["betas"]) != self.betas or state["eps"] != self.eps:
             raise ValueError(f"Adam constants differ: {state['betas']}, {state['eps']}")
-        pairs = list(zip(self.exp_avg + self.exp_avg_sq,
-                         list(state["exp_avg"]) + list(state["exp_avg_sq"]), strict=True))
-        for mine, saved in pairs:  # check everything before changing anything
-            if mine.shape != saved.shape:
-                raise ValueError(f"moment of shape {tuple(saved.shape)}, expected {tuple(mine.shape)}")
+        copy_in_place(self.exp_avg + self.exp_avg_sq,
+                      list(state["exp_avg"]) + list(state["exp_avg_sq"]), "moment")
         self.t.copy_(state["t"])
-        for mine, saved in pairs:
-            mine.copy_(saved)
+
+
+@torch.no_grad()
+def copy_in_place(mine: list[Tensor], saved: list[Tensor], what: str) -> None:
+    """Copy optimizer state ``saved`` into the tensors ``mine`` (their addresses kept, so a
+    captured CUDA graph stays valid), every shape checked before anything changes.
+
+    Raises:
+        ValueError: a shape differs (names ``what``, e.g. "moment").
+    """
+    pairs = list(zip(mine, saved, strict=True))
+    for m, v in pairs:
+        if m.shape != v.shape:
+            raise ValueError(f"{what} of shape {tuple(v.shape)}, expected {tuple(m.shape)}")
+    for m, v in pairs:
+        m.copy_(v)
 
 
 def member_adam(model: nn.Module, lrs: Tensor) -> MemberAdam:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .augment import PadCropFlip
-from .optim import ADAM, Recipe, constant, member_adam
+from .optim import ADAM, Recipe, constant, copy_in_place, member_adam
 
 
 class MemberSGD:
@@ -107,11 +107,7 @@ class MemberSGD:
                 self.momentum, self.weight_decay, self.decay):
             raise ValueError("SGD constants differ: "
                              f"{state['momentum']}, {state['weight_decay']}, {state['decay']}")
-        for mine, saved in zip(self.velocity, state["velocity"], strict=True):
-            if mine.shape != saved.shape:
-                raise ValueError(f"velocity of shape {tuple(saved.shape)}, expected {tuple(mine.shape)}")
-        for mine, saved in zip(self.velocity, state["velocity"], strict=True):
-            mine.copy_(saved)
+        copy_in_place(self.velocity, list(state["velocity"]), "velocity")
 
 
 def decays(p: Tensor) -> bool:
