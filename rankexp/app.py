@@ -200,13 +200,17 @@ def pin_threads(launcher: DictConfig | None) -> None:
 # --------------------------------------------------------------------------- fault injection
 FAULT_ENV = "RANKEXP_FAULT_KILL"
 HANG_ENV = "RANKEXP_FAULT_HANG"
+SLEEP_ENV = "RANKEXP_FAULT_SLEEP"
 
 
 def _fault_injection(overrides: str) -> None:
     """Failure-handling tests.  ``$RANKEXP_FAULT_KILL=alpha=2``: the job with that override
     SIGKILLs itself right after its run exists — the way an OOM killer or a Slurm preemption
     ends a job, with no chance to report.  ``$RANKEXP_FAULT_HANG=alpha=2``: it waits (signals
-    still land) — a job that runs past its time limit."""
+    still land) — a job that runs past its time limit.  ``$RANKEXP_FAULT_SLEEP=1.5``: every job
+    computes 1.5 s longer, idle (races between writers, without burning the CPU)."""
+    if os.environ.get(SLEEP_ENV):
+        time.sleep(float(os.environ[SLEEP_ENV]))
     mine = overrides.split()
     if os.environ.get(FAULT_ENV) in mine:
         log.warning("%s=%s: killing this job (pid %d)", FAULT_ENV, os.environ[FAULT_ENV], os.getpid())

@@ -1000,10 +1000,17 @@ _UNUSED_BY_TASK = {
 }
 
 
+#: tracking options a job with the store off still uses: its run.json records the experiment
+#: and whether arrays are logged, for ``python -m rankexp.sync --uri`` to log it later
+_OFF_STORE_KEYS = ("", "enabled", "experiment", "log_arrays")
+
+
 def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
     """Refuse a command-line override that the job would not use: ``lr=`` with
-    ``task=measure``, and any ``tracking.*`` option but ``enabled`` when the store is off
-    (``tracking=off``) — each would be accepted, logged or ignored, and change nothing.
+    ``task=measure``, and the ``tracking.*`` options of a store (``uri``, ``resume``, ``force``,
+    ``http_*``, …) when the store is off (``tracking=off``) — each would be accepted, logged or
+    ignored, and change nothing (``tracking.experiment`` and ``log_arrays`` stay: a later
+    ``rankexp.sync --uri`` reads them).
 
     Raises:
         ConfigError: the override and why it is not used.
@@ -1023,7 +1030,7 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
         top, _, sub = key.partition(".")
         if top in unused:
             raise ConfigError(f"invalid config: {o.input_line} — not used: {unused[top]}")
-        if top == "tracking" and sub and sub != "enabled" and not s.tracking.enabled:
+        if top == "tracking" and sub not in _OFF_STORE_KEYS and not s.tracking.enabled:
             raise ConfigError(f"invalid config: {o.input_line} — not used: the store is off "
                               "(tracking=off / tracking.enabled=false); drop it, or log to a "
                               "store (tracking=default, tracking=server)")
