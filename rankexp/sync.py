@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", help="log into this store instead of the one each job recorded")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tracking.quiet_store_logs()
     if not args.dir.exists():
         print(f"error: {args.dir} does not exist", file=sys.stderr)
         return 2

@@ -118,9 +118,14 @@ def configure_http(retries: int, timeout_s: int, backoff: int) -> None:
         from mlflow.store.db import utils as db_utils
 
         db_utils.MAX_RETRY_COUNT = retries + 1
-    # one message per outage (ours, naming the store), not one urllib3 warning per retry
+    quiet_store_logs()
+
+
+def quiet_store_logs() -> None:
+    """One message per store problem — ours, naming the store and what to do — instead of a
+    urllib3 warning per retry and MLflow's logged traceback of each SQL error it re-raises."""
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def redact(uri: str) -> str:

@@ -101,65 +101,71 @@ def results_for(source: Path, dest: Path, experiment: str) -> Path:
     return dest
 
 
-def race(kind: str, uri: str, experiment: str, cwd: Path, offline) -> list:
-    """Start the two processes of ``kind`` together; returns their Results.  Each sweep job
-    idles 0.5 s while it computes (``RANKEXP_FAULT_SLEEP``), so the two writers' jobs overlap
-    more without costing CPU; a sync (its interpreter starts in 3 s, a sweep's in 8) is
-    started once the sweep's parent run exists, so that it arrives among the sweep's jobs."""
-    sweep = (*GRIDS[GRID_OF[kind]], f"tracking.uri={uri}", f"tracking.experiment={experiment}", "-m")
-    env = clean_env(RANKEXP_FAULT_SLEEP="0.5")
-    if kind in ("sweep+sync", "sync+sync"):
-        source = results_for(offline(GRID_OF[kind]), cwd / f"results-{experiment}", experiment)
-    if kind == "sweep+sweep":
-        procs = [start_rankexp(*sweep, cwd=cwd, env=env) for _ in range(2)]
-    elif kind == "sweep+sync":
-        procs = [start_rankexp(*sweep, cwd=cwd, env=env)]
-        deadline = time.monotonic() + 120
-        parent = f"multirun/*/*-{procs[0].pid}/{tracking.PARENT_FILE}"  # the launch stamp ends in its pid
-        while not list(cwd.glob(parent)) and procs[0].poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # (the parent run exists: the first job is about to claim)
-        procs.append(start_sync(str(source), "--uri", uri, cwd=cwd))
-    else:
-        procs = [start_sync(str(source), "--uri", uri, cwd=cwd) for _ in range(2)]
-    return [finish(p, timeout=300) for p in procs]
+class Race:
+    """The two processes of ``kind`` on one store, started together.  Each sweep job idles
+    0.5 s while it computes (``RANKEXP_FAULT_SLEEP``), so the two writers' jobs overlap more
+    without costing CPU; a sync (its interpreter starts in 3 s, a sweep's in 8) is started once
+    the sweep's parent run exists, so that it arrives among the sweep's jobs."""
 
+    def __init__(self, kind: str, uri: str, experiment: str, cwd: Path, offline) -> None:
+        self.kind, self.uri, self.experiment, self.cwd = kind, uri, experiment, cwd
+        sweep = (*GRIDS[GRID_OF[kind]], f"tracking.uri={uri}", f"tracking.experiment={experiment}",
+                 "-m")
+        env = clean_env(RANKEXP_FAULT_SLEEP="0.5")
+        self.sync_args = None
+        if kind != "sweep+sweep":
+            source = results_for(offline(GRID_OF[kind]), cwd / f"results-{experiment}", experiment)
+            self.sync_args = (str(source), "--uri", uri)
+        if kind == "sweep+sweep":
+            self.procs = [start_rankexp(*sweep, cwd=cwd, env=env) for _ in range(2)]
+        elif kind == "sweep+sync":
+            self.procs = [start_rankexp(*sweep, cwd=cwd, env=env)]
+        else:
+            self.procs = [start_sync(*self.sync_args, cwd=cwd) for _ in range(2)]
 
-def run_trials(kind: str, uri: str, tag: str, trials: int, tmp_path: Path, offline) -> None:
-    reasons: Counter = Counter()
-    for trial in range(trials):
-        experiment = f"race-{tag}-{kind.replace('+', '-')}-{trial}-{time.monotonic_ns()}"
-        results = race(kind, uri, experiment, tmp_path, offline)
-        for res in results:
+    def step(self) -> bool:
+        """Start the deferred sync when its time has come; True while something is pending."""
+        if len(self.procs) == 2:
+            return False
+        parent = f"multirun/*/*-{self.procs[0].pid}/{tracking.PARENT_FILE}"  # the stamp ends in the pid
+        if list(self.cwd.glob(parent)) or self.procs[0].poll() is not None:
+            self.procs.append(start_sync(*self.sync_args, cwd=self.cwd))
+        return len(self.procs) < 2
+
+    def check(self, label: str) -> Counter:
+        for res in [finish(p, timeout=300) for p in self.procs]:
             assert res.returncode == 0, res.output[-3000:]
-        reasons += check_one_run_per_config(uri, experiment, f"{kind} trial {trial}")
-    print(f"{kind} on {tag}: {trials} trials, 0 duplicates; hidden claimants {dict(reasons)}")
+        return check_one_run_per_config(self.uri, self.experiment, label)
 
 
-def sqlite_uri(tmp_path: Path, kind: str) -> str:
-    return f"sqlite:///{tmp_path / (kind.replace('+', '-') + '.db')}"
+def run_trials(kind: str, stores: dict[str, str], trials: int, tmp_path: Path, offline) -> None:
+    """``trials`` races of ``kind``, each on every store of ``stores`` at once (two writers per
+    store, all started together: the stores' races also load each other)."""
+    reasons = {tag: Counter() for tag in stores}
+    for trial in range(trials):
+        races = {tag: Race(kind, uri, f"race-{kind.replace('+', '-')}-{trial}-{time.monotonic_ns()}",
+                           tmp_path, offline) for tag, uri in stores.items()}
+        deadline = time.monotonic() + 120
+        while any([r.step() for r in races.values()]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for tag, r in races.items():
+            reasons[tag] += r.check(f"{kind} on {tag}, trial {trial}")
+    for tag in stores:
+        print(f"{kind} on {tag}: {trials} trials, 0 duplicates; hidden claimants {dict(reasons[tag])}")
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_writers_on_sqlite_log_each_config_once(kind, tmp_path, offline_results):
-    run_trials(kind, sqlite_uri(tmp_path, kind), "sqlite", DEFAULT_TRIALS, tmp_path, offline_results)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_two_writers_on_a_postgres_server_log_each_config_once(kind, tmp_path, offline_results,
-                                                               pg_mlflow_server):
-    run_trials(kind, pg_mlflow_server.uri, "pg", DEFAULT_TRIALS, tmp_path, offline_results)
+def test_two_writers_log_each_config_once_on_sqlite_and_a_postgres_server(
+        kind, tmp_path, offline_results, pg_mlflow_server):
+    stores = {"sqlite": f"sqlite:///{tmp_path / 'mlflow.db'}", "postgres": pg_mlflow_server.uri}
+    run_trials(kind, stores, DEFAULT_TRIALS, tmp_path, offline_results)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_ten_races_on_sqlite(kind, tmp_path, offline_results):
-    run_trials(kind, sqlite_uri(tmp_path, kind), "sqlite", SLOW_TRIALS, tmp_path, offline_results)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
-def test_ten_races_on_a_postgres_server(kind, tmp_path, offline_results, pg_mlflow_server):
-    run_trials(kind, pg_mlflow_server.uri, "pg", SLOW_TRIALS, tmp_path, offline_results)
+def test_ten_races_on_sqlite_and_a_postgres_server(kind, tmp_path, offline_results, pg_mlflow_server):
+    stores = {"sqlite": f"sqlite:///{tmp_path / 'mlflow.db'}", "postgres": pg_mlflow_server.uri}
+    run_trials(kind, stores, SLOW_TRIALS, tmp_path, offline_results)
 
 
 def test_a_second_sweep_started_after_one_job_skips_what_the_first_holds(tmp_path):
