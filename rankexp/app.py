@@ -62,6 +62,9 @@ log = logging.getLogger("rankexp")
 
 #: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
 RESUMABLE_TASKS = {"train"}
+#: a store another job of the sweep found unreachable this recently is not asked again (older
+#: news: asked once, with one-second bounds, whether it is back)
+RECHECK_DOWN_S = 30.0
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
@@ -372,12 +375,16 @@ class Job:
             tags["mlflow.parentRunId"] = parent["run_id"]
             tags["sweep_id"] = parent["sweep_id"]
             known = tracking.store_known_down(self.ctx.sweep_dir, self.uri)
-            with tracking.quick_bounds() if known else contextlib.nullcontext():
-                self.offline = tracking.unreachable(self.uri)  # known down: asked once, briefly
-            if known and self.offline is None:
-                tracking.clear_store_down(self.ctx.sweep_dir)
+            if known and known[1] < RECHECK_DOWN_S:  # another job just found it down: trust that
+                self.offline = f"{known[0]}, found {known[1]:.0f} s ago by another job of the sweep"
+            else:
+                with tracking.quick_bounds() if known else contextlib.nullcontext():
+                    self.offline = tracking.unreachable(self.uri)  # known down: asked briefly
+                if known and self.offline is None:
+                    tracking.clear_store_down(self.ctx.sweep_dir)
+                if self.offline:
+                    tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
             if self.offline:
-                tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
                 log.error("tracking store %s does not answer (%s): computing anyway; the result "
                           "goes to %s — log it later with `python -m rankexp.sync %s`",
                           self.uri, self.offline, self.job_dir, self.ctx.sweep_dir)

@@ -1078,10 +1078,13 @@ def mark_store_down(sweep_dir: Path | None, uri: str, reason: str) -> None:
                                                            "time": time.time()})
 
 
-def store_known_down(sweep_dir: Path | None, uri: str) -> str | None:
-    """Why a job of this sweep found the store at ``uri`` unreachable, or ``None``."""
+def store_known_down(sweep_dir: Path | None, uri: str) -> tuple[str, float] | None:
+    """``(why, seconds ago)`` a job of this sweep found the store at ``uri`` unreachable, or
+    ``None``."""
     doc = read_json(Path(sweep_dir) / STORE_DOWN_FILE) if sweep_dir is not None else None
-    return (doc.get("reason") or "no answer") if doc and doc.get("uri") == uri else None
+    if not doc or doc.get("uri") != uri:
+        return None
+    return doc.get("reason") or "no answer", time.time() - float(doc.get("time") or 0)
 
 
 def clear_store_down(sweep_dir: Path | None) -> None:
