@@ -33,8 +33,6 @@ BAD = {  # override(s) → what the one line must say
                                    "task.batch_size=1000000 — a batch is drawn from CIFAR-10's 50000"),
     "missing checkpoint": (("model=gpt2", "model.pretrained=/nonexistent", "width=64", "depth=2",
                             "seeds=1"), "model.pretrained='/nonexistent' — no such directory"),
-    "missing checkpoint, shape from it": (("model=gpt2", "model.pretrained=/nonexistent", "seeds=1"),
-                                          "/nonexistent"),
     "a key twice": (("depth=4", "depth=8"), "'depth' is given twice ('depth=4', 'depth=8')"),
     "a key twice in a sweep": (("depth=4,6", "width=8", "depth=8", "-m"), "'depth' is given twice"),
     "a value the task does not use": (("lr=0.1",), "lr=0.1 — not used: task=measure does not train"),

@@ -169,9 +169,11 @@ class RankexpJoblibLauncher(JoblibLauncher):
                    "by the OOM killer or kill -9); the sweep goes on without it")
         log.error("job %s: %s", job_dir.name, message)
         run_id, uri = doc.get("run_id"), doc.get("uri")
+        params = (tracking.read_json(job_dir / tracking.RUN_FILE) or {}).get("params")  # not sent yet
         if run_id and uri:
             try:
-                tracking.close_run(tracking._client(uri), run_id, "FAILED", "worker_lost", message)
+                tracking.close_run(tracking._client(uri), run_id, "FAILED", "worker_lost", message,
+                                   params)
             except Exception as e:  # the run's owner is dead: the next reconcile closes it
                 log.warning("could not close run %s (%s)", run_id, tracking._first_line(e))
         tracking.write_status(job_dir, "FAILED", run_id=run_id, config_hash=doc.get("config_hash"),
