@@ -10,6 +10,13 @@ Data flow (design.md §3) and what a job promises (issue 8):
   (:func:`rankexp.tracking.unreachable`, bounded by ``tracking.http_*``).  A job that cannot
   reach the store still computes, writes everything to its job directory and fails clearly;
   ``python -m rankexp.sync`` logs it later with the same params, tags, metrics and artifacts.
+* The job creates its run and claims its config in the store
+  (:func:`rankexp.tracking.claim`) before computing: when a FINISHED run or an earlier live
+  claimant holds it, the job stands down (its run closed ``stood_down`` and hidden; the job
+  SKIPPED, naming the holder), so many writers never compute or log a config twice.
+* A store that refuses a request (permission, full disk, validation) is not an outage: the
+  result stays in the job directory and the run ends FAILED with reason ``store_error``.  An
+  outage found by one job of a sweep is known to the others (``store_down.json``).
 * Every run ends FINISHED, FAILED or KILLED: SIGTERM/SIGINT/SIGHUP end it KILLED (reason: the
   signal); a Slurm time limit ends it FAILED with reason ``TIMEOUT``; submitit's SIGUSR2 (time
   limit near) makes a training job requeue itself from its checkpoint, while a measurement,
@@ -412,11 +419,14 @@ class Job:
         except Exception as e:  # the store went away (or refuses) just now: compute offline
             self._offline(e)
             return None
-        if previous.get("run_id") and previous.get("status") != "FINISHED":
-            self._supersede(previous["run_id"], self.run_id)
+        # the earlier attempt's own run (a SKIPPED job's run id is the run that held its config)
+        earlier = previous.get("run_id") if previous.get("status") in tracking.OWN_RUN_STATES else None
+        if earlier:
+            self._supersede(earlier, self.run_id)
         try:
             held = tracking.claim(self.uri, self.exp_id, self.chash, self.run_id, t.stale_after_s,
-                                  finished_counts=t.resume and not t.force)
+                                  finished_counts=t.resume and not t.force,
+                                  ignore=[earlier] if earlier else [])
         except Exception as e:
             if not tracking.is_outage(e):
                 raise tracking.StoreRefused(f"tracking store {tracking.redact(self.uri)} refused "

@@ -130,7 +130,7 @@ class Syncer:
         logger.finish(result["scalars"], series, job_dir / tracking.RESULT_DIR,
                       end_time=int(1000 * status["time"]) if "time" in status else None)
         run_id = logger.run_id
-        old = status.get("run_id")
+        old = status.get("run_id") if status.get("status") in tracking.OWN_RUN_STATES else None
         if old and old != run_id and status.get("uri") == uri:
             tracking.supersede(uri, old, run_id)
         tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=record["config_hash"],
@@ -142,7 +142,8 @@ class Syncer:
         (the store refused to close it then), is closed as the job directory says."""
         status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         run_id = status.get("run_id")
-        if not run_id or status.get("uri") not in (None, uri):
+        if not run_id or status.get("status") not in tracking.OWN_RUN_STATES \
+                or status.get("uri") not in (None, uri):
             return
         client = tracking._client(uri)
         try:

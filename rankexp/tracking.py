@@ -21,8 +21,14 @@ Schema of one run (one Hydra job):
   refreshed every ``tracking.heartbeat_s``);
 * end tags of a run that did not finish: ``rankexp.end_reason`` (a signal name, ``TIMEOUT``
   or another Slurm state, ``owner_gone``, ``heartbeat_lost``, ``tracking_lost``,
-  ``exception``, ``superseded``) and ``error`` (the message);
+  ``store_error`` (the store refused a request), ``worker_lost`` (a local worker process
+  died), ``exception``, ``superseded``, ``stood_down``) and ``error`` (the message);
+* the claim (:func:`claim`): ``rankexp.claim_time`` (when the run claimed its config; the
+  earliest live claim computes), ``rankexp.stood_down_for`` (the run a losing claimant gave
+  way to; it is closed KILLED and soft-deleted like a superseded run);
 * metrics: scalars at step 0; series with ``step = layer`` (or path order / train step);
+  every name through :func:`metric_key` (names MLflow refuses, like ``train_loss_lr1e+06``,
+  made legal — the one mapping, for writers and readers);
 * artifacts: the job's ``result/`` folder (``config.yaml``, ``result.json``, ``arrays.npz``),
   uploaded in one ``log_artifacts``.
 
@@ -722,7 +728,7 @@ def _claim_order(r) -> tuple[int, str]:
 
 
 def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_after_s: float,
-          finished_counts: bool = True) -> Claim:
+          finished_counts: bool = True, ignore: Iterable[str] = ()) -> Claim:
     """Claim ``config_hash`` for the just-created run ``run_id``, through the store itself.
 
     The protocol (one ``search_runs`` for the common case; it works on SQLite, on a database
@@ -736,13 +742,17 @@ def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_aft
     (:func:`stand_down`) before computing.  Assumes the writers' clocks agree to better than
     the time between two claims (NTP does).
 
+    ``ignore``: runs that are not rivals (the earlier attempt of this very job, which it
+    supersedes).
+
     Returns:
         :class:`Claim`: ``won=True``, or the holder.
     """
     client = _client(uri)
     runs = client.search_runs([experiment_id], filter_string=f"tags.config_hash = '{config_hash}'",
                               max_results=1000)
-    others = [r for r in runs if r.info.run_id != run_id and r.data.tags.get(TAG_ROLE) != "sweep"]
+    skip = {run_id, *ignore}
+    others = [r for r in runs if r.info.run_id not in skip and r.data.tags.get(TAG_ROLE) != "sweep"]
     if finished_counts:
         done = [r for r in others if r.info.status == "FINISHED"]
         if done:
@@ -1063,6 +1073,10 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+#: job states whose ``run_id`` is the job's own run (SKIPPED names the run that held the config)
+OWN_RUN_STATES = ("RUNNING", "FAILED", "KILLED")
 
 
 def write_status(job_dir: Path, status: str, **extra: Any) -> None:
