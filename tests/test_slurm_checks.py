@@ -66,8 +66,9 @@ def test_a_job_slurm_can_never_start_is_reported_and_cancelled_within_a_minute(s
     5 minutes, so Slurm keeps them PENDING with reason ``PartitionTimeLimit`` for ever.  The
     launcher reports each and cancels it; the sweep ends, FAILED, within a minute."""
     env = slurm_cluster.env()
-    blocker = subprocess.run(["sbatch", "--parsable", "-c", str(node_cpus(env)), "--wrap", "sleep 600"],
-                             env=env, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    blocker = subprocess.run(["sbatch", "--parsable", "-c", str(node_cpus(env)), "-o", str(tmp_path / "blocker.out"),
+                              "--wrap", "sleep 600"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip()
     partition = ["scontrol", "update", "PartitionName=cpu"]
     proc = services.start_rankexp(*SMALL, "alpha=1,2", "hydra.launcher.timeout_min=10", "-m",
                                   cwd=tmp_path, env=env)
