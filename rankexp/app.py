@@ -10,6 +10,13 @@ Data flow (design.md §3) and what a job promises (issue 8):
   (:func:`rankexp.tracking.unreachable`, bounded by ``tracking.http_*``).  A job that cannot
   reach the store still computes, writes everything to its job directory and fails clearly;
   ``python -m rankexp.sync`` logs it later with the same params, tags, metrics and artifacts.
+* The job creates its run and claims its config in the store
+  (:func:`rankexp.tracking.claim`) before computing: when a FINISHED run or an earlier live
+  claimant holds it, the job stands down (its run closed ``stood_down`` and hidden; the job
+  SKIPPED, naming the holder), so many writers never compute or log a config twice.
+* A store that refuses a request (permission, full disk, validation) is not an outage: the
+  result stays in the job directory and the run ends FAILED with reason ``store_error``.  An
+  outage found by one job of a sweep is known to the others (``store_down.json``).
 * Every run ends FINISHED, FAILED or KILLED: SIGTERM/SIGINT/SIGHUP end it KILLED (reason: the
   signal); a Slurm time limit ends it FAILED with reason ``TIMEOUT``; submitit's SIGUSR2 (time
   limit near) makes a training job requeue itself from its checkpoint, while a measurement,
@@ -62,6 +69,9 @@ log = logging.getLogger("rankexp")
 
 #: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
 RESUMABLE_TASKS = {"train"}
+#: a store another job of the sweep found unreachable this recently is not asked again (older
+#: news: asked once, with one-second bounds, whether it is back)
+RECHECK_DOWN_S = 30.0
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
@@ -140,6 +150,8 @@ def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
                 arrays_dir: Path | None = None) -> None:
     """Write ``result.json`` (scalars, series, ``extra``) into ``out_dir`` and ``arrays.npz``
     there too, or into ``arrays_dir`` (arrays kept on disk but not uploaded)."""
+    import io
+
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         **extra,
@@ -147,9 +159,11 @@ def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
         "series": {k: {"steps": np.asarray(st).tolist(), "values": np.asarray(v).tolist()}
                    for k, (st, v) in result.series.items()},
     }
-    (out_dir / "result.json").write_text(json.dumps(doc, indent=1, default=float))
-    if result.arrays:
-        np.savez_compressed((arrays_dir or out_dir) / "arrays.npz", **result.arrays)
+    tracking.write_atomic(out_dir / "result.json", json.dumps(doc, indent=1, default=float).encode())
+    if result.arrays:  # atomically too: a full disk leaves no half-written file behind
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **result.arrays)
+        tracking.write_atomic((arrays_dir or out_dir) / "arrays.npz", buf.getvalue())
 
 
 @dataclass
@@ -162,6 +176,7 @@ class JobContext:
     overrides: str
     launcher: DictConfig | None
     num: int | None = None  # the job's number in its sweep
+    override_list: tuple[str, ...] = ()  # the command line's overrides of this job, one each
 
 
 def job_context() -> JobContext:
@@ -173,7 +188,8 @@ def job_context() -> JobContext:
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
-                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None)
+                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None,
+                      tuple(hc.overrides.task))
 
 
 def pin_threads(launcher: DictConfig | None) -> None:
@@ -194,13 +210,17 @@ def pin_threads(launcher: DictConfig | None) -> None:
 # --------------------------------------------------------------------------- fault injection
 FAULT_ENV = "RANKEXP_FAULT_KILL"
 HANG_ENV = "RANKEXP_FAULT_HANG"
+SLEEP_ENV = "RANKEXP_FAULT_SLEEP"
 
 
 def _fault_injection(overrides: str) -> None:
     """Failure-handling tests.  ``$RANKEXP_FAULT_KILL=alpha=2``: the job with that override
     SIGKILLs itself right after its run exists — the way an OOM killer or a Slurm preemption
     ends a job, with no chance to report.  ``$RANKEXP_FAULT_HANG=alpha=2``: it waits (signals
-    still land) — a job that runs past its time limit."""
+    still land) — a job that runs past its time limit.  ``$RANKEXP_FAULT_SLEEP=1.5``: every job
+    computes 1.5 s longer, idle (races between writers, without burning the CPU)."""
+    if os.environ.get(SLEEP_ENV):
+        time.sleep(float(os.environ[SLEEP_ENV]))
     mine = overrides.split()
     if os.environ.get(FAULT_ENV) in mine:
         log.warning("%s=%s: killing this job (pid %d)", FAULT_ENV, os.environ[FAULT_ENV], os.getpid())
@@ -241,8 +261,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         Exception: whatever the task raised; the MLflow run is then FAILED.
     """
     interrupt.clear()
-    s = check_job(cfg)
+    # a log record that cannot be written (a full disk under the job log) is dropped, not
+    # printed as a "--- Logging error ---" traceback (logging's advice for production)
+    logging.raiseExceptions = False
     ctx = job_context()
+    s = check_job(cfg, overrides=ctx.override_list)
     pin_threads(ctx.launcher)
     limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
     try:
@@ -267,8 +290,9 @@ class Job:
         self.chash = config_hash(self.container)
         self.device = resolve_device(s.device)
         self.job_dir = ctx.job_dir
-        self.uri = self.exp_id = None
-        self.offline: str | None = None  # why the store cannot be reached
+        self.uri = self.exp_id = self.run_id = None
+        self.offline: str | None = None  # why the store cannot be reached (or refused the run)
+        self.refused = False  # … the store answered, refusing: not an outage
         self.logger: tracking.Journal | None = None
         self.name = run_name(s, ctx)
 
@@ -299,7 +323,8 @@ class Job:
                 return {"status": "SKIPPED", "run_id": done, "scalars": {}}
         out = job_dir / tracking.RESULT_DIR
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(self.container, sort_keys=False))
+        tracking.write_atomic(out / "config.yaml",
+                              yaml.safe_dump(self.container, sort_keys=False).encode())
         params = run_params(self.container, s)
         tracking.write_json(job_dir / tracking.RUN_FILE, {
             "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,
@@ -308,18 +333,11 @@ class Job:
         journal = job_dir / tracking.JOURNAL_FILE
         journal.unlink(missing_ok=True)
         try:
-            run_id = None
             if s.tracking.enabled and self.offline is None:
-                self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params, tags,
-                                                 journal)
-                try:
-                    run_id = self.logger.start()
-                except Exception as e:  # the store went away just now: compute offline
-                    self.offline = tracking._first_line(e)
-                    log.error("tracking store %s stopped answering (%s): computing anyway",
-                              self.uri, self.offline)
-                if run_id and previous.get("run_id") and previous.get("status") != "FINISHED":
-                    self._supersede(previous["run_id"], run_id)
+                stood_down = self._start_run(params, tags, journal, previous)
+                if stood_down is not None:
+                    return stood_down
+            run_id = self.run_id
             if self.offline is not None or not s.tracking.enabled:
                 self.logger = tracking.Journal(journal)
             tracking.write_status(job_dir, "RUNNING", run_id=run_id, config_hash=self.chash,
@@ -363,7 +381,16 @@ class Job:
             self.exp_id = parent["experiment_id"]
             tags["mlflow.parentRunId"] = parent["run_id"]
             tags["sweep_id"] = parent["sweep_id"]
-            self.offline = tracking.unreachable(self.uri)
+            known = tracking.store_known_down(self.ctx.sweep_dir, self.uri)
+            if known and known[1] < RECHECK_DOWN_S:  # another job just found it down: trust that
+                self.offline = f"{known[0]}, found {known[1]:.0f} s ago by another job of the sweep"
+            else:
+                with tracking.quick_bounds() if known else contextlib.nullcontext():
+                    self.offline = tracking.unreachable(self.uri)  # known down: asked briefly
+                if known and self.offline is None:
+                    tracking.clear_store_down(self.ctx.sweep_dir)
+                if self.offline:
+                    tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
             if self.offline:
                 log.error("tracking store %s does not answer (%s): computing anyway; the result "
                           "goes to %s — log it later with `python -m rankexp.sync %s`",
@@ -377,6 +404,55 @@ class Job:
         tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
         tags["sweep_id"] = str(self.ctx.sweep_dir) if self.ctx.sweep_dir else ""
         return tracking.find_finished(self.uri, self.exp_id, self.chash) if resume else None
+
+    def _start_run(self, params: dict[str, Any], tags: dict[str, str], journal: Path,
+                   previous: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the job's run, supersede an earlier attempt's, claim the config
+        (:func:`rankexp.tracking.claim`).  Returns the job's outcome if it stands down for a
+        run that holds the config (SKIPPED), else None — also when the store is lost
+        (``self.offline``: the job computes into its job directory)."""
+        t = self.s.tracking
+        self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params,
+                                         {**tags, **tracking.claim_tags()}, journal)
+        try:
+            self.run_id = self.logger.start()
+        except Exception as e:  # the store went away (or refuses) just now: compute offline
+            self._offline(e)
+            return None
+        # the earlier attempt's own run (a SKIPPED job's run id is the run that held its config)
+        earlier = previous.get("run_id") if previous.get("status") in tracking.OWN_RUN_STATES else None
+        if earlier:
+            self._supersede(earlier, self.run_id)
+        try:
+            held = tracking.claim(self.uri, self.exp_id, self.chash, self.run_id, t.stale_after_s,
+                                  finished_counts=t.resume and not t.force,
+                                  ignore=[earlier] if earlier else [])
+        except Exception as e:
+            if not tracking.is_outage(e):
+                raise tracking.StoreRefused(f"tracking store {tracking.redact(self.uri)} refused "
+                                            f"a request ({tracking._first_line(e)})") from None
+            self._offline(e)
+            return None
+        if held.won:
+            return None
+        with contextlib.suppress(Exception):  # else the job directory says it stood down
+            tracking.stand_down(self.uri, self.run_id, held)
+        reason = "finished" if held.status == "FINISHED" else "held"
+        tracking.write_status(self.job_dir, "SKIPPED", run_id=held.holder, config_hash=self.chash,
+                              uri=self.uri, reason=reason, stood_down=self.run_id,
+                              held_by=held.where)
+        log.info("skipping: this config (hash %s) is %s %s", self.chash,
+                 "already FINISHED as" if reason == "finished" else "being computed by", held.where)
+        return {"status": "SKIPPED", "run_id": held.holder, "scalars": {}}
+
+    def _offline(self, e: BaseException) -> None:
+        """The store failed this job's request: compute anyway, into the job directory.  An
+        outage is told to the sweep's other jobs (:func:`rankexp.tracking.mark_store_down`)."""
+        self.offline, self.refused = tracking._first_line(e), not tracking.is_outage(e)
+        if not self.refused:
+            tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
+        log.error("tracking store %s %s (%s): computing anyway", tracking.redact(self.uri),
+                  "refused the run" if self.refused else "stopped answering", self.offline)
 
     def _store_status(self, run_id: str) -> str | None:
         try:
@@ -405,26 +481,32 @@ class Job:
         if isinstance(logger, tracking.RunLogger):
             try:
                 logger.finish(result.scalars, result.series, out)
-            except tracking.TrackingLost as e:
-                raise tracking.TrackingLost(f"{e}; {hint}") from None
+            except tracking.TrackingError as e:
+                raise type(e)(f"{e}; {hint}") from None
+        elif s.tracking.enabled and self.refused:
+            raise tracking.StoreRefused(
+                f"tracking store {tracking.redact(self.uri)} refused the run ({self.offline}); {hint}")
         elif s.tracking.enabled:
             raise tracking.TrackingLost(
-                f"tracking store {self.uri} did not answer ({self.offline}); {hint}")
+                f"tracking store {tracking.redact(self.uri)} did not answer ({self.offline}); {hint}")
         return result
 
     # ------------------------------------------------------------------ endings
     def _failed(self, e: BaseException) -> None:
         """Close the run and the job's status for whatever stopped the job."""
-        run_id = getattr(self.logger, "run_id", None)
+        run_id = self.run_id
         if isinstance(e, interrupt.JobInterrupted):
             status, reason, message = self._interrupted(e.signal_name)
         elif isinstance(e, KeyboardInterrupt):
             status, reason, message = "KILLED", "SIGINT", "interrupted (KeyboardInterrupt)"
         elif isinstance(e, SystemExit):
             status, reason, message = "KILLED", "requeued", "checkpointed and requeued by submitit"
+        elif isinstance(e, tracking.StoreRefused):
+            status, reason, message = "FAILED", "store_error", str(e)
         elif isinstance(e, tracking.TrackingError):
             reason = "tracking_unreachable" if self.offline else "tracking_lost"
             status, message = "FAILED", str(e)
+            tracking.mark_store_down(self.ctx.sweep_dir, self.uri, str(e)[:300])
         else:
             status, reason, message = "FAILED", "exception", f"{type(e).__name__}: {e}"
             log.error("job failed: %s", message, exc_info=e)

@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from .config import ConfigError, check_override_keys, config_groups, register_configs
+from .config import ConfigError, check_override_keys, config_groups, quote_unicode, register_configs
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rankexp")
@@ -65,6 +65,7 @@ def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     from hydra._internal.utils import get_args_parser
 
+    sys.argv[1:] = [quote_unicode(a) for a in sys.argv[1:]]  # unicode values work unquoted
     args, _ = get_args_parser().parse_known_args(sys.argv[1:])
     try:
         if not args.shell_completion:  # `-sc install=bash` / `query=bash` are Hydra's, not keys

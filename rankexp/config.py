@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -406,6 +407,14 @@ class TrainTask:
             v = getattr(self, key)
             if not (isinstance(v, int) and v >= 1):
                 raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
+        from .tasks.data import CIFAR10_COUNTS
+
+        if self.batch_size > CIFAR10_COUNTS[0]:
+            raise _bad("task.batch_size", self.batch_size, f"a batch is drawn from CIFAR-10's "
+                       f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
+        if self.clean_train_images > CIFAR10_COUNTS[0]:
+            raise _bad("task.clean_train_images", self.clean_train_images,
+                       f"CIFAR-10 has {CIFAR10_COUNTS[0]} training images")
         for key in ("warmup_steps", "warmup_min_depth", "pad", "clean_train_images"):
             v = getattr(self, key)
             if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
@@ -477,8 +486,11 @@ class TrackingConfig:
     stale_after_s: int = 600
 
     def __post_init__(self) -> None:
-        if not self.experiment or not self.experiment.strip():
-            raise _bad("tracking.experiment", self.experiment, "must be a non-empty name")
+        from .tracking import experiment_name_problem
+
+        problem = experiment_name_problem(self.experiment)
+        if problem:
+            raise _bad("tracking.experiment", self.experiment, problem)
         for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
                          ("heartbeat_s", 1), ("stale_after_s", 1)):
             v = getattr(self, key)
@@ -837,7 +849,21 @@ def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException:
+        for o in overrides:
+            if not o.isascii():
+                key, _, value = o.partition("=")
+                raise ConfigError(f"invalid override {o!r}: Hydra reads non-ASCII characters only "
+                                  f"inside quotes — write {key}='{value}' (in a shell: "
+                                  f"\"{key}='{value}'\")") from None
         return  # a syntax error: Hydra reports it with its own parser's message
+    seen: dict[str, str] = {}
+    for o in parsed:
+        key = (o.package + ":" if o.package else "") + o.key_or_group
+        if key in seen:
+            raise ConfigError(f"invalid config: '{o.key_or_group}' is given twice ({seen[key]!r}, "
+                              f"{o.input_line!r}) — give it once (a sweep: "
+                              f"{o.key_or_group}=a,b)")
+        seen[key] = o.input_line
     for o in parsed:
         key = o.key_or_group
         if o.is_hydra_override() or o.package is not None or "/" in key:
@@ -856,6 +882,22 @@ def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None
             if part not in kids and not (depth == 0 and part in groups):
                 raise _unknown(part, "".join(p + "." for p in parts[:depth]), list(kids))
             node = kids.get(part, _FREE)
+
+
+_PLAIN_VALUE = re.compile(r"[^\s'\"\[\](){},=:\\]+")
+
+
+def quote_unicode(argument: str) -> str:
+    """A command-line override whose value has non-ASCII characters, quoted so Hydra reads it
+    (``tracking.experiment=résumé`` → ``tracking.experiment='résumé'``; each item of a plain
+    sweep list too); anything else unchanged.  Hydra's lexer takes unicode only in quotes."""
+    if argument.startswith("-") or argument.isascii() or "=" not in argument:
+        return argument
+    key, _, value = argument.partition("=")
+    items = value.split(",")
+    if not key.isascii() or not all(_PLAIN_VALUE.fullmatch(v) for v in items):
+        return argument  # quoted already, or a structure: Hydra (or our hint) handles it
+    return f"{key}=" + ",".join(v if v.isascii() else f"'{v}'" for v in items)
 
 
 def check_keys(cfg: DictConfig) -> None:
@@ -910,6 +952,8 @@ def check_paths(s: RankexpConfig) -> None:
     """
     from .locations import resolve_path
 
+    if isinstance(s.model, Gpt2Model) and s.model.pretrained:
+        check_pretrained(s.model.pretrained)
     if not isinstance(s.task, TrainTask) or (s.data.download and s.data.source in ("auto", "torchvision")):
         return
     root = resolve_path(s.data.root)
@@ -922,9 +966,81 @@ def check_paths(s: RankexpConfig) -> None:
         )
 
 
-def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
+#: a Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def check_pretrained(pretrained: str) -> None:
+    """``model.pretrained`` names a local checkpoint directory (``save_pretrained``'s, with its
+    ``config.json``) or a hub id (``gpt2``, ``openai-community/gpt2-medium``); a path that is
+    neither is refused before any run exists (not as a Hugging Face traceback after one).
+
+    Raises:
+        ConfigError: the value, what was found there and what belongs there.
+    """
+    path = Path(pretrained).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise _bad("model.pretrained", pretrained, f"{path} holds no config.json: a local "
+                       "checkpoint is a directory written by save_pretrained")
+        return
+    if path.exists():
+        raise _bad("model.pretrained", pretrained, f"{path} is a file; a local checkpoint is a "
+                   "directory written by save_pretrained (config.json + weights)")
+    looks_like_path = pretrained.startswith(("/", ".", "~")) or "\\" in pretrained
+    if looks_like_path or not _HUB_ID.fullmatch(pretrained) or ".." in pretrained:
+        raise _bad("model.pretrained", pretrained, f"no such directory ({path.absolute()}); give "
+                   "a local checkpoint directory (config.json + weights) or a hub id such as "
+                   "gpt2 or openai-community/gpt2-medium")
+
+
+#: command-line keys each task does not read, and why (refused: a value that changes nothing)
+_UNUSED_BY_TASK = {
+    "measure": {"lr": "task=measure does not train (lr is task=train's learning rate)"},
+}
+
+
+#: tracking options a job with the store off still uses: its run.json records the experiment
+#: and whether arrays are logged, for ``python -m rankexp.sync --uri`` to log it later
+_OFF_STORE_KEYS = ("", "enabled", "experiment", "log_arrays")
+
+
+def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
+    """Refuse a command-line override that the job would not use: ``lr=`` with
+    ``task=measure``, and the ``tracking.*`` options of a store (``uri``, ``resume``, ``force``,
+    ``http_*``, …) when the store is off (``tracking=off``) — each would be accepted, logged or
+    ignored, and change nothing (``tracking.experiment`` and ``log_arrays`` stay: a later
+    ``rankexp.sync --uri`` reads them).
+
+    Raises:
+        ConfigError: the override and why it is not used.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return
+    unused = dict(_UNUSED_BY_TASK.get(s.task.name, {}))
+    for o in parsed:
+        key = o.key_or_group.lstrip("+~")
+        if o.is_hydra_override() or "." not in key and key in ("task", "tracking", "model"):
+            continue
+        top, _, sub = key.partition(".")
+        if top in unused:
+            raise ConfigError(f"invalid config: {o.input_line} — not used: {unused[top]}")
+        if top == "tracking" and sub not in _OFF_STORE_KEYS and not s.tracking.enabled:
+            raise ConfigError(f"invalid config: {o.input_line} — not used: the store is off "
+                              "(tracking=off / tracking.enabled=false); drop it, or log to a "
+                              "store (tracking=default, tracking=server)")
+
+
+def check_job(cfg: DictConfig, *, device: bool = True,
+              overrides: Sequence[str] | None = None) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: schema keys, values,
-    input paths and (``device``: jobs that run on this machine) the device.
+    input paths, (``device``: jobs that run on this machine) the device, and that each
+    command-line override is used (:func:`check_used_overrides`).
 
     Raises:
         ConfigError: one message naming key, value or path and what is allowed.
@@ -932,6 +1048,8 @@ def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
     check_keys(cfg)
     s = validate(cfg)
     check_paths(s)
+    if overrides:
+        check_used_overrides(overrides, s)
     if device:
         resolve_device(s.device)
     return s

@@ -10,13 +10,16 @@ running, from ``metrics.jsonl``), artifacts (``result/``), start and end times, 
 its sweep's parent run when that is in the same store.
 
 It is idempotent by config hash: run twice, the second finds every config FINISHED and adds
-nothing.  It also closes what the outage left open: the job's earlier run, if the store has
+nothing.  Like a live job it claims each config in the store before logging it
+(:func:`rankexp.tracking.claim`), so two syncs at once, or a sync beside a sweep of the same
+configs, log each config once; a config a live run holds is left to it (``held``).  It also closes what the outage left open: the job's earlier run, if the store has
 it, is superseded (closed, tagged ``rankexp.superseded_by``, deleted), and each sweep's parent
 run gets its job counts recomputed and its status set from them.
 
 ``--uri`` sends everything to another store (default: the URI each job recorded).
-Exit status: 0 every result with a store is in it; 1 some job could not be logged; 2 a store
-could not be used.
+Exit status: 0 every result with a store is in it (or held by a live run); 1 some job could
+not be logged (no result, no store, or the store refused it: one line each, its run ended
+FAILED with ``rankexp.end_reason=store_error``); 2 a store could not be used.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ def job_dirs(root: Path) -> list[Path]:
 class Syncer:
     """Logs job directories into their stores, remembering each store's checks."""
 
-    def __init__(self, uri: str | None = None):
-        self.uri = uri
+    def __init__(self, uri: str | None = None, stale_after_s: float = 600):
+        self.uri, self.stale_after_s = uri, stale_after_s
         self._checked: set[str] = set()
         self._experiments: dict[tuple[str, str], str] = {}
 
@@ -58,40 +61,103 @@ class Syncer:
 
     def sync(self, job_dir: Path) -> tuple[str, str | None]:
         """Log one job directory; returns ``(outcome, run_id)``, outcome one of ``logged``,
-        ``present`` (already FINISHED in the store), ``no result`` (the job failed before it
-        had one), ``no store`` (tracking was off and no ``--uri`` was given)."""
+        ``present`` (already FINISHED in the store), ``held`` (a live run of another process
+        is computing or logging that config now), ``no result`` (the job failed before it had
+        one), ``no store`` (tracking was off and no ``--uri`` was given), ``store error`` (the
+        store refused a request: the message is logged, the run it began is ended FAILED).
+
+        Like a live job, it first creates its run and claims the config
+        (:func:`rankexp.tracking.claim`), so two syncs, or a sync and a sweep, at once log
+        each config once.
+
+        Raises:
+            TrackingError: the store cannot be used, or stopped answering.
+        """
         record = tracking.read_json(job_dir / tracking.RUN_FILE) or {}
         result = tracking.read_json(job_dir / tracking.RESULT_DIR / "result.json")
-        if result is None:
-            return "no result", None
         uri = self.uri or record.get("uri")
-        if not uri:
-            return "no store", None
-        chash = record["config_hash"]
+        if result is None or not uri:
+            if uri and result is None:
+                self._close_leftover(job_dir, uri, record)
+            return ("no result" if result is None else "no store"), None
         exp_id = self._experiment(uri, record["experiment"])
-        done = tracking.find_finished(uri, exp_id, chash)
+        self._close_leftover(job_dir, uri, record)
+        done = tracking.find_finished(uri, exp_id, record["config_hash"])
         if done:
             return "present", done
-        tags = {**record["tags"], "rankexp.synced_from": str(job_dir.resolve())}
+        logger = None
+        try:
+            logger = self._start(job_dir, uri, exp_id, record)
+            held = tracking.claim(uri, exp_id, record["config_hash"], logger.run_id,
+                                  self.stale_after_s)
+            if not held.won:
+                tracking.stand_down(uri, logger.run_id, held)
+                log.info("%s: config held by %s", job_dir, held.where)
+                return ("present" if held.status == "FINISHED" else "held"), held.holder
+            return "logged", self._log(job_dir, uri, record, result, logger)
+        except Exception as e:
+            if tracking.is_outage(e):
+                raise tracking.TrackingError(f"tracking store {tracking.redact(uri)} stopped "
+                                             f"answering ({tracking._first_line(e)})") from None
+            message = f"{type(e).__name__}: {tracking._first_line(e)}"
+            log.error("%s: the store %s refused a request (%s)", job_dir, tracking.redact(uri),
+                      message)
+            if logger is not None and logger.run_id:
+                logger.end("FAILED", "store_error", message)
+            return "store error", None
+
+    def _start(self, job_dir: Path, uri: str, exp_id: str, record: dict) -> tracking.RunLogger:
+        """Create the synced run: the job's name, params and tags, this process as its owner."""
+        tags = {**record["tags"], "rankexp.synced_from": str(job_dir.resolve()),
+                **tracking.owner_tags(), **tracking.claim_tags()}
         parent = self._parent(job_dir, uri, record["experiment"])
         if parent:
             tags["mlflow.parentRunId"] = parent
         else:
             tags.pop("mlflow.parentRunId", None)
-        status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         logger = tracking.RunLogger(uri, exp_id, record["run_name"], record["params"], tags)
-        run_id = logger.start(start_time=record.get("start_time"))
+        logger.start(start_time=record.get("start_time"))
+        return logger
+
+    def _log(self, job_dir: Path, uri: str, record: dict, result: dict,
+             logger: tracking.RunLogger) -> str:
+        """Log the job's points, result and artifacts into its claimed run; supersede the run
+        the outage cut short."""
+        status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         for stamp, points in tracking.read_journal(job_dir / tracking.JOURNAL_FILE):
             logger._send(points, {}, timestamp=stamp)
         series = {k: (v["steps"], v["values"]) for k, v in result["series"].items()}
         logger.finish(result["scalars"], series, job_dir / tracking.RESULT_DIR,
                       end_time=int(1000 * status["time"]) if "time" in status else None)
-        old = status.get("run_id")
+        run_id = logger.run_id
+        old = status.get("run_id") if status.get("status") in tracking.OWN_RUN_STATES else None
         if old and old != run_id and status.get("uri") == uri:
             tracking.supersede(uri, old, run_id)
-        tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=chash, uri=uri,
-                              synced=time.time())
-        return "logged", run_id
+        tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=record["config_hash"],
+                              uri=uri, synced=time.time())
+        return run_id
+
+    def _close_leftover(self, job_dir: Path, uri: str, record: dict) -> None:
+        """The job's own run, if the store still has it RUNNING although the job is over
+        (the store refused to close it then), is closed as the job directory says."""
+        status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
+        run_id = status.get("run_id")
+        if not run_id or status.get("status") not in tracking.OWN_RUN_STATES \
+                or status.get("uri") not in (None, uri):
+            return
+        client = tracking._client(uri)
+        try:
+            run = client.get_run(run_id)
+        except Exception:
+            return
+        if run.info.status != "RUNNING" or run.data.tags.get("config_hash") != record.get("config_hash"):
+            return
+        verdict = tracking.owner_gone(run.data.tags, run.info.start_time, {}, self.stale_after_s,
+                                      run_id)
+        if verdict is not None:
+            tracking.close_run(client, run_id, *verdict, params=record.get("params"))
+            log.info("%s: closed its run %s, left RUNNING, as %s (%s)", job_dir, run_id,
+                     verdict[0], verdict[1])
 
     def _parent(self, job_dir: Path, uri: str, experiment: str) -> str | None:
         rec = tracking.read_parent(job_dir.parent)
@@ -113,11 +179,15 @@ class Syncer:
             parent = client.get_run(rec["run_id"])
         except Exception:
             return None
-        total = int(parent.data.tags.get("jobs_total", 0))
-        dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / tracking.RUN_FILE).exists()
-                or (d / tracking.STATUS_FILE).exists()]
-        counts = tracking.count_jobs(dirs)
-        counts["not_run"] += max(0, total - len(dirs))
+        closed = tracking.reconcile(rec["uri"], rec["experiment_id"], self.stale_after_s,
+                                    parent_id=rec["run_id"])
+        if client.search_runs([rec["experiment_id"]], max_results=1, filter_string=(
+                f"tags.mlflow.parentRunId = '{rec['run_id']}' and attributes.status = 'RUNNING'")):
+            log.warning("sweep %s: a job run is still RUNNING; its parent run %s stays open",
+                        sweep_dir, rec["run_id"])
+            return None
+        dirs = tracking.planned_job_dirs(sweep_dir, parent.data.tags.get("jobs_total"))
+        counts = tracking.count_jobs(dirs, {r: st for r, (st, _) in closed.items()})
         tracking._log_counts(client, rec["run_id"], counts)
         bad = counts["failed"] or counts["killed"] or counts["not_run"]
         status = "FAILED" if bad else "FINISHED"
@@ -132,6 +202,22 @@ class Syncer:
         return status
 
 
+def _guarded(where: Path, fn, *args):
+    """``fn(*args)``; a store that refuses (anything but an outage) is one logged line and
+    ``None``, so one bad job never stops the others; an outage raises TrackingError."""
+    try:
+        return fn(*args)
+    except tracking.TrackingError:
+        raise
+    except Exception as e:
+        if tracking.is_outage(e):
+            raise tracking.TrackingError(f"the store stopped answering ({tracking._first_line(e)})"
+                                         ) from None
+        log.error("%s: the store refused a request (%s: %s)", where, type(e).__name__,
+                  tracking._first_line(e))
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rankexp.sync", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uri", help="log into this store instead of the one each job recorded")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tracking.quiet_store_logs()
     if not args.dir.exists():
         print(f"error: {args.dir} does not exist", file=sys.stderr)
         return 2
@@ -146,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     tally: dict[str, int] = {}
     try:
         for d in job_dirs(args.dir):
-            outcome, run_id = syncer.sync(d)
+            outcome, run_id = _guarded(d, syncer.sync, d) or ("store error", None)
             tally[outcome] = tally.get(outcome, 0) + 1
             if outcome == "logged":
                 log.info("logged %s as run %s", d, run_id)
@@ -154,14 +241,15 @@ def main(argv: list[str] | None = None) -> int:
                 log.warning("%s: %s", d, outcome)
         for sweep in sorted({d.parent for d in job_dirs(args.dir)} | {args.dir}):
             if (sweep / tracking.PARENT_FILE).exists():
-                syncer.close_parent(sweep)
+                _guarded(sweep, syncer.close_parent, sweep)
     except tracking.TrackingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    log.info("sync %s: %d logged, %d already in the store, %d without a result, %d without a store",
-             args.dir, tally.get("logged", 0), tally.get("present", 0), tally.get("no result", 0),
-             tally.get("no store", 0))
-    return 1 if tally.get("no result") or tally.get("no store") else 0
+    log.info("sync %s: %d logged, %d already in the store, %d held by a live run, %d without a "
+             "result, %d without a store, %d refused by the store", args.dir, tally.get("logged", 0),
+             tally.get("present", 0), tally.get("held", 0), tally.get("no result", 0),
+             tally.get("no store", 0), tally.get("store error", 0))
+    return 1 if tally.get("no result") or tally.get("no store") or tally.get("store error") else 0
 
 
 if __name__ == "__main__":

@@ -21,8 +21,14 @@ Schema of one run (one Hydra job):
   refreshed every ``tracking.heartbeat_s``);
 * end tags of a run that did not finish: ``rankexp.end_reason`` (a signal name, ``TIMEOUT``
   or another Slurm state, ``owner_gone``, ``heartbeat_lost``, ``tracking_lost``,
-  ``exception``, ``superseded``) and ``error`` (the message);
+  ``store_error`` (the store refused a request), ``worker_lost`` (a local worker process
+  died), ``exception``, ``superseded``, ``stood_down``) and ``error`` (the message);
+* the claim (:func:`claim`): ``rankexp.claim_time`` (when the run claimed its config; the
+  earliest live claim computes), ``rankexp.stood_down_for`` (the run a losing claimant gave
+  way to; it is closed KILLED and soft-deleted like a superseded run);
 * metrics: scalars at step 0; series with ``step = layer`` (or path order / train step);
+  every name through :func:`metric_key` (names MLflow refuses, like ``train_loss_lr1e+06``,
+  made legal — the one mapping, for writers and readers);
 * artifacts: the job's ``result/`` folder (``config.yaml``, ``result.json``, ``arrays.npz``),
   uploaded in one ``log_artifacts``.
 
@@ -43,9 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
+import posixpath
+import re
 import shlex
 import shutil
 import socket
@@ -53,8 +62,10 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +76,9 @@ PARENT_FILE = "mlflow_parent.json"
 #: (names from the swept axes: rankexp.naming); jobs read their name and `job i/N` from it
 NAMES_FILE = "run_names.json"
 FINISHED_FILE = "finished.json"
+#: ``{"uri", "reason", "time"}``: a job of the sweep found its store unreachable (the others
+#: then ask it once, quickly, instead of each waiting out the full HTTP bounds)
+STORE_DOWN_FILE = "store_down.json"
 STATUS_FILE = "status.json"
 RUN_FILE = "run.json"
 JOURNAL_FILE = "metrics.jsonl"
@@ -77,6 +91,9 @@ TAG_ROLE = "rankexp.role"
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_ATTEMPT, TAG_HEARTBEAT = "rankexp.slurm_job_id", "rankexp.attempt", "rankexp.heartbeat"
 TAG_REASON, TAG_SUPERSEDED = "rankexp.end_reason", "rankexp.superseded_by"
+#: a job run's claim on its config: when it was made (Unix ms; the claim order), and the run
+#: a stood-down claimant gave way to
+TAG_CLAIM, TAG_STOOD_DOWN = "rankexp.claim_time", "rankexp.stood_down_for"
 TAG_DIRTY = "rankexp.git_dirty"
 SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
 TAG_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
@@ -93,14 +110,51 @@ class TrackingError(RuntimeError):
 
 # --------------------------------------------------------------------------- store
 def configure_http(retries: int, timeout_s: int, backoff: int) -> None:
-    """Bound MLflow's HTTP client for this process (its own ``MLFLOW_HTTP_REQUEST_*``
-    settings, read at every request): MLflow's defaults (7 retries, backoff factor 2,
-    120 s timeout) turn an unreachable server into minutes per call."""
+    """Bound MLflow's clients for this process.  HTTP: its own ``MLFLOW_HTTP_REQUEST_*``
+    settings, read at every request (MLflow's defaults, 7 retries, backoff factor 2, 120 s
+    timeout, turn an unreachable server into minutes per call).  A database URI
+    (``postgresql://…``): the same number of connection attempts instead of MLflow's ten
+    (``mlflow.store.db.utils.MAX_RETRY_COUNT``, whose doubling sleeps add up to 100 s), each
+    bounded by libpq's ``PGCONNECT_TIMEOUT`` (unless set)."""
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(retries)
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
     os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(backoff)
-    # one message per outage (ours, naming the store), not one urllib3 warning per retry
+    os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(2, timeout_s)))
+    with contextlib.suppress(ImportError, AttributeError):
+        from mlflow.store.db import utils as db_utils
+
+        db_utils.MAX_RETRY_COUNT = retries + 1
+    quiet_store_logs()
+
+
+def quiet_store_logs() -> None:
+    """One message per store problem — ours, naming the store and what to do — instead of a
+    urllib3 warning per retry and MLflow's logged traceback of each SQL error it re-raises."""
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def redact(uri: str) -> str:
+    """``uri`` with its password masked (``postgresql://u:***@host/db``), for messages."""
+    return re.sub(r"(://[^/:@]*):[^/@]*@", r"\1:***@", uri)
+
+
+#: what an unreachable store's errors say (requests/urllib3, libpq, sockets)
+_OUTAGE = ("connection refused", "timed out", "timeout", "name or service not known",
+           "no route to host", "connection reset", "connection aborted", "remotedisconnected",
+           "max retries exceeded", "could not connect", "server closed the connection",
+           "temporary failure in name resolution", "network is unreachable",
+           "failed to establish a new connection")
+
+
+def is_outage(e: BaseException) -> bool:
+    """Whether ``e`` says the store could not be reached (connection refused, a timeout, a
+    name that does not resolve), rather than that it answered and refused the request
+    (permission, disk full, read-only, validation: :class:`StoreRefused`)."""
+    text = f"{type(e).__name__}: {e}".lower()
+    if "error responses" in text:  # urllib3 retried 5xx answers: the server did answer
+        return False
+    return isinstance(e, (TimeoutError, ConnectionError)) or any(g in text for g in _OUTAGE)
 
 
 def resolve_uri(uri: str | None, base_dir: str | os.PathLike | None = None) -> str:
@@ -172,8 +226,11 @@ def _client(uri: str):
 def _first_line(e: BaseException) -> str:
     """The gist of a store error, in a line."""
     text = str(e).strip() or type(e).__name__
+    if isinstance(e, OSError) and e.strerror:  # PermissionError, ENOSPC, EROFS: with the path
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     for gist in ("Connection refused", "Read timed out", "Name or service not known",
-                 "No route to host", "Connection reset"):
+                 "No route to host", "Connection reset", "database or disk is full",
+                 "attempt to write a readonly database"):
         if gist in text:
             return gist.lower()
     if "unsupported URI" in text:
@@ -216,11 +273,21 @@ def check_store(uri: str) -> None:
         raise
     except Exception as e:
         reason = _first_line(e)
+        if db is not None and not is_outage(e) and ("full" in reason or "readonly" in reason
+                                                   or "denied" in reason.lower()):
+            raise TrackingError(
+                f"tracking store {uri}: {db} refuses writes ({reason}); free space on its disk, "
+                "fix its permissions, or point tracking.uri at another store") from None
         if db is not None:
             raise TrackingError(
                 f"tracking store {uri}: {db} cannot be used as an MLflow store ({reason}); "
                 "if it is damaged, move it aside to start a new store, or point tracking.uri "
                 "at another one") from None
+        if not _is_http(uri) and is_outage(e):
+            raise TrackingError(
+                f"database store {redact(uri)} does not answer ({reason}) after "
+                f"{int(os.environ.get('MLFLOW_HTTP_REQUEST_MAX_RETRIES', '0')) + 1} attempts; "
+                "start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or use tracking=off") from None
         if _is_http(uri):
             raise TrackingError(
                 f"tracking server {uri} does not answer ({reason}) after "
@@ -228,7 +295,7 @@ def check_store(uri: str) -> None:
                 "(eval \"$(launchers/mlflow-server.sh start)\"), fix tracking.uri / "
                 "$MLFLOW_TRACKING_URI, or use tracking=off") from None
         raise TrackingError(
-            f"tracking URI {uri!r} cannot be used ({reason}); use an SQLite file "
+            f"tracking URI {redact(uri)!r} cannot be used ({reason}); use an SQLite file "
             "(sqlite:////abs/path/mlflow.db), a server (http://HOST:PORT) or a database "
             "MLflow supports (postgresql://…, mysql://…)") from None
 
@@ -283,14 +350,40 @@ def unreachable(uri: str) -> str | None:
     return None
 
 
+def experiment_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an experiment, or ``None``.  A name is data, not a path: an
+    SQLite store keeps an experiment's artifacts in ``mlartifacts/<name>`` beside it, so a
+    name must be one path component — no ``/`` or ``\\``, not ``.`` or ``..``, no control
+    characters, no leading or trailing blank.  Any other character (unicode included) is
+    fine."""
+    if not name or not name.strip():
+        return "must be a non-empty name"
+    if name != name.strip():
+        return "must not begin or end with a blank"
+    if "/" in name or "\\" in name:
+        return "is a name, not a path: no '/' or '\\' (e.g. fig6-ablation)"
+    if name in (".", ".."):
+        return "is a name, not a path: not '.' or '..'"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        return "must not contain control characters"
+    return None
+
+
 def prepare_experiment(uri: str, name: str) -> str:
     """Create the store's schema and the experiment ``name`` if missing; return its id.
 
     Safe under concurrency: SQLite stores are initialized under a file lock, and a
     lost creation race against a server is resolved by reading the winner's id.
+
+    Raises:
+        TrackingError: ``name`` is not a valid experiment name (:func:`experiment_name_problem`:
+            no name writes outside the store's artifact root).
     """
     from mlflow.exceptions import MlflowException
 
+    problem = experiment_name_problem(name)
+    if problem:
+        raise TrackingError(f"experiment name {name!r} {problem}")
     with _store_lock(uri):
         client = _client(uri)
         exp = client.get_experiment_by_name(name)
@@ -299,7 +392,14 @@ def prepare_experiment(uri: str, name: str) -> str:
                 client.restore_experiment(exp.experiment_id)
             return exp.experiment_id
         db = _sqlite_path(uri)
-        location = (db.parent / "mlartifacts" / name).as_uri() if db else None
+        location = None
+        if db is not None:
+            root = (db.parent / "mlartifacts").resolve()
+            where = (root / name).resolve()
+            if where.parent != root:  # a link or anything else leading out of the artifact root
+                raise TrackingError(f"experiment name {name!r}: its artifacts would go to {where}, "
+                                    f"outside the store's artifact root {root}")
+            location = (db.parent / "mlartifacts" / name).as_uri()
         try:
             return client.create_experiment(name, artifact_location=location)
         except MlflowException:
@@ -454,11 +554,30 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
     return states
 
 
+def job_ended(tags: dict[str, str], run_id: str | None) -> tuple[str, str, str] | None:
+    """``(status, reason, message)`` when the job directory of run ``run_id`` (tag ``job_dir``,
+    where this machine sees it) says that job is over — FAILED, KILLED, or stood down — while
+    the store could not be told (it refused, or went away): its owner will not close it."""
+    if not run_id or not tags.get("job_dir"):
+        return None
+    doc = read_json(Path(tags["job_dir"]) / STATUS_FILE) or {}
+    if doc.get("status") == "SKIPPED" and doc.get("stood_down") == run_id:
+        return "KILLED", "stood_down", f"config held by {doc.get('held_by', '?')}; stood down"
+    if doc.get("run_id") != run_id or doc.get("status") not in ("FAILED", "KILLED"):
+        return None
+    message = doc.get("error") or f"the job ended {doc['status']} (its status.json)"
+    return doc["status"], doc.get("reason") or "exception", message
+
+
 def owner_gone(tags: dict[str, str], start_ms: int, sacct: dict[str, str],
-               stale_after_s: float) -> tuple[str, str, str] | None:
+               stale_after_s: float, run_id: str | None = None) -> tuple[str, str, str] | None:
     """``(status, reason, message)`` for a RUNNING run whose owner can no longer close it,
-    or ``None`` while it may be alive.  Evidence, strongest first: Slurm's state of the job
+    or ``None`` while it may be alive.  Evidence, strongest first: the job directory's own
+    record that the job ended (:func:`job_ended`, given ``run_id``), Slurm's state of the job
     (``sacct``), the owner's pid on this host (with its start time), the heartbeat's age."""
+    ended = job_ended(tags, run_id)
+    if ended is not None:
+        return ended
     job = tags.get(TAG_SLURM)
     if job and job in sacct:
         state = sacct[job]
@@ -487,9 +606,14 @@ def close_run(client, run_id: str, status: str, reason: str, message: str = "",
 
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
     pending = [Param(k, _param_value(v)) for k, v in sorted((params or {}).items())]
-    client.log_batch(run_id, tags=tags, params=pending[:MAX_PARAMS])
-    for chunk in _chunks(pending[MAX_PARAMS:], MAX_PARAMS):
-        client.log_batch(run_id, params=chunk)
+    try:
+        client.log_batch(run_id, tags=tags, params=pending[:MAX_PARAMS])
+        for chunk in _chunks(pending[MAX_PARAMS:], MAX_PARAMS):
+            client.log_batch(run_id, params=chunk)
+    except Exception as e:  # a refused param (or one already there): the reason, then the status
+        if is_outage(e) or not pending:
+            raise
+        client.log_batch(run_id, tags=tags)
     client.set_terminated(run_id, status)
 
 
@@ -517,13 +641,21 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
     sacct = slurm_states(r.data.tags[TAG_SLURM] for r in runs if TAG_SLURM in r.data.tags)
     closed = {}
     for r in runs:
-        verdict = owner_gone(r.data.tags, r.info.start_time, sacct, stale_after_s)
+        verdict = owner_gone(r.data.tags, r.info.start_time, sacct, stale_after_s, r.info.run_id)
         if verdict is None:
             continue
         status, reason, message = verdict
-        if r.data.tags.get(TAG_ROLE) == "sweep":
-            _log_counts(client, r.info.run_id, count_jobs(_job_dirs_of(r.data.tags.get("sweep_id"))))
-        close_run(client, r.info.run_id, status, reason, message, _unsent_params(r))
+        try:
+            if r.data.tags.get(TAG_ROLE) == "sweep":
+                _log_counts(client, r.info.run_id, count_jobs(
+                    planned_job_dirs(r.data.tags.get("sweep_id"), r.data.tags.get("jobs_total"))))
+            close_run(client, r.info.run_id, status, reason, message, _unsent_params(r))
+        except Exception as e:
+            if is_outage(e):
+                raise
+            log.error("could not close stale run %s as %s: the store refused (%s)",
+                      r.info.run_id, status, _first_line(e))
+            continue
         closed[r.info.run_id] = (status, reason)
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
                     message)
@@ -572,6 +704,105 @@ def supersede(uri: str, old_run_id: str, new_run_id: str) -> bool:
     return True
 
 
+@dataclass
+class Claim:
+    """The outcome of :func:`claim`: ``won``, or the run that holds the config instead —
+    ``holder`` (its id), ``status`` (``FINISHED``, or ``RUNNING`` with a live owner) and
+    ``where`` (its name, sweep and owner, for the message)."""
+
+    won: bool
+    holder: str | None = None
+    status: str | None = None
+    where: str = ""
+
+
+def claim_tags() -> dict[str, str]:
+    """The tag a job run carries from its creation: when it claimed its config (Unix ms,
+    this host's clock), the order :func:`claim` decides by."""
+    return {TAG_CLAIM: str(time.time_ns() // 1_000_000)}
+
+
+def _claim_order(r) -> tuple[int, str]:
+    tag = r.data.tags.get(TAG_CLAIM, "")
+    return (int(tag) if tag.isdigit() else int(r.info.start_time or 0)), r.info.run_id
+
+
+def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_after_s: float,
+          finished_counts: bool = True, ignore: Iterable[str] = ()) -> Claim:
+    """Claim ``config_hash`` for the just-created run ``run_id``, through the store itself.
+
+    The protocol (one ``search_runs`` for the common case; it works on SQLite, on a database
+    and through a tracking server, for every process that can reach the store): each job
+    first creates its run, tagged with its config hash and :func:`claim_tags`, then looks up
+    the experiment's live runs of that hash.  A FINISHED one (when ``finished_counts``: not
+    under ``tracking.force``) holds the config.  Otherwise, of the RUNNING runs whose owner is
+    alive (:func:`owner_gone` — a run whose owner is gone is closed here and its claim taken
+    over), the earliest claim wins, ties broken by run id; everyone sees the same runs in the
+    same order, so exactly one of them computes.  The others stand down
+    (:func:`stand_down`) before computing.  Assumes the writers' clocks agree to better than
+    the time between two claims (NTP does).
+
+    ``ignore``: runs that are not rivals (the earlier attempt of this very job, which it
+    supersedes).
+
+    Returns:
+        :class:`Claim`: ``won=True``, or the holder.
+    """
+    client = _client(uri)
+    runs = client.search_runs([experiment_id], filter_string=f"tags.config_hash = '{config_hash}'",
+                              max_results=1000)
+    skip = {run_id, *ignore}
+    others = [r for r in runs if r.info.run_id not in skip and r.data.tags.get(TAG_ROLE) != "sweep"]
+    if finished_counts:
+        done = [r for r in others if r.info.status == "FINISHED"]
+        if done:
+            return Claim(False, done[0].info.run_id, "FINISHED", _describe(done[0]))
+    running = [r for r in others if r.info.status == "RUNNING"]
+    if not running:
+        return Claim(True)
+    mine = next((r for r in runs if r.info.run_id == run_id), None)
+    if mine is None:  # not visible yet: read it (a database store sees its writes at once)
+        mine = client.get_run(run_id)
+    sacct = slurm_states(r.data.tags[TAG_SLURM] for r in running if TAG_SLURM in r.data.tags)
+    live = [mine]
+    for r in running:
+        verdict = owner_gone(r.data.tags, r.info.start_time, sacct, stale_after_s, r.info.run_id)
+        if verdict is None:
+            live.append(r)
+            continue
+        status, reason, message = verdict
+        close_run(client, r.info.run_id, status, reason, message, _unsent_params(r))
+        log.warning("took over the claim of run %s (%s), closed %s: %s", r.info.run_id,
+                    r.info.run_name, status, message)
+    first = min(live, key=_claim_order)
+    if first.info.run_id == run_id:
+        return Claim(True)
+    return Claim(False, first.info.run_id, "RUNNING", _describe(first))
+
+
+def _describe(r) -> str:
+    t = r.data.tags
+    owner = f"{t.get(TAG_HOST, '?')}:{t.get(TAG_PID, '?')}"
+    if t.get(TAG_SLURM):
+        owner += f", Slurm job {t[TAG_SLURM]}"
+    sweep = t.get("sweep_id") or "no sweep"
+    return f"run {r.info.run_id} ({r.info.run_name}) of {sweep}, owner {owner}"
+
+
+def stand_down(uri: str, run_id: str, held: Claim) -> None:
+    """Close the run of a claimant that lost (:func:`claim`): KILLED, ``rankexp.end_reason=
+    stood_down``, tagged ``rankexp.stood_down_for=<holder>`` and soft-deleted — it never
+    computed, so it is hidden like a superseded run, and the config keeps one live run."""
+    from mlflow.entities import RunTag
+
+    client = _client(uri)
+    message = f"config held by {held.where} ({held.status}); this claimant stood down"
+    client.log_batch(run_id, tags=[RunTag(TAG_STOOD_DOWN, held.holder or ""),
+                                   RunTag(TAG_REASON, "stood_down"), RunTag("error", message)])
+    client.set_terminated(run_id, "KILLED")
+    client.delete_run(run_id)
+
+
 class Heartbeat:
     """Refresh the tag ``rankexp.heartbeat`` of a run every ``every_s`` seconds from a daemon
     thread; failures (an outage) are skipped silently — the owner's other evidence remains."""
@@ -612,10 +843,37 @@ class Journal:
         return len(points)
 
 
+#: what MLflow allows in a metric or tag name (mlflow.utils.validation): word characters
+#: (unicode letters and digits, ``_``), ``-``, ``.``, `` ``, ``:`` and ``/``
+_ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")
+MAX_KEY_LENGTH = 250  # MLflow's limit on metric and tag names
+
+
+@functools.lru_cache(maxsize=4096)
+def metric_key(name: str) -> str:
+    """The MLflow metric name rankexp logs for the quantity ``name`` — the one mapping, used
+    by every writer (live runs, the journal, :mod:`rankexp.sync`) and by readers that build a
+    name from a value (the analysis: ``metric_key(f"train_loss_lr{lr:g}")``).
+
+    Names MLflow accepts are returned unchanged (every name a study config produces).
+    Otherwise: an exponent's ``+`` is dropped (``train_loss_lr1e+06`` → ``train_loss_lr1e06``,
+    still read as 1e06), any other character MLflow refuses becomes ``_``, and a name that
+    would resolve to another path (``a//b``, a leading ``/`` or ``..``) has its ``/`` and
+    leading dots replaced by ``_``; at most 250 characters.
+    """
+    key = re.sub(r"(\d)[eE]\+(\d)", r"\1e\2", name)
+    key = _ILLEGAL_KEY_CHARS.sub("_", key) or "_"
+    norm = posixpath.normpath(key)
+    if norm != key or norm == "." or norm.startswith(("..", "/")):
+        key = re.sub(r"^\.+", lambda m: "_" * len(m[0]), key.replace("/", "_"))
+    return key[:MAX_KEY_LENGTH]
+
+
 def _points(scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None) -> list[list]:
-    points = [[k, 0, float(v)] for k, v in scalars.items()]
+    points = [[metric_key(k), 0, float(v)] for k, v in scalars.items()]
     for name, (steps, values) in (series or {}).items():
-        points += [[name, int(s), float(v)] for s, v in zip(steps, values, strict=True)]
+        key = metric_key(name)
+        points += [[key, int(s), float(v)] for s, v in zip(steps, values, strict=True)]
     return points
 
 
@@ -627,7 +885,8 @@ def split_seed_std(scalars: dict[str, float]) -> tuple[dict[str, float], dict[st
     ``<m>_std`` columns."""
     spread = {k for k in scalars if k.endswith("_std") and k[: -len("_std")] in scalars}
     return ({k: v for k, v in scalars.items() if k not in spread},
-            {f"{SEED_STD_PREFIX}{k[: -len('_std')]}": repr(float(scalars[k])) for k in sorted(spread)})
+            {metric_key(f"{SEED_STD_PREFIX}{k[: -len('_std')]}"): repr(float(scalars[k]))
+             for k in sorted(spread)})
 
 
 def read_journal(path: Path) -> list[tuple[int, list[list]]]:
@@ -646,6 +905,12 @@ class TrackingLost(TrackingError):
     """The store stopped answering while the job ran (its result is in the job directory)."""
 
 
+class StoreRefused(TrackingError):
+    """The store answered but refused a request — permission, a full disk, a read-only
+    database, a name or value it does not accept (its result is in the job directory; its
+    run is ended FAILED with ``rankexp.end_reason=store_error``)."""
+
+
 class RunLogger(Journal):
     """One job's MLflow run, written in as few requests as MLflow allows: ``create_run`` with
     every tag (owner and parent included), then ``log_batch`` calls that each carry whatever
@@ -654,8 +919,10 @@ class RunLogger(Journal):
     folder and ``set_terminated``: four requests for a measurement.
 
     Live points are also journalled (:class:`Journal`).  When a request fails (bounded by
-    :func:`configure_http`), the logger stops talking to the store — later points only go to
-    the journal — and :meth:`finish` raises :class:`TrackingLost`.
+    :func:`configure_http`), the logger stops sending points — later ones only go to the
+    journal — and :meth:`finish` raises: :class:`TrackingLost` when the store could not be
+    reached (``lost``), :class:`StoreRefused` when it answered with a refusal (``refused``),
+    after which :meth:`end` still closes the run.
     """
 
     def __init__(self, uri: str, experiment_id: str, run_name: str, params: dict[str, Any],
@@ -665,7 +932,8 @@ class RunLogger(Journal):
         self.params, self.tags = params, dict(tags)
         self.client = _client(uri)
         self.run_id: str | None = None
-        self.lost: str | None = None
+        self.lost: str | None = None  # why the store cannot be reached
+        self.refused: str | None = None  # why the store refused a request
         self._pending_params = sorted(self.params.items())
 
     def __enter__(self) -> RunLogger:
@@ -697,14 +965,22 @@ class RunLogger(Journal):
         Returns the number of metric points sent.
         """
         n = super().log_metrics(scalars, series)
-        if self.lost is None:
+        if self.lost is None and self.refused is None:
             try:
                 self._send(_points(scalars, series), {})
             except Exception as e:
-                self.lost = _first_line(e)
-                log.error("tracking store %s stopped answering (%s); the job goes on, its "
-                          "points go to %s", self.uri, self.lost, self.path)
+                what = self._failure(e)
+                log.error("tracking store %s %s (%s); the job goes on, its points go to %s",
+                          self.uri, what, self.lost or self.refused, self.path)
         return n
+
+    def _failure(self, e: BaseException) -> str:
+        """Record why a request failed (``lost`` or ``refused``); returns it in words."""
+        if is_outage(e):
+            self.lost = _first_line(e)
+            return "stopped answering"
+        self.refused = f"{type(e).__name__}: {_first_line(e)}"
+        return "refused a request"
 
     def _send(self, points: list[list], tags: dict[str, str], timestamp: int | None = None) -> None:
         """``points``, ``tags`` and any params not yet sent, in as few ``log_batch`` as fit."""
@@ -730,7 +1006,7 @@ class RunLogger(Journal):
         Raises:
             TrackingLost: the store did not answer (now, or earlier in the job).
         """
-        if self.lost is None:
+        if self.lost is None and self.refused is None:
             try:
                 scalars, spread = split_seed_std(scalars)
                 self._send(_points(scalars, series), {**spread, **(tags or {})})
@@ -739,18 +1015,29 @@ class RunLogger(Journal):
                 self.client.set_terminated(self.run_id, "FINISHED", end_time=end_time)
                 return
             except Exception as e:
-                self.lost = _first_line(e)
-        raise TrackingLost(f"tracking store {self.uri} stopped answering during the job "
+                self._failure(e)
+        if self.refused is not None:
+            raise StoreRefused(f"tracking store {redact(self.uri)} refused a request "
+                               f"({self.refused})")
+        raise TrackingLost(f"tracking store {redact(self.uri)} stopped answering during the job "
                            f"({self.lost})")
 
     def end(self, status: str, reason: str, message: str = "") -> bool:
         """End the run as ``status`` with its reason; best effort (False if the store is gone)."""
+        from mlflow.entities import RunTag
+
         if self.run_id is None or self.lost is not None:
             return False
+        tags = {TAG_REASON: reason, **({"error": message[:5000]} if message else {})}
         try:  # the params go too, if no batch took them yet: every ended run has its config
-            self._send([], {TAG_REASON: reason, **({"error": message[:5000]} if message else {})})
+            self._send([], tags)
+        except Exception:  # a refused param or tag: the end tags alone, then the status
+            with contextlib.suppress(Exception):
+                self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        try:
             self.client.set_terminated(self.run_id, status)
         except Exception as e:
+            self._failure(e)
             log.error("could not close run %s as %s (%s)", self.run_id, status, _first_line(e))
             return False
         return True
@@ -759,9 +1046,26 @@ class RunLogger(Journal):
 # --------------------------------------------------------------------------- job directories
 def write_json(path: Path, doc: dict) -> None:
     """Write ``doc`` to ``path`` atomically (a reader never sees half a file)."""
+    write_atomic(path, json.dumps(doc, indent=1, default=str).encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it and a rename: a reader
+    sees the old file or the new one, never half of one, and a failed write (a full disk)
+    leaves no temporary file behind.
+
+    Raises:
+        OSError: the write failed (``path`` is then unchanged).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read_json(path: Path) -> dict | None:
@@ -771,9 +1075,61 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+#: job states whose ``run_id`` is the job's own run (SKIPPED names the run that held the config)
+OWN_RUN_STATES = ("RUNNING", "FAILED", "KILLED")
+
+
 def write_status(job_dir: Path, status: str, **extra: Any) -> None:
     """Record a job's state (RUNNING / FINISHED / SKIPPED / FAILED / KILLED) in its job dir."""
     write_json(job_dir / STATUS_FILE, {"status": status, "time": time.time(), **extra})
+
+
+def mark_store_down(sweep_dir: Path | None, uri: str, reason: str) -> None:
+    """Tell the sweep's other jobs that the store at ``uri`` did not answer (best effort)."""
+    if sweep_dir is not None:
+        with contextlib.suppress(OSError):
+            write_json(Path(sweep_dir) / STORE_DOWN_FILE, {"uri": uri, "reason": reason,
+                                                           "time": time.time()})
+
+
+def store_known_down(sweep_dir: Path | None, uri: str) -> tuple[str, float] | None:
+    """``(why, seconds ago)`` a job of this sweep found the store at ``uri`` unreachable, or
+    ``None``."""
+    doc = read_json(Path(sweep_dir) / STORE_DOWN_FILE) if sweep_dir is not None else None
+    if not doc or doc.get("uri") != uri:
+        return None
+    return doc.get("reason") or "no answer", time.time() - float(doc.get("time") or 0)
+
+
+def clear_store_down(sweep_dir: Path | None) -> None:
+    if sweep_dir is not None:
+        with contextlib.suppress(OSError):
+            (Path(sweep_dir) / STORE_DOWN_FILE).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def quick_bounds() -> Iterator[None]:
+    """MLflow's clients bounded to one attempt of one second while inside: for asking a store
+    already known to be down whether it is back, and for closing up a sweep whose store is
+    down (the usual bounds cost tens of seconds per request)."""
+    keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT",
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "PGCONNECT_TIMEOUT")
+    saved = {k: os.environ.get(k) for k in keys}
+    retries = int(saved["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] or 2)
+    configure_http(0, 1, 0)
+    os.environ["PGCONNECT_TIMEOUT"] = "2"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        with contextlib.suppress(ImportError, AttributeError):
+            from mlflow.store.db import utils as db_utils
+
+            db_utils.MAX_RETRY_COUNT = retries + 1
 
 
 def read_parent(sweep_dir: Path) -> dict[str, str] | None:
@@ -781,13 +1137,24 @@ def read_parent(sweep_dir: Path) -> dict[str, str] | None:
     return read_json(sweep_dir / PARENT_FILE)
 
 
-def _job_dirs_of(sweep_dir: str | None) -> list[Path]:
-    if not sweep_dir or not Path(sweep_dir).is_dir():
+def planned_job_dirs(sweep_dir: str | os.PathLike | None, total: Any = None) -> list[Path]:
+    """Every job directory of a sweep's plan — those of jobs that never started included, so
+    counts add up after any kill: the sweeper's record (:data:`NAMES_FILE`, ``job_dirs``);
+    for a sweep recorded before that, the directories with a job file, padded to ``total``
+    (the parent's ``jobs_total`` tag) with directories that do not exist (``not_run``)."""
+    if not sweep_dir:
         return []
-    return sorted(p.parent for p in Path(sweep_dir).glob(f"*/{STATUS_FILE}"))
+    sweep = Path(sweep_dir)
+    record = read_json(sweep / NAMES_FILE) or {}
+    if record.get("job_dirs"):
+        return [Path(d) for d in record["job_dirs"]]
+    found = sorted({p.parent for name in (STATUS_FILE, RUN_FILE) for p in sweep.glob(f"*/{name}")})
+    missing = max(0, int(total or 0) - len(found)) if str(total or "0").isdigit() else 0
+    return found + [sweep / f".not-run-{i}" for i in range(missing)]
 
 
-JOB_STATES = ("finished", "skipped", "failed", "killed", "not_run")
+#: job outcomes a sweep counts (``held``: another live run held the config; it was not run here)
+JOB_STATES = ("finished", "skipped", "failed", "killed", "not_run", "held")
 
 
 def count_jobs(job_dirs: Iterable[Path], run_status: dict[str, str] | None = None) -> Counter:
@@ -802,7 +1169,9 @@ def count_jobs(job_dirs: Iterable[Path], run_status: dict[str, str] | None = Non
             status = run_status[doc["run_id"]]
         elif status == "RUNNING":
             status = "KILLED"
-        key = {"FINISHED": "finished", "SKIPPED": "skipped", "FAILED": "failed",
+        elif status == "SKIPPED" and doc.get("reason") == "held":
+            status = "HELD"
+        key = {"HELD": "held", "FINISHED": "finished", "SKIPPED": "skipped", "FAILED": "failed",
                "KILLED": "killed"}.get(status or "", "not_run" if doc is None else "failed")
         counts[key] += 1
     return counts
@@ -820,8 +1189,10 @@ def _log_counts(client, run_id: str, counts: Counter, seconds: float | None = No
 
 
 def summary(counts: Counter) -> str:
+    held = f", {counts['held']} held by another live run" if counts["held"] else ""
     return (f"{counts['finished']} finished, {counts['skipped']} skipped (already FINISHED), "
-            f"{counts['failed']} failed, {counts['killed']} killed, {counts['not_run']} not run")
+            f"{counts['failed']} failed, {counts['killed']} killed, {counts['not_run']} not run"
+            f"{held}")
 
 
 class SweepRun:
@@ -863,42 +1234,60 @@ class SweepRun:
                  self.experiment_id, self.run_id)
 
     def close(self, interrupted: str | None = None, grace_s: float = 10.0) -> tuple[str, Counter]:
-        """Close the children whose owners are gone (waiting up to ``grace_s`` for live ones of
-        an interrupted sweep), count the jobs, log the counts and end the parent: KILLED if
-        interrupted, FAILED if a job failed, was killed or did not run, else FINISHED."""
+        """Close the children whose jobs ended or whose owners are gone (waiting up to
+        ``grace_s`` for live ones of an interrupted sweep), count the jobs, log the counts and
+        end the parent — only once every child is closed, so a parent never ends over a
+        RUNNING child: KILLED if interrupted, FAILED if a job failed, was killed or did not
+        run, else FINISHED.  A store a job found unreachable is asked with one-second bounds."""
         if self._heartbeat is not None:
             self._heartbeat.__exit__()
+        down = store_known_down(self.sweep_dir, self.uri)
+        with quick_bounds() if down else contextlib.nullcontext():
+            closed, problem = self._close_children(interrupted, grace_s)
+            counts = count_jobs(self.job_dirs, {r: s for r, (s, _) in closed.items()})
+            status = "KILLED" if interrupted else (
+                "FAILED" if counts["failed"] or counts["killed"] or counts["not_run"] else "FINISHED")
+            log.info("sweep %s: %s%s", self.sweep_dir, summary(counts),
+                     f"; interrupted by {interrupted}: rerun the same command to resume "
+                     "(FINISHED configs are skipped)" if interrupted else "")
+            try:
+                if problem:
+                    raise TrackingError(problem)
+                _log_counts(self.client, self.run_id, counts, time.time() - self.t0)
+                if status == "FINISHED":
+                    self.client.set_terminated(self.run_id, "FINISHED")
+                else:
+                    message = (f"interrupted by {interrupted}: {summary(counts)}; rerun the same "
+                               "command to resume" if interrupted else summary(counts))
+                    close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message)
+            except Exception as e:
+                log.error("could not close the sweep run %s in %s (%s); `python -m rankexp.sync %s` "
+                          "closes it once the store answers", self.run_id, redact(self.uri),
+                          _first_line(e), self.sweep_dir)
+        return status, counts
+
+    def _close_children(self, interrupted: str | None, grace_s: float
+                        ) -> tuple[dict[str, tuple[str, str]], str | None]:
+        """Reconcile the sweep's children; returns the runs closed and, if a child may still be
+        RUNNING (the store refused to close it, or could not be asked), why."""
         closed: dict[str, tuple[str, str]] = {}
         end = time.monotonic() + (grace_s if interrupted else 0)
         try:
             while True:
                 closed.update(reconcile(self.uri, self.experiment_id, self.stale_after_s,
                                         parent_id=self.run_id))
-                if time.monotonic() >= end or not self._running_children():
+                running = self._running_children()
+                if time.monotonic() >= end or not running:
                     break
                 time.sleep(0.5)
             closed.update(correct_timeouts(self.uri, self.experiment_id, self.run_id))
         except Exception as e:
-            log.error("could not check the sweep's runs in %s (%s)", self.uri, _first_line(e))
-        counts = count_jobs(self.job_dirs, {r: s for r, (s, _) in closed.items()})
-        status = "KILLED" if interrupted else (
-            "FAILED" if counts["failed"] or counts["killed"] or counts["not_run"] else "FINISHED")
-        log.info("sweep %s: %s%s", self.sweep_dir, summary(counts),
-                 f"; interrupted by {interrupted}: rerun the same command to resume "
-                 "(FINISHED configs are skipped)" if interrupted else "")
-        try:
-            _log_counts(self.client, self.run_id, counts, time.time() - self.t0)
-            if status == "FINISHED":
-                self.client.set_terminated(self.run_id, "FINISHED")
-            else:
-                message = (f"interrupted by {interrupted}: {summary(counts)}; rerun the same "
-                           "command to resume" if interrupted else summary(counts))
-                close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message)
-        except Exception as e:
-            log.error("could not close the sweep run %s in %s (%s); `python -m rankexp.sync %s` "
-                      "closes it once the store answers", self.run_id, self.uri, _first_line(e),
-                      self.sweep_dir)
-        return status, counts
+            log.error("could not check the sweep's runs in %s (%s)", redact(self.uri), _first_line(e))
+            return closed, f"its job runs could not be checked: {_first_line(e)}"
+        if running and not interrupted:
+            return closed, ("a job run of the sweep is still RUNNING in the store (it refused to "
+                            "close it), so the sweep run is left open")
+        return closed, None
 
     def _running_children(self) -> bool:
         return bool(self.client.search_runs(

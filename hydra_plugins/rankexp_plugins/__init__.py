@@ -5,5 +5,8 @@
   any job starts, composes each job once, and owns the sweep's parent run and exit status.
 * :class:`~hydra_plugins.rankexp_plugins.loader.TemplateConfigLoader`: the compose-once loader.
 * :class:`~hydra_plugins.rankexp_plugins.slurm.RankexpSlurmLauncher` (``hydra/launcher=slurm``):
-  the submitit Slurm launcher, waiting for every job and cancelling them on interrupt.
+  the submitit Slurm launcher, waiting for every job and cancelling them on interrupt; its
+  :func:`~hydra_plugins.rankexp_plugins.slurm.check_cluster` asks the cluster first.
+* :class:`~hydra_plugins.rankexp_plugins.joblib_local.RankexpJoblibLauncher`
+  (``hydra/launcher=local``): the joblib launcher, surviving a lost worker.
 """

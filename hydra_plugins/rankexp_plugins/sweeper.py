@@ -97,12 +97,21 @@ class RankexpSweeper(BasicSweeper):
         from rankexp.app import base_name
         from rankexp.config import check_job, check_slurm_limits, config_hash, resolved_container
 
-        local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
+        target = str(self.config.hydra.launcher.get("_target_", ""))
+        local = "submitit" not in target
+        if not jobs:
+            self._refuse(0, ["  the sweep has no jobs: "
+                             f"{' '.join(self.config.hydra.overrides.task)} expands to nothing "
+                             "(an empty range or list?)"])
         errors, job_dirs, hashes, settings, names = [], [], [], [], []
         try:
             check_slurm_limits(self.config.hydra.launcher)
         except ValueError as e:
             errors.append(f"  launcher: {e}")
+        if "Slurm" in target:
+            from .slurm import check_cluster
+
+            errors += [f"  launcher: {m}" for m in check_cluster(self.config.hydra.launcher)]
         original = HydraConfig.instance().cfg
         try:
             for idx, overrides in enumerate(jobs):
@@ -114,7 +123,7 @@ class RankexpSweeper(BasicSweeper):
                     job_dirs.append(self._job_dir(cfg))
                     with open_dict(cfg):  # this copy is the check's own: what a job sees
                         del cfg["hydra"]
-                    s = check_job(cfg, device=local)
+                    s = check_job(cfg, device=local, overrides=overrides)
                     hashes.append(config_hash(resolved_container(cfg)))
                     settings.append(s)
                     names.append(base_name(s))
@@ -138,10 +147,14 @@ class RankexpSweeper(BasicSweeper):
                 if f"  {e}" not in errors:
                     errors.append(f"  {e}")
         if errors:
-            print(f"error: invalid sweep — nothing was started ({len(jobs)} jobs):\n"
-                  + "\n".join(errors), file=sys.stderr)
-            raise SystemExit(2)
+            self._refuse(len(jobs), errors)
         return {"job_dirs": job_dirs, "hashes": hashes, "settings": settings, "names": names}
+
+    @staticmethod
+    def _refuse(count: int, errors: list[str]) -> None:
+        print(f"error: invalid sweep — nothing was started ({count} jobs):\n" + "\n".join(errors),
+              file=sys.stderr)
+        raise SystemExit(2)
 
     @staticmethod
     def _job_dir(cfg: DictConfig) -> Path:
@@ -163,8 +176,9 @@ class RankexpSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        tracking.write_json(sweep_dir / tracking.NAMES_FILE,
-                            {"started": time.time(), "names": checked["names"]})
+        tracking.write_json(sweep_dir / tracking.NAMES_FILE, {  # the plan: every job's name and dir
+            "started": time.time(), "names": checked["names"],
+            "job_dirs": [str(d.resolve()) for d in checked["job_dirs"]]})
         first = checked["settings"][0].tracking
         if not first.enabled:
             return None
