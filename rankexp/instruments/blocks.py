@@ -100,7 +100,8 @@ class UnitBlock:
         branch: ``f`` at the unit, or ``None``: ``step − I`` (``residual``) or ``step``.
         residual, label: see :class:`BlockSpec`.
         representation: ``erank(Z_l)/D`` of the block's outputs over every input (and token).
-        rms: ``rms(h_l)`` over every input (and token).  rows: the rows of ``Z_l``.
+        rms: ``rms(h_l)`` over every input (and token).  rows: the rows of ``Z_l``.  (``None``,
+        ``None``, 0 when not measured.)
     """
 
     index: int
@@ -113,8 +114,8 @@ class UnitBlock:
     branch: VectorMap | None
     residual: bool
     label: str
-    representation: float
-    rms: float
+    representation: float | None
+    rms: float | None
     rows: int
 
     @property
@@ -173,7 +174,7 @@ def is_hf(model: nn.Module) -> bool:
     return hasattr(getattr(model, "config", None), "model_type")
 
 
-def rows_stats(h: Tensor, token: bool) -> tuple[float, float, int]:
+def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     """``(erank(Z)/D, rms, rows)`` of a block's outputs ``h`` ``(B, …)``: rows = inputs (token
     models: inputs × tokens), uncentred, as the ``representation`` probe (Figure 7)."""
     z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
@@ -295,7 +296,7 @@ def _stream_arg(args, kwargs) -> tuple[Tensor, str | None]:
     return kwargs[key], key
 
 
-def _hooks(specs, seen, point, token):
+def _hooks(specs, seen, point, token, stats):
     def pre(s):
         def hook(_mod, args, kwargs):
             h, key = _stream_arg(args, kwargs)
@@ -311,7 +312,7 @@ def _hooks(specs, seen, point, token):
         def hook(_mod, _args, _kwargs, out):
             o = _first_tensor(out)
             s.out = _take(o, point, s.batch).clone()
-            s.stats = rows_stats(o, token)
+            s.stats = rows_stats(o, token) if stats else (None, None, 0)
         return hook
 
     def branch_pre(s):
@@ -329,7 +330,7 @@ def _hooks(specs, seen, point, token):
 
 
 def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
-            token: bool) -> list[_Seen]:
+            token: bool, stats: bool = True) -> list[_Seen]:
     """One forward pass of ``inputs``: each block's arguments at input ``point``, its output,
     the branch's input and the representation statistics over every input.
 
@@ -337,7 +338,7 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
         BlockError: a block not called exactly once, or not shape-preserving.
     """
     seen = [_Seen() for _ in specs]
-    handles = _hooks(specs, seen, point, token)
+    handles = _hooks(specs, seen, point, token, stats)
     try:
         with torch.no_grad():
             call_model(model, inputs)
@@ -400,7 +401,7 @@ def _stages(seen: Sequence[_Seen]) -> list[int]:
 
 
 def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
-                 position: int | None, member: int = 0) -> list[UnitBlock]:
+                 position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
     """:class:`UnitBlock` s of ``specs`` from one hooked forward pass (any ``nn.Module``).
 
     Args:
@@ -408,8 +409,9 @@ def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point:
         point: the input (batch index) the Jacobians are taken at.
         position: token index for a token model (stream ``(B, T, d)``), ``None``: whole inputs.
         member: the member label of the rows.
+        representation: measure the representation statistics (else they are ``None``).
     """
-    seen = capture(model, inputs, specs, point=point, token=position is not None)
+    seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
     units = []
     for i, (spec, s, stage) in enumerate(zip(specs, seen, _stages(seen), strict=True), start=1):
         put, get = _unit(s.x, position)

@@ -399,19 +399,22 @@ def _to_model(inputs, device: torch.device, dtype: torch.dtype):
     return inputs
 
 
-def _units(model: nn.Module, inputs, blocks, point: int, position: int | None) -> list[UnitBlock]:
+def _units(model: nn.Module, inputs, blocks, point: int, position: int | None,
+           representation: bool) -> list[UnitBlock]:
     if isinstance(model, FAMILIES):
         if blocks is not None:
             raise BlockError(f"blocks=: a {type(model).__name__} (rankexp's family) chooses its own "
                              "blocks; blocks= is for other networks")
-        return family_units(model, inputs, point=point, position=position)
+        return family_units(model, inputs, point=point, position=position,
+                            representation=representation)
     specs = resolve(model, blocks)
     if position is None and is_hf(model):
         position = -1
     p = next(model.parameters(), None)
     if p is not None:
         inputs = _to_model(inputs, p.device, p.dtype)
-    return hooked_units(model, inputs, specs, point=point, position=position)
+    return hooked_units(model, inputs, specs, point=point, position=position,
+                        representation=representation)
 
 
 def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str] | str | None = None,
@@ -440,7 +443,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
         if method == CLOSED_FORM:
             raise ValueError(f"method='closed_form' is the engine's, for rankexp's ResidualMLP; a "
                              f"{type(model).__name__} takes 'auto', 'dense' or 'matrix_free'")
-        units = _units(model, inputs, blocks, point, position)
+        units = _units(model, inputs, blocks, point, position, "representation" in wanted)
         if not plan.jacobians():
             return _representation_only(units)
         records = []

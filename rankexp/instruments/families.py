@@ -24,7 +24,6 @@ from ..models.convnet import CifarResNet
 from ..models.gpt2 import CausalLM
 from ..models.mlp import ResidualMLP
 from ..models.plain import PlainNet
-from ..probes.representation import stack_spectrum
 from ..seeding import gaussian_input
 from .blocks import (
     BRANCH_LAYER,
@@ -34,6 +33,7 @@ from .blocks import (
     UnitBlock,
     _hf_blocks,
     hooked_units,
+    rows_stats,
 )
 
 #: the families :func:`family_units` knows
@@ -76,7 +76,14 @@ def _member_params(module: nn.Module, e: int) -> dict[str, Tensor]:
     return {n: t[e:e + 1] for n, t in (*module.named_parameters(), *module.named_buffers())}
 
 
-def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int) -> list[UnitBlock]:
+def _stats(rows: Tensor, on: bool) -> dict:
+    """The representation fields of a unit from its block's output rows ``(n, D)``."""
+    er, rms, n = rows_stats(rows) if on else (None, None, 0)
+    return {"representation": er, "rms": rms, "rows": n}
+
+
+def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
+                   representation: bool = True) -> list[UnitBlock]:
     """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet` (module docstring).
 
     Raises:
@@ -105,13 +112,10 @@ def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int) -> list
             def branch(v, b=block, p=params):
                 return functional_call(b, p, (v.reshape(1, 1, -1),), {"part": "branch"})[0, 0]
 
-            out = hs[l][e:e + 1]
             units.append(UnitBlock(
                 index=l, name=f"blocks.{l - 1}", member=e, stage=1, x=at[l - 1][e, 0],
                 step=step, branch_x=at[l - 1][e, 0], branch=branch, residual=skip,
-                label=BRANCH_MLP if skip else BRANCH_LAYER,
-                representation=float(stack_spectrum(out.double())[0][0]),
-                rms=float(out.double().square().mean().sqrt()), rows=out.shape[1]))
+                label=BRANCH_MLP if skip else BRANCH_LAYER, **_stats(hs[l][e], representation)))
     return units
 
 
@@ -130,7 +134,7 @@ def _cifar_member_fns(block: nn.Module, e: int, shape: torch.Size):
     return None, (lambda v: F.relu(residual(v)))
 
 
-def cifar_units(model: CifarResNet, inputs, *, point: int) -> list[UnitBlock]:
+def cifar_units(model: CifarResNet, inputs, *, point: int, representation: bool = True) -> list[UnitBlock]:
     """Units of the non-downsampling blocks of every member of a :class:`CifarResNet`.
 
     ``inputs``: images ``(B, 3072)`` or ``(B, 3, 32, 32)``.
@@ -157,31 +161,32 @@ def cifar_units(model: CifarResNet, inputs, *, point: int) -> list[UnitBlock]:
             c = blk.c_out
             xe = sub[:, e * c:(e + 1) * c]
             branch, step = _cifar_member_fns(blk, e, xe.shape)
-            oe = out[:, e * c:(e + 1) * c]
             units.append(UnitBlock(
                 index=index, name=f"blocks.{i}", member=e, stage=stg, x=xe.reshape(-1), step=step,
                 branch_x=xe.reshape(-1), branch=branch, residual=blk.residual,
                 label=BRANCH_RESIDUAL if blk.residual else BRANCH_LAYER,
-                representation=float(stack_spectrum(oe.reshape(1, oe.shape[0], -1).double())[0][0]),
-                rms=float(oe.double().square().mean().sqrt()), rows=oe.shape[0]))
+                **_stats(out[:, e * c:(e + 1) * c], representation)))
     return units
 
 
-def causal_lm_units(lm: CausalLM, inputs, *, point: int, position: int | None) -> list[UnitBlock]:
+def causal_lm_units(lm: CausalLM, inputs, *, point: int, position: int | None,
+                    representation: bool = True) -> list[UnitBlock]:
     """Units of every member of a :class:`CausalLM`: ``inputs`` default to its prompt and
     ``position`` to its traced position."""
     inputs = {"input_ids": lm.prompt_ids} if inputs is None else inputs
     position = lm.position if position is None else position
     units = []
     for e, member in enumerate(lm.members):
-        units += hooked_units(member, inputs, _hf_blocks(member), point=point, position=position, member=e)
+        units += hooked_units(member, inputs, _hf_blocks(member), point=point, position=position,
+                              member=e, representation=representation)
     return units
 
 
-def family_units(model: nn.Module, inputs, *, point: int, position: int | None) -> list[UnitBlock]:
+def family_units(model: nn.Module, inputs, *, point: int, position: int | None,
+                 representation: bool = True) -> list[UnitBlock]:
     """Units of a rankexp family (:data:`FAMILIES`)."""
     if isinstance(model, (ResidualMLP, PlainNet)):
-        return ensemble_units(model, inputs, point=point)
+        return ensemble_units(model, inputs, point=point, representation=representation)
     if isinstance(model, CifarResNet):
-        return cifar_units(model, inputs, point=point)
-    return causal_lm_units(model, inputs, point=point, position=position)
+        return cifar_units(model, inputs, point=point, representation=representation)
+    return causal_lm_units(model, inputs, point=point, position=position, representation=representation)
