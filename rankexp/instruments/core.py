@@ -175,16 +175,39 @@ def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None 
     return cols.T
 
 
+def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
+                ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``, one vector each (``vmap`` them).
+
+    ``keep``: one ``vjp`` is taken now and its graph kept, ``Jᵀu`` is its pullback and ``J v``
+    the pullback's own transpose (the vjp of the linear map u ↦ Jᵀu) — two backward passes per
+    product and no forward; PyTorch's forward mode copies every weight on each ``jvp`` (3–4×
+    slower on a d = 4096 MLP block).  Ops without a double backward fall back to ``jvp``.
+    ``keep=False``: nothing is kept; each product recomputes the forward (``jvp`` / ``vjp``).
+    """
+    if keep:
+        y, pull = vjp(fn, x)
+        try:
+            _, push = vjp(lambda u: pull(u)[0], torch.zeros_like(y))
+            push(y)  # fails here for an op without a double backward
+            return (lambda v: push(v)[0]), (lambda u: pull(u)[0])
+        except (RuntimeError, NotImplementedError) as e:  # pragma: no cover — op-dependent
+            log.debug("no double backward (%s): J v by jvp", e)
+            return (lambda v: jvp(fn, (x,), (v,))[1]), (lambda u: pull(u)[0])
+    return (lambda v: jvp(fn, (x,), (v,))[1]), (lambda u: vjp(fn, x)[1](u)[0])
+
+
 def gram_operator(fn: Callable[[Tensor], Tensor], x: Tensor, *, minus_identity: bool = False,
-                  chunk: int | None = None) -> Callable[[Tensor], Tensor]:
-    """``V ↦ Jᵀ J V`` row-wise for ``J = ∂fn/∂x`` (minus I when ``minus_identity``): one ``jvp``
-    and one ``vjp`` per vector, ``chunk`` vectors at a time; nothing kept between calls."""
+                  chunk: int | None = None, keep: bool = True) -> Callable[[Tensor], Tensor]:
+    """``V ↦ Jᵀ J V`` row-wise for ``J = ∂fn/∂x`` (minus I when ``minus_identity``), ``chunk``
+    vectors at a time; ``keep`` as :func:`linear_maps`."""
+    j, jt = linear_maps(fn, x, keep=keep)
+
     def gram(v: Tensor) -> Tensor:
-        jv = vmap(lambda t: jvp(fn, (x,), (t,))[1], chunk_size=chunk)(v)
+        jv = vmap(j, chunk_size=chunk)(v)
         if minus_identity:
             jv = jv - v
-        _, pull = vjp(fn, x)
-        out = vmap(lambda u: pull(u)[0], chunk_size=chunk)(jv)
+        out = vmap(jt, chunk_size=chunk)(jv)
         return out - jv if minus_identity else out
     return gram
 
@@ -295,24 +318,31 @@ def _dense_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockReco
 
 
 def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRecord]:
-    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix)."""
+    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix).
+
+    An operator keeps its graph (:func:`linear_maps`) when three times its working set fits the
+    budget beside the Lanczos basis, else it recomputes every product."""
     d, x0, s = chain[0].dim, chain[0].x, plan.settings
     itemsize = x0.element_size()
     basis = s.basis_bytes(d, itemsize)
     work = [working_bytes(u.step, u.x, plan.exclude) for u in chain]
     kw_slq = {"dim": d, "settings": s, "dtype": x0.dtype, "device": x0.device}
+
+    def gram(fn, at, w, minus=False):
+        keep = 3 * w <= plan.budget - basis
+        chunk = _chunk(plan, basis + (3 * w if keep else 0), 2 * w + 4 * d * itemsize, s.vectors)
+        return gram_operator(fn, at, minus_identity=minus, chunk=chunk, keep=keep)
+
     out = []
     for i, u in enumerate(chain):
         kw = {}
         seed = 2 * (u.member * 100_003 + u.index)
         if "branch" in plan.probes:
             fn, at, minus = _branch_fn(u)
-            chunk = _chunk(plan, basis, 2 * working_bytes(fn, at, plan.exclude) + 4 * d * itemsize, s.vectors)
-            kw["branch"] = slq_spectrum(gram_operator(fn, at, minus_identity=minus, chunk=chunk),
+            kw["branch"] = slq_spectrum(gram(fn, at, working_bytes(fn, at, plan.exclude), minus),
                                         seed_offset=seed, **kw_slq)
         if "prefix" in plan.probes:
-            chunk = _chunk(plan, basis, 2 * sum(work[: i + 1]) + 4 * d * itemsize, s.vectors)
-            spec = slq_spectrum(gram_operator(_compose([w.step for w in chain[: i + 1]]), x0, chunk=chunk),
+            spec = slq_spectrum(gram(_compose([w.step for w in chain[: i + 1]]), x0, sum(work[: i + 1])),
                                 seed_offset=seed + 1, **kw_slq)
             kw.update(prefix=_unit_scale(spec), log_gain=0.5 * math.log(spec.frobenius_sq),
                       log_gain_err=spec.frobenius_sq_err / (2 * spec.frobenius_sq))

@@ -218,7 +218,9 @@ class MatrixFree:
     """Settings of the matrix-free estimates (:func:`slq_spectrum`).
 
     Attributes:
-        vectors: Rademacher probe vectors (the standard errors shrink as ``1/√vectors``).
+        vectors: Rademacher probe vectors (the standard errors shrink as ``1/√vectors``; they
+            are applied together, so on a large block whose products are bound by reading the
+            weights more vectors cost little more time).
         steps: at most this many Lanczos steps per vector (products with ``JᵀJ``).
         tol: stop when the erank and ``‖J‖₂²`` estimates change by less than this (relative)
             over the last ``check`` steps.
@@ -226,7 +228,7 @@ class MatrixFree:
         seed: seed of the probe vectors (each matrix offsets it, see :func:`slq_spectrum`).
     """
 
-    vectors: int = 8
+    vectors: int = 16
     steps: int = 64
     tol: float = 1e-3
     check: int = 8
