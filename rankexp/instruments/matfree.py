@@ -22,8 +22,12 @@ and ``O(vectors · steps · D)`` memory:
 
 Errors: the standard error across the probe vectors (the sample covariance of the per-vector
 estimates, carried through the ratios by the delta method), combined in quadrature with the
-quadrature error, estimated as the change of the estimate over the last ``check`` Lanczos
-steps.  Lanczos stops early when that change is below ``tol`` (relative) or the Krylov space is
+quadrature's remaining error.  Gauss quadrature of ``√λ`` and ``√λ ln √λ`` converges only
+algebraically, about as ``k⁻²``, when the spectrum reaches 0 (a rank-deficient or
+Marchenko–Pastur-like ``JᵀJ``: every Pre-Norm branch), so the remaining error is extrapolated
+from the change ``c`` of the erank estimate over the last ``check`` steps as ``c·k/(2·check)``
+(the tail of ``C k⁻²``); a spectrum bounded away from 0 converges geometrically and this
+over-states its (then tiny) error.  Lanczos stops early when that change is below ``tol`` (relative) or the Krylov space is
 exhausted (an invariant subspace: the quadrature is then exact).  Lanczos keeps its basis and
 reorthogonalizes fully (twice, classical Gram–Schmidt), so ghost Ritz values never enter.
 """
@@ -276,7 +280,10 @@ def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: Matrix
     q = _quadrature(lz, dim)
     er, er_se = q.erank()
     k = lz.steps
-    quad_err = abs(er - _quadrature(lz, dim, max(1, k - settings.check)).erank()[0]) if k > settings.check else 0.0
+    quad_err = 0.0
+    if k > settings.check:  # the tail of a k⁻² convergence, from its last change (module docstring)
+        change = abs(er - _quadrature(lz, dim, k - settings.check).erank()[0])
+        quad_err = change * k / (2 * settings.check)
     p = settings.vectors
     fro = float(q.traces[:, 0].mean())
     fro_err = float(q.traces[:, 0].std() / math.sqrt(p))
