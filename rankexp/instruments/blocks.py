@@ -37,6 +37,7 @@ downsampling block left out, a block list with gaps).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -44,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..probes.representation import stack_spectrum
+from ..spectra import erank_from_sv
 
 #: stream vector → stream vector, ``(D,) → (D,)``
 VectorMap = Callable[[Tensor], Tensor]
@@ -176,10 +177,15 @@ def is_hf(model: nn.Module) -> bool:
 
 def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     """``(erank(Z)/D, rms, rows)`` of a block's outputs ``h`` ``(B, …)``: rows = inputs (token
-    models: inputs × tokens), uncentred, as the ``representation`` probe (Figure 7)."""
+    models: inputs × tokens), uncentred, as the ``representation`` probe (Figure 7; the same
+    arithmetic as :func:`rankexp.probes.representation.stack_spectrum`, but the Gram matrix is
+    formed in ``h``'s own dtype, so a float32 model's many rows are never copied to float64)."""
     z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
-    er, _ = stack_spectrum(z.double()[None])
-    return float(er[0]), float(h.double().square().mean().sqrt()), z.shape[0]
+    n, d = z.shape
+    gram = z.mT @ z if n >= d else z @ z.mT
+    ev = torch.linalg.eigvalsh(gram.double()).clamp(min=0).flip(-1)
+    rms = torch.linalg.vector_norm(z, dtype=torch.float64) / math.sqrt(z.numel())
+    return float(erank_from_sv(ev.sqrt()) / d), float(rms), n
 
 
 # --------------------------------------------------------------------------- discovery

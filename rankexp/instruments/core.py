@@ -22,10 +22,11 @@ quadrature), each value with its standard error in the ``*_err`` column (0 where
 ``method="auto"`` is exact while a dense D×D stage fits ``max_dense_bytes`` and ``max_bytes``,
 matrix-free above.
 
-Attention runs on PyTorch's math SDPA kernel during the analysis (the fused kernels have no
-forward-mode derivative); blocks run in eval mode; nothing is left on the model (hooks removed,
-training flags restored) and the global RNG is not touched (probe vectors come from their own
-seeded generator).
+Spectra are as precise as the model's dtype allows (Jacobians in it, singular values in
+float64): cast a copy to float64 for the last digits.  Attention runs on PyTorch's math SDPA
+kernel during the analysis (the fused kernels have no forward-mode derivative); blocks run in
+eval mode; nothing is left on the model (hooks removed, training flags restored) and the global
+RNG is not touched (probe vectors come from their own seeded generator).
 """
 
 from __future__ import annotations
@@ -454,6 +455,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
     """The instruments block by block, as :class:`BlockRecord` s (what :func:`analyze` tabulates
     and what a probe can wrap).  Arguments as :func:`analyze`."""
     wanted = resolve_probes(probes)
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: its original
     if method not in METHODS:
         raise ValueError(f"method={method!r}: allowed {', '.join(METHODS)}")
     p = next(model.parameters(), None)
