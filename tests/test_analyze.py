@@ -210,6 +210,31 @@ def test_llama_one_row_per_block_and_prefix_equals_autograd():
             assert_close(frame["prefix_log_gain"][l - 1], j.norm().log(), 1e-5)
 
 
+def test_representation_only_and_padding_masks():
+    tf = quiet_transformers()
+    torch.manual_seed(1)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=60, n_positions=8))
+    ids = torch.randint(0, 60, (3, 5))
+    frame = analyze(model, ids, probes="representation")
+    assert set(frame["method"]) == {"forward"}
+    assert list(frame.columns) == ["block", "name", "member", "stage", "dim", "method", "branch_kind",
+                                   "representation_erank", "rms", "rows"]
+    model.eval()  # analyze measures in eval mode (dropout off)
+    h = model(ids, output_hidden_states=True).hidden_states[1].detach().reshape(15, 16)
+    assert_close(frame["representation_erank"][0], erank(h.double()) / 16, 1e-6)  # float32 model
+    assert_close(frame["rms"][0], h.double().square().mean().sqrt(), 1e-6)
+    assert set(analyze(ResidualMLP(8, 2), 4, probes=["stream"])["method"]) == {"forward"}
+    # a padding mask reaches the blocks cut to the analysed input, like the stream
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    a = analyze(model, {"input_ids": ids, "attention_mask": mask}, point=1, position=2, probes="prefix")
+    b = analyze(model, {"input_ids": ids[1:2, :3]}, position=2, probes="prefix")
+    assert_close(a["prefix_erank"].to_numpy(), b["prefix_erank"].to_numpy(), 1e-9)
+    with pytest.raises(BlockError, match="position=7: the inputs have 5 tokens"):
+        analyze(model, ids, position=7)
+    with pytest.raises(BlockError, match="position=0 picks a token"):
+        analyze(nn.Sequential(Residual(4, 0)), torch.randn(2, 4, dtype=F64), blocks=["0"], position=0)
+
+
 def test_gpt2_branch_is_the_ffn_probe_and_prefix_autograd():
     quiet_transformers()
     lm = build_causal_lm(config="gpt2", pretrained=None, width=32, depth=3, heads=None, seeds=(0, 1),

@@ -373,6 +373,9 @@ def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor]
     if position is None:
         shape = sub.shape
         return (lambda x: x.reshape(shape)), (lambda h: h.reshape(-1))
+    if sub.dim() != 3:
+        raise BlockError(f"position={position} picks a token of a (batch, tokens, width) stream; "
+                         f"this stream is {tuple(sub.shape[1:])} per input (position=None: whole inputs)")
     if not -sub.shape[1] <= position < sub.shape[1]:
         raise BlockError(f"position={position}: the inputs have {sub.shape[1]} tokens")
     t = position % sub.shape[1]

@@ -57,6 +57,8 @@ PROBES = ("branch", "prefix", "representation")
 PROBE_ALIASES = {"branch_ratio": "branch", "branch_jacobian": "branch", "io_jacobian": "prefix",
                  "profile": "prefix", "stream": "representation"}
 CLOSED_FORM = "closed_form"
+#: the ``method`` of a row with no Jacobian (``probes=["representation"]``): one forward pass
+FORWARD = "forward"
 METHODS = ("auto", CLOSED_FORM, DENSE, "matrix_free")
 #: dense working set per stage, in float64 numbers per D² (J, J_f, two prefix buffers, the SVD's copy)
 DENSE_WORDS = 5
@@ -353,7 +355,7 @@ def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRe
 
 
 def _representation_only(units: Sequence[UnitBlock]) -> list[BlockRecord]:
-    return [_record(u, "forward") for u in units]
+    return [_record(u, FORWARD) for u in units]
 
 
 # --------------------------------------------------------------------------- the MLP's closed form
@@ -402,7 +404,7 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
                 kw.update(representation=float(rep[l][0][e]), rms=float(rep[l][1][e]), rows=h.shape[1])
             label = BRANCH_MLP if block.has_skip else "block(h)"
             out.append(BlockRecord(index=l, name=f"blocks.{l - 1}", member=e, stage=1, dim=d,
-                                   method=CLOSED_FORM, label=label, **kw))
+                                   method=CLOSED_FORM if sw is not None else FORWARD, label=label, **kw))
     return out
 
 
