@@ -78,7 +78,9 @@ class BlockSpec:
         branch_input: a submodule whose first input is where the branch reads the stream (for a
             Transformer's FFN: ``ln_2``); ``None``: the block's own input.
         residual: see ``branch``.
-        label: what the frame's ``branch`` column says.
+        label: what the frame's ``branch_kind`` column says.
+        tokenwise: the branch acts on each token alone (a Transformer's FFN): at a token unit it
+            is evaluated on that token only, not on the whole sequence (T× less work).
     """
 
     module: nn.Module
@@ -87,6 +89,7 @@ class BlockSpec:
     branch_input: nn.Module | None = None
     residual: bool = True
     label: str = ""
+    tokenwise: bool = False
 
 
 @dataclass
@@ -211,7 +214,8 @@ def _hf_blocks(model: nn.Module) -> list[BlockSpec]:
             continue
         norm, ffn = getattr(block, found[0]), getattr(block, found[1])
         specs.append(BlockSpec(block, f"{path}.{i}", branch=lambda y, n=norm, f=ffn: f(n(y)),
-                               branch_input=norm, label=f"{BRANCH_FFN}: {found[1]}({found[0]}(x))"))
+                               branch_input=norm, label=f"{BRANCH_FFN}: {found[1]}({found[0]}(x))",
+                               tokenwise=True))
     return specs
 
 
@@ -430,6 +434,8 @@ def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point:
             y = s.y if spec.branch_input is not None else s.x
             bput, bget = _unit(y, position)
             bx = bget(y)
+            if spec.tokenwise and position is not None:  # the token alone, as (1, 1, d)
+                bput, bget = (lambda v: v.reshape(1, 1, -1)), (lambda h: h.reshape(-1))
             branch = _through(spec.branch, bput, bget)
         er, rms, rows = s.stats
         units.append(UnitBlock(
