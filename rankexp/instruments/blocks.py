@@ -5,10 +5,12 @@ residual stream ``h_{l−1} ↦ h_l``, and, inside each block, a *branch* ``f`` 
 block ``h ↦ R(h + f(h))``).  They differentiate one *unit* of the stream at a time: one input's
 whole state (``D = ∏ state shape``: an MLP's d, a ConvNet's C·H·W) or, for token models, one
 token of one input (``D = d``; the other tokens held at their values, so the per-token block
-Jacobian is the same-token d×d block of the T·d token-mixing Jacobian — exact for the stream's
-own token under causal masking, where the chain rule then runs token-wise).
+Jacobian is the same-token d×d block of the T·d token-mixing Jacobian).  Under causal masking
+the earlier tokens do not depend on this one, so the product of the per-block same-token
+Jacobians *is* the same-token block of ``∂h_l/∂h_0``; in a bidirectional model it leaves out
+the paths through other tokens.
 
-:func:`unit_blocks` turns a network, its inputs and (optionally) its blocks into
+:func:`hooked_units` turns a network, its inputs and (optionally) its blocks into
 :class:`UnitBlock` s — pure functions of a ``(D,)`` vector plus the point where they are
 evaluated — which :mod:`rankexp.instruments.core` differentiates.  Blocks are found
 automatically for
