@@ -7,10 +7,10 @@
     rankexp's ResidualMLP (d=256, L=12, m/d=1, Pre-RMSNorm, batch 256, Adam, float32; the
     monitor on 64 fixed inputs through the engine's closed form) and a Hugging Face Llama
     (d=128, L=4, 4 heads, T=64, batch 8, AdamW, float32; the monitor on 2 fixed sequences,
-    dense ``torch.func``).  Printed: the median step time, the median checkpoint time (all
-    instruments), their ratio (one checkpoint costs that many steps), the fraction it adds at
-    ``every=100``, and the measured slowdown of a short training run with ``every=5`` against the
-    same run without the monitor.
+    dense ``torch.func``).  Printed: the step time, the checkpoint time (all instruments, and
+    each group alone), their ratio (one checkpoint costs that many steps), the fraction it adds
+    at ``every=100``, and the measured slowdown of a short training run with ``every=5`` against
+    the same run without the monitor.
 (b) The matrix-free erank against dense at d = 1024, 2048, 4096: the branch Jacobian of one
     Pre-RMSNorm ReLU feedforward block ``h + W_down relu(W_up rms(h))`` (m/d = 4, float32, one
     input) by ``analyze(method="dense")`` (d Jacobian–vector products + an SVD) and by
@@ -18,8 +18,9 @@
     each whole call, the error of erank/d and of the stable rank against dense, and that error
     in units of the stated standard error.
 
-Each timing is one run (``(a)``'s medians are over repeated steps inside that run) on one torch
-thread; the commit, the date and the load average are printed first.
+Every number comes from one run on one torch thread; repeated timings inside it keep the best
+(the least disturbed on a shared machine: 10 steps, 3 checkpoints, 2 interleaved rounds of the
+20-step runs).  The commit, the date and the load average are printed first.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import argparse
 import datetime
 import math
 import os
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -103,9 +103,8 @@ def overhead(job) -> None:
     step()
     for m in mon.values():  # warm-up: first calls load torch.func's decompositions
         m.step(0)
-    t_step = statistics.median(timed(step) for _ in range(10))
-    t_check = {p: statistics.median(timed(lambda m=m: m.step(0, force=True)) for _ in range(3))
-               for p, m in mon.items()}
+    t_step = min(timed(step) for _ in range(10))
+    t_check = {p: min(timed(lambda m=m: m.step(0, force=True)) for _ in range(3)) for p, m in mon.items()}
     n = 20
 
     def monitored():
@@ -169,14 +168,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_analyze", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--widths", type=int, nargs="+", default=[1024, 2048, 4096])
-    p.add_argument("--skip-monitor", action="store_true", help="only (b)")
+    p.add_argument("--only", choices=["monitor", "matrix_free"], help="run (a) or (b) alone")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     header()
-    if not args.skip_monitor:
+    if args.only != "matrix_free":
         print("(a) SpectralMonitor overhead (one checkpoint = every instrument on every block)")
         for job in (mlp_job, llama_job):
             overhead(job)
+    if args.only == "monitor":
+        return
     print("(b) matrix-free vs dense: branch Jacobian of a Pre-RMSNorm ReLU FFN block, m/d=4, float32")
     with torch.no_grad():
         matrix_free_vs_dense(args.widths)
