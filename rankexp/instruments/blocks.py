@@ -1,0 +1,447 @@
+"""Blocks of any network as maps of one stream vector to itself (science.md §6 "Any network").
+
+The instruments see a network as a chain of *blocks*, each a shape-preserving map of the
+residual stream ``h_{l−1} ↦ h_l``, and, inside each block, a *branch* ``f`` (for a residual
+block ``h ↦ R(h + f(h))``).  They differentiate one *unit* of the stream at a time: one input's
+whole state (``D = ∏ state shape``: an MLP's d, a ConvNet's C·H·W) or, for token models, one
+token of one input (``D = d``; the other tokens held at their values, so the per-token block
+Jacobian is the same-token d×d block of the T·d token-mixing Jacobian).  Under causal masking
+the earlier tokens do not depend on this one, so the product of the per-block same-token
+Jacobians *is* the same-token block of ``∂h_l/∂h_0``; in a bidirectional model it leaves out
+the paths through other tokens.
+
+:func:`hooked_units` turns a network, its inputs and (optionally) its blocks into
+:class:`UnitBlock` s — pure functions of a ``(D,)`` vector plus the point where they are
+evaluated — which :mod:`rankexp.instruments.core` differentiates.  Blocks are found
+automatically for
+
+* Hugging Face causal LMs (a ``config.model_type`` and ``transformer.h`` / ``model.layers`` /
+  … ): per-token units at ``position`` (default the last token); the branch is the
+  feedforward one, ``mlp(ln₂(x))`` at the stream where it reads it (Figure 12; the norm and
+  module names of :data:`rankexp.models.gpt2.ARCHITECTURES`, else GPT-2's / Llama's);
+* torchvision ResNets: the within-stage (shape-preserving, ``downsample is None``) basic and
+  bottleneck blocks; the branch is the residual function F (everything but the identity and
+  the final ReLU);
+* rankexp's families: :class:`~rankexp.models.mlp.ResidualMLP` and
+  :class:`~rankexp.models.plain.PlainNet` (branch ``β B(f(P(x)))``, the engine's J_b),
+  :class:`~rankexp.models.convnet.CifarResNet` (the non-downsampling blocks, F as above),
+  :class:`~rankexp.models.gpt2.CausalLM` (each member as a Hugging Face LM) — one unit per
+  ensemble member.
+
+Any other network: pass ``blocks=`` (module names, modules, or :class:`BlockSpec` with its own
+branch).  Blocks are run in eval mode (batch norm on running statistics, dropout off), so
+inputs do not interact and every per-unit Jacobian is well defined.  Consecutive blocks form
+one *stage* when each one's input is exactly the previous one's output; the prefix Jacobian
+``∂h_l/∂h_0`` starts again (h_0 = the stage's input) wherever that chain breaks (a
+downsampling block left out, a block list with gaps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..spectra import erank_from_sv
+
+#: stream vector → stream vector, ``(D,) → (D,)``
+VectorMap = Callable[[Tensor], Tensor]
+
+#: where Hugging Face models keep their blocks (tried in order)
+HF_BLOCK_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers",
+                  "transformer.blocks", "model.language_model.layers", "h", "layers")
+#: (norm in front of the FFN, FFN) attribute names of architectures without an entry in
+#: :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2's, then the Llama family's)
+HF_FFN_NAMES = (("ln_2", "mlp"), ("post_attention_layernorm", "mlp"))
+#: what the branch column says for each kind of branch
+BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USER = (
+    "ffn", "residual_function", "β·B(f(P(h)))", "block(h) − h", "block(h)", "user")
+
+
+class BlockError(ValueError):
+    """No blocks found, a block that is not shape-preserving, or one the forward pass did not
+    call exactly once."""
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One block as the user (or discovery) describes it.
+
+    Attributes:
+        module: the block.
+        name: its label (default: its path in the network).
+        branch: ``f(y)`` on a stream-shaped tensor like the block's input, the same shape out;
+            ``None``: ``f = block − identity`` when ``residual``, else the block itself.
+        branch_input: a submodule whose first input is where the branch reads the stream (for a
+            Transformer's FFN: ``ln_2``); ``None``: the block's own input.
+        residual: see ``branch``.
+        label: what the frame's ``branch_kind`` column says.
+        tokenwise: the branch acts on each token alone (a Transformer's FFN): at a token unit it
+            is evaluated on that token only, not on the whole sequence (T× less work).
+    """
+
+    module: nn.Module
+    name: str = ""
+    branch: Callable[[Tensor], Tensor] | None = None
+    branch_input: nn.Module | None = None
+    residual: bool = True
+    label: str = ""
+    tokenwise: bool = False
+
+
+@dataclass
+class UnitBlock:
+    """One block at one unit of the stream: what :mod:`~rankexp.instruments.core` needs.
+
+    Attributes:
+        index: 1-based position among the blocks analysed.  name: its label.
+        member: the ensemble member (0 for ordinary networks).  stage: chain index (see module).
+        x: the block's input at the unit, ``(D,)``.  step: ``x ↦ h_l`` at the unit, ``(D,) → (D,)``.
+        branch_x: the point the branch is evaluated at, ``(D,)``.
+        branch: ``f`` at the unit, or ``None``: ``step − I`` (``residual``) or ``step``.
+        residual, label: see :class:`BlockSpec`.
+        representation: ``erank(Z_l)/D`` of the block's outputs over every input (and token).
+        rms: ``rms(h_l)`` over every input (and token).  rows: the rows of ``Z_l``.  (``None``,
+        ``None``, 0 when not measured.)
+    """
+
+    index: int
+    name: str
+    member: int
+    stage: int
+    x: Tensor
+    step: VectorMap
+    branch_x: Tensor
+    branch: VectorMap | None
+    residual: bool
+    label: str
+    representation: float | None
+    rms: float | None
+    rows: int
+
+    @property
+    def dim(self) -> int:
+        return self.x.numel()
+
+
+# --------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the duration, every submodule's training flag restored after."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def _first_tensor(out):
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0]
+    if isinstance(out, Mapping):
+        return next(v for v in out.values() if isinstance(v, Tensor))
+    raise BlockError(f"a block returned {type(out).__name__}, not a tensor or a tuple starting with one")
+
+
+def _take(v, point: int, batch: int):
+    """``v`` with every tensor whose leading axis is the batch cut to input ``point`` (kept 4-D…)."""
+    if isinstance(v, Tensor):
+        return v[point:point + 1] if batch > 1 and v.dim() > 0 and v.shape[0] == batch else v
+    if isinstance(v, tuple):
+        return tuple(_take(x, point, batch) for x in v)
+    if isinstance(v, list):
+        return [_take(x, point, batch) for x in v]
+    if isinstance(v, dict):
+        return {k: _take(x, point, batch) for k, x in v.items()}
+    return v
+
+
+def call_model(model: nn.Module, inputs) -> object:
+    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else
+    ``model(inputs)``; Hugging Face models get ``use_cache=False`` (no cache object is built)."""
+    kwargs = dict(inputs) if isinstance(inputs, Mapping) else {}
+    args = () if isinstance(inputs, Mapping) else tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if is_hf(model):
+        kwargs.setdefault("use_cache", False)
+    return model(*args, **kwargs)
+
+
+def is_hf(model: nn.Module) -> bool:
+    """Whether ``model`` looks like a Hugging Face model (a ``config`` with a ``model_type``)."""
+    return hasattr(getattr(model, "config", None), "model_type")
+
+
+def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
+    """``(erank(Z)/D, rms, rows)`` of a block's outputs ``h`` ``(B, …)``: rows = inputs (token
+    models: inputs × tokens), uncentred, as the ``representation`` probe (Figure 7; the same
+    arithmetic as :func:`rankexp.probes.representation.stack_spectrum`, but the Gram matrix is
+    formed in ``h``'s own dtype, so a float32 model's many rows are never copied to float64)."""
+    z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
+    n, d = z.shape
+    gram = z.mT @ z if n >= d else z @ z.mT
+    ev = torch.linalg.eigvalsh(gram.double()).clamp(min=0).flip(-1)
+    rms = torch.linalg.vector_norm(z, dtype=torch.float64) / math.sqrt(z.numel())
+    return float(erank_from_sv(ev.sqrt()) / d), float(rms), n
+
+
+# --------------------------------------------------------------------------- discovery
+def _hf_blocks(model: nn.Module) -> list[BlockSpec]:
+    from ..models.gpt2 import ARCHITECTURES
+
+    for path in HF_BLOCK_PATHS:
+        try:
+            layers = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(layers, nn.ModuleList) and len(layers):
+            break
+    else:
+        return []
+    arch = ARCHITECTURES.get(getattr(model.config, "model_type", ""))
+    names = [(arch.ffn_norm, arch.ffn)] if arch is not None else list(HF_FFN_NAMES)
+    specs = []
+    for i, block in enumerate(layers):
+        found = next(((n, f) for n, f in names if hasattr(block, n) and hasattr(block, f)), None)
+        if found is None:
+            specs.append(BlockSpec(block, f"{path}.{i}", label=BRANCH_UPDATE))
+            continue
+        norm, ffn = getattr(block, found[0]), getattr(block, found[1])
+        specs.append(BlockSpec(block, f"{path}.{i}", branch=lambda y, n=norm, f=ffn: f(n(y)),
+                               branch_input=norm, label=f"{BRANCH_FFN}: {found[1]}({found[0]}(x))",
+                               tokenwise=True))
+    return specs
+
+
+def residual_function(block: nn.Module) -> Callable[[Tensor], Tensor]:
+    """He et al.'s F(x) of a torchvision ``BasicBlock`` or ``Bottleneck``: the block's convs,
+    batch norms and inner ReLUs, without the identity and the final ReLU."""
+    def basic(y):
+        return block.bn2(block.conv2(F.relu(block.bn1(block.conv1(y)))))
+
+    def bottleneck(y):
+        return block.bn3(block.conv3(F.relu(basic(y))))
+
+    return bottleneck if hasattr(block, "conv3") else basic
+
+
+def _torchvision_blocks(model: nn.Module) -> list[BlockSpec]:
+    specs = []
+    for name, m in model.named_modules():
+        if (type(m).__name__ in ("BasicBlock", "Bottleneck")
+                and type(m).__module__.startswith("torchvision.") and m.downsample is None):
+            specs.append(BlockSpec(m, name, branch=residual_function(m), label=BRANCH_RESIDUAL))
+    return specs
+
+
+def discover(model: nn.Module) -> list[BlockSpec]:
+    """The blocks of a Hugging Face causal LM or a torchvision ResNet (module docstring).
+
+    Raises:
+        BlockError: none found (names what is known and how to pass ``blocks=``).
+    """
+    specs = _hf_blocks(model) if is_hf(model) else _torchvision_blocks(model)
+    if not specs:
+        raise BlockError(
+            f"no blocks found in {type(model).__name__}: rankexp.analyze finds them in Hugging Face "
+            f"causal LMs ({', '.join(HF_BLOCK_PATHS[:3])}, …), torchvision ResNets and rankexp's "
+            "families; pass blocks=[…] (module names, modules or BlockSpec) for other networks")
+    return specs
+
+
+def resolve(model: nn.Module, blocks) -> list[BlockSpec]:
+    """``blocks`` (names, modules or :class:`BlockSpec`; ``None``: :func:`discover`) as specs.
+
+    Raises:
+        BlockError: an empty list, an unknown name, a module that is not part of ``model``.
+    """
+    if blocks is None:
+        return discover(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    out = []
+    for b in blocks:
+        if isinstance(b, str):
+            try:
+                b = BlockSpec(model.get_submodule(b), b)
+            except AttributeError as e:
+                raise BlockError(f"blocks: {b!r} is not a submodule of {type(model).__name__}") from e
+        elif isinstance(b, nn.Module):
+            b = BlockSpec(b)
+        if id(b.module) not in names:
+            raise BlockError(f"blocks: a {type(b.module).__name__} that is not part of {type(model).__name__}")
+        label = b.label or (BRANCH_USER if b.branch else BRANCH_UPDATE if b.residual else BRANCH_LAYER)
+        out.append(replace(b, name=b.name or names[id(b.module)], label=label))
+    if not out:
+        raise BlockError("blocks=[]: give at least one block (or None to find them)")
+    return out
+
+
+# --------------------------------------------------------------------------- capture
+@dataclass
+class _Seen:
+    args: tuple = ()
+    kwargs: dict | None = None
+    key: str | None = None  # the kwarg holding the stream when it is not args[0]
+    x: Tensor | None = None  # block input, input `point` only (1, …)
+    out: Tensor | None = None
+    y: Tensor | None = None  # branch input (1, …)
+    stats: tuple[float, float, int] | None = None
+    calls: int = 0
+    batch: int = 1
+
+
+def _stream_arg(args, kwargs) -> tuple[Tensor, str | None]:
+    if args and isinstance(args[0], Tensor):
+        return args[0], None
+    key = "hidden_states" if isinstance(kwargs.get("hidden_states"), Tensor) else next(
+        (k for k, v in kwargs.items() if isinstance(v, Tensor)), None)
+    if key is None:
+        raise BlockError("a block was called without a tensor argument (the stream)")
+    return kwargs[key], key
+
+
+def _hooks(specs, seen, point, token, stats):
+    def pre(s):
+        def hook(_mod, args, kwargs):
+            h, key = _stream_arg(args, kwargs)
+            b = h.shape[0]
+            s.calls += 1
+            s.key, s.x = key, _take(h, point, b).clone()
+            s.args = _take(args[1:] if key is None else args, point, b)
+            s.kwargs = _take({k: v for k, v in kwargs.items() if k != key}, point, b)
+            s.batch = b
+        return hook
+
+    def post(s):
+        def hook(_mod, _args, _kwargs, out):
+            o = _first_tensor(out)
+            s.out = _take(o, point, s.batch).clone()
+            s.stats = rows_stats(o, token) if stats else (None, None, 0)
+        return hook
+
+    def branch_pre(s):
+        def hook(_mod, args):
+            s.y = _take(args[0], point, args[0].shape[0]).clone()
+        return hook
+
+    handles = []
+    for spec, s in zip(specs, seen, strict=True):
+        handles.append(spec.module.register_forward_pre_hook(pre(s), with_kwargs=True))
+        handles.append(spec.module.register_forward_hook(post(s), with_kwargs=True))
+        if spec.branch_input is not None:
+            handles.append(spec.branch_input.register_forward_pre_hook(branch_pre(s)))
+    return handles
+
+
+def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
+            token: bool, stats: bool = True) -> list[_Seen]:
+    """One forward pass of ``inputs``: each block's arguments at input ``point``, its output,
+    the branch's input and the representation statistics over every input.
+
+    Raises:
+        BlockError: a block not called exactly once, or not shape-preserving.
+    """
+    seen = [_Seen() for _ in specs]
+    handles = _hooks(specs, seen, point, token, stats)
+    try:
+        with torch.no_grad():
+            call_model(model, inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    for spec, s in zip(specs, seen, strict=True):
+        if s.calls == 1 and s.x.shape[0] == 0:
+            raise BlockError(f"point={point}: the inputs hold {s.batch}")
+        if s.calls != 1:
+            raise BlockError(f"block {spec.name!r} was called {s.calls} times by one forward pass; "
+                             "analyze needs each block called once")
+        if s.out.shape != s.x.shape:
+            raise BlockError(f"block {spec.name!r} is not shape-preserving: input "
+                             f"{tuple(s.x.shape[1:])} → output {tuple(s.out.shape[1:])} (per input); "
+                             "the instruments need maps of the stream to itself")
+        if spec.branch_input is not None and s.y is None:
+            raise BlockError(f"block {spec.name!r}: its branch input module was not called")
+    return seen
+
+
+# --------------------------------------------------------------------------- units
+def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """``(put, get)`` between a unit vector ``(D,)`` and the one-input stream ``sub`` ``(1, …)``:
+    the whole input, or token ``position`` of ``(1, T, d)`` with the other tokens held."""
+    if position is None:
+        shape = sub.shape
+        return (lambda x: x.reshape(shape)), (lambda h: h.reshape(-1))
+    if sub.dim() != 3:
+        raise BlockError(f"position={position} picks a token of a (batch, tokens, width) stream; "
+                         f"this stream is {tuple(sub.shape[1:])} per input (position=None: whole inputs)")
+    if not -sub.shape[1] <= position < sub.shape[1]:
+        raise BlockError(f"position={position}: the inputs have {sub.shape[1]} tokens")
+    t = position % sub.shape[1]
+    before, after = sub[:, :t], sub[:, t + 1:]
+    return ((lambda x: torch.cat([before, x.reshape(1, 1, -1), after], 1)),
+            (lambda h: h[0, t]))
+
+
+def _through(fn: Callable[[Tensor], Tensor], put, get) -> VectorMap:
+    """``v ↦ get(fn(put(v)))``: a stream map seen at one unit."""
+    def at_unit(v: Tensor) -> Tensor:
+        return get(fn(put(v)))
+    return at_unit
+
+
+def _block_call(module: nn.Module, s: _Seen) -> Callable[[Tensor], Tensor]:
+    def call(h):
+        if s.key is None:
+            return _first_tensor(module(h, *s.args, **s.kwargs))
+        return _first_tensor(module(*s.args, **{**s.kwargs, s.key: h}))
+    return call
+
+
+def _stages(seen: Sequence[_Seen]) -> list[int]:
+    """Chain index per block: a new stage wherever a block's input is not the previous output."""
+    stage, out = 1, []
+    for i, s in enumerate(seen):
+        if i and not (s.x.shape == seen[i - 1].out.shape and torch.equal(s.x, seen[i - 1].out)):
+            stage += 1
+        out.append(stage)
+    return out
+
+
+def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
+                 position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
+    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass (any ``nn.Module``).
+
+    Args:
+        model: the network; inputs: what its forward takes (tensor, tuple, or mapping).
+        point: the input (batch index) the Jacobians are taken at.
+        position: token index for a token model (stream ``(B, T, d)``), ``None``: whole inputs.
+        member: the member label of the rows.
+        representation: measure the representation statistics (else they are ``None``).
+    """
+    seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
+    units = []
+    for i, (spec, s, stage) in enumerate(zip(specs, seen, _stages(seen), strict=True), start=1):
+        put, get = _unit(s.x, position)
+        call = _block_call(spec.module, s)
+        bx, branch = get(s.x), None
+        if spec.branch is not None:
+            y = s.y if spec.branch_input is not None else s.x
+            bput, bget = _unit(y, position)
+            bx = bget(y)
+            if spec.tokenwise and position is not None:  # the token alone, as (1, 1, d)
+                bput, bget = (lambda v: v.reshape(1, 1, -1)), (lambda h: h.reshape(-1))
+            branch = _through(spec.branch, bput, bget)
+        er, rms, rows = s.stats
+        units.append(UnitBlock(
+            index=i, name=spec.name, member=member, stage=stage, x=get(s.x),
+            step=_through(call, put, get), branch_x=bx, branch=branch,
+            residual=spec.residual, label=spec.label, representation=er, rms=rms, rows=rows))
+    return units

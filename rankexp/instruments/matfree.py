@@ -1,0 +1,295 @@
+"""Spectral summaries of one Jacobian, exact or matrix-free (science.md §2, §6 "Any network").
+
+A :class:`Spectrum` holds what the study reads off a matrix ``J`` (``D_out × D``):
+``‖J‖_F²``, ``‖J‖₂²``, the effective rank (Eq. 3) and the stable rank ``‖J‖_F²/‖J‖₂²``, each with
+one standard error.  :func:`dense_spectrum` takes them from the singular values (exact: errors
+0).  :func:`slq_spectrum` estimates them from products with the Gram matrix ``A = JᵀJ`` alone
+(one Jacobian–vector and one vector–Jacobian product each), in ``O(vectors · steps)`` products
+and ``O(vectors · steps · D)`` memory:
+
+* ``‖J‖_F² = tr A`` by Hutchinson's estimator ``E[vᵀAv] = tr A``, v Rademacher (Hutchinson
+  1989); ``vᵀAv = ‖Jv‖²`` is the first Lanczos coefficient, so it costs nothing extra.
+* ``‖J‖₂² = λ_max(A)``: the largest Ritz value of the same Lanczos runs (the Krylov space of k
+  products contains the k-th power-iteration vector, so it is never worse than power iteration
+  with the same products); a lower bound, with error the residual bound ``β_k |y_k|`` of its
+  Ritz pair (some eigenvalue of A lies that close; Parlett 1998, Thm. 13.1.1).
+* ``erank = exp H``, ``H = −Σ p_k ln p_k``, ``p_k = s_k/S``, rewritten as ``H = ln S − Σ_k s_k
+  ln s_k / S`` with ``S = tr A^{1/2}`` and ``Σ s ln s = tr g(A)``, ``g(λ) = √λ ln √λ``: both
+  traces by stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017) on the same probes —
+  ``vᵀ f(A) v ≈ ‖v‖² Σ_j τ_j² f(θ_j)`` with θ_j the eigenvalues of the k×k Lanczos tridiagonal
+  ``T_k`` and τ_j the first components of its eigenvectors (Gauss quadrature, exact for
+  polynomials of degree < 2k).
+
+Errors: the standard error across the probe vectors (the sample covariance of the per-vector
+estimates, carried through the ratios by the delta method), combined in quadrature with the
+quadrature's remaining error.  Gauss quadrature of ``√λ`` and ``√λ ln √λ`` converges only
+algebraically, about as ``k⁻²``, when the spectrum reaches 0 (a rank-deficient or
+Marchenko–Pastur-like ``JᵀJ``: every Pre-Norm branch), so the remaining error is extrapolated
+from the change ``c`` of the erank estimate over the last ``check`` steps as ``c·k/(2·check)``
+(the tail of ``C k⁻²``); a spectrum bounded away from 0 converges geometrically and this
+over-states its (then tiny) error.  Lanczos stops early when that change is below ``tol`` (relative) or the Krylov space is
+exhausted (an invariant subspace: the quadrature is then exact).  Lanczos keeps its basis and
+reorthogonalizes fully (twice, classical Gram–Schmidt), so ghost Ritz values never enter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..spectra import erank_from_sv, stable_rank_from_sv
+
+#: the ``method`` of an exact spectrum (from the singular values) and of an estimate
+DENSE, MATRIX_FREE = "dense", "matrix_free"
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """What the study reads off one matrix ``J`` with ``D`` columns, exact or estimated.
+
+    Attributes:
+        dim: D, the input dimension (``erank/D`` is the study's normalized erank).
+        frobenius_sq: ``‖J‖_F²``.
+        top_sq: ``‖J‖₂² = s_1²``.
+        erank: effective rank (Eq. 3), unnormalized, in ``[1, D]``.
+        stable_rank: ``‖J‖_F² / ‖J‖₂²``.
+        *_err: one standard error of each (0 for an exact spectrum).
+        method: :data:`DENSE` or :data:`MATRIX_FREE`.
+        vectors, steps: probe vectors and Lanczos steps used (0 for an exact spectrum).
+    """
+
+    dim: int
+    frobenius_sq: float
+    top_sq: float
+    erank: float
+    stable_rank: float
+    frobenius_sq_err: float = 0.0
+    top_sq_err: float = 0.0
+    erank_err: float = 0.0
+    stable_rank_err: float = 0.0
+    method: str = DENSE
+    vectors: int = 0
+    steps: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """``‖J‖_F / ‖I‖_F = ‖J‖_F/√D``: the branch-to-skip ratio r_l when J is a branch (Eq. 4)."""
+        return math.sqrt(max(self.frobenius_sq, 0.0) / self.dim)
+
+    @property
+    def ratio_err(self) -> float:
+        """Standard error of :attr:`ratio` (delta method: ``err(‖J‖_F²) / (2 r D)``)."""
+        r = self.ratio
+        if r == 0:
+            return 0.0 if self.frobenius_sq_err == 0 else math.inf
+        return self.frobenius_sq_err / (2 * r * self.dim)
+
+
+def dense_spectrum(j: Tensor) -> Spectrum:
+    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` from its singular values (float64).
+
+    A zero matrix gives erank and stable rank NaN (as :func:`rankexp.spectra.erank_from_sv`).
+    """
+    s = torch.linalg.svdvals(j.detach().to(torch.float64))
+    fro = float(s.square().sum())
+    return Spectrum(dim=j.shape[-1], frobenius_sq=fro, top_sq=float(s[0].square()),
+                    erank=float(erank_from_sv(s)), stable_rank=float(stable_rank_from_sv(s)))
+
+
+def rademacher(vectors: int, dim: int, *, seed: int, dtype: torch.dtype,
+               device: torch.device | str) -> Tensor:
+    """``vectors × dim`` independent ±1 entries, drawn on the CPU from ``seed`` (so every device
+    sees the same probes), then moved to ``device``."""
+    g = torch.Generator().manual_seed(int(seed))
+    v = torch.randint(0, 2, (vectors, dim), generator=g, dtype=torch.int8)
+    return (v.to(torch.float64) * 2 - 1).to(device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Lanczos:
+    """Tridiagonal Lanczos coefficients of p runs on one symmetric operator.
+
+    Attributes:
+        alpha: diagonals ``(p, k)``.  beta: off-diagonals ``(p, k)``; ``beta[:, j]`` couples
+            steps j and j+1 (``beta[:, k−1]`` is the residual norm, used by the error bound).
+    """
+
+    alpha: Tensor
+    beta: Tensor
+
+    @property
+    def steps(self) -> int:
+        return self.alpha.shape[1]
+
+    def nodes_weights(self, k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Gauss quadrature of the first ``k`` steps: nodes θ ``(p, k)`` (clamped at 0: A is
+        positive semi-definite), weights τ² ``(p, k)`` (rows sum to 1) and the eigenvectors'
+        last components ``(p, k)`` (for the residual bound), in float64."""
+        k = self.steps if k is None else k
+        a, b = self.alpha[:, :k].double(), self.beta[:, : k - 1].double()
+        t = torch.diag_embed(a) + torch.diag_embed(b, 1) + torch.diag_embed(b, -1)
+        theta, u = torch.linalg.eigh(t)
+        return theta.clamp(min=0), u[:, 0, :].square(), u[:, -1, :]
+
+
+def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
+            check: int = 8, converged: Callable[[Lanczos], bool] | None = None) -> Lanczos:
+    """Lanczos on the symmetric operator ``gram`` from p starting vectors at once.
+
+    Args:
+        gram: ``(p, D) → (p, D)``, row-wise ``v ↦ A v``.
+        start: ``(p, D)`` starting vectors (any norm).
+        steps: at most this many steps (≤ D).
+        check: every ``check`` steps ``converged(partial result)`` may stop the iteration.
+        converged: see ``check``; also stops when every run found an invariant subspace.
+
+    Returns:
+        :class:`Lanczos` with ``k ≤ steps`` columns.  A run whose residual vanished (an
+        invariant subspace) continues with zero vectors: its later α, β are 0, which adds nodes
+        at 0 with zero weight (every f used here has f(0) = 0).
+
+    Memory: the basis, ``p (steps + 1) D`` numbers (full reorthogonalization).
+    """
+    p, dim = start.shape
+    steps = max(1, min(int(steps), dim))
+    basis = start.new_zeros(p, steps + 1, dim)
+    basis[:, 0] = start / start.norm(dim=1, keepdim=True)
+    alpha, beta = start.new_zeros(p, steps), start.new_zeros(p, steps)
+    tiny = torch.finfo(start.dtype).eps * 64
+    k = steps
+    for j in range(steps):
+        q = basis[:, j]
+        w = gram(q)
+        alpha[:, j] = (w * q).sum(1)
+        scale = w.norm(dim=1)
+        for _ in range(2):  # full reorthogonalization against q_0 … q_j (α, β terms included)
+            w = w - torch.einsum("pk,pkd->pd", torch.einsum("pkd,pd->pk", basis[:, : j + 1], w),
+                                 basis[:, : j + 1])
+        b = w.norm(dim=1)
+        alive = b > tiny * scale.clamp(min=torch.finfo(start.dtype).tiny)
+        beta[:, j] = torch.where(alive, b, 0.0)
+        basis[:, j + 1] = torch.where(alive[:, None], w / b.clamp(min=torch.finfo(b.dtype).tiny)[:, None], 0.0)
+        done = j + 1 == steps
+        if not done and (j + 1) % check == 0:  # host sync only every `check` steps
+            part = Lanczos(alpha[:, : j + 1], beta[:, : j + 1])
+            if not bool(alive.any()) or (converged is not None and converged(part)):
+                k = j + 1
+                break
+    return Lanczos(alpha[:, :k], beta[:, :k])
+
+
+@dataclass(frozen=True)
+class _Quadrature:
+    """Per-vector estimates of one quadrature: ``(p, 3)`` columns ``tr A, tr A^{1/2}, tr g(A)``,
+    the largest Ritz value and its residual bound."""
+
+    traces: Tensor
+    top: float
+    top_bound: float
+
+    def erank(self) -> tuple[float, float]:
+        """``(erank, standard error)`` from the means and covariance of the traces."""
+        p = self.traces.shape[0]
+        mean = self.traces.mean(0)
+        s, t = float(mean[1]), float(mean[2])
+        h = math.log(s) - t / s
+        if p < 2:
+            return math.exp(h), math.inf
+        cov = torch.cov(self.traces.T) / p
+        grad = torch.tensor([0.0, 1.0 / s + t / s**2, -1.0 / s], dtype=cov.dtype)
+        var = float(grad @ cov @ grad)
+        return math.exp(h), math.exp(h) * math.sqrt(max(var, 0.0))
+
+
+def _quadrature(lz: Lanczos, dim: int, k: int | None = None) -> _Quadrature:
+    theta, weight, last = lz.nodes_weights(k)
+    root = theta.sqrt()
+    traces = dim * torch.stack([(weight * theta).sum(1), (weight * root).sum(1),
+                                (weight * torch.special.xlogy(root, root)).sum(1)], 1)
+    best = int(theta.amax(1).argmax())
+    j = int(theta[best].argmax())
+    kk = theta.shape[1]
+    resid = abs(float(lz.beta[best, kk - 1])) * abs(float(last[best, j]))
+    return _Quadrature(traces, float(theta[best, j]), resid)
+
+
+@dataclass(frozen=True)
+class MatrixFree:
+    """Settings of the matrix-free estimates (:func:`slq_spectrum`).
+
+    Attributes:
+        vectors: Rademacher probe vectors (the standard errors shrink as ``1/√vectors``; they
+            are applied together, so on a large block whose products are bound by reading the
+            weights more vectors cost little more time).
+        steps: at most this many Lanczos steps per vector (products with ``JᵀJ``).
+        tol: stop when the erank and ``‖J‖₂²`` estimates change by less than this (relative)
+            over the last ``check`` steps.
+        check: steps between convergence checks (each one host sync).
+        seed: seed of the probe vectors (each matrix offsets it, see :func:`slq_spectrum`).
+    """
+
+    vectors: int = 16
+    steps: int = 64
+    tol: float = 1e-3
+    check: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.vectors < 2:
+            raise ValueError(f"MatrixFree.vectors={self.vectors}: need ≥ 2 (the error is their spread)")
+        if self.steps < 2 or self.check < 1:
+            raise ValueError(f"MatrixFree.steps={self.steps}, check={self.check}: need steps ≥ 2, check ≥ 1")
+
+    def basis_bytes(self, dim: int, itemsize: int) -> int:
+        """Memory of the Lanczos basis for a ``dim``-column matrix."""
+        return self.vectors * (min(self.steps, dim) + 1) * dim * itemsize
+
+
+def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: MatrixFree = MatrixFree(),
+                 seed_offset: int = 0, dtype: torch.dtype = torch.float64,
+                 device: torch.device | str = "cpu") -> Spectrum:
+    """Matrix-free :class:`Spectrum` of J from products with ``A = JᵀJ`` (module docstring).
+
+    Args:
+        gram: ``(p, D) → (p, D)``, row-wise ``v ↦ Jᵀ(J v)``.
+        dim: D.
+        settings: :class:`MatrixFree`.
+        seed_offset: added to ``settings.seed`` (distinct matrices get independent probes).
+        dtype, device: of the probe vectors (the operator's).
+
+    Returns:
+        :class:`Spectrum` with ``method = "matrix_free"``.  Errors are one standard error; the
+        ‖J‖₂² estimate is a lower bound whose error is the Ritz residual bound.
+    """
+    v = rademacher(settings.vectors, dim, seed=settings.seed + seed_offset, dtype=dtype, device=device)
+    state: dict[str, tuple[float, float]] = {}
+
+    def converged(part: Lanczos) -> bool:
+        q = _quadrature(part, dim)
+        now = (q.erank()[0], q.top)
+        before, state["last"] = state.get("last"), now
+        if before is None or part.steps < 2 * settings.check:
+            return False
+        return all(abs(a - b) <= settings.tol * abs(a) for a, b in zip(now, before, strict=True))
+
+    lz = lanczos(gram, v, settings.steps, check=settings.check, converged=converged)
+    q = _quadrature(lz, dim)
+    er, er_se = q.erank()
+    k = lz.steps
+    quad_err = 0.0
+    if k > settings.check:  # the tail of a k⁻² convergence, from its last change (module docstring)
+        change = abs(er - _quadrature(lz, dim, k - settings.check).erank()[0])
+        quad_err = change * k / (2 * settings.check)
+    p = settings.vectors
+    fro = float(q.traces[:, 0].mean())
+    fro_err = float(q.traces[:, 0].std() / math.sqrt(p))
+    top, top_err = q.top, q.top_bound
+    sr = fro / top if top > 0 else math.nan
+    sr_err = sr * math.hypot(fro_err / fro, top_err / top) if top > 0 and fro > 0 else math.nan
+    return Spectrum(dim=dim, frobenius_sq=fro, top_sq=top, erank=er, stable_rank=sr,
+                    frobenius_sq_err=fro_err, top_sq_err=top_err, erank_err=math.hypot(er_se, quad_err),
+                    stable_rank_err=sr_err, method=MATRIX_FREE, vectors=p, steps=k)

@@ -1,0 +1,204 @@
+"""``rankexp.SpectralMonitor``: the instruments every N optimizer steps of anyone's training loop.
+
+::
+
+    monitor = rankexp.SpectralMonitor(model, batch, every=100)
+    with mlflow.start_run():
+        for step in range(steps):
+            ...                     # forward, backward, optimizer.step()
+            monitor.step(step)      # analyze() when due; metrics logged at step = `step`
+    monitor.frame                   # every checkpoint's rows, with a `step` column
+
+Each checkpoint is one :func:`rankexp.instruments.analyze` call on the fixed ``inputs`` (no
+gradients, eval mode for its duration, the global RNG untouched, so training is unchanged by
+it) whose numbers go to the active MLflow run as metrics ``<quantity>/block<l>`` (``…_m<e>``
+per member of an ensemble; ``*_err`` only for matrix-free rows) at ``step``, its table as the
+artifact ``spectra/step_<step>.csv``, and its wall time as ``spectra_seconds``.  MLflow is
+imported only when a run is logged to — it is no dependency of the monitor — and any callable
+``log(metrics, step)`` can replace it.  :func:`spectral_callback_class` wraps the monitor as a
+Hugging Face ``TrainerCallback`` (``transformers``, the ``gpt2`` extra, imported on first use).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Collection, Mapping
+
+from torch import nn
+
+from .core import analyze, resolve_probes
+
+log = logging.getLogger(__name__)
+
+#: the frame's columns that name a row rather than measure something
+ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "branch_kind", "rows")
+
+#: ``log(metrics, step)``: where a checkpoint's numbers go
+Sink = Callable[[Mapping[str, float], int], None]
+
+
+def metric_names(frame, prefix: str = "") -> dict[str, float]:
+    """One checkpoint's frame as MLflow metrics: ``<prefix><column>/block<l>`` (``_m<e>`` when the
+    frame holds several members); ``*_err`` columns only for matrix-free rows."""
+    several = frame["member"].nunique() > 1
+    width = len(str(int(frame["block"].max())))
+    out = {}
+    for row in frame.to_dict("records"):
+        tag = f"block{int(row['block']):0{width}d}" + (f"_m{int(row['member'])}" if several else "")
+        for col, v in row.items():
+            if col in ID_COLUMNS or (col.endswith("_err") and row["method"] != "matrix_free"):
+                continue
+            out[f"{prefix}{col}/{tag}"] = float(v)
+    return out
+
+
+def _mlflow_sink(required: bool) -> Sink | None:
+    """Log to the active MLflow run (``None`` when there is none and ``required`` is False).
+
+    Raises:
+        RuntimeError: ``required`` and no active run.
+    """
+    import mlflow
+
+    if mlflow.active_run() is None:
+        if required:
+            raise RuntimeError("SpectralMonitor(log='mlflow'): no active MLflow run "
+                               "(wrap training in `with mlflow.start_run():`)")
+        return None
+
+    def sink(metrics: Mapping[str, float], step: int) -> None:
+        items = list(metrics.items())
+        for i in range(0, len(items), 1000):  # log_batch takes at most 1000 metrics per call
+            mlflow.log_metrics(dict(items[i:i + 1000]), step=step)
+    return sink
+
+
+class SpectralMonitor:
+    """:func:`~rankexp.instruments.analyze` at chosen optimizer steps, logged and accumulated.
+
+    Args:
+        model: the network being trained (measured in place, never copied).
+        inputs: the fixed inputs every checkpoint measures on (as :func:`analyze` takes them).
+        every: measure when ``step % every == 0``; ``None``: only at ``steps``.
+        steps: explicit steps to measure at as well (e.g. log-spaced ``0, 10, 30, 100, …``).
+        probes: instrument groups (``branch``, ``prefix``, ``representation``; default all).
+        blocks: as :func:`analyze`.
+        log: ``"auto"`` (the active MLflow run if there is one), ``"mlflow"`` (an active run is
+            required), ``None`` (keep the frames only) or a callable ``log(metrics, step)``.
+        artifacts: also log each checkpoint's table as ``spectra/step_<step>.csv`` (MLflow only).
+        prefix: prepended to every metric name.
+        **analyze_kwargs: the rest of :func:`analyze`'s arguments (method, point, position,
+            matrix_free, max_dense_bytes, max_bytes).
+
+    Raises:
+        ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or ``log``
+            not one of the above.
+    """
+
+    def __init__(self, model: nn.Module, inputs=None, *, every: int | None = 100,
+                 steps: Collection[int] | None = None, probes=None, blocks=None,
+                 log: str | Sink | None = "auto", artifacts: bool = True, prefix: str = "",
+                 **analyze_kwargs):
+        if every is None and not steps:
+            raise ValueError("SpectralMonitor: give every=N and/or steps=[…]")
+        if every is not None and int(every) < 1:
+            raise ValueError(f"SpectralMonitor(every={every}): must be ≥ 1")
+        if not (log in ("auto", "mlflow", None) or callable(log)):
+            raise ValueError(f"SpectralMonitor(log={log!r}): 'auto', 'mlflow', None or a callable")
+        self.model, self.inputs, self.blocks = model, inputs, blocks
+        self.every, self.steps = (int(every) if every is not None else None), frozenset(steps or ())
+        self.probes = sorted(resolve_probes(probes))
+        self.log, self.artifacts, self.prefix = log, artifacts, prefix
+        self.analyze_kwargs = {"progress": False, **analyze_kwargs}
+        self.frames: list = []
+        self.seconds = 0.0  # total wall time spent measuring
+        self._warned = False
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a checkpoint."""
+        return step in self.steps or (self.every is not None and step % self.every == 0)
+
+    def step(self, step: int, *, force: bool = False):
+        """Measure at optimizer step ``step`` if it is due (or ``force``): returns that
+        checkpoint's frame (with a ``step`` column), else ``None``."""
+        if not (force or self.due(step)):
+            return None
+        t0 = time.perf_counter()
+        frame = analyze(self.model, self.inputs, self.blocks, probes=self.probes, **self.analyze_kwargs)
+        frame.insert(0, "step", int(step))
+        seconds = time.perf_counter() - t0
+        self.seconds += seconds
+        self.frames.append(frame)
+        self._emit(frame, int(step), seconds)
+        log.info("spectra at step %d: %d row(s) in %.2f s", step, len(frame), seconds)
+        return frame
+
+    @property
+    def frame(self):
+        """Every checkpoint's rows so far, one DataFrame (empty before the first)."""
+        import pandas as pd
+
+        return pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame()
+
+    def _sink(self) -> tuple[Sink | None, bool]:
+        if self.log is None:
+            return None, False
+        if callable(self.log):
+            return self.log, False
+        sink = _mlflow_sink(required=self.log == "mlflow")
+        if sink is None and not self._warned:
+            log.warning("SpectralMonitor: no active MLflow run; keeping the frames only "
+                        "(start a run, or pass log=None to silence this)")
+            self._warned = True
+        return sink, sink is not None
+
+    def _emit(self, frame, step: int, seconds: float) -> None:
+        sink, is_mlflow = self._sink()
+        if sink is None:
+            return
+        metrics = metric_names(frame.drop(columns="step"), self.prefix)
+        metrics[f"{self.prefix}spectra_seconds"] = seconds
+        sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
+        if is_mlflow and self.artifacts:
+            import mlflow
+
+            mlflow.log_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+
+    def callback(self):
+        """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""
+        return spectral_callback_class()(self)
+
+
+@functools.cache
+def spectral_callback_class() -> type:
+    """``SpectralCallback``: a ``transformers.TrainerCallback`` that runs a :class:`SpectralMonitor`
+    before the first step (step 0, if due) and after every optimizer step
+    (``state.global_step``), on the main process only.
+
+    Raises:
+        ImportError: ``transformers`` is not installed (names the extra).
+    """
+    from ..models.gpt2 import transformers_module
+
+    tf = transformers_module()
+
+    class SpectralCallback(tf.TrainerCallback):
+        """Runs ``monitor.step(state.global_step)`` after every optimizer step (see
+        :class:`rankexp.instruments.monitor.SpectralMonitor`)."""
+
+        def __init__(self, monitor: SpectralMonitor):
+            self.monitor = monitor
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero and state.global_step == 0:
+                self.monitor.step(0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                self.monitor.step(state.global_step)
+
+    SpectralCallback.__module__ = __name__
+    return SpectralCallback
