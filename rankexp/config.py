@@ -26,7 +26,14 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, ShapeError, checkpoint_shape, lm_shape
+from .models.spec import (
+    DEFAULT_PROMPT_IDS,
+    LM_SHAPES,
+    PRESET_SLOTS,
+    ShapeError,
+    checkpoint_shape,
+    lm_shape,
+)
 from .probes import (
     CIFAR_PROBES,
     DEFAULT_PROBES,
@@ -127,8 +134,6 @@ class NormSlot(Enum):
 
 def _preset_slot(slot: str, placement: Any, op: Any) -> str:
     """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
-    from .models.norms import PRESET_SLOTS
-
     placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
     return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
 

@@ -282,8 +282,7 @@ def test_join_refuses_pooled_values_without_reduce():
 
 def test_every_probe_declares_a_memory_estimate():
     from rankexp.probes import CIFAR_PROBES
-    from rankexp.probes.base import ModelShape
-    from rankexp.probes.convnet import ConvShape
+    from rankexp.probes.catalog import ConvShape, ModelShape
 
     mlp, conv = ModelShape(256, 48, 1024, 2, 1, 8), ConvShape(110, 16, 4)  # the ConvNets' own shape
     for name, probe in PROBES.items():

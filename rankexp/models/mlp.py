@@ -31,25 +31,10 @@ from ..seeding import STREAM_WEIGHTS, seeded_generator
 from .activations import ACTIVATIONS, activation_fn
 from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
-
-PLACEMENTS = ("pre", "post", "output", "peri", "none")
-BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
+from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta
 
 __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "ResidualMLP",
            "effective_beta"]
-
-
-def effective_beta(beta: float, depth: int, scaling: str) -> float:
-    """Branch scale after depth scaling: β, β/√L or β/L for ``const``,
-    ``inv_sqrt_depth``, ``inv_depth`` (science.md §1)."""
-    if scaling == "const":
-        return float(beta)
-    if scaling == "inv_sqrt_depth":
-        return float(beta) / math.sqrt(depth)
-    if scaling == "inv_depth":
-        return float(beta) / depth
-    raise ValueError(f"beta_scaling={scaling!r} is not one of {', '.join(BETA_SCALINGS)}")
-
 
 
 # --------------------------------------------------------------------------- blocks

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -42,7 +41,11 @@ from ..theory import (
     marchenko_pastur_ks,
     random_walk_projection_product,
 )
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import (
+    ACTIVATION_SPIKE_OPTIONS,
+    BRANCH_JACOBIAN_OPTIONS,
+)
 from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)
@@ -197,15 +200,6 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
 
 
-BRANCH_JACOBIAN_OPTIONS = {"layers": None, "reference_draws": 4}
-
-
-def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: ``A`` and ``J_f`` of one layer, its Gram matrix, and the kept eigenvalues."""
-    d, m = shape.width, shape.hidden
-    return (3 * m * d + 4 * d * d + shape.depth * d) * shape.itemsize
-
-
 # --------------------------------------------------------------------------- Table 1 spike
 def hidden_activations(block: Block, h: Tensor) -> Tensor:
     """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
@@ -214,10 +208,6 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
     if block.gated:
         return block.sigma(torch.matmul(x, block.w_gate.mT)) * z
     return block.sigma(z)
-
-
-#: options of ``activation_spike``: n inputs, the 1-based layers
-ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
 
 
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
@@ -285,13 +275,6 @@ def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
     c = activation_constants(ctx.model.activation, float(m.arrays["hidden_preact_var"].mean())).coherence
     m.add_seed_stat("hidden_stable_rank_x_c", torch.as_tensor(m.arrays["hidden_stable_rank"] * c))
     m.scalars["spike_coherence_theory"] = c
-
-
-def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
-    n = int(dict(options.get("activation_spike") or {}).get("n", 2048))
-    d, m = shape.width, shape.hidden
-    return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- Figure 4c / Table 3
@@ -477,6 +460,3 @@ def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width
 
 
-def projection_split_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: three running products over the skip window, J_b, J_R and temporaries."""
-    return (3 * max(shape.skip_every, 1) + 10) * shape.width**2 * shape.itemsize

@@ -45,17 +45,7 @@ from ..models.activations import ACTIVATION_DERIVATIVES, MASKED
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian, norm_jacobian
 from ..spectra import erank_from_sv, singular_values, stable_rank_from_sv
-
-#: ``∂h_L/∂h_0`` (unit + log gain) and its singular values
-IO_JACOBIAN = "io_jacobian"
-#: erank / stable rank / log gain of every ``∂h_l/∂h_0`` (one SVD per layer: the profile)
-PARTIAL_SPECTRA = "partial_spectra"
-#: ``‖J_b‖_F/√d`` per layer (the branch-to-skip ratio, Eq. 4)
-BRANCH_NORMS = "branch_norms"
-#: ``‖Σ_{l≤k} J_b‖_F/√d`` per layer (accumulated branch, Figure 5b)
-BRANCH_SUM = "branch_sum"
-#: what :func:`forward_sweep` can compute; ``rms(h_l)`` of its input comes with every sweep
-SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM})
+from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWEEP_NEEDS
 
 
 # --------------------------------------------------------------------------- torch.func (oracle, fallback)

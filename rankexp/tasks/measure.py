@@ -30,8 +30,7 @@ from ..models import DTYPES, build_model
 from ..models.convnet import CifarResNet
 from ..models.mlp import ResidualMLP
 from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ImageProbeContext, ProbeContext, needs_of
-from ..probes.base import ModelShape
-from ..probes.convnet import ConvShape
+from ..probes.catalog import ConvShape, ModelShape
 from ..result import Measurement
 from ..seeding import gaussian_input
 from .data import dataset_for
