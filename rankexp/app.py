@@ -3,7 +3,9 @@
 Data flow (design.md §3) and what a job promises (issue 8):
 
 * The composed config is checked before anything else (:func:`rankexp.config.check_job`:
-  unknown keys, values, input paths, device), so a mistake never creates a run.
+  unknown keys, values, input paths, device), so a mistake never creates a run — once: a job
+  of a sweep run in the sweeper's process takes the whole-sweep check's result
+  (:func:`rankexp.config.checked_job`).
 * A single run checks its store (:func:`rankexp.tracking.check_store`) and closes stale runs
   of its experiment before its own run exists; a job of a sweep leaves that to the sweeper
   (hydra_plugins/rankexp_plugins) and only asks whether the store answers *now*
@@ -47,12 +49,11 @@ from omegaconf import DictConfig
 
 from . import interrupt, naming, tracking
 from .config import (
+    CheckedJob,
     RankexpConfig,
-    check_job,
-    config_hash,
+    checked_job,
     flatten,
     resolve_device,
-    resolved_container,
 )
 from .models.mlp import effective_beta
 from .result import Measurement
@@ -162,6 +163,7 @@ class JobContext:
     overrides: str
     launcher: DictConfig | None
     num: int | None = None  # the job's number in its sweep
+    override_list: list[str] | None = None  # a sweep job's ``hydra.overrides.task``
 
 
 def job_context() -> JobContext:
@@ -173,7 +175,8 @@ def job_context() -> JobContext:
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
-                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None)
+                      hc.launcher if sweep else None, hc.job.get("num") if sweep else None,
+                      list(hc.overrides.task) if sweep else None)
 
 
 def pin_threads(launcher: DictConfig | None) -> None:
@@ -241,13 +244,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         Exception: whatever the task raised; the MLflow run is then FAILED.
     """
     interrupt.clear()
-    s = check_job(cfg)
     ctx = job_context()
+    checked = checked_job(cfg, ctx.override_list)  # the sweeper's check of this job, or now
+    s = checked.settings
     pin_threads(ctx.launcher)
     limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
     try:
         with interrupt.installed({signal.SIGUSR2: limit}) as previous:
-            return Job(cfg, s, ctx, limit, previous.get(signal.SIGUSR2)).run()
+            return Job(checked, ctx, limit, previous.get(signal.SIGUSR2)).run()
     finally:
         if os.environ.get("SUBMITIT_EXECUTOR"):
             # this process's one job is over: a late time-limit warning must neither requeue
@@ -258,13 +262,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 class Job:
     """The state of one job while it runs (see the module docstring for its steps)."""
 
-    def __init__(self, cfg: DictConfig, s: RankexpConfig, ctx: JobContext, limit: _TimeLimit,
+    def __init__(self, checked: CheckedJob, ctx: JobContext, limit: _TimeLimit,
                  requeue_handler: Any):
+        s = checked.settings
         self.s, self.ctx, self.limit = s, ctx, limit
         # submitit's own USR2 handler (checkpoint + requeue) when running as a submitit job
         self.requeue_handler = requeue_handler if callable(requeue_handler) else None
-        self.container = resolved_container(cfg)
-        self.chash = config_hash(self.container)
+        self.container, self.chash = checked.container, checked.config_hash
         self.device = resolve_device(s.device)
         self.job_dir = ctx.job_dir
         self.uri = self.exp_id = None

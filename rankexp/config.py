@@ -10,6 +10,7 @@ creates any MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, flag_override, open_dict
 
 from .models.spec import (
     DEFAULT_PROMPT_IDS,
@@ -940,6 +941,64 @@ def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
     if device:
         resolve_device(s.device)
     return s
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A job checked before it runs: its typed config, its resolved config (plain Python, no
+    ``hydra`` node) and its config hash (:func:`config_hash`)."""
+
+    settings: RankexpConfig
+    container: dict[str, Any]
+    config_hash: str
+
+
+#: jobs of this process's sweep that the sweeper checked (its loader composed and checked each
+#: once: hydra_plugins/rankexp_plugins/loader.py), by the job's override list; a job of the basic
+#: launcher takes its entry instead of checking again (:func:`checked_job`)
+CHECKED_JOBS: dict[tuple[str, ...], CheckedJob] = {}
+
+
+@contextlib.contextmanager
+def task_part(cfg: DictConfig):
+    """``cfg`` without its ``hydra`` node for the duration (what a job's task sees), restored
+    afterwards as the same node — no copy of the config."""
+    if "hydra" not in cfg:
+        yield cfg
+        return
+    node = cfg._get_node("hydra")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        yield cfg
+    finally:
+        node._set_parent(None)  # a detached node is re-attached as it is, not deep-copied
+        with flag_override(cfg, ["struct", "no_deepcopy_set_nodes"], [False, True]):
+            cfg["hydra"] = node
+
+
+def check_task(cfg: DictConfig, *, device: bool = True) -> CheckedJob:
+    """:func:`check_job` on a composed job (its ``hydra`` node may be there), with its resolved
+    config and hash.
+
+    Raises:
+        ConfigError: as :func:`check_job`.
+    """
+    with task_part(cfg) as task:
+        s = check_job(task, device=device)
+        container = resolved_container(task)
+    return CheckedJob(s, container, config_hash(container))
+
+
+def checked_job(cfg: DictConfig, overrides: Sequence[str] | None = None) -> CheckedJob:
+    """The sweeper's check of this job when it ran in this process (``overrides``: the job's
+    ``hydra.overrides.task``), else the job's own check — each job is checked once.
+
+    Raises:
+        ConfigError: as :func:`check_job`.
+    """
+    done = CHECKED_JOBS.pop(tuple(overrides), None) if overrides is not None else None
+    return done if done is not None else check_task(cfg)
 
 
 def check_slurm_limits(launcher: DictConfig) -> None:

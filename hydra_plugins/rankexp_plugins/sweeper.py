@@ -95,7 +95,7 @@ class RankexpSweeper(BasicSweeper):
         """Compose and check every job and every store; exit 2 listing every problem."""
         from rankexp import tracking
         from rankexp.app import base_name
-        from rankexp.config import check_job, check_slurm_limits, config_hash, resolved_container
+        from rankexp.config import check_slurm_limits
 
         local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
         errors, job_dirs, hashes, settings, names = [], [], [], [], []
@@ -112,10 +112,9 @@ class RankexpSweeper(BasicSweeper):
                     with open_dict(cfg.hydra.job):
                         cfg.hydra.job.num = cfg.hydra.job.id = idx
                     job_dirs.append(self._job_dir(cfg))
-                    with open_dict(cfg):  # this copy is the check's own: what a job sees
-                        del cfg["hydra"]
-                    s = check_job(cfg, device=local)
-                    hashes.append(config_hash(resolved_container(cfg)))
+                    checked = self.loader.check(cfg, device=local)  # composed and checked once
+                    s = checked.settings
+                    hashes.append(checked.config_hash)
                     settings.append(s)
                     names.append(base_name(s))
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
