@@ -898,13 +898,32 @@ def resolve_device(name: str):
     """
     import torch
 
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
+    return torch.device(name)
+
+
+def check_device(name: str) -> None:
+    """A named CUDA device must exist here (checked without torch where no NVIDIA driver is;
+    ``auto`` and ``cpu`` always run).
+
+    Raises:
+        ConfigError: a CUDA device on a machine without one (before any run exists).
+    """
+    if not name.startswith("cuda"):
+        return
+    from .memory import cuda_possible
+
+    index = int(name[5:]) if name.startswith("cuda:") else 0
+    present = False
+    if cuda_possible():
+        import torch
+
+        present = torch.cuda.is_available() and index < torch.cuda.device_count()
+    if not present:
         raise ConfigError(f"invalid config: device={name!r} — this machine has no such CUDA device "
                           "(use device=auto or device=cpu)")
-    return dev
 
 
 def check_paths(s: RankexpConfig) -> None:
@@ -930,7 +949,8 @@ def check_paths(s: RankexpConfig) -> None:
 
 def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: schema keys, values,
-    input paths and (``device``: jobs that run on this machine) the device.
+    input paths and (``device``: jobs that run on this machine) the device and whether one seed
+    of a measurement fits its memory (:func:`rankexp.memory.check_fits`).
 
     Raises:
         ConfigError: one message naming key, value or path and what is allowed.
@@ -939,7 +959,10 @@ def check_job(cfg: DictConfig, *, device: bool = True) -> RankexpConfig:
     s = validate(cfg)
     check_paths(s)
     if device:
-        resolve_device(s.device)
+        from .memory import check_fits
+
+        check_device(s.device)
+        check_fits(s)
     return s
 
 

@@ -284,12 +284,15 @@ def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[i
         mine = [(i, idx) for i, idx in slow if flats[i][0].device == dev]
         if not mine:
             continue
-        member = torch.cat([idx // flats[i][0].shape[1] for i, idx in mine])
-        counters = torch.cat([idx % flats[i][0].shape[1] + flats[i][1] for i, idx in mine])
-        ks = keys[member.to(dev), 0]
-        counters = counters.to(dev)
-        z = splitmix64(ks, counters)
-        values = _nfix(ks, counters, z & (ZIGGURAT_LAYERS - 1), z >> 11)
+        member = torch.cat([idx // flats[i][0].shape[1] for i, idx in mine]).to(dev)
+        counters = torch.cat([idx % flats[i][0].shape[1] + flats[i][1] for i, idx in mine]).to(dev)
+        ks = keys[member, 0]
+        values = torch.empty(ks.shape, dtype=torch.float64, device=dev)
+        step = CPU_CHUNK if dev.type == "cpu" else DEVICE_CHUNK  # bounded temporaries
+        for a in range(0, ks.numel(), step):
+            z = splitmix64(ks[a:a + step], counters[a:a + step])
+            values[a:a + step] = _nfix(ks[a:a + step], counters[a:a + step],
+                                       z & (ZIGGURAT_LAYERS - 1), z >> 11)
         start = 0
         for i, idx in mine:
             flat, _, scale = flats[i]

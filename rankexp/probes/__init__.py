@@ -43,7 +43,8 @@ from .catalog import (
 #: ``"module:function"`` of this package, imported on first use (the registry imports no torch)
 PROBES: dict[str, Probe] = {
     "io_jacobian": Probe(Ref("sweep:probe_io_jacobian"), frozenset({IO_JACOBIAN})),
-    "profile": Probe(Ref("sweep:probe_profile"), frozenset({PARTIAL_SPECTRA})),
+    "profile": Probe(Ref("sweep:probe_profile"), frozenset({PARTIAL_SPECTRA}),
+                     memory=c.profile_memory),
     "stream": Probe(Ref("sweep:probe_stream"), memory=c.stream_memory, options=c.STREAM_OPTIONS),
     "branch_ratio": Probe(Ref("sweep:probe_branch_ratio"), frozenset({BRANCH_NORMS})),
     "accumulated_branch": Probe(Ref("sweep:probe_accumulated_branch"),

@@ -52,7 +52,11 @@ MemoryEstimate = Callable[["ModelShape", Mapping], float]
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a memory estimate needs to know about the network (one seed)."""
+    """What a memory estimate needs to know about the network (one seed).
+
+    ``deferred_spectra``: the sweep runs on an accelerator, where it keeps every partial
+    Jacobian for one batched spectrum call after the last block (no host sync per layer).
+    """
 
     width: int
     depth: int
@@ -60,12 +64,20 @@ class ModelShape:
     matrices: int
     skip_every: int
     itemsize: int
+    deferred_spectra: bool = False
 
 
 def sweep_memory(shape: ModelShape, options: Mapping) -> float:
     """Working set of the forward sweep per seed: the skip window of partials, two buffers,
     ``J_b``, the branch sum and temporaries (≈ (k + 6)·d² numbers)."""
     return (max(shape.skip_every, 1) + 6) * shape.width**2 * shape.itemsize
+
+
+def profile_memory(shape: ModelShape, options: Mapping) -> float:
+    """The sweep's working set, plus — where the spectra are deferred — the L partials they
+    are taken of (L·d² numbers)."""
+    kept = shape.depth * shape.width**2 * shape.itemsize if shape.deferred_spectra else 0
+    return sweep_memory(shape, options) + kept
 
 
 # --------------------------------------------------------------------------- the forward sweep's probes (sweep.py)
