@@ -165,12 +165,14 @@ def _count(monkeypatch, module, name):
 
 def test_io_jacobian_alone_does_one_svd(monkeypatch):
     svds = _count(monkeypatch, J, "singular_values")
+    grams = _count(monkeypatch, J, "gram_ranks")
     model = ResidualMLP(16, 9, seeds=[0])
     m = run_probes(model, ["io_jacobian"])
-    assert svds["n"] == 1
+    assert svds["n"] == 1 and grams["n"] == 0
     ref = run_probes(model, ["io_jacobian", "profile"])
     assert m.scalars["erank_io"] == pytest.approx(ref.scalars["erank_io"], rel=1e-12)
-    assert svds["n"] == 1 + 9  # the profile asks for every layer's
+    # the profile asks for every layer's spectrum: 8 Gram spectra (exact here) and the last SVD
+    assert (svds["n"], grams["n"]) == (1 + 1, 8)
 
 
 def test_branch_ratio_forms_no_running_product(monkeypatch):
