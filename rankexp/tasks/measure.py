@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: scalars a measure job adds about itself, not the science (:func:`task_measure`): they differ
+#: between devices and runs by design (benchmarks/gpu_check.py compares everything else)
+RUN_FACTS = ("measure_seconds", "build_seconds", "peak_memory_gb", "seed_chunk")
+
 #: ``context(network) -> ctx``: the context its probes get (default: a :class:`ProbeContext`)
 ContextFactory = Callable[[nn.Module], Any]
 
