@@ -90,20 +90,8 @@ def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
 
 
 def base_name(s: RankexpConfig) -> str:
-    """A single run's name from its config, e.g. ``post·α1·β1·L48·d256`` (a sweep's jobs are
-    named by the axes it varies instead: :mod:`rankexp.naming`); ``model=gpt2``:
-    ``gpt2·L12·d768`` (``<checkpoint>·L12·d768`` when pretrained); ``model=cifar_resnet``:
-    ``resnet·L110·train``."""
-    if s.model.name == "gpt2":
-        source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
-        return f"{source}·L{s.depth}·d{s.width}"
-    if s.model.name == "cifar_resnet":
-        name = f"{'resnet' if s.model.residual else 'plain'}·L{s.depth}"
-        if s.model.base_width != 16:
-            name += f"·w{s.model.base_width}"
-        return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
-    return naming.base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
-                            s.depth, s.width, s.task.name, s.lr)
+    """A single run's name from its config (:func:`rankexp.naming.config_name`)."""
+    return naming.config_name(s)
 
 
 def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:

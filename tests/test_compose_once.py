@@ -164,3 +164,43 @@ def test_each_job_of_a_sweep_is_composed_once_and_checked_once(tmp_path):
     result instead of checking again): 1 + 1 + 3 override applications, 3 checks (was 8, 6)."""
     counts = _counts(tmp_path, "alpha=1,2,3", "norm=pre", "-m")
     assert counts == {"compose": 2, "overrides": 5, "check": 3}
+
+
+LIGHT = """
+import sys
+from hydra import compose, initialize_config_dir
+from rankexp import cli, helptext
+from rankexp.config import check_override_keys, check_task, config_groups
+from rankexp.memory import seed_bytes
+from rankexp.naming import config_name
+check_override_keys(["depth=4", "norm=post"], config_groups(cli.CONF_DIR))
+for overrides in (["experiment=fig5", "size=smoke"], ["model=gpt2", "width=64", "depth=2"],
+                  ["model=cifar_resnet", "depth=8", "task.probes=[init_gradient_norms]"],
+                  ["task=train", "data.download=true"]):
+    with initialize_config_dir(config_dir=cli.CONF_DIR, version_base="1.3"):
+        cfg = compose("config", [*overrides, "device=auto"], return_hydra_config=True)
+    checked = check_task(cfg)
+    config_name(checked.settings)
+    if checked.settings.task.name == "measure":
+        seed_bytes(checked.settings)
+helptext.probes()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlflow", "transformers",
+               "torchvision", "sqlalchemy") or m.startswith(("rankexp.models.", "rankexp.probes.base",
+               "rankexp.tasks", "rankexp.app", "rankexp.tracking")) and m != "rankexp.models.spec")
+print("HEAVY", heavy)
+"""
+
+
+def test_composing_and_checking_a_config_imports_no_torch_mlflow_or_model():
+    """The schema, the checks (keys, values, paths, device, memory estimate), run names and the
+    probes' help read torch-free modules only: a sweep's check, `--help` and tab completion can
+    run where torch is not imported (the job imports it once, when it builds its network)."""
+    import subprocess
+    import sys
+
+    from services import clean_env
+
+    out = subprocess.run([sys.executable, "-c", LIGHT], env=clean_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"

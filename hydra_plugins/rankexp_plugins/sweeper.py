@@ -94,8 +94,8 @@ class RankexpSweeper(BasicSweeper):
     def _check_all(self, jobs: list[list[str]], swept: set[str]) -> dict[str, Any]:
         """Compose and check every job and every store; exit 2 listing every problem."""
         from rankexp import tracking
-        from rankexp.app import base_name
         from rankexp.config import check_slurm_limits
+        from rankexp.naming import config_name  # torch-free: the check never loads torch
 
         local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
         errors, job_dirs, hashes, settings, names = [], [], [], [], []
@@ -116,7 +116,7 @@ class RankexpSweeper(BasicSweeper):
                     s = checked.settings
                     hashes.append(checked.config_hash)
                     settings.append(s)
-                    names.append(base_name(s))
+                    names.append(config_name(s))
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
                     errors.append(f"  #{idx} {label or ' '.join(overrides)}: {_message(e)}")
         finally:

@@ -32,7 +32,6 @@ from ..models.mlp import ResidualMLP
 from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ImageProbeContext, ProbeContext, needs_of
 from ..result import Measurement
 from ..seeding import gaussian_input
-from .data import dataset_for
 
 if TYPE_CHECKING:
     from ..config import RankexpConfig
@@ -234,6 +233,8 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
         torch.cuda.reset_peak_memory_stats(device)
     context = None
     if s.model.name == "cifar_resnet":  # measured on CIFAR-10 itself, on the device before chunking
+        from .data import dataset_for
+
         data = dataset_for(s, device, DTYPES[s.dtype.value])
 
         def context(net: CifarResNet) -> ImageProbeContext:
