@@ -234,20 +234,21 @@ def _fast_path(flat: Tensor, keys: Tensor, offset: int, scale: float) -> Tensor:
     c = min(step, n)
     ar = torch.arange(1, c + 1, dtype=torch.int64, device=dev).mul_(_signed(GAMMA))
     ints = [torch.empty(e * c, dtype=torch.int64, device=dev) for _ in range(4)]
-    floats = torch.empty(e * c, dtype=dtype, device=dev)
+    floats = [torch.empty(e * c, dtype=dtype, device=dev) for _ in range(2)]
     flags = torch.empty(e * c, dtype=torch.bool, device=dev)
     rejected = []
     for s in range(0, n, step):
         c = min(step, n - s)  # the last chunk may be shorter: contiguous (E, c) views of the buffers
         base = ar[:c]
         z, tmp, j, thresholds = (v[:e * c].view(e, c) for v in ints)
-        scaled, slow = floats[:e * c].view(e, c), flags[:e * c].view(e, c)
+        scaled, jf = (v[:e * c].view(e, c) for v in floats)
+        slow = flags[:e * c].view(e, c)
         torch.add(base, keys + _signed((offset + s) * GAMMA), out=z)  # numbers offset+s+1… (E, c)
         _mix_(z, tmp)
         layer = torch.bitwise_and(z, ZIGGURAT_LAYERS - 1, out=tmp).view(-1)
         torch.bitwise_right_shift(z, 11, out=j)
         torch.index_select(w_dt, 0, layer, out=scaled.view(-1))
-        torch.mul(scaled, j, out=flat[:, s:s + c])
+        torch.mul(scaled, jf.copy_(j), out=flat[:, s:s + c])  # float × float: 2× float × int
         torch.index_select(k64, 0, layer, out=thresholds.view(-1))
         torch.ge(j.abs_(), thresholds, out=slow)
         if dev.type == "cpu":  # NumPy's flatnonzero: 5× torch.nonzero on a sparse mask
