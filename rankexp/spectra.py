@@ -45,6 +45,24 @@ def stable_rank(a: Tensor) -> Tensor:
     return stable_rank_from_sv(singular_values(a))
 
 
+def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
+    """Eigenvalues of the Gram matrix of ``a`` ``(..., n, k)``, ascending, ≥ 0: of the smaller one
+    (``aᵀa`` when n ≥ k, else ``aaᵀ``: the min(n, k) squared singular values), or with
+    ``smaller=False`` of ``aᵀa`` (k of them), by a symmetric eigensolver.  LAPACK's solver can fail
+    to converge on a matrix with many (nearly) repeated eigenvalues — a collapsed
+    representation's — and the batch's values then come from an SVD of ``a`` instead (the same
+    numbers to rounding, slower)."""
+    n, k = a.shape[-2:]
+    right = n >= k or not smaller
+    try:
+        return torch.linalg.eigvalsh(a.mT @ a if right else a @ a.mT).clamp(min=0)
+    except torch.linalg.LinAlgError:
+        ev = singular_values(a).square().flip(-1)
+        if right and n < k:  # aᵀa has k − n zero eigenvalues more than a has singular values
+            ev = torch.cat([ev.new_zeros(*ev.shape[:-1], k - n), ev], -1)
+        return ev
+
+
 # --------------------------------------------------------------------------- many spectra at once
 #: the erank error a Gram spectrum may carry (relative; erank = e^H, so also |δH|) before the
 #: batch falls back to an SVD for that matrix
@@ -85,7 +103,11 @@ def gram_ranks(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(erank, stable rank, exact)`` of matrices ``a`` ``(..., n, k)`` from the eigenvalues of
     ``aᵀa``; ``exact`` marks those whose :func:`gram_error_estimate` is ≤ :data:`GRAM_TOLERANCE`
     (the others need an SVD).  No host sync."""
-    lam = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
+    try:
+        lam = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
+    except torch.linalg.LinAlgError:  # no convergence (many repeated eigenvalues): SVDs for all
+        s = singular_values(a)
+        return erank_from_sv(s), stable_rank_from_sv(s), torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device)
     s = lam.sqrt()
     return erank_from_sv(s), stable_rank_from_sv(s), gram_error_estimate(lam, lam.sum(-1)) <= GRAM_TOLERANCE
 

@@ -123,3 +123,24 @@ def test_the_sync_free_sweep_never_reads_the_device_inside_its_loop(probes):
     with Calls() as calls:  # the CPU path lists active units: it does read the device
         J.forward_sweep(ResidualMLP(16, 4, expansion=2, seeds=[0]), gaussian_input([0], 16))
     assert "nonzero" in calls.names
+
+
+def test_a_gram_eigensolver_that_does_not_converge_falls_back_to_the_svd(monkeypatch):
+    """LAPACK's syevd can fail on a collapsed representation's Gram matrix (seen at d = 8, M = 1
+    ReLU, 16 layers): the spectra then come from an SVD, the same numbers."""
+    a = torch.randn(3, 12, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref = torch.linalg.svdvals(a).square().flip(-1)
+    full = torch.linalg.eigvalsh(a.mT @ a)
+    wide = a.mT.contiguous()  # 5 × 12: aᵀa has 7 zero eigenvalues beyond the 5 squared s.v.
+
+    def fails(*args, **kwargs):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge (error code: 6)")
+
+    ok_small, ok_right = S.gram_eigenvalues(a), S.gram_eigenvalues(wide, smaller=False)
+    monkeypatch.setattr(torch.linalg, "eigvalsh", fails)
+    torch.testing.assert_close(S.gram_eigenvalues(a), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S.gram_eigenvalues(a), ok_small, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S.gram_eigenvalues(wide, smaller=False), ok_right, rtol=1e-12, atol=1e-12)
+    er, sr, exact = S.gram_ranks(a.mT @ a)
+    assert exact.all() and torch.isfinite(er).all()
+    assert full.shape == (3, 5)

@@ -21,12 +21,19 @@ from torch import Tensor
 from .spec import NORM_OPS, PRESET, PRESET_SLOTS, SLOTS, block_ops  # noqa: F401 — torch-free (config)
 
 
+def _norm(x: Tensor) -> Tensor:
+    """``‖x‖`` over the last axis, never below the dtype's smallest normal number: a zero vector
+    (every unit of a small ReLU branch off: 2⁻⁸ per input at d = 8) is normalized to zero
+    instead of 0/0 = NaN; any other vector's norm is unchanged, bit for bit."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+
+
 def rmsnorm(x: Tensor) -> Tensor:
-    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2).
+    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2; 0 at x = 0).
 
     Jacobian ``sqrt(d)/‖x‖ (I − x̂x̂ᵀ)``: a rescaling times a projection.
     """
-    return x * (math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True))
+    return x * (math.sqrt(x.shape[-1]) / _norm(x))
 
 
 def meansub(x: Tensor) -> Tensor:
@@ -49,7 +56,7 @@ def detached(x: Tensor) -> Tensor:
     ``sqrt(d)/‖x‖ I`` with no projection, which isolates the rescaling's
     effect on rank (Figure 4).
     """
-    scale = math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    scale = math.sqrt(x.shape[-1]) / _norm(x)
     return x * scale.detach()
 
 

@@ -31,7 +31,7 @@ from ..models.activations import ACTIVATION_DERIVATIVES
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian
 from ..result import Measurement
-from ..spectra import erank_from_sv, singular_values
+from ..spectra import erank_from_sv, gram_eigenvalues, singular_values
 from ..theory import (
     activation_constants,
     gaussian_product_erank,
@@ -137,7 +137,7 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
                 x = block.pre_norm(h)
                 a, jf = masked_up_projection(block, x)
                 er.append(erank_from_sv(singular_values(jf)) / d)
-                ev = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
+                ev = gram_eigenvalues(a, smaller=False)
                 ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
                 eigs.append(ev)
                 rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
@@ -247,8 +247,7 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
             x = states[l - 1]
             if l in chosen:
                 a = hidden_activations(block, x)
-                g = a.mT @ a if a.shape[-2] >= a.shape[-1] else a @ a.mT
-                ev = torch.linalg.eigvalsh(g).clamp(min=0)
+                ev = gram_eigenvalues(a)
                 sr.append(ev.sum(-1) / ev.amax(-1))
                 coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
                 qs.append(block.preactivation(x).square().mean((-2, -1)))

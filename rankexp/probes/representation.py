@@ -27,7 +27,7 @@ from torch import Tensor
 from ..models.mlp import Block, ResidualMLP
 from ..result import Measurement
 from ..seeding import seeded_generator
-from ..spectra import erank_from_sv
+from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import activation_constants
 from .base import ProbeContext
 from .catalog import (
@@ -48,9 +48,8 @@ def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
     symmetric eigensolver, so the cost is ``O(n d min(n, d))``.  erank is divided
     by d (so it is at most ``min(n, d)/d``).
     """
-    n, d = z.shape[-2:]
-    g = z.mT @ z if n >= d else z @ z.mT
-    ev = torch.linalg.eigvalsh(g).clamp(min=0).flip(-1)
+    d = z.shape[-1]
+    ev = gram_eigenvalues(z).flip(-1)
     er = erank_from_sv(ev.sqrt()) / d
     return er, ev[..., 0] / ev.sum(-1)
 
