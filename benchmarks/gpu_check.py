@@ -52,6 +52,7 @@ from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT, De
 from rankexp.tasks.train import STUDY_LRS, Classifier, evaluate, train
 
 from .bench_train import step_flops
+from .common import header
 
 FLOAT64_TOLERANCE = 1e-8
 
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "none"
-    print(f"torch {torch.__version__}; CUDA device: {name}; {os.cpu_count()} CPU cores", flush=True)
+    print(f"{header('benchmarks.gpu_check')}; CUDA device: {name}; {os.cpu_count()} CPU cores", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
