@@ -19,22 +19,25 @@ L=96, m/d=4, M=2, ReLU, Pre-RMSNorm, one seed (``--width/--depth/--expansion`` c
     spectra) → after (Gram spectra where exact); one spectrum by Gram matrix vs SVD;
 (d) 8 seeds as one batched sweep vs 8 one-seed sweeps (the engine alone);
 (f) with ``--v1 REF`` (default: the last commit of v1's engine), rows (b) and (c) of that
-    commit's engine, timed in a subprocess of this run, so "× faster than v1" is measured too;
+    commit's engine, timed in the same rounds, so "× faster than v1" is measured too; drawing the
+    network (its weights) before → after, in the same rounds;
 (g) the whole job, before → after (``benchmarks/bench_job.py``): a fresh job's imports,
     composition, weights and measurement; 8 seeds in one job vs 8 jobs; the sweep's overhead
     per job; memory in budget;
 (h) the training benchmark (``benchmarks/bench_train.py``).
 
 ``--only engine`` runs (a)–(f); ``--engine-json`` prints rows (b)–(c) of whatever ``rankexp`` is
-importable as JSON (what (f) and (c)'s "before" run against an old commit).
+importable as JSON.  Older engines (v1, before) are imported in this process under other package
+names and timed in the same rounds as this one (:func:`benchmarks.common.import_as`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -48,7 +51,7 @@ from rankexp.probes.jacobian import forward_sweep
 from rankexp.seeding import gaussian_input
 from rankexp.spectra import erank
 
-from .common import BEFORE_COMMIT, ROOT, checkout, clean_env, header, load, verdict
+from .common import BEFORE_COMMIT, header, import_as, load, verdict
 
 #: v1's engine (vmap(jacfwd) block Jacobians, every per-layer SVD): the relayout commit on main
 V1_COMMIT = "89ee409"
@@ -128,25 +131,52 @@ def engine_flops(model: ResidualMLP, h0: torch.Tensor) -> float:
 
 
 # --------------------------------------------------------------------------- engine rows
-def engine_fns(width: int, depth: int, expansion: float, plain: bool = False) -> dict:
-    """The timed calls: the engine's final Jacobian + SVD (float64, float32) and full profile,
-    and with ``plain`` the same rows of the plain loop.
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One version's engine: the few names every version since v1 has."""
+
+    prefix: str  # "" for this checkout, "v1_", "before_"
+    mlp: type
+    forward_sweep: object
+    gaussian_input: object
+
+
+def engines(dest: Path, refs: dict[str, str]) -> list[Engine]:
+    """This checkout's engine and, in the same process, each ``prefix → commit`` of ``refs``
+    (imported under another package name: :func:`benchmarks.common.import_as`)."""
+    out = [Engine("", ResidualMLP, forward_sweep, gaussian_input)]
+    for prefix, ref in refs.items():
+        if not ref or import_as(ref, f"rankexp_{prefix}", dest / prefix) is None:
+            continue
+        mods = [importlib.import_module(f"rankexp_{prefix}.{m}") for m in
+                ("models.mlp", "probes.jacobian", "seeding")]
+        out.append(Engine(f"{prefix}_", mods[0].ResidualMLP, mods[1].forward_sweep, mods[2].gaussian_input))
+    return out
+
+
+def engine_fns(width: int, depth: int, expansion: float, plain: bool = False,
+               versions: list[Engine] | None = None) -> dict:
+    """The timed calls of each engine version: the final Jacobian + SVD (float64, float32), the
+    full profile and drawing the network; with ``plain`` the same rows of the plain loop.
 
     The engine rows use only the API v1 and this version share (``forward_sweep(model, h0,
-    spectra=…)``), so the same function times the old commit's engine in (f).
+    spectra=…)``), so the same function times every version, in the same rounds.
     """
     fns = {}
-    for name, dtype in (("64", torch.float64), ("32", torch.float32)):
-        model = ResidualMLP(width, depth, expansion=expansion, seeds=[0], dtype=dtype)
-        h0 = gaussian_input([0], width, dtype=dtype)
-        forward_sweep(ResidualMLP(width, 2, expansion=expansion, seeds=[0], dtype=dtype), h0)  # warm-up
-        fns[f"final{name}_s"] = lambda m=model, h=h0: forward_sweep(m, h, spectra=False)
-        if plain:
-            fns[f"plain_final{name}_s"] = lambda m=model, h=h0: torch.linalg.svdvals(plain_loop(m, h, False)[0])
-        if dtype == torch.float64:
-            fns["profile_s"] = lambda m=model, h=h0: forward_sweep(m, h)
-            if plain:
-                fns["plain_profile_s"] = lambda m=model, h=h0: plain_loop(m, h, True)
+    for v in versions or [Engine("", ResidualMLP, forward_sweep, gaussian_input)]:
+        for name, dtype in (("64", torch.float64), ("32", torch.float32)):
+            model = v.mlp(width, depth, expansion=expansion, seeds=[0], dtype=dtype)
+            h0 = v.gaussian_input([0], width, dtype=dtype)
+            v.forward_sweep(v.mlp(width, 2, expansion=expansion, seeds=[0], dtype=dtype), h0)  # warm-up
+            fns[f"{v.prefix}final{name}_s"] = lambda m=model, h=h0, f=v.forward_sweep: f(m, h, spectra=False)
+            fns[f"{v.prefix}draw{name}_s"] = lambda v=v, dt=dtype: v.mlp(width, depth, expansion=expansion,
+                                                                           seeds=[0], dtype=dt)
+            if plain and not v.prefix:
+                fns[f"plain_final{name}_s"] = lambda m=model, h=h0: torch.linalg.svdvals(plain_loop(m, h, False)[0])
+            if dtype == torch.float64:
+                fns[f"{v.prefix}profile_s"] = lambda m=model, h=h0, f=v.forward_sweep: f(m, h)
+                if plain and not v.prefix:
+                    fns["plain_profile_s"] = lambda m=model, h=h0: plain_loop(m, h, True)
     return fns
 
 
@@ -155,10 +185,10 @@ def engine_rows(width: int, depth: int, expansion: float, repeat: int) -> dict[s
     return race(engine_fns(width, depth, expansion), repeat)
 
 
-def bench_engine(args) -> dict[str, float]:
+def bench_engine(args, versions: list[Engine]) -> dict[str, float]:
     w, L, x, rep = args.width, args.depth, args.expansion, args.repeat
     r: dict[str, float] = {"peak64": matmul_peak(torch.float64), "peak32": matmul_peak(torch.float32)}
-    r.update(race(engine_fns(w, L, x, plain=True), rep))
+    r.update(race(engine_fns(w, L, x, plain=True, versions=versions), rep))
     model = ResidualMLP(w, L, expansion=x, seeds=[0])
     h0 = gaussian_input([0], w)
     sweep = forward_sweep(model, h0)
@@ -203,10 +233,12 @@ def plain_functional(model: ResidualMLP):
     return f
 
 
-def reverse_every_prefix(width: int, depth: int, expansion: float, every: int) -> dict[str, float]:
+def reverse_every_prefix(width: int, depth: int, expansion: float, every: int,
+                         versions: list[Engine]) -> dict[str, float]:
     """The profile by reverse mode, honestly: ``jacrev`` of :func:`plain_functional` on every prefix
-    h_0 ↦ h_l, l = 1…L, each followed by the engine's own spectrum routine; the engine's profile
-    timed after every ``every``-th prefix (interleaved: both see the same machine); nothing scaled."""
+    h_0 ↦ h_l, l = 1…L, each followed by the engine's own spectrum routine; every engine
+    version's profile timed after every ``every``-th prefix (interleaved: all see the same
+    machine), the fastest of those runs kept; nothing scaled."""
     from rankexp.probes.jacobian import PROFILE_SPECTRA
     from rankexp.spectra import spectral_ranks
 
@@ -215,19 +247,24 @@ def reverse_every_prefix(width: int, depth: int, expansion: float, every: int) -
     f = plain_functional(model)
     assert torch.allclose(f(h0[0, 0], depth), model(h0)[0, 0], rtol=1e-12, atol=1e-12)
     ref = forward_sweep(model, h0)
-    engine, rev, worst = [], 0.0, 0.0
+    others = [(v, v.mlp(width, depth, expansion=expansion, seeds=[0]), v.gaussian_input([0], width))
+              for v in versions if v.prefix]
+    engine: dict[str, list[float]] = {v.prefix: [] for v in versions}
+    rev, worst = 0.0, 0.0
     for l in range(1, depth + 1):
         if (l - 1) % every == 0:
-            t0 = time.perf_counter()
-            forward_sweep(model, h0)
-            engine.append(time.perf_counter() - t0)
+            for v, m, h in [(versions[0], model, h0), *others]:
+                t0 = time.perf_counter()
+                v.forward_sweep(m, h)
+                engine[v.prefix].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         jac = torch.func.jacrev(lambda v, l=l: f(v, l))(h0[0, 0])
         er, _ = spectral_ranks((jac / torch.linalg.matrix_norm(jac))[None], PROFILE_SPECTRA)
         rev += time.perf_counter() - t0
         worst = max(worst, abs(er.item() - ref.erank[0, l - 1].item()) / width)
-    return {"reverse_profile_s": rev, "reverse_engine_s": min(engine), "reverse_engine_runs": len(engine),
-            "reverse_max_diff": worst}
+    out = {"reverse_profile_s": rev, "reverse_engine_runs": len(engine[""]), "reverse_max_diff": worst}
+    out.update({f"reverse_{p}engine_s": min(t) for p, t in engine.items()})
+    return out
 
 
 def seeds_batched(width: int, depth: int, expansion: float, seeds: int) -> dict[str, float]:
@@ -245,26 +282,7 @@ def seeds_batched(width: int, depth: int, expansion: float, seeds: int) -> dict[
     return {"seeds": seeds, "seeds_batched_s": t_b, "seeds_separate_s": t_s}
 
 
-def engine_json(commit: str, args, dest: Path) -> dict[str, float] | None:
-    """Rows (b)/(c) of ``commit``'s engine (extracted under ``dest``), timed by this file's
-    :func:`engine_rows` in a subprocess."""
-    tree = checkout(commit, dest, ("rankexp", "conf"))
-    if tree is None:
-        return None
-    cmd = [sys.executable, "-m", "benchmarks.bench", "--engine-json", "--width", str(args.width),
-           "--depth", str(args.depth), "--expansion", str(args.expansion), "--repeat", str(args.repeat),
-           "--threads", str(args.threads)]
-    # that commit's rankexp first on the path, this checkout's benchmarks after it
-    res = subprocess.run(cmd, env=clean_env(f"{tree}{os.pathsep}{ROOT}", args.threads), cwd=ROOT,
-                         capture_output=True, text=True)
-    if res.returncode:
-        print(f"    ({commit} run failed: {res.stderr.strip().splitlines()[-1:]})")
-        return None
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def report_engine(r: dict[str, float], v1: dict[str, float] | None, before: dict[str, float] | None,
-                  args) -> None:
+def report_engine(r: dict[str, float], args) -> None:
     w, L, x = args.width, args.depth, args.expansion
     gf = r["engine_flops"] / r["final64_s"] / 1e9
     print(f"(a) matmul peak (1024³ GEMM): float64 {r['peak64']:.1f} GFLOP/s, float32 {r['peak32']:.1f} GFLOP/s")
@@ -272,8 +290,8 @@ def report_engine(r: dict[str, float], v1: dict[str, float] | None, before: dict
     for n in ("64", "32"):
         e, p = r[f"final{n}_s"], r[f"plain_final{n}_s"]
         line = f"    float{n}: engine {e:.3f} s, plain loop {p:.3f} s → engine/plain = {e / p:.2f}× [target ≤ 0.8×]"
-        if v1:
-            line += f"; v1 {v1[f'final{n}_s']:.3f} s → {v1[f'final{n}_s'] / e:.2f}× faster than v1 [≈ 3×]"
+        if f"v1_final{n}_s" in r:
+            line += f"; v1 {r[f'v1_final{n}_s']:.3f} s → {r[f'v1_final{n}_s'] / e:.2f}× faster than v1 [≈ 3×]"
         print(line)
     print(f"    reverse mode (one jacrev of h_0 ↦ h_L + SVD): {r['jacrev_final64_s']:.3f} s → "
           f"engine {r['jacrev_final64_s'] / r['final64_s']:.1f}× faster")
@@ -282,11 +300,18 @@ def report_engine(r: dict[str, float], v1: dict[str, float] | None, before: dict
     e, p = r["profile_s"], r["plain_profile_s"]
     line = (f"(c) full profile (all L partials + L spectra): engine {e:.3f} s, plain loop (L SVDs) {p:.3f} s "
             f"→ engine/plain = {e / p:.2f}× [target ≤ 0.8×]")
-    if before:
-        line += f"; before {before['profile_s']:.3f} s → {before['profile_s'] / e:.2f}× faster"
-    if v1:
-        line += f"; v1 {v1['profile_s']:.3f} s → {v1['profile_s'] / e:.2f}× faster than v1"
+    if "before_profile_s" in r:
+        line += f"; before {r['before_profile_s']:.3f} s → {r['before_profile_s'] / e:.2f}× faster"
+    if "v1_profile_s" in r:
+        line += f"; v1 {r['v1_profile_s']:.3f} s → {r['v1_profile_s'] / e:.2f}× faster than v1"
     print(line + f"; max |Δ erank/d| vs plain = {r['plain_max_diff']:.1e}")
+    if "before_draw64_s" in r:
+        d64, d32 = r["draw64_s"], r["draw32_s"]
+        b64, b32 = r["before_draw64_s"], r["before_draw32_s"]
+        print(f"    drawing the network (weights; in this process, memory reused by the allocator): "
+              f"float64 {b64:.3f} s → {d64:.3f} s = {b64 / d64:.2f}× faster, float32 {b32:.3f} s → "
+              f"{d32:.3f} s = {b32 / d32:.2f}× [target ≥ 3×: {verdict(b64 / d64 >= 3)}]; drawing / "
+              f"io measurement {d64 / r['final64_s']:.2f} [target ≤ 0.5: {verdict(d64 <= 0.5 * r['final64_s'])}]")
     print(f"    one spectrum of a {w}×{w} partial: Gram matrix + eigvalsh {r['gram_one_s'] * 1e3:.2f} ms, "
           f"SVD {r['svd_one_s'] * 1e3:.2f} ms → Gram {r['svd_one_s'] / r['gram_one_s']:.2f}× faster; "
           f"engine profile with Gram spectra {r['profile_gram_s']:.3f} s, with SVDs {r['profile_svd_s']:.3f} s")
@@ -294,10 +319,11 @@ def report_engine(r: dict[str, float], v1: dict[str, float] | None, before: dict
         rev, eng = r["reverse_profile_s"], r["reverse_engine_s"]
         ratio = rev / eng
         line = (f"    reverse mode on every prefix (jacrev of a plain functional forward, all {L} prefixes "
-                f"timed, the engine's profile timed {r['reverse_engine_runs']}× in between): {rev:.1f} s vs "
+                f"timed, each engine's profile timed {r['reverse_engine_runs']}× in between): {rev:.1f} s vs "
                 f"engine {eng:.3f} s → {ratio:.0f}× [target ≥ 100×: {verdict(ratio >= 100)}]")
-        if before:
-            line += f"; before (SVD spectra, engine {before['profile_s']:.3f} s): {rev / before['profile_s']:.0f}×"
+        if "reverse_before_engine_s" in r:
+            b = r["reverse_before_engine_s"]
+            line += f"; before (SVD spectra, engine {b:.3f} s): {rev / b:.0f}×"
         print(line + f"; max |Δ erank/d| = {r['reverse_max_diff']:.1e}")
     print(f"(d) {r['seeds']} seeds, final Jacobian + SVD: batched {r['seeds_batched_s']:.2f} s vs "
           f"{r['seeds']} runs {r['seeds_separate_s']:.2f} s → {r['seeds_separate_s'] / r['seeds_batched_s']:.2f}×")
@@ -324,16 +350,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(header("benchmarks.bench (the engine)", args.threads) + ", device cpu", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        v1 = engine_json(args.v1, args, Path(tmp) / "v1") if args.v1 else None
-        before = engine_json(args.before, args, Path(tmp) / "before") if args.before else None
-        r = bench_engine(args)
+        versions = engines(Path(tmp), {"v1": args.v1, "before": args.before})
+        r = bench_engine(args, versions)
         if not args.no_reverse:
-            r.update(reverse_every_prefix(args.width, args.depth, args.expansion, args.every))
-        if before:  # once before and once after this version's rows: keep the faster of each
-            again = engine_json(args.before, args, Path(tmp) / "before2") or before
-            before = {k: min(v, again[k]) for k, v in before.items()}
-    report_engine(r, v1, before, args)
-    print(f"    ({load()})")
+            r.update(reverse_every_prefix(args.width, args.depth, args.expansion, args.every, versions))
+    report_engine(r, args)
+    print(f"    ({load()}; v1 = {args.v1}, before = {args.before}: their engines imported in this "
+          "process and timed in the same rounds)")
     if args.only == "engine":
         return
     sys.stdout.flush()

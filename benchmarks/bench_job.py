@@ -120,8 +120,17 @@ def profile_breakdown(tree: Path) -> str:
 
 # --------------------------------------------------------------------------- 2. seeds batched
 def row_seeds(trees: dict[str, Path], stores: dict[str, Store]) -> None:
-    print(f"2. 8 seeds in one job vs 8 one-seed jobs (fresh processes, SQLite store, the whole "
-          f"job; d=256 L=96 io_jacobian; {load()}):")
+    print(f"2. 8 seeds in one job vs 8 one-seed jobs (SQLite store, the whole job; d=256 L=96 "
+          f"io_jacobian; {load()}):")
+    got = {}
+    for v in trees:  # the 8 one-seed jobs as one sweep: one process, imports paid once
+        one = stores[v].job([*BIG[:3], "seeds=8", BIG[4]])["wall_s"]
+        sweep = stores[v].job([*BIG, "seed=" + ",".join(map(str, range(8)))], multirun=True)["wall_s"]
+        got[v] = sweep / one
+        print(f"   {v:6s}, 1 thread, one sweep of 8 one-seed jobs {sweep:6.1f} s, one 8-seed job "
+              f"{one:5.1f} s → {sweep / one:.2f}×")
+    print(f"   → {got['before']:.2f}× → {got['after']:.2f}× in one process [target ≥ 3×: "
+          f"{verdict(got['after'] >= 3)}]; as 8 separate commands (fresh processes):")
     for threads in (1, 2):
         got = {}
         for v in trees:

@@ -60,6 +60,23 @@ def checkout(ref: str, dest: Path, parts: Sequence[str] = ("rankexp", "conf", "h
     return dest
 
 
+def import_as(ref: str, name: str, dest: Path):
+    """``ref``'s ``rankexp`` package imported in this process as ``name`` (its imports are
+    relative), so its engine and this one are timed in the same rounds; None when git cannot."""
+    import importlib
+    import shutil
+
+    tree = checkout(ref, dest / "tree", ("rankexp",))
+    if tree is None:
+        return None
+    shutil.move(str(tree / "rankexp"), str(dest / name))
+    sys.path.insert(0, str(dest))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(dest))
+
+
 def clean_env(pythonpath: str | Path, threads: int = 1, **extra: str) -> dict[str, str]:
     """The environment of a timed process: this code (or another commit's) first on the path,
     ``threads`` BLAS/OpenMP threads, no tracking or stamp variables inherited."""
