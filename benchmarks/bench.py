@@ -1,8 +1,10 @@
-"""``python -m benchmarks.bench`` (``make bench``) — the measurement engine's speed claims, measured in one run.
+"""``python -m benchmarks.bench`` (``make bench``) — the measurement engine's speed claims and the
+whole job's, every ratio measured in one run.
 
-Every ratio below is measured in the same process on the same machine state (torch pinned to
-one thread unless ``--threads``), at the study's benchmark point d=256, L=96, m/d=4, M=2, ReLU,
-Pre-RMSNorm, one seed (``--width/--depth/--expansion`` change it):
+Every ratio below is measured in the same process (or in subprocesses of the same run, timed in
+alternating rounds) on the same machine state, torch pinned to one thread unless ``--threads``,
+with the commit and the load average printed beside it, at the study's benchmark point d=256,
+L=96, m/d=4, M=2, ReLU, Pre-RMSNorm, one seed (``--width/--depth/--expansion`` change it):
 
 (a) the machine's float64/float32 matmul peak (a 1024³ GEMM), the yardstick for GFLOP/s;
 (b) the final ``∂h_L/∂h_0`` and its singular values: the engine (``forward_sweep(…,
@@ -10,28 +12,32 @@ Pre-RMSNorm, one seed (``--width/--depth/--expansion`` change it):
     block Jacobian ``J_P``, ``J_f = W_down diag(σ′) W_up`` and ``J_b = β J_f J_P`` formed
     densely, ``P ← P + J_b P`` multiplied densely) and against reverse mode (one
     ``torch.func.jacrev`` of h_0 ↦ h_L); float64 and float32;
-(c) the full profile (every ∂h_l/∂h_0 and its L SVDs): engine vs the plain loop vs reverse mode
-    per prefix (``jacrev`` of h_0 ↦ h_l for every l, timed on every ``--every``-th l and scaled by
-    Σl since its cost grows ∝ l);
-(d) 8 seeds as one batched sweep vs 8 one-seed sweeps;
-(e) ``measure_seconds`` of a fresh ``python -m rankexp … task.probes=[io_jacobian]`` process (so
-    one-off costs such as the first ``torch.func`` call's import of ``torch._dynamo`` count);
+(c) the full profile (every ∂h_l/∂h_0 and its spectrum): the engine against the plain loop, and
+    against reverse mode the fair way — ``jacrev`` of a plain functional forward (no module) on
+    *every* prefix h_0 ↦ h_l, l = 1…L, each with the same spectrum routine, the engine's own
+    profile timed in between (interleaved), nothing scaled; before (main before issue 18, SVD
+    spectra) → after (Gram spectra where exact); one spectrum by Gram matrix vs SVD;
+(d) 8 seeds as one batched sweep vs 8 one-seed sweeps (the engine alone);
 (f) with ``--v1 REF`` (default: the last commit of v1's engine), rows (b) and (c) of that
-    commit's engine, timed in a subprocess of this run, so "× faster than v1" is measured too;
-(g) Hydra + MLflow overhead per job of a 20-job ``measure`` sweep on a tiny network:
-    (T(20 jobs) − T(1 job)) / 19, so process start-up is not counted;
+    commit's engine, timed in the same rounds, so "× faster than v1" is measured too; drawing the
+    network (its weights) before → after, in the same rounds;
+(g) the whole job, before → after (``benchmarks/bench_job.py``): a fresh job's imports,
+    composition, weights and measurement; 8 seeds in one job vs 8 jobs; the sweep's overhead
+    per job; memory in budget;
 (h) the training benchmark (``benchmarks/bench_train.py``).
 
 ``--only engine`` runs (a)–(f); ``--engine-json`` prints rows (b)–(c) of whatever ``rankexp`` is
-importable as JSON (what (f) runs against the old commit).
+importable as JSON.  Older engines (v1, before) are imported in this process under other package
+names and timed in the same rounds as this one (:func:`benchmarks.common.import_as`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -45,7 +51,8 @@ from rankexp.probes.jacobian import forward_sweep
 from rankexp.seeding import gaussian_input
 from rankexp.spectra import erank
 
-ROOT = Path(__file__).resolve().parents[1]
+from .common import BEFORE_COMMIT, header, import_as, load, verdict
+
 #: v1's engine (vmap(jacfwd) block Jacobians, every per-layer SVD): the relayout commit on main
 V1_COMMIT = "89ee409"
 
@@ -124,25 +131,52 @@ def engine_flops(model: ResidualMLP, h0: torch.Tensor) -> float:
 
 
 # --------------------------------------------------------------------------- engine rows
-def engine_fns(width: int, depth: int, expansion: float, plain: bool = False) -> dict:
-    """The timed calls: the engine's final Jacobian + SVD (float64, float32) and full profile,
-    and with ``plain`` the same rows of the plain loop.
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One version's engine: the few names every version since v1 has."""
+
+    prefix: str  # "" for this checkout, "v1_", "before_"
+    mlp: type
+    forward_sweep: object
+    gaussian_input: object
+
+
+def engines(dest: Path, refs: dict[str, str]) -> list[Engine]:
+    """This checkout's engine and, in the same process, each ``prefix → commit`` of ``refs``
+    (imported under another package name: :func:`benchmarks.common.import_as`)."""
+    out = [Engine("", ResidualMLP, forward_sweep, gaussian_input)]
+    for prefix, ref in refs.items():
+        if not ref or import_as(ref, f"rankexp_{prefix}", dest / prefix) is None:
+            continue
+        mods = [importlib.import_module(f"rankexp_{prefix}.{m}") for m in
+                ("models.mlp", "probes.jacobian", "seeding")]
+        out.append(Engine(f"{prefix}_", mods[0].ResidualMLP, mods[1].forward_sweep, mods[2].gaussian_input))
+    return out
+
+
+def engine_fns(width: int, depth: int, expansion: float, plain: bool = False,
+               versions: list[Engine] | None = None) -> dict:
+    """The timed calls of each engine version: the final Jacobian + SVD (float64, float32), the
+    full profile and drawing the network; with ``plain`` the same rows of the plain loop.
 
     The engine rows use only the API v1 and this version share (``forward_sweep(model, h0,
-    spectra=…)``), so the same function times the old commit's engine in (f).
+    spectra=…)``), so the same function times every version, in the same rounds.
     """
     fns = {}
-    for name, dtype in (("64", torch.float64), ("32", torch.float32)):
-        model = ResidualMLP(width, depth, expansion=expansion, seeds=[0], dtype=dtype)
-        h0 = gaussian_input([0], width, dtype=dtype)
-        forward_sweep(ResidualMLP(width, 2, expansion=expansion, seeds=[0], dtype=dtype), h0)  # warm-up
-        fns[f"final{name}_s"] = lambda m=model, h=h0: forward_sweep(m, h, spectra=False)
-        if plain:
-            fns[f"plain_final{name}_s"] = lambda m=model, h=h0: torch.linalg.svdvals(plain_loop(m, h, False)[0])
-        if dtype == torch.float64:
-            fns["profile_s"] = lambda m=model, h=h0: forward_sweep(m, h)
-            if plain:
-                fns["plain_profile_s"] = lambda m=model, h=h0: plain_loop(m, h, True)
+    for v in versions or [Engine("", ResidualMLP, forward_sweep, gaussian_input)]:
+        for name, dtype in (("64", torch.float64), ("32", torch.float32)):
+            model = v.mlp(width, depth, expansion=expansion, seeds=[0], dtype=dtype)
+            h0 = v.gaussian_input([0], width, dtype=dtype)
+            v.forward_sweep(v.mlp(width, 2, expansion=expansion, seeds=[0], dtype=dtype), h0)  # warm-up
+            fns[f"{v.prefix}final{name}_s"] = lambda m=model, h=h0, f=v.forward_sweep: f(m, h, spectra=False)
+            fns[f"{v.prefix}draw{name}_s"] = lambda v=v, dt=dtype: v.mlp(width, depth, expansion=expansion,
+                                                                           seeds=[0], dtype=dt)
+            if plain and not v.prefix:
+                fns[f"plain_final{name}_s"] = lambda m=model, h=h0: torch.linalg.svdvals(plain_loop(m, h, False)[0])
+            if dtype == torch.float64:
+                fns[f"{v.prefix}profile_s"] = lambda m=model, h=h0, f=v.forward_sweep: f(m, h)
+                if plain and not v.prefix:
+                    fns["plain_profile_s"] = lambda m=model, h=h0: plain_loop(m, h, True)
     return fns
 
 
@@ -151,10 +185,10 @@ def engine_rows(width: int, depth: int, expansion: float, repeat: int) -> dict[s
     return race(engine_fns(width, depth, expansion), repeat)
 
 
-def bench_engine(args) -> dict[str, float]:
+def bench_engine(args, versions: list[Engine]) -> dict[str, float]:
     w, L, x, rep = args.width, args.depth, args.expansion, args.repeat
     r: dict[str, float] = {"peak64": matmul_peak(torch.float64), "peak32": matmul_peak(torch.float32)}
-    r.update(race(engine_fns(w, L, x, plain=True), rep))
+    r.update(race(engine_fns(w, L, x, plain=True, versions=versions), rep))
     model = ResidualMLP(w, L, expansion=x, seeds=[0])
     h0 = gaussian_input([0], w)
     sweep = forward_sweep(model, h0)
@@ -166,27 +200,71 @@ def bench_engine(args) -> dict[str, float]:
     jac = torch.func.jacrev(lambda v: model(v.reshape(1, 1, -1))[0, 0])(h0[0, 0])
     torch.linalg.svdvals(jac)
     r["jacrev_final64_s"] = time.perf_counter() - t0
-    r.update(reverse_per_prefix(w, L, x, args.every))
+    r.update(spectra_rows(model, h0, rep))
     r.update(seeds_batched(w, L, x, args.seeds))
-    r.update(fresh_process(w, L, x))
     return r
 
 
-def reverse_per_prefix(width: int, depth: int, expansion: float, every: int) -> dict[str, float]:
-    """All L partials and their SVDs by reverse mode: ``jacrev`` of every prefix h_0 ↦ h_l."""
+def spectra_rows(model: ResidualMLP, h0: torch.Tensor, repeat: int) -> dict[str, float]:
+    """One spectrum of a d×d partial by the Gram matrix vs an SVD, and the engine's profile with
+    each (the engine picks by this measurement: :data:`rankexp.probes.jacobian.PROFILE_SPECTRA`)."""
+    from rankexp.spectra import gram_ranks, singular_values
+
+    u = forward_sweep(model, h0, spectra=False).io_unit
+    times = race({"gram_one_s": lambda: gram_ranks(u), "svd_one_s": lambda: singular_values(u),
+                  "profile_gram_s": lambda: forward_sweep(model, h0, spectra_method="gram"),
+                  "profile_svd_s": lambda: forward_sweep(model, h0, spectra_method="svd")}, repeat)
+    return times
+
+
+def plain_functional(model: ResidualMLP):
+    """The benchmark point as a pure function ``f(h_0, l) = h_l`` of plain tensors (Pre-RMSNorm
+    ReLU blocks ``h + β W_down relu(W_up rms(h))``): what reverse mode is fairly timed on."""
+    d = model.width
+    ups = [b.w_up[0].detach() for b in model.blocks]
+    downs = [b.w_down[0].detach() for b in model.blocks]
+    beta = model.blocks[0].beta
+
+    def f(x: torch.Tensor, depth: int) -> torch.Tensor:
+        for up, down in zip(ups[:depth], downs[:depth], strict=True):
+            x = x + beta * (down @ torch.relu(up @ (x * (math.sqrt(d) / torch.linalg.vector_norm(x)))))
+        return x
+
+    return f
+
+
+def reverse_every_prefix(width: int, depth: int, expansion: float, every: int,
+                         versions: list[Engine]) -> dict[str, float]:
+    """The profile by reverse mode, honestly: ``jacrev`` of :func:`plain_functional` on every prefix
+    h_0 ↦ h_l, l = 1…L, each followed by the engine's own spectrum routine; every engine
+    version's profile timed after every ``every``-th prefix (interleaved: all see the same
+    machine), the fastest of those runs kept; nothing scaled."""
+    from rankexp.probes.jacobian import PROFILE_SPECTRA
+    from rankexp.spectra import spectral_ranks
+
     model = ResidualMLP(width, depth, expansion=expansion, seeds=[0])
     h0 = gaussian_input([0], width)
-    sweep = forward_sweep(model, h0)
-    layers = list(range(every, depth + 1, every))
-    t_rev, worst = 0.0, 0.0
-    for l in layers:
+    f = plain_functional(model)
+    assert torch.allclose(f(h0[0, 0], depth), model(h0)[0, 0], rtol=1e-12, atol=1e-12)
+    ref = forward_sweep(model, h0)
+    others = [(v, v.mlp(width, depth, expansion=expansion, seeds=[0]), v.gaussian_input([0], width))
+              for v in versions if v.prefix]
+    engine: dict[str, list[float]] = {v.prefix: [] for v in versions}
+    rev, worst = 0.0, 0.0
+    for l in range(1, depth + 1):
+        if (l - 1) % every == 0:
+            for v, m, h in [(versions[0], model, h0), *others]:
+                t0 = time.perf_counter()
+                v.forward_sweep(m, h)
+                engine[v.prefix].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        jac = torch.func.jacrev(lambda v, l=l: model.trajectory(v.reshape(1, 1, -1), upto=l)[l][0, 0])(h0[0, 0])
-        er = erank(jac)
-        t_rev += time.perf_counter() - t0
-        worst = max(worst, abs(er.item() - sweep.erank[0, l - 1].item()) / width)
-    return {"reverse_profile_s": t_rev * sum(range(1, depth + 1)) / sum(layers),
-            "reverse_layers": len(layers), "reverse_max_diff": worst}
+        jac = torch.func.jacrev(lambda v, l=l: f(v, l))(h0[0, 0])
+        er, _ = spectral_ranks((jac / torch.linalg.matrix_norm(jac))[None], PROFILE_SPECTRA)
+        rev += time.perf_counter() - t0
+        worst = max(worst, abs(er.item() - ref.erank[0, l - 1].item()) / width)
+    out = {"reverse_profile_s": rev, "reverse_engine_runs": len(engine[""]), "reverse_max_diff": worst}
+    out.update({f"reverse_{p}engine_s": min(t) for p, t in engine.items()})
+    return out
 
 
 def seeds_batched(width: int, depth: int, expansion: float, seeds: int) -> dict[str, float]:
@@ -204,49 +282,7 @@ def seeds_batched(width: int, depth: int, expansion: float, seeds: int) -> dict[
     return {"seeds": seeds, "seeds_batched_s": t_b, "seeds_separate_s": t_s}
 
 
-def fresh_process(width: int, depth: int, expansion: float, pythonpath: str | None = None) -> dict[str, float]:
-    """``measure_seconds`` and wall time of a fresh ``python -m rankexp … task.probes=[io_jacobian]``
-    (of the ``rankexp`` on ``pythonpath`` when given)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    env = {k: v for k, v in env.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
-    with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "rankexp", f"width={width}", f"depth={depth}",
-               f"expansion={expansion:g}", "seeds=1", "task.probes=[io_jacobian]", "tracking=off",
-               "device=cpu", f"hydra.run.dir={d}/run"]
-        t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=d, env=env, check=True, capture_output=True)
-        wall = time.perf_counter() - t0
-        doc = json.loads((Path(d) / "run" / "result" / "result.json").read_text())
-    return {"fresh_measure_s": doc["scalars"]["measure_seconds"], "fresh_wall_s": wall,
-            "fresh_build_s": doc["scalars"].get("build_seconds", float("nan"))}
-
-
-def bench_v1(commit: str, args) -> dict[str, float] | None:
-    """Rows (b)/(c) of ``commit``'s engine: its ``rankexp`` extracted by ``git archive``, timed by
-    this file's :func:`engine_rows` in a subprocess."""
-    with tempfile.TemporaryDirectory() as d:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "rankexp", "conf"],
-                                 capture_output=True)
-        if archive.returncode:
-            print(f"    (no v1 comparison: git archive {commit} failed: {archive.stderr.decode().strip()})")
-            return None
-        subprocess.run(["tar", "-x", "-C", d], input=archive.stdout, check=True)
-        env = {**os.environ, "PYTHONPATH": d}
-        cmd = [sys.executable, str(Path(__file__)), "--engine-json", "--width", str(args.width),
-               "--depth", str(args.depth), "--expansion", str(args.expansion), "--repeat", str(args.repeat),
-               "--threads", str(args.threads)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if res.returncode:
-            print(f"    (v1 run failed: {res.stderr.strip().splitlines()[-1:]})")
-            return None
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-        fresh = fresh_process(args.width, args.depth, args.expansion, pythonpath=d)
-        return {**out, "fresh_measure_s": fresh["fresh_measure_s"], "fresh_wall_s": fresh["fresh_wall_s"]}
-
-
-def report_engine(r: dict[str, float], v1: dict[str, float] | None, args) -> None:
+def report_engine(r: dict[str, float], args) -> None:
     w, L, x = args.width, args.depth, args.expansion
     gf = r["engine_flops"] / r["final64_s"] / 1e9
     print(f"(a) matmul peak (1024³ GEMM): float64 {r['peak64']:.1f} GFLOP/s, float32 {r['peak32']:.1f} GFLOP/s")
@@ -254,47 +290,43 @@ def report_engine(r: dict[str, float], v1: dict[str, float] | None, args) -> Non
     for n in ("64", "32"):
         e, p = r[f"final{n}_s"], r[f"plain_final{n}_s"]
         line = f"    float{n}: engine {e:.3f} s, plain loop {p:.3f} s → engine/plain = {e / p:.2f}× [target ≤ 0.8×]"
-        if v1:
-            line += f"; v1 {v1[f'final{n}_s']:.3f} s → {v1[f'final{n}_s'] / e:.2f}× faster than v1 [≈ 3×]"
+        if f"v1_final{n}_s" in r:
+            line += f"; v1 {r[f'v1_final{n}_s']:.3f} s → {r[f'v1_final{n}_s'] / e:.2f}× faster than v1 [≈ 3×]"
         print(line)
     print(f"    reverse mode (one jacrev of h_0 ↦ h_L + SVD): {r['jacrev_final64_s']:.3f} s → "
           f"engine {r['jacrev_final64_s'] / r['final64_s']:.1f}× faster")
     print(f"    engine {r['engine_flops'] / 1e9:.2f} GFLOP (plain loop {r['plain_flops'] / 1e9:.2f}) → "
           f"{gf:.1f} GFLOP/s = {gf / r['peak64']:.0%} of the float64 peak")
     e, p = r["profile_s"], r["plain_profile_s"]
-    line = (f"(c) full profile (all L partials + L SVDs): engine {e:.3f} s, plain loop {p:.3f} s → "
-            f"engine/plain = {e / p:.2f}× [target ≤ 0.8×]")
-    if v1:
-        line += f"; v1 {v1['profile_s']:.3f} s → {v1['profile_s'] / e:.2f}× faster than v1"
+    line = (f"(c) full profile (all L partials + L spectra): engine {e:.3f} s, plain loop (L SVDs) {p:.3f} s "
+            f"→ engine/plain = {e / p:.2f}× [target ≤ 0.8×]")
+    if "before_profile_s" in r:
+        line += f"; before {r['before_profile_s']:.3f} s → {r['before_profile_s'] / e:.2f}× faster"
+    if "v1_profile_s" in r:
+        line += f"; v1 {r['v1_profile_s']:.3f} s → {r['v1_profile_s'] / e:.2f}× faster than v1"
     print(line + f"; max |Δ erank/d| vs plain = {r['plain_max_diff']:.1e}")
-    print(f"    reverse mode per prefix (timed on {r['reverse_layers']} layers, scaled by Σl): "
-          f"{r['reverse_profile_s']:.1f} s → engine {r['reverse_profile_s'] / e:.0f}× faster [target ≥ 100×]; "
-          f"max |Δ erank/d| = {r['reverse_max_diff']:.1e}")
+    if "before_draw64_s" in r:
+        d64, d32 = r["draw64_s"], r["draw32_s"]
+        b64, b32 = r["before_draw64_s"], r["before_draw32_s"]
+        print(f"    drawing the network (weights; in this process, memory reused by the allocator): "
+              f"float64 {b64:.3f} s → {d64:.3f} s = {b64 / d64:.2f}× faster, float32 {b32:.3f} s → "
+              f"{d32:.3f} s = {b32 / d32:.2f}× [target ≥ 3×: {verdict(b64 / d64 >= 3)}]; drawing / "
+              f"io measurement {d64 / r['final64_s']:.2f} [target ≤ 0.5: {verdict(d64 <= 0.5 * r['final64_s'])}]")
+    print(f"    one spectrum of a {w}×{w} partial: Gram matrix + eigvalsh {r['gram_one_s'] * 1e3:.2f} ms, "
+          f"SVD {r['svd_one_s'] * 1e3:.2f} ms → Gram {r['svd_one_s'] / r['gram_one_s']:.2f}× faster; "
+          f"engine profile with Gram spectra {r['profile_gram_s']:.3f} s, with SVDs {r['profile_svd_s']:.3f} s")
+    if "reverse_profile_s" in r:
+        rev, eng = r["reverse_profile_s"], r["reverse_engine_s"]
+        ratio = rev / eng
+        line = (f"    reverse mode on every prefix (jacrev of a plain functional forward, all {L} prefixes "
+                f"timed, each engine's profile timed {r['reverse_engine_runs']}× in between): {rev:.1f} s vs "
+                f"engine {eng:.3f} s → {ratio:.0f}× [target ≥ 100×: {verdict(ratio >= 100)}]")
+        if "reverse_before_engine_s" in r:
+            b = r["reverse_before_engine_s"]
+            line += f"; before (SVD spectra, engine {b:.3f} s): {rev / b:.0f}×"
+        print(line + f"; max |Δ erank/d| = {r['reverse_max_diff']:.1e}")
     print(f"(d) {r['seeds']} seeds, final Jacobian + SVD: batched {r['seeds_batched_s']:.2f} s vs "
           f"{r['seeds']} runs {r['seeds_separate_s']:.2f} s → {r['seeds_separate_s'] / r['seeds_batched_s']:.2f}×")
-    print(f"(e) fresh `python -m rankexp … task.probes=[io_jacobian]`: measure_seconds {r['fresh_measure_s']:.2f} s "
-          f"(drawing the weights {r['fresh_build_s']:.2f} s; process wall {r['fresh_wall_s']:.1f} s)"
-          + (f"; v1 {v1['fresh_measure_s']:.2f} s (wall {v1['fresh_wall_s']:.1f} s)" if v1 else ""))
-
-
-# --------------------------------------------------------------------------- (g) sweep overhead
-def bench_overhead(jobs: int) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
-    tiny = ["width=8", "depth=2", "seeds=1"]
-
-    def sweep(n: int) -> float:
-        with tempfile.TemporaryDirectory() as d:
-            alphas = ",".join(f"{1 + i / 100:g}" for i in range(n))
-            # the store exists before timing: schema creation is a one-off per store
-            subprocess.run([sys.executable, "-m", "rankexp", *tiny, "hydra/hydra_logging=disabled"],
-                           cwd=d, env=env, check=True, capture_output=True)
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "rankexp", *tiny, f"alpha={alphas}", "-m"],
-                           cwd=d, env=env, check=True, capture_output=True)
-            return time.perf_counter() - t0
-
-    t1, tn = sweep(1), sweep(jobs)
-    return {"one_job_s": t1, f"{jobs}_jobs_s": tn, "per_job_s": (tn - t1) / (jobs - 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -302,12 +334,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=96)
     p.add_argument("--expansion", type=float, default=4.0)
-    p.add_argument("--every", type=int, default=12, help="time reverse mode on every k-th layer (1 = all)")
+    p.add_argument("--every", type=int, default=12, help="time the engine's profile after every k-th prefix")
     p.add_argument("--repeat", type=int, default=3, help="timings per row; the fastest is kept")
     p.add_argument("--seeds", type=int, default=8, help="seeds for row (d)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the shared-machine rule)")
-    p.add_argument("--jobs", type=int, default=20)
     p.add_argument("--v1", default=V1_COMMIT, help="commit whose engine row (f) times ('' to skip)")
+    p.add_argument("--before", default=BEFORE_COMMIT, help="main before issue 18 ('' to skip)")
+    p.add_argument("--no-reverse", action="store_true", help="skip reverse mode on every prefix")
     p.add_argument("--only", choices=("engine", "all"), default="all")
     p.add_argument("--engine-json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -315,22 +348,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.engine_json:
         print(json.dumps(engine_rows(args.width, args.depth, args.expansion, args.repeat)))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), device cpu")
-    v1 = bench_v1(args.v1, args) if args.v1 else None
-    r = bench_engine(args)
-    if v1:  # once before and once after this version's rows: keep the faster of each
-        again = bench_v1(args.v1, args) or v1
-        v1 = {k: min(v, again[k]) for k, v in v1.items()}
-    report_engine(r, v1, args)
+    print(header("benchmarks.bench (the engine)", args.threads) + ", device cpu", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = engines(Path(tmp), {"v1": args.v1, "before": args.before})
+        r = bench_engine(args, versions)
+        if not args.no_reverse:
+            r.update(reverse_every_prefix(args.width, args.depth, args.expansion, args.every, versions))
+    report_engine(r, args)
+    print(f"    ({load()}; v1 = {args.v1}, before = {args.before}: their engines imported in this "
+          "process and timed in the same rounds)")
     if args.only == "engine":
         return
-    o = bench_overhead(args.jobs)
-    print(f"(g) Hydra+MLflow overhead per job ({args.jobs}-job sweep, tiny net): {o['per_job_s']:.3f} s "
-          f"[target ≤ 0.1 s] (1 job {o['one_job_s']:.1f} s, {args.jobs} jobs {o[f'{args.jobs}_jobs_s']:.1f} s)")
+    sys.stdout.flush()
+    print("--- (g) the whole job (python -m benchmarks.bench_job)", flush=True)
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_job"], check=False)
     extra = Path(__file__).with_name("bench_train.py")
     if extra.exists():
-        print("--- (h) training (python -m benchmarks.bench_train)")
-        sys.stdout.flush()
+        print("--- (h) training (python -m benchmarks.bench_train)", flush=True)
         subprocess.run([sys.executable, "-m", "benchmarks.bench_train"], check=False)
 
 

@@ -25,6 +25,8 @@ from rankexp.tasks.augment import PadCropFlip
 from rankexp.tasks.recipes import MemberSGD, decays
 from rankexp.tasks.train import member_losses
 
+from .common import header
+
 EPOCHS, TRAIN, TEST = 164, 50_000, 10_000
 
 
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_run = EPOCHS * (TRAIN // args.batch)
     total, total_cpu, total_gpu = 0.0, 0.0, 0.0
     head = f"{'depth':>5} {'GFLOP/step':>10} {'CPU s/step':>10} {'CPU GFLOP/s':>11}"
+    print(header("benchmarks.bench_convnet (the degradation replication's cost)"))
     print(f"one training step at batch {args.batch}, {steps_per_run} steps per run "
           f"({EPOCHS} epochs); per run also {EPOCHS} test evaluations + probes")
     print(head + (f" {'GPU s/step':>10}" if args.cuda else ""))

@@ -29,6 +29,8 @@ import numpy as np
 from analysis import runs as runs_mod
 from rankexp import tracking
 
+from .common import header
+
 EXPERIMENT = "bench_loader"
 KEYS = ("erank_profile", "stable_rank_profile", "rms")
 LAYERS = 96
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     store = Path(args.store) / f"runs{args.runs}"
     uri = f"sqlite:///{(store / 'mlflow.db').resolve()}"
+    print(header("benchmarks.bench_loader (the analysis loader)"))
     print(f"(a) store {uri}: {args.runs} runs × {len(KEYS)} series × {LAYERS} layers")
     if not (store / "complete").exists():
         shutil.rmtree(store, ignore_errors=True)

@@ -39,6 +39,8 @@ from rankexp.tasks.data import (
 )
 from rankexp.tasks.train import NUM_CLASSES, STUDY_LRS, Classifier, train
 
+from .common import header
+
 
 def step_flops(width: int, depth: int, expansion: float, matrices: int, batch: int) -> float:
     """Matmul FLOPs of one training step of one member: 2 per MAC, ×3 for forward + backward."""
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} CPU threads")
+    print(header("benchmarks.bench_train (the training engine)") + f", device {device}")
     if hasattr(os, "getloadavg"):
         load = os.getloadavg()[0]
         print(f"load average {load:.2f} on {os.cpu_count()} cores"

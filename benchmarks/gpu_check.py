@@ -6,19 +6,28 @@
 1. Measure engine at full size (d=256, L=96, m/d=4, 4 seeds, every default probe; Pre- and
    Post-Norm), through the CLI (``python -m rankexp ... device=… dtype=…``): CUDA float64
    and CUDA float32 against the CPU float64 result of the same config and seeds — the
-   worst relative difference of the scalars and series, and ``measure_seconds`` of each.
+   worst relative difference of the *science* (every scalar and series but the job's own
+   facts: seconds, peak memory, seed chunk — :data:`rankexp.tasks.measure.RUN_FACTS`), and
+   each job's ``build_seconds`` + ``measure_seconds``.  Then, in this process: the weights drawn
+   on CUDA against the CPU's (the counter-based generator: bit-identical but for the last bits
+   of the slow path's ≈ 1.5 %), and the sweep's host syncs counted by CUDA's sync debug mode at
+   two depths (the sync-free sweep: none per block).
 2. Training: the six-learning-rate batched model (d=256, Pre-Norm, α=1, B=256) at
    L = 12, 48, 192 for a few hundred steps in each mode — eager fp32, bf16 autocast, CUDA
    graphs, torch.compile (L ≤ 48: compiling 192 unrolled blocks takes minutes) and their
-   combinations — steps/s,
-   GFLOP/s, and each mode's distance from eager fp32 (mean |Δ loss| over the steps).
-3. Projected wall time of the full grids from those numbers (time linear in L, fitted per
-   grid): fig5 and fig6 (measure, float64) and fig6_train (5000 steps per run, with the
-   evaluations).
+   combinations — steps/s, GFLOP/s, and each mode's distance from eager fp32 (mean |Δ loss|
+   over the steps).
+3. Projected wall time of the full grids from the *whole job*: a sweep's start (one process,
+   imports, store) once, then per job the sweep's per-job overhead (measured here, a sweep of
+   tiny CUDA jobs) plus its weights and its measurement (``build_seconds`` +
+   ``measure_seconds``, linear in L, fitted per grid and m/d from two depths): fig5 and fig6
+   (measure, float64) and fig6_train (5000 steps per run, with the evaluations).
 
 Without CUDA it runs part 1's CPU reference and a short CPU training, says there is no CUDA
 device, and exits 0. Exit status 1 when CUDA float64 differs from CPU float64 by more than
-1e-8 (relative) or a part fails.
+1e-8 (relative) in a science metric, or a part fails.  The comparison, the projection and the
+grids are plain functions of job results (:func:`science_differences`, :func:`project_grid`,
+:func:`grid`), tested on the CPU (tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT, De
 from rankexp.tasks.train import STUDY_LRS, Classifier, evaluate, train
 
 from .bench_train import step_flops
+from .common import header
 
 FLOAT64_TOLERANCE = 1e-8
 
@@ -88,13 +98,17 @@ def measure_job(overrides: list[str], workdir: Path) -> dict:
     return finish_job(start_job(overrides, workdir))
 
 
-def worst_differences(got: dict, ref: dict) -> list[tuple[float, str]]:
-    """``(relative difference, name)`` of every shared finite scalar and series, worst first
-    (series: max |Δ| over the steps / max |ref|)."""
+def science_differences(got: dict, ref: dict) -> list[tuple[float, str]]:
+    """``(relative difference, name)`` of every science scalar and series two job results share,
+    worst first (series: max |Δ| over the steps / max |ref|); the job's own facts
+    (:data:`~rankexp.tasks.measure.RUN_FACTS`: seconds, peak memory, seed chunk) are not science
+    and differ between devices by design."""
+    from rankexp.tasks.measure import RUN_FACTS
+
     out = []
     for k, b in ref["scalars"].items():
         a = got["scalars"].get(k)
-        if k.endswith("_seconds") or a is None or not np.isfinite([a, b]).all():
+        if k in RUN_FACTS or k.endswith("_seconds") or a is None or not np.isfinite([a, b]).all():
             continue
         out.append((abs(a - b) / max(abs(b), 1e-12), k))
     for k, s in ref["series"].items():
@@ -105,6 +119,12 @@ def worst_differences(got: dict, ref: dict) -> list[tuple[float, str]]:
         if a.shape == b.shape and ok.any():
             out.append((float(np.abs(a - b)[ok].max() / max(np.abs(b[ok]).max(), 1e-12)), k))
     return sorted(out, reverse=True)
+
+
+def job_compute_s(result: dict) -> float:
+    """A job's own seconds beyond the sweep's per-job overhead: drawing the weights + measuring."""
+    sc = result["scalars"]
+    return float(sc.get("build_seconds", 0.0)) + float(sc["measure_seconds"])
 
 
 NORMS = ("pre", "post")
@@ -133,16 +153,16 @@ def check_measure(args, workdir: Path, cuda: bool, refs: dict[str, Job]) -> bool
     ok = True
     for norm in NORMS:
         ref = finish_job(refs[norm])
-        ref_s = ref["scalars"].get("measure_seconds", np.nan)
+        ref_s = job_compute_s(ref)
         print(f"   {norm}: CPU float64 {ref_s:.2f} s "
               f"(erank_io {ref['scalars'].get('erank_io', np.nan):.6g})", flush=True)
         for dtype in ("float64", "float32") if cuda else ():
             g = got[(norm, dtype)]
-            diffs = worst_differences(g, ref)
+            diffs = science_differences(g, ref)
             worst = ", ".join(f"{k} {d:.1e}" for d, k in diffs[:3])
             bad = dtype == "float64" and bool(diffs) and diffs[0][0] > FLOAT64_TOLERANCE
             ok &= not bad
-            g_s = g["scalars"].get("measure_seconds", np.nan)
+            g_s = job_compute_s(g)
             print(f"   {norm}: CUDA {dtype} {g_s:.2f} s ({ref_s / g_s:.1f}× the CPU's "
                   f"{os.cpu_count()} cores, shared); worst rel. difference vs CPU float64: "
                   f"{worst}" + ("  MISMATCH" if bad else ""), flush=True)
@@ -263,24 +283,54 @@ def linear_in_depth(points: dict[int, float]) -> tuple[float, float]:
     return max(float(a), 0.0), float(b)
 
 
+def project_grid(jobs: list[dict[str, str]], fits: dict[str, tuple[float, float]], per_job_s: float,
+                 start_s: float) -> float:
+    """Seconds of a whole sweep of ``jobs``: its start once (``start_s``: one process, imports,
+    store), then per job the sweep's overhead (``per_job_s``) and the job's own weights +
+    measurement ``a + b·L`` (``fits[m/d]``, :func:`linear_in_depth` of :func:`job_compute_s`)."""
+    return start_s + sum(per_job_s + fits[j.get("expansion", "1")][0]
+                         + fits[j.get("expansion", "1")][1] * int(j["depth"]) for j in jobs)
+
+
+def sweep_overhead(workdir: Path, jobs: int = 6) -> tuple[float, float]:
+    """``(start_s, per_job_s)`` of a local sweep of tiny CUDA jobs logging to a SQLite store:
+    the per-job overhead is (T(n) − T(1)) / (n − 1), the start T(1) less its job's own seconds."""
+    tiny = ["width=8", "depth=2", "seeds=1", "device=cuda", f"tracking.uri=sqlite:///{workdir}/mlflow.db",
+            "tracking.force=true", "hydra/hydra_logging=disabled"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_"))}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+
+    def sweep(n: int) -> float:
+        alphas = ",".join(f"{1 + i / 100:g}" for i in range(n))
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "rankexp", *tiny, f"alpha={alphas}",
+                        f"hydra.sweep.dir={workdir}/sweep{time.monotonic_ns()}", "-m"],
+                       cwd=workdir, env=env, check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    sweep(1)  # the store's schema, CUDA's first context: one-offs
+    one, many = sweep(1), sweep(jobs)
+    return one, max(0.0, (many - one) / (jobs - 1))
+
+
 def project(args, workdir: Path, training: dict) -> None:
-    print("3. projected wall time of the full grids on this GPU (compute only; add ≈ 0.1–0.3 s "
-          "per job of sweep overhead)", flush=True)
+    start, per_job = sweep_overhead(workdir)
+    print(f"3. projected wall time of the full grids on this GPU, the whole job: a sweep's start "
+          f"{start:.1f} s, then per job {per_job:.3f} s of overhead + its weights and measurement",
+          flush=True)
     for experiment, probe_depths in (("fig5", (48, 384)), ("fig6", (48, 192))):
         jobs = grid(experiment)
-        expansions = sorted({j.get("expansion", "1") for j in jobs})
         fits = {}
-        for e in expansions:
+        for e in sorted({j.get("expansion", "1") for j in jobs}):
             seconds = {}
             for depth in probe_depths:
                 r = measure_job([f"experiment={experiment}", f"depth={depth}", f"expansion={e}",
                                  "norm=pre", "alpha=1", "device=cuda", "dtype=float64"], workdir)
-                seconds[depth] = r["scalars"]["measure_seconds"]
+                seconds[depth] = job_compute_s(r)
             fits[e] = linear_in_depth(seconds)
-            print(f"   {experiment} m/d={e}: measure_seconds at L={probe_depths}: "
-                  f"{', '.join(f'{s:.2f}' for s in seconds.values())}", flush=True)
-        total = sum(fits[j.get("expansion", "1")][0] + fits[j.get("expansion", "1")][1]
-                    * int(j["depth"]) for j in jobs)
+            print(f"   {experiment} m/d={e}: weights + measurement at L={probe_depths}: "
+                  f"{', '.join(f'{s:.2f}' for s in seconds.values())} s", flush=True)
+        total = project_grid(jobs, fits, per_job, start)
         print(f"   → {experiment}: {len(jobs)} jobs, {total / 60:.1f} min", flush=True)
     jobs = grid("fig6_train")
     evals_per_run = 5000 // 500  # task.eval_every
@@ -290,10 +340,45 @@ def project(args, workdir: Path, training: dict) -> None:
         if len(finite) < len(training["evals"]):
             continue  # a mode not timed at every depth cannot be projected over the grid
         a, b = linear_in_depth(finite)
-        total = sum(5000 * (a + b * int(j["depth"]))
-                    + evals_per_run * (eval_fit[0] + eval_fit[1] * int(j["depth"])) for j in jobs)
+        total = start + sum(per_job + 5000 * (a + b * int(j["depth"]))
+                            + evals_per_run * (eval_fit[0] + eval_fit[1] * int(j["depth"])) for j in jobs)
         print(f"   → fig6_train ({mode}): {len(jobs)} runs × 5000 steps, {total / 3600:.2f} h",
               flush=True)
+
+
+# --------------------------------------------------------------------------- 1b. in this process
+def check_weights_and_syncs(device: torch.device) -> bool:
+    """The weights drawn on ``device`` against the CPU's, and the sweep's host syncs per block
+    (CUDA's sync debug mode counts them; the sync-free sweep makes none inside its loop)."""
+    import warnings
+
+    from rankexp.probes.jacobian import forward_sweep
+    from rankexp.seeding import gaussian_input
+
+    cpu = ResidualMLP(256, 4, seeds=[0, 1])
+    dev = ResidualMLP(256, 4, seeds=[0, 1], device=device)
+    diff = [(p.cpu() != q).float().mean().item() for p, q in zip(dev.parameters(), cpu.parameters(), strict=True)]
+    worst = max((p.cpu() - q).abs().max().item() for p, q in zip(dev.parameters(), cpu.parameters(), strict=True))
+    print(f"   weights on {device} vs CPU: {max(diff):.2%} of the numbers differ (the slow path's "
+          f"last bits), by at most {worst:.1e}", flush=True)
+    syncs = {}
+    for depth in (8, 32):
+        model = ResidualMLP(256, depth, seeds=[0, 1], device=device)
+        h0 = gaussian_input([0, 1], 256, device=device)
+        forward_sweep(model, h0)  # warm-up: kernels, cuBLAS/cuSOLVER handles
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                forward_sweep(model, h0)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs[depth] = sum("synchroniz" in str(w.message) for w in caught)
+    per_block = (syncs[32] - syncs[8]) / 24
+    print(f"   host syncs of one sweep (default probes' needs): L=8 {syncs[8]}, L=32 {syncs[32]} → "
+          f"{per_block:.2f} per block", flush=True)
+    return worst <= 1e-12 and per_block == 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,13 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "none"
-    print(f"torch {torch.__version__}; CUDA device: {name}; {os.cpu_count()} CPU cores", flush=True)
+    print(f"{header('benchmarks.gpu_check')}; CUDA device: {name}; {os.cpu_count()} CPU cores", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         refs = start_cpu_references(args, workdir, cuda)
         try:
             ok = check_measure(args, workdir, cuda, refs)
+            if cuda:
+                ok &= check_weights_and_syncs(device)
         finally:
             for job in refs.values():
                 if job.proc.poll() is None:
@@ -325,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.small:
             project(args, workdir, training)
     print(f"gpu-check done in {(time.perf_counter() - t0) / 60:.1f} min"
-          + ("" if ok else "; CUDA float64 DISAGREES with CPU float64"))
+          + ("" if ok else "; CUDA DISAGREES with the CPU (float64 science, weights) or the sweep syncs"))
     return 0 if ok else 1
 
 

@@ -3,7 +3,9 @@
 Data flow (design.md §3) and what a job promises (issue 8):
 
 * The composed config is checked before anything else (:func:`rankexp.config.check_job`:
-  unknown keys, values, input paths, device), so a mistake never creates a run.
+  unknown keys, values, input paths, device), so a mistake never creates a run — once: a job
+  of a sweep run in the sweeper's process takes the whole-sweep check's result
+  (:func:`rankexp.config.checked_job`).
 * A single run checks its store (:func:`rankexp.tracking.check_store`) and closes stale runs
   of its experiment before its own run exists; a job of a sweep leaves that to the sweeper
   (hydra_plugins/rankexp_plugins) and only asks whether the store answers *now*
@@ -54,12 +56,11 @@ from omegaconf import DictConfig
 
 from . import interrupt, naming, tracking
 from .config import (
+    CheckedJob,
     RankexpConfig,
-    check_job,
-    config_hash,
+    checked_job,
     flatten,
     resolve_device,
-    resolved_container,
 )
 from .models.mlp import effective_beta
 from .result import Measurement
@@ -99,20 +100,8 @@ def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
 
 
 def base_name(s: RankexpConfig) -> str:
-    """A single run's name from its config, e.g. ``post·α1·β1·L48·d256`` (a sweep's jobs are
-    named by the axes it varies instead: :mod:`rankexp.naming`); ``model=gpt2``:
-    ``gpt2·L12·d768`` (``<checkpoint>·L12·d768`` when pretrained); ``model=cifar_resnet``:
-    ``resnet·L110·train``."""
-    if s.model.name == "gpt2":
-        source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
-        return f"{source}·L{s.depth}·d{s.width}"
-    if s.model.name == "cifar_resnet":
-        name = f"{'resnet' if s.model.residual else 'plain'}·L{s.depth}"
-        if s.model.base_width != 16:
-            name += f"·w{s.model.base_width}"
-        return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
-    return naming.base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
-                            s.depth, s.width, s.task.name, s.lr)
+    """A single run's name from its config (:func:`rankexp.naming.config_name`)."""
+    return naming.config_name(s)
 
 
 def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
@@ -265,12 +254,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # printed as a "--- Logging error ---" traceback (logging's advice for production)
     logging.raiseExceptions = False
     ctx = job_context()
-    s = check_job(cfg, overrides=ctx.override_list)
+    checked = checked_job(cfg, ctx.override_list)  # the sweeper's check of this job, or now
+    s = checked.settings
     pin_threads(ctx.launcher)
     limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
     try:
         with interrupt.installed({signal.SIGUSR2: limit}) as previous:
-            return Job(cfg, s, ctx, limit, previous.get(signal.SIGUSR2)).run()
+            return Job(checked, ctx, limit, previous.get(signal.SIGUSR2)).run()
     finally:
         if os.environ.get("SUBMITIT_EXECUTOR"):
             # this process's one job is over: a late time-limit warning must neither requeue
@@ -281,13 +271,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 class Job:
     """The state of one job while it runs (see the module docstring for its steps)."""
 
-    def __init__(self, cfg: DictConfig, s: RankexpConfig, ctx: JobContext, limit: _TimeLimit,
+    def __init__(self, checked: CheckedJob, ctx: JobContext, limit: _TimeLimit,
                  requeue_handler: Any):
+        s = checked.settings
         self.s, self.ctx, self.limit = s, ctx, limit
         # submitit's own USR2 handler (checkpoint + requeue) when running as a submitit job
         self.requeue_handler = requeue_handler if callable(requeue_handler) else None
-        self.container = resolved_container(cfg)
-        self.chash = config_hash(self.container)
+        self.container, self.chash = checked.container, checked.config_hash
         self.device = resolve_device(s.device)
         self.job_dir = ctx.job_dir
         self.uri = self.exp_id = self.run_id = None

@@ -61,8 +61,32 @@ def main(cfg: DictConfig) -> dict:
               "resume)", 128 + signal.Signals[e.signal_name].value)
 
 
+def _sets_mode(overrides: list[str]) -> bool:
+    """Whether a command line sets ``hydra.mode`` (``hydra.mode=MULTIRUN``, ``+hydra.mode=…``)."""
+    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.mode" for o in overrides)
+
+
+def compose_once() -> None:
+    """Compose a job's config once, not twice: before it runs, Hydra composes the whole config
+    only to read ``hydra.mode`` (``Hydra.get_mode``), then composes it again to run it.  No file
+    of ``conf/`` sets ``hydra.mode`` (tests/test_compose_once.py checks every experiment), so
+    when the command line does not set it either the answer is known without composing: None,
+    and ``-m`` decides, as Hydra decides then."""
+    from hydra._internal.hydra import Hydra
+
+    if getattr(Hydra.get_mode, "_rankexp", False):
+        return
+    composing = Hydra.get_mode
+
+    def get_mode(self, config_name, overrides):
+        return composing(self, config_name, overrides) if _sets_mode(list(overrides)) else None
+
+    get_mode._rankexp = True  # type: ignore[attr-defined]
+    Hydra.get_mode = get_mode
+
+
 def cli() -> None:
-    """Check the command line's keys against the schema, then let Hydra run."""
+    """Check the command line's keys against the schema, then let Hydra run (composing once)."""
     from hydra._internal.utils import get_args_parser
 
     sys.argv[1:] = [quote_unicode(a) for a in sys.argv[1:]]  # unicode values work unquoted
@@ -72,6 +96,7 @@ def cli() -> None:
             check_override_keys(args.overrides, config_groups(CONF_DIR))
     except ConfigError as e:
         _fail(str(e), 2)
+    compose_once()
     try:
         main()
     except SystemExit as e:

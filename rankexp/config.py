@@ -10,6 +10,7 @@ creates any MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -25,9 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, flag_override, open_dict
 
-from .models.gpt2 import DEFAULT_PROMPT_IDS, LM_SHAPES, ShapeError, checkpoint_shape, lm_shape
+from .models.spec import (
+    DEFAULT_PROMPT_IDS,
+    LM_SHAPES,
+    PRESET_SLOTS,
+    ShapeError,
+    checkpoint_shape,
+    lm_shape,
+)
 from .probes import (
     CIFAR_PROBES,
     DEFAULT_PROBES,
@@ -128,8 +136,6 @@ class NormSlot(Enum):
 
 def _preset_slot(slot: str, placement: Any, op: Any) -> str:
     """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
-    from .models.norms import PRESET_SLOTS
-
     placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
     return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
 
@@ -934,13 +940,32 @@ def resolve_device(name: str):
     """
     import torch
 
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not (torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()):
+    return torch.device(name)
+
+
+def check_device(name: str) -> None:
+    """A named CUDA device must exist here (checked without torch where no NVIDIA driver is;
+    ``auto`` and ``cpu`` always run).
+
+    Raises:
+        ConfigError: a CUDA device on a machine without one (before any run exists).
+    """
+    if not name.startswith("cuda"):
+        return
+    from .memory import cuda_possible
+
+    index = int(name[5:]) if name.startswith("cuda:") else 0
+    present = False
+    if cuda_possible():
+        import torch
+
+        present = torch.cuda.is_available() and index < torch.cuda.device_count()
+    if not present:
         raise ConfigError(f"invalid config: device={name!r} — this machine has no such CUDA device "
                           "(use device=auto or device=cpu)")
-    return dev
 
 
 def check_paths(s: RankexpConfig) -> None:
@@ -1039,7 +1064,8 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
 def check_job(cfg: DictConfig, *, device: bool = True,
               overrides: Sequence[str] | None = None) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: schema keys, values,
-    input paths, (``device``: jobs that run on this machine) the device, and that each
+    input paths, (``device``: jobs that run on this machine) the device and whether one seed
+    of a measurement fits its memory (:func:`rankexp.memory.check_fits`), and that each
     command-line override is used (:func:`check_used_overrides`).
 
     Raises:
@@ -1051,8 +1077,70 @@ def check_job(cfg: DictConfig, *, device: bool = True,
     if overrides:
         check_used_overrides(overrides, s)
     if device:
-        resolve_device(s.device)
+        from .memory import check_fits
+
+        check_device(s.device)
+        check_fits(s)
     return s
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A job checked before it runs: its typed config, its resolved config (plain Python, no
+    ``hydra`` node) and its config hash (:func:`config_hash`)."""
+
+    settings: RankexpConfig
+    container: dict[str, Any]
+    config_hash: str
+
+
+#: jobs of this process's sweep that the sweeper checked (its loader composed and checked each
+#: once: hydra_plugins/rankexp_plugins/loader.py), by the job's override list; a job of the basic
+#: launcher takes its entry instead of checking again (:func:`checked_job`)
+CHECKED_JOBS: dict[tuple[str, ...], CheckedJob] = {}
+
+
+@contextlib.contextmanager
+def task_part(cfg: DictConfig):
+    """``cfg`` without its ``hydra`` node for the duration (what a job's task sees), restored
+    afterwards as the same node — no copy of the config."""
+    if "hydra" not in cfg:
+        yield cfg
+        return
+    node = cfg._get_node("hydra")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        yield cfg
+    finally:
+        node._set_parent(None)  # a detached node is re-attached as it is, not deep-copied
+        with flag_override(cfg, ["struct", "no_deepcopy_set_nodes"], [False, True]):
+            cfg["hydra"] = node
+
+
+def check_task(cfg: DictConfig, *, device: bool = True,
+               overrides: Sequence[str] | None = None) -> CheckedJob:
+    """:func:`check_job` on a composed job (its ``hydra`` node may be there), with its resolved
+    config and hash.
+
+    Raises:
+        ConfigError: as :func:`check_job`.
+    """
+    with task_part(cfg) as task:
+        s = check_job(task, device=device, overrides=overrides)
+        container = resolved_container(task)
+    return CheckedJob(s, container, config_hash(container))
+
+
+def checked_job(cfg: DictConfig, overrides: Sequence[str] | None = None) -> CheckedJob:
+    """The sweeper's check of this job when it ran in this process (``overrides``: the job's
+    ``hydra.overrides.task``), else the job's own check — each job is checked once.
+
+    Raises:
+        ConfigError: as :func:`check_job`.
+    """
+    done = CHECKED_JOBS.pop(tuple(overrides), None) if overrides is not None else None
+    return done if done is not None else check_task(cfg, overrides=overrides)
 
 
 def check_slurm_limits(launcher: DictConfig) -> None:

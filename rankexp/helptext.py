@@ -107,7 +107,7 @@ def probes() -> str:
 
     lines = []
     for name, p in PROBES.items():
-        doc = " ".join((p.fn.__doc__ or "").strip().split("\n\n")[0].split()).replace("``", "")
+        doc = p.doc.replace("``", "")  # read from the source: --help imports no probe code
         star = "*" if name in DEFAULT_PROBES else " "
         lines.append(f" {star}{name}")
         lines += textwrap.wrap(doc, 92, initial_indent="      ", subsequent_indent="      ")

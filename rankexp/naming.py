@@ -91,6 +91,25 @@ def base_name(placement: str, alpha: float, beta: float, beta_scaling: str, dept
     return name
 
 
+def config_name(s) -> str:
+    """A single run's name from its typed config (``rankexp.config.RankexpConfig``), e.g.
+    ``post·α1·β1·L48·d256`` (a sweep's jobs are named by the axes it varies instead);
+    ``model=gpt2``: ``gpt2·L12·d768`` (``<checkpoint>·L12·d768`` when pretrained);
+    ``model=cifar_resnet``: ``resnet·L110·train``."""
+    if s.model.name == "gpt2":
+        from pathlib import Path
+
+        source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
+        return f"{source}·L{s.depth}·d{s.width}"
+    if s.model.name == "cifar_resnet":
+        name = f"{'resnet' if s.model.residual else 'plain'}·L{s.depth}"
+        if s.model.base_width != 16:
+            name += f"·w{s.model.base_width}"
+        return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
+    return base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
+                     s.depth, s.width, s.task.name, s.lr)
+
+
 def sweep_name(experiment: str | None, size: str, started: datetime.datetime | None = None) -> str:
     """The parent run's name: ``fig1·smoke·2026-12-01 12:40:03`` (size left out when full)."""
     started = started or datetime.datetime.now()

@@ -2,11 +2,34 @@
 
 Member ``e`` of an ensemble with seed ``s`` draws from the same streams a one-member model with
 seed ``s`` draws from, so batching seeds never changes a number.
+
+**Weights** (:func:`normal_`, :func:`uniform_`) come from a counter-based generator, so they are
+drawn where they live — in the network's dtype, on its device, all seeds and all matrices of a
+shape at once — and number ``n`` of a seed's stream is the same whichever chunk, batch or device
+draws it:
+
+* *bits*: number ``n`` of stream ``(seed, stream)`` is the ``(n+1)``-th output of SplitMix64
+  (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators") seeded with the
+  64-bit key :func:`stream_key` (NumPy's ``SeedSequence`` of ``[seed, stream]``):
+  ``z = mix64(key + (n+1)·γ)``, γ = 0x9E3779B97F4A7C15 — integer arithmetic, the same bits on
+  every device (:func:`splitmix64`, tested against a pure-Python reference);
+* *Gaussian*: Marsaglia & Tsang's ziggurat (2000, "The ziggurat method for generating random
+  variables") with 256 layers: layer ``i = z & 255`` and the signed 53-bit ``j = z >> 11`` are
+  independent bits of ``z`` (Doornik 2005's fix of the original's correlation); ``x = j·w_i`` is
+  accepted when ``|j| < k_i`` (99.3 % of draws: one multiply, bit-identical on every device in
+  float64), the rest go through the exact wedge and tail tests (``nfix``) with fresh uniforms
+  from counters ``n + t·2⁴⁸`` (t = 1, 2, …) of the same stream.  A scale σ (the init's
+  α/√fan_in) enters the table, ``x = j·(σ w_i)``; float32 weights are
+  ``float32(j)·float32(σ w_i)`` (three roundings: within 3·2⁻²⁴ of the float64 weight).
+
+Inputs and the other small draws use :func:`seeded_generator` (torch's CPU generator).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from functools import cache, lru_cache
 
 import numpy as np
 import torch
@@ -23,8 +46,7 @@ def seeded_generator(seed: int, stream: int) -> torch.Generator:
     NumPy's ``SeedSequence`` so the weights of seed 1 never share bits with the
     input of seed 0.
     """
-    state = np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0]
-    return torch.Generator().manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.Generator().manual_seed(stream_key(seed, stream) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
 def gaussian_input(
@@ -41,8 +63,6 @@ def gaussian_input(
     return torch.stack(rows).to(device=device, dtype=dtype)
 
 
-
-
 def subset_indices(total: int, n: int, seed: int = 0) -> Tensor | None:
     """A fixed random subset of ``n`` of ``range(total)`` (int64 ``(n,)``, CPU), drawn from
     ``seeded_generator(seed, STREAM_INPUT)``; None when ``n ≥ total`` (take them all, in order).
@@ -50,3 +70,270 @@ def subset_indices(total: int, n: int, seed: int = 0) -> Tensor | None:
     if n >= total:
         return None
     return torch.randperm(int(total), generator=seeded_generator(seed, STREAM_INPUT))[: int(n)]
+
+
+# --------------------------------------------------------------------------- counter-based bits
+_MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (the golden ratio · 2⁶⁴)
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+#: numbers per stream and seed; the fallback's fresh uniforms sit at ``n + t·2⁴⁸``
+COUNTER_SPAN = 1 << 48
+
+
+def _signed(x: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def stream_key(seed: int, stream: int) -> int:
+    """The 64-bit key (unsigned) of stream ``stream`` of seed ``seed``: NumPy's
+    ``SeedSequence([seed, stream])``, so no two (seed, stream) pairs share a key."""
+    return int(np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0])
+
+
+def splitmix64_reference(key: int, n: int) -> int:
+    """Number ``n`` of the stream with ``key`` in plain Python integers (the specification
+    :func:`splitmix64` is tested against)."""
+    z = (key + (n + 1) * GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _mix_(z: Tensor, tmp: Tensor) -> Tensor:
+    """SplitMix64's finalizer in place on int64 (wrapping multiplies; ``>>`` is arithmetic in
+    torch, so each shift is masked to the logical one)."""
+    for shift, mult in ((30, _MIX1), (27, _MIX2)):
+        torch.bitwise_right_shift(z, shift, out=tmp).bitwise_and_((1 << (64 - shift)) - 1)
+        z.bitwise_xor_(tmp).mul_(_signed(mult))
+    torch.bitwise_right_shift(z, 31, out=tmp).bitwise_and_((1 << 33) - 1)
+    return z.bitwise_xor_(tmp)
+
+
+def splitmix64(keys: Tensor, counters: Tensor) -> Tensor:
+    """Numbers ``counters`` of the streams ``keys`` as int64 bit patterns (broadcast).
+
+    Args:
+        keys: int64 keys (the bits of :func:`stream_key`).
+        counters: int64 positions ``n ≥ 0`` in the streams.
+    """
+    z = torch.add(keys, (counters + 1).mul_(_signed(GAMMA)))
+    return _mix_(z, torch.empty_like(z))
+
+
+# --------------------------------------------------------------------------- ziggurat
+ZIGGURAT_LAYERS = 256
+#: right edge of the base layer (Marsaglia & Tsang 2000, 256 layers)
+ZIGGURAT_R = 3.6541528853610088
+_M1 = float(1 << 52)  # |j| < 2⁵²
+
+
+@cache
+def _ziggurat_tables() -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+    """``(w, f, k)``: x = j·w_i, f_i = exp(−x_i²/2) at the layers' edges, and the integer
+    thresholds of the fast accept (Marsaglia & Tsang's ``wn``, ``fn``, ``kn`` for |j| < 2⁵²).
+    The layers have equal area v = r f(r) + ∫_r^∞ f; the top layer closes to 1e-13."""
+    n, r = ZIGGURAT_LAYERS, ZIGGURAT_R
+    f = [0.0] * n
+    w = [0.0] * n
+    k = [0] * n
+    v = r * math.exp(-0.5 * r * r) + math.sqrt(math.pi / 2) * math.erfc(r / math.sqrt(2))
+    dn = tn = r
+    q = v / math.exp(-0.5 * dn * dn)
+    k[0], k[1] = int(dn / q * _M1), 0
+    w[0], w[n - 1] = q / _M1, dn / _M1
+    f[0], f[n - 1] = 1.0, math.exp(-0.5 * dn * dn)
+    for i in range(n - 2, 0, -1):
+        dn = math.sqrt(-2.0 * math.log(v / dn + math.exp(-0.5 * dn * dn)))
+        k[i + 1] = int(dn / tn * _M1)
+        tn = dn
+        f[i] = math.exp(-0.5 * dn * dn)
+        w[i] = dn / _M1
+    return tuple(w), tuple(f), tuple(k)
+
+
+@lru_cache(maxsize=32)
+def _tables_on(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    w, f, k = _ziggurat_tables()
+    return (torch.tensor(w, dtype=dtype, device=device),
+            torch.tensor(w, dtype=torch.float64, device=device),
+            torch.tensor(f, dtype=torch.float64, device=device),
+            torch.tensor(k, dtype=torch.int64, device=device))
+
+
+def _uniform53(z: Tensor) -> Tensor:
+    """Uniform in (0, 1) from the top 53 bits of ``z`` (never 0 or 1), float64."""
+    return ((z >> 11) & ((1 << 53) - 1)).to(torch.float64).add_(0.5).mul_(2.0**-53)
+
+
+def _nfix(keys: Tensor, counters: Tensor, layer: Tensor, j: Tensor) -> Tensor:
+    """Marsaglia & Tsang's slow path for the draws the fast test rejected: the tail beyond r
+    (layer 0; Marsaglia 1964) and the wedges, with fresh uniforms from counters
+    ``n + t·2⁴⁸``; float64 values, one per rejected draw."""
+    _, w64, f64, k64 = _tables_on(j.device, torch.float64)
+    values = torch.empty(j.shape, dtype=torch.float64, device=j.device)
+    pending = torch.arange(j.numel(), device=j.device)
+    for t in range(1, COUNTER_SPAN // 2, 2):
+        if pending.numel() == 0:
+            return values
+        u1 = _uniform53(splitmix64(keys, counters + t * COUNTER_SPAN))
+        z2 = splitmix64(keys, counters + (t + 1) * COUNTER_SPAN)
+        x = j.to(torch.float64) * w64.index_select(0, layer)
+        tail = layer == 0
+        # the tail beyond r: x = −ln(u1)/r, accepted when −2 ln(u2) > x² (Marsaglia 1964)
+        xt = torch.log(u1).neg_().div_(ZIGGURAT_R)
+        ok_tail = tail & (torch.log(_uniform53(z2)).mul_(-2.0) > xt * xt)
+        # a wedge: accepted when a uniform height between f_i and f_{i−1} is below f(x)
+        f_i, f_below = f64.index_select(0, layer), f64.index_select(0, (layer - 1).clamp_(min=0))
+        ok_wedge = ~tail & (u1.mul_(f_below - f_i).add_(f_i) < torch.exp(-0.5 * x * x))
+        # else a fresh draw (layer2, j2) from z2, accepted by the fast test or tried again
+        layer2, j2 = z2 & (ZIGGURAT_LAYERS - 1), z2 >> 11
+        ok_new = ~tail & ~ok_wedge & (j2.abs() < k64.index_select(0, layer2))
+        value = torch.where(ok_tail, torch.sign(j.to(torch.float64)) * (ZIGGURAT_R + xt),
+                            torch.where(ok_wedge, x, j2.to(torch.float64) * w64.index_select(0, layer2)))
+        done = ok_tail | ok_wedge | ok_new
+        values.index_put_((pending,), torch.where(done, value, values.index_select(0, pending)))
+        again = torch.nonzero(~done).squeeze(1)  # a tail stays in the tail; a wedge goes on with z2
+        layer = torch.where(tail, layer, layer2).index_select(0, again)
+        j = torch.where(tail, j, j2).index_select(0, again)
+        keys, counters, pending = (v.index_select(0, again) for v in (keys, counters, pending))
+    raise RuntimeError("ziggurat: a draw was rejected 2⁴⁷ times (impossible for a sound generator)")
+
+
+#: draws per chunk on the CPU: the chunk's int64 temporaries stay in cache
+CPU_CHUNK = 1 << 16
+#: draws per chunk on an accelerator (few, large kernels)
+DEVICE_CHUNK = 1 << 24
+
+
+def stream_keys(seeds: Sequence[int], stream: int, device: torch.device | str = "cpu") -> Tensor:
+    """int64 keys ``(E,)`` of stream ``stream`` for each seed (:func:`stream_key`)."""
+    return torch.tensor([_signed(stream_key(s, stream)) for s in seeds], dtype=torch.int64,
+                        device=device)
+
+
+def _flat(out: Tensor, e: int, offset: int, what: str) -> Tensor:
+    if out.dim() < 1 or out.shape[0] != e or not out.is_contiguous():
+        raise ValueError(f"{what}: out must be contiguous with {e} members first, got {tuple(out.shape)}")
+    flat = out.view(e, -1)
+    if offset < 0 or offset + flat.shape[1] > COUNTER_SPAN:
+        raise ValueError(f"{what}: counters {offset}…{offset + flat.shape[1]} outside [0, 2⁴⁸)")
+    return flat
+
+
+def _fast_path(flat: Tensor, keys: Tensor, offset: int, scale: float) -> Tensor:
+    """The ziggurat's fast accept for every element of ``flat`` ``(E, n)`` (chunks that stay in
+    cache on the CPU); returns the flat indices of the draws the slow path must redo."""
+    e, n = flat.shape
+    dev, dtype = flat.device, flat.dtype
+    w_dt, w64, _, k64 = _tables_on(dev, dtype)
+    if scale != 1.0:  # scaled in float64, rounded once
+        w_dt = (w64 * scale).to(dtype)
+    step = max(1, (CPU_CHUNK if dev.type == "cpu" else DEVICE_CHUNK) // e)
+    c = min(step, n)
+    ar = torch.arange(1, c + 1, dtype=torch.int64, device=dev).mul_(_signed(GAMMA))
+    ints = [torch.empty(e * c, dtype=torch.int64, device=dev) for _ in range(4)]
+    floats = [torch.empty(e * c, dtype=dtype, device=dev) for _ in range(2)]
+    flags = torch.empty(e * c, dtype=torch.bool, device=dev)
+    rejected = []
+    for s in range(0, n, step):
+        c = min(step, n - s)  # the last chunk may be shorter: contiguous (E, c) views of the buffers
+        base = ar[:c]
+        z, tmp, j, thresholds = (v[:e * c].view(e, c) for v in ints)
+        scaled, jf = (v[:e * c].view(e, c) for v in floats)
+        slow = flags[:e * c].view(e, c)
+        torch.add(base, keys + _signed((offset + s) * GAMMA), out=z)  # numbers offset+s+1… (E, c)
+        _mix_(z, tmp)
+        layer = torch.bitwise_and(z, ZIGGURAT_LAYERS - 1, out=tmp).view(-1)
+        torch.bitwise_right_shift(z, 11, out=j)
+        torch.index_select(w_dt, 0, layer, out=scaled.view(-1))
+        torch.mul(scaled, jf.copy_(j), out=flat[:, s:s + c])  # float × float: 2× float × int
+        torch.index_select(k64, 0, layer, out=thresholds.view(-1))
+        torch.ge(j.abs_(), thresholds, out=slow)
+        if dev.type == "cpu":  # NumPy's flatnonzero: 5× torch.nonzero on a sparse mask
+            hits = torch.from_numpy(np.flatnonzero(slow.numpy()))
+        else:
+            hits = torch.nonzero(slow.view(-1)).squeeze(1)
+        if hits.numel():
+            rejected.append(hits // c * n + s + hits % c)
+    return torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64, device=dev)
+
+
+@torch.no_grad()
+def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[int],
+                 stream: int = STREAM_WEIGHTS) -> None:
+    """Fill every ``(out, offset, scale)`` of ``targets`` with ``scale · N(0, 1)`` draws (see
+    :func:`normal_`), the slow path of all of them in one batch: the way a network draws all its
+    matrices at once.
+
+    Raises:
+        ValueError: as :func:`normal_`.
+    """
+    e = len(seeds)
+    flats = [(_flat(out, e, offset, "normal_"), offset, scale) for out, offset, scale in targets]
+    keys_by_device: dict[torch.device, Tensor] = {}
+    slow = []
+    for i, (flat, offset, scale) in enumerate(flats):
+        keys = keys_by_device.get(flat.device)
+        if keys is None:
+            keys = keys_by_device[flat.device] = stream_keys(seeds, stream, flat.device)[:, None]
+        idx = _fast_path(flat, keys, offset, scale)
+        if idx.numel():
+            slow.append((i, idx))
+    for dev, keys in keys_by_device.items():
+        mine = [(i, idx) for i, idx in slow if flats[i][0].device == dev]
+        if not mine:
+            continue
+        member = torch.cat([idx // flats[i][0].shape[1] for i, idx in mine]).to(dev)
+        counters = torch.cat([idx % flats[i][0].shape[1] + flats[i][1] for i, idx in mine]).to(dev)
+        ks = keys[member, 0]
+        values = torch.empty(ks.shape, dtype=torch.float64, device=dev)
+        step = CPU_CHUNK if dev.type == "cpu" else DEVICE_CHUNK  # bounded temporaries
+        for a in range(0, ks.numel(), step):
+            z = splitmix64(ks[a:a + step], counters[a:a + step])
+            values[a:a + step] = _nfix(ks[a:a + step], counters[a:a + step],
+                                       z & (ZIGGURAT_LAYERS - 1), z >> 11)
+        start = 0
+        for i, idx in mine:
+            flat, _, scale = flats[i]
+            part = values[start:start + idx.numel()]
+            start += idx.numel()
+            flat.view(-1).index_put_((idx.to(dev),), (part * scale).to(flat.dtype))
+
+
+def normal_(out: Tensor, seeds: Sequence[int], stream: int = STREAM_WEIGHTS, offset: int = 0,
+            *, scale: float = 1.0) -> Tensor:
+    """Fill ``out`` ``(E, ...)`` in place with ``scale · N(0, 1)`` draws: member e's element k
+    (row-major) is number ``offset + k`` of stream ``(seeds[e], stream)`` (module docstring), in
+    ``out``'s dtype on ``out``'s device.
+
+    A draw is a pure function of (seed, stream, counter): member e equals a one-member draw with
+    seed ``seeds[e]``, any split of the counters into calls gives the same numbers, and CPU and
+    CUDA agree bit for bit except in the last bits of the ≈ 0.7 % that take the slow path.
+
+    Raises:
+        ValueError: ``out`` is not contiguous, has no member axis of ``len(seeds)``, or the
+            counters run past :data:`COUNTER_SPAN`.
+    """
+    normal_many_([(out, offset, scale)], seeds, stream)
+    return out
+
+
+@torch.no_grad()
+def uniform_(out: Tensor, seeds: Sequence[int], stream: int = STREAM_WEIGHTS, offset: int = 0,
+             *, low: float = 0.0, high: float = 1.0) -> Tensor:
+    """Fill ``out`` ``(E, ...)`` with ``U(low, high)`` draws: member e's element k is
+    ``low + (high − low)·u`` with u the top 53 bits of number ``offset + k`` of stream
+    ``(seeds[e], stream)`` (as :func:`normal_`; u ∈ (0, 1)).
+
+    Raises:
+        ValueError: as :func:`normal_`.
+    """
+    flat = _flat(out, len(seeds), offset, "uniform_")
+    n = flat.shape[1]
+    keys = stream_keys(seeds, stream, out.device)[:, None]
+    counters = torch.arange(offset, offset + n, dtype=torch.int64, device=out.device)
+    u = _uniform53(splitmix64(keys, counters))
+    flat.copy_(u.mul_(high - low).add_(low))
+    return out

@@ -153,7 +153,8 @@ def store(tmp_path_factory):
     sweep(
         "experiment=fig4", "width=16", "depth=6", "seeds=2", "norm.op=rmsnorm,detached", "alpha=2"
     )
-    sweep("experiment=fig5", "width=16", "seeds=2", "expansion=1", "depth=4,16", "alpha=0.5,1,2")
+    sweep("experiment=fig5", "width=16", "seeds=2", "expansion=1", "depth=4,16", "alpha=0.5,1,2",
+          "task.options.stream.inputs=16")  # κ from 16 inputs per seed: see the κ test
 
     class Store:
         uri = f"sqlite:///{cwd / 'mlflow.db'}"
@@ -328,9 +329,13 @@ def test_stream_kappa_table_matches_logs_and_theory(store):
         assert row["rms_final_theory"] == pytest.approx(math.sqrt(1 + 0.5 * ratio**2 * L))
     series = pd.read_csv(store.out / "fig5" / "stream_series.csv")
     assert (series.loc[series["layer"] == 0, "y"] == 0).all()
-    # at βα² = 4 the branch energy dominates the input's: the fit is close to κ = ½
+    # at βα² = 4 the branch energy dominates the input's: the fit is close to κ = ½.  How close:
+    # at d = 16 the fitted κ of a mean over 2 seeds scatters by s.d. 0.075 (L = 4 and 16, 16
+    # inputs per seed; weight noise: 64 inputs do not shrink it; one input: 0.12–0.15), so ½ ± 0.3
+    # is a 4 s.d. bound (the ± 0.2 of one input per seed was 1.1–1.7 s.d.: a tenth to a quarter
+    # of draws failed it)
     big = per_run[per_run["nominal_ratio"] == 4.0]
-    assert big["kappa_fit"].between(0.3, 0.7).all()
+    assert big["kappa_fit"].between(0.2, 0.8).all()
 
 
 def test_accumulated_branch_csv_and_depth_scaling(store):

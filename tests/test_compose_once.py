@@ -85,3 +85,122 @@ def test_shipped_to_workers_without_its_templates(hydra_loader):
     assert clone._templates == {} and fast._templates
     assert OmegaConf.to_container(clone.load_sweep_config(master, ["depth=3"])) == \
         OmegaConf.to_container(fast.load_sweep_config(master, ["depth=3"]))
+
+
+# --------------------------------------------------------------------------- once per job (issue 18)
+def test_no_config_of_the_tree_sets_hydra_mode(hydra_loader):
+    """rankexp.cli.compose_once answers Hydra's get_mode without composing because no file of
+    conf/ sets hydra.mode (nor names it in a defaults list); two experiments are composed as
+    get_mode composes them to hold the composed config to it too."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    files = sorted(Path(CONF_DIR).rglob("*.yaml"))
+    assert len(files) > 40
+    for f in files:
+        text = f.read_text()
+        doc = yaml.safe_load(text) or {}
+        assert not re.search(r"hydra\.mode\s*[=:]", text), f  # read (${hydra.mode}), never set
+        assert "mode" not in ((doc.get("hydra") or {}) if isinstance(doc, dict) else {}), f
+    for overrides in (["experiment=fig5", "size=smoke"], ["experiment=degradation", "size=cpu"]):
+        cfg = hydra_loader.load_configuration("config", overrides, RunMode.MULTIRUN)
+        assert cfg.hydra.mode is None
+
+
+COUNTER = """
+import sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+import rankexp.config as config
+calls = {"compose": 0, "overrides": 0, "check": 0}
+compose, apply, check = (ConfigLoaderImpl.load_configuration,
+                         ConfigLoaderImpl._apply_overrides_to_config, config.check_job)
+def counted_compose(self, *a, **k):
+    calls["compose"] += 1
+    return compose(self, *a, **k)
+def counted_apply(*a, **k):
+    calls["overrides"] += 1
+    return apply(*a, **k)
+def counted_check(*a, **k):
+    calls["check"] += 1
+    return check(*a, **k)
+ConfigLoaderImpl.load_configuration = counted_compose
+ConfigLoaderImpl._apply_overrides_to_config = staticmethod(counted_apply)
+config.check_job = counted_check
+from rankexp import cli
+sys.argv = ["rankexp", *sys.argv[1:]]
+try:
+    cli.cli()
+finally:
+    print("COUNTS", calls)
+"""
+
+
+def _counts(tmp_path, *overrides):
+    import ast
+    import subprocess
+    import sys
+
+    from services import clean_env
+
+    out = subprocess.run([sys.executable, "-c", COUNTER, "width=8", "depth=2", "seeds=1",
+                          "tracking=off", "device=cpu", f"hydra.run.dir={tmp_path}/run",
+                          f"hydra.sweep.dir={tmp_path}/sweep", *overrides],
+                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("COUNTS"))
+    return ast.literal_eval(line.split(" ", 1)[1])
+
+
+def test_a_single_run_is_composed_once_and_checked_once(tmp_path):
+    assert _counts(tmp_path) == {"compose": 1, "overrides": 1, "check": 1}
+
+
+def test_each_job_of_a_sweep_is_composed_once_and_checked_once(tmp_path):
+    """3 jobs: Hydra composes the master config and one template; each job is the template with
+    its overrides applied once (for the whole-sweep check — the launch gets that config, where
+    Hydra's basic launcher would build it again) and checked once (the job takes the check's
+    result instead of checking again): 1 + 1 + 3 override applications, 3 checks (was 8, 6)."""
+    counts = _counts(tmp_path, "alpha=1,2,3", "norm=pre", "-m")
+    assert counts == {"compose": 2, "overrides": 5, "check": 3}
+
+
+LIGHT = """
+import sys
+from hydra import compose, initialize_config_dir
+from rankexp import cli, helptext
+from rankexp.config import check_override_keys, check_task, config_groups
+from rankexp.memory import seed_bytes
+from rankexp.naming import config_name
+check_override_keys(["depth=4", "norm=post"], config_groups(cli.CONF_DIR))
+for overrides in (["experiment=fig5", "size=smoke"], ["model=gpt2", "width=64", "depth=2"],
+                  ["model=cifar_resnet", "depth=8", "task.probes=[init_gradient_norms]"],
+                  ["task=train", "data.download=true"]):
+    with initialize_config_dir(config_dir=cli.CONF_DIR, version_base="1.3"):
+        cfg = compose("config", [*overrides, "device=auto"], return_hydra_config=True)
+    checked = check_task(cfg)
+    config_name(checked.settings)
+    if checked.settings.task.name == "measure":
+        seed_bytes(checked.settings)
+helptext.probes()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlflow", "transformers",
+               "torchvision", "sqlalchemy") or m.startswith(("rankexp.models.", "rankexp.probes.base",
+               "rankexp.tasks", "rankexp.app", "rankexp.tracking")) and m != "rankexp.models.spec")
+print("HEAVY", heavy)
+"""
+
+
+def test_composing_and_checking_a_config_imports_no_torch_mlflow_or_model():
+    """The schema, the checks (keys, values, paths, device, memory estimate), run names and the
+    probes' help read torch-free modules only: a sweep's check, `--help` and tab completion can
+    run where torch is not imported (the job imports it once, when it builds its network)."""
+    import subprocess
+    import sys
+
+    from services import clean_env
+
+    out = subprocess.run([sys.executable, "-c", LIGHT], env=clean_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"

@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from rankexp.models.convnet import CifarResNet
+from rankexp.probes.catalog import ConvShape, init_gradient_norms_memory
 from rankexp.probes.convnet import (
-    ConvShape,
     ImageProbeContext,
-    init_gradient_norms_memory,
     probe_init_gradient_norms,
     probe_layer_response,
     probe_lesion,

@@ -165,12 +165,14 @@ def _count(monkeypatch, module, name):
 
 def test_io_jacobian_alone_does_one_svd(monkeypatch):
     svds = _count(monkeypatch, J, "singular_values")
+    grams = _count(monkeypatch, J, "gram_ranks")
     model = ResidualMLP(16, 9, seeds=[0])
     m = run_probes(model, ["io_jacobian"])
-    assert svds["n"] == 1
+    assert svds["n"] == 1 and grams["n"] == 0
     ref = run_probes(model, ["io_jacobian", "profile"])
     assert m.scalars["erank_io"] == pytest.approx(ref.scalars["erank_io"], rel=1e-12)
-    assert svds["n"] == 1 + 9  # the profile asks for every layer's
+    # the profile asks for every layer's spectrum: 8 Gram spectra (exact here) and the last SVD
+    assert (svds["n"], grams["n"]) == (1 + 1, 8)
 
 
 def test_branch_ratio_forms_no_running_product(monkeypatch):
@@ -282,8 +284,7 @@ def test_join_refuses_pooled_values_without_reduce():
 
 def test_every_probe_declares_a_memory_estimate():
     from rankexp.probes import CIFAR_PROBES
-    from rankexp.probes.base import ModelShape
-    from rankexp.probes.convnet import ConvShape
+    from rankexp.probes.catalog import ConvShape, ModelShape
 
     mlp, conv = ModelShape(256, 48, 1024, 2, 1, 8), ConvShape(110, 16, 4)  # the ConvNets' own shape
     for name, probe in PROBES.items():
@@ -300,25 +301,3 @@ def test_cli_chunks_seeds_to_the_budget_and_reports_peak_memory(tmp_path):
     bad = subprocess.run([*cmd[:-1], "task.max_memory_gb=-1", f"hydra.run.dir={tmp_path}/bad"],
                          cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode != 0 and "task.max_memory_gb" in bad.stderr
-
-
-def test_float64_weights_are_the_float64_draw_and_float32_their_rounding():
-    """Member e's weights are N(0, α²/fan_in) drawn in float64 from seed e's weight stream,
-    kept at full precision in a float64 network (not a float32 copy widened) and rounded once
-    in a float32 one."""
-    from rankexp.seeding import STREAM_WEIGHTS, seeded_generator
-
-    alpha, width = 1.7, 12
-    f64 = ResidualMLP(width, 3, matrices=2, expansion=2, alpha=alpha, seeds=[3, 5],
-                      dtype=torch.float64)
-    f32 = ResidualMLP(width, 3, matrices=2, expansion=2, alpha=alpha, seeds=[3, 5],
-                      dtype=torch.float32)
-    for e, seed in enumerate((3, 5)):
-        g = seeded_generator(seed, STREAM_WEIGHTS)
-        for block64, block32 in zip(f64.blocks, f32.blocks, strict=True):
-            for name in block64.weight_names():
-                p64, p32 = getattr(block64, name)[e], getattr(block32, name)[e]
-                w = torch.randn(*p64.shape, generator=g, dtype=torch.float64) * (alpha / math.sqrt(p64.shape[1]))
-                assert torch.equal(p64, w)
-                assert torch.equal(p32, w.float())
-    assert (f64.blocks[0].w_up[0] != f64.blocks[0].w_up[0].float().double()).any()

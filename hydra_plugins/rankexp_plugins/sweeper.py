@@ -94,8 +94,8 @@ class RankexpSweeper(BasicSweeper):
     def _check_all(self, jobs: list[list[str]], swept: set[str]) -> dict[str, Any]:
         """Compose and check every job and every store; exit 2 listing every problem."""
         from rankexp import tracking
-        from rankexp.app import base_name
-        from rankexp.config import check_job, check_slurm_limits, config_hash, resolved_container
+        from rankexp.config import check_slurm_limits
+        from rankexp.naming import config_name  # torch-free: the check never loads torch
 
         target = str(self.config.hydra.launcher.get("_target_", ""))
         local = "submitit" not in target
@@ -121,12 +121,11 @@ class RankexpSweeper(BasicSweeper):
                     with open_dict(cfg.hydra.job):
                         cfg.hydra.job.num = cfg.hydra.job.id = idx
                     job_dirs.append(self._job_dir(cfg))
-                    with open_dict(cfg):  # this copy is the check's own: what a job sees
-                        del cfg["hydra"]
-                    s = check_job(cfg, device=local, overrides=overrides)
-                    hashes.append(config_hash(resolved_container(cfg)))
+                    checked = self.loader.check(cfg, device=local, overrides=overrides)  # once
+                    s = checked.settings
+                    hashes.append(checked.config_hash)
                     settings.append(s)
-                    names.append(base_name(s))
+                    names.append(config_name(s))
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
                     errors.append(f"  #{idx} {label or ' '.join(overrides)}: {_message(e)}")
         finally:

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "linear", "leaky_relu", "swiglu")
+from .spec import ACTIVATIONS
+
 LEAKY_SLOPE = 0.01
 
 

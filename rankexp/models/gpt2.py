@@ -22,42 +22,29 @@ network per seed); pretrained weights are one network (E = 1).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..seeding import STREAM_WEIGHTS, seeded_generator
+from .spec import (  # noqa: F401 — the shapes are torch-free (config checks read them there)
+    DEFAULT_PROMPT_IDS,
+    HUB_IDS,
+    LM_SHAPES,
+    ShapeError,
+    checkpoint_config,
+    checkpoint_shape,
+    default_heads,
+    lm_shape,
+)
 
 log = logging.getLogger(__name__)
 
 EXTRA_HINT = ("model=gpt2 needs the optional extra `transformers`: "
               "pip install -e '.[gpt2]' (make setup installs it)")
-
-#: named configs a random initialization can take its shape from (no download): d, L, heads
-LM_SHAPES: dict[str, dict[str, int]] = {
-    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12},
-    "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16},
-    "gpt2-large": {"n_embd": 1280, "n_layer": 36, "n_head": 20},
-    "gpt2-xl": {"n_embd": 1600, "n_layer": 48, "n_head": 25},
-}
-#: the same shapes under the hub's organisation-qualified ids
-HUB_IDS = {f"openai-community/{k}": k for k in LM_SHAPES}
-#: GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (the default fixed prompt)
-DEFAULT_PROMPT_IDS = (464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13)
-#: config.json keys of d, L and heads across architectures (GPT-2's names, then Llama's)
-_CONFIG_KEYS = {"n_embd": ("n_embd", "hidden_size"), "n_layer": ("n_layer", "num_hidden_layers"),
-                "n_head": ("n_head", "num_attention_heads")}
-
-
-class ShapeError(ValueError):
-    """The shape of a ``model=gpt2`` network cannot be known (an unknown config name, a hub id
-    offline); :func:`rankexp.config.validate` reports it as a config error."""
-
 
 def transformers_module():
     """``import transformers``, or an ImportError naming the extra (:data:`EXTRA_HINT`)."""
@@ -66,61 +53,6 @@ def transformers_module():
     except ImportError as e:
         raise ImportError(EXTRA_HINT) from e
     return transformers
-
-
-# --------------------------------------------------------------------------- shapes
-def checkpoint_config(pretrained: str) -> dict | None:
-    """The ``config.json`` of a local checkpoint directory, or None when ``pretrained`` is not one."""
-    path = Path(pretrained).expanduser() / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def checkpoint_shape(pretrained: str) -> dict[str, int] | None:
-    """``{"n_embd", "n_layer", "n_head"}`` of a pretrained model known offline: a local directory's
-    ``config.json``, or a hub id of :data:`LM_SHAPES`; None otherwise."""
-    cfg = checkpoint_config(pretrained)
-    if cfg is None:
-        name = HUB_IDS.get(pretrained, pretrained)
-        return dict(LM_SHAPES[name]) if name in LM_SHAPES else None
-    out = {}
-    for key, names in _CONFIG_KEYS.items():
-        found = [cfg[n] for n in names if n in cfg]
-        if found:
-            out[key] = int(found[0])
-    return out
-
-
-def lm_shape(key: str, config: str, pretrained: str | None) -> int:
-    """Resolver ``rankexp_lm_shape``: d (``n_embd``) or L (``n_layer``) of the network
-    ``model=gpt2`` builds — the checkpoint's when ``pretrained`` is given, else the named config's.
-
-    Raises:
-        ShapeError: an unknown config name, or a hub id whose shape cannot be known offline
-            (then give ``width=`` and ``depth=`` on the command line).
-    """
-    if pretrained:
-        shape = checkpoint_shape(str(pretrained))
-        if shape is None or key not in shape:
-            raise ShapeError(f"model.pretrained={pretrained!r}: its shape is not known offline "
-                             "(not a local checkpoint directory, nor a hub id of "
-                             f"{', '.join(LM_SHAPES)}); give width= and depth= explicitly")
-        return shape[key]
-    if config not in LM_SHAPES:
-        raise ShapeError(f"model.config={config!r}: allowed {', '.join(LM_SHAPES)}")
-    return LM_SHAPES[config][key]
-
-
-def default_heads(width: int, config: str) -> int:
-    """Heads of a random-init network of width d: the named config's when d is its width, else
-    as many as keep its head size (64) — the largest divisor of d not above ``d/64`` (≥ 1)."""
-    shape = LM_SHAPES.get(config, LM_SHAPES["gpt2"])
-    if width == shape["n_embd"]:
-        return shape["n_head"]
-    head = shape["n_embd"] // shape["n_head"]
-    n = max(1, width // head)
-    while width % n:
-        n -= 1
-    return n
 
 
 # --------------------------------------------------------------------------- architectures

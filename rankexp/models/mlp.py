@@ -27,29 +27,14 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, seeded_generator
+from ..seeding import STREAM_WEIGHTS, normal_many_
 from .activations import ACTIVATIONS, activation_fn
 from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
-
-PLACEMENTS = ("pre", "post", "output", "peri", "none")
-BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
+from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta
 
 __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "ResidualMLP",
            "effective_beta"]
-
-
-def effective_beta(beta: float, depth: int, scaling: str) -> float:
-    """Branch scale after depth scaling: β, β/√L or β/L for ``const``,
-    ``inv_sqrt_depth``, ``inv_depth`` (science.md §1)."""
-    if scaling == "const":
-        return float(beta)
-    if scaling == "inv_sqrt_depth":
-        return float(beta) / math.sqrt(depth)
-    if scaling == "inv_depth":
-        return float(beta) / depth
-    raise ValueError(f"beta_scaling={scaling!r} is not one of {', '.join(BETA_SCALINGS)}")
-
 
 
 # --------------------------------------------------------------------------- blocks
@@ -69,6 +54,7 @@ class Block(nn.Module):
         has_skip: whether the identity skip joins here; a block without skip is a
             plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
         members: ensemble size E.
+        dtype, device: where the (uninitialized) weights are allocated.
 
     Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2) and ``w_gate`` (gated) have
     shape ``(E, fan_out, fan_in)``.
@@ -89,6 +75,8 @@ class Block(nn.Module):
         beta: float = 1.0,
         has_skip: bool = True,
         members: int = 1,
+        dtype: torch.dtype = torch.float64,
+        device: str | torch.device = "cpu",
     ):
         super().__init__()
         if placement not in PLACEMENTS:
@@ -111,13 +99,14 @@ class Block(nn.Module):
             NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
         )
         e, d, m = members, width, self.hidden
+        kw = {"dtype": dtype, "device": device}
         if matrices == 1:
-            self.w = nn.Parameter(torch.empty(e, d, d))
+            self.w = nn.Parameter(torch.empty(e, d, d, **kw))
         else:
             if self.gated:
-                self.w_gate = nn.Parameter(torch.empty(e, m, d))
-            self.w_up = nn.Parameter(torch.empty(e, m, d))
-            self.w_down = nn.Parameter(torch.empty(e, d, m))
+                self.w_gate = nn.Parameter(torch.empty(e, m, d, **kw))
+            self.w_up = nn.Parameter(torch.empty(e, m, d, **kw))
+            self.w_down = nn.Parameter(torch.empty(e, d, m, **kw))
 
     def weight_names(self) -> list[str]:
         """Parameter names in initialization order."""
@@ -193,8 +182,9 @@ class ResidualMLP(nn.Module):
         skip_every: identity skip every k blocks; 1 = standard residual network,
             k > 1 = skips spanning k layers (Figure 1's sawtooth), 0 = plain MLP.
         seeds: one seed per ensemble member; weights are drawn from these.
-        dtype, device: where the weights live (drawn in float64 on CPU first, so
-            every device and dtype sees the same numbers up to rounding).
+        dtype, device: where the weights live; they are drawn there, in that dtype
+            (:meth:`reset_parameters`), and every device and dtype sees the same numbers up
+            to rounding.
 
     Shapes: ``forward`` maps ``(E, B, d) → (E, B, d)`` with E = ``len(seeds)``.
     """
@@ -248,13 +238,12 @@ class ResidualMLP(nn.Module):
                 beta=self.beta_eff,
                 has_skip=self.has_skip(l),
                 members=len(self.seeds),
+                dtype=dtype,
+                device=device,
             )
             for l in range(1, depth + 1)
         )
-        # draw into float64 storage: a float64 network must not carry float32-rounded weights
-        self.to(dtype=torch.float64)
         self.reset_parameters()
-        self.to(device=device, dtype=dtype)
 
     @property
     def members(self) -> int:
@@ -273,21 +262,21 @@ class ResidualMLP(nn.Module):
         """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
         return layer - self.skip_every
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
         """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``.
 
-        Order: block 1..L, within a block :meth:`Block.weight_names`; drawn in
-        float64 on CPU from :func:`seeded_generator` (stream ``STREAM_WEIGHTS``).
+        Counters: block 1…L, within a block :meth:`Block.weight_names`, each matrix row-major,
+        one stream (``STREAM_WEIGHTS``) per seed; drawn in the weights' dtype on their device,
+        all members and matrices in one batch (:func:`rankexp.seeding.normal_many_`).
         """
-        for e, seed in enumerate(self.seeds):
-            g = seeded_generator(seed, STREAM_WEIGHTS)
-            for block in self.blocks:
-                for name in block.weight_names():
-                    p = getattr(block, name)
-                    fan_out, fan_in = p.shape[1:]
-                    w = torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64)
-                    p[e].copy_(w * (self.alpha / math.sqrt(fan_in)))
+        targets, offset = [], 0
+        for block in self.blocks:
+            for name in block.weight_names():
+                p = getattr(block, name)
+                fan_out, fan_in = p.shape[1:]
+                targets.append((p.data, offset, self.alpha / math.sqrt(fan_in)))
+                offset += fan_out * fan_in
+        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
 
     def forward(self, h0: Tensor) -> Tensor:
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""

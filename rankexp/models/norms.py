@@ -18,15 +18,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-NORM_OPS = ("rmsnorm", "layernorm", "detached", "meansub")
+from .spec import NORM_OPS, PRESET, PRESET_SLOTS, SLOTS, block_ops  # noqa: F401 — torch-free (config)
+
+
+def _norm(x: Tensor) -> Tensor:
+    """``‖x‖`` over the last axis, never below the dtype's smallest normal number: a zero vector
+    (every unit of a small ReLU branch off: 2⁻⁸ per input at d = 8) is normalized to zero
+    instead of 0/0 = NaN; any other vector's norm is unchanged, bit for bit."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
 
 
 def rmsnorm(x: Tensor) -> Tensor:
-    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2).
+    """RMSNorm at gain 1 over the last axis: ``sqrt(d) x / ‖x‖`` (Table 2; 0 at x = 0).
 
     Jacobian ``sqrt(d)/‖x‖ (I − x̂x̂ᵀ)``: a rescaling times a projection.
     """
-    return x * (math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True))
+    return x * (math.sqrt(x.shape[-1]) / _norm(x))
 
 
 def meansub(x: Tensor) -> Tensor:
@@ -49,7 +56,7 @@ def detached(x: Tensor) -> Tensor:
     ``sqrt(d)/‖x‖ I`` with no projection, which isolates the rescaling's
     effect on rank (Figure 4).
     """
-    scale = math.sqrt(x.shape[-1]) / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    scale = math.sqrt(x.shape[-1]) / _norm(x)
     return x * scale.detach()
 
 
@@ -64,44 +71,6 @@ NORM_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 def identity(x: Tensor) -> Tensor:
     """The identity operation (a placement without a norm)."""
     return x
-
-
-# --------------------------------------------------------------------------- Eq. 17 presets
-#: the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17) has three slots
-SLOTS = ("pre", "out", "post")
-#: each named placement (``norm=pre|post|output|peri|none``) is a preset: the slots it fills
-#: with its op (the others are the identity)
-PRESET_SLOTS: dict[str, tuple[str, ...]] = {
-    "pre": ("pre",),  # Pre-Norm, Eq. 7
-    "post": ("post",),  # Post-Norm, Eq. 6
-    "output": ("out",),  # branch-output norm
-    "peri": ("pre", "out"),  # pre + output
-    "none": (),
-}
-#: ``block_ops(…, pre=PRESET)``: take the slot from the placement preset
-PRESET = "preset"
-
-
-def block_ops(placement: str, op: str, pre: str | None = PRESET, out: str | None = PRESET,
-              post: str | None = PRESET) -> tuple[str | None, str | None, str | None]:
-    """The ops ``(P, B, R)`` of Eq. 17, each a name of :data:`NORM_OPS` or ``None`` (identity).
-
-    A slot given as :data:`PRESET` comes from the placement preset (``op`` where the preset puts
-    a norm, else the identity); an explicit op name, ``"none"`` or ``None`` overrides it.
-
-    Raises:
-        ValueError: unknown placement or op.
-    """
-    if placement not in PRESET_SLOTS:
-        raise ValueError(f"placement={placement!r} is not one of {', '.join(PRESET_SLOTS)}")
-    out_ops = []
-    for slot, given in zip(SLOTS, (pre, out, post), strict=True):
-        chosen = (op if slot in PRESET_SLOTS[placement] else None) if given == PRESET else given
-        chosen = None if chosen in (None, "none") else chosen
-        if chosen is not None and chosen not in NORM_OPS:
-            raise ValueError(f"norm.{slot}={chosen!r} is not one of none, {', '.join(NORM_OPS)}")
-        out_ops.append(chosen)
-    return tuple(out_ops)
 
 
 # --------------------------------------------------------------------------- Table 2 Jacobians

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, seeded_generator
+from ..seeding import STREAM_WEIGHTS, normal_many_
 from .activations import activation_fn
 from .mlp import effective_beta
 from .norms import NORM_FNS
@@ -80,13 +80,15 @@ def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
 
 
 def haar_orthogonal(g: Tensor) -> Tensor:
-    """A Haar-distributed orthogonal matrix from a square Gaussian draw ``g`` (QR, sign-fixed).
+    """Haar-distributed orthogonal matrices ``(…, n, n)`` from square Gaussian draws ``g``
+    (QR, sign-fixed; batched over the leading axes).
 
     ``g = QR``; multiplying column j of Q by ``sign(R_jj)`` makes the law exactly Haar
     (Mezzadri 2007), so orthogonal weights use the same random numbers as Gaussian ones.
     """
     q, r = torch.linalg.qr(g)
-    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
+    diag = torch.diagonal(r, dim1=-2, dim2=-1)  # (…, n): batched over members
+    return q * torch.sign(diag).where(diag != 0, 1.0).unsqueeze(-2)
 
 
 class PlainLayer(nn.Module):
@@ -97,7 +99,8 @@ class PlainLayer(nn.Module):
     """
 
     def __init__(self, width: int, *, activation: str, norm_op: str | None, beta: float,
-                 has_skip: bool, members: int):
+                 has_skip: bool, members: int, dtype: torch.dtype = torch.float64,
+                 device: str | torch.device = "cpu"):
         super().__init__()
         if norm_op is not None and norm_op not in PLAIN_NORM_OPS:
             raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(PLAIN_NORM_OPS)}")
@@ -106,9 +109,9 @@ class PlainLayer(nn.Module):
         self.sigma = activation_fn(activation)
         self.beta, self.has_skip = float(beta), bool(has_skip)
         self.res_norm = _identity
-        # float64 until PlainNet casts, so float64 networks keep every bit of the draw
-        self.w = nn.Parameter(torch.empty(members, width, width, dtype=torch.float64))
-        self.b = nn.Parameter(torch.empty(members, width, dtype=torch.float64))
+        # allocated where they live; PlainNet draws them there, in their dtype
+        self.w = nn.Parameter(torch.empty(members, width, width, dtype=dtype, device=device))
+        self.b = nn.Parameter(torch.empty(members, width, dtype=dtype, device=device))
 
     @property
     def scale(self) -> float:
@@ -155,8 +158,9 @@ class PlainNet(nn.Module):
         beta: branch gain β of residual layers, before ``beta_scaling``.
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
         skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
-        seeds: one seed per member; layer by layer W_l then b_l are drawn in float64 on
-            CPU from ``seeded_generator(seed, STREAM_WEIGHTS)``.
+        seeds: one seed per member; layer by layer W_l then b_l take the next numbers of
+            the seed's weight stream (:func:`rankexp.seeding.normal_many_`), drawn where the
+            parameters live, in their dtype.
         dtype, device: where the parameters live.
 
     Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
@@ -204,11 +208,11 @@ class PlainNet(nn.Module):
         self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
             PlainLayer(width, activation=activation, norm_op=norm_op, beta=self.beta_eff,
-                       has_skip=self.has_skip(l), members=len(self.seeds))
+                       has_skip=self.has_skip(l), members=len(self.seeds), dtype=dtype,
+                       device=device)
             for l in range(1, depth + 1)
         )
         self.reset_parameters()
-        self.to(device=device, dtype=dtype)
 
     @property
     def members(self) -> int:
@@ -232,16 +236,18 @@ class PlainNet(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Draw W_l then b_l for l = 1…L per member from its seed (see the class docstring)."""
-        n = self.width
-        for e, seed in enumerate(self.seeds):
-            g = seeded_generator(seed, STREAM_WEIGHTS)
+        """Draw W_l then b_l for l = 1…L per member from its seed (see the class docstring):
+        W ~ N(0, σ_w²/n) or σ_w·Haar (the QR of the same Gaussian numbers), b ~ N(0, σ_b²)."""
+        n, orthogonal = self.width, self.init == "orthogonal"
+        targets, offset = [], 0
+        for layer in self.blocks:
+            targets.append((layer.w.data, offset, 1.0 if orthogonal else self.alpha / math.sqrt(n)))
+            targets.append((layer.b.data, offset + n * n, self.sigma_b))
+            offset += n * n + n
+        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
+        if orthogonal:
             for layer in self.blocks:
-                w = torch.randn(n, n, generator=g, dtype=torch.float64)
-                b = torch.randn(n, generator=g, dtype=torch.float64)
-                w = self.alpha * (haar_orthogonal(w) if self.init == "orthogonal" else w / math.sqrt(n))
-                layer.w[e].copy_(w)
-                layer.b[e].copy_(self.sigma_b * b)
+                layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
 
     def forward(self, h0: Tensor, *, detach_stats: bool = False) -> Tensor:
         """``h_L`` for inputs ``h0`` ``(E, B, n)``."""

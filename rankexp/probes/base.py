@@ -33,7 +33,6 @@ from per-seed arrays, after the seeds of all memory chunks are joined
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -41,8 +40,15 @@ import numpy as np
 from torch import Tensor
 
 from ..models.mlp import ResidualMLP
-from ..result import Measurement
 from ..seeding import gaussian_input
+from .catalog import (  # noqa: F401 — the torch-free declarations, re-exported
+    MemoryEstimate,
+    ModelShape,
+    Probe,
+    needs_of,
+    probe_options,
+    sweep_memory,
+)
 from .jacobian import SWEEP_NEEDS, ForwardSweep, LayerJacobian, forward_sweep, layer_jacobians
 
 
@@ -142,83 +148,3 @@ class ProbeContext:
     @property
     def layers(self) -> np.ndarray:
         return np.arange(1, self.model.depth + 1)
-
-
-def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
-    """``options[name]`` merged over ``defaults``.
-
-    Raises:
-        ValueError: a key the probe does not know (lists the allowed ones).
-    """
-    given = dict(options.get(name) or {})
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
-        )
-    return {**defaults, **given}
-
-
-#: per-seed working memory of a probe in bytes: ``fn(shape, options)``
-MemoryEstimate = Callable[["ModelShape", Mapping], float]
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a memory estimate needs to know about the network (one seed)."""
-
-    width: int
-    depth: int
-    hidden: int
-    matrices: int
-    skip_every: int
-    itemsize: int
-
-
-def sweep_memory(shape: ModelShape, options: Mapping) -> float:
-    """Working set of the forward sweep per seed: the skip window of partials, two buffers,
-    ``J_b``, the branch sum and temporaries (≈ (k + 6)·d² numbers)."""
-    return (max(shape.skip_every, 1) + 6) * shape.width**2 * shape.itemsize
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A registered probe: the function, what it needs, how to pool seeds, its memory.
-
-    Attributes:
-        fn: ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities only when
-            ``reduce`` is given).
-        needs: intermediates read from ``ctx`` (see the module docstring).
-        reduce: ``reduce(m, ctx)`` adds to the joined :class:`Measurement` of all seeds what is
-            pooled over seeds, from per-seed arrays ``fn`` left in ``m.arrays`` (it may remove
-            them); ``ctx`` is any chunk's context (the architecture and options, not its seeds).
-        memory: per-seed working memory in bytes beyond the weights (default: the sweep's).
-        splits_seeds: whether the seeds may run in memory chunks; ``False`` for a probe that
-            pools over all seeds inside ``fn`` (a fit or histogram over every seed) without a
-            ``reduce`` — its seeds always run as one batch.
-        options: the probe's options and their defaults (``task.options.<name>.<key>``): the one
-            place they are declared — ``fn`` reads them with :meth:`ProbeContext.probe_options`,
-            and the config schema and ``--help`` are built from them.
-    """
-
-    fn: Callable[[ProbeContext], Measurement]
-    needs: frozenset[str] = frozenset()
-    reduce: Callable[[Measurement, ProbeContext], None] | None = None
-    memory: MemoryEstimate = sweep_memory
-    splits_seeds: bool = True
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __call__(self, ctx: ProbeContext) -> Measurement:
-        """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""
-        m = self.fn(ctx)
-        if self.reduce is not None:
-            self.reduce(m, ctx)
-        return m
-
-
-def needs_of(probes: Iterable[Probe]) -> frozenset[str]:
-    """The union of the probes' needs: what the context must compute."""
-    out: frozenset[str] = frozenset()
-    for p in probes:
-        out |= p.needs
-    return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ from ..models.activations import ACTIVATION_DERIVATIVES
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian
 from ..result import Measurement
-from ..spectra import erank_from_sv, singular_values
+from ..spectra import erank_from_sv, gram_eigenvalues, singular_values
 from ..theory import (
     activation_constants,
     gaussian_product_erank,
@@ -42,7 +41,11 @@ from ..theory import (
     marchenko_pastur_ks,
     random_walk_projection_product,
 )
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import (
+    ACTIVATION_SPIKE_OPTIONS,
+    BRANCH_JACOBIAN_OPTIONS,
+)
 from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)
@@ -134,7 +137,7 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
                 x = block.pre_norm(h)
                 a, jf = masked_up_projection(block, x)
                 er.append(erank_from_sv(singular_values(jf)) / d)
-                ev = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
+                ev = gram_eigenvalues(a, smaller=False)
                 ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
                 eigs.append(ev)
                 rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
@@ -197,15 +200,6 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
 
 
-BRANCH_JACOBIAN_OPTIONS = {"layers": None, "reference_draws": 4}
-
-
-def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: ``A`` and ``J_f`` of one layer, its Gram matrix, and the kept eigenvalues."""
-    d, m = shape.width, shape.hidden
-    return (3 * m * d + 4 * d * d + shape.depth * d) * shape.itemsize
-
-
 # --------------------------------------------------------------------------- Table 1 spike
 def hidden_activations(block: Block, h: Tensor) -> Tensor:
     """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
@@ -214,10 +208,6 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
     if block.gated:
         return block.sigma(torch.matmul(x, block.w_gate.mT)) * z
     return block.sigma(z)
-
-
-#: options of ``activation_spike``: n inputs, the 1-based layers
-ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
 
 
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
@@ -257,8 +247,7 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
             x = states[l - 1]
             if l in chosen:
                 a = hidden_activations(block, x)
-                g = a.mT @ a if a.shape[-2] >= a.shape[-1] else a @ a.mT
-                ev = torch.linalg.eigvalsh(g).clamp(min=0)
+                ev = gram_eigenvalues(a)
                 sr.append(ev.sum(-1) / ev.amax(-1))
                 coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
                 qs.append(block.preactivation(x).square().mean((-2, -1)))
@@ -285,13 +274,6 @@ def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
     c = activation_constants(ctx.model.activation, float(m.arrays["hidden_preact_var"].mean())).coherence
     m.add_seed_stat("hidden_stable_rank_x_c", torch.as_tensor(m.arrays["hidden_stable_rank"] * c))
     m.scalars["spike_coherence_theory"] = c
-
-
-def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
-    n = int(dict(options.get("activation_spike") or {}).get("n", 2048))
-    d, m = shape.width, shape.hidden
-    return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- Figure 4c / Table 3
@@ -477,6 +459,3 @@ def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width
 
 
-def projection_split_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: three running products over the skip window, J_b, J_R and temporaries."""
-    return (3 * max(shape.skip_every, 1) + 10) * shape.width**2 * shape.itemsize

@@ -25,8 +25,6 @@ probe's per-seed working memory is estimated from the network's :class:`ConvShap
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,72 +36,14 @@ from ..models.convnet import CifarResNet
 from ..result import Measurement
 from ..seeding import subset_indices
 from .base import probe_options
+from .catalog import (
+    INIT_GRADIENT_NORMS_OPTIONS,
+    LAYER_RESPONSE_OPTIONS,
+    LESION_OPTIONS,
+)
 
 if TYPE_CHECKING:
     from ..tasks.data import DeviceDataset
-
-#: option defaults (``task.options.<probe>``), shared by each probe and its memory estimate
-LAYER_RESPONSE_OPTIONS = {"images": 10000, "batch": 500}
-INIT_GRADIENT_NORMS_OPTIONS = {"batch": 256, "batch_seed": 0}
-LESION_OPTIONS = {"images": 10000, "batch": 250}
-
-
-@dataclass(frozen=True)
-class ConvShape:
-    """What a memory estimate needs to know about one member of a :class:`CifarResNet`.
-
-    Attributes:
-        depth: 6n + 2. base_width: stage-1 filters (16). itemsize: bytes per number.
-    """
-
-    depth: int
-    base_width: int
-    itemsize: int
-    num_classes: int = 10
-
-    @property
-    def n(self) -> int:
-        return (self.depth - 2) // 6
-
-    def layer_sizes(self) -> list[int]:
-        """Numbers per image of each conv layer's output, layers 1 … 6n+1 (C·H·W)."""
-        w, n = self.base_width, self.n
-        return [w * 32 * 32] * (2 * n + 1) + [2 * w * 16 * 16] * (2 * n) + [4 * w * 8 * 8] * (2 * n)
-
-    def parameters(self) -> int:
-        """Trainable numbers of one member (convs, BN scale/shift, classifier; closed form of
-        :meth:`CifarResNet.parameter_count`) plus its BN running statistics."""
-        w, n = self.base_width, self.n
-        convs = 9 * 3 * w + sum(9 * (c // 2 if stage and b == 0 else c) * c + 9 * c * c
-                                for stage, c in enumerate((w, 2 * w, 4 * w)) for b in range(n))
-        bn = 4 * (w + 2 * n * (w + 2 * w + 4 * w))  # weight, bias, running mean, running var
-        return convs + bn + self.num_classes * (4 * w + 1)
-
-    def weight_bytes(self) -> int:
-        return self.parameters() * self.itemsize
-
-
-def layer_response_memory(shape: ConvShape, options: Mapping) -> float:
-    """No-grad forward in batches: a block's input, conv, BN and ReLU outputs at the widest
-    layer, plus the hook's squared copy (5 × the largest layer × batch)."""
-    batch = probe_options(options, "layer_response", LAYER_RESPONSE_OPTIONS)["batch"]
-    return 5.0 * max(shape.layer_sizes()) * int(batch) * shape.itemsize
-
-
-def init_gradient_norms_memory(shape: ConvShape, options: Mapping) -> float:
-    """One backward through the whole network: autograd keeps ≈ 3 tensors per conv layer (the
-    conv's input, the BN's input, the ReLU's output), the backward ≈ 4 more of the widest."""
-    batch = probe_options(options, "init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)["batch"]
-    sizes = shape.layer_sizes()
-    return (3.0 * sum(sizes) + 4.0 * max(sizes)) * int(batch) * shape.itemsize + shape.weight_bytes()
-
-
-def lesion_memory(shape: ConvShape, options: Mapping) -> float:
-    """No-grad forward keeping every block's input of one batch (≈ every second layer's
-    output), plus 4 × the widest layer for the running block."""
-    batch = probe_options(options, "lesion", LESION_OPTIONS)["batch"]
-    sizes = shape.layer_sizes()
-    return (sum(sizes[::2]) + 4.0 * max(sizes)) * int(batch) * shape.itemsize
 
 
 class ImageProbeContext:

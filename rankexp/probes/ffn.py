@@ -25,20 +25,17 @@ the study does: its small incoming stream inflates ‖J_1‖ through the norm Ja
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ..models.gpt2 import CausalLM
 from ..result import Measurement
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import FFN_JACOBIAN_OPTIONS
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-#: options of ``ffn_jacobian`` (``task.options.ffn_jacobian``): the first block the cosines and
-#: sums include (the study leaves block 1 out)
-FFN_JACOBIAN_OPTIONS = {"first_block": 2}
 
 
 def _gelu_tanh_derivative(z: Tensor) -> Tensor:
@@ -202,8 +199,3 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     return m
 
 
-def ffn_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per-seed bytes beyond the FFN weights: embeddings (GPT-2's vocabulary and positions),
-    attention (4 d² per block), the L Jacobians and one (d, m) temporary."""
-    d, L, b = shape.width, shape.depth, shape.itemsize
-    return ((50257 + 1024) * d + 4 * L * d * d + L * d * d + 4 * d * d) * b

@@ -24,6 +24,7 @@ from torch.func import jvp
 from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, gaussian_input, seeded_generator
 from .base import ProbeContext
+from .catalog import GRADIENT_NORMS_OPTIONS, SHATTERED_OPTIONS
 
 
 def _where(model) -> dict:
@@ -58,12 +59,6 @@ def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor) -> Tensor:
         loss = ((out @ v[:, :, None])[..., 0] * g).mean(-1).sum()
         grads = torch.autograd.grad(loss, weights)
     return torch.stack([torch.linalg.matrix_norm(gr) for gr in grads], 1)
-
-
-#: options of ``gradient_norms``: Gaussian inputs per member
-GRADIENT_NORMS_OPTIONS = {"batch": 128}
-#: options of ``shattered``: grid points on [lo, hi]
-SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
 
 
 def probe_gradient_norms(ctx: ProbeContext) -> Measurement:

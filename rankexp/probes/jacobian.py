@@ -44,18 +44,14 @@ from tqdm.auto import tqdm
 from ..models.activations import ACTIVATION_DERIVATIVES, MASKED
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian, norm_jacobian
-from ..spectra import erank_from_sv, singular_values, stable_rank_from_sv
-
-#: ``∂h_L/∂h_0`` (unit + log gain) and its singular values
-IO_JACOBIAN = "io_jacobian"
-#: erank / stable rank / log gain of every ``∂h_l/∂h_0`` (one SVD per layer: the profile)
-PARTIAL_SPECTRA = "partial_spectra"
-#: ``‖J_b‖_F/√d`` per layer (the branch-to-skip ratio, Eq. 4)
-BRANCH_NORMS = "branch_norms"
-#: ``‖Σ_{l≤k} J_b‖_F/√d`` per layer (accumulated branch, Figure 5b)
-BRANCH_SUM = "branch_sum"
-#: what :func:`forward_sweep` can compute; ``rms(h_l)`` of its input comes with every sweep
-SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM})
+from ..spectra import (
+    erank_from_sv,
+    gram_ranks,
+    singular_values,
+    spectral_ranks,
+    stable_rank_from_sv,
+)
+from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWEEP_NEEDS
 
 
 # --------------------------------------------------------------------------- torch.func (oracle, fallback)
@@ -188,14 +184,17 @@ def has_closed_form(block: Block) -> bool:
 OWN_PRE = "own"
 
 
-def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE
-                     ) -> tuple[Tensor, BranchLinearization | None]:
+def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
+                     masked: bool = True) -> tuple[Tensor, BranchLinearization | None]:
     """The scaled branch output ``β B(f(P(x)))`` ``(E, 1, d)`` and its closed-form linearization.
 
     The forward uses the block's own ops in its own order, so the stream is bit-for-bit the
     one :meth:`ResidualMLP.trajectory` computes.  ``pre_op`` replaces the block's P by another
     op (or ``None``, the identity) — the counterfactual networks of :func:`projection_split`.
     The linearization is ``None`` for a branch without closed form (:func:`has_closed_form`).
+    ``masked=False`` keeps a masked activation's inactive units (σ′ = 0) in the products
+    instead of listing the active ones — no data-dependent shapes, so no host sync on an
+    accelerator (the same numbers: the inactive terms are exact zeros).
     """
     if pre_op == OWN_PRE:
         pre_op, xp = block.pre_op, block.pre_norm(x)
@@ -207,7 +206,7 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE
         return branch, None
     deriv = ACTIVATION_DERIVATIVES[block.activation](z[:, 0])
     active = None
-    if block.activation in MASKED:
+    if masked and block.activation in MASKED:
         active = [torch.nonzero(g).squeeze(1) for g in deriv]
     up, down = (block.w, None) if block.matrices == 1 else (block.w_up, block.w_down)
     return branch, BranchLinearization(
@@ -260,18 +259,19 @@ class LayerJacobian:
         return self.branch @ u
 
 
-def layer_jacobians(model: ResidualMLP, h0: Tensor) -> Iterator[LayerJacobian]:
+def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> Iterator[LayerJacobian]:
     """Walk the blocks once, yielding each block's Jacobian pieces (Eq. 17/18).
 
     Args:
         model: the network (E members).
         h0: inputs ``(E, 1, d)``.
+        masked: list a masked activation's active units (see :func:`linearize_branch`).
     """
     keep, states = max(model.skip_every, 1), {0: h0}
     with torch.no_grad():
         for l, block in enumerate(model.blocks, start=1):
             x = states[l - 1]
-            s, linear = linearize_branch(block, x)
+            s, linear = linearize_branch(block, x, masked=masked)
             skip_from = model.skip_source(l) if block.has_skip else None
             if skip_from is not None:
                 s = states[skip_from] + s
@@ -315,6 +315,65 @@ class ForwardSweep:
         return self.io_unit * self.log_gain[:, -1].exp()[:, None, None]
 
 
+#: how the profile's L spectra are taken (:func:`forward_sweep`'s ``spectra_method``): ``gram``,
+#: measured faster than batched SVDs on this machine class (``python -m benchmarks.bench``: at
+#: d = 256 one ``eigvalsh`` of the Gram matrix plus its GEMM costs 0.55 of an ``svdvals``)
+PROFILE_SPECTRA = "gram"
+
+
+class _Spectra:
+    """erank and stable rank of ``∂h_l/∂h_0`` for l = 1…L as the sweep produces them.
+
+    ``∂h_L/∂h_0``: an SVD (its singular values are logged).  The profile's others: taken in the
+    loop (``gram``: the Gram spectrum where exact, an SVD where not — and an SVD for every later
+    layer once one needed it, as depth only collapses a spectrum further, so no layer pays for
+    both; ``svd``), or — sync-free — kept and taken in one batched call after the last block.
+    """
+
+    def __init__(self, want: bool, depth: int, deferred: bool, method: str):
+        if method not in ("gram", "svd"):
+            raise ValueError(f"spectra_method={method!r} is not one of gram, svd")
+        self.want, self.depth, self.deferred, self.method = want, depth, deferred, method
+        self.er: list[Tensor] = []
+        self.sr: list[Tensor] = []
+        self.kept: list[Tensor] = []
+        self.last: Tensor | None = None
+        self.final: Tensor | None = None
+
+    def add(self, layer: int, unit: Tensor) -> None:
+        if layer == self.depth:  # taken after the loop (finish): ∂h_L/∂h_0 is not overwritten
+            self.last = unit
+            self.er.append(torch.full_like(unit[:, 0, 0], float("nan")))
+            self.sr.append(self.er[-1])
+        elif not self.want or self.deferred:
+            if self.want:
+                self.kept.append(unit.clone())  # the next block overwrites this buffer
+            self.er.append(torch.full_like(unit[:, 0, 0], float("nan")))
+            self.sr.append(self.er[-1])
+        elif self.method == "gram":
+            er, sr, exact = gram_ranks(unit)
+            if not bool(exact.all()):  # CPU only: the choice reads the device
+                er, sr = spectral_ranks(unit, "svd")
+                self.method = "svd"
+            self.er.append(er)
+            self.sr.append(sr)
+        else:
+            s = singular_values(unit)
+            self.er.append(erank_from_sv(s))
+            self.sr.append(stable_rank_from_sv(s))
+
+    def finish(self) -> tuple[Tensor, Tensor]:
+        """``(erank, stable rank)`` ``(E, L)``, unnormalized; every spectrum the loop deferred
+        is taken here, after its last block (on an accelerator: the sweep's host syncs)."""
+        er, sr = torch.stack(self.er, 1), torch.stack(self.sr, 1)
+        if self.kept:  # one batched call
+            k_er, k_sr = spectral_ranks(torch.stack(self.kept, 1), self.method)
+            er[:, : len(self.kept)], sr[:, : len(self.kept)] = k_er, k_sr
+        self.final = singular_values(self.last)
+        er[:, -1], sr[:, -1] = erank_from_sv(self.final), stable_rank_from_sv(self.final)
+        return er, sr
+
+
 def resolve_needs(needs: Collection[str] | None, spectra: bool = True) -> frozenset[str]:
     """``needs`` checked against :data:`SWEEP_NEEDS`; ``None`` means everything (``spectra``) or
     only the input–output Jacobian (``spectra=False``).
@@ -343,6 +402,8 @@ def forward_sweep(
     on_layer: Callable[[LayerJacobian], None] | None = None,
     progress: bool | None = False,
     spectra: bool = True,
+    sync_free: bool | None = None,
+    spectra_method: str | None = None,
 ) -> ForwardSweep:
     """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep.
 
@@ -356,12 +417,19 @@ def forward_sweep(
             the sweep instead of recomputing Jacobians; ``lj.branch`` is then formed).
         progress: tqdm bar over blocks (``None``: only on a terminal).
         spectra: see ``needs``.
+        sync_free: never wait for the device inside the loop over blocks — masked units as
+            exact zeros instead of index lists, the profile's spectra in one batched call after
+            the last block (memory ``L·E·d²``); default: on an accelerator (off on the CPU,
+            where the index lists halve the FLOPs).  Both paths agree to ≤ 1e-12 (tested).
+        spectra_method: the profile's spectra, ``gram`` (:func:`rankexp.spectra.gram_ranks`
+            where it is exact to 1e-10, else an SVD) or ``svd``; default
+            :data:`PROFILE_SPECTRA`.  ``∂h_L/∂h_0``'s singular values are always an SVD's.
 
     Returns:
         :class:`ForwardSweep`.  Costs per block, for a masked M = 2 branch with |a| active
         units: ``2|a|d²`` to form ``J_b`` (or ``4|a|d²`` applied without forming it, when
         cheaper and nobody reads it), ``2d³`` for the product, O(d²) for the norm ops, plus
-        one SVD per layer only for ``partial_spectra``.
+        one spectrum per layer only for ``partial_spectra``.
 
     Raises:
         ValueError: unknown needs.
@@ -384,11 +452,12 @@ def forward_sweep(
     units: dict[int, Tensor] = {0: eye / d**0.5}
     logs: dict[int, Tensor] = {0: h0.new_full((e,), 0.5 * math.log(d))}
     spare = torch.empty_like(units[0]) if model.skip_every == 1 and not keep_partials else None
-    er, sr, lg, ratio, acc_branch, partials = [], [], [], [], [], []
+    lg, ratio, acc_branch, partials = [], [], [], []
+    sync_free = h0.device.type != "cpu" if sync_free is None else sync_free
+    spec = _Spectra(PARTIAL_SPECTRA in needs, model.depth, sync_free, spectra_method or PROFILE_SPECTRA)
     branch_sum = h0.new_zeros(e, d, d) if BRANCH_SUM in needs else None
-    s = None
     with torch.no_grad():
-        for lj in tqdm(layer_jacobians(model, h0), **bar):
+        for lj in tqdm(layer_jacobians(model, h0, masked=not sync_free), **bar):
             l = lj.layer
             if want_dense:
                 jb = lj.branch
@@ -406,13 +475,7 @@ def forward_sweep(
                 stale = l - max(model.skip_every, 1)
                 units.pop(stale, None)
                 logs.pop(stale, None)
-                if PARTIAL_SPECTRA in needs or l == model.depth:
-                    s = singular_values(unit)
-                    er.append(erank_from_sv(s))
-                    sr.append(stable_rank_from_sv(s))
-                else:
-                    er.append(torch.full_like(log, float("nan")))
-                    sr.append(er[-1])
+                spec.add(l, unit)
                 lg.append(log)
                 if keep_partials:
                     partials.append(unit * log.exp()[:, None, None])
@@ -421,8 +484,9 @@ def forward_sweep(
                 on_layer(lj)
     out = ForwardSweep(rms=torch.stack(rms, 1), partials=partials)
     if want_partials:
-        out.erank, out.stable_rank, out.log_gain = (torch.stack(v, 1) for v in (er, sr, lg))
-        out.io_unit, out.io_singular_values = units[model.depth], s
+        out.erank, out.stable_rank = spec.finish()
+        out.log_gain = torch.stack(lg, 1)
+        out.io_unit, out.io_singular_values = units[model.depth], spec.final
     if ratio:
         out.branch_ratio = torch.stack(ratio, 1)
     if acc_branch:

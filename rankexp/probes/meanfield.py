@@ -31,6 +31,7 @@ from ..models.plain import PlainNet
 from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
+from .catalog import CORRELATION_DEFAULTS, DEEP_LINEAR_DEFAULTS, SPECTRUM_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,6 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- correlation
-CORRELATION_DEFAULTS = {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None,
-                        "tangents": 4}
 
 
 def probe_correlation(ctx: ProbeContext) -> Measurement:
@@ -256,7 +255,6 @@ def _correlation_theory(model, q0: float, c0: float, depth: int, fit_from: int) 
 
 
 # --------------------------------------------------------------------------- Jacobian spectrum
-SPECTRUM_DEFAULTS = {"q0": "fixed_point", "bins": 60}
 
 
 def _input_variance(model, option) -> float:
@@ -410,13 +408,6 @@ def _spectrum_theory(model, q0: float) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- deep linear
-DEEP_LINEAR_DEFAULTS = {
-    "depths": list(range(1, 17)),
-    "a0": [0.5, 0.7, 0.9, 1.0],
-    "s": 1.0,
-    "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]],
-    "sim_width": 4,
-}
 
 
 def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, seed: int = 0,

@@ -20,17 +20,14 @@ its scale (the nonzero singular values, all equal to c).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
 from ..models.norms import NORM_FNS, norm_jacobian
 from ..result import Measurement
-from .base import ModelShape, ProbeContext
-
-#: ``task.options.norm_jacobian``: the mean added to the Gaussian input (in units of its rms)
-NORM_JACOBIAN_DEFAULTS = {"input_mean": 1.0}
+from .base import ProbeContext
+from .catalog import NORM_JACOBIAN_DEFAULTS
 
 
 def theory_scale(op: str, x: Tensor) -> Tensor:
@@ -98,6 +95,3 @@ def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     return m
 
 
-def norm_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
-    """Two dense d×d Jacobians, the autograd intermediates and the SVD: ≈ 6 d² numbers."""
-    return 6 * shape.width**2 * shape.itemsize

@@ -33,7 +33,7 @@ Magnitudes ``μ_k = ‖β^k S_k‖_F`` span hundreds of decades at L = 384, so e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +44,8 @@ from ..models.mlp import ResidualMLP
 from ..models.norms import NormJacobian
 from ..result import Measurement
 from ..theory import uncorrelated_path_profile
-from .base import ModelShape, ProbeContext, sweep_memory
+from .base import ProbeContext
+from .catalog import PATH_ORDER_OPTIONS
 from .jacobian import LayerJacobian, layer_jacobians
 
 #: ln of a zero norm is clamped here in logged series (below float64's smallest subnormal).
@@ -260,17 +261,6 @@ class PathOrderFold:
 
     def result(self) -> PathOrders:
         return self.dp.result(self.model.beta_eff, self.model.depth)
-
-
-PATH_ORDER_OPTIONS = {"max_order": None, "chunk": 64}
-
-
-def path_order_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: the ``K+1`` stored orders plus a chunk of temporaries, and the sweep's."""
-    opt = {**PATH_ORDER_OPTIONS, **dict(options.get("path_order") or {})}
-    k = shape.depth if opt["max_order"] is None else min(int(opt["max_order"]), shape.depth)
-    chunk = min(int(opt["chunk"]), k + 1)
-    return (k + 1 + 3 * chunk) * shape.width**2 * shape.itemsize + sweep_memory(shape, options)
 
 
 def probe_path_order(ctx: ProbeContext) -> Measurement:

@@ -17,7 +17,7 @@ per-input gradients ``δ_l = ∂ℓ/∂h_l`` stacked as ``n×d``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,9 +27,13 @@ from torch import Tensor
 from ..models.mlp import Block, ResidualMLP
 from ..result import Measurement
 from ..seeding import seeded_generator
-from ..spectra import erank_from_sv
+from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import activation_constants
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import (
+    BACKWARD_REPRESENTATION_OPTIONS,
+    REPRESENTATION_OPTIONS,
+)
 
 #: Random stream (see :func:`rankexp.seeding.seeded_generator`) for the backward probe's
 #: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
@@ -44,9 +48,8 @@ def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
     symmetric eigensolver, so the cost is ``O(n d min(n, d))``.  erank is divided
     by d (so it is at most ``min(n, d)/d``).
     """
-    n, d = z.shape[-2:]
-    g = z.mT @ z if n >= d else z @ z.mT
-    ev = torch.linalg.eigvalsh(g).clamp(min=0).flip(-1)
+    d = z.shape[-1]
+    ev = gram_eigenvalues(z).flip(-1)
     er = erank_from_sv(ev.sqrt()) / d
     return er, ev[..., 0] / ev.sum(-1)
 
@@ -347,10 +350,6 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- probes
-#: options of ``representation``: n probe inputs
-REPRESENTATION_OPTIONS = {"n": 1024}
-#: options of ``backward_representation``: n inputs, the output gradient δ_L (``random`` or ``cross_entropy``), classes
-BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
 
 
 def probe_representation(ctx: ProbeContext) -> Measurement:
@@ -407,22 +406,6 @@ def reduce_representation(m: Measurement, ctx: ProbeContext) -> None:
     """Pooled over seeds: ``coherence_theory`` = c at the seeds' mean preactivation variance."""
     q = float(m.arrays["preact_var"].mean())
     m.scalars["coherence_theory"] = activation_constants(ctx.model.activation, q).coherence
-
-
-def representation_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: the skip window of n states, one block's hidden activations, the running
-    unit sum and the L branch means."""
-    n = int(dict(options.get("representation") or {}).get("n", 1024))
-    d, m = shape.width, shape.hidden
-    return (n * (d * (max(shape.skip_every, 1) + 5) + 2 * m) + shape.depth * d) * shape.itemsize
-
-
-def backward_representation_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: √L checkpoint windows of n states, a segment of states, autograd buffers."""
-    n = int(dict(options.get("backward_representation") or {}).get("n", 1024))
-    d, m, k = shape.width, shape.hidden, max(shape.skip_every, 1)
-    seg = math.isqrt(max(shape.depth - 1, 0)) + 1
-    return n * (d * (2 * seg * k + 8) + 4 * m) * shape.itemsize
 
 
 def probe_backward_representation(ctx: ProbeContext) -> Measurement:

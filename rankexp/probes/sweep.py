@@ -10,13 +10,12 @@ nothing (one forward pass of its own inputs).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 
 from ..result import Measurement
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import STREAM_OPTIONS
 
 
 def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
@@ -47,10 +46,6 @@ def probe_profile(ctx: ProbeContext) -> Measurement:
     return m
 
 
-#: options of ``stream`` (``task.options.stream``): n Gaussian inputs (1: the seed's own h_0)
-STREAM_OPTIONS = {"inputs": 1}
-
-
 def probe_stream(ctx: ProbeContext) -> Measurement:
     """Stream scale ``rms(h_l)`` for l = 0…L (Figure 11), forward only.
 
@@ -78,12 +73,6 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     y = rms.square() - rms[:, :1].square()
     m.add_seed_stat("stream_kappa", (y * x).sum(1) / x.square().sum())
     return m
-
-
-def stream_memory(shape: ModelShape, options: Mapping) -> float:
-    """Per seed: the skip window of n stream states plus one block's hidden activations."""
-    n = int(dict(options.get("stream") or {}).get("inputs", 1))
-    return n * (shape.width * (max(shape.skip_every, 1) + 3) + 2 * shape.hidden) * shape.itemsize
 
 
 def _rms(h: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ L = 384.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -30,13 +30,12 @@ from torch import Tensor
 from ..result import Measurement
 from ..seeding import seeded_generator
 from ..spectra import erank_from_sv
-from .base import ModelShape, ProbeContext
+from .base import ProbeContext
+from .catalog import WALK_DEFAULTS
 
 #: Random stream (see :func:`rankexp.seeding.seeded_generator`) of the walk, distinct from the
 #: model's weight/input/head/data streams 0–3 and the backward probe's 16.
 STREAM_WALK = 17
-#: ``task.options.projection_walk``: step angle ε (radians) and the lengths L read off the walk
-WALK_DEFAULTS = {"step_angle": 0.15, "depths": [48, 96, 192, 384], "walk": "gaussian"}
 WALKS = ("gaussian", "angle")
 
 
@@ -121,7 +120,3 @@ def probe_projection_walk(ctx: ProbeContext) -> Measurement:
     return m
 
 
-def projection_walk_memory(shape: ModelShape, options: Mapping) -> float:
-    """Q, its update and the SVD workspace (≈ 4 d²) plus the walk ((L+1)·d)."""
-    depths = (options.get("projection_walk") or {}).get("depths", WALK_DEFAULTS["depths"])
-    return (4 * shape.width**2 + (max(depths) + 1) * shape.width) * shape.itemsize

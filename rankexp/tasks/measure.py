@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -26,20 +25,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..memory import free_memory_bytes, model_shape, seed_bytes  # noqa: F401 — re-exported
 from ..models import DTYPES, build_model
 from ..models.convnet import CifarResNet
 from ..models.mlp import ResidualMLP
 from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ImageProbeContext, ProbeContext, needs_of
-from ..probes.base import ModelShape
-from ..probes.convnet import ConvShape
 from ..result import Measurement
 from ..seeding import gaussian_input
-from .data import dataset_for
 
 if TYPE_CHECKING:
     from ..config import RankexpConfig
 
 log = logging.getLogger(__name__)
+
+#: scalars a measure job adds about itself, not the science (:func:`task_measure`): they differ
+#: between devices and runs by design (benchmarks/gpu_check.py compares everything else)
+RUN_FACTS = ("measure_seconds", "build_seconds", "peak_memory_gb", "seed_chunk")
 
 #: ``context(network) -> ctx``: the context its probes get (default: a :class:`ProbeContext`)
 ContextFactory = Callable[[nn.Module], Any]
@@ -166,46 +167,17 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
 
 
-def model_shape(s: RankexpConfig) -> ModelShape | ConvShape:
-    """One seed's network as the probes' memory estimates see it (a ConvNet's own shape)."""
-    itemsize = torch.empty(0, dtype=DTYPES[s.dtype.value]).element_size()
-    if s.model.name == "cifar_resnet":
-        return ConvShape(s.depth, s.model.base_width, itemsize)
-    hidden = s.width if s.matrices == 1 else max(1, round(s.expansion * s.width))
-    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every, itemsize)
-
-
-def seed_bytes(s: RankexpConfig) -> float:
-    """Memory one seed needs: its weights plus the largest working set of the chosen probes."""
-    shape = model_shape(s)
-    if isinstance(shape, ConvShape):
-        weights = shape.weight_bytes()
-    else:
-        per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
-        weights = shape.depth * per_block * shape.itemsize
-    probes = [PROBES[p] for p in s.task.probes]
-    return weights + max(p.memory(shape, s.task.options) for p in probes)
-
-
-def free_memory_bytes(device: torch.device) -> float:
-    """Free memory of ``device``: CUDA's free bytes, or the host's available RAM."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return float(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+def memory_budget(s: RankexpConfig, device: torch.device) -> float:
+    """Bytes the seeds of one chunk may use: ``task.max_memory_gb``, else 80 % of free memory."""
+    return s.task.max_memory_gb * 1e9 if s.task.max_memory_gb else 0.8 * free_memory_bytes(str(device))
 
 
 def seed_chunk_size(s: RankexpConfig, device: torch.device) -> int:
-    """Seeds per chunk: as many as fit ``task.max_memory_gb`` (default 80 % of free memory), ≥ 1;
-    all of them when a probe cannot split its seeds (:attr:`Probe.splits_seeds`)."""
+    """Seeds per chunk: as many as fit :func:`memory_budget`, ≥ 1; all of them when a probe
+    cannot split its seeds (:attr:`Probe.splits_seeds`)."""
     if not all(PROBES[p].splits_seeds for p in s.task.probes):
         return s.seeds  # a probe pools over every seed in one batch (Probe.splits_seeds)
-    budget = s.task.max_memory_gb * 1e9 if s.task.max_memory_gb else 0.8 * free_memory_bytes(device)
-    return max(1, min(s.seeds, int(budget // seed_bytes(s))))
+    return max(1, min(s.seeds, int(memory_budget(s, device) // seed_bytes(s, str(device)))))
 
 
 def measure_seeds(
@@ -236,6 +208,7 @@ def measure_seeds(
         part = seeds[start : start + chunk]
         if len(seeds) > chunk:
             log.info("seeds %d…%d of %d", part[0], part[-1], len(seeds))
+        ctx = None  # the previous chunk's network and intermediates go before the next is built
         model = build(part)
         m, ctx = probe_chunk(model, probes, options=options, progress=progress, context=context)
         parts.append(m)
@@ -260,6 +233,8 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
         torch.cuda.reset_peak_memory_stats(device)
     context = None
     if s.model.name == "cifar_resnet":  # measured on CIFAR-10 itself, on the device before chunking
+        from .data import dataset_for
+
         data = dataset_for(s, device, DTYPES[s.dtype.value])
 
         def context(net: CifarResNet) -> ImageProbeContext:
@@ -267,9 +242,15 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
 
     chunk = seed_chunk_size(s, device)
     seeds = range(s.seed, s.seed + s.seeds)
-    if chunk < s.seeds:
+    per_seed, budget = seed_bytes(s, str(device)), memory_budget(s, device)
+    budget_text = f"{s.task.max_memory_gb} GB" if s.task.max_memory_gb else f"80% free, {budget / 1e9:.3g} GB"
+    if per_seed > budget:
+        log.warning("one seed needs ≈ %.3g GB (estimate), more than the memory budget (%s): the "
+                    "seeds run one at a time and the job's peak exceeds the budget by ≈ %.3g GB",
+                    per_seed / 1e9, budget_text, (per_seed - budget) / 1e9)
+    elif chunk < s.seeds:
         log.info("%d seeds in chunks of %d (%.2f GB per seed, budget %s)", s.seeds, chunk,
-                 seed_bytes(s) / 1e9, f"{s.task.max_memory_gb} GB" if s.task.max_memory_gb else "80% free")
+                 per_seed / 1e9, budget_text)
     built = [0.0]
 
     def build(part: range) -> nn.Module:

@@ -249,8 +249,9 @@ class TrainResult:
             checkpoint that predates this record.
         eval_steps: ``(n_evals,)`` steps after which the test set was evaluated.
         test_acc: ``(n_evals, E)`` test accuracy at those steps.
-        best_lr, best_acc: the learning rate with the highest final test accuracy
-            and that accuracy (None / NaN before any evaluation).
+        best_lr, best_acc: the learning rate with the highest final test accuracy among those
+            that did not diverge (among all when every one did) and that accuracy (None / NaN
+            before any evaluation).
         max_stable_lr: largest learning rate that did not diverge and reached final
             test accuracy ≥ ``stable_accuracy`` (0.4, Table 5); None if none did.
         wall_time_s: training wall time over all calls (resumes included), seconds.
@@ -299,7 +300,9 @@ def _summarize(
     window = loss[-loss_window:] if steps_done else np.full((1, members), np.nan)
     best_lr, best_acc = None, float("nan")
     if len(acc):
-        i = int(np.argmax(np.where(np.isnan(final), -np.inf, final)))
+        # a diverged rate is frozen at weights of no use: it is best only when every rate diverged
+        ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
+        i = int(np.argmax(ranked))
         best_lr, best_acc = lrs[i], float(final[i])
     stable = [
         lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy

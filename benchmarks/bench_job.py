@@ -1,0 +1,264 @@
+"""The whole job a user runs, before → after issue 18, every row measured in one run.
+
+    python -m benchmarks.bench_job                  # every row (≈ 15 min on an idle 2-core machine)
+    python -m benchmarks.bench_job --rows 1 3       # some rows
+    python -m benchmarks.bench_job --before <ref>   # another "before" (default: main before issue 18)
+
+"before" is :data:`benchmarks.common.BEFORE_COMMIT`'s code, extracted with ``git archive`` and run
+in subprocesses of this run, alternating with this checkout's, the fastest of ``--repeat``
+rounds of each kept; the load average is printed beside every row.  One torch thread unless a
+row says otherwise.
+
+1. A fresh ``task.probes=[io_jacobian]`` job, d=256, L=96, one seed: drawing the weights,
+   the measurement, everything else (imports, composition, store, writing the result) against a
+   bare ``python -c "import torch"``; a tiny job (depth=4 width=16 seeds=1) with a SQLite store;
+   where the seconds go by cProfile.
+2. 8 seeds in one job against 8 one-seed jobs (fresh processes, a SQLite store), the whole job,
+   at 1 thread and at 2.
+3. Sweep overhead per job: (T(20 tiny jobs) − T(1 job)) / 19; job configs built and checks run.
+4. Memory: L=384, d=256, profile, ``task.max_memory_gb=1`` (3 seeds): chunk size, peak RSS,
+   the per-seed estimate; L=192, 3 seeds in chunks of 1 against 2 seeds in one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import (
+    BEFORE_COMMIT,
+    ROOT,
+    checkout,
+    clean_env,
+    fresh_job,
+    header,
+    load,
+    python_wall,
+    rounds,
+    verdict,
+)
+
+BIG = ["width=256", "depth=96", "expansion=4", "seeds=1", "task.probes=[io_jacobian]"]
+TINY = ["width=16", "depth=4", "seeds=1"]
+
+
+class Store:
+    """A working directory with a SQLite store whose schema exists (created once, not timed)."""
+
+    def __init__(self, tree: Path):
+        self.tree, self.dir = tree, Path(tempfile.mkdtemp(prefix="bench-store-"))
+        self.uri = f"sqlite:///{self.dir}/mlflow.db"
+        fresh_job([*TINY, f"tracking.uri={self.uri}"], tree, tracking=True, cwd=self.dir)
+
+    def job(self, overrides, **kw) -> dict:
+        """A job logging to this store; ``tracking.force``: a config run before runs again
+        (a resumed sweep would skip it)."""
+        return fresh_job([*overrides, f"tracking.uri={self.uri}", "tracking.force=true"],
+                         self.tree, tracking=True, cwd=self.dir, **kw)
+
+
+# --------------------------------------------------------------------------- 1. a fresh job
+def row_fresh(trees: dict[str, Path], stores: dict[str, Store], repeat: int) -> None:
+    contenders = {"import torch": lambda: python_wall("import torch")}
+    for v, tree in trees.items():
+        contenders[f"{v} job"] = lambda t=tree: fresh_job(BIG, t)
+        contenders[f"{v} tiny"] = lambda v=v: stores[v].job(TINY)
+    best = rounds(contenders, repeat)
+    torch_s = best["import torch"]["wall_s"]
+    print(f"1. fresh task.probes=[io_jacobian] job, d=256 L=96 m/d=4, one seed, tracking off "
+          f"(fastest of {repeat} alternating rounds; {load()}):")
+    parts = {}
+    for v in trees:
+        b = best[f"{v} job"]
+        draw, meas = b["scalars"]["build_seconds"], b["scalars"]["measure_seconds"]
+        rest = b["wall_s"] - draw - meas
+        parts[v] = (draw, meas, rest)
+        print(f"   {v:6s}: wall {b['wall_s']:5.2f} s = drawing the weights {draw:.2f} s + "
+              f"measurement {meas:.2f} s + everything else {rest:.2f} s ({rest / torch_s:.2f}× import torch)")
+    draw_b, _, rest_b = parts["before"]
+    draw, meas, rest = parts["after"]
+    print(f"   bare `python -c 'import torch'`: {torch_s:.2f} s")
+    print(f"   drawing: {draw_b / draw:.2f}× faster [target ≥ 3×: {verdict(draw_b / draw >= 3)}]; "
+          f"drawing / measurement {draw / meas:.2f} [target ≤ 0.5: {verdict(draw <= 0.5 * meas)}]")
+    print(f"   everything else / import torch: {rest_b / torch_s:.2f}× → {rest / torch_s:.2f}× "
+          f"[target ≤ 1.5×: {verdict(rest <= 1.5 * torch_s)}]")
+    tb, ta = best["before tiny"]["wall_s"], best["after tiny"]["wall_s"]
+    print(f"   tiny job (depth=4 width=16 seeds=1, SQLite store): {tb:.2f} s → {ta:.2f} s = "
+          f"{tb / torch_s:.2f}× → {ta / torch_s:.2f}× import torch [target ≤ 2×: {verdict(ta <= 2 * torch_s)}]")
+    for v, tree in trees.items():
+        print(f"   cProfile, {v}: {profile_breakdown(tree)}")
+
+
+def profile_breakdown(tree: Path) -> str:
+    """Where a fresh job's seconds go, by cProfile (as the issue measured it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "prof"
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "rankexp", *BIG,
+               "tracking=off", "device=cpu", f"hydra.run.dir={tmp}/run"]
+        subprocess.run(cmd, cwd=tmp, env=clean_env(tree), check=True, capture_output=True)
+        stats = pstats.Stats(str(out)).stats  # (file, line, name) → (cc, nc, tt, ct, callers)
+
+    def cum(name: str, where: str = "") -> tuple[float, int]:
+        hits = [(v[3], v[1]) for k, v in stats.items() if k[2] == name and where in k[0]]
+        return (max(h[0] for h in hits), sum(h[1] for h in hits)) if hits else (0.0, 0)
+
+    total = cum("<module>", "rankexp/__main__.py")[0] or max(v[3] for v in stats.values())
+    imports = cum("_find_and_load")[0]
+    compose, n = cum("load_configuration", "config_loader_impl")
+    draw = cum("__init__", "rankexp/models/mlp.py")[0]
+    task = cum("task_measure")[0]
+    return (f"{total:.1f} s: imports {imports:.1f} s ({imports / total:.0%}), Hydra composing "
+            f"{compose:.2f} s ({n}×), drawing the weights {draw:.2f} s ({draw / total:.0%}), the "
+            f"measurement {task - draw:.2f} s ({(task - draw) / total:.0%})")
+
+
+# --------------------------------------------------------------------------- 2. seeds batched
+def row_seeds(trees: dict[str, Path], stores: dict[str, Store]) -> None:
+    print(f"2. 8 seeds in one job vs 8 one-seed jobs (SQLite store, the whole job; d=256 L=96 "
+          f"io_jacobian; {load()}):")
+    got = {}
+    for v in trees:  # the 8 one-seed jobs as one sweep: one process, imports paid once
+        one = stores[v].job([*BIG[:3], "seeds=8", BIG[4]])["wall_s"]
+        sweep = stores[v].job([*BIG, "seed=" + ",".join(map(str, range(8)))], multirun=True)["wall_s"]
+        got[v] = sweep / one
+        print(f"   {v:6s}, 1 thread, one sweep of 8 one-seed jobs {sweep:6.1f} s, one 8-seed job "
+              f"{one:5.1f} s → {sweep / one:.2f}×")
+    print(f"   → {got['before']:.2f}× → {got['after']:.2f}× in one process [target ≥ 3×: "
+          f"{verdict(got['after'] >= 3)}]; as 8 separate commands (fresh processes):")
+    for threads in (1, 2):
+        got = {}
+        for v in trees:
+            one = stores[v].job([*BIG[:3], "seeds=8", BIG[4]], threads=threads)["wall_s"]
+            each = sum(stores[v].job([*BIG, f"seed={k}"], threads=threads)["wall_s"] for k in range(8))
+            got[v] = each / one
+            print(f"   {v:6s}, {threads} thread(s): 8 jobs {each:6.1f} s, one job {one:5.1f} s → {each / one:.2f}×")
+        print(f"   → {got['before']:.2f}× → {got['after']:.2f}× at {threads} thread(s) "
+              f"[target ≥ 3×: {verdict(got['after'] >= 3)}]")
+
+
+# --------------------------------------------------------------------------- 3. sweep overhead
+COUNTER = """
+import sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+import rankexp.config as config
+calls = {"configs": 0, "checks": 0}
+apply, check = ConfigLoaderImpl._apply_overrides_to_config, config.check_job
+def counted_apply(*a, **k):
+    calls["configs"] += 1
+    return apply(*a, **k)
+def counted_check(*a, **k):
+    calls["checks"] += 1
+    return check(*a, **k)
+ConfigLoaderImpl._apply_overrides_to_config = staticmethod(counted_apply)
+config.check_job = counted_check
+from rankexp import cli
+sys.argv = ["rankexp", *sys.argv[1:]]
+try:
+    cli.cli()
+except SystemExit:
+    pass
+print("COUNTS", calls)
+"""
+
+
+def sweep_counts(tree: Path, jobs: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        alphas = ",".join(f"{1 + i / 100:g}" for i in range(jobs))
+        out = subprocess.run([sys.executable, "-c", COUNTER, "width=8", "depth=2", "seeds=1",
+                              "tracking=off", f"alpha={alphas}", f"hydra.sweep.dir={tmp}/s", "-m"],
+                             cwd=tmp, env=clean_env(tree), capture_output=True, text=True)
+    line = [x for x in out.stdout.splitlines() if x.startswith("COUNTS")]
+    return ast.literal_eval(line[-1].split(" ", 1)[1]) if line else {}
+
+
+def row_overhead(trees: dict[str, Path], stores: dict[str, Store], repeat: int, jobs: int = 20) -> None:
+    tiny = ["width=8", "depth=2", "seeds=1"]
+    alphas = ",".join(f"{1 + i / 100:g}" for i in range(jobs))
+    contenders = {}
+    for v in trees:
+        contenders[f"{v} 1"] = lambda v=v: stores[v].job([*tiny, "alpha=1.5"], multirun=True)
+        contenders[f"{v} {jobs}"] = lambda v=v: stores[v].job([*tiny, f"alpha={alphas}"], multirun=True)
+    best = rounds(contenders, repeat)
+    print(f"3. sweep overhead per job, {jobs} tiny jobs (SQLite store; fastest of {repeat} "
+          f"alternating rounds; {load()}):")
+    per = {}
+    for v, tree in trees.items():
+        t1, tn = best[f"{v} 1"]["wall_s"], best[f"{v} {jobs}"]["wall_s"]
+        per[v] = (tn - t1) / (jobs - 1)
+        c = sweep_counts(tree, jobs)
+        print(f"   {v:6s}: 1 job {t1:.2f} s, {jobs} jobs {tn:.2f} s → {per[v]:.3f} s per job; job "
+              f"configs built {c.get('configs', '?')} (Hydra: 2 + 2×{jobs}), checks {c.get('checks', '?')}")
+    print(f"   → {per['before']:.3f} s → {per['after']:.3f} s per job [target ≤ 0.1 s: "
+          f"{verdict(per['after'] <= 0.1)}]; composed and checked once per job: "
+          f"{verdict(sweep_counts(trees['after'], jobs) == {'configs': 2 + jobs, 'checks': jobs})}")
+
+
+# --------------------------------------------------------------------------- 4. memory
+def row_memory(trees: dict[str, Path]) -> None:
+    print(f"4. memory (peak RSS of the job process; {load()}):")
+    deep = ["width=256", "depth=384", "task.probes=[profile]"]
+    for v, tree in trees.items():
+        base = fresh_job(["width=16", "depth=1", "seeds=1"], tree)["scalars"]["peak_memory_gb"]
+        one = fresh_job([*deep, "seeds=1"], tree)["scalars"]
+        three = fresh_job([*deep, "seeds=3", "task.max_memory_gb=1"], tree)["scalars"]
+        chunk = one["peak_memory_gb"] - base
+        over = three["peak_memory_gb"] - base
+        ok = over <= 1.0 + chunk + 1e-9
+        print(f"   {v:6s} L=384 d=256 profile, 3 seeds, task.max_memory_gb=1: chunks of "
+              f"{three['seed_chunk']:.0f}, peak {three['peak_memory_gb']:.2f} GB (process "
+              f"footprint {base:.2f} GB; one seed alone {one['peak_memory_gb']:.2f} GB) → above "
+              f"the footprint {over:.2f} GB vs budget + one chunk {1 + chunk:.2f} GB [{verdict(ok)}]")
+        mid = ["width=256", "depth=192", "task.probes=[profile]"]
+        chunked = fresh_job([*mid, "seeds=3", "task.max_memory_gb=0.9"], tree)["scalars"]
+        batch = fresh_job([*mid, "seeds=2"], tree)["scalars"]
+        print(f"   {v:6s} L=192: 3 seeds in chunks of {chunked['seed_chunk']:.0f} peak "
+              f"{chunked['peak_memory_gb']:.2f} GB, 2 seeds in one batch {batch['peak_memory_gb']:.2f} GB "
+              f"[never more with chunking: {verdict(chunked['peak_memory_gb'] <= batch['peak_memory_gb'])}]")
+    est = subprocess.run([sys.executable, "-c", ESTIMATE], env=clean_env(trees["after"]),
+                         capture_output=True, text=True).stdout.strip()
+    print(f"   per-seed estimate (after), L=384 d=256 profile: {est} GB")
+
+
+ESTIMATE = """
+from hydra import compose, initialize_config_dir
+from rankexp.cli import CONF_DIR
+from rankexp.config import validate
+from rankexp.memory import seed_bytes
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    s = validate(compose("config", ["width=256", "depth=384", "task.probes=[profile]"]))
+print(f"{seed_bytes(s, 'cpu') / 1e9:.2f}")
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--before", default=BEFORE_COMMIT)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rows", type=int, nargs="*", default=[1, 2, 3, 4])
+    args = p.parse_args(argv)
+    print(header("benchmarks.bench_job (the whole job)", 1) + f", before = {args.before}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        before = checkout(args.before, Path(tmp))
+        if before is None:
+            return
+        trees = {"before": before, "after": ROOT}
+        stores = {v: Store(t) for v, t in trees.items()} if {1, 2, 3} & set(args.rows) else {}
+        t0 = time.perf_counter()
+        for row, fn in ((1, lambda: row_fresh(trees, stores, args.repeat)),
+                        (2, lambda: row_seeds(trees, stores)),
+                        (3, lambda: row_overhead(trees, stores, args.repeat)),
+                        (4, lambda: row_memory(trees))):
+            if row in args.rows:
+                fn()
+                sys.stdout.flush()
+        print(f"bench_job done in {(time.perf_counter() - t0) / 60:.1f} min; {load()}")
+
+
+if __name__ == "__main__":
+    main()

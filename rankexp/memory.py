@@ -1,0 +1,126 @@
+"""How much memory a measurement needs, and how much the device has — without torch.
+
+The per-seed estimate (:func:`seed_bytes`: the weights plus the largest working set of the
+chosen probes, :mod:`rankexp.probes.catalog`) decides the seed chunks of ``task=measure``
+(:func:`rankexp.tasks.measure.seed_chunk_size`) and, before any run exists, refuses a config
+whose single seed cannot fit the device at all (:func:`check_fits`).  It is measured against
+the process's peak RSS on the CPU (and CUDA's allocator on a GPU) in tests/test_memory.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .probes import PROBES
+from .probes.catalog import ConvShape, ModelShape
+
+if TYPE_CHECKING:
+    from .config import RankexpConfig
+
+#: bytes per number of the config's ``dtype``
+ITEMSIZE = {"float32": 4, "float64": 8}
+
+
+def cuda_possible() -> bool:
+    """Whether this machine may have a CUDA device, known without importing torch: the NVIDIA
+    driver's ``/proc`` entry or a ``/dev/nvidia<N>`` node."""
+    return Path("/proc/driver/nvidia/version").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def device_type(device: str) -> str:
+    """``cpu`` or ``cuda`` for a config's ``device`` (``auto``: CUDA when present)."""
+    if device == "auto":
+        if not cuda_possible():
+            return "cpu"
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else device
+
+
+def model_shape(s: RankexpConfig, device: str | None = None) -> ModelShape | ConvShape:
+    """One seed's network as the probes' memory estimates see it (a ConvNet's own shape);
+    ``device`` (default: the config's) decides whether the sweep defers its spectra (CUDA)."""
+    itemsize = ITEMSIZE[s.dtype.value]
+    if s.model.name == "cifar_resnet":
+        return ConvShape(s.depth, s.model.base_width, itemsize)
+    hidden = s.width if s.matrices == 1 else max(1, round(s.expansion * s.width))
+    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every, itemsize,
+                      device_type(device or s.device) == "cuda")
+
+
+def weight_bytes(s: RankexpConfig, shape: ModelShape | ConvShape | None = None) -> float:
+    """Bytes of one seed's weights."""
+    shape = shape or model_shape(s)
+    if isinstance(shape, ConvShape):
+        return float(shape.weight_bytes())
+    per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
+    return float(shape.depth * per_block * shape.itemsize)
+
+
+def seed_bytes(s: RankexpConfig, device: str | None = None) -> float:
+    """Memory one seed needs: its weights plus the largest working set of the chosen probes."""
+    shape = model_shape(s, device)
+    return weight_bytes(s, shape) + max(PROBES[p].memory(shape, s.task.options) for p in s.task.probes)
+
+
+def _meminfo(key: str) -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return float(info[key].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def total_memory_bytes(device: str) -> tuple[float, str]:
+    """``(bytes, what)``: all the memory ``device`` has — the host's RAM, or the CUDA device's."""
+    if device_type(device) == "cuda":
+        import torch
+
+        index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return float(props.total_memory), f"cuda:{index} ({props.name})"
+    total = _meminfo("MemTotal")
+    if total is None:
+        total = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return total, "this machine's RAM"
+
+
+def free_memory_bytes(device: str) -> float:
+    """Free memory of ``device``: CUDA's free bytes, or the host's available RAM."""
+    if device_type(device) == "cuda":
+        import torch
+
+        return float(torch.cuda.mem_get_info(device if device != "auto" else None)[0])
+    free = _meminfo("MemAvailable")
+    return free if free is not None else float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def check_fits(s: RankexpConfig) -> None:
+    """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
+    down to one, never below): the estimate against the device's whole memory.
+
+    Raises:
+        ConfigError: the estimate, what it is made of and the limit.
+    """
+    from .config import ConfigError, MeasureTask
+
+    if not isinstance(s.task, MeasureTask) or s.model.name == "gpt2":
+        return
+    need = seed_bytes(s)
+    total, what = total_memory_bytes(s.device)
+    if need > total:
+        raise ConfigError(
+            f"invalid config: one seed of this measurement needs ≈ {gigabytes(need)} (weights "
+            f"{gigabytes(weight_bytes(s))} + the largest probe working set; estimate), more than "
+            f"{what} has: {gigabytes(total)} — make width/depth/expansion smaller or use a device "
+            "with more memory (seeds already run one at a time when they must)")
+
+
+def gigabytes(n: float) -> str:
+    """``12.3 GB``, ``640,000 GB``: bytes for a message."""
+    gb = n / 1e9
+    return f"{gb:,.0f} GB" if gb >= 100 else f"{gb:.3g} GB"

@@ -1,0 +1,364 @@
+"""What every probe declares, without torch: its options, its per-seed memory, its needs.
+
+The config schema (``task.options.<probe>``), ``rankexp --help`` and the checks before any run
+(the memory estimate included) read these declarations, so they live here, in a module that
+imports neither torch nor the probes' code; each probe module imports its own options from here
+(one declaration, read everywhere).  The registry that ties a name to its function is
+:data:`rankexp.probes.PROBES` (:class:`Probe` entries whose functions are imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: sweep needs (what :func:`rankexp.probes.jacobian.forward_sweep` computes): ``∂h_L/∂h_0``
+#: (unit + log gain) and its singular values
+IO_JACOBIAN = "io_jacobian"
+#: erank / stable rank / log gain of every ``∂h_l/∂h_0`` (the profile)
+PARTIAL_SPECTRA = "partial_spectra"
+#: ``‖J_b‖_F/√d`` per layer (the branch-to-skip ratio, Eq. 4)
+BRANCH_NORMS = "branch_norms"
+#: ``‖Σ_{l≤k} J_b‖_F/√d`` per layer (accumulated branch, Figure 5b)
+BRANCH_SUM = "branch_sum"
+#: what the forward sweep can compute; ``rms(h_l)`` of its input comes with every sweep
+SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM})
+#: the layer fold of the path-order dynamic program (Eq. 12; :data:`rankexp.probes.FOLDS`)
+PATH_ORDERS = "path_orders"
+
+
+def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
+    """``options[name]`` merged over ``defaults``.
+
+    Raises:
+        ValueError: a key the probe does not know (lists the allowed ones).
+    """
+    given = dict(options.get(name) or {})
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(
+            f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **given}
+
+
+# --------------------------------------------------------------------------- memory
+#: per-seed working memory of a probe in bytes: ``fn(shape, options)``
+MemoryEstimate = Callable[["ModelShape", Mapping], float]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a memory estimate needs to know about the network (one seed).
+
+    ``deferred_spectra``: the sweep runs on an accelerator, where it keeps every partial
+    Jacobian for one batched spectrum call after the last block (no host sync per layer).
+    """
+
+    width: int
+    depth: int
+    hidden: int
+    matrices: int
+    skip_every: int
+    itemsize: int
+    deferred_spectra: bool = False
+
+
+def sweep_memory(shape: ModelShape, options: Mapping) -> float:
+    """Working set of the forward sweep per seed: the skip window of partials, two buffers,
+    ``J_b``, the branch sum and temporaries (≈ (k + 6)·d² numbers)."""
+    return (max(shape.skip_every, 1) + 6) * shape.width**2 * shape.itemsize
+
+
+def profile_memory(shape: ModelShape, options: Mapping) -> float:
+    """The sweep's working set, plus — where the spectra are deferred — the L partials they
+    are taken of (L·d² numbers)."""
+    kept = shape.depth * shape.width**2 * shape.itemsize if shape.deferred_spectra else 0
+    return sweep_memory(shape, options) + kept
+
+
+# --------------------------------------------------------------------------- the forward sweep's probes (sweep.py)
+#: options of ``stream`` (``task.options.stream``): n Gaussian inputs (1: the seed's own h_0)
+STREAM_OPTIONS = {"inputs": 1}
+
+
+def stream_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the skip window of n stream states plus one block's hidden activations."""
+    n = int(dict(options.get("stream") or {}).get("inputs", 1))
+    return n * (shape.width * (max(shape.skip_every, 1) + 3) + 2 * shape.hidden) * shape.itemsize
+
+
+# --------------------------------------------------------------------------- path orders (paths.py, Eq. 12)
+PATH_ORDER_OPTIONS = {"max_order": None, "chunk": 64}
+
+
+def path_order_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the ``K+1`` stored orders plus a chunk of temporaries, and the sweep's."""
+    opt = {**PATH_ORDER_OPTIONS, **dict(options.get("path_order") or {})}
+    k = shape.depth if opt["max_order"] is None else min(int(opt["max_order"]), shape.depth)
+    chunk = min(int(opt["chunk"]), k + 1)
+    return (k + 1 + 3 * chunk) * shape.width**2 * shape.itemsize + sweep_memory(shape, options)
+
+
+# --------------------------------------------------------------------------- representations (representation.py, Figures 7/14/15, Appendix C)
+#: options of ``representation``: n probe inputs
+REPRESENTATION_OPTIONS = {"n": 1024}
+
+
+#: options of ``backward_representation``: n inputs, the output gradient δ_L (``random`` or ``cross_entropy``), classes
+BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
+
+
+def representation_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: the skip window of n states, one block's hidden activations, the running
+    unit sum and the L branch means."""
+    n = int(dict(options.get("representation") or {}).get("n", 1024))
+    d, m = shape.width, shape.hidden
+    return (n * (d * (max(shape.skip_every, 1) + 5) + 2 * m) + shape.depth * d) * shape.itemsize
+
+
+def backward_representation_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: √L checkpoint windows of n states, a segment of states, autograd buffers."""
+    n = int(dict(options.get("backward_representation") or {}).get("n", 1024))
+    d, m, k = shape.width, shape.hidden, max(shape.skip_every, 1)
+    seg = math.isqrt(max(shape.depth - 1, 0)) + 1
+    return n * (d * (2 * seg * k + 8) + 4 * m) * shape.itemsize
+
+
+# --------------------------------------------------------------------------- branch Jacobians, spike, projection split (branch.py, Figures 4c/8/9, Table 1)
+BRANCH_JACOBIAN_OPTIONS = {"layers": None, "reference_draws": 4}
+
+
+def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: ``A`` and ``J_f`` of one layer, its Gram matrix, and the kept eigenvalues."""
+    d, m = shape.width, shape.hidden
+    return (3 * m * d + 4 * d * d + shape.depth * d) * shape.itemsize
+
+
+#: options of ``activation_spike``: n inputs, the 1-based layers
+ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
+
+
+def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
+    n = int(dict(options.get("activation_spike") or {}).get("n", 2048))
+    d, m = shape.width, shape.hidden
+    return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
+
+
+def projection_split_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: three running products over the skip window, J_b, J_R and temporaries."""
+    return (3 * max(shape.skip_every, 1) + 10) * shape.width**2 * shape.itemsize
+
+
+# --------------------------------------------------------------------------- Table 2 and Table 3 (norm_jacobian.py, walk.py)
+#: ``task.options.norm_jacobian``: the mean added to the Gaussian input (in units of its rms)
+NORM_JACOBIAN_DEFAULTS = {"input_mean": 1.0}
+
+
+def norm_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
+    """Two dense d×d Jacobians, the autograd intermediates and the SVD: ≈ 6 d² numbers."""
+    return 6 * shape.width**2 * shape.itemsize
+
+
+#: ``task.options.projection_walk``: step angle ε (radians) and the lengths L read off the walk
+WALK_DEFAULTS = {"step_angle": 0.15, "depths": [48, 96, 192, 384], "walk": "gaussian"}
+
+
+def projection_walk_memory(shape: ModelShape, options: Mapping) -> float:
+    """Q, its update and the SVD workspace (≈ 4 d²) plus the walk ((L+1)·d)."""
+    depths = (options.get("projection_walk") or {}).get("depths", WALK_DEFAULTS["depths"])
+    return (4 * shape.width**2 + (max(depths) + 1) * shape.width) * shape.itemsize
+
+
+# --------------------------------------------------------------------------- the mean-field lab (meanfield.py, gradients.py)
+CORRELATION_DEFAULTS = {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None,
+                        "tangents": 4}
+
+
+SPECTRUM_DEFAULTS = {"q0": "fixed_point", "bins": 60}
+
+
+DEEP_LINEAR_DEFAULTS = {
+    "depths": list(range(1, 17)),
+    "a0": [0.5, 0.7, 0.9, 1.0],
+    "s": 1.0,
+    "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]],
+    "sim_width": 4,
+}
+
+
+#: options of ``gradient_norms``: Gaussian inputs per member
+GRADIENT_NORMS_OPTIONS = {"batch": 128}
+
+
+#: options of ``shattered``: grid points on [lo, hi]
+SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
+
+
+# --------------------------------------------------------------------------- causal LMs (ffn.py, Figure 12)
+#: options of ``ffn_jacobian`` (``task.options.ffn_jacobian``): the first block the cosines and
+#: sums include (the study leaves block 1 out)
+FFN_JACOBIAN_OPTIONS = {"first_block": 2}
+
+
+def ffn_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per-seed bytes beyond the FFN weights: embeddings (GPT-2's vocabulary and positions),
+    attention (4 d² per block), the L Jacobians and one (d, m) temporary."""
+    d, L, b = shape.width, shape.depth, shape.itemsize
+    return ((50257 + 1024) * d + 4 * L * d * d + L * d * d + 4 * d * d) * b
+
+
+# --------------------------------------------------------------------------- the CIFAR ConvNets (convnet.py, the degradation replication)
+#: option defaults (``task.options.<probe>``), shared by each probe and its memory estimate
+LAYER_RESPONSE_OPTIONS = {"images": 10000, "batch": 500}
+
+
+INIT_GRADIENT_NORMS_OPTIONS = {"batch": 256, "batch_seed": 0}
+
+
+LESION_OPTIONS = {"images": 10000, "batch": 250}
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """What a memory estimate needs to know about one member of a :class:`CifarResNet`.
+
+    Attributes:
+        depth: 6n + 2. base_width: stage-1 filters (16). itemsize: bytes per number.
+    """
+
+    depth: int
+    base_width: int
+    itemsize: int
+    num_classes: int = 10
+
+    @property
+    def n(self) -> int:
+        return (self.depth - 2) // 6
+
+    def layer_sizes(self) -> list[int]:
+        """Numbers per image of each conv layer's output, layers 1 … 6n+1 (C·H·W)."""
+        w, n = self.base_width, self.n
+        return [w * 32 * 32] * (2 * n + 1) + [2 * w * 16 * 16] * (2 * n) + [4 * w * 8 * 8] * (2 * n)
+
+    def parameters(self) -> int:
+        """Trainable numbers of one member (convs, BN scale/shift, classifier; closed form of
+        :meth:`CifarResNet.parameter_count`) plus its BN running statistics."""
+        w, n = self.base_width, self.n
+        convs = 9 * 3 * w + sum(9 * (c // 2 if stage and b == 0 else c) * c + 9 * c * c
+                                for stage, c in enumerate((w, 2 * w, 4 * w)) for b in range(n))
+        bn = 4 * (w + 2 * n * (w + 2 * w + 4 * w))  # weight, bias, running mean, running var
+        return convs + bn + self.num_classes * (4 * w + 1)
+
+    def weight_bytes(self) -> int:
+        return self.parameters() * self.itemsize
+
+
+def layer_response_memory(shape: ConvShape, options: Mapping) -> float:
+    """No-grad forward in batches: a block's input, conv, BN and ReLU outputs at the widest
+    layer, plus the hook's squared copy (5 × the largest layer × batch)."""
+    batch = probe_options(options, "layer_response", LAYER_RESPONSE_OPTIONS)["batch"]
+    return 5.0 * max(shape.layer_sizes()) * int(batch) * shape.itemsize
+
+
+def init_gradient_norms_memory(shape: ConvShape, options: Mapping) -> float:
+    """One backward through the whole network: autograd keeps ≈ 3 tensors per conv layer (the
+    conv's input, the BN's input, the ReLU's output), the backward ≈ 4 more of the widest."""
+    batch = probe_options(options, "init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)["batch"]
+    sizes = shape.layer_sizes()
+    return (3.0 * sum(sizes) + 4.0 * max(sizes)) * int(batch) * shape.itemsize + shape.weight_bytes()
+
+
+def lesion_memory(shape: ConvShape, options: Mapping) -> float:
+    """No-grad forward keeping every block's input of one batch (≈ every second layer's
+    output), plus 4 × the widest layer for the running block."""
+    batch = probe_options(options, "lesion", LESION_OPTIONS)["batch"]
+    sizes = shape.layer_sizes()
+    return (sum(sizes[::2]) + 4.0 * max(sizes)) * int(batch) * shape.itemsize
+
+
+# --------------------------------------------------------------------------- the registry's entries
+@dataclass(frozen=True)
+class Ref:
+    """A function named by module and attribute, imported on first call (``"sweep:probe_stream"``
+    is :func:`rankexp.probes.sweep.probe_stream`), so the registry costs no import of torch."""
+
+    path: str
+
+    def resolve(self) -> Callable[..., Any]:
+        module, _, attr = self.path.partition(":")
+        return getattr(importlib.import_module(f"rankexp.probes.{module}"), attr)
+
+    @property
+    def doc(self) -> str:
+        """The function's docstring, read from its module's source without importing it."""
+        import ast
+        from pathlib import Path
+
+        module, _, attr = self.path.partition(":")
+        tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attr)
+        return ast.get_docstring(node) or ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A registered probe: the function, what it needs, how to pool seeds, its memory.
+
+    Attributes:
+        ref: the function ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities
+            only when ``reduce_ref`` is given), as a :class:`Ref` (``fn`` imports it).
+        needs: intermediates read from ``ctx`` (see :mod:`rankexp.probes.base`).
+        reduce_ref: ``reduce(m, ctx)`` adds to the joined measurement of all seeds what is pooled
+            over seeds, from per-seed arrays ``fn`` left in ``m.arrays`` (it may remove them);
+            ``ctx`` is any chunk's context (the architecture and options, not its seeds).
+        memory: per-seed working memory in bytes beyond the weights (default: the sweep's).
+        splits_seeds: whether the seeds may run in memory chunks; ``False`` for a probe that
+            pools over all seeds inside ``fn`` (a fit or histogram over every seed) without a
+            ``reduce`` — its seeds always run as one batch.
+        options: the probe's options and their defaults (``task.options.<name>.<key>``): the one
+            place they are declared — ``fn`` reads them with
+            :meth:`~rankexp.probes.base.ProbeContext.probe_options`, and the config schema and
+            ``--help`` are built from them.
+    """
+
+    ref: Ref
+    needs: frozenset[str] = frozenset()
+    reduce_ref: Ref | None = None
+    memory: MemoryEstimate = sweep_memory
+    splits_seeds: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """``fn(ctx) -> Measurement`` (imported on first use)."""
+        return self.ref.resolve()
+
+    @property
+    def reduce(self) -> Callable[..., None] | None:
+        """``reduce(m, ctx)`` or None (imported on first use)."""
+        return None if self.reduce_ref is None else self.reduce_ref.resolve()
+
+    @property
+    def doc(self) -> str:
+        """The first paragraph of ``fn``'s docstring, one line (for ``--help``; no import)."""
+        return " ".join(self.ref.doc.strip().split("\n\n")[0].split())
+
+    def __call__(self, ctx: Any) -> Any:
+        """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""
+        m = self.fn(ctx)
+        if self.reduce_ref is not None:
+            self.reduce(m, ctx)
+        return m
+
+
+def needs_of(probes: Iterable[Probe]) -> frozenset[str]:
+    """The union of the probes' needs: what the context must compute."""
+    out: frozenset[str] = frozenset()
+    for p in probes:
+        out |= p.needs
+    return out
