@@ -13,9 +13,13 @@ import math
 
 import pandas as pd
 
-from .claims import Claim, Measured, NotRun, Runs, at_most, near, need, register, seed_std
+from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
+from ..core.select import need
 from .ffn import trained, with_pretrained
 
+#: what the trained half needs: checkpoints no grid of this checkout makes (offline)
+PRETRAINED = ("pretrained GPT-2 checkpoints: python -m rankexp experiment=fig12 "
+              "model.pretrained=gpt2,gpt2-medium seeds=1 -m (a hub or local copies)")
 #: GPT-2 Small and Medium widths (the study's two networks)
 SMALL, MEDIUM = 768, 1024
 
@@ -55,20 +59,25 @@ def _trained(metric: str, width: int):
     return measure
 
 
-register(Claim("fig12.cos_init", "fig12",
-               "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
-               "science.md §4 fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init))
-register(Claim("fig12.accumulated_init", "fig12",
-               "At initialization accumulated / uncorrelated = 1.00 at k = L",
-               "science.md §4 fig12b", "1.00×", near(1.0, 0.05), _accumulated_init))
-for _w, _name, _cos, _acc, _coh in ((SMALL, "small", 0.18, 1.78, 3.26),
-                                    (MEDIUM, "medium", 0.15, 2.23, 4.59)):
-    register(Claim(f"fig12.cos_trained_{_name}", "fig12",
-                   f"Trained GPT-2 {_name.title()}: off-diagonal mean cosine of the FFN Jacobians",
-                   "science.md §4 fig12a", f"{_cos:g}", near(_cos, 0.05),
-                   _trained("ffn_cos_offdiag_mean", _w)))
-    register(Claim(f"fig12.accumulated_trained_{_name}", "fig12",
-                   f"Trained GPT-2 {_name.title()}: accumulated / uncorrelated at k = L "
-                   f"(fully coherent: {_coh:g}×)",
-                   "science.md §4 fig12b", f"{_acc:g}×", near(_acc, 0.25),
-                   _trained("ffn_accumulated_ratio", _w)))
+FIG12 = (
+    Claim("fig12.cos_init", "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
+          "science.md §4 fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
+    Claim("fig12.accumulated_init", "At initialization accumulated / uncorrelated = 1.00 at k = L",
+          "science.md §4 fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
+)
+FIG12_TRAINED = tuple(
+    claim
+    for width, name, cos, acc, coherent in ((SMALL, "small", 0.18, 1.78, 3.26),
+                                            (MEDIUM, "medium", 0.15, 2.23, 4.59))
+    for claim in (
+        Claim(f"fig12.cos_trained_{name}",
+              f"Trained GPT-2 {name.title()}: off-diagonal mean cosine of the FFN Jacobians",
+              "science.md §4 fig12a", f"{cos:g}", near(cos, 0.05),
+              _trained("ffn_cos_offdiag_mean", width), needs=PRETRAINED),
+        Claim(f"fig12.accumulated_trained_{name}",
+              f"Trained GPT-2 {name.title()}: accumulated / uncorrelated at k = L "
+              f"(fully coherent: {coherent:g}×)",
+              "science.md §4 fig12b", f"{acc:g}×", near(acc, 0.25),
+              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED),
+    )
+)

@@ -21,19 +21,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    set_experiment_default,
-    to_markdown,
-    warn_mixed,
-    write_text,
-)
-from .plotting import save
-from .seeds import pooled
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import load, warn_mixed
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
@@ -135,4 +128,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-post_ops_command = Command(_arguments, _main)
+POST_OPS_COMMAND = Command(_arguments, _main,
+                           "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control")
+
+COMMANDS = {"post_ops": POST_OPS_COMMAND}

@@ -1,7 +1,7 @@
-"""The study's claims for the rest of its figures and tables (science.md §4): Figure 4b's
-control panel, Figures 10, 11, 13, 14, 15, 17 and Tables 2, 3 — registered in
-:mod:`analysis.claims` (a :data:`~analysis.claims.PLUGINS` module).  Tolerances are stated a
-priori; values the study states for its sizes (d = 256, L up to 384 or 512) say so.
+"""The study's claims for the rest of its figures and tables (science.md §4): Figures 10, 11,
+13, 14, 15, 17 and Tables 2, 3, one tuple per experiment (its registry entry lists it:
+:mod:`analysis.rest.experiments`).  Tolerances are stated a priori; values the study states for
+its sizes (d = 256, L up to 384 or 512) say so.
 """
 
 from __future__ import annotations
@@ -11,71 +11,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from .claims import (
-    Claim,
-    Measured,
-    NotRun,
-    Runs,
-    at_least,
-    at_most,
-    near,
-    need,
-    only,
-    register,
-    seed_std,
-)
+from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seed_std
+from ..core.select import need, only
+from ..study.claims import by_post, deepest
 from .op_tables import TABLE3, TABLE3_DEPTHS
 
 RESCALING = ("rmsnorm", "layernorm")
 
 
-def _deepest(df: pd.DataFrame) -> pd.DataFrame:
-    need(df, "depth")
-    return df[df["depth"] == df["depth"].max()]
-
-
-def _by_post(df: pd.DataFrame) -> pd.Series:
-    need(df, "erank_io", "norm.post")
-    return df.groupby("norm.post")["erank_io"].mean()
-
-
-# --------------------------------------------------------------------------- Figure 4b
-def _fig4b(runs: Runs) -> pd.Series:
-    df = only(runs("fig4"), norm__pre="rmsnorm", norm__out="none")
-    e = _by_post(_deepest(df))
-    if not {"rmsnorm", "detached"} <= set(e.index):
-        raise NotRun("no Figure 4b runs (norm=pre norm.post=rmsnorm,detached,…) in fig4")
-    return e
-
-
-def _fig4b_detached(runs: Runs) -> Measured:
-    e = _fig4b(runs)
-    L = int(_deepest(only(runs("fig4"), norm__pre="rmsnorm"))["depth"].iloc[0])
-    return Measured(abs(e["detached"] - e["rmsnorm"]), math.nan,
-                    f"|erank(R = detached) − erank(R = rmsnorm)|/d with a Pre-RMSNorm, L = {L}")
-
-
-def _fig4b_floor(runs: Runs) -> Measured:
-    e = _fig4b(runs)
-    floors = [e[o] for o in ("none", "meansub") if o in e]
-    collapse = [e[o] for o in ("rmsnorm", "detached", "layernorm") if o in e]
-    if not floors:
-        raise NotRun("no Figure 4b run with R = none or meansub")
-    return Measured(min(floors) / max(collapse), math.nan,
-                    "min over R ∈ {none, meansub} ÷ max over the rescaling R, deepest L")
-
-
-register(Claim("fig4.b_detached_rmsnorm", "fig4", "With a Pre-RMSNorm, post-residual detached ≈ "
-               "rmsnorm (collapse; within 0.4 % of width)", "science.md §3 fig4(b)",
-               "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached))
-register(Claim("fig4.b_centring_floor", "fig4", "With a Pre-RMSNorm, R = meansub and none keep a "
-               "floor while the rescaling R collapse", "science.md §3 fig4(b)", "floor ≫ collapse",
-               at_least(2.0), _fig4b_floor))
-
-
 # --------------------------------------------------------------------------- Figure 10
 def _fig10_alike(runs: Runs) -> Measured:
-    e = _by_post(_deepest(only(runs("fig10"), norm__pre="none")))
+    e = by_post(deepest(only(runs("fig10"), norm__pre="none")))
     if len(e) < 2:
         raise NotRun("needs ≥ 2 post-residual ops without the control")
     return Measured(float(e.max() / e.min()), math.nan,
@@ -84,8 +30,8 @@ def _fig10_alike(runs: Runs) -> Measured:
 
 def _fig10_control(runs: Runs) -> Measured:
     df = runs("fig10")
-    free = _by_post(_deepest(only(df, norm__pre="none")))
-    ctrl = _by_post(_deepest(only(df, norm__pre="rmsnorm")))
+    free = by_post(deepest(only(df, norm__pre="none")))
+    ctrl = by_post(deepest(only(df, norm__pre="rmsnorm")))
     gaps = {r: abs(ctrl[r] - free[r]) / free[r] for r in RESCALING if r in free and r in ctrl}
     if not gaps:
         raise NotRun("needs post-rmsnorm/layernorm runs with and without the Pre-RMSNorm")
@@ -93,12 +39,14 @@ def _fig10_control(runs: Runs) -> Measured:
     return Measured(gaps[worst], math.nan, f"max over R of |with − without| / without (worst: {worst})")
 
 
-register(Claim("fig10.ops_alike", "fig10", "Without the Pre-RMSNorm the five post-residual ops "
-               "collapse alike (none and meansub at nearly the rescaling rate)",
-               "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike))
-register(Claim("fig10.control_coincides", "fig10", "Post-RMSNorm and post-LayerNorm coincide with "
-               "and without the Pre-RMSNorm control", "science.md §4 fig10(b)", "coincide",
-               at_most(0.2), _fig10_control))
+FIG10 = (
+    Claim("fig10.ops_alike", "Without the Pre-RMSNorm the five post-residual ops "
+          "collapse alike (none and meansub at nearly the rescaling rate)",
+          "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
+    Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
+          "and without the Pre-RMSNorm control", "science.md §4 fig10(b)", "coincide",
+          at_most(0.2), _fig10_control),
+)
 
 
 # --------------------------------------------------------------------------- Figure 11
@@ -118,10 +66,12 @@ def _fig11_rms(runs: Runs) -> Measured:
     return Measured(float(df["rms_final"].mean()), seed_std(df, "rms_final"))
 
 
-register(Claim("fig11.kappa_slope", "fig11", "rms(h_l)² − 1 vs (βα^M)² l is one line of slope "
-               "κ ≈ 0.51 for every α", "science.md §4 fig11(b)", "0.51", near(0.51, 0.05), _fig11_kappa))
-register(Claim("fig11.rms_L384", "fig11", "At L = 384, α = β = 1 the Pre-Norm stream reaches rms "
-               "≈ 14.5", "science.md §4 fig11", "14.5", near(14.5, 0.7), _fig11_rms))
+FIG11 = (
+    Claim("fig11.kappa_slope", "rms(h_l)² − 1 vs (βα^M)² l is one line of slope "
+          "κ ≈ 0.51 for every α", "science.md §4 fig11(b)", "0.51", near(0.51, 0.05), _fig11_kappa),
+    Claim("fig11.rms_L384", "At L = 384, α = β = 1 the Pre-Norm stream reaches rms "
+          "≈ 14.5", "science.md §4 fig11", "14.5", near(14.5, 0.7), _fig11_rms),
+)
 
 
 # --------------------------------------------------------------------------- Figure 13
@@ -142,11 +92,15 @@ def _fig13_accuracy(runs: Runs) -> Measured:
                     f"(of {len(cells)}); mean over cells {cells.mean():.3f}")
 
 
-register(Claim("fig13.rank_floor", "fig13", "Output norm: the rank stays above collapse at every α "
-               "and L, like Pre-Norm", "science.md §4 fig13", "above collapse (≫ 0.02)",
-               at_least(0.1), _fig13_rank))
-register(Claim("fig13.cifar_55", "fig13_train", "Output norm: best CIFAR-10 accuracy ≈ 55 % at every "
-               "α and L (5000 steps)", "science.md §4 fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy))
+FIG13 = (
+    Claim("fig13.rank_floor", "Output norm: the rank stays above collapse at every α "
+          "and L, like Pre-Norm", "science.md §4 fig13", "above collapse (≫ 0.02)",
+          at_least(0.1), _fig13_rank),
+)
+FIG13_TRAIN = (
+    Claim("fig13.cifar_55", "Output norm: best CIFAR-10 accuracy ≈ 55 % at every "
+          "α and L (5000 steps)", "science.md §4 fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),
+)
 
 
 # --------------------------------------------------------------------------- Figure 14
@@ -163,13 +117,15 @@ def _fig14(matrices: int, centred: bool):
     return measure
 
 
-register(Claim("fig14.a_uniform_c", "fig14", "M = 1 ReLU: the branch means form a uniform field at "
-               "c = 1/π", "science.md §4 fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
-               _fig14(1, False)))
-register(Claim("fig14.b_m2_zero", "fig14", "M = 2: the branch means are uncorrelated across layers",
-               "science.md §4 fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)))
-register(Claim("fig14.c_centred_zero", "fig14", "A centred activation (tanh, M = 1): no mean field",
-               "science.md §4 fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)))
+FIG14 = (
+    Claim("fig14.a_uniform_c", "M = 1 ReLU: the branch means form a uniform field at "
+          "c = 1/π", "science.md §4 fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
+          _fig14(1, False)),
+    Claim("fig14.b_m2_zero", "M = 2: the branch means are uncorrelated across layers",
+          "science.md §4 fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
+    Claim("fig14.c_centred_zero", "A centred activation (tanh, M = 1): no mean field",
+          "science.md §4 fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
+)
 
 
 # --------------------------------------------------------------------------- Figure 15
@@ -183,17 +139,20 @@ def _fig15(pre: str, out: str):
     return measure
 
 
-for _id, _pre, _out, _what, _value, _tol in (
-    ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
-    ("a_pre_rmsnorm", "rmsnorm", "none", "pre-RMSNorm collapses", 0.009, 0.005),
-    ("b_out_meansub", "rmsnorm", "meansub", "Pre-RMSNorm + branch-output meansub keeps the rank", 0.745, 0.05),
-    ("b_out_layernorm", "rmsnorm", "layernorm", "Pre-RMSNorm + branch-output layernorm keeps the rank",
-     0.745, 0.05),
-    ("b_out_rmsnorm", "rmsnorm", "rmsnorm", "Pre-RMSNorm + branch-output rmsnorm collapses (the "
-     "rescaling does not help)", 0.008, 0.005),
-):
-    register(Claim(f"fig15.{_id}", "fig15", f"M = 1 ReLU: {_what}", f"science.md §4 fig15({_id[0]})",
-                   f"{_value} (d = 256, L = 512)", near(_value, _tol), _fig15(_pre, _out)))
+FIG15 = tuple(
+    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"science.md §4 fig15({cid[0]})",
+          f"{value} (d = 256, L = 512)", near(value, tol), _fig15(pre, out))
+    for cid, pre, out, what, value, tol in (
+        ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
+        ("a_pre_rmsnorm", "rmsnorm", "none", "pre-RMSNorm collapses", 0.009, 0.005),
+        ("b_out_meansub", "rmsnorm", "meansub", "Pre-RMSNorm + branch-output meansub keeps the rank",
+         0.745, 0.05),
+        ("b_out_layernorm", "rmsnorm", "layernorm", "Pre-RMSNorm + branch-output layernorm keeps the "
+         "rank", 0.745, 0.05),
+        ("b_out_rmsnorm", "rmsnorm", "rmsnorm", "Pre-RMSNorm + branch-output rmsnorm collapses (the "
+         "rescaling does not help)", 0.008, 0.005),
+    )
+)
 
 
 # --------------------------------------------------------------------------- Figure 17
@@ -215,10 +174,12 @@ def _fig17_ks(acts: tuple[str, ...]):
     return measure
 
 
-register(Claim("fig17.mp_exact", "fig17", "Gram spectrum of D·W_up is Marchenko–Pastur, exact for "
-               "relu and abs", "science.md §4 fig17", "exact", at_most(1.0), _fig17_ks(("relu", "abs"))))
-register(Claim("fig17.mp_approximate", "fig17", "…and approximate for gelu and silu",
-               "science.md §4 fig17", "approximate", at_most(0.15), _fig17_ks(("gelu", "silu"))))
+FIG17 = (
+    Claim("fig17.mp_exact", "Gram spectrum of D·W_up is Marchenko–Pastur, exact for "
+          "relu and abs", "science.md §4 fig17", "exact", at_most(1.0), _fig17_ks(("relu", "abs"))),
+    Claim("fig17.mp_approximate", "…and approximate for gelu and silu",
+          "science.md §4 fig17", "approximate", at_most(0.15), _fig17_ks(("gelu", "silu"))),
+)
 
 
 # --------------------------------------------------------------------------- Tables 2 and 3
@@ -271,11 +232,15 @@ def _tab3_floor(runs: Runs) -> Measured:
     return Measured(float(t["measured"].min()), math.nan, "lowest erank/d over ε and L")
 
 
-register(Claim("tab2.autograd", "tab2", "The closed-form Jacobians of Table 2 equal autograd",
-               "science.md §1 table, §4 tab2", "exact", at_most(1e-12), _tab2_autograd))
-register(Claim("tab2.removed", "tab2", "rmsnorm removes x̂, detached nothing, meansub 1, layernorm "
-               "both", "science.md §4 tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed))
-register(Claim("tab3.values", "tab3", "Random-walk projection products: erank/d as the study's "
-               "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match))
-register(Claim("tab3.no_collapse", "tab3", "Rank-one projections along a random walk do not "
-               "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.97), _tab3_floor))
+TAB2 = (
+    Claim("tab2.autograd", "The closed-form Jacobians of Table 2 equal autograd",
+          "science.md §1 table, §4 tab2", "exact", at_most(1e-12), _tab2_autograd),
+    Claim("tab2.removed", "rmsnorm removes x̂, detached nothing, meansub 1, layernorm "
+          "both", "science.md §4 tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
+)
+TAB3 = (
+    Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
+          "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match),
+    Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
+          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.97), _tab3_floor),
+)

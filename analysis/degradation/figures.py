@@ -32,26 +32,19 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from rankexp import theory
 from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    series,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import plt, save
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import SelectionError, load, series
+from ..core.style import plt, save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
@@ -64,9 +57,6 @@ PANEL_TITLES = {False: "plain networks", True: "ResNets"}
 PAPER_YLIM = 20.0
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
-#: the mean-field growth per layer of a batch-normalized ReLU net's weight gradients toward
-#: the input (Yang et al. 2019; the chapter's BN paradox, analysis.meanfield's mf_bn)
-BN_RELU_GROWTH = math.sqrt(math.pi / (math.pi - 1))
 _LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 SYMBOLS = {
@@ -90,7 +80,7 @@ def networks(df: pd.DataFrame) -> pd.DataFrame:
         KeyError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
     """
     if RESIDUAL not in df:
-        raise KeyError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
+        raise SelectionError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
                        "(python -m rankexp experiment=degradation -m)?")
     df = df.copy()
     df["residual"] = df[RESIDUAL].astype(str).str.lower().isin(["true", "1"])
@@ -111,7 +101,7 @@ def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.Da
         if not sel.empty:
             return sel.reset_index(drop=True), t
     hint = {"train": "size=smoke or size=full", "measure": "size=cpu"}
-    raise KeyError(f"no task={task if task != 'any' else '/'.join(prefer)} runs with this metric "
+    raise SelectionError(f"no task={task if task != 'any' else '/'.join(prefer)} runs with this metric "
                    f"(run python -m rankexp experiment={EXPERIMENT} "
                    f"{hint.get(task, 'size=cpu / size=smoke')} -m)")
 
@@ -126,7 +116,7 @@ def lr_key(row: pd.Series) -> str:
         m = _LR_COLUMN.match(str(c))
         if m and pd.notna(v):
             return m.group(1)
-    raise KeyError(f"run {row.get('run_id')} has no final_test_acc_lr<lr>: is it a task=train run?")
+    raise SelectionError(f"run {row.get('run_id')} has no final_test_acc_lr<lr>: is it a task=train run?")
 
 
 def mean_series(uri: str | None, runs: pd.DataFrame, key: Callable[[pd.Series], str] | str):
@@ -159,11 +149,8 @@ def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def caption(fig, df: pd.DataFrame, experiment: str, extra: Sequence[str] = ()):
-    """The house caption (:func:`analysis.style.caption`) for ConvNet runs: runs, $d$ (stage-1
-    filters; 2d and 4d in stages 2 and 3), $L$, seeds, size, then ``extra``."""
-    return style.caption(fig, caption_frame(df), experiment,
-                         ["$d$: stage-1 filters (2$d$, 4$d$ after)", *extra])
+#: the caption's note on a ConvNet's width (:func:`caption_frame` states d = stage-1 filters)
+WIDTH_NOTE = "$d$: stage-1 filters (2$d$, 4$d$ after)"
 
 
 def _panels(n: int = 2, *, sharey: bool = True):
@@ -197,7 +184,7 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
         KeyError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
     """
     if "grad_ratio" not in runs:
-        raise KeyError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
+        raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
     rows = {}
     for (res, depth), g in runs.groupby(["residual", "depth"]):
         std = g["grad_ratio_std"] if "grad_ratio_std" in g else pd.Series(np.nan, index=g.index)
@@ -257,128 +244,6 @@ def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------- claims (pure)
-@dataclass(frozen=True)
-class ClaimSpec:
-    """One claim of the replication for the report's registry: ``value(tables)`` → float,
-    judged with ``passes``; ``tables`` holds what it needs (``ratio``, ``errors``, ``lesion``,
-    ``responses``) and the function raises KeyError when a table or entry is missing."""
-
-    id: str
-    statement: str
-    source: str
-    study: str
-    tolerance: str
-    value: Callable[[dict], float]
-    passes: Callable[[float], bool]
-
-
-def plain_ratio_growth(ratio: pd.DataFrame) -> float:
-    """Smallest log10 growth of the plain ratio between consecutive measured depths (> 0: it
-    grows with depth at every step)."""
-    r = ratio["plain"].dropna()
-    if len(r) < 2:
-        raise KeyError("plain grad_ratio at fewer than two depths")
-    return float(np.diff(np.log10(r.to_numpy())).min())
-
-
-def resnet_ratio_spread(ratio: pd.DataFrame) -> float:
-    """Largest |log10 ratio| of the ResNets over depths (≤ 1: within an order of magnitude of 1)."""
-    r = ratio["ResNet"].dropna()
-    if r.empty:
-        raise KeyError("no ResNet grad_ratio")
-    return float(np.abs(np.log10(r.to_numpy())).max())
-
-
-def plain_degradation(errors: pd.DataFrame) -> float:
-    """Plain-56 minus plain-20 final test error (pp; > 0: the deeper plain net is worse)."""
-    return float(errors.loc[56, "plain_test"] - errors.loc[20, "plain_test"])
-
-
-def resnet_gain(errors: pd.DataFrame) -> float:
-    """ResNet-20 minus ResNet-110 final test error (pp; > 0: depth helps the ResNet)."""
-    return float(errors.loc[20, "ResNet_test"] - errors.loc[110, "ResNet_test"])
-
-
-def resnet_vs_he(errors: pd.DataFrame) -> float:
-    """Largest |ResNet − He et al.| final test error over the depths both have (pp)."""
-    diff = (errors["ResNet_test"] - errors["He_ResNet_test"]).dropna()
-    if diff.empty:
-        raise KeyError("no ResNet test error at He et al.'s depths")
-    return float(diff.abs().max())
-
-
-def lesion_gap(lesion: pd.DataFrame) -> float:
-    """Mean over depths of (ResNet − plain) mean error increase from lesioning an
-    identity-shortcut block (pp; < 0: ResNets are hurt less)."""
-    plain_blocks = lesion[~lesion["downsampling"]]
-    inc = (plain_blocks["error"] - plain_blocks["intact"]).groupby(
-        [plain_blocks["residual"], plain_blocks["depth"]]).mean()
-    gaps = [inc[(True, d)] - inc[(False, d)] for d in sorted({d for _, d in inc.index})
-            if (True, d) in inc and (False, d) in inc]
-    if not gaps:
-        raise KeyError("lesions of plain and ResNet networks at a common depth")
-    return float(np.mean(gaps))
-
-
-def response_ratio(responses: pd.DataFrame) -> float:
-    """Mean over depths of ResNet / plain mean response std (trained; < 1: ResNets respond less)."""
-    both = responses.dropna(subset=["plain", "ResNet"])
-    if both.empty:
-        raise KeyError("trained plain and ResNet responses at a common depth")
-    return float((both["ResNet"] / both["plain"]).mean())
-
-
-def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The tables :data:`CLAIMS` read, built from the degradation runs ``df`` (as loaded by
-    :func:`analysis.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
-    ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
-    df = networks(df)
-    tables: dict[str, pd.DataFrame] = {}
-    with_ratio = df[df["grad_ratio"].notna()] if "grad_ratio" in df else df.iloc[:0]
-    if not with_ratio.empty:
-        tables["ratio"] = gradient_ratio_table(with_task(with_ratio, "any", ("measure", "train"))[0])
-    try:
-        train, _ = with_task(df, "train", ("train",))
-    except KeyError:
-        return tables
-    tables["errors"] = final_error_table(train)
-    if "lesion_intact_error" in train:
-        tables["lesion"] = lesion_table(uri, train[train["lesion_intact_error"].notna()])
-    if "response_std_mean" in train:
-        tables["responses"] = response_table(train)
-    return tables
-
-
-CLAIMS: tuple[ClaimSpec, ...] = (
-    ClaimSpec("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
-              "at initialization grows geometrically with depth", "science.md §5 (BN paradox)",
-              "grows at every depth", "min Δlog10 > 0",
-              lambda t: plain_ratio_growth(t["ratio"]), lambda v: v > 0),
-    ClaimSpec("degradation.resnet_grad_ratio_bounded", "ResNets' gradient ratio stays within an "
-              "order of magnitude of 1", "science.md §5", "|log10| ≤ 1", "≤ 1",
-              lambda t: resnet_ratio_spread(t["ratio"]), lambda v: v <= 1),
-    ClaimSpec("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
-              "He et al. 2016 Fig. 6", "> 0 pp", "> 0",
-              lambda t: plain_degradation(t["errors"]), lambda v: v > 0),
-    ClaimSpec("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
-              "He et al. 2016 Table 6", "8.75 → 6.43 %", "> 0",
-              lambda t: resnet_gain(t["errors"]), lambda v: v > 0),
-    ClaimSpec("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
-              "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %", "≤ 1 pp",
-              lambda t: resnet_vs_he(t["errors"]), lambda v: v <= 1.0),
-    ClaimSpec("degradation.plain110_fails", "plain-110 stays above 60 % test error",
-              "He et al. 2016 §4.2", "> 60 %", "> 60",
-              lambda t: float(t["errors"].loc[110, "plain_test"]), lambda v: v > HE_PLAIN110_ERROR),
-    ClaimSpec("degradation.lesion_resnet_milder", "lesioning one block hurts a ResNet less than a "
-              "plain net", "Veit et al. 2016", "< 0 pp", "< 0",
-              lambda t: lesion_gap(t["lesion"]), lambda v: v < 0),
-    ClaimSpec("degradation.resnet_smaller_responses", "trained ResNets have smaller layer "
-              "responses than their plain counterparts", "He et al. 2016 Fig. 7", "< 1", "< 1",
-              lambda t: response_ratio(t["responses"]), lambda v: v < 1),
-)
-
-
 # --------------------------------------------------------------------------- init-gradients
 def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--task", choices=["measure", "train", "any"], default=default,
@@ -414,14 +279,13 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     plain = {d: c for (r, d), c in curves.items() if not r}
     if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
         layers, norms = plain[max(plain)]
-        axes[0].plot(layers / layers.max(), norms[-1] * BN_RELU_GROWTH ** (layers[-1] - layers),
+        axes[0].plot(layers / layers.max(), norms[-1] * theory.BN_RELU_GRADIENT_GROWTH ** (layers[-1] - layers),
                      **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
     for ax in axes:  # the plain curves fill the upper left
         _legend(ax, loc="upper right")
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
     batch = _values(runs, "task.options.init_gradient_norms.batch") or [256]
-    caption(fig, runs, args.experiment[0],
-            [f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
     out = out_dir(args)
     paths = save(fig, out, "init_gradient_norms", table)
     paths.append(write_text(out / "init_gradient_ratio.md", to_markdown(table, ".3g")))
@@ -429,7 +293,8 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-init_gradients_command = Command(_init_gradients_arguments, _init_gradients_main)
+INIT_GRADIENTS_COMMAND = Command(_init_gradients_arguments, _init_gradients_main,
+                                 "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table")
 
 
 # --------------------------------------------------------------------------- responses
@@ -462,7 +327,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     axes[0].legend(ncol=2)
     state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
     axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
-    caption(fig, runs, args.experiment[0], [f"task = {task}", "plain dashed, ResNet solid"])
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"task = {task}", "plain dashed, ResNet solid"])
     table = pd.DataFrame(rows)
     return save(fig, out_dir(args), f"layer_responses_{task}", table)
 
@@ -473,7 +338,8 @@ def response_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=FAMILY_NAMES)
 
 
-responses_command = Command(_responses_arguments, _responses_main)
+RESPONSES_COMMAND = Command(_responses_arguments, _responses_main,
+                            "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted")
 
 
 # --------------------------------------------------------------------------- error curves
@@ -533,12 +399,12 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(SYMBOLS["epoch"])
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["error"])
-    caption(fig, runs, args.experiment[0],
-            ["bold: test error", "dashed: train error (augmented batches)"])
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "bold: test error", "dashed: train error (augmented batches)"])
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
-error_curves_command = Command(_curves_arguments, _curves_main)
+ERROR_CURVES_COMMAND = Command(_curves_arguments, _curves_main,
+                               "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet")
 
 
 # --------------------------------------------------------------------------- error table
@@ -561,7 +427,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     ax.set_xlabel("network depth $L$")
     ax.set_ylabel("final test error (%)")
     ax.legend()
-    caption(fig, runs, args.experiment[0])
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE])
     out = out_dir(args)
     paths = save(fig, out, "final_errors", table)
     paths.append(write_text(out / "final_errors.md", to_markdown(table, ".3g")))
@@ -569,7 +435,8 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-error_table_command = Command(_common_arguments, _table_main)
+ERROR_TABLE_COMMAND = Command(_common_arguments, _table_main,
+                              "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column")
 
 
 # --------------------------------------------------------------------------- lesion
@@ -595,10 +462,14 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(SYMBOLS["block_position"])
         _legend(ax)
     axes[0].set_ylabel("test error, one block lesioned (%)")
-    caption(fig, runs, args.experiment[0],
-            ["open circles: downsampling blocks (option A)", "dotted: stage boundaries",
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "open circles: downsampling blocks (option A)", "dotted: stage boundaries",
              "dashed: intact network"])
     return save(fig, out_dir(args), "lesion", table)
 
 
-lesion_command = Command(_common_arguments, _lesion_main)
+LESION_COMMAND = Command(_common_arguments, _lesion_main,
+                         "degradation: test error with each block replaced by its shortcut, downsampling blocks marked")
+
+COMMANDS = {"init-gradients": INIT_GRADIENTS_COMMAND, "responses": RESPONSES_COMMAND,
+            "error-curves": ERROR_CURVES_COMMAND, "error-table": ERROR_TABLE_COMMAND,
+            "lesion": LESION_COMMAND}

@@ -25,23 +25,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
-from .common import (
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import (
     CONFIG_KEYS,
     PLACEMENT,
     PLACEMENT_ORDER,
-    Command,
-    add_where,
     load,
     ordered,
-    out_dir,
-    set_experiment_default,
-    to_markdown,
     varying,
     warn_mixed,
-    write_text,
 )
-from .plotting import save
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
@@ -211,7 +207,8 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-collapse_command = Command(_collapse_arguments, _collapse_main)
+COLLAPSE_COMMAND = Command(_collapse_arguments, _collapse_main,
+                           "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is")
 
 
 # --------------------------------------------------------------------------- iso-rank contours
@@ -426,4 +423,7 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-isorank_command = Command(_isorank_arguments, _isorank_main)
+ISORANK_COMMAND = Command(_isorank_arguments, _isorank_main,
+                          "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes")
+
+COMMANDS = {"collapse": COLLAPSE_COMMAND, "isorank": ISORANK_COMMAND}

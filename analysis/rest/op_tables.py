@@ -19,18 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import save
-from .seeds import pooled
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import load
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 OP = "norm.op"
 OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
@@ -84,7 +78,8 @@ def _table2_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-table2_command = Command(_table2_arguments, _table2_main)
+TABLE2_COMMAND = Command(_table2_arguments, _table2_main,
+                         "Table 2: the post-residual ops' Jacobians (closed form vs autograd, removed directions, scale)")
 
 
 # --------------------------------------------------------------------------- Table 3
@@ -157,4 +152,7 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-table3_command = Command(_table3_arguments, _table3_main)
+TABLE3_COMMAND = Command(_table3_arguments, _table3_main,
+                         "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L")
+
+COMMANDS = {"table2": TABLE2_COMMAND, "table3": TABLE3_COMMAND}

@@ -18,8 +18,8 @@ Commands (``python -m analysis <command> --help``):
   width serves every l ≤ its depth), Markdown + CSV, and the curves against l.
 
 Errors (unknown experiment, no finished runs, a run without the probe's metrics or arrays)
-raise :class:`~rankexp.tracking.TrackingError` / :class:`KeyError`; ``python -m analysis``
-prints them and exits with status 2.
+raise :class:`~analysis.core.select.SelectionError`; ``python -m analysis`` prints it and
+exits with status 2.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from rankexp.theory import (
 )
 from rankexp.tracking import download_artifact
 
-from . import style
-from .common import Command, out_dir, series
-from .paths_spike import PLACEMENT, load, set_experiment_default, warn_mixed, write_markdown
-from .plotting import save
+from ..core import style
+from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.select import PLACEMENT, SelectionError, load, series, warn_mixed
+from ..core.style import save
+from ..core.tables import write_markdown
 
 log = logging.getLogger("analysis")
 
@@ -154,7 +155,7 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
             dst.mkdir()
             with np.load(download_artifact(uri, r["run_id"], "arrays.npz", str(dst))) as z:
                 if "mp_hist_centers" not in z:
-                    raise KeyError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
+                    raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
                 centers, density = z["mp_hist_centers"], z["mp_hist_density"]
             parts.append(
                 pd.DataFrame(
@@ -245,8 +246,8 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     needs = ["activation", "width", "expansion"] + [
         c for c in MP_COLUMNS if c != "survival_measured"
     ]
-    df = load(args.experiment, args, needs, "branch_jacobian")
-    warn_mixed(df, ("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"), args.experiment)
+    df = load(args, needs, probe="branch_jacobian")
+    warn_mixed(df, (), args.experiment, keys=("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"))
     table = mp_table(df)
     out = out_dir(args)
     fig = draw_mp_erank(table, args.reference_draws)
@@ -256,7 +257,7 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     widths = sorted(df["width"].unique())
     width = int(args.width if args.width is not None else widths[-1])
     if width not in widths:
-        raise KeyError(f"--width {width}: the runs have widths {[int(w) for w in widths]}")
+        raise SelectionError(f"--width {width}: the runs have widths {[int(w) for w in widths]}")
     hist = mp_histograms(df, args.uri, width)
     fig = draw_mp_histograms(hist, width)
     style.caption(fig, df[df["width"] == width], args.experiment, ["all seeds' eigenvalues pooled"])
@@ -264,7 +265,8 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-mp_command = Command(_mp_arguments, _mp_main)
+MP_COMMAND = Command(_mp_arguments, _mp_main, "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; "
+                     "Marchenko–Pastur histograms of D W_up")
 
 
 # --------------------------------------------------------------------------- Table 1
@@ -307,12 +309,9 @@ def _table1_arguments(p: argparse.ArgumentParser) -> None:
 
 def _table1_main(args: argparse.Namespace) -> list[Path]:
     needs = ["activation", "hidden_stable_rank", "hidden_coherence"]
-    df = load(args.experiment, args, needs, "activation_spike")
-    warn_mixed(
-        df,
-        ("width", "expansion", "matrices", PLACEMENT, "alpha", "task.options.activation_spike.n"),
-        args.experiment,
-    )
+    df = load(args, needs, probe="activation_spike")
+    warn_mixed(df, (), args.experiment,
+               keys=("width", "expansion", "matrices", PLACEMENT, "alpha", "task.options.activation_spike.n"))
     if "alpha" in df and (df["alpha"] != 1).any():
         log.warning("runs with alpha ≠ 1: Table 1's constants are at unit preactivation variance")
     t = table1(df)
@@ -358,7 +357,8 @@ def draw_table1(t: pd.DataFrame):
     return fig
 
 
-table1_command = Command(_table1_arguments, _table1_main)
+TABLE1_COMMAND = Command(_table1_arguments, _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the "
+                         "measured stable rank of σ(W h)")
 
 
 # --------------------------------------------------------------------------- Table 6
@@ -387,7 +387,7 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
                     }
                 )
     if not rows:
-        raise KeyError(
+        raise SelectionError(
             f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})"
         )
     long = pd.DataFrame(rows)
@@ -409,12 +409,9 @@ def _table6_arguments(p: argparse.ArgumentParser) -> None:
 
 def _table6_main(args: argparse.Namespace) -> list[Path]:
     needs = ["width", "depth", "matrices", "activation", "rep_erank_final"]
-    df = load(args.experiment, args, needs, "representation")
-    warn_mixed(
-        df,
-        ("expansion", PLACEMENT, "alpha", "beta", "task.options.representation.n"),
-        args.experiment,
-    )
+    df = load(args, needs, probe="representation")
+    warn_mixed(df, (), args.experiment,
+               keys=("expansion", PLACEMENT, "alpha", "beta", "task.options.representation.n"))
     t = table6(df, args.uri, sorted(set(args.layers)))
     dropped = [l for l in args.layers if f"l={l}" not in t.columns]
     if dropped:
@@ -441,10 +438,12 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
             out / "table6.md",
             f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
             t,
-            fmt="{:.3f}",
+            floatfmt=".3f",
         )
     )
     return paths
 
 
-table6_command = Command(_table6_arguments, _table6_main)
+TABLE6_COMMAND = Command(_table6_arguments, _table6_main, "Table 6: erank(Z_l)/d at each width d and layer l "
+                         "(M = 1 representation collapse)")
+COMMANDS = {"mp": MP_COMMAND, "table1": TABLE1_COMMAND, "table6": TABLE6_COMMAND}

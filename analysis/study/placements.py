@@ -33,21 +33,12 @@ import pandas as pd
 
 from rankexp.models.norms import PRESET_SLOTS
 
-from . import style
-from .common import (
-    OP_ORDER,
-    PLACEMENT,
-    Command,
-    add_where,
-    load,
-    out_dir,
-    set_experiment_default,
-    to_markdown,
-    warn_mixed,
-    write_text,
-)
-from .plotting import save
-from .seeds import pooled
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import OP_ORDER, PLACEMENT, load, warn_mixed
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
@@ -275,4 +266,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-placements_command = Command(_arguments, _main)
+PLACEMENTS_COMMAND = Command(_arguments, _main,
+                             "Figure 4: erank by norm placement/op and α, and the projection split")
+
+COMMANDS = {"placements": PLACEMENTS_COMMAND}

@@ -28,18 +28,11 @@ from matplotlib.ticker import MaxNLocator
 
 from rankexp.tracking import download_artifact
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    series,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import save
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import load, series
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 #: the study's numbers (science.md §4 fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L
@@ -188,4 +181,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "fig12_ffn_jacobians", table)
 
 
-ffn_command = Command(_arguments, _main)
+FFN_COMMAND = Command(_arguments, _main,
+                      "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l")
+
+COMMANDS = {"ffn": FFN_COMMAND}

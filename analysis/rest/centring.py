@@ -21,19 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    series,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import save
-from .seeds import pooled
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import load, series
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 PRE, OUT = "norm.pre", "norm.out"
 B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
@@ -113,4 +106,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-centring_command = Command(_arguments, _main)
+CENTRING_COMMAND = Command(_arguments, _main,
+                           "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B")
+
+COMMANDS = {"centring": CENTRING_COMMAND}

@@ -2,7 +2,7 @@
 study's symbols in mathtext, a caption line stating the runs' size, theory in one look.
 
 * :data:`RC` — rcParams (8 pt serif text, DejaVu Serif mathtext so every glyph renders,
-  TrueType fonts in the PDF); applied by :func:`use` when :mod:`analysis.plotting` loads.
+  TrueType fonts in the PDF); applied by :func:`use` when this module loads.
 * :data:`ONE_COLUMN`, :data:`TWO_COLUMN`, :data:`PAGE_HEIGHT` — inches of a two-column paper
   (ICML/NeurIPS-like); :func:`grid` and :func:`panels` never exceed them (a 1 × n strip of
   panels wraps into rows instead).
@@ -14,12 +14,17 @@ study's symbols in mathtext, a caption line stating the runs' size, theory in on
 * :func:`value_colors` + :func:`colorbar` — colour that encodes a numeric param gets a
   (discrete) colour bar, not a legend of colours.
 * :data:`THEORY` — keyword arguments of every theory curve (black, dashed).
+* :func:`save` — PNG + PDF (+ the CSV of what is drawn) of a finished figure; :func:`recording`
+  lets tests and the report see the Figure objects a command saved.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import matplotlib as mpl
 
@@ -72,6 +77,11 @@ CAPTION_FONTSIZE = 6.5
 def use() -> None:
     """Apply :data:`RC` to matplotlib's global rcParams."""
     mpl.rcParams.update(RC)
+
+
+log = logging.getLogger("analysis")
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # PDF font subsetting chatter
+use()
 
 
 # --------------------------------------------------------------------------- names
@@ -412,3 +422,47 @@ def caption(
 def captions(fig) -> list:
     """The caption Texts of ``fig`` (those :func:`caption` wrote)."""
     return [t for t in fig.texts if t.get_gid() == "caption"]
+
+
+# --------------------------------------------------------------------------- saving
+#: while :func:`recording` is active, every figure :func:`save` writes is appended here
+_recorders: list[list] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect the Figure objects that :func:`save` writes inside the block (they stay open
+    until the block ends, so tests can inspect their axes, labels and caption)."""
+    figs: list = []
+    _recorders.append(figs)
+    try:
+        yield figs
+    finally:
+        _recorders.remove(figs)
+        for fig in figs:
+            plt.close(fig)
+
+
+def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
+    """Save ``fig`` as PNG and PDF (and ``table`` as CSV) under ``out_dir``; return the paths.
+
+    A figure without a :func:`caption` line is saved but logged as a warning.
+    """
+    if not captions(fig):
+        log.warning("figure %s has no caption line (analysis.core.style.caption)", stem)
+    finish(fig)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    fig.savefig(paths[0])
+    fig.savefig(paths[1])
+    if _recorders:
+        fig.set_label(stem)
+        _recorders[-1].append(fig)
+    else:
+        plt.close(fig)
+    if table is not None:
+        paths.append(out_dir / f"{stem}.csv")
+        table.to_csv(paths[-1])
+    for p in paths:
+        log.info("wrote %s", p)
+    return paths

@@ -1,34 +1,32 @@
 """The study's quantitative claims, each checked against whatever runs a store holds.
 
-Every entry of :data:`CLAIMS` is one :class:`Claim`: the study's statement, where it says
-so, its value, a stated tolerance, and a ``measure`` function that computes the measured
-value (± seed spread) from the loaded runs.  :func:`evaluate` turns each into a verdict —
-``holds``, ``does not hold`` or ``not run`` (the store lacks the runs, params or metrics
-the claim needs; the note says which) — and ``python -m analysis report`` tabulates them.
+A :class:`Claim` is one statement of the study (or the chapter, or a paper it replicates): where
+it says so, its value, a stated tolerance (:func:`near`, :func:`at_most`, …) and a ``measure``
+function computing the measured value (± seed spread) from the loaded runs.  Claims sit beside
+their figures, in the document part's ``claims.py``, and each experiment's registry entry
+(:mod:`analysis.core.registry`) lists its own; :func:`evaluate` turns each into a verdict —
+``holds``, ``does not hold`` or ``not run`` — and ``python -m analysis report`` tabulates them.
 
-Adding a claim (a new experiment: mean-field lab, degradation, GPT-2, figures 10–15) needs
-no change to the report:
+``measure(runs)`` reads runs with ``runs("fig12")`` (finished runs of that MLflow experiment,
+one row per run), selects with :func:`~analysis.core.select.only`, reads per-layer series with
+``runs.series(run_id, key)`` and per-seed values with ``runs.per_seed(df, key)``; whatever the
+store lacks raises :data:`NotRun` (the selection error of :mod:`analysis.core.select`), which is
+the one way to *not run*.  Why a claim is not run is classified (:attr:`Verdict.why`):
+``size`` — the claim needs a larger size of its experiment than the store holds
+(:attr:`Claim.size`: the smallest size whose grids have what it reads; size=full wants the
+hardware the experiment's entry names); ``data`` — it needs data this checkout cannot make
+(:attr:`Claim.needs`: pretrained checkpoints), or its experiment's needs are missing on this
+machine; ``runs`` — anything else: the store lacks runs its experiment's grids make.
 
-1. write ``def _my_claim(runs: Runs) -> Measured`` — read runs with ``runs("fig12")``
-   (finished runs of that MLflow experiment, one row per run; raises :class:`NotRun` when it
-   has none), select with ``only(df, key=value)``, per-layer series with
-   ``runs.series(run_id, key)``, per-seed values with ``runs.per_seed(df, key)``; raise
-   :class:`NotRun` with a reason when the runs that would decide it are missing;
-2. register it: ``register(Claim("fig12.cos_init", "fig12", "…statement…", "science.md §4
-   fig12", "≈ 1/d", near(0.0, 0.01), _my_claim))`` in a module of your experiment (the
-   study's own are in :mod:`analysis.study_claims`) and add that module's name to
-   :data:`PLUGINS`; :func:`claims` imports them.
-
-``measure`` returns :class:`Measured`: ``value`` computed from the seed means and
-``spread`` = one standard deviation over seeds (from each run's logged ``<metric>_std``,
-pooled by :func:`analysis.seeds.pooled`; or, for a statistic fitted across runs such as a
-slope, the standard deviation of that statistic recomputed seed by seed from the per-seed
-arrays in each run's ``arrays.npz`` — :func:`seedwise`).  NaN where no spread exists.
+``measure`` returns :class:`Measured`: ``value`` computed from the seed means and ``spread`` =
+one standard deviation over seeds (from each run's logged ``<metric>_std``, pooled by
+:func:`analysis.core.seeds.pooled`; or, for a statistic fitted across runs such as a slope, the
+standard deviation of that statistic recomputed seed by seed from the per-seed arrays in each
+run's ``arrays.npz`` — :func:`seedwise`).  NaN where no spread exists.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -43,20 +41,17 @@ import pandas as pd
 
 from rankexp.tracking import TrackingError, download_artifact
 
-from .common import PLACEMENT, series
 from .runs import load_runs
 from .seeds import pooled
+from .select import SelectionError, series
 
 log = logging.getLogger("analysis")
 
 HOLDS, FAILS, NOT_RUN, ERROR = "holds", "does not hold", "not run", "error"
-#: modules whose import registers claims: the study's, then later experiments' (add yours)
-PLUGINS: list[str] = ["analysis.study_claims", "analysis.rest_claims", "analysis.ffn_claims",
-                      "analysis.degradation_claims"]
-
-
-class NotRun(Exception):
-    """The store lacks what a claim needs (the message says what)."""
+#: an experiment's sizes, smallest first (``conf/size/``)
+SIZES = ("smoke", "cpu", "full")
+#: the store lacks what a claim needs: the selection error (:mod:`analysis.core.select`)
+NotRun = SelectionError
 
 
 @dataclass(frozen=True)
@@ -99,33 +94,49 @@ def above(bound: float) -> Check:
 
 @dataclass(frozen=True)
 class Claim:
-    """One quantitative claim of the study.
+    """One quantitative claim.
 
     Attributes:
-        id: unique, ``<experiment>.<name>``.
-        experiment: the MLflow experiment (and report section) it is judged on.
-        statement: the claim in the study's words.
-        source: where the study makes it (``science.md §3 fig5``, ``Table 4``).
-        study: the study's value as text.
+        id: unique, ``<figure>.<name>``.
+        statement: the claim in the source's words.
+        source: where it is made (``science.md §3 fig5``, ``He et al. 2016 Table 6``).
+        study: the source's value as text.
         check: the stated tolerance (:func:`near`, :func:`at_most`, …).
-        measure: loaded runs → :class:`Measured`; raises :class:`NotRun`.
+        measure: loaded runs → :class:`Measured`; raises :data:`NotRun`.
+        size: the smallest size of the experiment whose grids hold what ``measure`` reads
+            (``smoke``, ``cpu``, ``full``); below it, *not run* is expected (``why = size``).
+        needs: what no grid of this checkout makes (``"pretrained GPT-2 checkpoints"``), or "".
+        experiment: the MLflow experiment (report section) it is judged on — its registry entry
+            fills it in (:meth:`analysis.core.registry.Experiment.bound_claims`).
+        requires: the missing prerequisites of that experiment on this machine (filled in
+            with ``experiment``), "" when none.
     """
 
     id: str
-    experiment: str
     statement: str
     source: str
     study: str
     check: Check
     measure: Callable[[Runs], Measured] = field(repr=False)
+    size: str = "smoke"
+    needs: str = ""
+    experiment: str = ""
+    requires: str = ""
+
+    def __post_init__(self):
+        if self.size not in SIZES:
+            raise ValueError(f"claim {self.id}: size {self.size!r} is not one of {SIZES}")
 
 
 @dataclass
 class Verdict:
+    """A claim's verdict; ``why`` says why it is *not run* (``size``, ``data`` or ``runs``)."""
+
     claim: Claim
     verdict: str
     measured: Measured | None = None
     note: str = ""
+    why: str = ""
 
     def row(self) -> dict:
         m = self.measured
@@ -140,6 +151,7 @@ class Verdict:
             "spread": m.spread if m else math.nan,
             "tolerance": self.claim.check.text,
             "verdict": self.verdict,
+            "why": self.why,
             "note": self.note or (m.note if m else ""),
         }
 
@@ -157,7 +169,7 @@ def format_measured(m: Measured) -> str:
 
 # --------------------------------------------------------------------------- loaded runs
 class Runs:
-    """Finished runs of a store, loaded once per experiment (:func:`analysis.runs.load_runs`),
+    """Finished runs of a store, loaded once per experiment (:func:`analysis.core.runs.load_runs`),
     their series and per-seed arrays."""
 
     def __init__(self, uri: str | None):
@@ -165,6 +177,7 @@ class Runs:
         self._frames: dict[str, pd.DataFrame] = {}
         self._arrays: dict[str, dict | None] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="rankexp-claims-")
+        self.cache: dict = {}  # what claims derive once per store (e.g. degradation's tables)
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run
 
     def __call__(self, experiment: str) -> pd.DataFrame:
@@ -178,6 +191,16 @@ class Runs:
         if df.empty:
             raise NotRun(f"no finished runs of experiment {experiment}")
         return df
+
+    def size(self, experiment: str) -> str | None:
+        """The largest size (:data:`SIZES`) among the experiment's runs; None without runs."""
+        try:
+            df = self(experiment)
+        except NotRun:
+            return None
+        sizes = set(df["size"].dropna().astype(str)) if "size" in df else {"full"}
+        known = [s for s in SIZES if s in sizes]
+        return known[-1] if known else "full"
 
     def loaded(self) -> dict[str, pd.DataFrame]:
         """The experiments loaded so far that hold runs: ``{name: runs}``."""
@@ -215,31 +238,8 @@ class Runs:
         self._tmp.cleanup()
 
 
-def only(df: pd.DataFrame, **where) -> pd.DataFrame:
-    """Rows whose params equal every ``key=value`` (``norm_placement`` → ``norm.placement``;
-    floats compared to 1e-9). Raises NotRun when none is left."""
-    for k, v in where.items():
-        col = k.replace("__", ".").replace("norm_placement", PLACEMENT).replace("norm_op", "norm.op")
-        if col not in df:
-            raise NotRun(f"runs have no param {col}")
-        if isinstance(v, float | int) and not isinstance(v, bool):
-            mask = np.isclose(pd.to_numeric(df[col], errors="coerce"), v, rtol=1e-9, atol=1e-12)
-        else:
-            mask = df[col].astype(str) == str(v)
-        df = df[mask]
-        if df.empty:
-            raise NotRun(f"no run with {col} = {v}")
-    return df.reset_index(drop=True)
-
-
-def need(df: pd.DataFrame, *columns: str) -> None:
-    missing = [c for c in columns if c not in df]
-    if missing:
-        raise NotRun(f"runs have no {', '.join(missing)} (was the probe that logs it run?)")
-
-
 def seed_std(df: pd.DataFrame, metric: str) -> float:
-    """1 s.d. over every seed of ``df``'s runs of ``metric`` (:func:`analysis.seeds.pooled`)."""
+    """1 s.d. over every seed of ``df``'s runs of ``metric`` (:func:`analysis.core.seeds.pooled`)."""
     return float(pooled(df, metric, []).iloc[0]["std"]) if len(df) else math.nan
 
 
@@ -264,41 +264,38 @@ def seedwise(runs: Runs, df: pd.DataFrame, metrics: list[str], statistic) -> flo
     return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
-# --------------------------------------------------------------------------- registry
-CLAIMS: list[Claim] = []
+# --------------------------------------------------------------------------- verdicts
+def why_not(claim: Claim, runs: Runs) -> tuple[str, str]:
+    """``(why, what)`` a claim is not run: ``data`` (what the claim or its experiment needs),
+    ``size`` (the store's runs are smaller than :attr:`Claim.size`) or ``runs``."""
+    if claim.needs or claim.requires:
+        return "data", claim.needs or claim.requires
+    size = runs.size(claim.experiment)
+    if size is not None and SIZES.index(size) < SIZES.index(claim.size):
+        return "size", f"size={claim.size} (the store has size={size})"
+    return "runs", ""
 
 
-def register(claim: Claim) -> Claim:
-    """Add ``claim`` to :data:`CLAIMS`. Raises ValueError on a duplicate id."""
-    if any(c.id == claim.id for c in CLAIMS):
-        raise ValueError(f"claim {claim.id!r} is registered twice")
-    CLAIMS.append(claim)
-    return claim
-
-
-def claims() -> list[Claim]:
-    """Every registered claim, :data:`PLUGINS` imported first."""
-    for name in PLUGINS:
-        importlib.import_module(name)
-    return list(CLAIMS)
-
-
-def evaluate(runs: Runs, selected: list[Claim] | None = None) -> list[Verdict]:
-    """A :class:`Verdict` per claim: NotRun → ``not run``; any other exception → ``error``
-    (logged with its traceback, so a bug in one claim shows instead of hiding the others)."""
+def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
+    """A :class:`Verdict` per claim: NotRun → ``not run`` (with :func:`why_not`); any other
+    exception → ``error`` (logged with its traceback, so a bug in one claim shows instead of
+    hiding the others)."""
     out = []
-    for c in selected if selected is not None else claims():
+    for c in selected:
         try:
             m = c.measure(runs)
         except NotRun as e:
-            out.append(Verdict(c, NOT_RUN, note=str(e)))
+            why, what = why_not(c, runs)
+            out.append(Verdict(c, NOT_RUN, note=f"needs {what}: {e}" if what else str(e), why=why))
             continue
         except Exception as e:  # noqa: BLE001 — reported in the table, traceback in the log
             log.error("claim %s failed:\n%s", c.id, traceback.format_exc())
             out.append(Verdict(c, ERROR, note=f"{type(e).__name__}: {e}"))
             continue
         if not np.isfinite(m.value) and not np.isinf(m.value):
-            out.append(Verdict(c, NOT_RUN, m, note=m.note or "no value could be measured"))
+            why, what = why_not(c, runs)
+            note = m.note or "no value could be measured"
+            out.append(Verdict(c, NOT_RUN, m, note=f"needs {what}: {note}" if what else note, why=why))
             continue
         out.append(Verdict(c, HOLDS if c.check.passes(m.value) else FAILS, m))
     return out
@@ -306,5 +303,5 @@ def evaluate(runs: Runs, selected: list[Claim] | None = None) -> list[Verdict]:
 
 def table(verdicts: list[Verdict]) -> pd.DataFrame:
     """One row per verdict: id, experiment, claim, source, study, measured (text), value,
-    spread, tolerance, verdict, note."""
+    spread, tolerance, verdict, why (not run), note."""
     return pd.DataFrame([v.row() for v in verdicts])

@@ -29,19 +29,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.tracking import TrackingError, metric_history
+from rankexp.tracking import metric_history
 
-from . import style
-from .common import Command, set_experiment_default
+from ..core import style
+from ..core.runner import Command, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, require, warn_mixed
+from ..core.style import save
+from ..core.tables import to_markdown
 from .heatmap import draw_panel, heatmap_table
-from .plotting import save
-from .runs import load_runs
-from .seeds import pooled
 
 log = logging.getLogger("analysis")
 
-PLACEMENT = "norm.placement"
-PLACEMENT_ORDER = ["pre", "post", "output", "peri", "none"]
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 # config keys that should be equal across the runs one figure compares, unless they are its
 # axes (seed may vary: cells average over it)
@@ -67,61 +66,6 @@ _LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 
 # --------------------------------------------------------------------------- shared
-def _load(experiments: list[str], args: argparse.Namespace) -> pd.DataFrame:
-    """Finished runs of ``experiments`` (``--uri``, ``--filter``).
-
-    Raises:
-        TrackingError: unknown experiment, or no finished run (matching the filter).
-    """
-    df = load_runs(experiments, args.uri, filter_string=args.filter)
-    if df.empty:
-        where = f" matching --filter {args.filter!r}" if args.filter else ""
-        raise TrackingError(
-            f"experiment(s) {experiments} hold no finished runs{where}; "
-            "run the sweep first (python -m rankexp experiment=... -m)"
-        )
-    return df
-
-
-def _require(df: pd.DataFrame, columns: list[str], experiments: list[str]) -> None:
-    """Raises KeyError naming the experiment and the columns its runs lack."""
-    missing = [c for c in columns if c not in df]
-    if missing:
-        task = (
-            "task=train"
-            if any(c.startswith(("best_", "max_stable", "final_")) for c in missing)
-            else ""
-        )
-        hint = f" (are these {task} runs?)" if task else ""
-        raise KeyError(
-            f"runs of experiment(s) {experiments} have no column(s) {missing}{hint}; "
-            f"available: {', '.join(sorted(map(str, df.columns)))}"
-        )
-
-
-def warn_mixed(df: pd.DataFrame, axes: list[str], experiments: list[str]) -> dict[str, list]:
-    """Log a warning for every :data:`CONTEXT` key (not an axis) whose value differs between runs.
-
-    Such runs would be averaged into one cell (e.g. a ``width=64`` smoke run with full
-    ``width=256`` runs); ``--filter "params.width = '256'"`` separates them.
-    Returns ``{key: sorted distinct values}`` of the mixed keys.
-    """
-    mixed = {}
-    for key in CONTEXT:
-        if key in df and key not in axes:
-            values = df[key].dropna().unique()
-            if len(values) > 1:
-                mixed[key] = sorted(values, key=str)
-    if mixed:
-        log.warning(
-            "experiment(s) %s mix runs with different %s; cells average over them "
-            "(select with --filter \"params.<key> = '<value>'\")",
-            experiments,
-            ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()),
-        )
-    return mixed
-
-
 def _placements(values) -> list[str]:
     """Placements in the study's order (pre, post, …), unknown ones last."""
     values = list(dict.fromkeys(values))
@@ -217,15 +161,14 @@ def _fig6_arguments(p: argparse.ArgumentParser) -> None:
 
 def _fig6_main(args: argparse.Namespace) -> list[Path]:
     if args.experiment is not None:
-        raise KeyError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
+        raise SelectionError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
     frames = {}
     for name, metric in (
         (args.rank_experiment, args.rank_metric),
         (args.train_experiment, args.train_metric),
     ):
-        frames[name] = df = _load([name], args)
-        _require(df, ["alpha", "depth", PLACEMENT, metric], [name])
-        warn_mixed(df, ["alpha", "depth", PLACEMENT], [name])
+        frames[name] = df = load(args, ["alpha", "depth", PLACEMENT, metric], experiments=[name])
+        warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
     table = fig6_table(
         frames[args.rank_experiment],
         frames[args.train_experiment],
@@ -251,7 +194,8 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     )
 
 
-fig6_command = Command(_fig6_arguments, _fig6_main)
+FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, "
+                       "one row per placement")
 
 
 # --------------------------------------------------------------------------- table5
@@ -271,7 +215,7 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
         return df["max_stable_lr"].astype(float)
     lrs = run_lrs(df)
     if not lrs:
-        raise KeyError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
+        raise SelectionError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
     stable = pd.DataFrame(
         {
             k: np.where(
@@ -302,16 +246,6 @@ def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFra
     return wide.sort_index(level=[0, 1], key=lambda s: s.map(order) if s.name == PLACEMENT else s)
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    """A GitHub-Markdown table of ``table`` (index levels first, cells as ``str(value)``)."""
-    names = [str(n) for n in table.index.names] + [str(c) for c in table.columns]
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    for idx, row in table.iterrows():
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        lines.append("| " + " | ".join([str(i) for i in idx] + [str(v) for v in row]) + " |")
-    return "\n".join(lines)
-
-
 def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFrame:
     """Learning rates as text: ``1e-03`` → ``0.001``; NaN → ``—`` (none stable), or blank where
     ``ran`` (same shape, bool) says the cell was not run."""
@@ -333,12 +267,11 @@ def _table5_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
-    df = _load(args.experiment, args)
     need = ["alpha", "depth", PLACEMENT] + (
         ["max_stable_lr"] if args.stable_accuracy is None else []
     )
-    _require(df, need, args.experiment)
-    warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment)
+    df = load(args, need)
+    warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment, keys=CONTEXT)
     table = table5(df, args.stable_accuracy)
     thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
     ran = df.groupby([PLACEMENT, "depth", "alpha"]).size().unstack("alpha").notna()
@@ -373,7 +306,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-table5_command = Command(_table5_arguments, _table5_main)
+TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable learning rate per (placement, "
+                         "depth), per α and max over α")
 
 
 # --------------------------------------------------------------------------- fig16
@@ -396,9 +330,8 @@ def _fig16_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _fig16_main(args: argparse.Namespace) -> list[Path]:
-    df = _load(args.experiment, args)
-    _require(df, ["matrices", PLACEMENT, "depth", args.metric], args.experiment)
-    warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment)
+    df = load(args, ["matrices", PLACEMENT, "depth", args.metric])
+    warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment, keys=CONTEXT)
     table = fig16_table(df, args.metric)
     fig, (ax,) = style.panels(1)
     for m in sorted(table.index.get_level_values(0).unique()):
@@ -423,7 +356,8 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     )
 
 
-fig16_command = Command(_fig16_arguments, _fig16_main)
+FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
+                        "(M, norm placement)")
 
 
 # --------------------------------------------------------------------------- curves
@@ -439,8 +373,8 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
     for item in where:
         key, sep, value = item.partition("=")
         if not sep:
-            raise KeyError(f"--where wants KEY=VALUE, got {item!r}")
-        _require(df, [key], ["(selected)"])
+            raise SelectionError(f"--where wants KEY=VALUE, got {item!r}")
+        require(df, [key], ["(selected)"])
         col = df[key]
         if pd.api.types.is_numeric_dtype(col):
             mask &= np.isclose(col.astype(float), float(value))
@@ -451,7 +385,7 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
         names = df.loc[
             mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
         ].to_string(index=False)
-        raise KeyError(
+        raise SelectionError(
             f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}"
         )
     return hits.iloc[0]
@@ -461,7 +395,7 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
     """Long table (lr, metric, step, value) of the run's ``test_acc_lr*`` and ``train_loss_lr*`` series."""
     lrs = run_lrs(run.dropna().to_frame().T)
     if not lrs:
-        raise KeyError(
+        raise SelectionError(
             f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); is it a task=train run?"
         )
     rows = []
@@ -485,7 +419,7 @@ def _curves_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _curves_main(args: argparse.Namespace) -> list[Path]:
-    df = _load(args.experiment, args)
+    df = load(args, where=[])
     run = select_run(df, args.run_id, args.where)
     curves = training_curves(args.uri, run)
     fig, axes = style.panels(2, aspect=0.7)
@@ -515,4 +449,6 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     )
 
 
-curves_command = Command(_curves_arguments, _curves_main)
+CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
+                         "LR, of one train run")
+COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "fig16": FIG16_COMMAND, "curves": CURVES_COMMAND}

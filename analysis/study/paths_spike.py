@@ -16,10 +16,9 @@ Commands (``python -m analysis <command> --help``):
   ``‖Σ_{k≤l} m_k‖`` against l on log–log axes with ∝ l and ∝ √l guides, and ``erank(Z_l)/d``
   against l; one colour per σ, one line style per probe count n.
 
-Series (step = path order or layer) are read with :func:`rankexp.tracking.metric_history`.
-An unknown experiment, one without finished runs, or runs without the probe's metrics raise
-:class:`~rankexp.tracking.TrackingError` / :class:`KeyError`, which ``python -m analysis``
-turns into a message and exit status 2.
+Series (step = path order or layer) are read with :func:`analysis.core.select.series`.
+An experiment without finished runs, or runs without the probe's metrics, raise
+:class:`~analysis.core.select.SelectionError`: ``python -m analysis`` prints it, exit status 2.
 """
 
 from __future__ import annotations
@@ -32,87 +31,18 @@ import numpy as np
 import pandas as pd
 
 from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrelated_path_profile
-from rankexp.tracking import TrackingError
 
-from . import style
-from .common import Command, out_dir, series
-from .plotting import save
-from .runs import load_runs
+from ..core import style
+from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.select import PLACEMENT, load, series, warn_mixed
+from ..core.style import save
 
 log = logging.getLogger("analysis")
 
-PLACEMENT = "norm.placement"
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 PROBE_N = "task.options.representation.n"
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
-
-
-# --------------------------------------------------------------------------- shared
-def load(
-    experiments: list[str], args: argparse.Namespace, needs: list[str], probe: str
-) -> pd.DataFrame:
-    """Finished runs of ``experiments`` that have every column of ``needs``.
-
-    Raises:
-        TrackingError: unknown experiment, or no finished run (matching ``--filter``).
-        KeyError: the runs lack a column (names the probe that logs it).
-    """
-    df = load_runs(experiments, args.uri, filter_string=args.filter)
-    if df.empty:
-        where = f" matching --filter {args.filter!r}" if args.filter else ""
-        raise TrackingError(
-            f"experiment(s) {experiments} hold no finished runs{where}; run the sweep first "
-            f"(python -m rankexp experiment={experiments[0]} -m)"
-        )
-    missing = [c for c in needs if c not in df]
-    if missing:
-        raise KeyError(
-            f"runs of experiment(s) {experiments} have no column(s) {missing}: were they run "
-            f"with task.probes=[{probe}]? available: {', '.join(sorted(map(str, df.columns)))}"
-        )
-    return df
-
-
-def warn_mixed(df: pd.DataFrame, keys: tuple[str, ...], experiments: list[str]) -> None:
-    """Warn when runs averaged into one line differ in a config key outside the figure's axes."""
-    mixed = {k: sorted(df[k].dropna().unique(), key=str) for k in keys if k in df}
-    mixed = {k: v for k, v in mixed.items() if len(v) > 1}
-    if mixed:
-        log.warning(
-            "experiment(s) %s mix runs with different %s; lines average over them "
-            "(select with --filter \"params.<key> = '<value>'\")",
-            experiments,
-            ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()),
-        )
-
-
-def set_experiment_default(p: argparse.ArgumentParser, name: str) -> None:
-    """Make ``--experiment`` default to ``name`` for one command."""
-    for action in p._actions:
-        if action.dest == "experiment":
-            action.default, action.help = [name], f"MLflow experiment name(s) (default: {name})"
-
-
-def write_markdown(path: Path, title: str, table: pd.DataFrame, fmt: str = "{:.4g}") -> Path:
-    """Write ``table`` as a GitHub-Markdown table under a one-line title; print it too."""
-    names = [str(n) for n in table.index.names] + [str(c) for c in table.columns]
-    lines = [title, "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-
-    def cell(v) -> str:
-        if isinstance(v, str):
-            return v
-        return "—" if v is None or not np.isfinite(v) else fmt.format(v)
-
-    for idx, row in table.iterrows():
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        lines.append("| " + " | ".join([str(i) for i in idx] + [cell(v) for v in row]) + " |")
-    text = "\n".join(lines) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(text)
-    log.info("wrote %s", path)
-    return path
 
 
 # --------------------------------------------------------------------------- paths (Figure 3)
@@ -318,12 +248,9 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
         "mean_path_order_energy",
         "path_order_peak",
     ]
-    df = load(args.experiment, args, needs, "path_order")
-    warn_mixed(
-        df,
-        ("width", "depth", "matrices", "expansion", "activation", PLACEMENT, "norm.op"),
-        args.experiment,
-    )
+    df = load(args, needs, probe="path_order")
+    warn_mixed(df, (), args.experiment,
+               keys=("width", "depth", "matrices", "expansion", "activation", PLACEMENT, "norm.op"))
     summary, profiles = paths_tables(df, args.uri)
     out = out_dir(args)
     fig = draw_profiles(profiles, summary)
@@ -337,7 +264,8 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-paths_command = Command(_paths_arguments, _paths_main)
+PATHS_COMMAND = Command(_paths_arguments, _paths_main, "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ "
+                        "vs βα^M with the uncorrelated prediction")
 
 
 # --------------------------------------------------------------------------- spike (Figure 7)
@@ -462,10 +390,10 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
         "branch_mean_sum_exponent",
         "rep_erank_final",
     ]
-    df = load(args.experiment, args, needs, "representation")
+    df = load(args, needs, probe="representation")
     df = df.assign(n=df[PROBE_N].astype(float) if PROBE_N in df else float(DEFAULT_N))
     df["n"] = df["n"].fillna(DEFAULT_N).astype(int)
-    warn_mixed(df, ("width", "depth", "expansion", PLACEMENT, "alpha", "beta"), args.experiment)
+    warn_mixed(df, (), args.experiment, keys=("width", "depth", "expansion", PLACEMENT, "alpha", "beta"))
     table = spike_table(df)
     fig = draw_spike(df, table, args.uri)
     fig.suptitle("Figure 7: the mean spike")
@@ -475,4 +403,6 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "spike", table)
 
 
-spike_command = Command(_spike_arguments, _spike_main)
+SPIKE_COMMAND = Command(_spike_arguments, _spike_main, "Figure 7: mean spike — cross-layer cosines vs c, "
+                        "‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ")
+COMMANDS = {"paths": PATHS_COMMAND, "spike": SPIKE_COMMAND}

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
-from .common import PLACEMENT_ORDER, ordered, refuse_mixed
-from .plotting import save
-from .runs import load_runs
+from ..core import style
+from ..core.runner import Command
+from ..core.runs import load_runs
+from ..core.select import PLACEMENT_ORDER, ordered, refuse_mixed
+from ..core.style import save
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
@@ -99,3 +100,7 @@ def main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["cells: mean over seeds"])
     stem = f"heatmap_{args.metric}_{args.y}_x_{args.x}"
     return save(fig, Path(args.out) / "_".join(args.experiment), stem, table)
+
+
+COMMANDS = {"heatmap": Command(add_arguments, main,
+                               "heatmap of a metric over two params, one panel per norm placement")}

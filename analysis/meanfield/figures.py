@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import tempfile
 from pathlib import Path
 
@@ -38,18 +37,11 @@ from rankexp import theory
 from rankexp.probes.meanfield import DEEP_LINEAR_DEFAULTS
 from rankexp.tracking import download_artifact
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    series,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import plt, save
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import load, series
+from ..core.style import plt, save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
@@ -61,16 +53,6 @@ def _values(df: pd.DataFrame, key: str) -> str:
     vals = sorted(df[key].dropna().unique().tolist())
     fmt = [f"{v:g}" if isinstance(v, float) else str(v) for v in vals]
     return fmt[0] if len(fmt) == 1 else "{" + ", ".join(fmt) + "}"
-
-
-def caption(df: pd.DataFrame, experiments, *, extra: str = "") -> tuple:
-    """What :func:`analysis.style.caption` writes under a figure: the runs (width, depth, seeds,
-    size stated from them), the experiment names and ``extra``."""
-    return df, experiments, [extra] if extra else []
-
-
-def _caption(fig, cap: tuple) -> None:
-    style.caption(fig, *cap)
 
 
 def _arrays(uri: str | None, run_id: str) -> dict[str, np.ndarray]:
@@ -134,7 +116,7 @@ def theory_depth_scale_grid(sw2: np.ndarray, sb2: np.ndarray, activation: str = 
     return out
 
 
-def draw_phase(table: pd.DataFrame, resolution: int, cap: tuple):
+def draw_phase(table: pd.DataFrame, resolution: int):
     sw2 = np.sort(table.index.get_level_values("sigma_w2").unique().to_numpy())
     sb2 = np.sort(table.index.get_level_values("sigma_b2").unique().to_numpy())
     grid = {k: table[k].unstack("sigma_w2").reindex(index=sb2, columns=sw2).to_numpy()
@@ -178,7 +160,6 @@ def draw_phase(table: pd.DataFrame, resolution: int, cap: tuple):
     ax.set_title(r"depth scale: measured vs theory", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle(r"Phase diagram of plain tanh networks: order ($\chi_1<1$) and chaos ($\chi_1>1$)")
-    _caption(fig, cap)
     return fig
 
 
@@ -192,12 +173,14 @@ def _phase_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, PHASE_COLUMNS)
     table = phase_table(df)
     out = out_dir(args)
-    fig = draw_phase(table, args.theory_resolution, caption(df, args.experiment, extra="tanh, two inputs at $c_0$ = 0.5"))
+    fig = draw_phase(table, args.theory_resolution)
+    style.caption(fig, df, args.experiment, ["tanh, two inputs at $c_0$ = 0.5"])
     write_text(out / "mf_phase.md", to_markdown(table))
     return save(fig, out, "mf_phase", table)
 
 
-mf_phase_command = Command(_phase_arguments, _phase_main)
+MF_PHASE_COMMAND = Command(_phase_arguments, _phase_main,
+                           "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours")
 
 
 # --------------------------------------------------------------------------- mf_relu_collapse
@@ -221,7 +204,7 @@ def relu_collapse_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return t[t["layer"] >= 1]
 
 
-def draw_relu_collapse(t: pd.DataFrame, cap: tuple):
+def draw_relu_collapse(t: pd.DataFrame):
     fig, axes = style.panels(2, width=style.TWO_COLUMN, aspect=0.7)
     for i, ((c0, width), g) in enumerate(t.groupby(["c0", "width"])):
         col = f"C{i}"
@@ -250,7 +233,6 @@ def draw_relu_collapse(t: pd.DataFrame, cap: tuple):
     for ax in axes:
         _plain_log_ticks(ax)
     fig.suptitle("Polynomial collapse of the correlation in critical ReLU networks")
-    _caption(fig, cap)
     return fig
 
 
@@ -261,11 +243,13 @@ def _relu_arguments(p: argparse.ArgumentParser) -> None:
 def _relu_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [C0, "mf_c"])
     t = relu_collapse_table(df, args.uri)
-    cap = caption(df, args.experiment, extra="bands: ±1 s.d. over seeds")
-    return save(draw_relu_collapse(t, cap), out_dir(args), "mf_relu_collapse", t)
+    fig = draw_relu_collapse(t)
+    style.caption(fig, df, args.experiment, ["bands: ±1 s.d. over seeds"])
+    return save(fig, out_dir(args), "mf_relu_collapse", t)
 
 
-mf_relu_collapse_command = Command(_relu_arguments, _relu_main)
+MF_RELU_COLLAPSE_COMMAND = Command(_relu_arguments, _relu_main,
+                                   "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)")
 
 
 # --------------------------------------------------------------------------- mf_spectrum
@@ -304,7 +288,7 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def draw_spectrum(df: pd.DataFrame, uri: str | None, cap: tuple):
+def draw_spectrum(df: pd.DataFrame, uri: str | None):
     d = _newest(df, ["activation", "init", "depth"])
     acts = sorted(d["activation"].unique(), key=lambda a: SPECTRUM_ORDER.index(a) if a in SPECTRUM_ORDER else 9)
     inits = ["gaussian", "orthogonal"]
@@ -325,7 +309,6 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None, cap: tuple):
                 ax.legend(fontsize=7)
     fig.suptitle(r"Squared singular values $\lambda$ of $\partial h_L/\partial h_0$ (mean 1); "
                  r"free probability: Var$(\lambda) = L\,(v_W + v_D)$")
-    _caption(fig, cap)
     return fig
 
 
@@ -338,15 +321,16 @@ def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     t = spectrum_table(df)
     out = out_dir(args)
     write_text(out / "mf_spectrum.md", spectrum_markdown(t))
-    return save(draw_spectrum(df, args.uri, caption(df, args.experiment)), out, "mf_spectrum", t)
+    fig = draw_spectrum(df, args.uri)
+    style.caption(fig, df, args.experiment)
+    return save(fig, out, "mf_spectrum", t)
 
 
-mf_spectrum_command = Command(_spectrum_arguments, _spectrum_main)
+MF_SPECTRUM_COMMAND = Command(_spectrum_arguments, _spectrum_main,
+                              "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms")
 
 
 # --------------------------------------------------------------------------- mf_bn
-#: Yang et al. (2019): the squared gradient norm of a BN-ReLU net grows by π/(π−1) per layer
-BN_RELU_GROWTH = math.sqrt(math.pi / (math.pi - 1))
 
 
 def architecture(r) -> str:
@@ -367,7 +351,7 @@ def bn_table(df: pd.DataFrame) -> pd.DataFrame:
     return d.set_index(["arch", "depth"])[cols + ["run_id"]].sort_index()
 
 
-def draw_bn(t: pd.DataFrame, uri: str | None, cap: tuple):
+def draw_bn(t: pd.DataFrame, uri: str | None):
     fig, axes = style.panels(3, aspect=0.95)
     archs = list(dict.fromkeys(t.index.get_level_values("arch")))
     arch_color = {a: f"C{i}" for i, a in enumerate(archs)}
@@ -378,7 +362,7 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: tuple):
             steps, g = series(uri, r["run_id"], "grad_norm")
             ax.semilogy(steps, g, "-", color=plt.cm.viridis(k / max(1, len(sub) - 1)), label=f"L={depth}")
             mid = len(g) // 2  # anchored mid-network: the last layer has its own offset
-            ref = g[mid] * BN_RELU_GROWTH ** (steps[mid] - steps)
+            ref = g[mid] * theory.BN_RELU_GRADIENT_GROWTH ** (steps[mid] - steps)
             ax.semilogy(steps, ref, ":", color="grey", lw=0.8)
         ax.set_title(r"plain + BN: $\|\partial\ell/\partial W_\ell\|_F$ per layer"
                      "\n" r"(dotted: $\sqrt{\pi/(\pi-1)}$ per layer toward the input)", fontsize=9)
@@ -391,7 +375,7 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: tuple):
         ax.errorbar(sub.index, sub["grad_ratio"], yerr=sub.get("grad_ratio_std"), fmt="o-",
                     color=arch_color[a], ms=4, label=a)
     depths = np.array(sorted(t.index.get_level_values("depth").unique()), dtype=float)
-    ax.plot(depths, BN_RELU_GROWTH ** (depths - 1), "k:", lw=1,
+    ax.plot(depths, theory.BN_RELU_GRADIENT_GROWTH ** (depths - 1), "k:", lw=1,
             label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")
     ax.set_yscale("log")
     ax.set_xlabel(style.name("depth"))
@@ -417,7 +401,6 @@ def draw_bn(t: pd.DataFrame, uri: str | None, cap: tuple):
     ax.set_title("shattered gradients (Balduzzi et al. 2017; references from the chapter)", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle("Batch normalization at initialization: exploding and shattered gradients")
-    _caption(fig, cap)
     return fig
 
 
@@ -430,11 +413,14 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     t = bn_table(df)
     out = out_dir(args)
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
-    return save(draw_bn(t, args.uri, caption(df, args.experiment, extra="ReLU, $\\sigma_w^2$ = 2")), out, "mf_bn",
+    fig = draw_bn(t, args.uri)
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2"])
+    return save(fig, out, "mf_bn",
                 t.drop(columns="run_id"))
 
 
-mf_bn_command = Command(_bn_arguments, _bn_main)
+MF_BN_COMMAND = Command(_bn_arguments, _bn_main,
+                        "BN at init: per-layer gradient norms, ratio first/last vs depth, shattered-gradient autocorrelation")
 
 
 # --------------------------------------------------------------------------- mf_residual
@@ -458,7 +444,7 @@ def residual_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def draw_residual(t: pd.DataFrame, cap: tuple):
+def draw_residual(t: pd.DataFrame):
     fig, axes = style.panels(3, aspect=0.95)
     for k, ((scaling, depth), g) in enumerate(t.groupby(["beta_scaling", "depth"])):
         col = f"C{k}"
@@ -489,7 +475,6 @@ def draw_residual(t: pd.DataFrame, cap: tuple):
     for ax in axes:
         ax.legend(fontsize=7)
     fig.suptitle(r"Residual ReLU networks: variance $(1+\beta^2)^L$ and the depth limit $\beta^2 L = O(1)$")
-    _caption(fig, cap)
     return fig
 
 
@@ -500,11 +485,14 @@ def _residual_arguments(p: argparse.ArgumentParser) -> None:
 def _residual_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
     t = residual_table(df, args.uri)
-    return save(draw_residual(t, caption(df, args.experiment, extra="ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5")),
+    fig = draw_residual(t)
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
+    return save(fig,
                 out_dir(args), "mf_residual", t)
 
 
-mf_residual_command = Command(_residual_arguments, _residual_main)
+MF_RESIDUAL_COMMAND = Command(_residual_arguments, _residual_main,
+                              "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit")
 
 
 # --------------------------------------------------------------------------- mf_trainability
@@ -518,7 +506,7 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def draw_trainability(t: pd.DataFrame, activation: str, cap: tuple):
+def draw_trainability(t: pd.DataFrame, activation: str):
     sb2s = sorted(t.index.get_level_values("sigma_b2").unique())
     fig, axes = style.grid(1, len(sb2s), width=min(style.TWO_COLUMN, 3.6 * len(sb2s)), aspect=0.85)
     for ax, sb2 in zip(axes[0], sb2s, strict=True):
@@ -544,7 +532,6 @@ def draw_trainability(t: pd.DataFrame, activation: str, cap: tuple):
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Trainability of plain networks on CIFAR-10 vs the correlation depth scale "
                  "(Schoenholz et al. 2017)")
-    _caption(fig, cap)
     return fig
 
 
@@ -557,12 +544,14 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
     t = trainability_table(df)
     steps = _values(df, "task.steps")
     lrs = _values(df, "task.lrs")
-    cap = caption(df, args.experiment, extra=f"Adam, {steps} steps, best over lrs {lrs}")
-    return save(draw_trainability(t, str(df["activation"].iloc[0]), cap), out_dir(args),
+    fig = draw_trainability(t, str(df["activation"].iloc[0]))
+    style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
+    return save(fig, out_dir(args),
                 "mf_trainability", t)
 
 
-mf_trainability_command = Command(_trainability_arguments, _trainability_main)
+MF_TRAINABILITY_COMMAND = Command(_trainability_arguments, _trainability_main,
+                                  "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid")
 
 
 # --------------------------------------------------------------------------- deep_linear
@@ -590,7 +579,7 @@ def deep_linear_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     return t
 
 
-def draw_deep_linear(t: pd.DataFrame, cap: tuple):
+def draw_deep_linear(t: pd.DataFrame):
     ss = sorted(t["s"].unique())
     fig, axes = style.grid(1, len(ss), width=min(style.TWO_COLUMN, 3.6 * len(ss)), aspect=0.8)
     for ax, s in zip(axes[0], ss, strict=True):
@@ -608,7 +597,6 @@ def draw_deep_linear(t: pd.DataFrame, cap: tuple):
         ax.set_title(rf"target $s$ = {s:g} (lines: quadrature of 215.8)", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle("The deep-linear plateau: learning time grows like $a_0^{-N}$")
-    _caption(fig, cap)
     return fig
 
 
@@ -625,10 +613,14 @@ def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
     # the chains simulated are sim_width wide (the task's own network is unused): d is theirs
     key = "task.options.deep_linear.sim_width"
     sim_width = df[key].astype(int) if key in df else DEEP_LINEAR_DEFAULTS["sim_width"]
-    cap = caption(df.assign(width=sim_width).drop(columns=["depth"], errors="ignore"), args.experiment,
-                  extra=f"one run per target $s$; gradient flow on orthogonal chains, largest "
-                        f"|sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}")
-    return save(draw_deep_linear(t, cap), out, "deep_linear", t)
+    fig = draw_deep_linear(t)
+    style.caption(fig, df.assign(width=sim_width).drop(columns=["depth"], errors="ignore"),
+                  args.experiment, [f"one run per target $s$; gradient flow on orthogonal chains, "
+                                    f"largest |sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}"])
+    return save(fig, out, "deep_linear", t)
 
 
-deep_linear_command = Command(_deep_linear_arguments, _deep_linear_main)
+DEEP_LINEAR_COMMAND = Command(_deep_linear_arguments, _deep_linear_main,
+                              "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains")
+
+COMMANDS = {"mf_phase": MF_PHASE_COMMAND, "mf_relu_collapse": MF_RELU_COLLAPSE_COMMAND, "mf_spectrum": MF_SPECTRUM_COMMAND, "mf_bn": MF_BN_COMMAND, "mf_residual": MF_RESIDUAL_COMMAND, "mf_trainability": MF_TRAINABILITY_COMMAND, "deep_linear": DEEP_LINEAR_COMMAND}

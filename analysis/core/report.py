@@ -8,12 +8,12 @@ From whatever runs the store holds it writes
   params, size), its figures, its tables and the claims it decides;
 * ``DIR/report.md`` — the same as Markdown, figures linked (``DIR/figures/<experiment>/``);
 * ``DIR/claims.csv`` — the claims table;
-* ``DIR/figures/<experiment>/`` — what each experiment's analysis commands drew (the
-  ``python -m analysis …`` lines of ``conf/experiment/<id>.yaml``, as ``make figures`` runs
-  them), and ``DIR/logs/`` their output.
+* ``DIR/figures/<experiment>/`` — what each experiment's analysis commands drew (its
+  registry entry's ``analyses``, as ``make figures`` runs them), and ``DIR/logs/`` their output.
 
-The claims are :data:`analysis.claims.CLAIMS` (add one there; nothing here changes).  A
-failing analysis command is noted in its section; the report is still written.
+Experiments, their descriptions, commands and claims come from the experiment registry
+(:mod:`analysis.core.registry`; add an entry or a claim there, nothing here changes).  A failing
+analysis command is noted in its section; the report is still written.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ from markupsafe import Markup
 
 from rankexp.tracking import TrackingError, experiment_names, resolve_uri
 
-from . import claims as registry
-from .common import CONFIG_KEYS, Command, set_experiment_default, to_markdown
-from .figures import CONF, read_plan, run_analysis
-from .figures import experiments as configured
+from . import claims
+from .registry import Registry, default
+from .runner import Command, run, set_experiment_default
 from .runs import load_runs
+from .select import CONFIG_KEYS
+from .tables import to_markdown
 
 log = logging.getLogger("analysis")
 
-#: params the config summary reports besides :data:`analysis.common.CONFIG_KEYS`
+#: params the config summary reports besides :data:`analysis.core.select.CONFIG_KEYS`
 SUMMARY_KEYS = (
     "size",
     "task.name",
@@ -70,28 +71,10 @@ class Section:
     tables: list[tuple[str, str]] = field(default_factory=list)  # (title, markdown)
     previews: list[tuple[Path, pd.DataFrame]] = field(default_factory=list)
     commands: list[tuple[str, int, str]] = field(default_factory=list)  # (argv, status, tail)
-    verdicts: list[registry.Verdict] = field(default_factory=list)
+    verdicts: list[claims.Verdict] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- sections
-def describe(experiment: str) -> str:
-    """What the experiment shows: the prose of its config's header comment."""
-    path = CONF / f"{experiment}.yaml"
-    if not path.is_file():
-        return ""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("#").strip()
-        if text.startswith(("@package", "python -m", "also:")) or "python -m" in text:
-            if lines:
-                break
-            continue
-        lines.append(text)
-    return " ".join(lines)
-
-
 def _fmt(v) -> str:
     if isinstance(v, float | np.floating):
         return f"{float(v):g}"
@@ -116,21 +99,14 @@ def summarize(df: pd.DataFrame) -> tuple[list[tuple[str, str]], list[tuple[str, 
     return fixed, swept
 
 
-def draw(section: Section, uri: str, out: Path) -> None:
-    """Run the experiment's configured analysis commands on ``uri`` into ``out/figures``."""
-    if not (CONF / f"{section.experiment}.yaml").is_file():
-        return
-    from . import __main__ as cli
-
+def draw(section: Section, argvs: list[list[str]], uri: str, out: Path) -> None:
+    """Run the experiment's analysis commands (``argvs``) on ``uri`` into ``out/figures``."""
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    for argv in read_plan(section.experiment).analyses:
-        if argv[0] not in cli.COMMANDS:
-            section.commands.append((" ".join(argv), -1, "no such analysis command yet"))
-            continue
-        rc, text, files = run_analysis(argv, figs, uri)
+    for argv in argvs:
+        rc, text, files = run(argv, figs, uri)
         with open(logs / f"{section.experiment}.log", "a") as fh:
             fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
         tail = text.strip().splitlines()[-1][:300] if rc and text.strip() else ""
@@ -155,14 +131,14 @@ def _md_table(text: str) -> str:
 
 
 def build_sections(
-    runs: registry.Runs, names: list[str], out: Path, with_figures: bool
+    runs: claims.Runs, names: list[str], out: Path, with_figures: bool, reg: Registry
 ) -> list[Section]:
     sections = []
     for name in names:
-        s = Section(name, describe(name))
+        s = Section(name, reg[name].shows if name in reg else "")
         try:
             df = runs(name)
-        except registry.NotRun:
+        except claims.NotRun:
             df = pd.DataFrame()
         s.runs = len(df)
         try:
@@ -172,17 +148,16 @@ def build_sections(
             pass
         if len(df):
             s.fixed, s.swept = summarize(df)
-            if with_figures:
+            if with_figures and name in reg:
                 log.info("[report] %s: drawing", name)
-                draw(s, runs.uri, out)
+                draw(s, reg[name].argvs(), runs.uri, out)
         sections.append(s)
     return sections
 
 
-def experiment_order(present: list[str]) -> list[str]:
-    """The store's experiments: the study's in drawing order, then the others by name."""
-    order, _ = configured()
-    known = [e for e in order if e in present]
+def experiment_order(present: list[str], reg: Registry) -> list[str]:
+    """The store's experiments: the registry's in document order, then the others by name."""
+    known = [e for e in reg.ids() if e in present]
     return known + sorted(set(present) - set(known))
 
 
@@ -192,7 +167,7 @@ def _data_uri(png: Path) -> str:
 
 
 def md_to_html(table: str) -> str:
-    """A GitHub-Markdown table (as :func:`analysis.common.to_markdown` writes) as HTML."""
+    """A GitHub-Markdown table (as :func:`analysis.core.tables.to_markdown` writes) as HTML."""
     rows = [
         [c.strip() for c in line.strip().strip("|").split("|")]
         for line in table.splitlines()
@@ -208,14 +183,14 @@ def md_to_html(table: str) -> str:
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _claim_rows(verdicts: list[registry.Verdict]) -> list[dict]:
+def _claim_rows(verdicts: list[claims.Verdict]) -> list[dict]:
     return [v.row() for v in verdicts]
 
 
 def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
     template = jinja2.Environment(
         loader=jinja2.FunctionLoader(
-            lambda name: resources.files("analysis").joinpath(name).read_text()
+            lambda name: resources.files("analysis.core").joinpath(name).read_text()
         ),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
@@ -244,12 +219,12 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
 
 
 def _counts(verdicts) -> dict[str, int]:
-    keys = (registry.HOLDS, registry.FAILS, registry.NOT_RUN, registry.ERROR)
+    keys = (claims.HOLDS, claims.FAILS, claims.NOT_RUN, claims.ERROR)
     return {k: sum(v.verdict == k for v in verdicts) for k in keys}
 
 
 def _md_claims(verdicts) -> str:
-    t = registry.table(verdicts)
+    t = claims.table(verdicts)
     if t.empty:
         return "(no claims registered)"
     cols = ["claim", "experiment", "study", "measured", "tolerance", "verdict", "note"]
@@ -267,8 +242,8 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
         "",
         "## Claims",
         "",
-        f"{c[registry.HOLDS]} hold, {c[registry.FAILS]} do not hold, "
-        f"{c[registry.NOT_RUN]} not run" + (f", {c[registry.ERROR]} errors" if c[registry.ERROR] else ""),
+        f"{c[claims.HOLDS]} hold, {c[claims.FAILS]} do not hold, "
+        f"{c[claims.NOT_RUN]} not run" + (f", {c[claims.ERROR]} errors" if c[claims.ERROR] else ""),
         "",
         _md_claims(verdicts),
         "",
@@ -303,23 +278,28 @@ def build_report(
     experiments: list[str] | None = None,
     with_figures: bool = True,
     title: str = "rankexp reproduction report",
+    registry: Registry | None = None,
 ) -> list[Path]:
     """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv``; return the paths.
+
+    ``registry`` (default :func:`analysis.core.registry.default`) gives the experiments'
+    descriptions, commands and claims.
 
     Raises:
         TrackingError: the store cannot be read, or holds none of ``experiments``.
     """
+    reg = registry or default()
     uri = resolve_uri(uri)
     present = experiment_names(uri)
-    names = experiment_order(experiments or present)
+    names = experiment_order(experiments or present, reg)
     missing = [e for e in names if e not in present]
     if experiments and len(missing) == len(names):
         raise TrackingError(f"the store {uri} holds none of {experiments}; it has: {present}")
     out.mkdir(parents=True, exist_ok=True)
-    runs = registry.Runs(uri)
+    runs = claims.Runs(uri)
     try:
-        sections = build_sections(runs, names, out, with_figures)
-        verdicts = registry.evaluate(runs)
+        sections = build_sections(runs, names, out, with_figures, reg)
+        verdicts = claims.evaluate(runs, reg.claims())
     finally:
         runs.close()
     by_exp = {s.experiment: s for s in sections}
@@ -343,11 +323,11 @@ def build_report(
     paths = [out / "report.html", out / "report.md", out / "claims.csv"]
     paths[0].write_text(render_html(sections, verdicts, meta, out))
     paths[1].write_text(render_markdown(sections, verdicts, meta, out))
-    registry.table(verdicts).to_csv(paths[2], index=False)
+    claims.table(verdicts).to_csv(paths[2], index=False)
     c = _counts(verdicts)
     log.info(
         "claims: %d hold, %d do not hold, %d not run, %d errors",
-        c[registry.HOLDS], c[registry.FAILS], c[registry.NOT_RUN], c[registry.ERROR],
+        c[claims.HOLDS], c[claims.FAILS], c[claims.NOT_RUN], c[claims.ERROR],
     )
     for p in paths:
         log.info("wrote %s", p)
@@ -372,4 +352,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     )
 
 
-report_command = Command(_arguments, _main)
+COMMANDS = {
+    "report": Command(_arguments, _main, "reproduction report: every experiment's figures, "
+                      "tables, config and the study's claims checked (HTML + Markdown)"),
+}

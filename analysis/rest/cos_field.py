@@ -25,18 +25,12 @@ import pandas as pd
 
 from rankexp.tracking import download_artifact
 
-from . import style
-from .common import (
-    Command,
-    add_where,
-    load,
-    out_dir,
-    set_experiment_default,
-    to_markdown,
-    write_text,
-)
-from .plotting import save
-from .seeds import pooled
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import load
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 KEYS = ["matrices", "activation"]
@@ -152,4 +146,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-cos_field_command = Command(_arguments, _main)
+COS_FIELD_COMMAND = Command(_arguments, _main,
+                            "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ")
+
+COMMANDS = {"cos_field": COS_FIELD_COMMAND}

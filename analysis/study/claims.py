@@ -1,6 +1,6 @@
-"""The study's quantitative claims (science.md §3 and §4) that the experiments here can
-check, registered in :mod:`analysis.claims` — one small entry per claim, its ``measure``
-function beside it.  Tolerances are stated a priori (not tuned to runs); values stated by the
+"""The study's quantitative claims (science.md §3, and Figure 4b, Table 4 of §4) that the
+experiments here can check — one tuple per experiment (its registry entry lists it:
+:mod:`analysis.study.experiments`), each claim's ``measure`` function beside it.  Tolerances are stated a priori (not tuned to runs); values stated by the
 study for its sizes (d = 256, L up to 384, 5000 training steps) say so in ``study``.
 """
 
@@ -13,7 +13,7 @@ import pandas as pd
 
 from rankexp.theory import activation_constants
 
-from .claims import (
+from ..core.claims import (
     Claim,
     Measured,
     NotRun,
@@ -23,13 +23,10 @@ from .claims import (
     at_most,
     below,
     near,
-    need,
-    only,
-    register,
     seed_std,
     seedwise,
 )
-from .common import PLACEMENT
+from ..core.select import PLACEMENT, need, only
 from .isorank import collapse_spread, isorank_table
 from .placements import figure4_runs
 
@@ -72,14 +69,14 @@ def _fig1_troughs(runs: Runs) -> Measured:
                     f"{[float(e) for e in means.index]}")
 
 
-register(Claim("fig1.noskip_collapse", "fig1",
-               "Without skips the profile collapses with depth (vs an identity skip every block)",
-               "science.md §3 fig1", "collapse", at_most(0.5), _fig1_noskip_collapse))
-register(Claim("fig1.flat_inv_sqrt_depth", "fig1", "β = 1/√L keeps the profile flat",
-               "science.md §3 fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat))
-register(Claim("fig1.wider_troughs", "fig1",
-               "Wider branches raise the troughs of the sawtooth (skip every 4)",
-               "science.md §3 fig1", "rises with m/d", above(0.0), _fig1_troughs))
+FIG1 = (
+    Claim("fig1.noskip_collapse", "Without skips the profile collapses with depth (vs an identity skip every block)",
+          "science.md §3 fig1", "collapse", at_most(0.5), _fig1_noskip_collapse),
+    Claim("fig1.flat_inv_sqrt_depth", "β = 1/√L keeps the profile flat",
+          "science.md §3 fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
+    Claim("fig1.wider_troughs", "Wider branches raise the troughs of the sawtooth (skip every 4)",
+          "science.md §3 fig1", "rises with m/d", above(0.0), _fig1_troughs),
+)
 
 
 # --------------------------------------------------------------------------- fig2
@@ -93,9 +90,10 @@ def _fig2_collapse(runs: Runs) -> Measured:
                     f"max spread of erank/d over {len(spread)} groups sharing βα^M")
 
 
-register(Claim("fig2.exact_collapse", "fig2",
-               "erank depends on (α, β) only through βα^M, exactly for ReLU",
-               "science.md §3 fig2", "0 (exact)", at_most(1e-9), _fig2_collapse))
+FIG2 = (
+    Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
+          "science.md §3 fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),
+)
 
 
 # --------------------------------------------------------------------------- fig3
@@ -121,11 +119,13 @@ def _fig3_binomial(runs: Runs) -> Measured:
                     f"measured r_l, over {len(df)} runs")
 
 
-register(Claim("fig3.peak_order_3", "fig3", "The path-order profile μ_k peaks at order 3 for "
-               "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak))
-register(Claim("fig3.binomial", "fig3", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
-               "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
-               at_most(0.1), _fig3_binomial))
+FIG3 = (
+    Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
+          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak),
+    Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
+          "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
+          at_most(0.1), _fig3_binomial),
+)
 
 
 # --------------------------------------------------------------------------- fig4
@@ -188,15 +188,65 @@ def _fig4_projection(runs: Runs) -> Measured:
                     f"max over α (at α = {df.loc[i, 'alpha']:g})")
 
 
-register(Claim("fig4.post_like_none", "fig4", "Post-Norm collapses at the rate of no norm",
-               "science.md §3 fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none))
-register(Claim("fig4.pre_output_floor", "fig4", "Pre- and output-norm keep a rank floor "
-               "(Pre-Norm above ≈ 0.2 of width)", "science.md §3 fig4(a), reference magnitudes",
-               "≥ 0.2", at_least(0.18), _fig4_floor))
-register(Claim("fig4.detached_gap", "fig4", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
-               "width)", "science.md §3 fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached))
-register(Claim("fig4.projection_share", "fig4", "The post-norm projection removes ≤ 0.4 % of "
-               "full rank", "science.md §3 fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection))
+FIG4 = (
+    Claim("fig4.post_like_none", "Post-Norm collapses at the rate of no norm",
+          "science.md §3 fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
+    Claim("fig4.pre_output_floor", "Pre- and output-norm keep a rank floor "
+          "(Pre-Norm above ≈ 0.2 of width)", "science.md §3 fig4(a), reference magnitudes",
+          "≥ 0.2", at_least(0.18), _fig4_floor),
+    Claim("fig4.detached_gap", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
+          "width)", "science.md §3 fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
+    Claim("fig4.projection_share", "The post-norm projection removes ≤ 0.4 % of "
+          "full rank", "science.md §3 fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
+)
+
+
+# --------------------------------------------------------------------------- fig4 (b)
+def deepest(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs at the largest depth."""
+    need(df, "depth")
+    return df[df["depth"] == df["depth"].max()]
+
+
+def by_post(df: pd.DataFrame) -> pd.Series:
+    """Mean erank(∂h_L/∂h_0)/d per post-residual op R."""
+    need(df, "erank_io", "norm.post")
+    return df.groupby("norm.post")["erank_io"].mean()
+
+
+def _fig4b(runs: Runs) -> pd.Series:
+    df = only(runs("fig4"), norm__pre="rmsnorm", norm__out="none")
+    e = by_post(deepest(df))
+    if not {"rmsnorm", "detached"} <= set(e.index):
+        raise NotRun("no Figure 4b runs (norm=pre norm.post=rmsnorm,detached,…) in fig4")
+    return e
+
+
+def _fig4b_detached(runs: Runs) -> Measured:
+    e = _fig4b(runs)
+    L = int(deepest(only(runs("fig4"), norm__pre="rmsnorm"))["depth"].iloc[0])
+    return Measured(abs(e["detached"] - e["rmsnorm"]), math.nan,
+                    f"|erank(R = detached) − erank(R = rmsnorm)|/d with a Pre-RMSNorm, L = {L}")
+
+
+def _fig4b_floor(runs: Runs) -> Measured:
+    e = _fig4b(runs)
+    floors = [e[o] for o in ("none", "meansub") if o in e]
+    collapse = [e[o] for o in ("rmsnorm", "detached", "layernorm") if o in e]
+    if not floors:
+        raise NotRun("no Figure 4b run with R = none or meansub")
+    return Measured(min(floors) / max(collapse), math.nan,
+                    "min over R ∈ {none, meansub} ÷ max over the rescaling R, deepest L")
+
+
+FIG4B = (
+    Claim("fig4.b_detached_rmsnorm", "With a Pre-RMSNorm, post-residual detached ≈ "
+          "rmsnorm (collapse; within 0.4 % of width)", "science.md §3 fig4(b)",
+          "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached),
+    Claim("fig4.b_centring_floor", "With a Pre-RMSNorm, R = meansub and none keep a "
+          "floor while the rescaling R collapse", "science.md §3 fig4(b)", "floor ≫ collapse",
+          at_least(2.0), _fig4b_floor),
+)
 
 
 # --------------------------------------------------------------------------- fig5 / Table 4
@@ -238,15 +288,14 @@ def _iso_slope(placement: str | None, expansion: float | None, level: float | No
     return measure
 
 
-register(Claim("fig5.post_isorank_slope", "fig5", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
-               "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
-               "−0.50", near(-0.50, 0.05), _iso_slope("post", None, None)))
-for (_pl, _e), _values in TABLE4.items():
-    for _lv, _s in zip(TABLE4_LEVELS, _values, strict=True):
-        register(Claim(f"tab4.{_pl}_md{_e}_r{_lv:g}", "fig5",
-                       f"Table 4: iso-rank exponent s, {_pl}, m/d = {_e}, r* = {_lv:g}",
-                       "science.md §4 tab4", f"{_s:+.2f} (d = 256)", near(_s, 0.05),
-                       _iso_slope(_pl, _e, _lv)))
+FIG5_ISORANK = (
+    Claim("fig5.post_isorank_slope", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
+          "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
+          "−0.50", near(-0.50, 0.05), _iso_slope("post", None, None)),
+    *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
+            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), _iso_slope(pl, e, lv))
+      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
+)
 
 
 def _kappa(runs: Runs) -> Measured:
@@ -308,25 +357,27 @@ def _post_floor(runs: Runs) -> Measured:
                     f"α = {corner['alpha'].iloc[0]:g}, L = {int(corner['depth'].iloc[0])}")
 
 
-register(Claim("fig5.kappa", "fig5", "Pre-Norm stream: rms(h_l)² = 1 + κ(βα^M)² l with "
-               "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
-               near(0.51, 0.05), _kappa))
-register(Claim("fig11.rms_384", "fig5", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-               "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384))
-register(Claim("fig5.accumulated_post_sqrt_L", "fig5", "Accumulated branch grows ∝ √L for "
-               "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
-               _acc_slope("post")))
-register(Claim("fig5.accumulated_pre_flat", "fig5", "Accumulated branch stays flat for "
-               "Pre-Norm", "science.md §3 fig5, Figure 5b/12", "≈ 0 (slope)", at_most(0.2),
-               _acc_slope("pre")))
-register(Claim("fig5.depth_factor_collapse", "fig5", "Post-Norm rank collapses onto one curve "
-               "of βα^M√L", "science.md §3 fig5 (Figure 5d)", "one curve", at_most(0.05),
-               _depth_factor_collapse))
-register(Claim("fig5.pre_floor", "fig5", "Pre-Norm rank stays above ≈ 0.2 of width across its "
-               "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.18), _pre_floor))
-register(Claim("fig5.post_floor", "fig5", "Post-Norm collapses toward 0.01–0.02 of width at "
-               "large α and depth", "science.md §3 reference magnitudes", "0.01–0.02",
-               at_most(0.03), _post_floor))
+FIG5_STREAM = (
+    Claim("fig5.kappa", "Pre-Norm stream: rms(h_l)² = 1 + κ(βα^M)² l with "
+          "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
+          near(0.51, 0.05), _kappa),
+    Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
+          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384),
+    Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
+          "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
+          _acc_slope("post")),
+    Claim("fig5.accumulated_pre_flat", "Accumulated branch stays flat for "
+          "Pre-Norm", "science.md §3 fig5, Figure 5b/12", "≈ 0 (slope)", at_most(0.2),
+          _acc_slope("pre")),
+    Claim("fig5.depth_factor_collapse", "Post-Norm rank collapses onto one curve "
+          "of βα^M√L", "science.md §3 fig5 (Figure 5d)", "one curve", at_most(0.05),
+          _depth_factor_collapse),
+    Claim("fig5.pre_floor", "Pre-Norm rank stays above ≈ 0.2 of width across its "
+          "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.18), _pre_floor),
+    Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
+          "large α and depth", "science.md §3 reference magnitudes", "0.01–0.02",
+          at_most(0.03), _post_floor),
+)
 
 
 # --------------------------------------------------------------------------- fig6 / Table 5
@@ -391,18 +442,20 @@ def _cifar55(runs: Runs) -> Measured:
     return Measured(float(df["best_test_accuracy"].max()), math.nan, "best over Pre-Norm runs")
 
 
-register(Claim("fig6.post_chance", "fig6_train", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
-               "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance))
-register(Claim("tab5.post_lr_shrinks", "fig6_train", "Max stable LR (acc ≥ 0.4) shrinks with "
-               "depth for Post-Norm", "science.md §3 fig6, Table 5", "falls", below(0.0),
-               _post_lr_shrinks))
-register(Claim("tab5.pre_lr", "fig6_train", "Pre-Norm: max stable LR 1e-2 at every depth",
-               "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr))
-register(Claim("tab5.post_alpha_half", "fig6_train", "Post-Norm α = 0.5: max stable LR "
-               "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
-               "Table 5", at_most(0.5), _post_lr_table5))
-register(Claim("fig6.cifar_55", "fig6_train", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
-               "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55))
+FIG6_TRAIN = (
+    Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
+          "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance),
+    Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with "
+          "depth for Post-Norm", "science.md §3 fig6, Table 5", "falls", below(0.0),
+          _post_lr_shrinks),
+    Claim("tab5.pre_lr", "Pre-Norm: max stable LR 1e-2 at every depth",
+          "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr),
+    Claim("tab5.post_alpha_half", "Post-Norm α = 0.5: max stable LR "
+          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
+          "Table 5", at_most(0.5), _post_lr_table5),
+    Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
+          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55),
+)
 
 
 # --------------------------------------------------------------------------- fig7
@@ -466,18 +519,20 @@ def _rep_collapse(runs: Runs) -> Measured:
                     "erank(Z_L)/d: M = 1 ÷ M = 2, ReLU")
 
 
-register(Claim("fig7.cos_relu", "fig7", "M = 1, ReLU: cross-layer cosine = c = 1/π",
-               "science.md §3 fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu))
-register(Claim("fig7.cos_c", "fig7", "M = 1: cross-layer cosine = c_σ of each σ (Table 1)",
-               "science.md §3 fig7", "c_σ", at_most(0.03), _cos_c))
-register(Claim("fig7.cos_zero", "fig7", "M = 2: cross-layer cosines ≈ 0", "science.md §3 fig7",
-               "≈ 0", at_most(0.03), _cos_zero))
-register(Claim("fig7.sum_linear", "fig7", "M = 1: ‖Σ_k m_k‖ ∝ l", "science.md §3 fig7",
-               "1 (exponent)", near(1.0, 0.15), _exponent(1)))
-register(Claim("fig7.sum_sqrt", "fig7", "M = 2: ‖Σ_k m_k‖ ∝ √l", "science.md §3 fig7",
-               "0.5 (exponent)", near(0.5, 0.15), _exponent(2)))
-register(Claim("fig7.rep_collapse_m1", "fig7", "erank(Z_l) collapses only for M = 1",
-               "science.md §3 fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse))
+FIG7 = (
+    Claim("fig7.cos_relu", "M = 1, ReLU: cross-layer cosine = c = 1/π",
+          "science.md §3 fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu),
+    Claim("fig7.cos_c", "M = 1: cross-layer cosine = c_σ of each σ (Table 1)",
+          "science.md §3 fig7", "c_σ", at_most(0.03), _cos_c),
+    Claim("fig7.cos_zero", "M = 2: cross-layer cosines ≈ 0", "science.md §3 fig7",
+          "≈ 0", at_most(0.03), _cos_zero),
+    Claim("fig7.sum_linear", "M = 1: ‖Σ_k m_k‖ ∝ l", "science.md §3 fig7",
+          "1 (exponent)", near(1.0, 0.15), _exponent(1)),
+    Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "science.md §3 fig7",
+          "0.5 (exponent)", near(0.5, 0.15), _exponent(2)),
+    Claim("fig7.rep_collapse_m1", "erank(Z_l) collapses only for M = 1",
+          "science.md §3 fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
+)
 
 
 # --------------------------------------------------------------------------- fig8 / 9
@@ -537,16 +592,18 @@ def _masked_rank(runs: Runs) -> Measured:
     return _bias(df, "masked_rank", "masked_rank_theory")
 
 
-register(Claim("fig8.erank_rises", "fig8", "erank(J_f)/d rises with m/d", "science.md §3 fig8",
-               "rises", above(0.0), _jf_rises))
-register(Claim("fig8.gaussian_product", "fig8", "erank(J_f)/d follows the Gaussian-product "
-               "reference at γ = p·m/d (relu, abs)", "science.md §2.7, Figure 8", "0 (bias)",
-               near(0.0, 0.02), _jf_reference))
-register(Claim("fig9.mp_exact", "fig8", "Gram spectrum of D W_up is Marchenko–Pastur at γ, "
-               "exact for relu/abs", "science.md §3 fig8/9, §4 fig17", "exact",
-               at_most(1.0), _mp_ks))
-register(Claim("fig8.threshold", "fig8", "rank(D W_up)/d = min(1, P(σ′≠0)·m/d): full rank from "
-               "m/d = 1/p", "science.md §3 fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank))
+FIG8 = (
+    Claim("fig8.erank_rises", "erank(J_f)/d rises with m/d", "science.md §3 fig8",
+          "rises", above(0.0), _jf_rises),
+    Claim("fig8.gaussian_product", "erank(J_f)/d follows the Gaussian-product "
+          "reference at γ = p·m/d (relu, abs)", "science.md §2.7, Figure 8", "0 (bias)",
+          near(0.0, 0.02), _jf_reference),
+    Claim("fig9.mp_exact", "Gram spectrum of D W_up is Marchenko–Pastur at γ, "
+          "exact for relu/abs", "science.md §3 fig8/9, §4 fig17", "exact",
+          at_most(1.0), _mp_ks),
+    Claim("fig8.threshold", "rank(D W_up)/d = min(1, P(σ′≠0)·m/d): full rank from "
+          "m/d = 1/p", "science.md §3 fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
+)
 
 
 # --------------------------------------------------------------------------- Table 1, Table 6
@@ -593,15 +650,19 @@ def _tab6_value(runs: Runs) -> Measured:
     return Measured(float(df["rep_erank_final"].mean()), seed_std(df, "rep_erank_final"))
 
 
-register(Claim("tab1.stable_rank", "tab1", "Measured stable rank of σ(W h) within 6 % of the "
-               "spike bound 1/c", "science.md §3 tab1", "≤ 6 %", at_most(0.06), _stable_rank))
-register(Claim("tab1.coherence", "tab1", "Coherence of σ(W h) is c of the quadrature (relu 1/π, "
-               "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "science.md §2.8", "c_σ",
-               at_most(0.02), _coherence))
-register(Claim("tab6.collapse", "tab6", "M = 1 ReLU: representation collapse at every width",
-               "science.md §3 tab6", "collapse", at_most(0.5), _tab6_collapse))
-register(Claim("fig15.pre_rms_512", "tab6", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-               "0.009", "science.md §4 fig15(a)", "0.009", near(0.009, 0.005), _tab6_value))
+TAB1 = (
+    Claim("tab1.stable_rank", "Measured stable rank of σ(W h) within 6 % of the "
+          "spike bound 1/c", "science.md §3 tab1", "≤ 6 %", at_most(0.06), _stable_rank),
+    Claim("tab1.coherence", "Coherence of σ(W h) is c of the quadrature (relu 1/π, "
+          "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "science.md §2.8", "c_σ",
+          at_most(0.02), _coherence),
+)
+TAB6 = (
+    Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
+          "science.md §3 tab6", "collapse", at_most(0.5), _tab6_collapse),
+    Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
+          "0.009", "science.md §4 fig15(a)", "0.009", near(0.009, 0.005), _tab6_value),
+)
 
 
 # --------------------------------------------------------------------------- fig16
@@ -629,5 +690,7 @@ def _fig16(runs: Runs) -> Measured:
                     "deepest L above chance + 0.05, no norm ÷ Pre-Norm, mean over M")
 
 
-register(Claim("fig16.halves_depth", "fig16", "Without norm the magnitude channel halves the "
-               "trainable depth", "science.md §3 fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16))
+FIG16 = (
+    Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
+          "trainable depth", "science.md §3 fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),
+)

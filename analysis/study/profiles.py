@@ -29,22 +29,11 @@ from tqdm import tqdm
 
 from rankexp.theory import activation_constants, prenorm_branch_ratio, prenorm_stream_rms
 
-from . import style
-from .common import (
-    PLACEMENT,
-    PLACEMENT_ORDER,
-    Command,
-    add_where,
-    load,
-    ordered,
-    out_dir,
-    series,
-    set_experiment_default,
-    to_markdown,
-    warn_mixed,
-    write_text,
-)
-from .plotting import save
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, ordered, series, warn_mixed
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
@@ -252,7 +241,8 @@ def _profiles_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), f"profiles_{args.metric}", table.set_index(keys + ["layer"]))
 
 
-profiles_command = Command(_profiles_arguments, _profiles_main)
+PROFILES_COMMAND = Command(_profiles_arguments, _profiles_main,
+                           "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d")
 
 
 # --------------------------------------------------------------------------- stream (Fig. 11)
@@ -395,7 +385,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-stream_command = Command(_stream_arguments, _stream_main)
+STREAM_COMMAND = Command(_stream_arguments, _stream_main,
+                         "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ")
 
 
 # --------------------------------------------------------------------------- accumulated (Fig. 5b/12)
@@ -555,4 +546,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
 
 
-accumulated_command = Command(_accumulated_arguments, _accumulated_main)
+ACCUMULATED_COMMAND = Command(_accumulated_arguments, _accumulated_main,
+                              "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction")
+
+COMMANDS = {"profiles": PROFILES_COMMAND, "stream": STREAM_COMMAND, "accumulated": ACCUMULATED_COMMAND}
