@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import runs as runs_mod
+from analysis.core import runs as runs_mod
 from rankexp import tracking
 
 EXPERIMENT = "bench_loader"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import re
 
-from analysis import style
-from analysis.__main__ import main as analysis_main
-from analysis.plotting import recording
+from analysis.core import style
+from analysis.core.runner import main as analysis_main
+from analysis.core.style import recording
 
 #: words that are raw config/metric keys when they stand alone as a label
 RAW_WORDS = {

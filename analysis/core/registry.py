@@ -189,3 +189,28 @@ def default() -> Registry:
         part = module.__name__.split(".")[1]
         entries += [replace(e, part=part) for e in getattr(module, "EXPERIMENTS", ())]
     return Registry(entries)
+
+
+def markdown(reg: Registry | None = None, plan=None) -> str:
+    """The README's experiment table: one row per entry — id, part, title, the grids of its
+    config at full size (their swept axes), its runs at size=smoke / cpu / full, what it needs,
+    the commands that draw it.  ``plan(id, size)`` gives the sweep
+    (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
+    from hydra_plugins.rankexp_plugins.grids import sweep_plan
+
+    reg = reg or default()
+    plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
+    lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
+             "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
+    for e in reg:
+        plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
+        grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
+                          for g, axes in plans["full"].axes.items())
+        runs = " / ".join(str(len(p.jobs)) for p in plans.values())
+        drawn = ", ".join(f"`{a.split()[0]}`" for a in e.analyses)
+        lines.append(f"| `{e.id}` | {e.part} | {e.title} | {grids} | {runs} | {e.needs.text()} | {drawn} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

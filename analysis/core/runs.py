@@ -11,7 +11,7 @@ Two ways in:
 
 * ``load_runs(..., series=["erank_profile", ...])`` puts each series in a column
   ``series:<key>`` holding ``(steps, values)`` arrays (``None`` where a run lacks it);
-* :func:`cached_series` (what :func:`analysis.common.series` calls) serves one run's series
+* :func:`cached_series` (what :func:`analysis.core.select.series` calls) serves one run's series
   and, on a miss, fetches that key for every run the last :func:`load_runs` of the store
   returned — so a figure that loops over runs asking for one series each costs one query.
 """
@@ -104,7 +104,7 @@ def load_runs(
         if c.startswith("tags." + SEED_STD_PREFIX):
             cols.setdefault(c[len("tags." + SEED_STD_PREFIX):] + "_std", pd.to_numeric(v, errors="coerce"))
     table = pd.concat([out, pd.DataFrame(cols)], axis=1)
-    table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.common.mixed_cells)
+    table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.core.select.mixed_cells)
     session = _Session.of(uri, cache_dir)
     session.remember(table)
     if series:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .select import SelectionError
+
 
 def seed_counts(df: pd.DataFrame) -> pd.Series:
     """Seeds per run: the ``seeds`` param of measure runs, 1 for train runs (or no param)."""
@@ -34,11 +36,11 @@ def pooled(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
         Indexed by ``keys``: ``mean``, ``std``, ``seeds`` (N), ``runs``.
 
     Raises:
-        KeyError: ``metric`` or a key is not a column of ``df``.
+        SelectionError: ``metric`` or a key is not a column of ``df``.
     """
     missing = [c for c in [metric, *keys] if c not in df]
     if missing:
-        raise KeyError(f"runs have no column(s) {missing}")
+        raise SelectionError(f"runs have no column(s) {missing}")
     d = pd.DataFrame(
         {
             "m": df[metric].astype(float),

@@ -84,8 +84,8 @@ def response_ratio(responses: pd.DataFrame) -> float:
 
 
 def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The tables :data:`CLAIMS` read, built from the degradation runs ``df`` (as loaded by
-    :func:`analysis.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
+    """The tables :data:`DEGRADATION` reads, built from the degradation runs ``df`` (as loaded by
+    :func:`analysis.core.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
     ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
     df = networks(df)
     tables: dict[str, pd.DataFrame] = {}

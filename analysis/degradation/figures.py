@@ -21,8 +21,8 @@ Init-time commands read ``task=measure`` runs (``size=cpu``) where there are any
 ``responses`` prefers trained networks. Each writes PNG, PDF and CSV (tables also Markdown)
 under ``figures/<experiment>/``, with a caption line stating depths, width, seeds and size.
 
-The claims of the replication are small pure functions of the tables (:data:`CLAIMS`), for the
-report's claims registry.
+The claims of the replication are small pure functions of these tables, in
+:mod:`analysis.degradation.claims`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def networks(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``residual`` (bool) and ``depth`` (int) columns, ordered plain→ResNet, by depth.
 
     Raises:
-        KeyError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
+        SelectionError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
     """
     if RESIDUAL not in df:
         raise SelectionError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
@@ -93,7 +93,7 @@ def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.Da
     that has runs. Returns ``(runs, task)``.
 
     Raises:
-        KeyError: no run of that task (names the sizes that make them).
+        SelectionError: no run of that task (names the sizes that make them).
     """
     names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
     for t in ([task] if task != "any" else list(prefer)):
@@ -110,7 +110,7 @@ def lr_key(row: pd.Series) -> str:
     """The learning-rate suffix ``<k>`` of a train run's ``*_lr<k>`` metrics (its one rate).
 
     Raises:
-        KeyError: the run logged no per-LR metrics.
+        SelectionError: the run logged no per-LR metrics.
     """
     for c, v in row.items():
         m = _LR_COLUMN.match(str(c))
@@ -140,7 +140,7 @@ def depth_colors(depths) -> dict[int, tuple]:
 
 
 def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """The params :func:`analysis.style.caption` states, as a ConvNet has them: depth, seeds,
+    """The params :func:`analysis.core.style.caption` states, as a ConvNet has them: depth, seeds,
     size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
     cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
     keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
@@ -154,7 +154,7 @@ WIDTH_NOTE = "$d$: stage-1 filters (2$d$, 4$d$ after)"
 
 
 def _panels(n: int = 2, *, sharey: bool = True):
-    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.style.panels`)."""
+    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.core.style.panels`)."""
     return style.panels(n, sharey=sharey) if n > 1 else style.panels(n)
 
 
@@ -181,7 +181,7 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
 
     Raises:
-        KeyError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
+        SelectionError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
     """
     if "grad_ratio" not in runs:
         raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
@@ -207,7 +207,7 @@ def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
     (He et al. Table 6), ``runs``.
 
     Raises:
-        KeyError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
+        SelectionError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
     """
     rows: dict[int, dict] = {}
     for _, row in runs.iterrows():

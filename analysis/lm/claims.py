@@ -1,4 +1,4 @@
-"""The study's Figure 12 claims (science.md §4 fig12), registered in :mod:`analysis.claims`.
+"""The study's Figure 12 claims (science.md §4 fig12), listed by fig12's registry entry.
 
 At initialization "every assumption holds exactly": the FFN Jacobians of different blocks are
 orthogonal up to the ``1/d`` scale of independent matrices and add as uncorrelated terms.

@@ -30,7 +30,7 @@ from rankexp.tracking import download_artifact
 
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.select import load, series
+from ..core.select import SelectionError, load, series
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 
@@ -86,7 +86,7 @@ def mean_cosines(uri: str | None, run_id: str) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
             if "ffn_cosines" not in z.files:
-                raise KeyError(f"run {run_id} logged no ffn_cosines array (tracking.log_arrays=false?)")
+                raise SelectionError(f"run {run_id} logged no ffn_cosines array (tracking.log_arrays=false?)")
             return z["ffn_cosines"].mean(0)
 
 

@@ -18,8 +18,8 @@ One command per experiment (``python -m analysis <command> --help``), each writi
 
 Every figure carries a caption line with width, depth, seeds and the experiment's size.
 Errors (no such experiment, no finished runs, a missing metric) are
-:class:`~rankexp.tracking.TrackingError` / :class:`KeyError`; ``python -m analysis`` prints
-them and exits with status 2.
+:class:`~analysis.core.select.SelectionError`; ``python -m analysis`` prints them and exits with
+status 2.
 """
 
 from __future__ import annotations

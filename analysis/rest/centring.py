@@ -10,7 +10,7 @@
   none 0.009.
 
 Shaded bands: ±1 s.d. over seeds.  The table gives ``rep_erank_final`` (l = L) per (P, B),
-mean ± s.d. over every seed (:func:`analysis.seeds.pooled`).
+mean ± s.d. over every seed (:func:`analysis.core.seeds.pooled`).
 """
 
 from __future__ import annotations

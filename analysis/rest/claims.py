@@ -70,7 +70,7 @@ FIG11 = (
     Claim("fig11.kappa_slope", "rms(h_l)² − 1 vs (βα^M)² l is one line of slope "
           "κ ≈ 0.51 for every α", "science.md §4 fig11(b)", "0.51", near(0.51, 0.05), _fig11_kappa),
     Claim("fig11.rms_L384", "At L = 384, α = β = 1 the Pre-Norm stream reaches rms "
-          "≈ 14.5", "science.md §4 fig11", "14.5", near(14.5, 0.7), _fig11_rms),
+          "≈ 14.5", "science.md §4 fig11", "14.5", near(14.5, 0.7), _fig11_rms, size="cpu"),
 )
 
 
@@ -240,7 +240,7 @@ TAB2 = (
 )
 TAB3 = (
     Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
-          "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match),
+          "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
     Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
-          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.97), _tab3_floor),
+          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.97), _tab3_floor, size="cpu"),
 )

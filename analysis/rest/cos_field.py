@@ -28,7 +28,7 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import load
+from ..core.select import SelectionError, load
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 
@@ -41,12 +41,12 @@ def seed_matrices(uri: str | None, run_id: str) -> np.ndarray:
     """The run's per-seed ``cos(m_l, m_l′)`` ``(E, L, L)`` from its ``arrays.npz``.
 
     Raises:
-        KeyError: the run logged no such array (representation not run, or L = 1).
+        SelectionError: the run logged no such array (representation not run, or L = 1).
     """
     with tempfile.TemporaryDirectory() as tmp:
         with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
             if MATRIX not in z.files:
-                raise KeyError(f"run {run_id} has no {MATRIX} in arrays.npz (probe representation, L ≥ 2)")
+                raise SelectionError(f"run {run_id} has no {MATRIX} in arrays.npz (probe representation, L ≥ 2)")
             return z[MATRIX]
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import load
+from ..core.select import SelectionError, load
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 
@@ -88,7 +88,7 @@ def table3(df: pd.DataFrame) -> pd.DataFrame:
     the study's value where it states one (``study``)."""
     lengths = sorted(int(m.group(1)) for c in df.columns if (m := _WALK.match(str(c))))
     if not lengths:
-        raise KeyError(f"runs have no walk_erank_L<L> metrics (was projection_walk in task.probes?); "
+        raise SelectionError(f"runs have no walk_erank_L<L> metrics (was projection_walk in task.probes?); "
                        f"columns: {', '.join(sorted(map(str, df.columns)))}")
     rows = []
     for L in lengths:

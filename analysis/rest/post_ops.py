@@ -11,7 +11,7 @@ against depth:
 
 and prints the table (mean over every seed per (P, R, L)), the spread of the five ops at each
 depth (max/min over R, P = identity) and the relative gap of (b) per depth.  Error bars:
-±1 s.d. over seeds (:func:`analysis.seeds.pooled`).
+±1 s.d. over seeds (:func:`analysis.core.seeds.pooled`).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def _fig3_binomial(runs: Runs) -> Measured:
 
 FIG3 = (
     Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
-          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak),
+          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
     Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
           "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
           at_most(0.1), _fig3_binomial),
@@ -293,7 +293,8 @@ FIG5_ISORANK = (
           "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
           "−0.50", near(-0.50, 0.05), _iso_slope("post", None, None)),
     *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
-            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), _iso_slope(pl, e, lv))
+            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), _iso_slope(pl, e, lv),
+            size="cpu")
       for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
 )
 
@@ -362,7 +363,7 @@ FIG5_STREAM = (
           "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
           near(0.51, 0.05), _kappa),
     Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384),
+          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
     Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
           "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
           _acc_slope("post")),
@@ -371,7 +372,7 @@ FIG5_STREAM = (
           _acc_slope("pre")),
     Claim("fig5.depth_factor_collapse", "Post-Norm rank collapses onto one curve "
           "of βα^M√L", "science.md §3 fig5 (Figure 5d)", "one curve", at_most(0.05),
-          _depth_factor_collapse),
+          _depth_factor_collapse, size="cpu"),
     Claim("fig5.pre_floor", "Pre-Norm rank stays above ≈ 0.2 of width across its "
           "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.18), _pre_floor),
     Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
@@ -444,17 +445,17 @@ def _cifar55(runs: Runs) -> Measured:
 
 FIG6_TRAIN = (
     Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
-          "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance),
+          "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance, size="cpu"),
     Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with "
           "depth for Post-Norm", "science.md §3 fig6, Table 5", "falls", below(0.0),
-          _post_lr_shrinks),
+          _post_lr_shrinks, size="cpu"),
     Claim("tab5.pre_lr", "Pre-Norm: max stable LR 1e-2 at every depth",
           "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr),
     Claim("tab5.post_alpha_half", "Post-Norm α = 0.5: max stable LR "
           "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
-          "Table 5", at_most(0.5), _post_lr_table5),
+          "Table 5", at_most(0.5), _post_lr_table5, size="full"),
     Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
-          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55),
+          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
 )
 
 
@@ -661,7 +662,7 @@ TAB6 = (
     Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
           "science.md §3 tab6", "collapse", at_most(0.5), _tab6_collapse),
     Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-          "0.009", "science.md §4 fig15(a)", "0.009", near(0.009, 0.005), _tab6_value),
+          "0.009", "science.md §4 fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"),
 )
 
 

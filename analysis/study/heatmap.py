@@ -11,7 +11,7 @@ import pandas as pd
 from ..core import style
 from ..core.runner import Command
 from ..core.runs import load_runs
-from ..core.select import PLACEMENT_ORDER, ordered, refuse_mixed
+from ..core.select import PLACEMENT_ORDER, SelectionError, ordered, refuse_mixed
 from ..core.style import save
 
 
@@ -22,12 +22,12 @@ def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | No
     runs whose configs differ.
 
     Raises:
-        KeyError: a column that the runs do not have (lists the ones they do).
+        SelectionError: a column that the runs do not have (lists the ones they do).
         SystemExit: runs of one cell differ in a param (each named with its values).
     """
     for col in [metric, x, y] + ([panel] if panel else []):
         if col not in df:
-            raise KeyError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
+            raise SelectionError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
     keys = ([panel] if panel else []) + [y, x]
     refuse_mixed(df, keys, "heatmap")
     return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])

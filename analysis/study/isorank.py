@@ -31,6 +31,7 @@ from ..core.select import (
     CONFIG_KEYS,
     PLACEMENT,
     PLACEMENT_ORDER,
+    SelectionError,
     load,
     ordered,
     varying,
@@ -287,7 +288,7 @@ def isorank_table(
         beta = sub.groupby(y)["beta_eff"].agg(["min", "max"]) if "beta_eff" in sub else None
         m = sub["matrices"].iloc[0] if "matrices" in sub else np.nan
         if "matrices" in sub and sub["matrices"].nunique() > 1:
-            raise KeyError(
+            raise SelectionError(
                 f"panel {dict(zip(panel, pv, strict=True))} mixes matrices "
                 f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel"
             )
@@ -297,7 +298,7 @@ def isorank_table(
             if beta is not None and len(c):
                 b = beta.loc[c.index]
                 if not np.allclose(b["min"], b["max"], rtol=1e-12):
-                    raise KeyError(
+                    raise SelectionError(
                         "runs of one depth have different beta_eff; select one β "
                         "with --where beta=VALUE"
                     )

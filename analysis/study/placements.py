@@ -126,7 +126,7 @@ def placement_table(
     """Mean, seed std and counts of ``metric`` per (config, α).
 
     ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
-    ``<metric>_std`` (:func:`analysis.seeds.pooled`), not the spread over runs; ``count`` =
+    ``<metric>_std`` (:func:`analysis.core.seeds.pooled`), not the spread over runs; ``count`` =
     runs, ``seeds`` = seeds in all.
 
     ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is

@@ -142,7 +142,7 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
 
     Raises:
         TrackingError: a run has no ``arrays.npz`` (logged with ``tracking.log_arrays=false``).
-        KeyError: ``arrays.npz`` lacks the histogram (not a ``branch_jacobian`` run).
+        SelectionError: ``arrays.npz`` lacks the histogram (not a ``branch_jacobian`` run).
     """
     sub = df[df["width"] == width]
     if "start_time" in sub:
@@ -369,7 +369,7 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
     depth is left out.
 
     Raises:
-        KeyError: no requested layer exists in any run.
+        SelectionError: no requested layer exists in any run.
     """
     rows = []
     for _, r in df.iterrows():

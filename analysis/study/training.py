@@ -12,11 +12,11 @@ Commands (``python -m analysis <command> --help``):
 * ``fig16``  — best test accuracy vs depth, one line per (M, norm placement), log depth.
 * ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
 
-Runs are read with :func:`analysis.runs.load_runs` (per-step series with
+Runs are read with :func:`analysis.core.runs.load_runs` (per-step series with
 :func:`rankexp.tracking.metric_history`); a cell holding several runs (seeds) shows their
 mean.  An unknown experiment, an experiment without finished runs, or a missing
-param/metric raises :class:`~rankexp.tracking.TrackingError` / :class:`KeyError`, which
-``python -m analysis`` turns into a message and exit status 2.
+param/metric raises :class:`~analysis.core.select.SelectionError`, which ``python -m
+analysis`` turns into a message and exit status 2.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def fig6_table(
     the rank and the train metric; outer join, so a cell only one half has is NaN in the other.
 
     Raises:
-        KeyError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
+        SelectionError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
     """
     halves = []
     for df, metric in ((rank, rank_metric), (train, train_metric)):
@@ -314,7 +314,7 @@ TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable l
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
 
-    ``std`` is the seed spread (:func:`analysis.seeds.pooled`: a train run is one seed, so
+    ``std`` is the seed spread (:func:`analysis.core.seeds.pooled`: a train run is one seed, so
     it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
     ``count`` = runs.
     """
@@ -365,7 +365,7 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
     """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
 
     Raises:
-        KeyError: an unknown key, or not exactly one matching run (lists the candidates).
+        SelectionError: an unknown key, or not exactly one matching run (lists the candidates).
     """
     mask = pd.Series(True, index=df.index)
     if run_id:
