@@ -191,10 +191,11 @@ def default() -> Registry:
     return Registry(entries)
 
 
-def markdown(reg: Registry | None = None, plan=None) -> str:
-    """The README's experiment table: one row per entry — id, part, title, the grids of its
-    config at full size (their swept axes), its runs at size=smoke / cpu / full, what it needs,
-    the commands that draw it.  ``plan(id, size)`` gives the sweep
+def markdown(reg: Registry | None = None, plan=None, documents_only: bool = False) -> str:
+    """The experiment table: one row per entry — id, part, title, the grids of its config at
+    full size (their swept axes), its runs at size=smoke / cpu / full, what it needs, the
+    commands that draw it.  ``documents_only``: the entries whose source is the documents
+    (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
     (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
     from hydra_plugins.rankexp_plugins.grids import sweep_plan
 
@@ -203,6 +204,8 @@ def markdown(reg: Registry | None = None, plan=None) -> str:
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
              "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
     for e in reg:
+        if documents_only and not e.source.startswith("science.md"):
+            continue
         plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
         grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
                           for g, axes in plans["full"].axes.items())
@@ -213,4 +216,7 @@ def markdown(reg: Registry | None = None, plan=None) -> str:
 
 
 if __name__ == "__main__":
-    print(markdown())
+    import sys
+
+    # python -m analysis.core.registry [--documents]: the table (the README's: --documents)
+    print(markdown(documents_only="--documents" in sys.argv[1:]))

@@ -192,7 +192,7 @@ EXPERIMENTS = (
     Experiment(
         "demo",
         "Demo: Pre- vs Post-Norm erank across α and depth",
-        "README (a taste of the study)",
+        "science.md §3 fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
         ("A CPU-sized taste of the study: Pre- vs Post-Norm erank across α and depth."),
         analyses=(
             "heatmap --experiment demo",
