@@ -15,11 +15,12 @@ from conftest import runs_in
 from figure_checks import checked
 from mlflow.tracking import MlflowClient
 
+from analysis.core.registry import default
 from rankexp import theory
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT
 
-EXPERIMENTS = ("mf_phase", "mf_relu_collapse", "mf_spectrum", "mf_bn", "mf_residual",
-               "mf_trainability", "deep_linear")
+#: the mean-field chapter's experiments (its part of the registry)
+EXPERIMENTS = [e.id for e in default() if e.part == "meanfield"]
 HAVE_CIFAR = (DEFAULT_ROOT / ARCHIVE_NAME).is_file()
 #: the theory each figure promises in its legends (figure stem → substrings)
 MF_THEORY = {

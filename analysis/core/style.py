@@ -333,7 +333,8 @@ def finish(fig) -> None:
 
 
 # --------------------------------------------------------------------------- caption
-def _values(df: pd.DataFrame, key: str) -> list:
+def values(df: pd.DataFrame, key: str) -> list:
+    """The distinct values of the column ``key`` (none if absent), numbers first, sorted."""
     if key not in df:
         return []
     return sorted(df[key].dropna().unique().tolist(), key=lambda v: (isinstance(v, str), v))
@@ -351,8 +352,8 @@ def seeds_text(df: pd.DataFrame) -> str:
     """``seeds: 4 per run`` (measure runs batch their seeds) or ``seeds: 1 per run × 3 offsets``
     (train runs are one seed each; several ``seed`` values are several runs)."""
     train = "task.name" in df and (df["task.name"].astype(str) == "train").all()
-    per_run = [1] if train else [int(v) for v in _values(df, "seeds")]
-    offsets = _values(df, "seed")
+    per_run = [1] if train else [int(v) for v in values(df, "seeds")]
+    offsets = values(df, "seed")
     text = "seeds: " + (str(per_run[0]) if len(per_run) == 1 else "/".join(map(str, per_run)))
     text += " per run"
     if len(offsets) > 1:
@@ -362,7 +363,7 @@ def seeds_text(df: pd.DataFrame) -> str:
 
 def size_text(df: pd.DataFrame) -> str:
     """``size = cpu`` from the runs' ``size`` param (``full`` where not logged)."""
-    sizes = [str(s) for s in _values(df, "size")] or ["full"]
+    sizes = [str(s) for s in values(df, "size")] or ["full"]
     return "size = " + "/".join(sizes)
 
 
@@ -371,12 +372,12 @@ def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Seq
     exps = [experiments] if isinstance(experiments, str) else list(experiments)
     parts = [f"{', '.join(exps)}: {len(df)} run{'s' if len(df) != 1 else ''}"]
     for key in ("width", "expansion", "depth", "matrices"):
-        vals = _values(df, key)
-        if key == "expansion" and _values(df, "matrices") == [1]:
+        vals = values(df, key)
+        if key == "expansion" and values(df, "matrices") == [1]:
             continue  # M = 1 has no hidden width
         if vals:
             parts.append(f"{name(key)[:-1]} {_set(vals)}$")
-    acts = _values(df, "activation")
+    acts = values(df, "activation")
     if acts:
         parts.append("σ: " + ", ".join(ACTIVATION_NAMES.get(a, a) for a in acts))
     parts.append(seeds_text(df))

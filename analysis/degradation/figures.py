@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.select import SelectionError, load, series
 from ..core.style import plt, save
 from ..core.tables import to_markdown, write_text
+from ..study.training import LR_COLUMN
 
 log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
@@ -57,7 +57,6 @@ PANEL_TITLES = {False: "plain networks", True: "ResNets"}
 PAPER_YLIM = 20.0
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
-_LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 SYMBOLS = {
     "grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
@@ -113,7 +112,7 @@ def lr_key(row: pd.Series) -> str:
         SelectionError: the run logged no per-LR metrics.
     """
     for c, v in row.items():
-        m = _LR_COLUMN.match(str(c))
+        m = LR_COLUMN.match(str(c))
         if m and pd.notna(v):
             return m.group(1)
     raise SelectionError(f"run {row.get('run_id')} has no final_test_acc_lr<lr>: is it a task=train run?")
@@ -160,10 +159,6 @@ def _panels(n: int = 2, *, sharey: bool = True):
 
 def _label(res: bool, depth: int) -> str:
     return f"{FAMILY_NAMES[res]}-{depth}"
-
-
-def _values(df: pd.DataFrame, key: str) -> list:
-    return sorted(df[key].dropna().unique().tolist(), key=str) if key in df else []
 
 
 def _legend(ax, **kw) -> None:
@@ -284,7 +279,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     for ax in axes:  # the plain curves fill the upper left
         _legend(ax, loc="upper right")
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
-    batch = _values(runs, "task.options.init_gradient_norms.batch") or [256]
+    batch = style.values(runs, "task.options.init_gradient_norms.batch") or [256]
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
     out = out_dir(args)
     paths = save(fig, out, "init_gradient_norms", table)

@@ -29,6 +29,7 @@ from ..core.claims import (
 from ..core.select import PLACEMENT, need, only
 from .isorank import collapse_spread, isorank_table
 from .placements import figure4_runs
+from .training import CHANCE
 
 
 # --------------------------------------------------------------------------- fig1
@@ -445,7 +446,7 @@ def _cifar55(runs: Runs) -> Measured:
 
 FIG6_TRAIN = (
     Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
-          "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance, size="cpu"),
+          "science.md §3 fig6", "≈ 0.1", at_most(0.15), _fig6_chance, size="full"),
     Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with "
           "depth for Post-Norm", "science.md §3 fig6, Table 5", "falls", below(0.0),
           _post_lr_shrinks, size="cpu"),
@@ -667,9 +668,6 @@ TAB6 = (
 
 
 # --------------------------------------------------------------------------- fig16
-CHANCE = 0.1
-
-
 def _trainable_depth(df: pd.DataFrame) -> float:
     ok = df.groupby("depth")["best_test_accuracy"].mean()
     ok = ok[ok >= CHANCE + 0.05]

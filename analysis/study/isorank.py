@@ -177,7 +177,8 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(xname)
         pv = pv if isinstance(pv, tuple) else (pv,)
         ax.set_title(", ".join(style.value_label(k, v) for k, v in zip(args.panel, pv, strict=True)))
-    axes[0].set_ylabel(style.name(args.metric))
+    for ax in axes[:: min(2, len(axes))]:  # the first panel of each row (max_cols=2)
+        ax.set_ylabel(style.name(args.metric))
     if numeric:
         style.colorbar(fig, sm, axes, args.color)
     else:

@@ -34,7 +34,15 @@ from rankexp.tracking import metric_history
 from ..core import style
 from ..core.runner import Command, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, require, warn_mixed
+from ..core.select import (
+    PLACEMENT,
+    PLACEMENT_ORDER,
+    SelectionError,
+    load,
+    ordered,
+    require,
+    warn_mixed,
+)
 from ..core.style import save
 from ..core.tables import to_markdown
 from .heatmap import draw_panel, heatmap_table
@@ -62,18 +70,11 @@ CONTEXT = (
     "task.dtype",
     "task.stable_accuracy",
 )
-_LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
+#: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
+LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 
 # --------------------------------------------------------------------------- shared
-def _placements(values) -> list[str]:
-    """Placements in the study's order (pre, post, …), unknown ones last."""
-    values = list(dict.fromkeys(values))
-    return sorted(
-        values, key=lambda p: (PLACEMENT_ORDER.index(p) if p in PLACEMENT_ORDER else 99, str(p))
-    )
-
-
 def _depth_axis(ax, depths) -> None:
     """Logarithmic depth axis ticked at the depths that were run."""
     depths = sorted({int(d) for d in depths})
@@ -109,7 +110,7 @@ def fig6_table(
             t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"})
         )
     table = halves[0].join(halves[1], how="outer")
-    order = {p: i for i, p in enumerate(_placements(table.index.get_level_values(0)))}
+    order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
     return table.sort_index(
         level=[0, 1, 2], key=lambda s: s.map(order) if s.name == PLACEMENT else s
     )
@@ -117,7 +118,7 @@ def fig6_table(
 
 def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
     """Rows = placements, columns = (rank, accuracy); every panel has the same depth × α axes."""
-    placements = _placements(table.index.get_level_values(0))
+    placements = ordered(table.index.get_level_values(0), PLACEMENT_ORDER)
     depths = sorted(table.index.get_level_values(1).unique())
     alphas = sorted(table.index.get_level_values(2).unique())
     fig, axes = style.grid(len(placements), 2, aspect=0.7)
@@ -201,7 +202,7 @@ FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap besi
 # --------------------------------------------------------------------------- table5
 def run_lrs(df: pd.DataFrame) -> dict[str, float]:
     """``{suffix: lr}`` of the per-LR columns ``final_test_acc_lr<suffix>`` the runs logged."""
-    return {m.group(1): float(m.group(1)) for c in df.columns if (m := _LR_COLUMN.match(str(c)))}
+    return {m.group(1): float(m.group(1)) for c in df.columns if (m := LR_COLUMN.match(str(c)))}
 
 
 def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Series:
@@ -242,7 +243,7 @@ def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFra
     wide = cells.agg(lambda v: v.min(skipna=False)).unstack("alpha")
     wide.columns = [f"alpha={a:g}" for a in wide.columns]
     wide["max over alpha"] = wide.max(axis=1)
-    order = {p: i for i, p in enumerate(_placements(wide.index.get_level_values(0)))}
+    order = {p: i for i, p in enumerate(ordered(wide.index.get_level_values(0), PLACEMENT_ORDER))}
     return wide.sort_index(level=[0, 1], key=lambda s: s.map(order) if s.name == PLACEMENT else s)
 
 
@@ -284,7 +285,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     )
     print(md)
     fig, (ax,) = style.panels(1)
-    for p in _placements(table.index.get_level_values(0)):
+    for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
         s = table.loc[p, "max over alpha"]
         ax.plot(s.index, s.values, "o-", label=style.value_label(PLACEMENT, p))
     _depth_axis(ax, table.index.get_level_values(1))
@@ -335,7 +336,7 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     table = fig16_table(df, args.metric)
     fig, (ax,) = style.panels(1)
     for m in sorted(table.index.get_level_values(0).unique()):
-        for p in _placements(table.loc[m].index.get_level_values(0)):
+        for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
             s = table.loc[(m, p)]
             ax.errorbar(
                 s.index,
