@@ -1,5 +1,5 @@
 """What makes a figure publication-ready here, checked on the matplotlib objects a command
-drew (``analysis.plotting.recording``), not by eye: every label in the field's names
+drew (``analysis.core.style.recording``), not by eye: every label in the field's names
 (mathtext for symbols, no metric keys or pseudo-TeX outside ``$…$``), mathtext that renders,
 a caption line stating d, seeds and size, a page-sized canvas, labelled colour bars, every
 panel row/column labelled, and the theory curves a command promises in its legend."""
