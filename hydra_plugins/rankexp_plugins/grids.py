@@ -23,7 +23,10 @@ overrides that compose to the same config (``norm.post=none`` beside a Pre-Norm 
 already puts ``none`` there) are dropped by the sweeper after hashing them
 (:meth:`Plan.drop`).  Grids are a mapping so that a size overlay can shrink one of them
 (``hydra.sweeper.grids.control.depth: "8"``); a list is taken too (named ``0``, ``1``, …);
-``~hydra.sweeper.grids.control`` on the command line leaves a grid out.
+``~hydra.sweeper.grids.control`` on the command line leaves a grid out.  A grid's dotted keys
+(``norm.op``) are single YAML keys, which an overlay file can reach but a command-line path
+cannot (OmegaConf reads its dots as nesting): on the command line give the axis itself
+(``norm.op=rmsnorm``), which goes to every grid.
 
 Run names: with several grids a job's name starts with its grid's name, then the labels of the
 axes that grid sweeps (:func:`rankexp.naming.job_names`): ``control·pre·R:rmsnorm·L48``.
