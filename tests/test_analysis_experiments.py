@@ -120,6 +120,20 @@ def test_the_registry_is_the_list_of_experiments():
         Registry([*REGISTRY, REGISTRY["fig1"]])
 
 
+def test_what_an_entry_says_it_needs_is_what_its_config_runs():
+    """``Needs.train``: its full size trains; ``cifar10``: it trains or its model reads
+    CIFAR-10 (the ConvNets); ``transformers``: its model is a Hugging Face LM."""
+    from hydra import compose, initialize_config_dir
+
+    for entry in REGISTRY:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", [f"experiment={entry.id}"])
+        trains, model = cfg.task.name == "train", cfg.model.name
+        assert entry.needs.train == trains, entry.id
+        assert entry.needs.cifar10 == (trains or model == "cifar_resnet"), entry.id
+        assert ("transformers" in entry.needs.packages) == (model == "gpt2"), entry.id
+
+
 def test_the_core_imports_no_document_part():
     """No import circle: the core (runner, registry, report, claims, loader) imports no part; the
     parts are found when the registry or the runner is first asked — and reading them twice
