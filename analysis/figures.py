@@ -1,93 +1,43 @@
-"""``make figures``: every figure and table of the study at a CPU size, on this machine.
+"""``make figures`` / ``make reproduce``: every experiment of the registry, swept and drawn.
 
     python -m analysis.figures [--out DIR] [--only fig1,fig5] [--size cpu] [--dry-run]
 
-For every experiment config ``conf/experiment/<id>.yaml`` (all but ``demo``; the study's ids
-that have no config yet are listed as skipped) the driver
+For every experiment of the registry (:func:`analysis.core.registry.default`; ``reproduce``
+entries, in document order, each after the experiments it ``reads``) the driver
 
-1. runs the sweep at ``size=cpu`` (``--size`` picks another: ``smoke``, ``full``), i.e.
-   ``python -m rankexp experiment=<id> size=cpu -m`` — the experiment's own
-   ``conf/size/<id>/cpu.yaml`` sets its CPU-sized grid — into its own tracking store
-   ``DIR/mlflow.db`` (Hydra output under ``DIR/multirun/<id>/``, the sweep's log in
-   ``DIR/logs/<id>.log``), and
-2. draws it: every ``python -m analysis …`` command of the config's header, with
-   ``--uri`` pointing at that store and ``--out DIR``.
+1. runs its sweep at ``size=cpu`` (``--size`` picks another: ``smoke``, ``full``), i.e.
+   ``python -m rankexp experiment=<id> size=cpu -m`` — every grid of the experiment's config,
+   shrunk by its ``conf/size/<id>/cpu.yaml`` — into one tracking store ``DIR/mlflow.db``
+   (Hydra output under ``DIR/multirun/<id>/``, the sweep's log in ``DIR/logs/<id>.log``), and
+2. draws it: every analysis command of its registry entry, with ``--uri`` pointing at that
+   store and ``--out DIR``.
 
-The plan comes from the config file's header comment, so each experiment's owner keeps it
-next to the full-size sweep:
+An experiment whose needs this machine lacks (the CIFAR-10 data, an optional package:
+:class:`analysis.core.registry.Needs`) is skipped, saying what is missing.  ``--sweeps-only``
+runs the sweeps and draws nothing (``make reproduce`` then builds ``python -m analysis report``,
+which draws every figure into the report).
 
-* ``# also: <overrides>`` — a further sweep into the same experiment (e.g. a second
-  activation family whose branch needs other knobs), run at the same size;
-* ``python -m analysis <command> <args>`` anywhere in a comment line — an analysis command.
-
-``--sweeps-only`` runs the sweeps and draws nothing (``make reproduce`` then builds
-``python -m analysis report``, which draws every figure into the report).
-
-Reruns skip every run that already FINISHED in the store (the
-sweeps resume by config hash), so a second ``make figures`` only redraws.  A failing sweep or
-command is reported and the driver goes on; the exit status is 1 if anything failed.
+Reruns skip every run that already FINISHED in the store (the sweeps resume by config hash),
+so a second ``make figures`` only redraws.  A failing sweep or command is reported and the
+driver goes on; the exit status is 1 if anything failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import logging
 import os
-import re
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core.registry import Experiment, Registry, default
+from .core.runner import run
+
 REPO = Path(__file__).resolve().parent.parent
-CONF = REPO / "conf" / "experiment"
 log = logging.getLogger("analysis.figures")
-
-#: the study's figures and tables in drawing order (science.md §3, §4); fig6 (ranks) precedes
-#: fig6_train, whose ``analysis fig6`` reads both (fig13 / fig13_train alike); fig12 (GPT-2)
-#: joins when its config exists
-STUDY = (
-    "fig1",
-    "fig2",
-    "fig3",
-    "fig4",
-    "fig5",
-    "fig6",
-    "fig6_train",
-    "fig7",
-    "fig8",
-    "fig10",
-    "fig11",
-    "fig12",
-    "fig13",
-    "fig13_train",
-    "fig14",
-    "fig15",
-    "fig16",
-    "fig17",
-    "tab1",
-    "tab2",
-    "tab3",
-    "tab6",
-)
-#: configs that are not figures of the study
-NOT_FIGURES = ("demo",)
-_ALSO = re.compile(r"^#\s*also:\s*(.*?)\s*$")
-_ANALYSIS = re.compile(r"python -m analysis\s+([^#&;]+)")
-
-
-@dataclass
-class Plan:
-    """What ``make figures`` does for one experiment."""
-
-    experiment: str
-    config: Path
-    sweeps: list[list[str]] = field(default_factory=lambda: [[]])  # overrides, one list per sweep
-    analyses: list[list[str]] = field(default_factory=list)  # argv of `python -m analysis`
 
 
 @dataclass
@@ -100,37 +50,22 @@ class Outcome:
     files: list[Path] = field(default_factory=list)
 
 
-def read_plan(experiment: str, config: Path | None = None) -> Plan:
-    """The plan of ``conf/experiment/<experiment>.yaml`` from its header comment."""
-    config = config or CONF / f"{experiment}.yaml"
-    plan = Plan(experiment, config)
-    for line in config.read_text().splitlines():
-        if not line.lstrip().startswith("#"):
-            continue
-        if m := _ALSO.match(line.strip()):
-            plan.sweeps.append(m.group(1).split())
-        for m in _ANALYSIS.finditer(line):
-            argv = m.group(1).split()
-            if argv and argv not in plan.analyses:
-                plan.analyses.append(argv)
-    return plan
+def experiments(only: list[str] | None = None, registry: Registry | None = None) -> list[Experiment]:
+    """The entries ``make figures`` runs, in document order: every ``reproduce`` entry, or those
+    of ``only`` — each after the experiments it ``reads``.
 
-
-def experiments(only: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """``(present, missing)`` experiment ids: configs present in drawing order (study ids
-    first, then any other config), and the study ids without a config."""
-    present = {p.stem for p in CONF.glob("*.yaml")} - set(NOT_FIGURES)
-    order = [e for e in STUDY if e in present] + sorted(present - set(STUDY))
-    missing = [e for e in STUDY if e not in present]
+    Raises:
+        SystemExit: an id of ``only`` the registry does not have.
+    """
+    reg = registry or default()
     if only:
-        unknown = [e for e in only if e not in present and e not in STUDY]
+        unknown = [e for e in only if e not in reg]
         if unknown:
-            raise SystemExit(
-                f"--only: unknown experiment(s) {unknown}; configs: {', '.join(order)}"
-            )
-        order = [e for e in order if e in only]
-        missing = [e for e in missing if e in only]
-    return order, missing
+            raise SystemExit(f"--only: unknown experiment(s) {unknown}; registered: {', '.join(reg.ids())}")
+        wanted = set(only) | {r for e in only for r in reg[e].reads}
+    else:
+        wanted = {e.id for e in reg if e.reproduce}
+    return [e for e in reg if e.id in wanted]
 
 
 def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
@@ -143,21 +78,21 @@ def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
     return [o for o in base if key(o) not in given] + list(extra)
 
 
-def run_sweep(plan: Plan, overrides: list[str], out: Path) -> tuple[int, float]:
-    """One sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
+def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, float]:
+    """One experiment's sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     argv = [
         sys.executable,
         "-m",
         "rankexp",
-        f"experiment={plan.experiment}",
+        f"experiment={experiment}",
         *overrides,
         f"tracking.uri={uri}",
-        f"hydra.sweep.dir={(out / 'multirun' / plan.experiment).resolve()}/${{rankexp_stamp:}}",
+        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}",
         "-m",
     ]
     env = {k: v for k, v in os.environ.items() if k != "RANKEXP_STAMP"}
-    logfile = out / "logs" / f"{plan.experiment}.log"
+    logfile = out / "logs" / f"{experiment}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(logfile, "a") as fh:
@@ -167,42 +102,6 @@ def run_sweep(plan: Plan, overrides: list[str], out: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def run_analysis(
-    argv: list[str], out: Path, uri: str | None = None
-) -> tuple[int, str, list[Path]]:
-    """One analysis command in this process (``analysis.__main__.main``) on the store ``uri``
-    (default ``out/mlflow.db``), files under ``out``; returns (status, its output, its files)."""
-    from . import __main__ as cli
-
-    uri = uri or f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    buf = io.StringIO()
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    root.handlers = [logging.StreamHandler(buf)]  # the command's log goes to its log file
-    t0 = time.time()
-    try:
-        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-            try:
-                rc = cli.main([*argv, "--uri", uri, "--out", str(out)])
-            except SystemExit as e:  # argparse errors, commands that exit
-                rc = e.code if isinstance(e.code, int) else 1
-                if not isinstance(e.code, int) and e.code:
-                    print(e.code)
-            except Exception:  # a bug in one command must not stop the others
-                traceback.print_exc()
-                rc = 1
-    finally:
-        root.handlers = saved
-    return rc, buf.getvalue(), written_since(out, t0)
-
-
-def written_since(out: Path, t0: float) -> list[Path]:
-    """Figure/table files under ``out/<experiment>/`` modified at or after ``t0``."""
-    skip = {"multirun", "mlartifacts", "logs", "report"}
-    dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip]
-    return sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)
-
-
 def make_figures(
     out: Path,
     only: list[str] | None = None,
@@ -210,65 +109,59 @@ def make_figures(
     dry_run: bool = False,
     size: str = "cpu",
     draw: bool = True,
+    registry: Registry | None = None,
 ) -> list[Outcome]:
-    """Run every experiment's sweeps at ``size`` and (``draw``) its analysis commands; return
+    """Run every experiment's sweep at ``size`` and (``draw``) its analysis commands; return
     what happened."""
-    from . import __main__ as cli
-
-    names, missing = experiments(only)
-    outcomes = [Outcome(e, "skipped", "no conf/experiment/<id>.yaml yet") for e in missing]
-    for e in missing:
-        log.info("[%s] skipped: no config file conf/experiment/%s.yaml yet", e, e)
-    for name in names:
-        plan = read_plan(name)
-        res = Outcome(name)
+    uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
+    outcomes = []
+    for entry in experiments(only, registry):
+        res = Outcome(entry.id)
         outcomes.append(res)
-        for ov in plan.sweeps:
-            ov = merge_overrides([f"size={size}", *ov], extra or [])
-            cmd = f"python -m rankexp experiment={name} {' '.join(ov)} -m"
-            if dry_run:
-                print(cmd)
-                continue
-            log.info("[%s] sweep: %s", name, cmd)
-            rc, dt = run_sweep(plan, ov, out)
+        missing = entry.needs.missing()
+        if missing:
+            res.status, res.note = "skipped", f"this machine lacks {missing}"
+            log.info("[%s] skipped: this machine lacks %s", entry.id, missing)
+            continue
+        ov = merge_overrides([f"size={size}"], extra or [])
+        cmd = f"python -m rankexp experiment={entry.id} {' '.join(ov)} -m"
+        if dry_run:
+            print(cmd)
+        else:
+            log.info("[%s] sweep: %s", entry.id, cmd)
+            rc, dt = run_sweep(entry.id, ov, out)
             res.sweep_s += dt
             if rc != 0:
                 res.status = "failed"
-                res.note += f"sweep exited {rc} (see {out / 'logs' / (name + '.log')}); "
-                log.error(
-                    "[%s] sweep exited %d after %.0f s; log: %s",
-                    name,
-                    rc,
-                    dt,
-                    out / "logs" / f"{name}.log",
-                )
+                res.note += f"sweep exited {rc} (see {out / 'logs' / (entry.id + '.log')}); "
+                log.error("[%s] sweep exited %d after %.0f s; log: %s", entry.id, rc, dt,
+                          out / "logs" / f"{entry.id}.log")
             else:
-                log.info("[%s] sweep done in %.0f s", name, dt)
-        for argv in plan.analyses if draw else []:
-            if argv[0] not in cli.COMMANDS:
-                res.note += f"analysis {argv[0]!r} not registered yet; "
-                log.warning("[%s] skipped `analysis %s`: no such command yet", name, argv[0])
-                continue
+                log.info("[%s] sweep done in %.0f s", entry.id, dt)
+        for argv in entry.argvs() if draw else []:
             if dry_run:
                 print(f"python -m analysis {' '.join(argv)} --uri <DIR/mlflow.db> --out {out}")
                 continue
-            t0 = time.perf_counter()
-            rc, text, files = run_analysis(argv, out)
-            res.analysis_s += time.perf_counter() - t0
-            res.files += files
-            (out / "logs").mkdir(parents=True, exist_ok=True)
-            with open(out / "logs" / f"{name}.log", "a") as fh:
-                fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
-            if rc != 0:
-                res.status = "failed"
-                last = text.strip().splitlines()[-1] if text.strip() else ""
-                res.note += f"analysis {argv[0]} exited {rc}: {last[:200]}; "
-                log.error(
-                    "[%s] python -m analysis %s exited %d: %s", name, " ".join(argv), rc, last
-                )
-            else:
-                log.info("[%s] analysis %s: %d files", name, argv[0], len(files))
+            _draw(res, argv, out, uri)
     return outcomes
+
+
+def _draw(res: Outcome, argv: list[str], out: Path, uri: str) -> None:
+    """One analysis command of an experiment, its output appended to the experiment's log."""
+    t0 = time.perf_counter()
+    rc, text, files = run(argv, out, uri)
+    res.analysis_s += time.perf_counter() - t0
+    res.files += files
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    with open(out / "logs" / f"{res.experiment}.log", "a") as fh:
+        fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
+    if rc != 0:
+        res.status = "failed"
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        res.note += f"analysis {argv[0]} exited {rc}: {last[:200]}; "
+        log.error("[%s] python -m analysis %s exited %d: %s", res.experiment, " ".join(argv), rc, last)
+    else:
+        log.info("[%s] analysis %s: %d files", res.experiment, argv[0], len(files))
 
 
 def summary(outcomes: list[Outcome], total_s: float) -> str:

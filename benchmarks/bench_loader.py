@@ -8,7 +8,7 @@
     series of L = 96 points). Built once under ``--store`` and reused (not timed).
 (b) v1's way: one ``metric_history`` call per run and series, timed on ``--v1-sample``
     runs and scaled to N.
-(c) The loader, cold: :func:`analysis.runs.load_runs` with ``series=`` and an empty series
+(c) The loader, cold: :func:`analysis.core.runs.load_runs` with ``series=`` and an empty series
     cache — bulk reads (one query per series key and chunk of runs). Target ≤ 30 s.
 (d) The same again, warm: series served from the cache (run id + finish time).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import runs as runs_mod
+from analysis.core import runs as runs_mod
 from rankexp import tracking
 
 from .common import header

@@ -873,3 +873,9 @@ def deep_linear_time_asymptote(depth: int, a0: float, s: float = 1.0) -> float:
     if depth <= 2:
         raise ValueError(f"the asymptote 215.9 needs N > 2, got N={depth}")
     return a0 ** (-(depth - 2)) / (s * (depth - 2))
+
+
+#: per-layer growth toward the input of a batch-normalized ReLU net's weight-gradient norms at
+#: initialization, √(π/(π−1)) ≈ 1.211 (Yang et al. 2019, "A Mean Field Theory of Batch
+#: Normalization"; the chapter's BN paradox, science.md §5)
+BN_RELU_GRADIENT_GROWTH = math.sqrt(math.pi / (math.pi - 1))

@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
+
 
 @pytest.fixture
 def cli(tmp_path):

@@ -1,5 +1,5 @@
 """What makes a figure publication-ready here, checked on the matplotlib objects a command
-drew (``analysis.plotting.recording``), not by eye: every label in the field's names
+drew (``analysis.core.style.recording``), not by eye: every label in the field's names
 (mathtext for symbols, no metric keys or pseudo-TeX outside ``$…$``), mathtext that renders,
 a caption line stating d, seeds and size, a page-sized canvas, labelled colour bars, every
 panel row/column labelled, and the theory curves a command promises in its legend."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import re
 
-from analysis import style
-from analysis.__main__ import main as analysis_main
-from analysis.plotting import recording
+from analysis.core import style
+from analysis.core.runner import main as analysis_main
+from analysis.core.style import recording
 
 #: words that are raw config/metric keys when they stand alone as a label
 RAW_WORDS = {

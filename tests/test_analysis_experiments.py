@@ -1,124 +1,153 @@
-"""Every ``conf/experiment/`` config composes and runs at ``size=smoke`` — its main sweep and its
-``# also:`` sweeps, as ``make figures`` runs them — into its own SQLite store, and every
-``python -m analysis`` command of its header draws from those runs (exit 0, files written).
+"""Every experiment of the registry, as a user runs it: ``rankexp experiment=<id> size=smoke -m``
+yields exactly the runs its grids plan (every grid, repeats left out, one parent run), every
+analysis command of its entry draws from them publication-ready figures that separate every run
+they read (no "runs differ in …" averaging), and every claim its entry lists is decided —
+*not run* only where it needs a larger size or data no grid makes (``Claim.size``,
+``Claim.needs``), never for a run its grids should have made.
 
-The sweeps run in this process (Hydra's multirun called as the CLI is, one interpreter for
-all of them: start-up is most of a smoke sweep's time).  Experiments another default test
-already sweeps and draws (:data:`COVERED_ELSEWHERE`) run here under ``-m slow``.  The ``cpu`` sizes (``make figures``)
-of the experiments added for science.md §4 run under ``-m slow``.  Experiments that train on
-CIFAR-10 need the real archive and are skipped (with the reason) where it is missing.
+The registry is the list: its ids are the configs of ``conf/experiment/``, its commands exist.
+Experiments whose smoke size trains on CIFAR-10 (``Needs.train``) run here under ``-m slow``:
+their training loops are the subject of test_analysis_training / _meanfield / _degradation, and
+they skip (saying why) where the data set is missing.  The ``cpu`` sizes (``make figures``) run
+under ``-m slow`` for every experiment that does not train.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import runs_in
 from figure_checks import problems
+from smoke_stores import sweep, uri_of
 
-from analysis.figures import CONF, read_plan, run_analysis
-from analysis.plotting import recording
-from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
+from analysis.core import claims
+from analysis.core.registry import PARTS, Registry, default
+from analysis.core.runner import commands, parser, run
+from analysis.core.style import recording
+from hydra_plugins.rankexp_plugins.grids import sweep_plan
+from rankexp.cli import CONF_DIR
 
-EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
-#: experiments whose config another default test already sweeps through the CLI and draws
-#: (smaller grids of their own): here they run under -m slow, so the default suite pays once
-COVERED_ELSEWHERE = {
-    **dict.fromkeys(("mf_phase", "mf_relu_collapse", "mf_spectrum", "mf_bn", "mf_residual",
-                     "mf_trainability", "deep_linear"), "test_analysis_meanfield.py"),
-    **dict.fromkeys(("fig1", "fig2", "fig4", "fig5"), "test_analysis_rank.py"),
-    **dict.fromkeys(("fig6", "fig6_train", "fig16"), "test_analysis_training.py"),
-    **dict.fromkeys(("fig3", "fig7", "fig8", "tab1", "tab6"), "test_analysis_spectra.py"),
-    "degradation": "test_analysis_degradation.py",
-    "fig12": "test_analysis_ffn.py",
-}
-#: the analysis commands whose figures only this module draws (and style-checks)
-DRAWN_HERE = ("post_ops", "cos_field", "centring", "table2", "table3")
-HAVE_CIFAR = (DEFAULT_ROOT / ARCHIVE_NAME).is_file()
-#: the experiments of science.md §4 (their cpu sizes run under -m slow)
-REST = ("fig10", "fig11", "fig13", "fig13_train", "fig14", "fig15", "fig17", "tab2", "tab3")
-#: experiments that read another experiment's runs in their analysis (run that one first)
-NEEDS = {"fig6_train": "fig6", "fig13_train": "fig13"}
+REGISTRY = default()
 
 
-def trains(name: str) -> bool:
-    return "override /task: train" in (CONF / f"{name}.yaml").read_text()
+def case(name: str, slow: bool = False):
+    """One experiment as a test case: slow if asked or if it trains; skipped where it (or an
+    experiment it reads) needs what this machine lacks."""
+    entry = REGISTRY[name]
+    marks = [pytest.mark.slow] if slow or entry.needs.train else []
+    missing = ", ".join(m for m in (REGISTRY[e].needs.missing() for e in (*entry.reads, name)) if m)
+    marks.append(pytest.mark.skipif(bool(missing), reason=f"{name} needs {missing}"))
+    return pytest.param(name, marks=marks)
 
 
-def sweep(name: str, overrides: list[str], store: Path, monkeypatch) -> None:
-    """``python -m rankexp experiment=<name> <overrides> -m`` in this process, into ``store``."""
-    from rankexp.cli import cli
-
-    argv = ["rankexp", f"experiment={name}", *overrides,
-            f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
-            f"hydra.sweep.dir={store / 'multirun' / name / str(time.monotonic_ns())}",
-            f"data.root={DEFAULT_ROOT}", f"data.cache_dir={DEFAULT_CACHE_DIR}"]
-    if trains(name):
-        argv.append(f"task.checkpoint_dir={store / 'ckpt'}")
-    monkeypatch.setattr(sys, "argv", [*argv, "-m"])
-    try:
-        cli()
-    except SystemExit as e:  # the rankexp sweeper exits with the sweep's status
-        assert e.code in (0, None), f"{name} {overrides}: exit {e.code}"
+def job_runs(uri: str, name: str) -> list:
+    return [r for r in runs_in(uri, name) if r.data.tags.get("rankexp.role") != "sweep"]
 
 
-def run_experiment(name: str, size: str, store: Path, monkeypatch) -> list[str]:
-    """All sweeps of ``name`` (and of the experiment its analysis reads) at ``size``; returns
-    the experiments now in the store."""
-    done = []
-    for exp in [e for e in (NEEDS.get(name), name) if e]:
-        for overrides in read_plan(exp).sweeps:
-            sweep(exp, [f"size={size}", *overrides], store, monkeypatch)
-        done.append(exp)
-    return done
+def check_runs(folder: Path, name: str, size: str) -> None:
+    """The store holds exactly the runs the experiment's grids plan, all FINISHED at ``size``,
+    under one parent run, with distinct names."""
+    runs = job_runs(uri_of(folder), name)
+    planned = sweep_plan(f"experiment={name}", f"size={size}")
+    assert len(runs) == len(planned.jobs), (name, len(runs), len(planned.jobs))
+    assert {r.info.status for r in runs} == {"FINISHED"}, [(r.info.run_name, r.info.status) for r in runs]
+    assert {r.data.params["size"] for r in runs} == {size}
+    assert len({r.info.run_name for r in runs}) == len(runs)
+    assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
 
 
-def check(name: str, size: str, tmp_path: Path, monkeypatch) -> None:
-    for k in ("MLFLOW_TRACKING_URI", "RANKEXP_STAMP"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    for exp in run_experiment(name, size, tmp_path, monkeypatch):
-        jobs = [r for r in runs_in(f"sqlite:///{tmp_path / 'mlflow.db'}", exp)
-                if r.data.tags.get("rankexp.role") != "sweep"]
-        assert jobs, f"{exp}: no job runs"
-        assert {r.info.status for r in jobs} == {"FINISHED"}, [(r.info.run_name, r.info.status) for r in jobs]
-        assert {r.data.params["size"] for r in jobs} == {size}
-    plan = read_plan(name)
-    assert plan.analyses, f"{name}: its header names no `python -m analysis` command"
-    for argv in plan.analyses:
+def check_analyses(folder: Path, name: str) -> None:
+    """Every analysis command of the entry exits 0, writes files, draws publication-ready
+    figures and averages no runs whose configs differ in a key it does not separate."""
+    for argv in REGISTRY[name].argvs():
         with recording() as figs:
-            rc, text, files = run_analysis(argv, tmp_path)
+            rc, text, files = run(argv, folder / "figures", uri_of(folder))
             assert rc == 0, f"python -m analysis {' '.join(argv)} exited {rc}:\n{text[-3000:]}"
             assert files and all(f.stat().st_size > 0 for f in files), (argv, files)
+            assert "which this figure does not separate" not in text, (argv, text[-2000:])
             for fig in figs:  # publication-ready (tests/figure_checks.py)
                 found = problems(fig)
                 assert not found, f"{argv[0]}, figure {fig.get_label()}:\n" + "\n".join(found)
 
 
-def case(name: str, slow: bool = False):
-    """One experiment as a test case: slow if asked; skipped if it trains and CIFAR-10 is absent."""
-    marks = [pytest.mark.slow] if slow else []
-    marks.append(pytest.mark.skipif(trains(name) and not HAVE_CIFAR,
-                                    reason=f"{name} trains on CIFAR-10: no {DEFAULT_ROOT / ARCHIVE_NAME}"))
-    return pytest.param(name, marks=marks)
+def check_claims(folder: Path, name: str) -> None:
+    """Every claim of the entry is decided, or not run for its size or its data only."""
+    runs = claims.Runs(uri_of(folder))
+    try:
+        verdicts = claims.evaluate(runs, list(REGISTRY[name].bound_claims()))
+    finally:
+        runs.close()
+    bad = [(v.claim.id, v.verdict, v.note) for v in verdicts
+           if v.verdict == claims.ERROR or (v.verdict == claims.NOT_RUN and v.why not in ("size", "data"))]
+    assert not bad, bad
 
 
-@pytest.mark.parametrize("name", [case(e, slow=e in COVERED_ELSEWHERE) for e in EXPERIMENTS])
-def test_experiment_runs_at_smoke_size_and_its_analysis_draws(name, tmp_path, monkeypatch):
-    check(name, "smoke", tmp_path, monkeypatch)
+@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY])
+def test_experiment_runs_at_smoke_size_its_analysis_draws_and_its_claims_are_decided(name, smoke_store):
+    folder = smoke_store(name)
+    for exp in (*REGISTRY[name].reads, name):
+        check_runs(folder, exp, "smoke")
+    check_analyses(folder, name)
+    check_claims(folder, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [case(e) for e in REST])
-def test_experiment_runs_at_cpu_size_and_its_analysis_draws(name, tmp_path, monkeypatch):
-    check(name, "cpu", tmp_path, monkeypatch)
+@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY if not e.needs.train])
+def test_experiment_runs_at_cpu_size_and_its_analysis_draws(name, tmp_path):
+    for exp in (*REGISTRY[name].reads, name):
+        sweep(exp, "cpu", tmp_path)
+        check_runs(tmp_path, exp, "cpu")
+    check_analyses(tmp_path, name)
 
 
-def test_every_command_drawn_here_is_in_a_default_case():
-    """The commands only this module draws run in an experiment of the default suite."""
-    default = [e for e in EXPERIMENTS if e not in COVERED_ELSEWHERE]
-    commands = {argv[0] for e in default for argv in read_plan(e).analyses}
-    assert set(DRAWN_HERE) <= commands, set(DRAWN_HERE) - commands
+def test_the_registry_is_the_list_of_experiments():
+    """One entry per config, every command it names exists and parses, what it reads exists,
+    every claim id is unique and states its numbers."""
+    configs = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+    assert sorted(REGISTRY.ids()) == configs
+    known, p = commands(), parser()
+    for entry in REGISTRY:
+        assert entry.analyses and entry.title and entry.source and entry.shows, entry.id
+        for argv in entry.argvs():
+            assert argv[0] in known, (entry.id, argv)
+            p.parse_args(argv)  # the options exist (argparse exits 2 otherwise)
+    ids = [c.id for c in REGISTRY.claims()]
+    assert len(ids) == len(set(ids)) >= 80
+    for c in REGISTRY.claims():
+        assert c.statement and c.source and c.study and c.check.text and c.experiment in REGISTRY, c.id
+    with pytest.raises(ValueError, match="registered twice"):
+        Registry([*REGISTRY, REGISTRY["fig1"]])
+
+
+def test_what_an_entry_says_it_needs_is_what_its_config_runs():
+    """``Needs.train``: its full size trains; ``cifar10``: it trains or its model reads
+    CIFAR-10 (the ConvNets); ``transformers``: its model is a Hugging Face LM."""
+    from hydra import compose, initialize_config_dir
+
+    for entry in REGISTRY:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", [f"experiment={entry.id}"])
+        trains, model = cfg.task.name == "train", cfg.model.name
+        assert entry.needs.train == trains, entry.id
+        assert entry.needs.cifar10 == (trains or model == "cifar_resnet"), entry.id
+        assert ("transformers" in entry.needs.packages) == (model == "gpt2"), entry.id
+
+
+def test_the_core_imports_no_document_part():
+    """No import circle: the core (runner, registry, report, claims, loader) imports no part; the
+    parts are found when the registry or the runner is first asked — and reading them twice
+    registers nothing twice (there is nothing to register: modules only declare)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, analysis, analysis.__main__, analysis.figures, analysis.core.runner, "
+            "analysis.core.report, analysis.core.registry, analysis.core.claims, analysis.core.select\n"
+            "parts = [m for m in sys.modules if m.split('.')[:2] in "
+            f"{[['analysis', p] for p in PARTS]}]\n"
+            "assert not parts, parts\n"
+            "from analysis.core import registry, runner\n"
+            "a, b = registry.Registry(registry.default()), registry.default()\n"
+            "assert [e.id for e in a] == [e.id for e in b] and len(runner.commands()) >= 35\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]

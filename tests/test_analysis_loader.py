@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from services import client, mlflow_ui
 
-import analysis.runs as runs_mod
-from analysis import common
+import analysis.core.runs as runs_mod
+from analysis.core import select as common
 from rankexp import tracking
 
 EXP = "loader"

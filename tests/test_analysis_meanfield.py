@@ -1,31 +1,26 @@
-"""Every mean-field experiment at ``size=smoke`` through the real CLI (``python -m rankexp
-experiment=<id> size=smoke -m``) into its own SQLite store, then its analysis command; the
-drawn tables are checked against MLflow (read with MlflowClient) and against theory.  The
-seven sweeps run at once in subprocesses (interpreter start-up is most of a smoke sweep's
-time).  The configs' ``# also:`` sweeps (mf_spectrum's relu and tanh, mf_bn's β = 1/√L), as
-``make figures`` runs them, are checked under ``-m slow``."""
+"""Every mean-field experiment at ``size=smoke`` as a user runs it (``rankexp experiment=<id>
+size=smoke -m``: every grid — mf_spectrum's three activations, mf_bn's β = 1/√L) into its own
+SQLite store (the session's smoke stores, shared with test_analysis_experiments), then its
+analysis command; the drawn tables are checked against MLflow (read with MlflowClient) and
+against theory."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, runs_in
+from conftest import runs_in
 from figure_checks import checked
 from mlflow.tracking import MlflowClient
 
-from analysis.figures import read_plan
+from analysis.core.registry import default
 from rankexp import theory
-from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
+from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT
 
-EXPERIMENTS = ("mf_phase", "mf_relu_collapse", "mf_spectrum", "mf_bn", "mf_residual",
-               "mf_trainability", "deep_linear")
+#: the mean-field chapter's experiments (its part of the registry)
+EXPERIMENTS = [e.id for e in default() if e.part == "meanfield"]
 HAVE_CIFAR = (DEFAULT_ROOT / ARCHIVE_NAME).is_file()
 #: the theory each figure promises in its legends (figure stem → substrings)
 MF_THEORY = {
@@ -39,33 +34,11 @@ MF_THEORY = {
 }
 
 
-def sweep(root: Path, experiment: str, *, also: bool = False) -> str:
-    """The sweep of ``experiment`` at size=smoke (with ``also``: and its ``# also:`` sweeps)
-    into ``root/<experiment>/mlflow.db``; returns the output."""
-    cwd = root / experiment
-    cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    extra = [f"task.checkpoint_dir={cwd / 'ckpt'}", f"data.cache_dir={DEFAULT_CACHE_DIR}"] \
-        if experiment == "mf_trainability" else []
-    log = []
-    for overrides in read_plan(experiment).sweeps[: None if also else 1]:
-        p = subprocess.run([sys.executable, "-m", "rankexp", f"experiment={experiment}",
-                            "size=smoke", *overrides, *extra, "-m"], cwd=cwd, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-        log.append(p.stdout)
-        if p.returncode:
-            raise AssertionError(f"{experiment} {overrides} exited {p.returncode}:\n{p.stdout[-3000:]}")
-    return "\n".join(log)
-
-
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("meanfield")
+def stores(smoke_store) -> Path:
+    """The folder holding one smoke store per mean-field experiment (``<root>/<id>/mlflow.db``)."""
     todo = [e for e in EXPERIMENTS if e != "mf_trainability" or HAVE_CIFAR]
-    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-        list(pool.map(lambda e: sweep(root, e), todo))
-    return root
+    return [smoke_store(e) for e in todo][0].parent
 
 
 def uri(stores: Path, experiment: str) -> str:
@@ -123,20 +96,26 @@ def test_mf_relu_collapse(stores, capsys):
 
 def test_mf_spectrum(stores, capsys):
     runs = job_runs(stores, "mf_spectrum")
-    assert {r.data.params["activation"] for r in runs} == {"linear"}
+    assert {r.data.params["activation"] for r in runs} == {"linear", "relu", "tanh"}  # its 3 grids
+    assert len(runs) == 3 * 2 * 2  # × gaussian/orthogonal × 2 depths
     folder = draw(stores, capsys, "mf_spectrum")
     t = pd.read_csv(folder / "mf_spectrum.csv").set_index(["activation", "init", "depth"])
     assert abs(t.loc[("linear", "orthogonal"), "lambda_var"]).max() < 1e-10
     assert np.allclose(t.loc[("linear", "gaussian"), "lambda_var_theory"],
                        t.loc[("linear", "gaussian")].index)
-    assert "| linear | gaussian |" in (folder / "mf_spectrum.md").read_text()
+    assert np.allclose(t.loc[("relu", "orthogonal"), "lambda_var_theory"],
+                       t.loc[("relu", "orthogonal")].index)  # L (0 + 1)
+    table = (folder / "mf_spectrum.md").read_text()
+    assert all(f"| {a} | {i} |" in table for a in ("linear", "relu", "tanh")
+               for i in ("gaussian", "orthogonal"))
 
 
 def test_mf_bn(stores, capsys):
     runs = job_runs(stores, "mf_bn")
-    assert len(runs) == 8  # (none, pre) × (plain, residual) × 2 depths
+    assert len(runs) == 12  # (none, pre) × (plain, residual β = 1, residual β = 1/√L) × 2 depths
     t = pd.read_csv(draw(stores, capsys, "mf_bn") / "mf_bn.csv")
-    assert {"plain", "plain + BN", "residual (β = 1)", "residual + BN (β = 1)"} == set(t["arch"])
+    assert {"plain", "plain + BN", "residual (β = 1)", "residual + BN (β = 1)",
+            "residual (β = 1/√L)", "residual + BN (β = 1/√L)"} == set(t["arch"])
     by_id = {(r.data.params["skip_every"], r.data.params["norm.placement"],
               r.data.params["beta_scaling"], r.data.params["depth"]): r.data.metrics for r in runs}
     row = t[(t["arch"] == "plain + BN") & (t["depth"] == 4)]
@@ -173,21 +152,3 @@ def test_deep_linear(stores, capsys):
                                               rel=1e-12)
     sim = t.dropna(subset=["T_sim"])
     assert len(sim) == 2 and np.allclose(sim["T_sim"], sim["T_quad"], rtol=1e-6)
-
-
-@pytest.mark.slow
-def test_the_also_sweeps_complete_the_spectrum_table_and_the_bn_architectures(tmp_path, capsys):
-    for experiment in ("mf_spectrum", "mf_bn"):
-        sweep(tmp_path, experiment, also=True)
-    runs = job_runs(tmp_path, "mf_spectrum")
-    assert {r.data.params["activation"] for r in runs} == {"linear", "relu", "tanh"}
-    folder = draw(tmp_path, capsys, "mf_spectrum")
-    t = pd.read_csv(folder / "mf_spectrum.csv").set_index(["activation", "init", "depth"])
-    assert np.allclose(t.loc[("relu", "orthogonal"), "lambda_var_theory"],
-                       t.loc[("relu", "orthogonal")].index)  # L (0 + 1)
-    table = (folder / "mf_spectrum.md").read_text()
-    assert all(f"| {a} | {i} |" in table for a in ("linear", "relu", "tanh")
-               for i in ("gaussian", "orthogonal"))
-    assert len(job_runs(tmp_path, "mf_bn")) == 12
-    t = pd.read_csv(draw(tmp_path, capsys, "mf_bn") / "mf_bn.csv")
-    assert {"residual (β = 1/√L)", "residual + BN (β = 1/√L)"} <= set(t["arch"])

@@ -24,13 +24,12 @@ from conftest import REPO, runs_in
 from figure_checks import THEORY, checked
 
 from analysis import figures
-from analysis.__main__ import COMMANDS
-from analysis.__main__ import main as analysis_main
-from analysis.isorank import collapse_spread, contour_points, fit_power_law, match_values
-from analysis.profiles import kappa_theory, uncorrelated_theory
+from analysis.core.registry import default
+from analysis.core.runner import commands
+from analysis.core.runner import main as analysis_main
+from analysis.study.isorank import collapse_spread, contour_points, fit_power_law, match_values
+from analysis.study.profiles import kappa_theory, uncorrelated_theory
 from rankexp.theory import gaussian_expectation
-
-MINE = ("fig1", "fig2", "fig4", "fig5")
 
 
 # --------------------------------------------------------------------------- unit: fitting
@@ -150,8 +149,9 @@ def store(tmp_path_factory):
     sweep("experiment=fig1", "width=16", "depth=8", "seeds=2", "expansion=1,2", "skip_every=0,4")
     # α, β not powers of two: 0.7²·4 and 1.4²·1 round differently, the symmetry is not trivial
     sweep("experiment=fig2", "width=16", "depth=6", "seeds=2", "alpha=0.7,1.4", "beta=1,4")
-    sweep(
-        "experiment=fig4", "width=16", "depth=6", "seeds=2", "norm.op=rmsnorm,detached", "alpha=2"
+    sweep(  # the placements grid only (its control grid is test_general_block's)
+        "experiment=fig4", "~hydra.sweeper.grids.control", "width=16", "depth=6", "seeds=2",
+        "norm.op=rmsnorm,detached", "alpha=2"
     )
     sweep("experiment=fig5", "width=16", "seeds=2", "expansion=1", "depth=4,16", "alpha=0.5,1,2",
           "task.options.stream.inputs=16")  # κ from 16 inputs per seed: see the κ test
@@ -463,16 +463,15 @@ def test_clear_errors(store, capsys, argv, message):
 
 
 # --------------------------------------------------------------------------- make figures
-def test_experiment_headers_give_the_plan():
-    for name in MINE:
-        plan = figures.read_plan(name)
-        assert plan.sweeps and plan.sweeps[0] == [], name
-        assert plan.analyses, name
-        for argv in plan.analyses:
-            assert argv[0] in COMMANDS, (name, argv)
-    assert figures.read_plan("fig7").sweeps == [[], ["matrices=2", "activation=swiglu"]]
-    names, _ = figures.experiments()
-    assert set(MINE) <= set(names) and "demo" not in names
+def test_the_registry_gives_the_plan():
+    reg = default()
+    names = [e.id for e in figures.experiments()]
+    assert names == [e.id for e in reg if e.reproduce] and "demo" not in names  # not a figure
+    for entry in figures.experiments():
+        assert entry.analyses, entry.id
+        for argv in entry.argvs():
+            assert argv[0] in commands(), (entry.id, argv)
+    assert [e.id for e in figures.experiments(["fig6_train"])] == ["fig6", "fig6_train"]  # reads
     assert figures.merge_overrides(["width=64", "seeds=4"], ["seeds=1", "+x=2"]) == [
         "width=64",
         "seeds=1",
@@ -480,13 +479,11 @@ def test_experiment_headers_give_the_plan():
     ]
 
 
-def test_make_figures_dry_run_lists_every_configured_experiment(capsys):
+def test_make_figures_dry_run_lists_every_experiment_once(capsys):
     assert figures.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    names, _ = figures.experiments()
-    for name in names:
-        for ov in figures.read_plan(name).sweeps:
-            assert f"python -m rankexp experiment={name} {' '.join(['size=cpu', *ov])} -m" in out
+    for entry in figures.experiments():
+        assert out.count(f"python -m rankexp experiment={entry.id} size=cpu -m") == 1, entry.id
     assert "python -m analysis isorank --experiment fig5 --uri" in out
 
 

@@ -51,8 +51,8 @@ def job_runs(uri: str, experiment: str):
 BATCH = """
 import contextlib, io, json, logging, sys
 sys.path.insert(0, sys.argv[3])  # tests/, for figure_checks
-from analysis.__main__ import main
-from analysis.plotting import recording
+from analysis.core.runner import main
+from analysis.core.style import recording
 from figure_checks import THEORY, legend_texts, problems
 
 class Current:  # a logging stream that writes to whatever sys.stdout is at the time
@@ -315,7 +315,7 @@ def test_fig16_is_best_accuracy_per_matrices_norm_and_depth(store, analysed):
 
 def test_fig16_over_runs_of_several_alphas_averages_them_and_says_so(store, analysed):
     res = analysed["fig16 of fig6_train"]
-    assert res["rc"] == 0 and "mix runs with different alpha" in res["out"]
+    assert res["rc"] == 0 and "runs differ in alpha ∈ [1.0, 2.0]" in res["out"]
     out = store.cwd / "figures" / "fig6_train"
     table = pd.read_csv(out / "fig16_best_test_accuracy_vs_depth.csv")
     train = by_cell(store.uri, "fig6_train", ("norm.placement", "depth", "alpha"))

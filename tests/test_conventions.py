@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from analysis.figures import merge_overrides, read_plan
+from hydra_plugins.rankexp_plugins.grids import sweep_plan
 from rankexp import naming
 from rankexp.__main__ import CONF_DIR
 from rankexp.config import ConfigError, check_override_keys, config_groups, config_hash
@@ -24,33 +22,18 @@ EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yam
 BIN = Path(sys.executable).parent
 
 
-def sweep_jobs(experiment: str, size: str, extra: list[str]) -> tuple[list[list[str]], list[str]]:
-    """The jobs and swept axes rankexp's sweeper makes of ``experiment=<e> size=<s> <extra> -m``
-    (composed only: Hydra's own override parser and grid)."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("config", [f"experiment={experiment}", f"size={size}"], return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params or {})
-    given = merge_overrides([f"{k}={v}" for k, v in params.items()], extra)
-    parsed = OverridesParser.create().parse_overrides(given)
-    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    axes = list(dict.fromkeys(o.get_key_element() for o in parsed if o.is_sweep_override()))
-    return jobs, axes
-
-
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiments_sweep_has_distinct_run_names(experiment):
-    """Row 1: for every sweep of every experiment (its ``# also:`` sweeps too), at size=smoke and
-    full, the names built from the swept axes are pairwise distinct — without the ``#n``
-    fallback — and short."""
-    for extra in read_plan(experiment).sweeps:
-        for size in ("smoke", "full"):
-            jobs, axes = sweep_jobs(experiment, size, extra)
-            names = [naming.job_name(j, axes) for j in jobs]
-            if len(jobs) > 1:
-                assert len(set(names)) == len(names), (experiment, size, extra, names)
-                assert all(names) and max(map(len, names)) <= 60, names
-            assert naming.job_names(jobs, axes, ["base"] * len(jobs)) == (names if len(jobs) > 1
-                                                                        else [names[0] or "base"])
+    """Row 1: for every experiment's sweep (every grid of its config), at size=smoke and full,
+    the names built from the swept axes (led by the grid's name where there are several) are
+    pairwise distinct — without the ``#n`` fallback — and short."""
+    for size in ("smoke", "full"):
+        plan = sweep_plan(f"experiment={experiment}", f"size={size}")
+        names = plan.names(["base"] * len(plan.jobs))
+        assert len(set(names)) == len(names), (experiment, size, names)
+        assert not any("#" in n for n in names) and max(map(len, names)) <= 60, names
+        if len(plan.jobs) > 1:
+            assert all(names) and "base" not in names, names
 
 
 def test_names_show_the_axes_in_the_fields_notation():
@@ -134,7 +117,7 @@ def test_heatmap_refuses_to_average_runs_whose_params_differ():
     """Row 9: a sweep plus one extra run with another width (and other probes) in one cell."""
     import pandas as pd
 
-    from analysis.heatmap import heatmap_table
+    from analysis.study.heatmap import heatmap_table
 
     grid = [(a, L) for a in (1.0, 2.0) for L in (4, 8)]
     rows = [{"alpha": a, "depth": L, "width": 16, "task.probes": "[io_jacobian]", "seed": 0,

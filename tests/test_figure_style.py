@@ -14,10 +14,10 @@ import pytest
 from figure_checks import problems, text_problems
 from matplotlib.mathtext import MathTextParser
 
-from analysis import style
-from analysis.__main__ import COMMANDS
-from analysis.seeds import pooled
-from analysis.style import plt
+from analysis.core import style
+from analysis.core.runner import commands
+from analysis.core.seeds import pooled
+from analysis.core.style import plt
 
 TESTS = Path(__file__).parent
 
@@ -150,11 +150,16 @@ def test_seed_spread_pools_every_seed_of_a_cells_runs():
 
 
 def test_every_analysis_command_is_style_checked_by_a_test():
-    """Each command (the report aside) is run by a test module whose figures go through
-    figure_checks (test_analysis_rank / _spectra via `checked`, _training via its batch)."""
+    """Each command (the report aside) is run by a test whose figures go through figure_checks:
+    the every-experiment test (test_analysis_experiments: every registry entry's commands, by
+    default for the entries that do not train), or a test module naming it (test_analysis_rank
+    / _spectra via `checked`, _training via its batch)."""
+    from analysis.core.registry import default
+
     sources = {p.name: p.read_text() for p in TESTS.glob("test_analysis_*.py")}
     checked = {n: s for n, s in sources.items() if "checked" in s or "problems" in s}
-    for command in set(COMMANDS) - {"report"}:
+    by_registry = {argv[0] for e in default() if not e.needs.train for argv in e.argvs()}
+    for command in set(commands()) - {"report"} - by_registry:
         assert any(
             re.search(rf"""["']{command}["']""", s) for s in checked.values()
         ), f"no style-checked test runs `analysis {command}`"

@@ -179,26 +179,20 @@ def test_projection_split_of_a_pre_plus_post_network():
 
 # --------------------------------------------------------------------------- Figure 4b end to end
 def test_fig4_sweeps_and_the_control_panel(tmp_path):
-    """fig4's main sweep and its Figure 4b sweep into one store; the analysis draws panel (b)
-    from the runs with the Pre-RMSNorm control and keeps them out of panel (a)'s bars."""
-    from analysis.__main__ import main as analysis_main
-    from analysis.figures import read_plan
+    """``rankexp experiment=fig4 size=smoke -m``: its placements grid and its Figure 4b control
+    grid in one sweep into one store; the analysis draws panel (b) from the runs with the
+    Pre-RMSNorm control and keeps them out of panel (a)'s bars."""
+    from analysis.core.runner import main as analysis_main
 
-    also = read_plan("fig4").sweeps[1]
-    assert "norm=pre" in also and any(o.startswith("norm.post=") for o in also)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
     env.update(OMP_NUM_THREADS="1")
-    tiny = ["experiment=fig4", "size=smoke", "width=8", "seeds=2"]
-    for extra in (["depth=6", "norm.op=rmsnorm"],
-                  ["norm=pre", "norm.op=rmsnorm", "norm.post=none,rmsnorm,detached,meansub", "alpha=1",
-                   "depth=6,12"]):
-        p = subprocess.run([sys.executable, "-m", "rankexp", *tiny, *extra, "-m"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, "-m", "rankexp", "experiment=fig4", "size=smoke", "width=8",
+                        "-m"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert analysis_main(["placements", "--experiment", "fig4", "--uri", uri, "--out", str(tmp_path / "f")]) == 0
     control = pd.read_csv(tmp_path / "f" / "fig4" / "placements_control_erank_io.csv")
-    from analysis.runs import load_runs
+    from analysis.core.runs import load_runs
 
     runs = load_runs(["fig4"], uri)
     for _, row in control.iterrows():
@@ -206,17 +200,21 @@ def test_fig4_sweeps_and_the_control_panel(tmp_path):
                    & (runs["depth"].astype(float) == row["depth"])]
         assert len(sel) == row["count"] >= 1
         assert row["mean"] == pytest.approx(sel["erank_io"].astype(float).mean(), rel=1e-12)
-    assert sorted(control["norm.post"].unique()) == ["detached", "meansub", "none", "rmsnorm"]
-    bars = pd.read_csv(tmp_path / "f" / "fig4" / "placements_erank_io.csv")
-    assert set(bars["config"]) == {"pre/rmsnorm", "output/rmsnorm", "post/rmsnorm", "none"}
-    assert (bars["count"] == 1).all()  # one run per cell: the control sweep is not averaged in
+    assert sorted(control["norm.post"].unique()) == ["detached", "layernorm", "meansub", "none", "rmsnorm"]
+    assert sorted(control["depth"].unique()) == [8, 16]
+    bars = pd.read_csv(tmp_path / "f" / "fig4" / "placements_erank_io.csv").set_index("config")
+    assert set(bars.index) == {"pre/rmsnorm", "output/rmsnorm", "post/rmsnorm", "post/detached", "none"}
+    # one run per cell (norm=none pools its two ops): the control grid is not averaged in, and
+    # its R = none, L = 8 point is the placements grid's Pre-RMSNorm run, run once
+    assert bars["count"].to_dict() == {"pre/rmsnorm": 1, "output/rmsnorm": 1, "post/rmsnorm": 1,
+                                       "post/detached": 1, "none": 2}
     assert np.isfinite(control["mean"]).all()
 
 
 def test_figure4_bars_leave_out_the_figure_4b_runs():
     """Figure 4's bars (and its claims) read the preset runs at the main depth only: a Pre-RMSNorm
     run with R = rmsnorm, or one at another depth, must not count as a 'pre' bar."""
-    from analysis.placements import figure4_runs
+    from analysis.study.placements import figure4_runs
 
     rows = [  # placement, op, pre, out, post, depth, erank_io
         ("pre", "rmsnorm", "rmsnorm", "none", "none", 96, 0.30),

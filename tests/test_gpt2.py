@@ -224,7 +224,8 @@ def test_unknown_hub_id_shape_is_a_clear_error():
 
 
 def test_transformers_is_imported_only_by_model_gpt2():
-    code = ("import sys, rankexp.app, rankexp.tasks, rankexp.probes, rankexp.config, analysis.__main__\n"
+    code = ("import sys, rankexp.app, rankexp.tasks, rankexp.probes, rankexp.config\n"
+            "import analysis.core.runner as runner; runner.commands()  # every analysis command\n"
             "assert 'transformers' not in sys.modules, 'imported transformers'\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 

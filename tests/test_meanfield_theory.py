@@ -135,11 +135,10 @@ def test_vd_closed_forms_and_the_chapters_critical_formula():
 
 
 def test_spectrum_experiment_sits_on_the_critical_line():
-    text = (REPO / "conf" / "experiment" / "mf_spectrum.yaml").read_text()
-    tanh = next(line for line in text.splitlines() if "activation=tanh" in line)
-    kv = dict(item.split("=") for item in tanh.split(":", 1)[1].split())
+    tanh = OmegaConf.load(REPO / "conf" / "experiment" / "mf_spectrum.yaml").hydra.sweeper.grids.tanh
     sw2, sb2 = theory.tanh_critical_point(1 / 64)
-    assert float(kv["alpha"]) ** 2 == pytest.approx(sw2, rel=1e-13)
-    assert float(kv["bias"]) ** 2 == pytest.approx(sb2, rel=1e-11)
+    assert tanh.activation == "tanh"
+    assert float(tanh.alpha) ** 2 == pytest.approx(sw2, rel=1e-13)
+    assert float(tanh.bias) ** 2 == pytest.approx(sb2, rel=1e-11)
     trained = OmegaConf.load(REPO / "conf" / "experiment" / "mf_trainability.yaml")
     assert trained.bias**2 == pytest.approx(0.05, rel=1e-15)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -15,8 +16,11 @@ import pytest
 import services
 from services import clean_env, rankexp
 
-from analysis import claims as registry
-from analysis.__main__ import main as analysis_main
+from analysis.core import claims as registry
+from analysis.core.registry import default
+from analysis.core.report import build_report
+from analysis.core.runner import main as analysis_main
+from analysis.core.select import only
 
 browser = services.browser  # session fixture (tests/services.py)
 
@@ -67,7 +71,7 @@ def fig7_runs() -> list[tuple[dict, dict]]:
 def verdicts(uri: str) -> dict[str, registry.Verdict]:
     runs = registry.Runs(uri)
     try:
-        return {v.claim.id: v for v in registry.evaluate(runs)}
+        return {v.claim.id: v for v in registry.evaluate(runs, default().claims())}
     finally:
         runs.close()
 
@@ -93,34 +97,39 @@ def test_crafted_runs_get_the_right_verdicts(tmp_path):
     assert w["fig7.cos_relu"].verdict == registry.NOT_RUN  # the bad store has no fig7
     assert v["fig1.noskip_collapse"].verdict == registry.NOT_RUN
     assert not [c for c in v.values() if c.verdict == registry.ERROR]
-    assert set(v) == {c.id for c in registry.claims()}
+    assert set(v) == {c.id for c in default().claims()}
+    # why a claim is not run: the store lacks the experiment's runs (runs), a larger size (size)
+    assert v["fig1.noskip_collapse"].why == "runs"
+    assert v["fig4.post_like_none"].why == ""  # decided
 
 
-def test_registry_ids_are_unique_and_every_claim_states_its_numbers():
-    ids = [c.id for c in registry.claims()]
-    assert len(ids) == len(set(ids)) >= 40
-    for c in registry.claims():
-        assert c.statement and c.source and c.study and c.check.text, c.id
-        assert c.id.split(".")[0] in c.id and c.experiment
-    with pytest.raises(ValueError, match="twice"):
-        registry.register(registry.claims()[0])
+def test_a_claim_is_not_run_for_its_size_or_its_data_and_says_so(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    craft(uri, "fig5", [({"norm.placement": "pre", "depth": 8, "size": "smoke"}, {"erank_io": 0.5})])
+    craft(uri, "fig12", [({"width": 32, "size": "smoke"}, {"ffn_accumulated_ratio": 1.0,
+                                                            "ffn_cos_offdiag_rms": 0.01})])
+    v = verdicts(uri)
+    assert v["fig11.rms_384"].verdict == registry.NOT_RUN and v["fig11.rms_384"].why == "size"
+    assert "needs size=full (the store has size=smoke)" in v["fig11.rms_384"].note
+    assert v["fig12.cos_trained_small"].why == "data"
+    assert "pretrained GPT-2 checkpoints" in v["fig12.cos_trained_small"].note
 
 
-def test_a_claim_added_to_the_registry_shows_in_the_report(tmp_path):
+def test_a_claim_added_to_an_entry_shows_in_the_report(tmp_path):
+    """A new claim goes into its experiment's registry entry; the report needs no change."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     craft(uri, "fig4", fig4_runs(detached=0.1115))
-    extra = registry.register(registry.Claim(
-        "fig4.test_extra", "fig4", "an extra claim", "a test", "0.45",
+    extra = registry.Claim(
+        "fig4.test_extra", "an extra claim", "a test", "0.45",
         registry.near(0.45, 0.01), lambda runs: registry.Measured(
-            float(registry.only(runs("fig4"), norm_placement="pre")["erank_io"].iloc[0])),
-    ))  # fmt: skip
-    try:
-        assert analysis_main(["report", "--uri", uri, "--out", str(tmp_path / "r"),
-                              "--no-figures"]) == 0  # fmt: skip
-    finally:
-        registry.CLAIMS.remove(extra)
+            float(only(runs("fig4"), norm_placement="pre")["erank_io"].iloc[0])),
+    )  # fmt: skip
+    fig4 = default()["fig4"]
+    reg = default().with_entries(replace(fig4, claims=(*fig4.claims, extra)))
+    build_report(uri, tmp_path / "r", with_figures=False, registry=reg)
     table = pd.read_csv(tmp_path / "r" / "claims.csv").set_index("id")
     assert table.loc["fig4.test_extra", "verdict"] == registry.HOLDS
+    assert table.loc["fig4.test_extra", "experiment"] == "fig4"
     assert "fig4.test_extra" in (tmp_path / "r" / "report.md").read_text()
 
 
@@ -171,7 +180,7 @@ def test_report_renders_in_chromium_with_every_figure_and_claim(two_experiments,
         )
         assert loaded and loaded > 100, img.get_attribute("alt")
     rows = browser.find_elements(By.CSS_SELECTOR, "table#claims tbody tr.claim")
-    assert len(rows) == len(registry.claims())
+    assert len(rows) == len(default().claims())
     shown = {r.get_attribute("data-id"): r.get_attribute("data-verdict") for r in rows}
     csv = pd.read_csv(out / "claims.csv").set_index("id")["verdict"].to_dict()
     assert shown == csv

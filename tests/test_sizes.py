@@ -1,17 +1,30 @@
-"""``size=smoke|cpu|full``: every experiment has its three sizes, and a size changes only the grid."""
+"""``size=smoke|cpu|full``: ``full`` is the experiment file itself (its size overlays are Hydra
+``optional``: no empty overlay files), ``smoke`` and ``cpu`` only shrink — the sweep (every grid)
+and the network — and every sweep lives in the config, none in a comment."""
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from hydra_plugins.rankexp_plugins.grids import sweep_plan
 from rankexp.__main__ import CONF_DIR
 
-EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+CONF = Path(CONF_DIR)
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SIZES = ("smoke", "cpu", "full")
+README = CONF.parent / "README.md"
+
+
+@functools.cache
+def plan(name: str, size: str):
+    """The sweep ``rankexp experiment=<name> size=<size> -m`` runs (composed, not run)."""
+    return sweep_plan(f"experiment={name}", f"size={size}")
 
 
 def compose_experiment(name: str, *overrides: str):
@@ -19,41 +32,57 @@ def compose_experiment(name: str, *overrides: str):
         return compose("config", [f"experiment={name}", *overrides], return_hydra_config=True)
 
 
-def grid_size(cfg) -> int:
-    n = 1
-    for v in (cfg.hydra.sweeper.params or {}).values():
-        n *= len(str(v).split(","))
-    return n
-
-
-def network_width(cfg) -> int:
+def network_width(cfg, plan) -> int:
     """The widest layer the sweep builds: ``width`` (the MLP's d), or a ConvNet's stage-1
-    filters ``model.base_width`` (the top-level width is not its knob)."""
-    params = cfg.hydra.sweeper.params
-    if "base_width" in cfg.model:
-        return max(int(w) for w in str(params.get("model.base_width", cfg.model.base_width)).split(","))
-    return max(int(w) for w in str(params.get("width", cfg.width)).split(","))
+    filters ``model.base_width`` (the top-level width is not its knob), over every job."""
+    key = "model.base_width" if "base_width" in cfg.model else "width"
+    default = cfg.model.base_width if key == "model.base_width" else cfg.width
+    given = [int(o.split("=", 1)[1]) for job in plan.jobs for o in job if o.startswith(f"{key}=")]
+    return max(given or [int(default)])
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_has_three_sizes_that_shrink(name):
-    for size in SIZES:
-        assert (Path(CONF_DIR) / "size" / name / f"{size}.yaml").is_file(), (name, size)
     cfgs = {size: compose_experiment(name, f"size={size}") for size in SIZES}
     assert [cfgs[s].size.value for s in SIZES] == list(SIZES)
-    # the full size is the experiment file itself
-    assert OmegaConf.to_container(cfgs["full"].hydra.sweeper.params) == OmegaConf.to_container(
-        compose_experiment(name).hydra.sweeper.params)
-    # smaller sizes never grow the grid or the network
-    assert grid_size(cfgs["smoke"]) <= grid_size(cfgs["cpu"]) <= grid_size(cfgs["full"])
-    widths = [network_width(cfgs[s]) for s in SIZES]
+    # the full size is the experiment file itself: no overlay, same sweep as no size given
+    assert not (CONF / "size" / name / "full.yaml").exists()
+    sweeper = {s: OmegaConf.to_container(cfgs[s].hydra.sweeper) for s in SIZES}
+    assert sweeper["full"] == OmegaConf.to_container(compose_experiment(name).hydra.sweeper)
+    # smaller sizes never grow the sweep or the network (a cpu size that measures at
+    # initialization what the full size trains may hold more, cheaper, runs: degradation)
+    plans = {s: plan(name, s) for s in SIZES}
+    runs = [len(plans[s].jobs) for s in SIZES]
+    cheaper = cfgs["cpu"].task.name == "measure" and cfgs["full"].task.name == "train"
+    assert 1 <= runs[0] <= min(runs[1:]) and (runs[1] <= runs[2] or cheaper), runs
+    widths = [network_width(cfgs[s], plans[s]) for s in SIZES]
     assert widths == sorted(widths) and widths[0] <= 32, widths
+
+
+def test_size_overlays_belong_to_experiments_and_say_something():
+    for path in (CONF / "size").glob("*/*.yaml"):
+        assert path.parent.name in EXPERIMENTS, path
+        assert path.stem in ("smoke", "cpu"), path
+        body = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        assert body, f"{path} is empty: leave it out (the size is then the experiment file)"
+
+
+def test_no_sweep_lives_in_a_comment():
+    for path in CONF.rglob("*.yaml"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert not re.match(r"\s*#\s*also\b", line), f"{path}:{n}: {line}"
 
 
 def test_command_line_beats_the_size():
     cfg = compose_experiment("fig5", "size=cpu", "width=7")
     assert cfg.width == 7 and cfg.seeds == 2
     assert cfg.hydra.sweeper.params.depth == "12,24,48,96,192"
+
+
+def test_an_overlay_shrinks_one_grid_of_several():
+    full, smoke = (plan("fig4", s) for s in ("full", "smoke"))
+    assert {g: full.grid.count(g) for g in full.axes} == {"placements": 48, "control": 29}
+    assert {g: smoke.grid.count(g) for g in smoke.axes} == {"placements": 8, "control": 9}
 
 
 def test_size_is_not_part_of_the_config_hash():
@@ -65,3 +94,22 @@ def test_size_is_not_part_of_the_config_hash():
 
     a, b = container("size=full", "width=64", "seeds=2"), container("size=cpu")
     assert a["size"] != b["size"] and config_hash(a) == config_hash(b)
+
+
+def test_the_readmes_experiment_table_is_the_registrys():
+    """README's experiment table is what ``python -m analysis.core.registry --documents``
+    generates from the registry and the configs (every experiment of the documents: ids,
+    titles, grids, runs per size, needs, commands), and its wall-time table names registry
+    entries only."""
+    from analysis.core.registry import default, markdown
+
+    text = README.read_text()
+    start, end = ("<!-- experiments: generated by `python -m analysis.core.registry --documents` -->\n",
+                  "\n<!-- /experiments -->")
+    assert start in text and end in text, "README lacks the generated experiment table's markers"
+    shown = text.split(start, 1)[1].split(end, 1)[0]
+    assert shown == markdown(plan=plan, documents_only=True), (
+        "README's experiment table is stale: python -m analysis.core.registry --documents")
+    wall = text.split("| id | wall smoke | wall cpu |", 1)[1].split("\n\n", 1)[0]
+    ids = re.findall(r"^\| `([a-z0-9_]+)` \|", wall, re.M)
+    assert ids and set(ids) <= set(default().ids()), ids

@@ -2,6 +2,9 @@
 
 Same grid, batches and ``hydra.sweeper.params`` as Hydra's ``BasicSweeper``; what it adds:
 
+0. **A sweep can be a union of grids** (``hydra.sweeper.grids``, :mod:`.grids`): an
+   experiment's every configuration in one sweep, one check, one parent run.
+
 1. **The whole sweep is checked before its first job starts.**  Every job is composed (once:
    :class:`~hydra_plugins.rankexp_plugins.loader.TemplateConfigLoader`) and checked
    (:func:`rankexp.config.check_job`: unknown keys, values, paths, the device for local
@@ -34,6 +37,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from . import grids
 from .loader import TemplateConfigLoader
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,11 @@ def _message(e: BaseException) -> str:
 class RankexpSweeper(BasicSweeper):
     """See the module docstring."""
 
+    def __init__(self, max_batch_size: int | None, params: dict[str, str] | None = None,
+                 grids: Any = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.grids = grids
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
         self.loader = TemplateConfigLoader(hydra_context.config_loader)
@@ -59,19 +68,15 @@ class RankexpSweeper(BasicSweeper):
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt, naming
+        from rankexp import cli, interrupt
 
         cli.mark_composed()
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        parsed = parser.parse_overrides(self._parse_config() + list(arguments))
-        self.overrides = self.split_arguments(parsed, self.max_batch_size)
-        axes = list(dict.fromkeys(o.get_key_element() for o in parsed if o.is_sweep_override()))
-        swept = set(axes)
-        jobs = [job for batch in self.overrides for job in batch]
+        plan = self._plan(arguments)
+        jobs, swept = plan.jobs, set(plan.swept)
         with interrupt.installed():
             try:
                 checked = self._check_all(jobs, swept)
-                checked["names"] = naming.job_names(jobs, axes, checked["names"])
+                checked["names"] = plan.names(checked["names"])
                 parent = self._open_parent(checked)
             except interrupt.JobInterrupted as e:
                 raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
@@ -90,6 +95,23 @@ class RankexpSweeper(BasicSweeper):
         if status != "FINISHED":
             raise SystemExit(1)
         return returns
+
+    def _plan(self, arguments: list[str]) -> grids.Plan:
+        """The sweep's jobs: the union of ``hydra.sweeper.grids`` (:mod:`.grids`; without grids
+        the basic sweeper's product), a job whose config another job already has left out, in
+        launcher batches (``self.overrides``).  Exits 2 on malformed grids."""
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        try:
+            plan = grids.expand(self.params, self.grids, arguments, parser)
+        except grids.GridError as e:
+            print(f"error: invalid sweep — nothing was started: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if len(plan.axes) > 1:
+            plan = grids.drop_repeats(plan, self.loader, self.config)
+        for job, twin in plan.dropped:
+            log.info("left out %s: the same config as a job of grid %r", " ".join(job), twin)
+        self.overrides = plan.batches(self.max_batch_size)
+        return plan
 
     def _check_all(self, jobs: list[list[str]], swept: set[str]) -> dict[str, Any]:
         """Compose and check every job and every store; exit 2 listing every problem."""

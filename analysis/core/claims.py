@@ -1,0 +1,307 @@
+"""The study's quantitative claims, each checked against whatever runs a store holds.
+
+A :class:`Claim` is one statement of the study (or the chapter, or a paper it replicates): where
+it says so, its value, a stated tolerance (:func:`near`, :func:`at_most`, …) and a ``measure``
+function computing the measured value (± seed spread) from the loaded runs.  Claims sit beside
+their figures, in the document part's ``claims.py``, and each experiment's registry entry
+(:mod:`analysis.core.registry`) lists its own; :func:`evaluate` turns each into a verdict —
+``holds``, ``does not hold`` or ``not run`` — and ``python -m analysis report`` tabulates them.
+
+``measure(runs)`` reads runs with ``runs("fig12")`` (finished runs of that MLflow experiment,
+one row per run), selects with :func:`~analysis.core.select.only`, reads per-layer series with
+``runs.series(run_id, key)`` and per-seed values with ``runs.per_seed(df, key)``; whatever the
+store lacks raises :data:`NotRun` (the selection error of :mod:`analysis.core.select`), which is
+the one way to *not run*.  Why a claim is not run is classified (:attr:`Verdict.why`):
+``size`` — the claim needs a larger size of its experiment than the store holds
+(:attr:`Claim.size`: the smallest size whose grids have what it reads; size=full wants the
+hardware the experiment's entry names); ``data`` — it needs data this checkout cannot make
+(:attr:`Claim.needs`: pretrained checkpoints), or its experiment's needs are missing on this
+machine; ``runs`` — anything else: the store lacks runs its experiment's grids make.
+
+``measure`` returns :class:`Measured`: ``value`` computed from the seed means and ``spread`` =
+one standard deviation over seeds (from each run's logged ``<metric>_std``, pooled by
+:func:`analysis.core.seeds.pooled`; or, for a statistic fitted across runs such as a slope, the
+standard deviation of that statistic recomputed seed by seed from the per-seed arrays in each
+run's ``arrays.npz`` — :func:`seedwise`).  NaN where no spread exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.tracking import TrackingError, download_artifact
+
+from .runs import load_runs
+from .seeds import pooled
+from .select import SelectionError, series
+
+log = logging.getLogger("analysis")
+
+HOLDS, FAILS, NOT_RUN, ERROR = "holds", "does not hold", "not run", "error"
+#: an experiment's sizes, smallest first (``conf/size/``)
+SIZES = ("smoke", "cpu", "full")
+#: the store lacks what a claim needs: the selection error (:mod:`analysis.core.select`)
+NotRun = SelectionError
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured value, its seed spread (1 s.d.; NaN if none) and a short note."""
+
+    value: float
+    spread: float = math.nan
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    """A tolerance stated as text with the test that decides it."""
+
+    text: str
+    passes: Callable[[float], bool]
+
+
+def near(target: float, tol: float) -> Check:
+    """``|value − target| ≤ tol``."""
+    return Check(f"±{tol:g}", lambda v: abs(v - target) <= tol)
+
+
+def at_most(bound: float) -> Check:
+    return Check(f"≤ {bound:g}", lambda v: v <= bound)
+
+
+def at_least(bound: float) -> Check:
+    return Check(f"≥ {bound:g}", lambda v: v >= bound)
+
+
+def below(bound: float) -> Check:
+    return Check(f"< {bound:g}", lambda v: v < bound)
+
+
+def above(bound: float) -> Check:
+    return Check(f"> {bound:g}", lambda v: v > bound)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One quantitative claim.
+
+    Attributes:
+        id: unique, ``<figure>.<name>``.
+        statement: the claim in the source's words.
+        source: where it is made (``science.md §3 fig5``, ``He et al. 2016 Table 6``).
+        study: the source's value as text.
+        check: the stated tolerance (:func:`near`, :func:`at_most`, …).
+        measure: loaded runs → :class:`Measured`; raises :data:`NotRun`.
+        size: the smallest size of the experiment whose grids hold what ``measure`` reads
+            (``smoke``, ``cpu``, ``full``); below it, *not run* is expected (``why = size``).
+        needs: what no grid of this checkout makes (``"pretrained GPT-2 checkpoints"``), or "".
+        experiment: the MLflow experiment (report section) it is judged on — its registry entry
+            fills it in (:meth:`analysis.core.registry.Experiment.bound_claims`).
+        requires: the missing prerequisites of that experiment on this machine (filled in
+            with ``experiment``), "" when none.
+    """
+
+    id: str
+    statement: str
+    source: str
+    study: str
+    check: Check
+    measure: Callable[[Runs], Measured] = field(repr=False)
+    size: str = "smoke"
+    needs: str = ""
+    experiment: str = ""
+    requires: str = ""
+
+    def __post_init__(self):
+        if self.size not in SIZES:
+            raise ValueError(f"claim {self.id}: size {self.size!r} is not one of {SIZES}")
+
+
+@dataclass
+class Verdict:
+    """A claim's verdict; ``why`` says why it is *not run* (``size``, ``data`` or ``runs``)."""
+
+    claim: Claim
+    verdict: str
+    measured: Measured | None = None
+    note: str = ""
+    why: str = ""
+
+    def row(self) -> dict:
+        m = self.measured
+        return {
+            "id": self.claim.id,
+            "experiment": self.claim.experiment,
+            "claim": self.claim.statement,
+            "source": self.claim.source,
+            "study": self.claim.study,
+            "measured": format_measured(m) if m else "—",
+            "value": m.value if m else math.nan,
+            "spread": m.spread if m else math.nan,
+            "tolerance": self.claim.check.text,
+            "verdict": self.verdict,
+            "why": self.why,
+            "note": self.note or (m.note if m else ""),
+        }
+
+
+def format_measured(m: Measured) -> str:
+    def f(v: float) -> str:
+        if math.isinf(v):
+            return "−∞" if v < 0 else "∞"
+        return f"{v:.3g}"
+
+    if math.isnan(m.value):
+        return "—"
+    return f(m.value) if math.isnan(m.spread) else f"{f(m.value)} ± {m.spread:.2g}"
+
+
+# --------------------------------------------------------------------------- loaded runs
+class Runs:
+    """Finished runs of a store, loaded once per experiment (:func:`analysis.core.runs.load_runs`),
+    their series and per-seed arrays."""
+
+    def __init__(self, uri: str | None):
+        self.uri = uri
+        self._frames: dict[str, pd.DataFrame] = {}
+        self._arrays: dict[str, dict | None] = {}
+        self._tmp = tempfile.TemporaryDirectory(prefix="rankexp-claims-")
+        self.cache: dict = {}  # what claims derive once per store (e.g. degradation's tables)
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run
+
+    def __call__(self, experiment: str) -> pd.DataFrame:
+        """Finished runs of ``experiment``. Raises NotRun if it has none."""
+        if experiment not in self._frames:
+            try:
+                self._frames[experiment] = load_runs(experiment, self.uri)
+            except TrackingError:
+                self._frames[experiment] = pd.DataFrame()
+        df = self._frames[experiment]
+        if df.empty:
+            raise NotRun(f"no finished runs of experiment {experiment}")
+        return df
+
+    def size(self, experiment: str) -> str | None:
+        """The largest size (:data:`SIZES`) among the experiment's runs; None without runs."""
+        try:
+            df = self(experiment)
+        except NotRun:
+            return None
+        sizes = set(df["size"].dropna().astype(str)) if "size" in df else {"full"}
+        known = [s for s in SIZES if s in sizes]
+        return known[-1] if known else "full"
+
+    def loaded(self) -> dict[str, pd.DataFrame]:
+        """The experiments loaded so far that hold runs: ``{name: runs}``."""
+        return {k: v for k, v in self._frames.items() if len(v)}
+
+    def series(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+        return series(self.uri, run_id, key)
+
+    def arrays(self, run_id: str) -> dict | None:
+        """The run's ``arrays.npz`` as a dict (None if it logged none)."""
+        if run_id not in self._arrays:
+            dst = Path(self._tmp.name) / run_id
+            dst.mkdir(exist_ok=True)
+            try:
+                with np.load(download_artifact(self.uri, run_id, "arrays.npz", str(dst))) as z:
+                    self._arrays[run_id] = {k: z[k] for k in z.files}
+            except (TrackingError, OSError, ValueError):
+                self._arrays[run_id] = None
+        return self._arrays[run_id]
+
+    def per_seed(self, df: pd.DataFrame, key: str) -> np.ndarray | None:
+        """``(runs, seeds)`` per-seed values of the scalar ``key`` (rows as ``df``), or None
+        when a run has no such array or the runs' seed counts differ."""
+        rows = []
+        for rid in df["run_id"]:
+            a = self.arrays(rid)
+            if a is None or key not in a or np.ndim(a[key]) != 1:
+                return None
+            rows.append(a[key])
+        if not rows or len({r.size for r in rows}) != 1:
+            return None
+        return np.stack(rows)
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def seed_std(df: pd.DataFrame, metric: str) -> float:
+    """1 s.d. over every seed of ``df``'s runs of ``metric`` (:func:`analysis.core.seeds.pooled`)."""
+    return float(pooled(df, metric, []).iloc[0]["std"]) if len(df) else math.nan
+
+
+def seedwise(runs: Runs, df: pd.DataFrame, metrics: list[str], statistic) -> float:
+    """Standard deviation over seeds of ``statistic(frame)``, ``frame`` = ``df`` with each of
+    ``metrics`` replaced by seed i's value (from the runs' ``arrays.npz``); NaN when the
+    arrays are missing or there is one seed."""
+    per = {m: runs.per_seed(df, m) for m in metrics}
+    if any(v is None for v in per.values()):
+        return math.nan
+    n = min(v.shape[1] for v in per.values())
+    values = []
+    for i in range(n):
+        frame = df.copy()
+        for m, v in per.items():
+            frame[m] = v[:, i]
+        try:
+            values.append(float(statistic(frame)))
+        except (NotRun, ValueError, KeyError, IndexError):
+            return math.nan
+    values = [v for v in values if np.isfinite(v)]
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+# --------------------------------------------------------------------------- verdicts
+def why_not(claim: Claim, runs: Runs) -> tuple[str, str]:
+    """``(why, what)`` a claim is not run: ``data`` (what the claim or its experiment needs),
+    ``size`` (the store's runs are smaller than :attr:`Claim.size`) or ``runs``."""
+    if claim.needs or claim.requires:
+        return "data", claim.needs or claim.requires
+    size = runs.size(claim.experiment)
+    if size is not None and SIZES.index(size) < SIZES.index(claim.size):
+        return "size", f"size={claim.size} (the store has size={size})"
+    return "runs", ""
+
+
+def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
+    """A :class:`Verdict` per claim: NotRun → ``not run`` (with :func:`why_not`); any other
+    exception → ``error`` (logged with its traceback, so a bug in one claim shows instead of
+    hiding the others)."""
+    out = []
+    for c in selected:
+        try:
+            m = c.measure(runs)
+        except NotRun as e:
+            why, what = why_not(c, runs)
+            out.append(Verdict(c, NOT_RUN, note=f"needs {what}: {e}" if what else str(e), why=why))
+            continue
+        except Exception as e:  # noqa: BLE001 — reported in the table, traceback in the log
+            log.error("claim %s failed:\n%s", c.id, traceback.format_exc())
+            out.append(Verdict(c, ERROR, note=f"{type(e).__name__}: {e}"))
+            continue
+        if not np.isfinite(m.value) and not np.isinf(m.value):
+            why, what = why_not(c, runs)
+            note = m.note or "no value could be measured"
+            out.append(Verdict(c, NOT_RUN, m, note=f"needs {what}: {note}" if what else note, why=why))
+            continue
+        out.append(Verdict(c, HOLDS if c.check.passes(m.value) else FAILS, m))
+    return out
+
+
+def table(verdicts: list[Verdict]) -> pd.DataFrame:
+    """One row per verdict: id, experiment, claim, source, study, measured (text), value,
+    spread, tolerance, verdict, why (not run), note."""
+    return pd.DataFrame([v.row() for v in verdicts])

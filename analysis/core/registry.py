@@ -1,0 +1,222 @@
+"""The experiment registry: one typed entry per experiment id, the only list of experiments.
+
+An :class:`Experiment` names what the analysis side knows about ``conf/experiment/<id>.yaml``:
+its title and source in the documents, what it shows, the ``python -m analysis`` commands that
+draw it, the claims it decides and what it needs (CIFAR-10, an optional package, training, a
+GPU at full size).  Its sweeps are not here: they are the config's grids (``rankexp
+experiment=<id> -m`` runs them all; :func:`hydra_plugins.rankexp_plugins.grids.sweep_plan`
+lists them).  The README's experiment table, ``make figures`` / ``make reproduce``
+(:mod:`analysis.figures`), the report and the every-experiment test all read :func:`default`.
+
+Entries live with their document part — ``analysis/<part>/`` for each of :data:`PARTS`, the
+module that holds the figures and claims — as a module-level ``EXPERIMENTS`` tuple, and each
+module's commands as a ``COMMANDS`` mapping; :func:`modules` finds every module of every part
+(no hand-kept list, nothing registered by importing: the registry reads those two names).
+A new experiment is one module in a part (or an entry added to a part's ``experiments.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import pkgutil
+import shlex
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+
+from .claims import Claim
+
+#: the document parts, in the documents' order: the study's core figures (science.md §3), the
+#: rest of the study (§4), the mean-field chapter (§5, plain nets), the degradation
+#: replication (§5, last item), language models (Figure 12)
+PARTS = ("study", "rest", "meanfield", "degradation", "lm")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an experiment needs beyond this checkout and a CPU.
+
+    Attributes:
+        cifar10: the real CIFAR-10 archive (``data.root``, default ``../shared/data``).
+        packages: optional Python packages its model imports (``transformers``: ``.[gpt2]``).
+        train: it trains (``task=train``: CIFAR-10 loops, checkpoints).
+        gpu_full: its full size wants a GPU (hours to days on a CPU; ``make gpu-check``).
+    """
+
+    cifar10: bool = False
+    packages: tuple[str, ...] = ()
+    train: bool = False
+    gpu_full: bool = False
+
+    def missing(self) -> str:
+        """What of it this machine lacks, as text ("" when nothing): CIFAR-10 where
+        ``data.root`` points (``$RANKEXP_DATA``, else ``../shared/data``: archive, image
+        folders or torchvision's batches), an uninstalled package."""
+        out = []
+        if self.cifar10 and not _have_cifar10():
+            out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
+        out += [f"the package {p}" for p in self.packages if importlib.util.find_spec(p) is None]
+        return ", ".join(out)
+
+    def text(self) -> str:
+        """``CIFAR-10, training, GPU at full size, transformers`` (— for none)."""
+        parts = (["CIFAR-10"] if self.cifar10 else []) + (["training"] if self.train else [])
+        parts += (["GPU at full size"] if self.gpu_full else []) + list(self.packages)
+        return ", ".join(parts) or "—"
+
+
+def _have_cifar10() -> bool:
+    from rankexp.locations import resolve_path
+    from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
+
+    root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
+    return any((root / name).exists() for name in (ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER))
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment of the documents (``conf/experiment/<id>.yaml`` is its sweeps).
+
+    Attributes:
+        id: the config's name and its MLflow experiment.
+        title: one line, ``Figure 4: where the norm sits and what it does``.
+        source: where the documents state it (``science.md §3 fig4``).
+        shows: what it shows, for the report.
+        analyses: its ``python -m analysis`` command lines (without ``--uri``/``--out``).
+        claims: the claims it decides (:class:`~analysis.core.claims.Claim`; judged on its runs).
+        needs: what it needs (:class:`Needs`).
+        reads: other experiments whose runs its analyses read (run them first).
+        reproduce: part of ``make figures`` / ``make reproduce`` (the demo is not).
+        part: its document part (:data:`PARTS`; filled in from where the entry lives).
+    """
+
+    id: str
+    title: str
+    source: str
+    shows: str
+    analyses: tuple[str, ...]
+    claims: tuple[Claim, ...] = ()
+    needs: Needs = field(default_factory=Needs)
+    reads: tuple[str, ...] = ()
+    reproduce: bool = True
+    part: str = ""
+
+    def argvs(self) -> list[list[str]]:
+        """Each analysis command as argv (``["heatmap", "--experiment", "fig2", …]``)."""
+        return [shlex.split(a) for a in self.analyses]
+
+    def bound_claims(self) -> tuple[Claim, ...]:
+        """Its claims, each with ``experiment`` set to this id and ``requires`` to what this
+        machine lacks of :attr:`needs`."""
+        missing = self.needs.missing()
+        return tuple(replace(c, experiment=self.id, requires=missing) for c in self.claims)
+
+
+class Registry:
+    """The experiments in document order: by part (:data:`PARTS`), within a part in the order
+    its modules declare them (the demo, not a figure, last).
+
+    Raises:
+        ValueError: two entries with one id, two claims with one id, a ``reads`` naming no
+            entry, an analysis command naming no command.
+    """
+
+    def __init__(self, entries: Iterable[Experiment]):
+        order = {p: i for i, p in enumerate(PARTS)}
+        self.entries = sorted(entries, key=lambda e: (order.get(e.part, len(PARTS)), not e.reproduce))
+        ids = [e.id for e in self.entries]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"experiments registered twice: {sorted({i for i in ids if ids.count(i) > 1})}")
+        claims = [c.id for c in self.claims()]
+        if len(claims) != len(set(claims)):
+            raise ValueError(f"claims registered twice: {sorted({i for i in claims if claims.count(i) > 1})}")
+        for e in self.entries:
+            unknown = [r for r in e.reads if r not in ids]
+            if unknown:
+                raise ValueError(f"experiment {e.id} reads unknown experiment(s) {unknown}")
+        self._by_id = {e.id: e for e in self.entries}
+
+    def __iter__(self) -> Iterator[Experiment]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, experiment_id: object) -> bool:
+        return experiment_id in self._by_id
+
+    def __getitem__(self, experiment_id: str) -> Experiment:
+        """The entry of ``experiment_id``. Raises KeyError naming the known ids."""
+        try:
+            return self._by_id[experiment_id]
+        except KeyError:
+            raise KeyError(f"no experiment {experiment_id!r}; registered: {', '.join(self.ids())}") from None
+
+    def ids(self) -> list[str]:
+        return [e.id for e in self.entries]
+
+    def claims(self) -> list[Claim]:
+        """Every claim, bound to its experiment (:meth:`Experiment.bound_claims`)."""
+        return [c for e in self.entries for c in e.bound_claims()]
+
+    def with_entries(self, *extra: Experiment) -> Registry:
+        """This registry with ``extra`` entries added (an entry with a known id replaces it)."""
+        ids = {e.id for e in extra}
+        return Registry([e for e in self.entries if e.id not in ids] + list(extra))
+
+
+@functools.cache
+def modules() -> tuple[ModuleType, ...]:
+    """Every module of every document part (``analysis/<part>/*.py``, parts in :data:`PARTS`
+    order, modules by name), and the report's (which holds the ``report`` command)."""
+    found = []
+    for part in PARTS:
+        pkg = importlib.import_module(f"analysis.{part}")
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            found.append(importlib.import_module(f"{pkg.__name__}.{info.name}"))
+    found.append(importlib.import_module("analysis.core.report"))
+    return tuple(found)
+
+
+@functools.cache
+def default() -> Registry:
+    """The registry of this checkout: every ``EXPERIMENTS`` entry of the parts' modules."""
+    entries = []
+    for module in modules():
+        part = module.__name__.split(".")[1]
+        entries += [replace(e, part=part) for e in getattr(module, "EXPERIMENTS", ())]
+    return Registry(entries)
+
+
+def markdown(reg: Registry | None = None, plan=None, documents_only: bool = False) -> str:
+    """The experiment table: one row per entry — id, part, title, the grids of its config at
+    full size (their swept axes), its runs at size=smoke / cpu / full, what it needs, the
+    commands that draw it.  ``documents_only``: the entries whose source is the documents
+    (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
+    (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
+    from hydra_plugins.rankexp_plugins.grids import sweep_plan
+
+    reg = reg or default()
+    plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
+    lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
+             "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
+    for e in reg:
+        if documents_only and not e.source.startswith("science.md"):
+            continue
+        plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
+        grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
+                          for g, axes in plans["full"].axes.items())
+        runs = " / ".join(str(len(p.jobs)) for p in plans.values())
+        drawn = ", ".join(f"`{a.split()[0]}`" for a in e.analyses)
+        lines.append(f"| `{e.id}` | {e.part} | {e.title} | {grids} | {runs} | {e.needs.text()} | {drawn} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python -m analysis.core.registry [--documents]: the table (the README's: --documents)
+    print(markdown(documents_only="--documents" in sys.argv[1:]))

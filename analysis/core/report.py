@@ -1,0 +1,358 @@
+"""``python -m analysis report [--uri …] [--out DIR]``: a reproduction report of a store.
+
+From whatever runs the store holds it writes
+
+* ``DIR/report.html`` — one self-contained page (figures embedded as ``data:`` URIs, no
+  external file, script or font): the claims table first, then a section per experiment with
+  what the experiment shows (its config header), a config summary (runs, fixed and swept
+  params, size), its figures, its tables and the claims it decides;
+* ``DIR/report.md`` — the same as Markdown, figures linked (``DIR/figures/<experiment>/``);
+* ``DIR/claims.csv`` — the claims table;
+* ``DIR/figures/<experiment>/`` — what each experiment's analysis commands drew (its
+  registry entry's ``analyses``, as ``make figures`` runs them), and ``DIR/logs/`` their output.
+
+Experiments, their descriptions, commands and claims come from the experiment registry
+(:mod:`analysis.core.registry`; add an entry or a claim there, nothing here changes).  A failing
+analysis command is noted in its section; the report is still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import html
+import logging
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import pandas as pd
+from markupsafe import Markup
+
+from rankexp.tracking import TrackingError, experiment_names, resolve_uri
+
+from . import claims
+from .registry import Registry, default
+from .runner import Command, run, set_experiment_default
+from .runs import load_runs
+from .select import CONFIG_KEYS
+from .tables import to_markdown
+
+log = logging.getLogger("analysis")
+
+#: params the config summary reports besides :data:`analysis.core.select.CONFIG_KEYS`
+SUMMARY_KEYS = (
+    "size",
+    "task.name",
+    "task.probes",
+    "task.steps",
+    "task.lrs",
+    "model.name",
+    *CONFIG_KEYS,
+)
+CSV_PREVIEW_ROWS = 12
+
+
+@dataclass
+class Section:
+    """One experiment of the report."""
+
+    experiment: str
+    description: str = ""
+    runs: int = 0
+    failed: int = 0
+    fixed: list[tuple[str, str]] = field(default_factory=list)
+    swept: list[tuple[str, str]] = field(default_factory=list)
+    figures: list[Path] = field(default_factory=list)
+    tables: list[tuple[str, str]] = field(default_factory=list)  # (title, markdown)
+    previews: list[tuple[Path, pd.DataFrame]] = field(default_factory=list)
+    commands: list[tuple[str, int, str]] = field(default_factory=list)  # (argv, status, tail)
+    verdicts: list[claims.Verdict] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- sections
+def _fmt(v) -> str:
+    if isinstance(v, float | np.floating):
+        return f"{float(v):g}"
+    return str(v)
+
+
+def summarize(df: pd.DataFrame) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(fixed, swept)``: ``(param, value)`` of the summary params that take one value, and
+    ``(param, values)`` of those that take several (the sweep's axes)."""
+    fixed, swept = [], []
+    for key in dict.fromkeys(SUMMARY_KEYS):
+        if key not in df:
+            continue
+        values = sorted(df[key].dropna().unique().tolist(), key=lambda v: (isinstance(v, str), v))
+        if not values:
+            continue
+        if len(values) == 1:
+            fixed.append((key, _fmt(values[0])))
+        else:
+            shown = ", ".join(_fmt(v) for v in values[:10])
+            swept.append((key, shown + (f", … ({len(values)} values)" if len(values) > 10 else "")))
+    return fixed, swept
+
+
+def draw(section: Section, argvs: list[list[str]], uri: str, out: Path) -> None:
+    """Run the experiment's analysis commands (``argvs``) on ``uri`` into ``out/figures``."""
+    figs = out / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for argv in argvs:
+        rc, text, files = run(argv, figs, uri)
+        with open(logs / f"{section.experiment}.log", "a") as fh:
+            fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
+        tail = text.strip().splitlines()[-1][:300] if rc and text.strip() else ""
+        section.commands.append((" ".join(argv), rc, tail))
+        section.figures += [f for f in files if f.suffix == ".png"]
+        for f in files:
+            if f.suffix == ".md":
+                section.tables.append((f.stem.replace("_", " "), _md_table(f.read_text())))
+        stems = {f.stem for f in files if f.suffix == ".md"}
+        for f in files:
+            if f.suffix == ".csv" and f.stem not in stems:
+                try:
+                    section.previews.append((f, pd.read_csv(f, nrows=CSV_PREVIEW_ROWS)))
+                except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+                    continue
+
+
+def _md_table(text: str) -> str:
+    """The Markdown table of a file our commands wrote (a title line may precede it)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return "\n".join(lines)
+
+
+def build_sections(
+    runs: claims.Runs, names: list[str], out: Path, with_figures: bool, reg: Registry
+) -> list[Section]:
+    sections = []
+    for name in names:
+        s = Section(name, reg[name].shows if name in reg else "")
+        try:
+            df = runs(name)
+        except claims.NotRun:
+            df = pd.DataFrame()
+        s.runs = len(df)
+        try:
+            every = load_runs(name, runs.uri, finished_only=False)
+            s.failed = int((every["status"] != "FINISHED").sum()) if len(every) else 0
+        except TrackingError:
+            pass
+        if len(df):
+            s.fixed, s.swept = summarize(df)
+            if with_figures and name in reg:
+                log.info("[report] %s: drawing", name)
+                draw(s, reg[name].argvs(), runs.uri, out)
+        sections.append(s)
+    return sections
+
+
+def experiment_order(present: list[str], reg: Registry) -> list[str]:
+    """The store's experiments: the registry's in document order, then the others by name."""
+    known = [e for e in reg.ids() if e in present]
+    return known + sorted(set(present) - set(known))
+
+
+# --------------------------------------------------------------------------- rendering
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def md_to_html(table: str) -> str:
+    """A GitHub-Markdown table (as :func:`analysis.core.tables.to_markdown` writes) as HTML."""
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in table.splitlines()
+        if line.strip().startswith("|")
+    ]
+    rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
+    if not rows:
+        return ""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
+    )
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _claim_rows(verdicts: list[claims.Verdict]) -> list[dict]:
+    return [v.row() for v in verdicts]
+
+
+def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
+    template = jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: resources.files("analysis.core").joinpath(name).read_text()
+        ),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+    ).get_template("report.html.j2")
+    return template.render(
+        meta=meta,
+        claims=_claim_rows(verdicts),
+        counts=_counts(verdicts),
+        sections=[
+            {
+                "s": s,
+                "figures": [(p.stem, _data_uri(p)) for p in s.figures],
+                "tables": [(t, Markup(md_to_html(md))) for t, md in s.tables],
+                "previews": [
+                    (p.name, Markup(
+                        d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                  classes="data", border=0)
+                    ))
+                    for p, d in s.previews
+                ],
+                "claims": _claim_rows(s.verdicts),
+            }
+            for s in sections
+        ],
+    )
+
+
+def _counts(verdicts) -> dict[str, int]:
+    keys = (claims.HOLDS, claims.FAILS, claims.NOT_RUN, claims.ERROR)
+    return {k: sum(v.verdict == k for v in verdicts) for k in keys}
+
+
+def _md_claims(verdicts) -> str:
+    t = claims.table(verdicts)
+    if t.empty:
+        return "(no claims registered)"
+    cols = ["claim", "experiment", "study", "measured", "tolerance", "verdict", "note"]
+    t = t.assign(claim=t["id"] + ": " + t["claim"])[cols]
+    return to_markdown(t.map(lambda v: str(v).replace("|", "\\|")))
+
+
+def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
+    c = _counts(verdicts)
+    lines = [
+        f"# {meta['title']}",
+        "",
+        f"Store `{meta['uri']}` · {meta['runs']} finished runs in {len(sections)} experiments"
+        f" · sizes: {meta['sizes']} · written {meta['when']} · commit {meta['commit']}",
+        "",
+        "## Claims",
+        "",
+        f"{c[claims.HOLDS]} hold, {c[claims.FAILS]} do not hold, "
+        f"{c[claims.NOT_RUN]} not run" + (f", {c[claims.ERROR]} errors" if c[claims.ERROR] else ""),
+        "",
+        _md_claims(verdicts),
+        "",
+    ]
+    for s in sections:
+        lines += [f"## {s.experiment}", ""]
+        if s.description:
+            lines += [s.description, ""]
+        lines += [f"{s.runs} finished runs" + (f", {s.failed} not finished" if s.failed else ""), ""]
+        if s.swept:
+            lines += ["Swept: " + "; ".join(f"`{k}` ∈ {{{v}}}" for k, v in s.swept), ""]
+        if s.fixed:
+            lines += ["Fixed: " + ", ".join(f"`{k}` = {v}" for k, v in s.fixed), ""]
+        for argv, rc, tail in s.commands:
+            if rc:
+                lines += [f"> `python -m analysis {argv}` failed ({rc}): {tail}", ""]
+        for p in s.figures:
+            lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})", ""]
+        for title, md in s.tables:
+            lines += [f"**{title}**", "", md, ""]
+        for p, _ in s.previews:
+            lines += [f"Table: [{p.name}]({p.relative_to(out).as_posix()})", ""]
+        if s.verdicts:
+            lines += ["Claims:", "", _md_claims(s.verdicts), ""]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- entry point
+def build_report(
+    uri: str | None,
+    out: Path,
+    experiments: list[str] | None = None,
+    with_figures: bool = True,
+    title: str = "rankexp reproduction report",
+    registry: Registry | None = None,
+) -> list[Path]:
+    """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv``; return the paths.
+
+    ``registry`` (default :func:`analysis.core.registry.default`) gives the experiments'
+    descriptions, commands and claims.
+
+    Raises:
+        TrackingError: the store cannot be read, or holds none of ``experiments``.
+    """
+    reg = registry or default()
+    uri = resolve_uri(uri)
+    present = experiment_names(uri)
+    names = experiment_order(experiments or present, reg)
+    missing = [e for e in names if e not in present]
+    if experiments and len(missing) == len(names):
+        raise TrackingError(f"the store {uri} holds none of {experiments}; it has: {present}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = claims.Runs(uri)
+    try:
+        sections = build_sections(runs, names, out, with_figures, reg)
+        verdicts = claims.evaluate(runs, reg.claims())
+    finally:
+        runs.close()
+    by_exp = {s.experiment: s for s in sections}
+    for v in verdicts:
+        if v.claim.experiment in by_exp:
+            by_exp[v.claim.experiment].verdicts.append(v)
+    frames = [f for name, f in runs.loaded().items() if name in by_exp]
+    every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    meta = {
+        "title": title,
+        "uri": uri,
+        "runs": sum(s.runs for s in sections),
+        "sizes": ", ".join(sorted(every["size"].dropna().astype(str).unique()))
+        if "size" in every
+        else "full",
+        "commit": ", ".join(sorted(every["tags.git_commit"].dropna().astype(str).str[:10].unique()))
+        if "tags.git_commit" in every
+        else "—",
+        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+    paths = [out / "report.html", out / "report.md", out / "claims.csv"]
+    paths[0].write_text(render_html(sections, verdicts, meta, out))
+    paths[1].write_text(render_markdown(sections, verdicts, meta, out))
+    claims.table(verdicts).to_csv(paths[2], index=False)
+    c = _counts(verdicts)
+    log.info(
+        "claims: %d hold, %d do not hold, %d not run, %d errors",
+        c[claims.HOLDS], c[claims.FAILS], c[claims.NOT_RUN], c[claims.ERROR],
+    )
+    for p in paths:
+        log.info("wrote %s", p)
+    return paths
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, None, "experiments to report (default: every one in the store)")
+    for action in p._actions:
+        if action.dest == "out":
+            action.default, action.help = "report", "output folder (default: report/)"
+    p.add_argument("--no-figures", action="store_true",
+                   help="skip the analysis commands: claims and config summaries only")
+    p.add_argument("--title", default="rankexp reproduction report", help="the page's title")
+
+
+def _main(args: argparse.Namespace) -> list[Path]:
+    if args.filter:
+        raise KeyError("report reads every run of the store; --filter is not supported")
+    return build_report(
+        args.uri, Path(args.out), args.experiment, not args.no_figures, args.title
+    )
+
+
+COMMANDS = {
+    "report": Command(_arguments, _main, "reproduction report: every experiment's figures, "
+                      "tables, config and the study's claims checked (HTML + Markdown)"),
+}

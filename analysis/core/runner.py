@@ -1,0 +1,152 @@
+"""``python -m analysis <command> --experiment NAME [options]``: the command runner.
+
+Each figure or table command is a :class:`Command` in the ``COMMANDS`` mapping of a module of
+a document part (``analysis/<part>/*.py``, found by :func:`analysis.core.registry.modules`);
+none is imported until the runner first needs its table (:func:`commands`), so importing
+``analysis`` or its core imports no command.  Every command gets the shared options
+(``--experiment``, ``--uri``, ``--filter``, ``--out``) and adds its own.
+
+A :class:`~analysis.core.select.SelectionError` (the runs lack what the command selects; a
+``KeyError``) or a :class:`~rankexp.tracking.TrackingError` (the store) is printed as one line,
+exit status 2.
+:func:`run` runs a command in this process and collects its output and files (``make
+figures``, the report and the tests use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankexp.tracking import TrackingError
+
+log = logging.getLogger("analysis")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``python -m analysis`` command: its options, its entry point (returns the files it
+    wrote) and its one-line help."""
+
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    main: Callable[[argparse.Namespace], list[Path]]
+    help: str = ""
+
+
+@functools.cache
+def commands() -> dict[str, Command]:
+    """Every command: name → :class:`Command`, from the ``COMMANDS`` of every module of the
+    document parts (and the report's).
+
+    Raises:
+        ValueError: two modules declare the same command name.
+    """
+    from .registry import modules
+
+    table: dict[str, Command] = {}
+    where: dict[str, str] = {}
+    for module in modules():
+        for name, command in getattr(module, "COMMANDS", {}).items():
+            if name in table:
+                raise ValueError(f"command {name!r} is declared by {where[name]} and {module.__name__}")
+            table[name], where[name] = command, module.__name__
+    return table
+
+
+def set_experiment_default(p: argparse.ArgumentParser, default: list[str] | str | None,
+                           help_: str | None = None) -> None:
+    """Replace the shared ``--experiment`` option's default (and its help) for one command."""
+    names = [default] if isinstance(default, str) else default
+    for action in p._actions:
+        if action.dest == "experiment":
+            action.default = names
+            action.help = help_ or f"MLflow experiment name(s) (default: {' '.join(names or [])})"
+
+
+def add_where(p: argparse.ArgumentParser) -> None:
+    """``--where KEY=VALUE`` (repeatable): keep runs whose param equals VALUE."""
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep runs with param KEY = VALUE (numeric compare where the column is numeric); "
+        "repeatable, e.g. --where expansion=4 --where norm.placement=post",
+    )
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """``--out/<experiment(s)>``: where a command writes its files."""
+    return Path(args.out) / "_".join(args.experiment)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis",
+                                description="Figures and tables of the study from logged runs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, command in commands().items():
+        sp = sub.add_parser(name, help=command.help, description=command.help)
+        sp.add_argument("--experiment", "-e", nargs="+", default=["rankexp"],
+                        help="MLflow experiment name(s) (default: rankexp)")
+        sp.add_argument("--uri", default=None,
+                        help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
+        sp.add_argument("--filter", default="", help="MLflow search filter, e.g. \"params.width = '256'\"")
+        sp.add_argument("--out", default="figures", help="output folder (default: figures/<experiment>/)")
+        command.add_arguments(sp)
+        sp.set_defaults(run=command.main)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; 0 done, 2 the runs or the store lack what the command needs."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (TrackingError, KeyError) as e:  # SelectionError is a KeyError
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(argv: list[str], out: Path, uri: str) -> tuple[int, str, list[Path]]:
+    """One command in this process on the store ``uri``, its files under ``out``; returns
+    ``(exit status, its output, the files it wrote)`` — an exception in the command is its
+    traceback in the output and status 1, so one bug does not stop a batch of commands."""
+    buf = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [logging.StreamHandler(buf)]  # the command's log goes to its caller
+    t0 = time.time()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            try:
+                rc = main([*argv, "--uri", uri, "--out", str(out)])
+            except SystemExit as e:  # argparse errors, commands that exit
+                rc = e.code if isinstance(e.code, int) else 1
+                if not isinstance(e.code, int) and e.code:
+                    print(e.code)
+            except Exception:  # noqa: BLE001 — a bug in one command must not stop the others
+                traceback.print_exc()
+                rc = 1
+    finally:
+        root.handlers = saved
+    return rc, buf.getvalue(), written_since(out, t0)
+
+
+def written_since(out: Path, t0: float) -> list[Path]:
+    """Figure/table files under ``out/<experiment>/`` modified at or after ``t0``."""
+    if not out.is_dir():
+        return []
+    skip = {"multirun", "mlartifacts", "logs", "report"}
+    dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip]
+    return sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)

@@ -1,0 +1,255 @@
+"""The shared run loader: MLflow runs → one tidy pandas table, series read in bulk and cached.
+
+Series (per-layer profiles, training curves) are the slow part of reading a sweep back: v1
+asked MLflow once per run and series (3,000 round trips for 1,000 runs). Here they come
+from :func:`rankexp.tracking.metric_histories` — one query per key and 500 runs — and are
+kept on disk per run, valid as long as the run's finish time is the one they were read at
+(a finished run's series never change unless it is re-terminated, e.g. re-synced). Runs
+without a finish time (RUNNING) are read fresh every time.
+
+Two ways in:
+
+* ``load_runs(..., series=["erank_profile", ...])`` puts each series in a column
+  ``series:<key>`` holding ``(steps, values)`` arrays (``None`` where a run lacks it);
+* :func:`cached_series` (what :func:`analysis.core.select.series` calls) serves one run's series
+  and, on a miss, fetches that key for every run the last :func:`load_runs` of the store
+  returned — so a figure that loops over runs asking for one series each costs one query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.locations import REPO_ROOT
+from rankexp.tracking import SEED_STD_PREFIX, metric_histories, resolve_uri, runs_table
+
+log = logging.getLogger("analysis")
+
+#: where series of non-file stores (servers, PostgreSQL) are cached, per store and run;
+#: a SQLite store's cache sits beside it (``mlflow.db`` → ``mlflow.db.series-cache/``) and
+#: goes with it. ``$RANKEXP_ANALYSIS_CACHE`` overrides both.
+DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "analysis"
+SERIES_PREFIX = "series:"
+#: ``DataFrame.attrs`` key of a loaded table: the names of its param columns
+PARAMS_ATTR = "params"
+
+Series = tuple[np.ndarray, np.ndarray]
+
+
+def series_column(key: str) -> str:
+    """The table column holding series ``key`` (``series:<key>``)."""
+    return SERIES_PREFIX + key
+
+
+def _numeric(s: pd.Series) -> pd.Series:
+    converted = pd.to_numeric(s, errors="coerce")
+    return converted if converted.notna().sum() == s.notna().sum() else s
+
+
+def load_runs(
+    experiments: str | list[str],
+    uri: str | None = None,
+    *,
+    filter_string: str = "",
+    finished_only: bool = True,
+    series: Sequence[str] = (),
+    cache_dir: str | Path | bool = True,
+) -> pd.DataFrame:
+    """One row per finished job run of ``experiments``.
+
+    Column names drop MLflow's prefixes: params keep their dotted config keys
+    (``depth``, ``alpha``, ``norm.placement``, ``nominal_ratio``…; numeric where
+    every value parses), metrics are prefixed ``m:`` only if a param has the same
+    name, tags keep ``tags.``; a scalar's seed spread (tag ``seed_std.<m>``) is the column
+    ``<m>_std``.  ``run_id``, ``status`` and ``end_time`` (ms since the
+    epoch, NaN while running) are kept.
+
+    Args:
+        experiments: MLflow experiment name(s).
+        uri: tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``./mlflow.db``).
+        filter_string: an MLflow search filter, e.g. ``"params.width = '256'"``.
+        finished_only: leave out FAILED / RUNNING runs.
+        series: metric keys whose whole series (step, value) to load into columns
+            ``series:<key>`` (``(steps, values)`` per run, ``None`` if it never logged it).
+        cache_dir: the series cache folder (``True``: :func:`default_cache_dir`;
+            ``False``: none, series are read every time).
+
+    Raises:
+        rankexp.tracking.TrackingError: unknown experiment.
+    """
+    if isinstance(experiments, str):
+        experiments = [experiments]
+    raw = runs_table(experiments, uri, filter_string, finished_only)
+    if raw.empty:
+        return raw
+    out = pd.DataFrame({"run_id": raw["run_id"], "status": raw["status"],
+                        "end_time": _millis(raw["end_time"]) if "end_time" in raw else np.nan})
+    params = {c[len("params."):]: _numeric(raw[c]) for c in raw if c.startswith("params.")}
+    metrics = {c[len("metrics."):]: raw[c] for c in raw if c.startswith("metrics.")}
+    tags = {c: raw[c] for c in raw if c.startswith("tags.")}
+    cols = dict(params)
+    for k, v in metrics.items():
+        cols[f"m:{k}" if k in params else k] = v
+    cols.update(tags)
+    # a scalar's seed spread is the tag seed_std.<m> (rankexp.tracking.split_seed_std); stores
+    # written before it have the metric <m>_std, which wins where both exist
+    for c, v in tags.items():
+        if c.startswith("tags." + SEED_STD_PREFIX):
+            cols.setdefault(c[len("tags." + SEED_STD_PREFIX):] + "_std", pd.to_numeric(v, errors="coerce"))
+    table = pd.concat([out, pd.DataFrame(cols)], axis=1)
+    table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.core.select.mixed_cells)
+    session = _Session.of(uri, cache_dir)
+    session.remember(table)
+    if series:
+        got = session.fetch(list(table["run_id"]), list(series))
+        extra = {series_column(k): [got.get((rid, k)) for rid in table["run_id"]] for k in series}
+        table = pd.concat([table, pd.DataFrame(extra, index=table.index)], axis=1)
+    return table
+
+
+def cached_series(uri: str | None, run_id: str, key: str) -> Series | None:
+    """``(steps, values)`` of one run's series ``key`` or ``None`` if it never logged it; on a
+    miss the key is fetched in bulk for every run the last :func:`load_runs` of this store
+    returned (and for ``run_id``)."""
+    session = _Session._open.get(resolve_uri(uri)) or _Session.of(uri, True)
+    if (run_id, key) not in session.memory:
+        ids = list(dict.fromkeys([*session.end_times, run_id]))
+        session.fetch(ids, [key])
+    return session.memory.get((run_id, key))
+
+
+def forget() -> None:
+    """Drop the series this process holds in memory (the disk cache stays): what a fresh
+    process would see."""
+    _Session._open.clear()
+
+
+def default_cache_dir(uri: str) -> Path:
+    """The series cache of store ``uri`` (see :data:`DEFAULT_CACHE_DIR`)."""
+    if os.environ.get("RANKEXP_ANALYSIS_CACHE"):
+        return Path(os.environ["RANKEXP_ANALYSIS_CACHE"])
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):] + ".series-cache")
+    return DEFAULT_CACHE_DIR
+
+
+def _millis(times: pd.Series) -> pd.Series:
+    """MLflow's end times (datetimes, or ms) as float ms since the epoch; NaN where unset."""
+    if pd.api.types.is_datetime64_any_dtype(times):
+        ms = times.dt.as_unit("ns").astype("int64") // 1_000_000  # (pandas picks the unit)
+        return ms.where(times.notna()).astype("float64")
+    return pd.to_numeric(times, errors="coerce").astype("float64")
+
+
+class _Session:
+    """Series of one store read in this process, plus the run → finish-time map of its last
+    load (the runs a miss prefetches for)."""
+
+    _open: dict[str, _Session] = {}
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.cache: SeriesCache | None = None
+        self.memory: dict[tuple[str, str], Series | None] = {}
+        self.end_times: dict[str, float] = {}
+
+    @classmethod
+    def of(cls, uri: str | None, cache_dir: str | Path | bool) -> _Session:
+        uri = resolve_uri(uri)
+        session = cls._open.setdefault(uri, cls(uri))
+        if cache_dir is True:
+            cache_dir = default_cache_dir(uri)
+        if cache_dir is False:
+            session.cache = None
+        elif session.cache is None or session.cache.root != Path(cache_dir):
+            session.cache = SeriesCache(cache_dir, uri)
+        return session
+
+    def remember(self, table: pd.DataFrame) -> None:
+        """The runs of the latest load; what is held of a run that has (re)finished since, or
+        is still running, is dropped."""
+        new = dict(zip(table["run_id"], table["end_time"], strict=True))
+        stale = {r for r, t in new.items() if not _finished(t) or self.end_times.get(r, t) != t}
+        if stale:
+            self.memory = {k: v for k, v in self.memory.items() if k[0] not in stale}
+        self.end_times = new
+
+    def fetch(self, run_ids: list[str], keys: list[str]) -> dict[tuple[str, str], Series | None]:
+        """Every ``(run, key)``: from memory, else the disk cache, else one bulk read."""
+        wanted = [(r, k) for r in run_ids for k in keys if (r, k) not in self.memory]
+        if self.cache is not None and wanted:
+            for run_id in dict.fromkeys(r for r, _ in wanted):
+                hit = self.cache.get(run_id, self.end_times.get(run_id))
+                for k, v in (hit or {}).items():
+                    self.memory[(run_id, k)] = v
+            wanted = [(r, k) for r, k in wanted if (r, k) not in self.memory]
+        if wanted:
+            runs = list(dict.fromkeys(r for r, _ in wanted))
+            missing = list(dict.fromkeys(k for _, k in wanted))
+            got = metric_histories(self.uri, runs, missing)
+            for r, k in wanted:
+                self.memory[(r, k)] = got.get((r, k))
+            if self.cache is not None:
+                for r in runs:
+                    self.cache.add(r, self.end_times.get(r), {k: self.memory[(r, k)] for k in missing})
+        return {(r, k): self.memory[(r, k)] for r in run_ids for k in keys}
+
+
+class SeriesCache:
+    """Series of finished runs on disk: ``<dir>/<store digest>/<run_id>.npz``.
+
+    A file holds every key read so far for that run (``None`` = the run never logged it) and
+    the run's finish time; it is used only while that time matches (ms). Files are written
+    atomically; concurrent writers may drop each other's additions (then they are read
+    again), never corrupt a file.
+    """
+
+    def __init__(self, root: str | Path, uri: str):
+        self.root = Path(root)
+        self.dir = self.root / hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+    def _file(self, run_id: str) -> Path:
+        return self.dir / f"{run_id}.npz"
+
+    def get(self, run_id: str, end_time: float | None) -> dict[str, Series | None] | None:
+        if not _finished(end_time) or not self._file(run_id).is_file():
+            return None
+        try:
+            with np.load(self._file(run_id), allow_pickle=False) as z:
+                if float(z["end_time"]) != float(end_time):
+                    return None
+                out: dict[str, Series | None] = {str(k): None for k in z["absent"]}
+                for name in z.files:
+                    if name.startswith("steps:"):
+                        k = name[len("steps:"):]
+                        out[k] = (z[name], z[f"values:{k}"])
+                return out
+        except (OSError, ValueError, KeyError) as err:  # a damaged cache file is read again
+            log.warning("ignoring series cache %s (%s)", self._file(run_id), err)
+            return None
+
+    def add(self, run_id: str, end_time: float | None, series: dict[str, Series | None]) -> None:
+        if not _finished(end_time):
+            return
+        merged = {**(self.get(run_id, end_time) or {}), **series}
+        arrays: dict[str, np.ndarray] = {"end_time": np.float64(end_time)}
+        arrays["absent"] = np.array(sorted(k for k, v in merged.items() if v is None), dtype=str)
+        for k, v in merged.items():
+            if v is not None:
+                arrays[f"steps:{k}"], arrays[f"values:{k}"] = v
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._file(run_id).with_name(f"{run_id}.tmp{os.getpid()}.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self._file(run_id))
+
+
+def _finished(end_time: float | None) -> bool:
+    return end_time is not None and np.isfinite(end_time)
+

@@ -1,0 +1,470 @@
+"""The degradation replication (science.md §5, last item; He et al. 2016 §4.2) from logged runs.
+
+Commands (``python -m analysis <command> --help``), all on ``--experiment degradation`` by default:
+
+* ``init-gradients`` — per-conv weight-gradient norms at initialization ‖∂ℓ/∂W_i‖_F against the
+  relative depth i/(6n+1), log scale, plain | ResNet panels; the ratio table ‖∇W₂‖/‖∇W_{6n+1}‖
+  per (network, depth). The chapter: plain BN networks' gradients explode geometrically toward
+  the input, ResNets' stay within an order of magnitude.
+* ``responses`` — He et al. Fig. 7: std of each 3×3 layer's response (after BN, before the add
+  and ReLU) in layer order and sorted; plain dashed, ResNet solid. He et al.: ResNets respond
+  less than their plain counterparts, and less the deeper they are.
+* ``error-curves`` — He et al. Fig. 6: train error (thin, dashed; augmented batches) and test
+  error (bold) against epochs, plain | ResNet panels, y up to the paper's 20 %.
+* ``error-table`` — final test error and clean final train error per depth, plain and ResNet,
+  beside He et al.'s ResNet column (Table 6), and the figure of test error against depth.
+* ``lesion`` — Veit et al.'s lesion: test error with each block replaced by its shortcut against
+  the block's relative position, the downsampling blocks (option A) marked.
+
+Init-time commands read ``task=measure`` runs (``size=cpu``) where there are any, else the
+``init_gradient_norms`` the training runs took before their first step (``--task`` chooses);
+``responses`` prefers trained networks. Each writes PNG, PDF and CSV (tables also Markdown)
+under ``figures/<experiment>/``, with a caption line stating depths, width, seeds and size.
+
+The claims of the replication are small pure functions of these tables, in
+:mod:`analysis.degradation.claims`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp import theory
+from rankexp.models.convnet import HE_RESNET_TEST_ERROR
+
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import SelectionError, load, series
+from ..core.style import plt, save
+from ..core.tables import to_markdown, write_text
+from ..study.training import LR_COLUMN
+
+log = logging.getLogger("analysis")
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
+
+EXPERIMENT = "degradation"
+RESIDUAL, DEPTH = "model.residual", "depth"
+FAMILY_NAMES = {False: "plain", True: "ResNet"}
+PANEL_TITLES = {False: "plain networks", True: "ResNets"}
+#: He et al.'s figure y-limit (%)
+PAPER_YLIM = 20.0
+#: He et al. §4.2: the plain 110-layer network "has >60% error"
+HE_PLAIN110_ERROR = 60.0
+
+SYMBOLS = {
+    "grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
+    "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
+    "relative_depth": r"relative depth $i/(6n+1)$",
+    "response_std": r"std of layer response",
+    "layer": r"3$\times$3 layer $i$ (network order)",
+    "layer_sorted": r"3$\times$3 layer (sorted by magnitude)",
+    "error": r"error (%)",
+    "epoch": "epoch",
+    "block_position": r"relative block position $(b-\frac{1}{2})/3n$",
+}
+
+
+# --------------------------------------------------------------------------- loading
+def networks(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``residual`` (bool) and ``depth`` (int) columns, ordered plain→ResNet, by depth.
+
+    Raises:
+        SelectionError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
+    """
+    if RESIDUAL not in df:
+        raise SelectionError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
+                       "(python -m rankexp experiment=degradation -m)?")
+    df = df.copy()
+    df["residual"] = df[RESIDUAL].astype(str).str.lower().isin(["true", "1"])
+    df["depth"] = df[DEPTH].astype(int)
+    return df.sort_values(["residual", "depth"]).reset_index(drop=True)
+
+
+def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.DataFrame, str]:
+    """The runs of ``task`` (``measure``, ``train``), or with ``any`` the first of ``prefer``
+    that has runs. Returns ``(runs, task)``.
+
+    Raises:
+        SelectionError: no run of that task (names the sizes that make them).
+    """
+    names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
+    for t in ([task] if task != "any" else list(prefer)):
+        sel = df[names == t]
+        if not sel.empty:
+            return sel.reset_index(drop=True), t
+    hint = {"train": "size=smoke or size=full", "measure": "size=cpu"}
+    raise SelectionError(f"no task={task if task != 'any' else '/'.join(prefer)} runs with this metric "
+                   f"(run python -m rankexp experiment={EXPERIMENT} "
+                   f"{hint.get(task, 'size=cpu / size=smoke')} -m)")
+
+
+def lr_key(row: pd.Series) -> str:
+    """The learning-rate suffix ``<k>`` of a train run's ``*_lr<k>`` metrics (its one rate).
+
+    Raises:
+        SelectionError: the run logged no per-LR metrics.
+    """
+    for c, v in row.items():
+        m = LR_COLUMN.match(str(c))
+        if m and pd.notna(v):
+            return m.group(1)
+    raise SelectionError(f"run {row.get('run_id')} has no final_test_acc_lr<lr>: is it a task=train run?")
+
+
+def mean_series(uri: str | None, runs: pd.DataFrame, key: Callable[[pd.Series], str] | str):
+    """``{(residual, depth): (steps, mean values over the runs)}`` of a logged series."""
+    out = {}
+    for (res, depth), group in runs.groupby(["residual", "depth"], sort=True):
+        curves = [series(uri, row["run_id"], key(row) if callable(key) else key)
+                  for _, row in group.iterrows()]
+        steps = curves[0][0]
+        same = [v for s, v in curves if len(s) == len(steps) and (s == steps).all()]
+        out[(bool(res), int(depth))] = (steps, np.mean(same, axis=0))
+    return out
+
+
+# --------------------------------------------------------------------------- figure helpers
+def depth_colors(depths) -> dict[int, tuple]:
+    """One viridis colour per depth (shallow dark, deep light), the same in every figure."""
+    depths = sorted({int(d) for d in depths})
+    cmap = plt.get_cmap("viridis")
+    return {d: cmap(x) for d, x in zip(depths, np.linspace(0, 0.85, len(depths)), strict=True)}
+
+
+def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The params :func:`analysis.core.style.caption` states, as a ConvNet has them: depth, seeds,
+    size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
+    cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
+    keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
+    out = df[keep].copy()
+    out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
+    return out
+
+
+#: the caption's note on a ConvNet's width (:func:`caption_frame` states d = stage-1 filters)
+WIDTH_NOTE = "$d$: stage-1 filters (2$d$, 4$d$ after)"
+
+
+def _panels(n: int = 2, *, sharey: bool = True):
+    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.core.style.panels`)."""
+    return style.panels(n, sharey=sharey) if n > 1 else style.panels(n)
+
+
+def _label(res: bool, depth: int) -> str:
+    return f"{FAMILY_NAMES[res]}-{depth}"
+
+
+def _legend(ax, **kw) -> None:
+    """A legend, or a note where the panel has no runs."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+    else:
+        ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="0.5")
+
+
+# --------------------------------------------------------------------------- tables (pure)
+def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
+    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
+    ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
+
+    Raises:
+        SelectionError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
+    """
+    if "grad_ratio" not in runs:
+        raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
+    rows = {}
+    for (res, depth), g in runs.groupby(["residual", "depth"]):
+        std = g["grad_ratio_std"] if "grad_ratio_std" in g else pd.Series(np.nan, index=g.index)
+        name = FAMILY_NAMES[bool(res)]
+        rows.setdefault(int(depth), {})[name] = float(g["grad_ratio"].mean())
+        rows[int(depth)][f"{name}_std"] = float(np.sqrt(np.nanmean(std.astype(float) ** 2)))
+    table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    table.index.name = "depth"
+    steps = 6 * ((table.index.to_numpy() - 2) // 6) - 1  # conv 2 → conv 6n+1
+    for name in FAMILY_NAMES.values():
+        if name in table:
+            table[f"{name}_log10"] = np.log10(table[name])
+            table[f"{name}_per_layer"] = table[name] ** (1.0 / steps)
+    return table
+
+
+def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Final errors (%) per depth: ``plain_test``, ``ResNet_test`` (final test error),
+    ``plain_train``, ``ResNet_train`` (clean final train error, where logged), ``He_ResNet_test``
+    (He et al. Table 6), ``runs``.
+
+    Raises:
+        SelectionError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
+    """
+    rows: dict[int, dict] = {}
+    for _, row in runs.iterrows():
+        k = lr_key(row)
+        name, depth = FAMILY_NAMES[bool(row["residual"])], int(row["depth"])
+        cell = rows.setdefault(depth, {})
+        cell.setdefault(f"{name}_test", []).append(100 * (1 - float(row[f"final_test_acc_lr{k}"])))
+        clean = row.get(f"clean_train_error_lr{k}")
+        if clean is not None and pd.notna(clean):
+            cell.setdefault(f"{name}_train", []).append(100 * float(clean))
+        cell["runs"] = cell.get("runs", 0) + 1
+    table = pd.DataFrame({d: {k: (float(np.mean(v)) if isinstance(v, list) else v)
+                              for k, v in cell.items()} for d, cell in rows.items()}).T.sort_index()
+    table.index.name = "depth"
+    table["He_ResNet_test"] = [HE_RESNET_TEST_ERROR.get(int(d), np.nan) for d in table.index]
+    order = [c for c in ("plain_test", "ResNet_test", "He_ResNet_test", "plain_train",
+                         "ResNet_train", "runs") if c in table]
+    return table[order]
+
+
+def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
+    """Long table (network, depth, block, position, downsampling, error %, intact %) of the
+    runs' ``lesion_error`` series (means over runs of a network)."""
+    rows = []
+    curves = mean_series(uri, runs, "lesion_error")
+    intact = runs.groupby(["residual", "depth"])["lesion_intact_error"].mean()
+    for (res, depth), (blocks, err) in curves.items():
+        n = (depth - 2) // 6
+        for b, e in zip(blocks.astype(int), err, strict=True):
+            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth,
+                         "block": b, "position": (b - 0.5) / (3 * n),
+                         "downsampling": b in (n + 1, 2 * n + 1), "error": 100 * e,
+                         "intact": 100 * float(intact[(res, depth)])})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- init-gradients
+def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--task", choices=["measure", "train", "any"], default=default,
+                   help=f"which runs: task=measure (initialization), task=train, or any "
+                        f"(default: {default})")
+
+
+def _common_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, [EXPERIMENT], f"MLflow experiment(s) (default: {EXPERIMENT})")
+    add_where(p)
+
+
+def _init_gradients_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    _task_argument(p, "any")
+
+
+def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "grad_ratio"]))
+    runs, task = with_task(df, args.task, ("measure", "train"))
+    table = gradient_ratio_table(runs)
+    curves = mean_series(args.uri, runs, "grad_norm")
+    colors = depth_colors(runs["depth"])
+    fig, axes = _panels()
+    for ax, res in zip(axes, (False, True), strict=True):
+        for (r, depth), (layers, norms) in curves.items():
+            if r == res:
+                ax.plot(layers / layers.max(), norms, color=colors[depth], marker=".", ms=2.5,
+                        label=f"$L = {depth}$")
+        ax.set_yscale("log")
+        ax.set_title(f"{PANEL_TITLES[res]} at initialization")
+        ax.set_xlabel(SYMBOLS["relative_depth"])
+    plain = {d: c for (r, d), c in curves.items() if not r}
+    if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
+        layers, norms = plain[max(plain)]
+        axes[0].plot(layers / layers.max(), norms[-1] * theory.BN_RELU_GRADIENT_GROWTH ** (layers[-1] - layers),
+                     **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
+    for ax in axes:  # the plain curves fill the upper left
+        _legend(ax, loc="upper right")
+    axes[0].set_ylabel(SYMBOLS["grad_norm"])
+    batch = style.values(runs, "task.options.init_gradient_norms.batch") or [256]
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
+    out = out_dir(args)
+    paths = save(fig, out, "init_gradient_norms", table)
+    paths.append(write_text(out / "init_gradient_ratio.md", to_markdown(table, ".3g")))
+    log.info("gradient ratio ‖∇W₂‖/‖∇W_last‖ at initialization:\n%s", to_markdown(table, ".3g"))
+    return paths
+
+
+INIT_GRADIENTS_COMMAND = Command(_init_gradients_arguments, _init_gradients_main,
+                                 "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table")
+
+
+# --------------------------------------------------------------------------- responses
+def _responses_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    _task_argument(p, "any")
+
+
+def _responses_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "response_std_mean"]))
+    runs, task = with_task(df, args.task, ("train", "measure"))
+    colors = depth_colors(runs["depth"])
+    fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
+    axes = list(grid[:, 0])
+    rows = []
+    for ax, key, xlabel in ((axes[0], "response_std", SYMBOLS["layer"]),
+                            (axes[1], "response_std_sorted", SYMBOLS["layer_sorted"])):
+        for (res, depth), (layers, std) in mean_series(args.uri, runs, key).items():
+            ax.plot(layers, std, color=colors[depth], ls="-" if res else "--", lw=1.0,
+                    label=_label(res, depth))
+            if key == "response_std":
+                rows += [{"network": FAMILY_NAMES[res], "depth": depth, "layer": int(i),
+                          "std": float(s)} for i, s in zip(layers, std, strict=True)]
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(SYMBOLS["response_std"])
+        ax.ticklabel_format(axis="y", useOffset=False)
+        if task == "measure":  # BN (scale 1) with batch statistics: 1 up to ε, by construction
+            ax.axhline(1.0, **style.THEORY, label="BN at initialization: 1")
+            ax.set_ylim(0, 1.25)
+    axes[0].legend(ncol=2)
+    state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
+    axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"task = {task}", "plain dashed, ResNet solid"])
+    table = pd.DataFrame(rows)
+    return save(fig, out_dir(args), f"layer_responses_{task}", table)
+
+
+def response_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean response std over layers per (depth × network), columns ``plain`` and ``ResNet``."""
+    t = runs.groupby(["depth", "residual"])["response_std_mean"].mean().unstack("residual")
+    return t.rename(columns=FAMILY_NAMES)
+
+
+RESPONSES_COMMAND = Command(_responses_arguments, _responses_main,
+                            "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted")
+
+
+# --------------------------------------------------------------------------- error curves
+def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
+    """A train run's logged steps as epochs (its series are at step = epoch when it ran with
+    ``task.epochs``, else at step = optimizer step)."""
+    epochs = row.get("task.epochs")
+    if epochs is not None and str(epochs) not in ("None", "nan", ""):
+        return steps.astype(float)
+    return steps / float(row["steps_per_epoch"])
+
+
+def _curves_arguments(p: argparse.ArgumentParser) -> None:
+    _common_arguments(p)
+    p.add_argument("--ylim", type=float, default=None,
+                   help=f"top of the error axis in %% (default: the paper's {PAPER_YLIM:g} when "
+                        "the ResNets end below it, else what the curves need)")
+
+
+def _curves_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH]))
+    runs, _ = with_task(df, "train", ("train",))
+    colors = depth_colors(runs["depth"])
+    fig, axes = _panels()
+    rows, finals = [], []
+    for (res, depth), group in runs.groupby(["residual", "depth"]):
+        curves = {}
+        for name in ("train_error", "test_error"):
+            xs, ys = [], []
+            for _, row in group.iterrows():
+                steps, values = series(args.uri, row["run_id"], f"{name}_lr{lr_key(row)}")
+                xs.append(epoch_axis(row, steps))
+                ys.append(100 * values)
+            n = min(len(x) for x in xs)
+            curves[name] = (xs[0][:n], np.mean([y[:n] for y in ys], axis=0))
+        ax = axes[int(bool(res))]
+        ax.plot(*curves["train_error"], color=colors[depth], ls="--", lw=0.7)
+        ax.plot(*curves["test_error"], color=colors[depth], lw=1.6, label=_label(res, depth))
+        finals.append((bool(res), float(curves["test_error"][1][-1])))
+        for name, (x, y) in curves.items():
+            rows += [{"network": FAMILY_NAMES[res], "depth": depth, "series": name,
+                      "epoch": float(a), "error": float(b)} for a, b in zip(x, y, strict=True)]
+    resnet_finals = [f for r, f in finals if r]
+    top = args.ylim
+    if top is None:
+        highest = max(r["error"] for r in rows)
+        top = PAPER_YLIM if resnet_finals and max(resnet_finals) < PAPER_YLIM else min(
+            100.0, 5 * math.ceil(highest / 5 + 0.2))
+        if top != PAPER_YLIM:
+            log.info("error-curves: the ResNets end above the paper's %g %% (short runs?); "
+                     "y-axis up to %g %% (--ylim to set it)", PAPER_YLIM, top)
+    for ax, res in zip(axes, (False, True), strict=True):
+        ax.set_ylim(0, top)
+        if top > PAPER_YLIM:
+            ax.axhline(PAPER_YLIM, color="0.6", lw=0.6, ls=":")
+        ax.set_title(PANEL_TITLES[res])
+        ax.set_xlabel(SYMBOLS["epoch"])
+        _legend(ax)
+    axes[0].set_ylabel(SYMBOLS["error"])
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "bold: test error", "dashed: train error (augmented batches)"])
+    return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
+
+
+ERROR_CURVES_COMMAND = Command(_curves_arguments, _curves_main,
+                               "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet")
+
+
+# --------------------------------------------------------------------------- error table
+def _table_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH]))
+    runs, _ = with_task(df, "train", ("train",))
+    table = final_error_table(runs)
+    fig, axes = _panels(1)
+    ax = axes[0]
+    for name, kw in (("plain_test", dict(color="C3", ls="--", marker="s")),
+                     ("ResNet_test", dict(color="C0", marker="o"))):
+        if name in table:
+            ax.plot(table.index, table[name], label=f"{name.split('_')[0]} (this run)", **kw)
+    he = table["He_ResNet_test"].dropna()
+    if not he.empty:
+        ax.plot(he.index, he, color="k", ls=":", marker="x", label="ResNet, He et al. Table 6")
+    ax.set_xscale("log")
+    ax.set_xticks(table.index, [str(d) for d in table.index])
+    ax.minorticks_off()
+    ax.set_xlabel("network depth $L$")
+    ax.set_ylabel("final test error (%)")
+    ax.legend()
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE])
+    out = out_dir(args)
+    paths = save(fig, out, "final_errors", table)
+    paths.append(write_text(out / "final_errors.md", to_markdown(table, ".3g")))
+    log.info("final errors (%%):\n%s", to_markdown(table, ".3g"))
+    return paths
+
+
+ERROR_TABLE_COMMAND = Command(_common_arguments, _table_main,
+                              "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column")
+
+
+# --------------------------------------------------------------------------- lesion
+def _lesion_main(args: argparse.Namespace) -> list[Path]:
+    df = networks(load(args, [RESIDUAL, DEPTH, "lesion_intact_error"]))
+    runs, _ = with_task(df, "train", ("train",))
+    table = lesion_table(args.uri, runs)
+    colors = depth_colors(table["depth"])
+    fig, axes = _panels()
+    for ax, res in zip(axes, (False, True), strict=True):
+        for depth, t in table[table["residual"] == res].groupby("depth"):
+            c = colors[depth]
+            ax.plot(t["position"], t["error"], color=c, marker="o", ms=3, lw=1.0,
+                    label=_label(res, depth))
+            ds = t[t["downsampling"]]
+            ax.plot(ds["position"], ds["error"], ls="none", marker="o", ms=6, mfc="white",
+                    mec=c, zorder=3)
+            ax.axhline(t["intact"].iloc[0], color=c, ls="--", lw=0.6)
+        for x in (1 / 3, 2 / 3):
+            ax.axvline(x, color="0.5", ls=":", lw=0.7)
+        ax.set_xlim(0, 1)
+        ax.set_title(PANEL_TITLES[res])
+        ax.set_xlabel(SYMBOLS["block_position"])
+        _legend(ax)
+    axes[0].set_ylabel("test error, one block lesioned (%)")
+    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "open circles: downsampling blocks (option A)", "dotted: stage boundaries",
+             "dashed: intact network"])
+    return save(fig, out_dir(args), "lesion", table)
+
+
+LESION_COMMAND = Command(_common_arguments, _lesion_main,
+                         "degradation: test error with each block replaced by its shortcut, downsampling blocks marked")
+
+COMMANDS = {"init-gradients": INIT_GRADIENTS_COMMAND, "responses": RESPONSES_COMMAND,
+            "error-curves": ERROR_CURVES_COMMAND, "error-table": ERROR_TABLE_COMMAND,
+            "lesion": LESION_COMMAND}

@@ -1,0 +1,112 @@
+"""Figure 15: what keeps the representation rank of one-matrix branches — centring, not rescaling.
+
+``python -m analysis centring --experiment fig15`` draws ``erank(Z_l)/d`` (probe
+``representation``, series ``rep_erank``) against the layer l for M = 1 ReLU runs:
+
+* (a) the pre-branch op P ∈ {layernorm, rmsnorm}, no branch-output op — both collapse (the
+  study at l = 512: 0.078 vs 0.009);
+* (b) Pre-RMSNorm fixed, the branch-output op B (``norm.out``) ∈ {meansub, layernorm, rmsnorm,
+  none} of the general block (Eq. 17) — meansub and layernorm keep ≈ 0.745, rmsnorm 0.008,
+  none 0.009.
+
+Shaded bands: ±1 s.d. over seeds.  The table gives ``rep_erank_final`` (l = L) per (P, B),
+mean ± s.d. over every seed (:func:`analysis.core.seeds.pooled`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import load, series
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
+
+PRE, OUT = "norm.pre", "norm.out"
+B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
+STUDY = {("layernorm", "none"): 0.078, ("rmsnorm", "none"): 0.009, ("rmsnorm", "meansub"): 0.745,
+         ("rmsnorm", "layernorm"): 0.745, ("rmsnorm", "rmsnorm"): 0.008}
+
+
+def final_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``rep_erank_final`` per (P, B): mean, s.d. over seeds, seeds, runs, and the study's value."""
+    t = pooled(df, "rep_erank_final", [PRE, OUT])
+    t["study (L = 512)"] = [STUDY.get(k, np.nan) for k in t.index]
+    return t
+
+
+def mean_profile(uri: str | None, runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(l, mean, s.d.)`` of ``rep_erank`` over the runs of one configuration (same depth)."""
+    got = [series(uri, rid, "rep_erank") for rid in runs["run_id"]]
+    steps = got[0][0]
+    vals = np.stack([v for s, v in got if len(s) == len(steps)])
+    sd = []
+    for rid in runs["run_id"]:
+        try:
+            sd.append(series(uri, rid, "rep_erank_std")[1])
+        except KeyError:
+            sd.append(np.zeros_like(steps, dtype=float))
+    return steps, vals.mean(0), np.sqrt(np.mean(np.square(sd), 0))
+
+
+def _band(ax, uri, runs, label, color) -> None:
+    steps, m, s = mean_profile(uri, runs)
+    ax.plot(steps, m, color=color, label=label)
+    ax.fill_between(steps, np.clip(m - s, 1e-4, None), m + s, color=color, alpha=0.2, lw=0)
+
+
+def draw(df: pd.DataFrame, uri: str | None):
+    fig, axes = style.panels(2, max_cols=2, aspect=0.8)
+    tab = style.plt.get_cmap("tab10")
+    colors = {op: tab(i) for i, op in enumerate(B_ORDER)}
+    a = df[df[OUT].astype(str) == "none"]
+    for k, p in enumerate([o for o in ("layernorm", "rmsnorm") if o in set(a[PRE])]):
+        _band(axes[0], uri, a[a[PRE] == p], f"pre-{style.OP_NAMES.get(p, p)}", tab(k + 4))
+    axes[0].set_title("(a) pre-branch op $P$")
+    b = df[df[PRE].astype(str) == "rmsnorm"]
+    for op in [o for o in B_ORDER if o in set(b[OUT])]:
+        label = "none" if op == "none" else style.OP_NAMES.get(op, op)
+        _band(axes[1], uri, b[b[OUT] == op], f"$B$ = {label}", colors[op])
+    axes[1].set_title("(b) Pre-RMSNorm + branch-output op $B$")
+    for ax in axes:
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_yscale("log")
+        ax.set_xlabel(style.name("layer"))
+        ax.set_ylabel(style.name("rep_erank"))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    return fig
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig15"], "MLflow experiment(s) (default: fig15)")
+    add_where(p)
+
+
+def _main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [PRE, OUT, "rep_erank_final"])
+    table = final_table(df)
+    fig = draw(df, args.uri)
+    fig.suptitle("Figure 15: representation rank of $M = 1$ branches — centring, not rescaling")
+    n = sorted({int(v) for v in df.get("task.options.representation.n", pd.Series(dtype=float)).dropna()})
+    style.caption(fig, df, args.experiment, [*([f"n = {'/'.join(map(str, n))} probe inputs"] if n else []),
+                                             "bands: ±1 s.d. over seeds"])
+    out = out_dir(args)
+    paths = save(fig, out, "centring", table)
+    md = to_markdown(table, ".3f")
+    head = f"Figure 15: erank(Z_L)/d by pre-branch op P and branch-output op B ({', '.join(args.experiment)})"
+    print(head + "\n\n" + md)
+    paths.append(write_text(out / "centring.md", head + "\n\n" + md + "\n"))
+    return paths
+
+
+CENTRING_COMMAND = Command(_arguments, _main,
+                           "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B")
+
+COMMANDS = {"centring": CENTRING_COMMAND}

@@ -1,0 +1,152 @@
+"""Figure 14: the full pairwise matrix cos(m_l, m_l′) of the branch means.
+
+``python -m analysis cos_field --experiment fig14`` reads each run's per-seed matrix
+``branch_mean_cos_matrix`` (probe ``representation``, from its ``arrays.npz``), averages it
+over seeds and draws it at every ``--every``-th layer, one heatmap per (M, σ) on one colour
+scale [−1, 1]: (a) M = 1 ReLU — a uniform field at the coherence c = 1/π (the study's
+off-diagonal mean 0.320), no decay with separation; (b) M = 2 — ≈ 0 (0.002); (c) a centred σ
+(E[σ] = 0) — ≈ 0 (−0.000).  A second figure gives the off-diagonal mean against the layer
+separation |l − l′| (flat where the field is uniform).  The table: off-diagonal mean ± s.d. over
+seeds (``branch_mean_cos_cross``) per configuration beside the prediction (``predicted``:
+Table 1's c at the measured preactivation variance for M = 1, 0 for M = 2) and the per-input
+cross-layer cosine
+(``branch_input_cos_cross``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.tracking import download_artifact
+
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import SelectionError, load
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
+
+log = logging.getLogger("analysis")
+KEYS = ["matrices", "activation"]
+MATRIX = "branch_mean_cos_matrix"
+
+
+def seed_matrices(uri: str | None, run_id: str) -> np.ndarray:
+    """The run's per-seed ``cos(m_l, m_l′)`` ``(E, L, L)`` from its ``arrays.npz``.
+
+    Raises:
+        SelectionError: the run logged no such array (representation not run, or L = 1).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
+            if MATRIX not in z.files:
+                raise SelectionError(f"run {run_id} has no {MATRIX} in arrays.npz (probe representation, L ≥ 2)")
+            return z[MATRIX]
+
+
+def by_separation(c: np.ndarray) -> np.ndarray:
+    """Mean of ``c[l, l′]`` over pairs at each separation ``|l − l′| = 1 … L−1``."""
+    L = c.shape[-1]
+    return np.array([np.diagonal(c, offset=k, axis1=-2, axis2=-1).mean() for k in range(1, L)])
+
+
+def off_diagonal(c: np.ndarray) -> float:
+    L = c.shape[-1]
+    return float((c.sum() - np.trace(c)) / (L * (L - 1)))
+
+
+def config_title(matrices: int, activation: str) -> str:
+    return f"$M = {int(matrices)}$, {style.ACTIVATION_NAMES.get(activation, activation)}"
+
+
+def draw_fields(fields: dict, every: int):
+    """One heatmap per configuration: the seed-mean matrix at layers every, 2·every, …"""
+    fig, axes = style.panels(len(fields), max_cols=3, aspect=1.0)
+    im = None
+    for ax, (key, c) in zip(axes, fields.items(), strict=True):
+        L = c.shape[-1]
+        idx = np.arange(every - 1, L, every) if L >= 2 * every else np.arange(L)
+        im = ax.imshow(c[np.ix_(idx, idx)], cmap="RdBu_r", vmin=-1, vmax=1, origin="lower",
+                       extent=(idx[0] + 0.5, idx[-1] + 1.5, idx[0] + 0.5, idx[-1] + 1.5))
+        ax.set_title(f"{config_title(*key)}: mean {off_diagonal(c):.3f}")
+        ax.set_xlabel(style.name("layer"))
+        ax.set_ylabel(r"layer $\ell'$")
+        ax.grid(False)
+    fig.colorbar(im, ax=axes, shrink=0.8, label=r"$\cos(m_\ell, m_{\ell'})$")
+    return fig
+
+
+def draw_separation(fields: dict, coherence: dict):
+    """Off-diagonal mean against |l − l′|, one line per configuration, c of Table 1 dashed."""
+    fig, (ax,) = style.panels(1, aspect=0.8)
+    colors, _ = style.value_colors(range(len(fields)), "tab10", stop=0.3)
+    for k, (key, c) in enumerate(fields.items()):
+        s = by_separation(c)
+        ax.plot(np.arange(1, len(s) + 1), s, color=colors[k], label=config_title(*key))
+        if np.isfinite(coherence.get(key, np.nan)):
+            ax.axhline(coherence[key], **{**style.THEORY, "color": colors[k]})
+    ax.plot([], [], **style.THEORY, label=r"$c = E[\sigma]^2/E[\sigma^2]$ (Table 1)")
+    ax.set_xscale("log")
+    ax.set_xlabel(r"layer separation $|\ell - \ell'|$")
+    ax.set_ylabel(r"mean $\cos(m_\ell, m_{\ell'})$")
+    ax.legend()
+    return fig
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig14"], "MLflow experiment(s) (default: fig14)")
+    p.add_argument("--every", type=int, default=8, help="draw every k-th layer (default 8, the study's)")
+    add_where(p)
+
+
+def _main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [*KEYS, "branch_mean_cos_cross"])
+    fields, coherence, rows = {}, {}, []
+    for key, g in df.groupby(KEYS, sort=True):
+        mats = [seed_matrices(args.uri, rid) for rid in g["run_id"]]
+        if len({m.shape[-1] for m in mats}) > 1:
+            log.warning("%s: runs of different depth; using L = %d", key, mats[0].shape[-1])
+            mats = [m for m in mats if m.shape[-1] == mats[0].shape[-1]]
+        fields[key] = np.concatenate(mats).mean(0)
+        c = float(g["coherence_theory"].mean()) if "coherence_theory" in g else np.nan
+        # M = 1 adds the same mean direction every layer (cos = c); M = 2 rotates it by W_down
+        coherence[key] = c if int(key[0]) == 1 else 0.0
+        cross = pooled(g, "branch_mean_cos_cross", []).iloc[0]
+        rows.append({"matrices": int(key[0]), "activation": key[1], "cos_mean_offdiag": cross["mean"],
+                     "cos_mean_offdiag_std": cross["std"], "seeds": int(cross["seeds"]),
+                     "predicted": coherence[key],
+                     "cos_input_cross": float(g["branch_input_cos_cross"].mean())
+                     if "branch_input_cos_cross" in g else np.nan})
+    # the study's panel order: (a) M = 1 with a coherent σ, (b) M = 2, (c) a centred σ
+    order = sorted(fields, key=lambda k: (0 if int(k[0]) == 1 and coherence[k] > 1e-3
+                                          else 1 if int(k[0]) == 2 else 2, k))
+    fields = {k: fields[k] for k in order}
+    table = pd.DataFrame(rows).set_index(KEYS).reindex(order)
+    out = out_dir(args)
+    fig = draw_fields(fields, args.every)
+    fig.suptitle(r"Figure 14: pairwise $\cos(m_\ell, m_{\ell'})$ of the branch means")
+    n = sorted({int(v) for v in df.get("task.options.representation.n", pd.Series(dtype=float)).dropna()})
+    extra = [f"n = {'/'.join(map(str, n))} probe inputs"] if n else []
+    style.caption(fig, df, args.experiment, [*extra, f"every {args.every}th layer", "mean over seeds"])
+    paths = save(fig, out, "cos_field", table)
+    fig = draw_separation(fields, coherence)
+    fig.suptitle("Figure 14: no decay with layer separation")
+    style.caption(fig, df, args.experiment, [*extra, "mean over seeds"])
+    paths += save(fig, out, "cos_field_separation")
+    md = to_markdown(table, ".3f")
+    head = f"Figure 14: off-diagonal mean of cos(m_l, m_l′) ({', '.join(args.experiment)})"
+    print(head + "\n\n" + md)
+    paths.append(write_text(out / "cos_field.md", head + "\n\n" + md + "\n"))
+    return paths
+
+
+COS_FIELD_COMMAND = Command(_arguments, _main,
+                            "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ")
+
+COMMANDS = {"cos_field": COS_FIELD_COMMAND}

@@ -1,0 +1,272 @@
+"""Figure 4: rank by norm placement and operation, the post-residual op under a Pre-RMSNorm,
+and the post-norm projection split.
+
+``python -m analysis placements --experiment fig4`` draws ``erank_io`` (erank(∂h_L/∂h_0)/d)
+as grouped bars, one group per (placement, op) and one bar per α (Figure 4a; runs whose
+``norm.pre/out/post`` are their preset's), and prints:
+
+* Figure 4b: the runs with the Pre-RMSNorm control (``norm.pre=rmsnorm``, no branch-output op),
+  one line per post-residual op R (``norm.post``) across depth — the study: detached ≈ rmsnorm
+  (collapse), meansub and none keep a floor;
+
+* the detached-vs-rmsnorm gap of Post-Norm per α in units of d (the study: ≤ 0.4 % of width,
+  i.e. ≤ 0.004 — both ops have the same forward, only detached's Jacobian lacks the
+  projection);
+* the projection split of the post runs (probe ``projection_split``, Figure 4c / Table 3):
+  ``erank_post`` (the network), ``erank_post_noproj`` (its Jacobian without the norm's
+  projection), ``erank_prenorm`` (same weights, the op moved to Pre-Norm), and the rank the
+  post-residual norm removes through its projection vs its rescaling.
+
+By default the bars show what the figure compares: every placement with rmsnorm and every op
+for Post-Norm (``norm=none`` ignores the op, its runs are pooled); ``--all`` shows every
+(placement, op) that was run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.models.norms import PRESET_SLOTS
+
+from ..core import style
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import OP_ORDER, PLACEMENT, load, warn_mixed
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
+
+log = logging.getLogger("analysis")
+
+OP = "norm.op"
+PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
+R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
+SPLIT = (
+    "erank_post",
+    "erank_post_noproj",
+    "erank_prenorm",
+    "erank_unnormalized",
+    "rank_removed_by_projection",
+    "rank_removed_by_rescaling",
+    "rank_removed_total",
+    "erank_projection_product",
+    "erank_projection_product_rw",
+)
+
+
+def config_label(placement: str, op: str) -> str:
+    return placement if placement == "none" else f"{placement}/{op}"
+
+
+def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose P, B, R (``norm.pre/out/post``) are what their placement preset puts there
+    (all runs of a store from before the general block, which has no such columns)."""
+    slots = [c for c in (PRE, OUT, POST) if c in df]
+    if not slots:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    for col in slots:
+        slot = col.split(".")[1]
+        want = [op if slot in PRESET_SLOTS.get(p, ()) else "none" for p, op in zip(df[PLACEMENT], df[OP], strict=True)]
+        keep &= (df[col].astype(str) == pd.Series(want, index=df.index)).to_numpy()
+    return df[keep]
+
+
+def figure4_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all runs if none are) at
+    the main sweep's depth, the one most runs have — the Figure 4b also-sweep adds preset runs
+    (R = none) at other depths, which are drawn apart (:func:`control_table`)."""
+    out = preset_runs(df)
+    if out.empty:
+        out = df
+    if "depth" in out and out["depth"].nunique() > 1:
+        main = out["depth"].value_counts().idxmax()
+        log.info("placements: bars at L = %s (the Figure 4b runs at other depths are drawn apart)", main)
+        out = out[out["depth"] == main]
+    return out
+
+
+def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
+    """Figure 4b: mean, std and count of ``metric`` per (R, depth) over the runs with the
+    Pre-RMSNorm control (P = rmsnorm, B = identity); empty unless R takes several values."""
+    if POST not in df or PRE not in df:
+        return pd.DataFrame()
+    d = df[(df[PRE].astype(str) == "rmsnorm") & (df.get(OUT, "none") == "none")]
+    if d[POST].nunique() < 2:
+        return pd.DataFrame()
+    t = d.groupby([POST, "depth"])[metric].agg(["mean", "std", "count"])
+    rank = {o: i for i, o in enumerate(R_ORDER)}
+    return t.sort_index(level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == POST else s)
+
+
+def draw_control(table: pd.DataFrame, metric: str):
+    """Figure 4b: ``metric`` vs depth, one line per post-residual op R (Pre-RMSNorm fixed)."""
+    fig, (ax,) = style.panels(1, width=style.ONE_COLUMN, aspect=0.8)
+    ops = list(dict.fromkeys(table.index.get_level_values(0)))
+    colors, _ = style.value_colors(range(len(ops)))
+    for k, op in enumerate(ops):
+        t = table.xs(op, level=0)
+        ax.errorbar(t.index, t["mean"], yerr=t["std"].fillna(0), marker="o", capsize=2,
+                    color=colors[k], label=f"$R$ = {style.OP_NAMES.get(op, op)}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(style.name("depth"))
+    ax.set_ylabel(style.name(metric))
+    ax.legend(title="Pre-RMSNorm +")
+    return fig
+
+
+def placement_table(
+    df: pd.DataFrame, metric: str = "erank_io", every: bool = False
+) -> pd.DataFrame:
+    """Mean, seed std and counts of ``metric`` per (config, α).
+
+    ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
+    ``<metric>_std`` (:func:`analysis.core.seeds.pooled`), not the spread over runs; ``count`` =
+    runs, ``seeds`` = seeds in all.
+
+    ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
+    unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
+    rmsnorm for every placement, every op for post, and none (all configs if that leaves
+    nothing).  Rows in the study's order (placements pre, output, post, none; ops rmsnorm,
+    detached, meansub, layernorm).
+    """
+    d = df.assign(config=[config_label(p, o) for p, o in zip(df[PLACEMENT], df[OP], strict=True)])
+    if not every:
+        keep = (d[OP] == "rmsnorm") | (d[PLACEMENT] == "post") | (d[PLACEMENT] == "none")
+        d = d[keep] if keep.any() else d
+    order = ["pre", "output", "post", "peri", "none"]
+    d = d.assign(
+        _p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
+        _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
+    )
+    d.loc[d[PLACEMENT] == "none", "_o"] = 0
+    t = pooled(d, metric, ["_p", "_o", "config", "alpha"]).rename(columns={"runs": "count"})
+    return t[["mean", "std", "count", "seeds"]].droplevel([0, 1])
+
+
+def detached_gap(table: pd.DataFrame) -> pd.Series:
+    """``|erank(post/detached) − erank(post/rmsnorm)|`` per α (units of d); empty if absent."""
+    configs = table.index.get_level_values("config")
+    if not {"post/detached", "post/rmsnorm"} <= set(configs):
+        return pd.Series(dtype=float, name="detached_gap")
+    m = table["mean"]
+    return (m.xs("post/detached") - m.xs("post/rmsnorm")).abs().rename("detached_gap")
+
+
+def split_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean over runs of the projection-split metrics per (op, α), post runs only."""
+    cols = [c for c in SPLIT if c in df]
+    post = df[df[PLACEMENT] == "post"]
+    if not cols or post.empty or post[cols].isna().all().all():
+        return pd.DataFrame()
+    t = post.groupby([OP, "alpha"])[["erank_io", *cols]].mean()
+    rank = {o: i for i, o in enumerate(OP_ORDER)}
+    return t.sort_index(
+        level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s
+    )
+
+
+def _tick(config: str) -> str:
+    placement, _, op = config.partition("/")
+    return style.config_label(placement, op)
+
+
+def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
+    """Grouped bars: one group per config, one bar per α (colour bar), error bars = ±1 s.d.
+    over the seeds of each bar's runs; the detached−RMSNorm gap written in."""
+    configs = list(dict.fromkeys(table.index.get_level_values("config")))
+    alphas = sorted(table.index.get_level_values("alpha").unique())
+    fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)
+    width = 0.8 / len(alphas)
+    colors, sm = style.value_colors(alphas, "plasma", stop=0.85)
+    for k, a in enumerate(alphas):
+        t = table.xs(a, level="alpha").reindex(configs)
+        xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
+        ax.bar(xs, t["mean"], width, yerr=t["std"].fillna(0), color=colors[a],
+               error_kw={"elinewidth": 0.7, "capsize": 1.5})
+    ax.set_xticks(range(len(configs)), [_tick(c) for c in configs], fontsize=6.5)
+    ax.set_ylabel(style.name(metric))
+    ax.set_yscale("log")
+    style.plain_log_ticks(ax)
+    ax.grid(axis="x", visible=False)
+    if gap is not None and len(gap):
+        ax.text(0.99, 0.97, r"$|$detached $-$ RMSNorm$|$ (Post-Norm) $\leq$ "
+                f"{gap.max():.2g} (study: $\\leq 0.004$)", transform=ax.transAxes,
+                ha="right", va="top", fontsize=6.5)
+    style.colorbar(fig, sm, ax, "alpha")
+    return fig
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig4"], "MLflow experiment(s) (default: fig4)")
+    p.add_argument(
+        "--metric", default="erank_io", help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)"
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="every (placement, op) run, not only the figure's selection",
+    )
+    add_where(p)
+
+
+def _main(args: argparse.Namespace) -> list[Path]:
+    everything = load(args, [args.metric, "alpha", PLACEMENT, OP])
+    df = figure4_runs(everything)
+    warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
+    table = placement_table(df, args.metric, args.every)
+    fig = draw_placements(table, args.metric, detached_gap(table))
+    fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
+    out = out_dir(args)
+    paths = save(fig, out, f"placements_{args.metric}", table)
+    wide = table["mean"].unstack("alpha")
+    wide.columns = [f"alpha={a:g}" for a in wide.columns]
+    print(f"{args.metric} by placement/op and α ({', '.join(args.experiment)})\n")
+    print(to_markdown(wide))
+    control = control_table(everything, args.metric)
+    if not control.empty:
+        fig = draw_control(control, args.metric)
+        fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
+        style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
+                      if "depth" in everything else everything, args.experiment,
+                      ["error bars: ±1 s.d. over runs"])
+        paths += save(fig, out, f"placements_control_{args.metric}", control)
+        wide_c = control["mean"].unstack("depth")
+        wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
+        print(f"\nFigure 4b: {args.metric} with a Pre-RMSNorm, by post-residual op R and depth "
+              "(study: detached ≈ rmsnorm collapse; meansub and none keep a floor)\n")
+        print(to_markdown(wide_c))
+    gap = detached_gap(table)
+    if len(gap):
+        print(
+            "\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
+            + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items())
+        )
+    split = split_table(df)
+    if split.empty:
+        log.warning(
+            "no projection_split metrics in the post runs of %s (add projection_split "
+            "to task.probes); no split table",
+            args.experiment,
+        )
+    else:
+        md = to_markdown(split)
+        print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
+        print(md)
+        split.to_csv(out / "projection_split.csv")
+        paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
+        log.info("wrote %s", out / "projection_split.csv")
+    return paths
+
+
+PLACEMENTS_COMMAND = Command(_arguments, _main,
+                             "Figure 4: erank by norm placement/op and α, and the projection split")
+
+COMMANDS = {"placements": PLACEMENTS_COMMAND}

@@ -1,0 +1,455 @@
+"""Trainability from ``task=train`` runs: Figure 6 (rank beside accuracy), Table 5, Figure 16, curves.
+
+Commands (``python -m analysis <command> --help``):
+
+* ``fig6``   — rank heatmap (``erank_io`` of ``--rank-experiment``, default ``fig6``) beside
+  best-accuracy heatmap (``best_test_accuracy`` of ``--train-experiment``, default
+  ``fig6_train``), one row per norm placement, the same α × L axes.  The study: Post-Norm
+  stays at chance (≈ 0.1) where its rank has collapsed to ≤ 1–2 % of width.
+* ``table5`` — max stable learning rate (largest LR whose final test accuracy reaches
+  ``task.stable_accuracy``, 0.4 in the study) per (placement, depth): one column per α and
+  a last column with the max over α.  The study: it shrinks with depth for Post-Norm.
+* ``fig16``  — best test accuracy vs depth, one line per (M, norm placement), log depth.
+* ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
+
+Runs are read with :func:`analysis.core.runs.load_runs` (per-step series with
+:func:`rankexp.tracking.metric_history`); a cell holding several runs (seeds) shows their
+mean.  An unknown experiment, an experiment without finished runs, or a missing
+param/metric raises :class:`~analysis.core.select.SelectionError`, which ``python -m
+analysis`` turns into a message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp.tracking import metric_history
+
+from ..core import style
+from ..core.runner import Command, set_experiment_default
+from ..core.seeds import pooled
+from ..core.select import (
+    PLACEMENT,
+    PLACEMENT_ORDER,
+    SelectionError,
+    load,
+    ordered,
+    require,
+    warn_mixed,
+)
+from ..core.style import save
+from ..core.tables import to_markdown
+from .heatmap import draw_panel, heatmap_table
+
+log = logging.getLogger("analysis")
+
+CHANCE = 0.1  # CIFAR-10 has ten balanced classes
+# config keys that should be equal across the runs one figure compares, unless they are its
+# axes (seed may vary: cells average over it)
+CONTEXT = (
+    "alpha",
+    "width",
+    "expansion",
+    "matrices",
+    "beta",
+    "beta_scaling",
+    "activation",
+    "skip_every",
+    "norm.op",
+    "seeds",
+    "dtype",
+    "task.steps",
+    "task.batch_size",
+    "task.lrs",
+    "task.dtype",
+    "task.stable_accuracy",
+)
+#: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
+LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
+
+
+# --------------------------------------------------------------------------- shared
+def _depth_axis(ax, depths) -> None:
+    """Logarithmic depth axis ticked at the depths that were run."""
+    depths = sorted({int(d) for d in depths})
+    ax.set_xscale("log")
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.set_xlabel(style.name("depth"))
+
+
+def _lr_label(lr: float) -> str:
+    return f"{lr:g}"
+
+
+# --------------------------------------------------------------------------- fig6
+def fig6_table(
+    rank: pd.DataFrame,
+    train: pd.DataFrame,
+    rank_metric: str = "erank_io",
+    train_metric: str = "best_test_accuracy",
+) -> pd.DataFrame:
+    """Both halves of Figure 6 on one (placement, depth, alpha) index.
+
+    Columns: ``<metric>`` (mean over the cell's runs), ``<metric>_std``, ``<metric>_runs`` for
+    the rank and the train metric; outer join, so a cell only one half has is NaN in the other.
+
+    Raises:
+        SelectionError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
+    """
+    halves = []
+    for df, metric in ((rank, rank_metric), (train, train_metric)):
+        t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
+        halves.append(
+            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"})
+        )
+    table = halves[0].join(halves[1], how="outer")
+    order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
+    return table.sort_index(
+        level=[0, 1, 2], key=lambda s: s.map(order) if s.name == PLACEMENT else s
+    )
+
+
+def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
+    """Rows = placements, columns = (rank, accuracy); every panel has the same depth × α axes."""
+    placements = ordered(table.index.get_level_values(0), PLACEMENT_ORDER)
+    depths = sorted(table.index.get_level_values(1).unique())
+    alphas = sorted(table.index.get_level_values(2).unique())
+    fig, axes = style.grid(len(placements), 2, aspect=0.7)
+    for j, metric in enumerate((rank_metric, train_metric)):
+        values = table[metric]
+        vmin, vmax = float(np.nanmin(values)), float(np.nanmax(values))
+        for i, p in enumerate(placements):
+            grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
+            im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
+            axes[i, j].set_xlabel(style.name("alpha"))
+            axes[i, j].set_ylabel(style.name("depth"))
+            axes[i, j].set_title(style.value_label(PLACEMENT, p))
+        style.colorbar(fig, im, axes[:, j].tolist(), metric)
+    return fig
+
+
+def _fig6_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(
+        p, None, "not used: fig6 reads --rank-experiment and --train-experiment"
+    )
+    p.add_argument("--rank-experiment", default="fig6", help="task=measure runs (default: fig6)")
+    p.add_argument(
+        "--train-experiment", default="fig6_train", help="task=train runs (default: fig6_train)"
+    )
+    p.add_argument(
+        "--rank-metric",
+        default="erank_io",
+        help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)",
+    )
+    p.add_argument(
+        "--train-metric",
+        default="best_test_accuracy",
+        help="right column (default: best_test_accuracy, best final test accuracy over LRs)",
+    )
+    p.add_argument(
+        "--log-color", action="store_true", help="logarithmic colour scale for the rank column"
+    )
+    p.add_argument("--figure", default="6",
+                   help="the study's figure number in the title (default 6; 13 for norm=output)")
+
+
+def _fig6_main(args: argparse.Namespace) -> list[Path]:
+    if args.experiment is not None:
+        raise SelectionError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
+    frames = {}
+    for name, metric in (
+        (args.rank_experiment, args.rank_metric),
+        (args.train_experiment, args.train_metric),
+    ):
+        frames[name] = df = load(args, ["alpha", "depth", PLACEMENT, metric], experiments=[name])
+        warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
+    table = fig6_table(
+        frames[args.rank_experiment],
+        frames[args.train_experiment],
+        args.rank_metric,
+        args.train_metric,
+    )
+    fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
+    fig.suptitle(
+        f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+        f"{style.name(args.train_metric)}"
+    )
+    style.caption(
+        fig,
+        frames[args.train_experiment],
+        [args.rank_experiment, args.train_experiment],
+        [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
+    )
+    return save(
+        fig,
+        Path(args.out) / args.train_experiment,
+        f"fig6_{args.rank_metric}_vs_{args.train_metric}",
+        table,
+    )
+
+
+FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, "
+                       "one row per placement")
+
+
+# --------------------------------------------------------------------------- table5
+def run_lrs(df: pd.DataFrame) -> dict[str, float]:
+    """``{suffix: lr}`` of the per-LR columns ``final_test_acc_lr<suffix>`` the runs logged."""
+    return {m.group(1): float(m.group(1)) for c in df.columns if (m := LR_COLUMN.match(str(c)))}
+
+
+def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Series:
+    """Per run, the largest learning rate that did not diverge and ended with test accuracy
+    ≥ ``stable_accuracy``; NaN where none did.
+
+    ``None`` reads the logged ``max_stable_lr`` (threshold ``task.stable_accuracy`` of the run);
+    a number recomputes it from ``final_test_acc_lr<lr>`` and ``diverged_lr<lr>``.
+    """
+    if stable_accuracy is None:
+        return df["max_stable_lr"].astype(float)
+    lrs = run_lrs(df)
+    if not lrs:
+        raise SelectionError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
+    stable = pd.DataFrame(
+        {
+            k: np.where(
+                (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
+                & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
+                lr,
+                np.nan,
+            )
+            for k, lr in lrs.items()
+        },
+        index=df.index,
+    )
+    return stable.max(axis=1)
+
+
+def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
+    """Max stable LR per (placement, depth) (rows) and α (columns), plus ``max over α``.
+
+    Several runs in one cell (seeds) give their smallest value (the LR every seed held;
+    NaN if one seed had none).  NaN: no learning rate was stable.
+    """
+    runs = df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
+    cells = runs.groupby([PLACEMENT, "depth", "alpha"])["max_stable_lr"]
+    wide = cells.agg(lambda v: v.min(skipna=False)).unstack("alpha")
+    wide.columns = [f"alpha={a:g}" for a in wide.columns]
+    wide["max over alpha"] = wide.max(axis=1)
+    order = {p: i for i, p in enumerate(ordered(wide.index.get_level_values(0), PLACEMENT_ORDER))}
+    return wide.sort_index(level=[0, 1], key=lambda s: s.map(order) if s.name == PLACEMENT else s)
+
+
+def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Learning rates as text: ``1e-03`` → ``0.001``; NaN → ``—`` (none stable), or blank where
+    ``ran`` (same shape, bool) says the cell was not run."""
+    text = table.map(lambda v: "—" if pd.isna(v) else _lr_label(float(v)))
+    if ran is not None:
+        text = text.where(ran.reindex_like(table).fillna(False).astype(bool), "")
+    return text
+
+
+def _table5_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    p.add_argument(
+        "--stable-accuracy",
+        type=float,
+        default=None,
+        help="recompute stability at this final test accuracy (default: the logged "
+        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)",
+    )
+
+
+def _table5_main(args: argparse.Namespace) -> list[Path]:
+    need = ["alpha", "depth", PLACEMENT] + (
+        ["max_stable_lr"] if args.stable_accuracy is None else []
+    )
+    df = load(args, need)
+    warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment, keys=CONTEXT)
+    table = table5(df, args.stable_accuracy)
+    thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
+    ran = df.groupby([PLACEMENT, "depth", "alpha"]).size().unstack("alpha").notna()
+    ran.columns = [f"alpha={a:g}" for a in ran.columns]
+    ran["max over alpha"] = ran.any(axis=1)
+    md = to_markdown(lr_cells(table, ran))
+    print(
+        f"Max stable learning rate (final test accuracy ≥ {thr}; — = none stable, blank = not run), "
+        f"{', '.join(args.experiment)}\n"
+    )
+    print(md)
+    fig, (ax,) = style.panels(1)
+    for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
+        s = table.loc[p, "max over alpha"]
+        ax.plot(s.index, s.values, "o-", label=style.value_label(PLACEMENT, p))
+    _depth_axis(ax, table.index.get_level_values(1))
+    if table["max over alpha"].notna().any():
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no stable learning rate", transform=ax.transAxes, ha="center")
+    ax.set_ylabel(r"max stable LR (max over $\alpha$)")
+    ax.legend()
+    fig.suptitle("Table 5: max stable learning rate")
+    if args.stable_accuracy is None and "task.stable_accuracy" in df:
+        thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
+    style.caption(fig, df, args.experiment, [f"stable: final test accuracy ≥ {thr}"])
+    out = Path(args.out) / "_".join(args.experiment)
+    paths = save(fig, out, "table5_max_stable_lr", table)
+    paths.append(out / "table5_max_stable_lr.md")
+    paths[-1].write_text(md + "\n")
+    log.info("wrote %s", paths[-1])
+    return paths
+
+
+TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable learning rate per (placement, "
+                         "depth), per α and max over α")
+
+
+# --------------------------------------------------------------------------- fig16
+def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
+    """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
+
+    ``std`` is the seed spread (:func:`analysis.core.seeds.pooled`: a train run is one seed, so
+    it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
+    ``count`` = runs.
+    """
+    t = pooled(df, metric, ["matrices", PLACEMENT, "depth"])
+    return t.rename(columns={"runs": "count"})[["mean", "std", "count", "seeds"]]
+
+
+def _fig16_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
+    p.add_argument(
+        "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
+    )
+
+
+def _fig16_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, ["matrices", PLACEMENT, "depth", args.metric])
+    warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment, keys=CONTEXT)
+    table = fig16_table(df, args.metric)
+    fig, (ax,) = style.panels(1)
+    for m in sorted(table.index.get_level_values(0).unique()):
+        for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
+            s = table.loc[(m, p)]
+            ax.errorbar(
+                s.index,
+                s["mean"],
+                yerr=s["std"].fillna(0),
+                marker="o",
+                linestyle="-" if m == 2 else "--",
+                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
+            )
+    ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
+    _depth_axis(ax, table.index.get_level_values(2))
+    ax.set_ylabel(style.name(args.metric))
+    ax.legend()
+    fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
+    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
+    return save(
+        fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
+    )
+
+
+FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
+                        "(M, norm placement)")
+
+
+# --------------------------------------------------------------------------- curves
+def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
+    """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
+
+    Raises:
+        SelectionError: an unknown key, or not exactly one matching run (lists the candidates).
+    """
+    mask = pd.Series(True, index=df.index)
+    if run_id:
+        mask &= df["run_id"].str.startswith(run_id)
+    for item in where:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SelectionError(f"--where wants KEY=VALUE, got {item!r}")
+        require(df, [key], ["(selected)"])
+        col = df[key]
+        if pd.api.types.is_numeric_dtype(col):
+            mask &= np.isclose(col.astype(float), float(value))
+        else:
+            mask &= col.astype(str) == value
+    hits = df[mask]
+    if len(hits) != 1:
+        names = df.loc[
+            mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
+        ].to_string(index=False)
+        raise SelectionError(
+            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}"
+        )
+    return hits.iloc[0]
+
+
+def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
+    """Long table (lr, metric, step, value) of the run's ``test_acc_lr*`` and ``train_loss_lr*`` series."""
+    lrs = run_lrs(run.dropna().to_frame().T)
+    if not lrs:
+        raise SelectionError(
+            f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); is it a task=train run?"
+        )
+    rows = []
+    for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
+        for metric in ("test_acc", "train_loss"):
+            steps, values = metric_history(uri, run["run_id"], f"{metric}_lr{k}")
+            rows += [(lr, metric, int(s), float(v)) for s, v in zip(steps, values, strict=True)]
+    return pd.DataFrame(rows, columns=["lr", "metric", "step", "value"])
+
+
+def _curves_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
+    p.add_argument(
+        "--where",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post",
+    )
+
+
+def _curves_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, where=[])
+    run = select_run(df, args.run_id, args.where)
+    curves = training_curves(args.uri, run)
+    fig, axes = style.panels(2, aspect=0.7)
+    lrs = sorted(curves["lr"].unique())
+    colors, sm = style.value_colors(lrs, "plasma")
+    for ax, metric in zip(axes, ("test_acc", "train_loss"), strict=True):
+        for lr, g in curves[curves["metric"] == metric].groupby("lr"):
+            ax.plot(
+                g["step"],
+                g["value"],
+                marker="o" if metric == "test_acc" else None,
+                color=colors[lr],
+                ms=2.5,
+            )
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(style.name(metric))
+    axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
+    axes[0].legend()
+    style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")
+    fig.suptitle(f"Training curves of {run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
+    style.caption(fig, run.to_frame().T, args.experiment)
+    return save(
+        fig,
+        Path(args.out) / "_".join(args.experiment),
+        f"curves_{run['run_id'][:8]}",
+        curves.set_index(["lr", "metric", "step"]),
+    )
+
+
+CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
+                         "LR, of one train run")
+COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "fig16": FIG16_COMMAND, "curves": CURVES_COMMAND}
