@@ -112,7 +112,7 @@ def test_no_config_of_the_tree_sets_hydra_mode(hydra_loader):
 COUNTER = """
 import sys
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-import rankexp.config as config
+import rankexp.config.checks as config
 calls = {"compose": 0, "overrides": 0, "check": 0}
 compose, apply, check = (ConfigLoaderImpl.load_configuration,
                          ConfigLoaderImpl._apply_overrides_to_config, config.check_job)
