@@ -4,6 +4,11 @@ run (:mod:`.checks`); every public name is re-exported here (``from rankexp.conf
 
 from __future__ import annotations
 
+from ..errors import ConfigError
+from ..models.families.convnet import CifarResNetModel
+from ..models.families.gpt2 import Gpt2Model
+from ..models.families.mlp import MlpModel
+from ..models.families.plain import PlainModel
 from .checks import (
     CHECKED_JOBS,
     CheckedJob,
@@ -35,20 +40,15 @@ from .schema import (
     Activation,
     Augment,
     BetaScaling,
-    CifarResNetModel,
-    ConfigError,
     DataConfig,
     Dtype,
-    Gpt2Model,
     Init,
     MeasureTask,
-    MlpModel,
     NormConfig,
     NormOp,
     NormSlot,
     Optimizer,
     Placement,
-    PlainModel,
     ProbeOptions,
     RankexpConfig,
     Schedule,

@@ -20,18 +20,18 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
+from ..errors import ConfigError
+from ..models.families import family_of
+from ..models.families.gpt2 import check_pretrained  # noqa: F401  (re-exported)
 from ..models.spec import (
     ShapeError,
 )
 from .hashing import config_hash, resolved_container
 from .schema import (
     MODEL_SCHEMAS,
-    ConfigError,
-    Gpt2Model,
     MeasureTask,
     RankexpConfig,
     TrainTask,
-    _bad,
     slurm_signal_delay,
 )
 
@@ -228,16 +228,18 @@ def check_device(name: str) -> None:
 
 
 def check_paths(s: RankexpConfig) -> None:
-    """Inputs a task reads must exist before its run does: ``data.root`` for ``task=train``
-    (unless ``data.download=true`` may fetch it).
+    """Inputs a task reads must exist before its run does: the model family's own
+    (``model.pretrained`` of ``model=gpt2``), ``data.root`` for ``task=train`` (unless
+    ``data.download=true`` may fetch it).
 
     Raises:
         ConfigError: the path, where it was looked for, and what belongs there.
     """
     from ..locations import resolve_path
 
-    if isinstance(s.model, Gpt2Model) and s.model.pretrained:
-        check_pretrained(s.model.pretrained)
+    family = family_of(s)
+    if family.check_paths is not None:
+        family.check_paths(s)
     if not isinstance(s.task, TrainTask) or (s.data.download and s.data.source in ("auto", "torchvision")):
         return
     root = resolve_path(s.data.root)
@@ -248,34 +250,6 @@ def check_paths(s: RankexpConfig) -> None:
             "or set $RANKEXP_DATA), an image-folder tree, or torchvision's cifar-10-batches-py "
             "(data.download=true fetches that where there is internet)"
         )
-
-
-#: a Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``)
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-
-
-def check_pretrained(pretrained: str) -> None:
-    """``model.pretrained`` names a local checkpoint directory (``save_pretrained``'s, with its
-    ``config.json``) or a hub id (``gpt2``, ``openai-community/gpt2-medium``); a path that is
-    neither is refused before any run exists (not as a Hugging Face traceback after one).
-
-    Raises:
-        ConfigError: the value, what was found there and what belongs there.
-    """
-    path = Path(pretrained).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise _bad("model.pretrained", pretrained, f"{path} holds no config.json: a local "
-                       "checkpoint is a directory written by save_pretrained")
-        return
-    if path.exists():
-        raise _bad("model.pretrained", pretrained, f"{path} is a file; a local checkpoint is a "
-                   "directory written by save_pretrained (config.json + weights)")
-    looks_like_path = pretrained.startswith(("/", ".", "~")) or "\\" in pretrained
-    if looks_like_path or not _HUB_ID.fullmatch(pretrained) or ".." in pretrained:
-        raise _bad("model.pretrained", pretrained, f"no such directory ({path.absolute()}); give "
-                   "a local checkpoint directory (config.json + weights) or a hub id such as "
-                   "gpt2 or openai-community/gpt2-medium")
 
 
 #: command-line keys each task does not read, and why (refused: a value that changes nothing)

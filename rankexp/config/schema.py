@@ -21,30 +21,20 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from ..errors import bad
+from ..knobs import default
+from ..models.families import FAMILIES, check_family
 from ..models.spec import (
-    DEFAULT_PROMPT_IDS,
-    LM_SHAPES,
     PRESET_SLOTS,
-    checkpoint_shape,
+    expanded_width,
     lm_shape,
 )
 from ..probes import (
-    CIFAR_PROBES,
     DEFAULT_PROBES,
-    LM_PROBES,
-    ONE_INPUT_PROBES,
-    PLAIN_PROBES,
-    TRAINED_PROBES,
     default_probes,
 )
 
-
-class ConfigError(ValueError):
-    """A config value outside what rankexp allows; the message names key, value and rule."""
-
-
-def _bad(key: str, value: Any, rule: str) -> ConfigError:
-    return ConfigError(f"invalid config: {key}={value!r} — {rule}")
+_bad = bad
 
 
 class Placement(Enum):
@@ -146,8 +136,8 @@ class NormConfig:
     be set on its own: ``norm=pre norm.post=detached`` is Figure 4b's Pre-RMSNorm + detached R.
     """
 
-    placement: Placement = Placement.pre
-    op: NormOp = NormOp.rmsnorm
+    placement: Placement = Placement(default("norm.placement"))
+    op: NormOp = NormOp(default("norm.op"))
     pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
     out: NormSlot = _preset("out")  # type: ignore[assignment]
     post: NormSlot = _preset("post")  # type: ignore[assignment]
@@ -157,99 +147,8 @@ class NormConfig:
         return _preset_slot(slot, self.placement, self.op)
 
 
-@dataclass
-class MlpModel:
-    """``model=mlp`` (default): the residual MLP of the study (science.md §1,
-    :class:`rankexp.models.mlp.ResidualMLP`), shaped by the top-level knobs."""
-
-    name: str = "mlp"
-
-
-@dataclass
-class PlainModel:
-    """``model=plain``: the mean-field plain network of the textbook chapter (science.md §5,
-    :class:`rankexp.models.plain.PlainNet`), ``h_l = W_l φ(N(h_{l−1})) + b_l`` (plus the skip
-    ``h_{l−1}`` and branch gain β when ``skip_every=1``), shaped by the top-level knobs
-    ``depth``, ``width``, ``alpha`` (σ_w), ``bias`` (σ_b), ``init``, ``activation``,
-    ``skip_every``, ``beta`` and ``norm`` (``none``, or ``pre`` with any op incl. ``batchnorm``).
-    ``expansion`` and ``matrices`` do not apply (one n×n matrix per layer)."""
-
-    name: str = "plain"
-
-
-@dataclass
-class Gpt2Model:
-    """``model=gpt2``: a Hugging Face causal LM (:mod:`rankexp.models.gpt2`), its FFN-branch
-    Jacobians along the residual stream of a fixed prompt (Figure 12, probe ``ffn_jacobian``).
-
-    The top-level ``width`` (d) and ``depth`` (L) default to the network's own — the named
-    ``config``'s, or the checkpoint's when ``pretrained`` is given (``conf/model/gpt2.yaml``) —
-    and ``width=``/``depth=`` reduce a random initialization (tests).  The residual-MLP knobs
-    (``expansion``, ``matrices``, ``alpha``, ``beta``, ``activation``, ``norm``) do not apply.
-
-    Attributes:
-        config: the shape of a random initialization (``gpt2`` = GPT-2 Small, ``gpt2-medium``,
-            ``gpt2-large``, ``gpt2-xl``), GPT-2's own initialization, no download.
-        pretrained: a local checkpoint directory or hub id for ``from_pretrained`` (then one
-            network: ``seeds=1``); null = random initialization.
-        n_head: attention heads (null: the config's, or head size 64 at a reduced width).
-        prompt_ids: the fixed prompt as token ids (default: GPT-2 BPE of "The quick brown fox
-            jumps over the lazy dog.").
-        prompt: the prompt as text instead (tokenized by ``tokenizer``, default ``pretrained``).
-        tokenizer: where the tokenizer of a text prompt comes from (local directory or hub id).
-        position: the token whose stream is traced (negative: from the end; default the last).
-    """
-
-    name: str = "gpt2"
-    config: str = "gpt2"
-    pretrained: str | None = None
-    n_head: int | None = None
-    prompt_ids: list[int] = field(default_factory=lambda: list(DEFAULT_PROMPT_IDS))
-    prompt: str | None = None
-    tokenizer: str | None = None
-    position: int = -1
-
-    def __post_init__(self) -> None:
-        if self.config not in LM_SHAPES:
-            raise _bad("model.config", self.config, f"allowed: {', '.join(LM_SHAPES)}")
-        if self.n_head is not None and self.n_head < 1:
-            raise _bad("model.n_head", self.n_head, "must be an integer ≥ 1 (or null)")
-        if self.prompt is None:
-            ids = list(self.prompt_ids)
-            if not ids or min(ids) < 0:
-                raise _bad("model.prompt_ids", ids, "need at least one token id ≥ 0")
-            if not -len(ids) <= self.position < len(ids):
-                raise _bad("model.position", self.position, f"outside the prompt of {len(ids)} tokens")
-        elif not (self.tokenizer or self.pretrained):
-            raise _bad("model.prompt", self.prompt, "a text prompt needs a tokenizer: set "
-                       "model.tokenizer or model.pretrained (a local directory or hub id), or "
-                       "give model.prompt_ids")
-
-
-@dataclass
-class CifarResNetModel:
-    """``model=cifar_resnet``: He et al.'s (2016, §4.2) CIFAR-10 ConvNet of depth 6n+2
-    (:class:`rankexp.models.convnet.CifarResNet`; science.md §5, degradation replication).
-
-    The top-level ``depth`` (6n+2: 20, 32, 44, 56, 110), ``seed``/``seeds`` and ``dtype`` shape
-    it; ``residual`` (option-A shortcuts every two convs, or the plain network) and
-    ``base_width`` (stage-1 filters; 16, 32, 64 across the stages) are this family's own: the
-    top-level ``width``, ``expansion``, ``alpha``, ``beta``, ``norm`` … describe the MLP and are
-    not used.
-    """
-
-    name: str = "cifar_resnet"
-    residual: bool = True
-    base_width: int = 16
-
-    def __post_init__(self) -> None:
-        if isinstance(self.base_width, bool) or not isinstance(self.base_width, int) or self.base_width < 1:
-            raise _bad("model.base_width", self.base_width, "must be an integer ≥ 1 (He et al.: 16)")
-
-
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
-MODEL_SCHEMAS: dict[str, type] = {"mlp": MlpModel, "plain": PlainModel, "gpt2": Gpt2Model,
-                                  "cifar_resnet": CifarResNetModel}
+MODEL_SCHEMAS: dict[str, type] = {name: f.schema for name, f in FAMILIES.items()}
 
 
 def _option_field(default: Any) -> tuple[Any, Any]:
@@ -311,7 +210,7 @@ class MeasureTask:
     #: per-probe options, ``task.options.<probe>.<key>`` (:func:`options_schema`)
     options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
     #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
-    max_memory_gb: float | None = None
+    max_memory_gb: float | None = default("task.max_memory_gb")
 
     def __post_init__(self) -> None:
         from ..probes import PROBES
@@ -361,32 +260,32 @@ class TrainTask:
     """
 
     name: str = "train"
-    steps: int | None = 5000
-    epochs: int | None = None
-    batch_size: int = 256
-    lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
-    eval_every: int = 500
-    log_every: int = 50
-    checkpoint_every: int = 500
-    stable_accuracy: float = 0.4
-    dtype: Dtype = Dtype.float32
-    checkpoint_dir: str = ".cache/checkpoints"
-    divergence_factor: float = 1000.0
-    bf16: bool = False
-    compile: bool = False
-    cuda_graphs: bool = False
-    optimizer: Optimizer = Optimizer.adam
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: Schedule = Schedule.constant
-    milestones: list[float] = field(default_factory=lambda: [0.5, 0.75])
-    gamma: float = 0.1
-    warmup_steps: int = 0
-    warmup_factor: float = 0.1
-    warmup_min_depth: int = 0
-    augment: Augment = Augment.none
-    pad: int = 4
-    clean_train_images: int = 0
+    steps: int | None = default("task.steps")
+    epochs: int | None = default("task.epochs")
+    batch_size: int = default("task.batch_size")
+    lrs: list[float] = field(default_factory=lambda: default("task.lrs"))
+    eval_every: int = default("task.eval_every")
+    log_every: int = default("task.log_every")
+    checkpoint_every: int = default("task.checkpoint_every")
+    stable_accuracy: float = default("task.stable_accuracy")
+    dtype: Dtype = Dtype(default("task.dtype"))
+    checkpoint_dir: str = default("task.checkpoint_dir")
+    divergence_factor: float = default("task.divergence_factor")
+    bf16: bool = default("task.bf16")
+    compile: bool = default("task.compile")
+    cuda_graphs: bool = default("task.cuda_graphs")
+    optimizer: Optimizer = Optimizer(default("task.optimizer"))
+    momentum: float = default("task.momentum")
+    weight_decay: float = default("task.weight_decay")
+    schedule: Schedule = Schedule(default("task.schedule"))
+    milestones: list[float] = field(default_factory=lambda: default("task.milestones"))
+    gamma: float = default("task.gamma")
+    warmup_steps: int = default("task.warmup_steps")
+    warmup_factor: float = default("task.warmup_factor")
+    warmup_min_depth: int = default("task.warmup_min_depth")
+    augment: Augment = Augment(default("task.augment"))
+    pad: int = default("task.pad")
+    clean_train_images: int = default("task.clean_train_images")
     probes: list[str] = field(default_factory=list)
     options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
 
@@ -471,11 +370,11 @@ class TrackingConfig:
     owner cannot be checked otherwise (another host, no Slurm) is stale after ``stale_after_s``.
     """
 
-    uri: str | None = None
-    experiment: str = "rankexp"
+    uri: str | None = default("tracking.uri")
+    experiment: str = default("tracking.experiment")
     enabled: bool = True
     resume: bool = True
-    force: bool = False
+    force: bool = default("tracking.force")
     log_arrays: bool = True
     http_retries: int = 2
     http_timeout_s: int = 10
@@ -506,22 +405,22 @@ class RankexpConfig:
     Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1.
     """
 
-    depth: int = 48
-    width: int = 256
-    expansion: float = 4.0
-    matrices: int = 2
-    alpha: float = 1.0
-    beta: float = 1.0
-    beta_scaling: BetaScaling = BetaScaling.const
-    activation: Activation = Activation.relu
-    skip_every: int = 1
-    bias: float = 0.0
-    init: Init = Init.gaussian
-    seeds: int = 4
-    seed: int = 0
-    device: str = "auto"
-    dtype: Dtype = Dtype.float64
-    lr: float | None = None
+    depth: int = default("depth")
+    width: int = default("width")
+    expansion: float = default("expansion")
+    matrices: int = default("matrices")
+    alpha: float = default("alpha")
+    beta: float = default("beta")
+    beta_scaling: BetaScaling = BetaScaling(default("beta_scaling"))
+    activation: Activation = Activation(default("activation"))
+    skip_every: int = default("skip_every")
+    bias: float = default("bias")
+    init: Init = Init(default("init"))
+    seeds: int = default("seeds")
+    seed: int = default("seed")
+    device: str = default("device")
+    dtype: Dtype = Dtype(default("dtype"))
+    lr: float | None = default("lr")
     size: Size = Size.full
     model: Any = MISSING  # a model family's schema from the `model` group (MODEL_SCHEMAS)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -546,7 +445,7 @@ class RankexpConfig:
             v = getattr(self, key)
             if not (math.isfinite(v) and v > 0):
                 raise _bad(key, v, "must be a finite number > 0")
-        if self.matrices == 2 and round(self.expansion * self.width) < 1:
+        if self.matrices == 2 and expanded_width(self.width, self.expansion) < 1:
             raise _bad("expansion", self.expansion, f"m = expansion·width must be ≥ 1 (width={self.width})")
         if self.activation is Activation.swiglu and self.matrices != 2:
             raise _bad("activation", "swiglu", "the gated unit needs matrices=2")
@@ -561,98 +460,7 @@ class RankexpConfig:
             raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
         if not (math.isfinite(self.bias) and self.bias >= 0):
             raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
-        self._check_family()
-
-    def _check_family(self) -> None:
-        """Knobs and probes only one model family has: bias/init/batchnorm and the mean-field
-        probes (plain), the LM probes (gpt2), the ConvNet probes (cifar_resnet); a batchnorm also
-        rules out the probes that see one input at a time."""
-        probes = list(self.task.probes)
-        self._check_probe_task(probes)
-        if isinstance(self.model, Gpt2Model):
-            self._check_lm(probes)
-            return
-        lm_only = [p for p in probes if p in LM_PROBES]
-        if lm_only:
-            raise _bad("task.probes", lm_only, "these probe a causal LM: add model=gpt2")
-        if isinstance(self.model, PlainModel):
-            if self.norm.placement not in (Placement.none, Placement.pre):
-                raise _bad("norm", self.norm.placement.value,
-                           "model=plain supports norm=none or norm=pre (N before φ)")
-            if self.activation is Activation.swiglu:
-                raise _bad("activation", "swiglu", "model=plain has one matrix per layer; "
-                           "the gated unit needs model=mlp matrices=2")
-            for slot in ("pre", "out", "post"):
-                got = getattr(self.norm, slot).value
-                if got != _preset_slot(slot, self.norm.placement, self.norm.op):
-                    raise _bad(f"norm.{slot}", got, "model=plain takes its norm from norm= and "
-                               "norm.op (the slots P, B, R of Eq. 17 are model=mlp's)")
-            single = [p for p in probes if p in ONE_INPUT_PROBES]
-            if self.norm.op is NormOp.batchnorm and self.norm.placement is Placement.pre and single:
-                raise _bad("task.probes", single, "these differentiate one input per seed and a "
-                           "batchnorm needs a batch; use correlation, gradient_norms, shattered")
-        if isinstance(self.model, CifarResNetModel):
-            self._check_cifar_resnet(probes)
-        else:
-            convnet_only = [p for p in probes if p in CIFAR_PROBES]
-            if convnet_only:
-                raise _bad("task.probes", convnet_only, "the ConvNet probes need model=cifar_resnet")
-        if isinstance(self.model, PlainModel):
-            return
-        plain_only = [p for p in probes if p in PLAIN_PROBES]
-        if plain_only:
-            raise _bad("task.probes", plain_only, "the mean-field probes need model=plain")
-        if self.bias != 0:
-            raise _bad("bias", self.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
-        if self.init is not Init.gaussian:
-            raise _bad("init", self.init.value, "orthogonal weights exist only in model=plain (add model=plain)")
-        if self.norm.op is NormOp.batchnorm:
-            raise _bad("norm.op", "batchnorm", "batch normalization exists only in model=plain (add model=plain norm=pre)")
-        for slot in ("pre", "out", "post"):
-            if getattr(self.norm, slot) is NormSlot.batchnorm:
-                raise _bad(f"norm.{slot}", "batchnorm", "batch normalization exists only in model=plain "
-                           "(add model=plain norm=pre norm.op=batchnorm)")
-
-    def _check_probe_task(self, probes: list[str]) -> None:
-        """``lesion`` needs training; the probes of a training run measure one trained network."""
-        for p in probes:
-            if p in TRAINED_PROBES and self.task.name != "train":
-                raise _bad("task.probes", p, "measures a trained network: use it with task=train")
-        if self.task.name == "train" and probes and self.lr is None and len(self.task.lrs) > 1:
-            raise _bad("task.probes", probes, "measure one trained network: give one "
-                       f"learning rate (lr=… or task.lrs=[…]), not the sweep {list(self.task.lrs)}")
-
-    def _check_cifar_resnet(self, probes: list[str]) -> None:
-        d = self.depth
-        if d < 8 or (d - 2) % 6:
-            raise _bad("depth", d, "model=cifar_resnet needs depth = 6n+2, n ≥ 1 (He et al.: "
-                       "20, 32, 44, 56, 110; smoke: 8)")
-        foreign = [p for p in probes if p not in CIFAR_PROBES]
-        if foreign:
-            init = ",".join(q for q in CIFAR_PROBES if q not in TRAINED_PROBES)
-            raise _bad("task.probes", foreign, f"not probes of model=cifar_resnet; its probes: "
-                       f"{', '.join(CIFAR_PROBES)} (at initialization: task.probes=[{init}])")
-
-
-    def _check_lm(self, probes: list[str]) -> None:
-        """``model=gpt2``: measure only, its own probes, heads dividing d, one pretrained network
-        whose shape (when known offline) is width × depth."""
-        m = self.model
-        if not isinstance(self.task, MeasureTask):
-            raise _bad("task", self.task.name, "model=gpt2 measures (task=measure); it does not train")
-        other = [p for p in probes if p not in LM_PROBES]
-        if other:
-            raise _bad("task.probes", other, f"model=gpt2 runs {', '.join(LM_PROBES)}")
-        if m.pretrained:
-            if self.seeds != 1:
-                raise _bad("seeds", self.seeds, "pretrained weights are one network: use seeds=1")
-            shape = checkpoint_shape(m.pretrained)
-            if shape and (shape.get("n_embd"), shape.get("n_layer")) != (self.width, self.depth):
-                raise _bad("width/depth", (self.width, self.depth),
-                           f"model.pretrained={m.pretrained!r} has d = {shape.get('n_embd')}, "
-                           f"L = {shape.get('n_layer')} (leave width/depth unset)")
-        elif m.n_head is not None and self.width % m.n_head:
-            raise _bad("model.n_head", m.n_head, f"must divide width={self.width}")
+        check_family(self)
 
 
 def sweep_stamp() -> str:
