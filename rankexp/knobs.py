@@ -91,15 +91,16 @@ KNOBS: tuple[Knob, ...] = (
          "batched model (lr=X: one rate)", task="train"),
     Knob("task.dtype", "float32", "float32 | float64: the training precision (top-level dtype "
          "is task=measure's)", task="train"),
-    Knob("task.bf16", False, "bfloat16 autocast of the forward pass", task="train"),
+    Knob("task.bf16", False, "bfloat16 autocast of forward and backward (weights and optimizer "
+         "stay task.dtype)", task="train"),
     Knob("task.eval_every", 500, "steps between test evaluations", task="train"),
     Knob("task.log_every", 50, "steps between train-loss reports", task="train"),
     Knob("task.checkpoint_every", 500, "steps between checkpoints (a rerun resumes)",
          task="train"),
     Knob("task.checkpoint_dir", ".cache/checkpoints", "checkpoints, <config_hash>.pt (relative "
          "to the repository root)", task="train"),
-    Knob("task.stable_accuracy", 0.4, "a learning rate is stable when it reaches this test "
-         "accuracy (max_stable_lr)", task="train"),
+    Knob("task.stable_accuracy", 0.4, "a rate is stable when it does not diverge and ends at "
+         "this test accuracy or more (max_stable_lr; Table 5)", task="train"),
     Knob("task.divergence_factor", 1000.0, "diverged: loss non-finite or > this × the initial "
          "loss (inf: non-finite only)", task="train"),
     Knob("task.optimizer", "adam", "adam (the study's) | sgd", task="train"),

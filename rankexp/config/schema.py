@@ -402,7 +402,8 @@ class TrackingConfig:
 class RankexpConfig:
     """The whole composed config; top-level keys are the architectural knobs (design.md §1).
 
-    Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1.
+    Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1 — each read
+    from its row of the knob table (:data:`rankexp.knobs.KNOBS`), the one place it is written.
     """
 
     depth: int = default("depth")

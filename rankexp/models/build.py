@@ -3,7 +3,8 @@
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
 mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
 and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
-when built) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.
+when built) and one builder here; each family's declaration (:mod:`.families`) names its
+builder, and :data:`FAMILIES` maps the group's ``model.name`` to it.
 Models never import probes.
 """
 
