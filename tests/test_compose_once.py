@@ -186,7 +186,8 @@ for overrides in (["experiment=fig5", "size=smoke"], ["model=gpt2", "width=64", 
 helptext.probes()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlflow", "transformers",
                "torchvision", "sqlalchemy") or m.startswith(("rankexp.models.", "rankexp.probes.base",
-               "rankexp.tasks", "rankexp.app", "rankexp.tracking")) and m != "rankexp.models.spec")
+               "rankexp.tasks", "rankexp.app", "rankexp.tracking"))
+         and not m.startswith(("rankexp.models.spec", "rankexp.models.families")))
 print("HEAVY", heavy)
 """
 

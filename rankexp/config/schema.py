@@ -36,6 +36,9 @@ from ..probes import (
 
 _bad = bad
 
+#: Images per split of the real data set (train, test).
+CIFAR10_COUNTS = (50_000, 10_000)
+
 
 class Placement(Enum):
     pre = "pre"
@@ -304,8 +307,6 @@ class TrainTask:
             v = getattr(self, key)
             if not (isinstance(v, int) and v >= 1):
                 raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
-        from ..tasks.data import CIFAR10_COUNTS
-
         if self.batch_size > CIFAR10_COUNTS[0]:
             raise _bad("task.batch_size", self.batch_size, f"a batch is drawn from CIFAR-10's "
                        f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
