@@ -146,7 +146,7 @@ def row_seeds(trees: dict[str, Path], stores: dict[str, Store]) -> None:
 COUNTER = """
 import sys
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-import rankexp.config as config
+import rankexp.config.checks as config
 calls = {"configs": 0, "checks": 0}
 apply, check = ConfigLoaderImpl._apply_overrides_to_config, config.check_job
 def counted_apply(*a, **k):

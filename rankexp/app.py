@@ -62,7 +62,7 @@ from .config import (
     flatten,
     resolve_device,
 )
-from .models.mlp import effective_beta
+from .models.families import family_of
 from .result import Measurement
 from .tasks import TASKS
 
@@ -76,11 +76,12 @@ RECHECK_DOWN_S = 30.0
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
-    """``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M (Eq. 21; M = 1 for ``model=plain``,
-    one matrix per layer) and ``depth_factor`` βα^M√L."""
-    beta = effective_beta(s.beta, s.depth, s.beta_scaling.value)
-    ratio = beta * s.alpha ** (1 if s.model.name == "plain" else s.matrices)
-    return {"beta_eff": beta, "nominal_ratio": ratio, "depth_factor": ratio * s.depth**0.5}
+    """What the model family derives from the config (its declared ``derived``): for the
+    residual MLP and the plain nets ``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M
+    (Eq. 21; M = 1 for ``model=plain``, one matrix per layer) and ``depth_factor`` βα^M√L; a
+    ConvNet or an LM has no β, α: none."""
+    derived = family_of(s).derived
+    return dict(derived(s)) if derived is not None else {}
 
 
 def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
@@ -94,9 +95,8 @@ def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
         task = {k: v for k, v in c["task"].items() if k != "max_memory_gb"}
         task["options"] = {p: o for p, o in (task.get("options") or {}).items() if p in s.task.probes}
         c["task"] = task
-    # βα^M and friends describe the residual MLP and the plain nets; a ConvNet or an LM has no β, α
-    derived = derived_params(s) if s.model.name in ("mlp", "plain") else {}
-    return {k: v for k, v in {**flatten(c), **derived}.items() if v is not None and v != {}}
+    return {k: v for k, v in {**flatten(c), **derived_params(s)}.items()
+            if v is not None and v != {}}
 
 
 def base_name(s: RankexpConfig) -> str:

@@ -1,15 +1,19 @@
 """``rankexp --help``: the sections of the app help built from the code (conf/hydra/help/rankexp.yaml).
 
 The help template is YAML; what would go stale there comes from its source of truth through the
-resolver ``rankexp_help``: the probes, their needs and options from
+resolver ``rankexp_help``: the knobs (every task's and task=train's) from the knob table
+:data:`rankexp.knobs.KNOBS`, the probes, their needs and options from
 :data:`rankexp.probes.PROBES`, the config groups a user chooses from the folders of ``conf/``
 (not the schema nodes of the ConfigStore, not the per-experiment ``size/<experiment>/`` files).
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
+
+from .knobs import KNOBS, for_task
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -29,34 +33,6 @@ HYDRA_CHOICES = {"hydra/launcher": ["basic", "local", "slurm", "slurm_gpu"],
                  "hydra/sweeper": ["rankexp", "basic"]}
 
 
-#: the knobs ``--help`` lists, with what they mean (their values come from the composed config)
-KNOBS = {
-    "depth": "L, number of blocks",
-    "width": "d, residual stream width",
-    "expansion": "m/d of the two-matrix branch W_down σ(W_up x)",
-    "matrices": "M: 1 → σ(W x), 2 → W_down σ(W_up x)",
-    "alpha": "α: weights ~ N(0, α²/fan_in) (σ_w with model=plain)",
-    "beta": "β, branch scale",
-    "beta_scaling": "const | inv_sqrt_depth (β/√L) | inv_depth (β/L)",
-    "activation": "relu gelu silu abs tanh linear leaky_relu swiglu",
-    "skip_every": "identity skip every k blocks; 0 = plain MLP (Figure 1)",
-    "bias": "σ_b: biases ~ N(0, σ_b²) (model=plain only)",
-    "init": "gaussian | orthogonal (model=plain only)",
-    "seeds": "independent seeds (weights + input), batched",
-    "seed": "first seed; members use seed, seed+1, …",
-    "device": "auto (CUDA when present) | cpu | cuda | cuda:N",
-    "dtype": "float64 | float32: the measurement's precision",
-    "lr": "task=train: one learning rate instead of task.lrs",
-    "norm.placement": "pre | post | output | peri | none (the norm= preset)",
-    "norm.op": "rmsnorm | layernorm | detached | meansub (batchnorm: model=plain)",
-    "norm.pre": "P of Eq. 17 (an op or none; default: the preset's)",
-    "norm.out": "B of Eq. 17",
-    "norm.post": "R of Eq. 17",
-    "task.probes": "what task=measure runs (below)",
-    "tracking.uri": "MLflow store (null: $$MLFLOW_TRACKING_URI, else ./mlflow.db)",
-    "tracking.experiment": "MLflow experiment the runs go to",
-    "tracking.force": "rerun configs that already FINISHED (a rerun skips them)",
-}
 #: size choices in the order they grow
 SIZES = ["smoke", "cpu", "full"]
 
@@ -69,20 +45,36 @@ def _choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def knobs(root) -> str:
-    """One line per knob: ``key=value`` as composed (the default unless overridden) and its
-    meaning."""
+def _knob_lines(root, rows) -> list[str]:
     from omegaconf import OmegaConf
 
-    width = max(len(k) for k in KNOBS) + 12
+    width = max(len(k.key) for k in KNOBS) + 12
     lines = []
-    for key, meaning in KNOBS.items():
-        v = OmegaConf.select(root, key, throw_on_resolution_failure=False)
+    for knob in rows:
+        v = OmegaConf.select(root, knob.key, default=_ABSENT, throw_on_resolution_failure=False)
+        if v is _ABSENT:  # another task's knob (task=measure's help lists task=train's)
+            v = knob.default
         v = OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
-        shown = f"{key}={_value(getattr(v, 'value', v))}"
-        lines.append(f"  {shown:<{width}} {meaning}" if len(shown) < width
-                     else f"  {shown}\n  {'':<{width}} {meaning}")
-    return "\n".join(lines)
+        shown = f"{knob.key}={_value(getattr(v, 'value', v))}"
+        meaning = textwrap.wrap(knob.help, 96 - width) or [""]
+        first = [f"  {shown:<{width}} {meaning[0]}"] if len(shown) < width \
+            else [f"  {shown}", f"  {'':<{width}} {meaning[0]}"]
+        lines += first + [f"  {'':<{width}} {m}" for m in meaning[1:]]
+    return lines
+
+
+_ABSENT = object()
+
+
+def knobs(root) -> str:
+    """One line per knob every task reads (:data:`rankexp.knobs.KNOBS`): ``key=value`` as
+    composed (the default unless overridden) and its meaning."""
+    return "\n".join(_knob_lines(root, [k for k in KNOBS if k.task != "train"]))
+
+
+def train_knobs(root) -> str:
+    """One line per ``task=train`` knob: as composed under ``task=train``, else its default."""
+    return "\n".join(_knob_lines(root, for_task("train")))
 
 
 def groups() -> str:
@@ -107,7 +99,7 @@ def probes() -> str:
 
     lines = []
     for name, p in PROBES.items():
-        doc = p.doc.replace("``", "")  # read from the source: --help imports no probe code
+        doc = plain_text(p.doc)  # read from the source: --help imports no probe code
         star = "*" if name in DEFAULT_PROBES else " "
         lines.append(f" {star}{name}")
         lines += textwrap.wrap(doc, 92, initial_indent="      ", subsequent_indent="      ")
@@ -122,7 +114,21 @@ def probes() -> str:
     return "\n".join(lines)
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]*)`")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as terminal text: Sphinx roles (``:class:`~a.b.C``` → ``C``) and literal
+    quotes (double backticks) dropped."""
+    doc = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1), doc)
+    return doc.replace("``", "")
+
+
 def section(name: str, *, _root_) -> str:
-    """Resolver ``rankexp_help:<name>``: the text of a help section (``knobs``, ``groups``,
-    ``probes``)."""
-    return knobs(_root_) if name == "knobs" else {"groups": groups, "probes": probes}[name]()
+    """Resolver ``rankexp_help:<name>``: the text of a help section (``knobs``,
+    ``train_knobs``, ``groups``, ``probes``), ``$`` escaped for the template Hydra fills in."""
+    if name in ("knobs", "train_knobs"):
+        text = {"knobs": knobs, "train_knobs": train_knobs}[name](_root_)
+    else:
+        text = {"groups": groups, "probes": probes}[name]()
+    return text.replace("$", "$$")

@@ -41,14 +41,13 @@ def device_type(device: str) -> str:
 
 
 def model_shape(s: RankexpConfig, device: str | None = None) -> ModelShape | ConvShape:
-    """One seed's network as the probes' memory estimates see it (a ConvNet's own shape);
-    ``device`` (default: the config's) decides whether the sweep defers its spectra (CUDA)."""
-    itemsize = ITEMSIZE[s.dtype.value]
-    if s.model.name == "cifar_resnet":
-        return ConvShape(s.depth, s.model.base_width, itemsize)
-    hidden = s.width if s.matrices == 1 else max(1, round(s.expansion * s.width))
-    return ModelShape(s.width, s.depth, hidden, s.matrices, s.skip_every, itemsize,
-                      device_type(device or s.device) == "cuda")
+    """One seed's network as the probes' memory estimates see it (the family's declared
+    ``memory_shape``: a ConvNet's own shape, the MLP's widths); ``device`` (default: the
+    config's) decides whether the sweep defers its spectra (CUDA)."""
+    from .models.families import family_of
+
+    return family_of(s).memory_shape(s, ITEMSIZE[s.dtype.value],
+                                     device_type(device or s.device) == "cuda")
 
 
 def weight_bytes(s: RankexpConfig, shape: ModelShape | ConvShape | None = None) -> float:
@@ -107,8 +106,9 @@ def check_fits(s: RankexpConfig) -> None:
         ConfigError: the estimate, what it is made of and the limit.
     """
     from .config import ConfigError, MeasureTask
+    from .models.families import family_of
 
-    if not isinstance(s.task, MeasureTask) or s.model.name == "gpt2":
+    if not isinstance(s.task, MeasureTask) or not family_of(s).checks_fit:
         return
     need = seed_bytes(s)
     total, what = total_memory_bytes(s.device)

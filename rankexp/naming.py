@@ -14,13 +14,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 
-#: swept key → label prefix (the value follows); ``""``: the value alone (a choice's name)
-PREFIX = {
-    "depth": "L", "width": "d", "expansion": "m/d", "matrices": "M", "alpha": "α", "beta": "β",
-    "seeds": "seeds", "seed": "seed", "skip_every": "skip", "bias": "σb", "lr": "lr",
-    "norm": "", "norm.placement": "", "norm.op": "", "activation": "", "model": "", "init": "",
-    "task": "", "norm.pre": "P:", "norm.out": "B:", "norm.post": "R:", "dtype": "",
-}
+from .knobs import KNOBS
+
+#: swept key → label prefix (the value follows); ``""``: the value alone (a choice's name): the
+#: knobs' symbols (:data:`rankexp.knobs.KNOBS`) and the config groups a sweep can choose
+PREFIX = {**{k.key: k.symbol for k in KNOBS if k.symbol is not None},
+          "norm": "", "model": "", "task": ""}
 #: values shown in the field's notation instead of the config's spelling
 VALUE = {"beta_scaling": {"const": "β", "inv_sqrt_depth": "β/√L", "inv_depth": "β/L"}}
 SEP = "·"
@@ -92,22 +91,13 @@ def base_name(placement: str, alpha: float, beta: float, beta_scaling: str, dept
 
 
 def config_name(s) -> str:
-    """A single run's name from its typed config (``rankexp.config.RankexpConfig``), e.g.
-    ``post·α1·β1·L48·d256`` (a sweep's jobs are named by the axes it varies instead);
-    ``model=gpt2``: ``gpt2·L12·d768`` (``<checkpoint>·L12·d768`` when pretrained);
-    ``model=cifar_resnet``: ``resnet·L110·train``."""
-    if s.model.name == "gpt2":
-        from pathlib import Path
+    """A single run's name from its typed config (``rankexp.config.RankexpConfig``), as its
+    model family declares it: ``post·α1·β1·L48·d256`` (a sweep's jobs are named by the axes it
+    varies instead); ``model=gpt2``: ``gpt2·L12·d768``; ``model=cifar_resnet``:
+    ``resnet·L110·train``."""
+    from .models.families import family_of
 
-        source = Path(s.model.pretrained).name if s.model.pretrained else s.model.config
-        return f"{source}·L{s.depth}·d{s.width}"
-    if s.model.name == "cifar_resnet":
-        name = f"{'resnet' if s.model.residual else 'plain'}·L{s.depth}"
-        if s.model.base_width != 16:
-            name += f"·w{s.model.base_width}"
-        return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
-    return base_name(s.norm.placement.value, s.alpha, s.beta, s.beta_scaling.value,
-                     s.depth, s.width, s.task.name, s.lr)
+    return family_of(s).run_name(s)
 
 
 def sweep_name(experiment: str | None, size: str, started: datetime.datetime | None = None) -> str:

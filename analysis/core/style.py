@@ -34,6 +34,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
+from rankexp.knobs import KNOBS  # noqa: E402
+
 ONE_COLUMN = 3.4  # inches: one column of a two-column paper
 TWO_COLUMN = 7.0  # inches: the full text width
 PAGE_HEIGHT = 8.5  # inches: the tallest figure a page takes with its caption
@@ -129,21 +131,10 @@ SYMBOLS: dict[str, str] = {
     "max_stable_lr": "max stable learning rate",
     "test_acc": "test accuracy",
     "train_loss": "train loss (nats)",
-    # config params
-    "alpha": r"$\alpha$",
-    "beta": r"$\beta$",
+    # config params: the knobs' TeX labels (rankexp.knobs.KNOBS), and two derived ones
+    **{k.key: k.tex for k in KNOBS if k.tex is not None},
     "beta_eff": r"$\beta_\mathrm{eff}$",
-    "depth": r"$L$",
-    "width": r"$d$",
-    "expansion": r"$m/d$",
-    "matrices": r"$M$",
-    "activation": r"$\sigma$",
     "layer": r"layer $\ell$",
-    "seeds": "seeds",
-    "norm.placement": "norm placement",
-    "norm.op": "norm op",
-    "skip_every": "skip spacing",
-    "beta_scaling": r"$\beta$ scaling",
 }
 
 PLACEMENT_NAMES = {

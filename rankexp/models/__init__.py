@@ -3,8 +3,9 @@
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
 mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
 and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
-when built) and one builder in :mod:`.build`; :data:`FAMILIES` maps the group's ``model.name``
-to it.  Models never import probes.
+when built) and one builder in :mod:`.build`; each is declared once, torch-free, in
+:mod:`.families` (schema, builder, tasks, run name, derived params, memory shape, rules), and
+:data:`FAMILIES` maps the group's ``model.name`` to its builder.  Models never import probes.
 
 This package imports nothing heavy itself: :mod:`.spec` (names, Eq. 17's slots, GPT-2's
 shapes) is torch-free, so composing and checking a config never loads torch; the builders and

@@ -3,19 +3,23 @@
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
 mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
 and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
-when built) and one builder here; :data:`FAMILIES` maps the group's ``model.name`` to it.
+when built) and one builder here; each family's declaration (:mod:`.families`) names its
+builder, and :data:`FAMILIES` maps the group's ``model.name`` to it.
 Models never import probes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .convnet import CifarResNet
+from .families import FAMILIES as _FAMILIES
+from .families import family_of
 from .gpt2 import CausalLM, build_causal_lm
 from .mlp import ResidualMLP
 from .plain import PlainNet
@@ -105,16 +109,25 @@ def build_cifar_resnet(s: RankexpConfig, device: torch.device | str = "cpu", see
     )
 
 
-#: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
-FAMILIES: dict[str, Callable[..., nn.Module]] = {
-    "mlp": build_mlp,
-    "plain": build_plain,
-    "gpt2": build_gpt2,
-    "cifar_resnet": build_cifar_resnet,
-}
-
-
 def build_model(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
                 dtype: torch.dtype | None = None) -> nn.Module:
-    """The network of the config's model family (``model=``), on ``device``."""
-    return FAMILIES[s.model.name](s, device, seeds=seeds, dtype=dtype)
+    """The network of the config's model family (``model=``; its declared builder), on
+    ``device``."""
+    return family_of(s).build(s, device, seeds=seeds, dtype=dtype)
+
+
+class _Builders(Mapping):
+    """``model.name`` → builder, read from the family declarations (:data:`FAMILIES`)."""
+
+    def __getitem__(self, name: str) -> Callable[..., nn.Module]:
+        return functools.partial(_FAMILIES[name].build)
+
+    def __iter__(self):
+        return iter(_FAMILIES)
+
+    def __len__(self) -> int:
+        return len(_FAMILIES)
+
+
+#: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
+FAMILIES: Mapping[str, Callable[..., nn.Module]] = _Builders()

@@ -31,7 +31,7 @@ from ..seeding import STREAM_WEIGHTS, normal_many_
 from .activations import ACTIVATIONS, activation_fn
 from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
-from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta
+from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta, hidden_width, nominal_ratio
 
 __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "ResidualMLP",
            "effective_beta"]
@@ -92,7 +92,7 @@ class Block(nn.Module):
         self.beta, self.has_skip = float(beta), bool(has_skip)
         self.sigma = activation_fn(activation)
         self.gated = activation == "swiglu"
-        self.hidden = width if matrices == 1 else max(1, int(round(expansion * width)))
+        self.hidden = hidden_width(width, expansion, matrices)
         #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
         self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
         self.pre_norm, self.out_norm, self.res_norm = (
@@ -252,7 +252,7 @@ class ResidualMLP(nn.Module):
     @property
     def nominal_ratio(self) -> float:
         """βα^M, the nominal branch-to-skip ratio (Eq. 21 at ‖h‖ = √d)."""
-        return self.beta_eff * self.alpha**self.matrices
+        return nominal_ratio(self.beta_eff, self.alpha, self.matrices)
 
     def has_skip(self, layer: int) -> bool:
         """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""

@@ -43,6 +43,7 @@ from .activations import activation_fn
 from .mlp import effective_beta
 from .norms import NORM_FNS
 from .norms import identity as _identity
+from .spec import nominal_ratio
 
 INITS = ("gaussian", "orthogonal")
 #: norm ops a plain network accepts before φ (``norm=pre``)
@@ -225,7 +226,7 @@ class PlainNet(nn.Module):
     @property
     def nominal_ratio(self) -> float:
         """β σ_w on residual networks, σ_w on plain ones (the study's βα^M with M = 1)."""
-        return (self.beta_eff if self.skip_every else 1.0) * self.alpha
+        return nominal_ratio(self.beta_eff if self.skip_every else 1.0, self.alpha, 1)
 
     def has_skip(self, layer: int) -> bool:
         """Whether layer ``layer`` (1-based) adds the identity skip from ``h_{layer−k}``."""

@@ -147,3 +147,22 @@ def default_heads(width: int, config: str) -> int:
     while width % n:
         n -= 1
     return n
+
+
+# --------------------------------------------------------------------------- derived widths and ratios
+def expanded_width(width: int, expansion: float) -> int:
+    """m = round(m/d · d): the hidden width of a two-matrix branch (may be < 1 for a tiny m/d;
+    the config refuses that)."""
+    return int(round(expansion * width))
+
+
+def hidden_width(width: int, expansion: float, matrices: int) -> int:
+    """The width of a branch's hidden layer: d for ``M = 1`` (σ(W x)), else
+    :func:`expanded_width` (at least 1)."""
+    return width if matrices == 1 else max(1, expanded_width(width, expansion))
+
+
+def nominal_ratio(beta_eff: float, alpha: float, matrices: int) -> float:
+    """βα^M, the nominal branch-to-skip ratio (Eq. 21 at ‖h‖ = √d), from the depth-scaled β
+    (:func:`effective_beta`), the init scale α and the M weight matrices of a branch."""
+    return beta_eff * alpha**matrices

@@ -42,16 +42,22 @@ from .catalog import (
 #: probe name (as in ``task.probes``) → probe; each function is a :class:`~.catalog.Ref`
 #: ``"module:function"`` of this package, imported on first use (the registry imports no torch)
 PROBES: dict[str, Probe] = {
-    "io_jacobian": Probe(Ref("sweep:probe_io_jacobian"), frozenset({IO_JACOBIAN})),
+    "io_jacobian": Probe(Ref("sweep:probe_io_jacobian"), frozenset({IO_JACOBIAN}),
+                         inputs="one"),
     "profile": Probe(Ref("sweep:probe_profile"), frozenset({PARTIAL_SPECTRA}),
-                     memory=c.profile_memory),
-    "stream": Probe(Ref("sweep:probe_stream"), memory=c.stream_memory, options=c.STREAM_OPTIONS),
-    "branch_ratio": Probe(Ref("sweep:probe_branch_ratio"), frozenset({BRANCH_NORMS})),
+                     memory=c.profile_memory,
+                     inputs="one"),
+    "stream": Probe(Ref("sweep:probe_stream"), memory=c.stream_memory, options=c.STREAM_OPTIONS,
+                    inputs="one"),
+    "branch_ratio": Probe(Ref("sweep:probe_branch_ratio"), frozenset({BRANCH_NORMS}),
+                          inputs="one"),
     "accumulated_branch": Probe(Ref("sweep:probe_accumulated_branch"),
-                                frozenset({BRANCH_NORMS, BRANCH_SUM})),
+                                frozenset({BRANCH_NORMS, BRANCH_SUM}),
+                                inputs="one"),
     "path_order": Probe(Ref("paths:probe_path_order"),
                         frozenset({PATH_ORDERS, IO_JACOBIAN, BRANCH_NORMS}),
-                        memory=c.path_order_memory, options=c.PATH_ORDER_OPTIONS),
+                        memory=c.path_order_memory, options=c.PATH_ORDER_OPTIONS,
+                        inputs="one"),
     "representation": Probe(Ref("representation:probe_representation"),
                             reduce_ref=Ref("representation:reduce_representation"),
                             memory=c.representation_memory, options=c.REPRESENTATION_OPTIONS),
@@ -60,68 +66,76 @@ PROBES: dict[str, Probe] = {
                                      options=c.BACKWARD_REPRESENTATION_OPTIONS),
     "branch_jacobian": Probe(Ref("branch:probe_branch_jacobian"),
                              reduce_ref=Ref("branch:reduce_branch_jacobian"),
-                             memory=c.branch_jacobian_memory, options=c.BRANCH_JACOBIAN_OPTIONS),
+                             memory=c.branch_jacobian_memory, options=c.BRANCH_JACOBIAN_OPTIONS,
+                             inputs="one"),
     "activation_spike": Probe(Ref("branch:probe_activation_spike"),
                               reduce_ref=Ref("branch:reduce_activation_spike"),
                               memory=c.activation_spike_memory, options=c.ACTIVATION_SPIKE_OPTIONS),
     "projection_split": Probe(Ref("branch:probe_projection_split"),
                               reduce_ref=Ref("branch:reduce_projection_split"),
-                              memory=c.projection_split_memory),
+                              memory=c.projection_split_memory,
+                              inputs="one"),
     # Table 2 (the post-residual ops' Jacobians vs autograd) and Table 3 (random-walk projections)
     "norm_jacobian": Probe(Ref("norm_jacobian:probe_norm_jacobian"), memory=c.norm_jacobian_memory,
-                           options=c.NORM_JACOBIAN_DEFAULTS),
+                           options=c.NORM_JACOBIAN_DEFAULTS,
+                           inputs="one"),
     "projection_walk": Probe(Ref("walk:probe_projection_walk"), memory=c.projection_walk_memory,
                              options=c.WALK_DEFAULTS),
     # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
     # seeds at once (fits, histograms), so their seeds are never split into memory chunks
     "correlation": Probe(Ref("meanfield:probe_correlation"), splits_seeds=False,
-                         options=c.CORRELATION_DEFAULTS),
+                         options=c.CORRELATION_DEFAULTS,
+                         families=c.PLAIN),
     "jacobian_spectrum": Probe(Ref("meanfield:probe_jacobian_spectrum"), splits_seeds=False,
-                               options=c.SPECTRUM_DEFAULTS),
+                               options=c.SPECTRUM_DEFAULTS,
+                               families=c.PLAIN, inputs="one"),
     "deep_linear": Probe(Ref("meanfield:probe_deep_linear"), splits_seeds=False,
                          options=c.DEEP_LINEAR_DEFAULTS),
     "gradient_norms": Probe(Ref("gradients:probe_gradient_norms"), splits_seeds=False,
-                            options=c.GRADIENT_NORMS_OPTIONS),
+                            options=c.GRADIENT_NORMS_OPTIONS,
+                            families=c.PLAIN),
     "shattered": Probe(Ref("gradients:probe_shattered"), splits_seeds=False,
-                       options=c.SHATTERED_OPTIONS),
+                       options=c.SHATTERED_OPTIONS,
+                       families=c.PLAIN),
     # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
     "ffn_jacobian": Probe(Ref("ffn:probe_ffn_jacobian"), memory=c.ffn_memory,
-                          options=c.FFN_JACOBIAN_OPTIONS),
+                          options=c.FFN_JACOBIAN_OPTIONS,
+                          families=c.LM),
     # He et al.'s degradation replication (model=cifar_resnet; science.md §5): per member on
     # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
     "layer_response": Probe(Ref("convnet:probe_layer_response"), memory=c.layer_response_memory,
-                            options=c.LAYER_RESPONSE_OPTIONS),
+                            options=c.LAYER_RESPONSE_OPTIONS,
+                            families=c.CONVNET),
     "init_gradient_norms": Probe(Ref("convnet:probe_init_gradient_norms"),
                                  memory=c.init_gradient_norms_memory,
-                                 options=c.INIT_GRADIENT_NORMS_OPTIONS),
-    "lesion": Probe(Ref("convnet:probe_lesion"), memory=c.lesion_memory, options=c.LESION_OPTIONS),
+                                 options=c.INIT_GRADIENT_NORMS_OPTIONS,
+                                 families=c.CONVNET),
+    "lesion": Probe(Ref("convnet:probe_lesion"), memory=c.lesion_memory, options=c.LESION_OPTIONS,
+                    families=c.CONVNET, tasks=c.TRAINED),
 }
 
 #: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
-PLAIN_PROBES = ("correlation", "jacobian_spectrum", "gradient_norms", "shattered")
+PLAIN_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.PLAIN)
 #: probes of a causal LM (``model=gpt2``); the only ones that run on it
-LM_PROBES = ("ffn_jacobian",)
+LM_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.LM)
 #: probes that differentiate one input per member: a batchnorm has no batch there
-ONE_INPUT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio", "accumulated_branch",
-                    "path_order", "branch_jacobian", "projection_split", "jacobian_spectrum",
-                    "norm_jacobian")
+ONE_INPUT_PROBES = tuple(n for n, p in PROBES.items() if p.inputs == "one")
 #: the probes of the CIFAR ConvNets (model=cifar_resnet), and the only ones it runs
-CIFAR_PROBES = ("layer_response", "init_gradient_norms", "lesion")
+CIFAR_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.CONVNET)
 #: probes of a trained network (task=train only, after training)
-TRAINED_PROBES = ("lesion",)
+TRAINED_PROBES = tuple(n for n, p in PROBES.items() if p.tasks == c.TRAINED)
 #: probes of the initial network (under task=train they run before the first step)
 INIT_PROBES = ("init_gradient_norms",)
 
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
-#: ``model.name`` → its default ``task.probes`` where it differs from :data:`DEFAULT_PROBES`
-FAMILY_DEFAULT_PROBES = {"gpt2": LM_PROBES}
-
-
 def default_probes(family: str) -> list[str]:
     """Resolver ``rankexp_default_probes``: the ``task.probes`` of ``conf/task/measure.yaml`` for
-    model family ``family``."""
-    return list(FAMILY_DEFAULT_PROBES.get(str(family), DEFAULT_PROBES))
+    model family ``family`` (its declared default, else :data:`DEFAULT_PROBES`)."""
+    from ..models.families import FAMILIES
+
+    fam = FAMILIES.get(str(family))
+    return list(fam.default_probes if fam and fam.default_probes else DEFAULT_PROBES)
 
 
 def __getattr__(name: str) -> Any:

@@ -282,6 +282,14 @@ def lesion_memory(shape: ConvShape, options: Mapping) -> float:
 
 
 # --------------------------------------------------------------------------- the registry's entries
+#: model families a probe runs on (``Probe.families``): the residual MLP and the plain nets
+RESIDUAL = frozenset({"mlp", "plain"})
+PLAIN = frozenset({"plain"})
+LM = frozenset({"gpt2"})
+CONVNET = frozenset({"cifar_resnet"})
+#: tasks a probe runs under (``Probe.tasks``)
+ANY_TASK = frozenset({"measure", "train"})
+TRAINED = frozenset({"train"})
 @dataclass(frozen=True)
 class Ref:
     """A function named by module and attribute, imported on first call (``"sweep:probe_stream"``
@@ -324,6 +332,11 @@ class Probe:
             place they are declared — ``fn`` reads them with
             :meth:`~rankexp.probes.base.ProbeContext.probe_options`, and the config schema and
             ``--help`` are built from them.
+        families: the model families (``model.name``) it runs on; a config of another is
+            refused before any run (:func:`rankexp.models.families.check_family`).
+        tasks: the tasks it runs under (``lesion``: ``train`` only, on the trained network).
+        inputs: ``batch`` (it sees the batch of inputs together) or ``one`` (it differentiates
+            one input per seed, so a batchnorm has no batch to normalize over).
     """
 
     ref: Ref
@@ -332,6 +345,9 @@ class Probe:
     memory: MemoryEstimate = sweep_memory
     splits_seeds: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
+    families: frozenset[str] = RESIDUAL
+    tasks: frozenset[str] = ANY_TASK
+    inputs: str = "batch"
 
     @property
     def fn(self) -> Callable[..., Any]:

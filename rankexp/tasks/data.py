@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..config.schema import CIFAR10_COUNTS  # noqa: F401 — re-exported (checked before a run)
 from ..locations import REPO_ROOT, cache_path, resolve_path
 from ..seeding import STREAM_DATA
 
@@ -59,8 +60,6 @@ CLASSES = (
 )
 IMAGE_SHAPE = (3, 32, 32)
 IN_FEATURES = 3 * 32 * 32
-#: Images per split of the real data set (train, test).
-CIFAR10_COUNTS = (50_000, 10_000)
 SOURCES = ("auto", "torchvision", "imagefolder", "archive")
 
 ARCHIVE_NAME = "cifar10-jpeg.tar.gz"

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..memory import free_memory_bytes, model_shape, seed_bytes  # noqa: F401 — re-exported
 from ..models import DTYPES, build_model
 from ..models.convnet import CifarResNet
+from ..models.families import CIFAR10, family_of
 from ..models.mlp import ResidualMLP
 from ..probes import DEFAULT_PROBES, FOLDS, PROBES, ImageProbeContext, ProbeContext, needs_of
 from ..result import Measurement
@@ -232,7 +233,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     context = None
-    if s.model.name == "cifar_resnet":  # measured on CIFAR-10 itself, on the device before chunking
+    if family_of(s).inputs == CIFAR10:  # measured on CIFAR-10 itself, on the device before chunking
         from .data import dataset_for
 
         data = dataset_for(s, device, DTYPES[s.dtype.value])

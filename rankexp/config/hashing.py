@@ -1,0 +1,67 @@
+"""The config hash: what a run computes, as 16 hex digits (resume keys on it).
+
+Two jobs with the same hash compute the same numbers.  The rules that keep a v1 config's hash
+(knobs added later, options at their declared default, norm slots that repeat their preset)
+live here with the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .schema import _preset_slot, given_options
+
+#: config keys that say where/how a run is recorded, not what it computes
+NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
+#: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
+#: they existed still match (resume skips them) — a config with default bias/init is unchanged
+LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}
+
+
+def resolved_container(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python (enums as strings, no ``hydra`` node)."""
+    c = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    c.pop("hydra", None)
+    return c
+
+
+def config_hash(container: dict[str, Any]) -> str:
+    """Stable 16-hex-digit hash of what a run computes (the tracking/device keys excluded).
+
+    Two jobs with the same hash compute the same numbers; resume uses it to
+    skip configs that already FINISHED.
+    """
+    semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS
+                and not (k in LATER_KNOB_DEFAULTS and v == LATER_KNOB_DEFAULTS[k])}
+    if semantic.get("task", {}).get("name") == "measure":
+        semantic.pop("data", None)
+        semantic.pop("lr", None)
+        # seed chunking never changes a number (tested), so the budget is not part of the hash
+        semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    if isinstance(semantic.get("task"), dict) and "options" in semantic["task"]:
+        # an option at its declared default adds nothing: v1's `options: {}` keeps its hash
+        semantic["task"] = {**semantic["task"], "options": given_options(semantic["task"]["options"])}
+    norm = semantic.get("norm")
+    if isinstance(norm, dict) and {"placement", "op"} <= norm.keys():
+        # a slot that only repeats its preset adds nothing: configs v1 could express keep v1's hash
+        semantic["norm"] = {k: v for k, v in norm.items()
+                            if not (k in ("pre", "out", "post")
+                                    and v == _preset_slot(k, norm["placement"], norm["op"]))}
+    blob = json.dumps(semantic, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def flatten(container: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"norm": {"op": "rmsnorm"}} → {"norm.op": "rmsnorm"}``; lists become strings."""
+    out: dict[str, Any] = {}
+    for k, v in container.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,527 @@
+"""Structured-config schema (Hydra ConfigStore): the dataclasses, their defaults and enums.
+
+The YAML tree under ``conf/`` is the user's surface; these dataclasses give it
+types and allowed values.  Enum fields are checked by OmegaConf while Hydra
+composes (``activation=foo`` fails there, listing the allowed values); ranges
+and cross-field rules are checked in ``__post_init__``, which runs when
+:func:`rankexp.config.checks.validate` turns the composed config into objects — before the
+task creates any MLflow run.  :func:`register_configs` puts the schema and the resolvers the
+YAML reads into Hydra.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from ..errors import bad
+from ..knobs import default
+from ..models.families import FAMILIES, check_family
+from ..models.spec import (
+    PRESET_SLOTS,
+    expanded_width,
+    lm_shape,
+)
+from ..probes import (
+    DEFAULT_PROBES,
+    default_probes,
+)
+
+_bad = bad
+
+#: Images per split of the real data set (train, test).
+CIFAR10_COUNTS = (50_000, 10_000)
+
+
+class Placement(Enum):
+    pre = "pre"
+    post = "post"
+    output = "output"
+    peri = "peri"
+    none = "none"
+
+
+class NormOp(Enum):
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+    batchnorm = "batchnorm"  # over the batch of probe inputs; model=plain only
+
+
+class Init(Enum):
+    """Weight initialization of ``model=plain``: i.i.d. Gaussian or scaled orthogonal."""
+
+    gaussian = "gaussian"
+    orthogonal = "orthogonal"
+
+
+class Activation(Enum):
+    relu = "relu"
+    gelu = "gelu"
+    silu = "silu"
+    abs = "abs"
+    tanh = "tanh"
+    linear = "linear"
+    leaky_relu = "leaky_relu"
+    swiglu = "swiglu"
+
+
+class BetaScaling(Enum):
+    const = "const"
+    inv_sqrt_depth = "inv_sqrt_depth"
+    inv_depth = "inv_depth"
+
+
+class Dtype(Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+class Optimizer(Enum):
+    adam = "adam"
+    sgd = "sgd"
+
+
+class Schedule(Enum):
+    constant = "constant"
+    step = "step"
+
+
+class Augment(Enum):
+    none = "none"
+    pad_crop_flip = "pad_crop_flip"
+
+
+class Size(Enum):
+    """``size=``: which of an experiment's sizes runs (``conf/size/<experiment>/<size>.yaml``)."""
+
+    smoke = "smoke"
+    cpu = "cpu"
+    full = "full"
+
+
+class NormSlot(Enum):
+    """What one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)."""
+
+    none = "none"
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+    detached = "detached"
+    meansub = "meansub"
+    batchnorm = "batchnorm"  # model=plain only (refused for the residual MLP)
+
+
+def _preset_slot(slot: str, placement: Any, op: Any) -> str:
+    """Resolver ``rankexp_norm_slot``: what the placement preset puts in ``slot`` (its op or none)."""
+    placement, op = (v.value if isinstance(v, Enum) else str(v) for v in (placement, op))
+    return op if slot in PRESET_SLOTS.get(placement, ()) else "none"
+
+
+def _preset(slot: str) -> str:
+    return f"${{rankexp_norm_slot:{slot},${{.placement}},${{.op}}}}"
+
+
+@dataclass
+class NormConfig:
+    """Normalization of the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17).
+
+    ``pre``, ``out``, ``post`` are P, B, R: each an op of Table 2 or ``none``.  By default they
+    follow the ``placement`` preset (``norm=pre|post|output|peri|none``, Eq. 6/7), which puts
+    ``op`` in its slots — so ``norm=post norm.op=layernorm`` works as before — and any slot can
+    be set on its own: ``norm=pre norm.post=detached`` is Figure 4b's Pre-RMSNorm + detached R.
+    """
+
+    placement: Placement = Placement(default("norm.placement"))
+    op: NormOp = NormOp(default("norm.op"))
+    pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
+    out: NormSlot = _preset("out")  # type: ignore[assignment]
+    post: NormSlot = _preset("post")  # type: ignore[assignment]
+
+    def preset_slot(self, slot: str) -> str:
+        """What the preset alone puts in ``slot`` (``pre``/``out``/``post``)."""
+        return _preset_slot(slot, self.placement, self.op)
+
+
+#: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
+MODEL_SCHEMAS: dict[str, type] = {name: f.schema for name, f in FAMILIES.items()}
+
+
+def _option_field(default: Any) -> tuple[Any, Any]:
+    """(type, dataclass field) of one probe option from its declared default: ints, floats and
+    bools are typed (``n=abc`` is refused while composing), anything else (``None``, strings
+    that may also be numbers, lists) is ``Any``."""
+    kind = type(default) if isinstance(default, (bool, int, float)) else Any
+    if isinstance(default, (list, dict)):
+        return kind, field(default_factory=lambda d=default: copy.deepcopy(d))
+    return kind, field(default=default)
+
+
+def options_schema() -> type:
+    """The schema of ``task.options``: one node per probe of :data:`rankexp.probes.PROBES`, its
+    keys and defaults those the probe declares (``Probe.options``) — so every documented option
+    overrides as typed (``task.options.representation.n=512``) and an unknown one is refused
+    with the allowed keys."""
+    from ..probes import PROBES
+
+    def named(cls: type) -> type:  # importable by name, so configs pickle (submitit ships them)
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+        globals()[cls.__name__] = cls
+        return cls
+
+    nodes = []
+    for name, probe in PROBES.items():
+        fields = [(k, *_option_field(v)) for k, v in probe.options.items()]
+        node = named(dataclasses.make_dataclass(f"{name.title().replace('_', '')}Options", fields))
+        nodes.append((name, node, field(default_factory=node)))
+    return named(dataclasses.make_dataclass("ProbeOptions", nodes))
+
+
+ProbeOptions = options_schema()
+
+
+def given_options(options: Any) -> dict[str, dict[str, Any]]:
+    """``task.options`` (the schema node, a dict, or its dataclass) as ``{probe: {key: value}}``
+    without the values equal to the probe's declared default: what the user chose."""
+    from ..probes import PROBES
+
+    if dataclasses.is_dataclass(options):
+        options = dataclasses.asdict(options)
+    out = {}
+    for name, opts in dict(options or {}).items():
+        defaults = PROBES[name].options if name in PROBES else {}
+        chosen = {k: v for k, v in dict(opts or {}).items()
+                  if k not in defaults or v != defaults[k]}
+        if chosen:
+            out[name] = chosen
+    return out
+
+
+@dataclass
+class MeasureTask:
+    """``task=measure``: initialization-rank probes (see :data:`rankexp.probes.PROBES`)."""
+
+    name: str = "measure"
+    probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
+    #: per-probe options, ``task.options.<probe>.<key>`` (:func:`options_schema`)
+    options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
+    #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
+    max_memory_gb: float | None = default("task.max_memory_gb")
+
+    def __post_init__(self) -> None:
+        from ..probes import PROBES
+
+        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
+            self.options = dataclasses.asdict(self.options)
+        if not self.probes:
+            raise _bad("task.probes", self.probes, "list at least one probe")
+        for p in self.probes:
+            if p not in PROBES:
+                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
+            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
+
+
+@dataclass
+class TrainTask:
+    """``task=train``: CIFAR-10; all learning rates trained as one batched model.
+
+    Length: ``steps`` optimizer steps (evaluations every ``eval_every``, reports every
+    ``log_every``, series logged at step = optimizer step), or ``epochs`` passes over the
+    training set (⌊50000/batch_size⌋ steps each; one report and evaluation per epoch, series
+    logged at step = epoch; ``eval_every``/``log_every`` are then not used) — exactly one of
+    the two is set.
+
+    Recipe (:mod:`rankexp.tasks.recipes`): ``optimizer`` adam (the study's) or sgd
+    (``momentum``, ``weight_decay`` on conv kernels and weight matrices only, never on BN
+    scale/shift or biases); ``schedule`` constant or step (rates × ``gamma`` at each fraction
+    ``milestones`` of training, and × ``warmup_factor`` for the first ``warmup_steps`` steps of
+    networks with ``depth ≥ warmup_min_depth``); ``augment`` none or pad_crop_flip (He et al.:
+    ``pad`` pixels, random crop, horizontal flip; on the device). He et al.'s CIFAR recipe is
+    ``conf/experiment/degradation.yaml``'s.
+
+    Measurements: ``probes`` lists those of the model family to run — ``init_gradient_norms``
+    on the initial network before the first step, the others (``layer_response``, ``lesion``)
+    on the trained one — with ``options.<probe>`` as for ``task=measure``;
+    ``clean_train_images`` > 0 also evaluates that many training images without augmentation
+    at the end (``clean_train_error_lr<lr>``).
+
+    ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
+    Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
+    config — in a new sweep directory, after preemption — resumes from them.
+    A learning rate *diverged* when its train loss turns non-finite or exceeds
+    ``divergence_factor`` × its initial loss (``inf``: non-finite only). ``compile``
+    (``torch.compile`` of forward + loss) and ``cuda_graphs`` (the whole step replayed as one
+    CUDA graph; ignored with a warning on CPU) are speed options for GPUs.
+    """
+
+    name: str = "train"
+    steps: int | None = default("task.steps")
+    epochs: int | None = default("task.epochs")
+    batch_size: int = default("task.batch_size")
+    lrs: list[float] = field(default_factory=lambda: default("task.lrs"))
+    eval_every: int = default("task.eval_every")
+    log_every: int = default("task.log_every")
+    checkpoint_every: int = default("task.checkpoint_every")
+    stable_accuracy: float = default("task.stable_accuracy")
+    dtype: Dtype = Dtype(default("task.dtype"))
+    checkpoint_dir: str = default("task.checkpoint_dir")
+    divergence_factor: float = default("task.divergence_factor")
+    bf16: bool = default("task.bf16")
+    compile: bool = default("task.compile")
+    cuda_graphs: bool = default("task.cuda_graphs")
+    optimizer: Optimizer = Optimizer(default("task.optimizer"))
+    momentum: float = default("task.momentum")
+    weight_decay: float = default("task.weight_decay")
+    schedule: Schedule = Schedule(default("task.schedule"))
+    milestones: list[float] = field(default_factory=lambda: default("task.milestones"))
+    gamma: float = default("task.gamma")
+    warmup_steps: int = default("task.warmup_steps")
+    warmup_factor: float = default("task.warmup_factor")
+    warmup_min_depth: int = default("task.warmup_min_depth")
+    augment: Augment = Augment(default("task.augment"))
+    pad: int = default("task.pad")
+    clean_train_images: int = default("task.clean_train_images")
+    probes: list[str] = field(default_factory=list)
+    options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
+
+    def __post_init__(self) -> None:
+        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
+            self.options = dataclasses.asdict(self.options)
+        if (self.steps is None) == (self.epochs is None):
+            raise _bad("task.steps/task.epochs", (self.steps, self.epochs),
+                       "set exactly one: task.steps (optimizer steps) or task.epochs "
+                       "(e.g. task.epochs=null task.steps=300)")
+        for key in ("steps", "epochs"):
+            v = getattr(self, key)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 1 (or null)")
+        for key in ("batch_size", "eval_every", "log_every", "checkpoint_every"):
+            v = getattr(self, key)
+            if not (isinstance(v, int) and v >= 1):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
+        if self.batch_size > CIFAR10_COUNTS[0]:
+            raise _bad("task.batch_size", self.batch_size, f"a batch is drawn from CIFAR-10's "
+                       f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
+        if self.clean_train_images > CIFAR10_COUNTS[0]:
+            raise _bad("task.clean_train_images", self.clean_train_images,
+                       f"CIFAR-10 has {CIFAR10_COUNTS[0]} training images")
+        for key in ("warmup_steps", "warmup_min_depth", "pad", "clean_train_images"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
+                raise _bad(f"task.{key}", v, "must be an integer ≥ 0")
+        if not 0 <= self.momentum < 1:
+            raise _bad("task.momentum", self.momentum, "must be in [0, 1)")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise _bad("task.weight_decay", self.weight_decay, "must be a finite number ≥ 0")
+        if self.weight_decay and self.optimizer is not Optimizer.sgd:
+            raise _bad("task.weight_decay", self.weight_decay, "applies to task.optimizer=sgd only")
+        if any(not 0 < m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
+            raise _bad("task.milestones", list(self.milestones),
+                       "must be increasing fractions of training in (0, 1), e.g. [0.5, 0.75]")
+        for key in ("gamma", "warmup_factor"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise _bad(f"task.{key}", v, "must be a finite number > 0")
+        from ..probes import PROBES
+
+        for p in self.probes:
+            if p not in PROBES:
+                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
+            raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
+        if not self.divergence_factor > 1:
+            raise _bad("task.divergence_factor", self.divergence_factor,
+                       "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
+
+
+@dataclass
+class DataConfig:
+    """Where CIFAR-10 lives: an image-folder tree / its tar.gz, or the torchvision original."""
+
+    root: str = "${oc.env:RANKEXP_DATA,../shared/data}"
+    source: str = "auto"
+    cache_dir: str = ".cache"
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        allowed = ("auto", "torchvision", "imagefolder", "archive")
+        if self.source not in allowed:
+            raise _bad("data.source", self.source, f"allowed: {', '.join(allowed)}")
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow: store URI, experiment name, resume behaviour, outage and liveness bounds.
+
+    ``uri: null`` means ``$MLFLOW_TRACKING_URI`` if set, else an embedded SQLite
+    file ``mlflow.db`` in the directory the command was started from.
+
+    ``http_retries``, ``http_timeout_s``, ``http_backoff`` become MLflow's own
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` for the job (so a
+    server outage costs seconds, not MLflow's default of minutes per call).  A run's owner
+    refreshes the tag ``rankexp.heartbeat`` every ``heartbeat_s`` seconds; a RUNNING run whose
+    owner cannot be checked otherwise (another host, no Slurm) is stale after ``stale_after_s``.
+    """
+
+    uri: str | None = default("tracking.uri")
+    experiment: str = default("tracking.experiment")
+    enabled: bool = True
+    resume: bool = True
+    force: bool = default("tracking.force")
+    log_arrays: bool = True
+    http_retries: int = 2
+    http_timeout_s: int = 10
+    http_backoff: int = 1
+    heartbeat_s: int = 30
+    stale_after_s: int = 600
+
+    def __post_init__(self) -> None:
+        from ..tracking import experiment_name_problem
+
+        problem = experiment_name_problem(self.experiment)
+        if problem:
+            raise _bad("tracking.experiment", self.experiment, problem)
+        for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
+                         ("heartbeat_s", 1), ("stale_after_s", 1)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise _bad(f"tracking.{key}", v, f"must be an integer ≥ {low}")
+        if self.stale_after_s < 2 * self.heartbeat_s:
+            raise _bad("tracking.stale_after_s", self.stale_after_s,
+                       f"must be at least twice tracking.heartbeat_s={self.heartbeat_s}")
+
+
+@dataclass
+class RankexpConfig:
+    """The whole composed config; top-level keys are the architectural knobs (design.md §1).
+
+    Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1 — each read
+    from its row of the knob table (:data:`rankexp.knobs.KNOBS`), the one place it is written.
+    """
+
+    depth: int = default("depth")
+    width: int = default("width")
+    expansion: float = default("expansion")
+    matrices: int = default("matrices")
+    alpha: float = default("alpha")
+    beta: float = default("beta")
+    beta_scaling: BetaScaling = BetaScaling(default("beta_scaling"))
+    activation: Activation = Activation(default("activation"))
+    skip_every: int = default("skip_every")
+    bias: float = default("bias")
+    init: Init = Init(default("init"))
+    seeds: int = default("seeds")
+    seed: int = default("seed")
+    device: str = default("device")
+    dtype: Dtype = Dtype(default("dtype"))
+    lr: float | None = default("lr")
+    size: Size = Size.full
+    model: Any = MISSING  # a model family's schema from the `model` group (MODEL_SCHEMAS)
+    norm: NormConfig = field(default_factory=NormConfig)
+    task: Any = MISSING  # a TaskConfig from the `task` group (measure or train)
+    data: DataConfig = field(default_factory=DataConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        def integer(key: str, low: int, what: str) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise _bad(key, v, f"{what} must be an integer ≥ {low}")
+
+        integer("depth", 1, "depth (L)")
+        integer("width", 1, "width (d)")
+        integer("seeds", 1, "the number of seeds")
+        integer("skip_every", 0, "skip_every (0 = plain MLP, 1 = every block)")
+        integer("seed", 0, "the base seed")
+        if self.matrices not in (1, 2):
+            raise _bad("matrices", self.matrices, "a branch has M = 1 or M = 2 weight matrices")
+        for key in ("alpha", "beta", "expansion"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise _bad(key, v, "must be a finite number > 0")
+        if self.matrices == 2 and expanded_width(self.width, self.expansion) < 1:
+            raise _bad("expansion", self.expansion, f"m = expansion·width must be ≥ 1 (width={self.width})")
+        if self.activation is Activation.swiglu and self.matrices != 2:
+            raise _bad("activation", "swiglu", "the gated unit needs matrices=2")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise _bad("lr", self.lr, "must be a number > 0 (or null for the task's LR sweep)")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise _bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+        if not isinstance(self.model, tuple(MODEL_SCHEMAS.values())):
+            raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
+        if not isinstance(self.task, (MeasureTask, TrainTask)):
+            raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
+        if not (math.isfinite(self.bias) and self.bias >= 0):
+            raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
+        check_family(self)
+
+
+def sweep_stamp() -> str:
+    """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns.
+
+    Hydra resolves ``hydra.sweep.dir`` in the launcher and again in workers;
+    the stamp travels in ``$RANKEXP_STAMP`` so they all agree, while two sweeps
+    started in the same second get different directories.
+    """
+    import datetime
+    import os
+
+    return os.environ.setdefault(
+        "RANKEXP_STAMP", f"{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}-{os.getpid()}"
+    )
+
+
+def slurm_signal_delay(timeout_min: float) -> int:
+    """Seconds before a Slurm time limit at which submitit's warning signal (USR2) is sent:
+    10 % of the limit, at least 15 s (time to write a checkpoint) and at most 120 s, and never
+    more than half the limit (plugin default: 120 s whatever the limit, which for
+    ``timeout_min=1`` signals at the start)."""
+    limit = float(timeout_min) * 60
+    return int(max(1, min(limit / 2, max(15.0, min(120.0, 0.1 * limit)))))
+
+
+def hydra_subdir(mode: Any) -> str | None:
+    """``hydra.output_subdir``: ``.hydra`` for a single run; none for the jobs of a sweep, whose
+    resolved config is ``result/config.yaml`` and whose Hydra config is the sweep's
+    ``multirun.yaml`` (three YAML dumps and files fewer per job)."""
+    return None if str(mode).endswith("MULTIRUN") else ".hydra"
+
+
+def register_configs() -> None:
+    """Put the schema into Hydra's ConfigStore (``conf/config.yaml`` extends ``rankexp_schema``)
+    and register the resolvers ``rankexp_stamp`` (output directories), ``rankexp_hydra_subdir``
+    (conf/config.yaml), ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml) and ``rankexp_norm_slot``
+    (conf/norm/*.yaml)."""
+    if not OmegaConf.has_resolver("rankexp_stamp"):
+        OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
+    if not OmegaConf.has_resolver("rankexp_signal_delay"):
+        OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
+    if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
+        OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
+    if not OmegaConf.has_resolver("rankexp_help"):
+        from ..helptext import section
+
+        OmegaConf.register_new_resolver("rankexp_help", section)
+    if not OmegaConf.has_resolver("rankexp_norm_slot"):
+        OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
+    if not OmegaConf.has_resolver("rankexp_default_probes"):
+        OmegaConf.register_new_resolver("rankexp_default_probes", default_probes)
+    if not OmegaConf.has_resolver("rankexp_lm_shape"):
+        OmegaConf.register_new_resolver("rankexp_lm_shape", lm_shape)
+    cs = ConfigStore.instance()
+    cs.store(name="rankexp_schema", node=RankexpConfig)
+    # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
+    cs.store(group="schema/task", name="measure", node=MeasureTask)
+    cs.store(group="schema/task", name="train", node=TrainTask)
+    cs.store(group="schema/norm", name="norm", node=NormConfig)
+    for name, node in MODEL_SCHEMAS.items():
+        cs.store(group="schema/model", name=name, node=node)
