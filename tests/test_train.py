@@ -547,7 +547,7 @@ def test_redirected_output_gets_labelled_report_lines_and_no_bar(capsys, caplog)
     from rankexp.tasks.train import duration, progress_line
 
     lrs = [1e-3, 1e-2]
-    with caplog.at_level(logging.INFO, logger="rankexp.tasks.train"):
+    with caplog.at_level(logging.INFO, logger="rankexp.tasks.loop"):
         train(classifier(2), synthetic(), lrs, steps=6, batch_size=16, eval_every=6, log_every=3,
               progress=True)
     err = capsys.readouterr().err
