@@ -115,7 +115,7 @@ def load_cifar10(
         download: let torchvision download the original into ``root`` (needs internet).
         expect_counts: required (train, test) sizes; ``None`` accepts any size
             (small test fixtures).
-        progress: show a tqdm bar while decoding.
+        progress: show a tqdm bar while decoding (only on a terminal).
 
     Returns:
         ``(x_train, y_train, x_test, y_test)``: images uint8 ``(N, 3, 32, 32)``
@@ -307,7 +307,9 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             )
         paths = [p for p, _ in folder.samples]
         images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
-        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img", disable=not progress)
+        # (a bar only on a terminal: redirected output gets no \r frames)
+        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
+                   disable=None if progress else True)
         for start in range(0, len(paths), _DECODE_CHUNK):
             chunk = paths[start : start + _DECODE_CHUNK]
             raw = [

@@ -52,9 +52,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
 from .. import interrupt
+from ..console import progress_bar
 from . import checkpoint
 from .data import BatchSampler, DeviceDataset
 from .optim import ADAM, MemberOptimizer, Recipe
@@ -635,22 +635,18 @@ class _Loop:
             return
         step_fn = self._step_function(start)  # (graph capture counts as bookkeeping)
         self.side_time, self.logged = time.perf_counter() - self.t0, start
-        # a bar only on a terminal (tqdm's disable=None); redirected output (Slurm, nohup) gets
-        # the report lines alone, never \r frames
-        bar = tqdm(total=plan.steps, initial=start, desc="train", unit="step",
-                   disable=None if plan.progress else True)
         self.start_step = start
-        try:
-            with interrupt.deferred():
-                for step in range(start, end):
-                    step_fn(self.sampler.indices(step), schedule(step, plan.steps), step)
-                    bar.update(1)
-                    done = step + 1
-                    self._bookkeeping(done, bar)
-                    if interrupt.requested() is not None:
-                        self._stop(done)
-        finally:
-            bar.close()
+        # a bar only on a terminal; while it is drawn, log lines go through tqdm.write
+        # (rankexp.console): redirected output (Slurm, nohup) gets the report lines alone
+        with progress_bar(plan.steps, enabled=plan.progress, initial=start, desc="train",
+                          unit="step") as bar, interrupt.deferred():
+            for step in range(start, end):
+                step_fn(self.sampler.indices(step), schedule(step, plan.steps), step)
+                bar.update(1)
+                done = step + 1
+                self._bookkeeping(done, bar)
+                if interrupt.requested() is not None:
+                    self._stop(done)
         _synchronize(self.device)
         self.call_time = time.perf_counter() - self.t0
 
