@@ -33,6 +33,11 @@ TAG_CLAIM, TAG_STOOD_DOWN = "rankexp.claim_time", "rankexp.stood_down_for"
 TAG_DIRTY = "rankexp.git_dirty"
 SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
 TAG_NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
+#: the plain (unprefixed) tags rankexp writes on its runs; with ``mlflow.*``, ``rankexp.*`` and
+#: ``seed_std.*`` they are not the user's to set (``tracking.tags``)
+RUN_TAGS = ("config_hash", "git_commit", "overrides", "device", "task", "torch_threads", "job_dir",
+            "sweep_id", "jobs_total", "error")
+RESERVED_TAG_PREFIXES = ("mlflow.", "rankexp.", SEED_STD_PREFIX)
 #: Slurm states in which a job may still close its own run
 SLURM_LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
               "SUSPENDED", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "STOPPED"}

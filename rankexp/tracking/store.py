@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
-from .schema import TrackingError
+from .schema import TAG_NOTE, TrackingError
 
 log = logging.getLogger(__name__)
 
@@ -340,3 +340,11 @@ def quick_bounds() -> Iterator[None]:
             from mlflow.store.db import utils as db_utils
 
             db_utils.MAX_RETRY_COUNT = retries + 1
+
+
+def describe_experiment(uri: str, experiment_id: str, text: str) -> None:
+    """Make ``text`` the experiment's description (its ``mlflow.note.content`` tag, which the
+    MLflow UI shows above the experiment's runs, as Markdown), unless it already reads so."""
+    client = _client(uri)
+    if client.get_experiment(experiment_id).tags.get(TAG_NOTE) != text:
+        client.set_experiment_tag(experiment_id, TAG_NOTE, text)

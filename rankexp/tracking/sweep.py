@@ -21,7 +21,14 @@ from .ownership import (
 )
 from .provenance import git_commit, system_tags
 from .schema import FINISHED_FILE, PARENT_FILE, TAG_NOTE, TAG_ROLE, TrackingError
-from .store import _client, _first_line, prepare_experiment, quick_bounds, redact
+from .store import (
+    _client,
+    _first_line,
+    describe_experiment,
+    prepare_experiment,
+    quick_bounds,
+    redact,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +39,11 @@ class SweepRun:
 
     def __init__(self, uri: str, experiment: str, sweep_dir: Path, job_dirs: list[Path],
                  overrides: str, heartbeat_s: float, stale_after_s: float,
-                 name: str | None = None, note: str = ""):
+                 name: str | None = None, note: str = "", tags: dict[str, str] | None = None,
+                 description: str | None = None):
         self.uri, self.experiment, self.sweep_dir = uri, experiment, Path(sweep_dir).resolve()
         self.name, self.note = name or f"sweep·{self.sweep_dir.name}", note
+        self.user_tags, self.description = dict(tags or {}), description
         self.job_dirs, self.overrides = job_dirs, overrides
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.client = _client(uri)
@@ -46,13 +55,15 @@ class SweepRun:
         """Prepare the experiment, close stale runs in it, snapshot its FINISHED configs (jobs
         skip them without asking the store) and create the parent run."""
         self.experiment_id = prepare_experiment(self.uri, self.experiment)
+        if self.description:
+            describe_experiment(self.uri, self.experiment_id, self.description)
         reconcile(self.uri, self.experiment_id, self.stale_after_s)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             wanted = set(config_hashes)
             done = {h: r for h, r in finished_configs(self.uri, self.experiment_id).items() if h in wanted}
             write_json(self.sweep_dir / FINISHED_FILE, done)
-        tags = {"sweep_id": str(self.sweep_dir), TAG_ROLE: "sweep", "overrides": self.overrides,
+        tags = {**self.user_tags, "sweep_id": str(self.sweep_dir), TAG_ROLE: "sweep", "overrides": self.overrides,
                 "git_commit": git_commit(), "jobs_total": str(len(self.job_dirs)), **owner_tags(),
                 **system_tags(), **({TAG_NOTE: self.note} if self.note else {})}
         run = self.client.create_run(self.experiment_id, run_name=self.name, tags=tags)

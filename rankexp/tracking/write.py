@@ -19,6 +19,8 @@ from .schema import (
     MAX_METRICS,
     MAX_PARAMS,
     MAX_TAGS,
+    RESERVED_TAG_PREFIXES,
+    RUN_TAGS,
     SEED_STD_PREFIX,
     TAG_REASON,
     TrackingError,
@@ -69,6 +71,20 @@ def metric_key(name: str) -> str:
     if norm != key or norm == "." or norm.startswith(("..", "/")):
         key = re.sub(r"^\.+", lambda m: "_" * len(m[0]), key.replace("/", "_"))
     return key[:MAX_KEY_LENGTH]
+
+
+def user_tag_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a tag of ``tracking.tags``, or ``None``: it must be a name MLflow
+    accepts unchanged (:func:`metric_key`'s rule: letters, digits, ``_ - . : /`` and blanks,
+    at most 250 characters) that rankexp does not write itself (:data:`RUN_TAGS`, or a
+    ``mlflow.``, ``rankexp.`` or ``seed_std.`` name)."""
+    if not key or metric_key(key) != key:
+        return (f"is not a tag name MLflow accepts (letters, digits, '_-.:/ ', at most "
+                f"{MAX_KEY_LENGTH} characters; e.g. {metric_key(key or '_')!r})")
+    if key in RUN_TAGS or key.startswith(RESERVED_TAG_PREFIXES):
+        return ("is a tag rankexp writes itself (config_hash, sweep_id, mlflow.*, rankexp.*, …): "
+                "choose another name")
+    return None
 
 
 def _points(scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None) -> list[list]:
