@@ -108,3 +108,31 @@ def test_every_experiment_config_describes_its_experiment():
             cfg = compose("config", [f"experiment={name}"])
             text = cfg.tracking.description
             assert text and len(text.split()) >= 8, name
+
+
+def test_a_training_run_has_cifar10_as_its_dataset_input(cli, tmp_path):
+    """The run's Dataset column: ``CIFAR-10`` (context ``train``) whose digest is the decoded
+    cache's SHA-256 — the checksum the cache is verified against — cut to MLflow's 36-character
+    digest field, the whole SHA-256 and both splits' sizes in its profile."""
+    import json
+
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
+
+    if not (DEFAULT_ROOT / ARCHIVE_NAME).is_file():
+        pytest.skip(f"no {DEFAULT_ROOT / ARCHIVE_NAME}")
+    cli("task=train", "width=8", "depth=2", "task.lrs=[0.001]", "task.steps=2",
+        "task.eval_every=2", f"task.checkpoint_dir={tmp_path / 'ckpt'}",
+        f"data.cache_dir={DEFAULT_CACHE_DIR}")
+    (run,) = runs_in(cli.uri)
+    (entry,) = MlflowClient(cli.uri).get_run(run.info.run_id).inputs.dataset_inputs
+    cache = Path(json.loads(entry.dataset.source)["uri"])
+    assert cache.parent == Path(DEFAULT_CACHE_DIR) and cache.name.startswith("cifar10-")
+    sha = torch.load(cache, mmap=True, weights_only=True)["sha256"]
+    assert len(sha) == 64
+    assert entry.dataset.name == "CIFAR-10" and entry.dataset.digest == sha[:32]
+    assert {t.key: t.value for t in entry.tags} == {"mlflow.data.context": "train"}
+    profile = json.loads(entry.dataset.profile)
+    assert profile["sha256"] == sha and (profile["train_rows"], profile["test_rows"]) == (50_000, 10_000)

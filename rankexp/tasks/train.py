@@ -64,12 +64,18 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     none), per-LR ``final_test_acc_lr<lr>``, ``final_test_error_lr<lr>``,
     ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``, ``clean_train_error_lr<lr>`` (with
     ``task.clean_train_images``), ``train_seconds`` (wall time), ``steps_per_epoch``; then
-    the metrics of ``task.probes``.
+    the metrics of ``task.probes``.  The data set is the run's MLflow dataset input
+    ``CIFAR-10`` (digest from the decoded cache's SHA-256, :meth:`~rankexp.tracking.RunLogger.log_dataset`).
     """
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
     dtype = DTYPES[t.dtype.value]
     data = dataset_for(s, device, dtype)
+    if run is not None and data.source is not None:  # the UI's Dataset column
+        src = data.source
+        run.log_dataset("CIFAR-10", src.sha256, src.cache_file, {
+            "source": f"{src.kind}: {src.path}", "train_rows": src.train_rows,
+            "test_rows": src.test_rows})
     net = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
     # the MLP families (residual MLP, plain mean-field nets) get the projection and head; a
     # ConvNet classifies images itself

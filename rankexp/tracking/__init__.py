@@ -180,6 +180,7 @@ from .sweep import (  # noqa: F401
 )
 from .write import (  # noqa: F401
     _ILLEGAL_KEY_CHARS,
+    DATASET_DIGEST_CHARS,
     MAX_KEY_LENGTH,
     Journal,
     RunLogger,

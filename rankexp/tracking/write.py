@@ -46,11 +46,19 @@ class Journal:
                 fh.write(json.dumps({"t": int(time.time() * 1000), "points": points}) + "\n")
         return len(points)
 
+    def log_dataset(self, name: str, sha256: str, source: str, profile: dict[str, Any],
+                    context: str = "train") -> bool:
+        """A data set the job reads (:meth:`RunLogger.log_dataset`); not journalled — a run
+        logged later by :mod:`rankexp.sync` has no dataset input.  Returns False."""
+        return False
+
 
 #: what MLflow allows in a metric or tag name (mlflow.utils.validation): word characters
 #: (unicode letters and digits, ``_``), ``-``, ``.``, `` ``, ``:`` and ``/``
 _ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")
 MAX_KEY_LENGTH = 250  # MLflow's limit on metric and tag names
+#: hex digits of a data set's SHA-256 in its MLflow dataset digest (MLflow keeps ≤ 36 characters)
+DATASET_DIGEST_CHARS = 32
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,6 +199,32 @@ class RunLogger(Journal):
                 log.error("tracking store %s %s (%s); the job goes on, its points go to %s",
                           self.uri, what, self.lost or self.refused, self.path)
         return n
+
+    def log_dataset(self, name: str, sha256: str, source: str, profile: dict[str, Any],
+                    context: str = "train") -> bool:
+        """Log a data set the job reads as the run's MLflow dataset input (the UI's Dataset
+        column; ``mlflow.data.context`` = ``context``): ``digest`` = the first
+        :data:`DATASET_DIGEST_CHARS` hex digits of its ``sha256`` (MLflow stores at most 36
+        characters), the whole SHA-256 in the ``profile`` JSON beside ``profile``'s fields;
+        ``source`` (a path or URI) as a local source.  Best effort, like :meth:`log_metrics`:
+        returns whether the store took it (a refusal of the input alone does not fail the run)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        if self.lost is not None or self.refused is not None or self.run_id is None:
+            return False
+        dataset = Dataset(name=name, digest=sha256[:DATASET_DIGEST_CHARS], source_type="local",
+                          source=json.dumps({"uri": str(source)}),
+                          profile=json.dumps({**profile, "sha256": sha256}))
+        try:
+            self.client.log_inputs(self.run_id, [DatasetInput(
+                dataset, tags=[InputTag("mlflow.data.context", context)])])
+        except Exception as e:  # an outage stops the run's logging; a refusal only this input
+            if is_outage(e):
+                self._failure(e)
+            log.error("tracking store %s did not take the dataset input %s (%s); the job goes on",
+                      redact(self.uri), name, _first_line(e))
+            return False
+        return True
 
     def _failure(self, e: BaseException) -> str:
         """Record why a request failed (``lost`` or ``refused``); returns it in words."""
