@@ -467,7 +467,11 @@ class Job:
         s, logger = self.s, self.logger
         beat = (tracking.Heartbeat(self.uri, run_id, s.tracking.heartbeat_s) if run_id
                 else contextlib.nullcontext())
-        with beat:
+        # a training run's CPU/memory (GPU with nvidia-ml-py) as MLflow system metrics; a
+        # measurement lasts seconds, less than one sample
+        system = (logger.system_metrics() if logger is not None and s.task.name == "train"
+                  else contextlib.nullcontext())
+        with beat, system:
             _fault_injection(self.ctx.overrides)
             result = TASKS[s.task.name](s, self.device, self.job_dir, logger, self.chash)
         save_result(out, result, {"config_hash": self.chash, "run_id": run_id},

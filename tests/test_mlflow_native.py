@@ -41,6 +41,7 @@ def test_without_the_knobs_a_run_keeps_its_config_name_and_no_note(cli):
     (run,) = runs_in(cli.uri)
     assert run.info.run_name.startswith("pre") and "mlflow.note.content" not in run.data.tags
     assert "team" not in run.data.tags
+    assert not any(k.startswith("system/") for k in run.data.metrics)  # a measurement: seconds
     assert "mlflow.note.content" not in experiment(cli.uri).tags
 
 
@@ -110,10 +111,12 @@ def test_every_experiment_config_describes_its_experiment():
             assert text and len(text.split()) >= 8, name
 
 
-def test_a_training_run_has_cifar10_as_its_dataset_input(cli, tmp_path):
+def test_a_training_run_has_cifar10_as_its_dataset_input_and_system_metrics(cli, tmp_path):
     """The run's Dataset column: ``CIFAR-10`` (context ``train``) whose digest is the decoded
     cache's SHA-256 — the checksum the cache is verified against — cut to MLflow's 36-character
-    digest field, the whole SHA-256 and both splits' sizes in its profile."""
+    digest field, the whole SHA-256 and both splits' sizes in its profile.  And MLflow's system
+    metrics (``system/…``, sampled here every 0.1 s through MLflow's own setting) beside the
+    science's metrics."""
     import json
 
     import torch
@@ -123,10 +126,13 @@ def test_a_training_run_has_cifar10_as_its_dataset_input(cli, tmp_path):
 
     if not (DEFAULT_ROOT / ARCHIVE_NAME).is_file():
         pytest.skip(f"no {DEFAULT_ROOT / ARCHIVE_NAME}")
-    cli("task=train", "width=8", "depth=2", "task.lrs=[0.001]", "task.steps=2",
-        "task.eval_every=2", f"task.checkpoint_dir={tmp_path / 'ckpt'}",
-        f"data.cache_dir={DEFAULT_CACHE_DIR}")
+    cli("task=train", "width=8", "depth=2", "task.lrs=[0.001]", "task.steps=200",
+        "task.eval_every=100", f"task.checkpoint_dir={tmp_path / 'ckpt'}",
+        f"data.cache_dir={DEFAULT_CACHE_DIR}", env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.1"})
     (run,) = runs_in(cli.uri)
+    system = {k for k in run.data.metrics if k.startswith("system/")}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system
+    assert "best_test_accuracy" in run.data.metrics
     (entry,) = MlflowClient(cli.uri).get_run(run.info.run_id).inputs.dataset_inputs
     cache = Path(json.loads(entry.dataset.source)["uri"])
     assert cache.parent == Path(DEFAULT_CACHE_DIR) and cache.name.startswith("cifar10-")

@@ -182,6 +182,7 @@ from .write import (  # noqa: F401
     _ILLEGAL_KEY_CHARS,
     DATASET_DIGEST_CHARS,
     MAX_KEY_LENGTH,
+    SYSTEM_METRICS_S,
     Journal,
     RunLogger,
     StoreRefused,

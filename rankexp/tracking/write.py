@@ -11,6 +11,7 @@ import logging
 import posixpath
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,10 @@ class Journal:
                 fh.write(json.dumps({"t": int(time.time() * 1000), "points": points}) + "\n")
         return len(points)
 
+    def system_metrics(self, every_s: float | None = None) -> contextlib.AbstractContextManager:
+        """:meth:`RunLogger.system_metrics`; nothing here (no run to log to)."""
+        return contextlib.nullcontext()
+
     def log_dataset(self, name: str, sha256: str, source: str, profile: dict[str, Any],
                     context: str = "train") -> bool:
         """A data set the job reads (:meth:`RunLogger.log_dataset`); not journalled — a run
@@ -57,6 +62,8 @@ class Journal:
 #: (unicode letters and digits, ``_``), ``-``, ``.``, `` ``, ``:`` and ``/``
 _ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")
 MAX_KEY_LENGTH = 250  # MLflow's limit on metric and tag names
+#: seconds between two samples of a training run's system metrics (:meth:`RunLogger.system_metrics`)
+SYSTEM_METRICS_S = 10.0
 #: hex digits of a data set's SHA-256 in its MLflow dataset digest (MLflow keeps ≤ 36 characters)
 DATASET_DIGEST_CHARS = 32
 
@@ -225,6 +232,33 @@ class RunLogger(Journal):
                       redact(self.uri), name, _first_line(e))
             return False
         return True
+
+    @contextlib.contextmanager
+    def system_metrics(self, every_s: float | None = None) -> Iterator[None]:
+        """MLflow's own system metrics for the run while inside (MLflow's
+        ``SystemMetricsMonitor``, what ``log_system_metrics=True`` starts): CPU utilisation,
+        system memory, disk and network as ``system/…`` metrics every ``every_s`` seconds
+        (default :data:`SYSTEM_METRICS_S`; MLflow's ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
+        wins), GPU memory and utilisation too where ``nvidia-ml-py`` is installed.  A sampler
+        thread that asks the store once per sample; failures only cost the samples."""
+        if self.run_id is None or self.lost is not None or self.refused is not None:
+            yield
+            return
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(self.run_id, sampling_interval=every_s or SYSTEM_METRICS_S,
+                                           tracking_uri=self.uri)
+            monitor.start()
+        except Exception as e:  # psutil missing, an outage: the job goes on without them
+            log.warning("no system metrics for run %s (%s)", self.run_id, _first_line(e))
+            monitor = None
+        try:
+            yield
+        finally:
+            if monitor is not None:
+                monitor.finish()
 
     def _failure(self, e: BaseException) -> str:
         """Record why a request failed (``lost`` or ``refused``); returns it in words."""
