@@ -41,7 +41,14 @@ Schema of one run (one Hydra job):
   every name through :func:`metric_key` (names MLflow refuses, like ``train_loss_lr1e+06``,
   made legal — the one mapping, for writers and readers);
 * artifacts: the job's ``result/`` folder (``config.yaml``, ``result.json``, ``arrays.npz``),
-  uploaded in one ``log_artifacts``.
+  uploaded in one ``log_artifacts``;
+* the user's: ``tracking.run_name`` (a single run's name, or a sweep parent's),
+  ``tracking.tags`` (on every run), ``tracking.note`` (``mlflow.note.content``: the runs'
+  description, above the command line on a sweep's parent) and ``tracking.description`` (the
+  experiment's ``mlflow.note.content`` tag);
+* a training run's inputs and resources: the dataset input ``CIFAR-10`` (digest: the decoded
+  cache's SHA-256, :meth:`RunLogger.log_dataset`) and MLflow's system metrics ``system/…``
+  (:meth:`RunLogger.system_metrics`).
 
 A requeued attempt of a job *supersedes* the attempt before it: the earlier run is closed,
 tagged ``rankexp.superseded_by=<new run id>`` and deleted (MLflow's soft delete: hidden from
