@@ -105,10 +105,12 @@ def base_name(s: RankexpConfig) -> str:
 
 
 def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
-    """The job's run name: the one its sweep gave it (``run_names.json``), else :func:`base_name`."""
+    """The job's run name: the one its sweep gave it (``run_names.json``; in a sweep
+    ``tracking.run_name`` names the parent run), else ``tracking.run_name``, else
+    :func:`base_name`."""
     names = sweep_record(ctx).get("names", [])
     return names[ctx.num] if ctx is not None and ctx.num is not None and ctx.num < len(names) \
-        else base_name(s)
+        else s.tracking.run_name or base_name(s)
 
 
 def sweep_record(ctx: JobContext | None) -> dict[str, Any]:
@@ -348,6 +350,7 @@ class Job:
     def _tags(self) -> dict[str, str]:
         dev = self.device
         return {
+            **{str(k): str(v) for k, v in self.s.tracking.tags.items()},  # tracking.tags first
             "config_hash": self.chash,
             "git_commit": tracking.git_commit(),
             "overrides": self.ctx.overrides,
@@ -357,6 +360,7 @@ class Job:
             "job_dir": str(self.job_dir),
             **tracking.owner_tags(),
             **tracking.system_tags(),
+            **({tracking.TAG_NOTE: self.s.tracking.note} if self.s.tracking.note else {}),
         }
 
     def _prepare_tracking(self, tags: dict[str, str]) -> str | None:
@@ -391,6 +395,8 @@ class Job:
         # a single run (or a sweep without rankexp's sweeper): check everything here
         tracking.check_store(self.uri)
         self.exp_id = tracking.prepare_experiment(self.uri, t.experiment)
+        if t.description:
+            tracking.describe_experiment(self.uri, self.exp_id, t.description)
         tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
         tags["sweep_id"] = str(self.ctx.sweep_dir) if self.ctx.sweep_dir else ""
         return tracking.find_finished(self.uri, self.exp_id, self.chash) if resume else None
@@ -461,7 +467,11 @@ class Job:
         s, logger = self.s, self.logger
         beat = (tracking.Heartbeat(self.uri, run_id, s.tracking.heartbeat_s) if run_id
                 else contextlib.nullcontext())
-        with beat:
+        # a training run's CPU/memory (GPU with nvidia-ml-py) as MLflow system metrics; a
+        # measurement lasts seconds, less than one sample
+        system = (logger.system_metrics() if logger is not None and s.task.name == "train"
+                  else contextlib.nullcontext())
+        with beat, system:
             _fault_injection(self.ctx.overrides)
             result = TASKS[s.task.name](s, self.device, self.job_dir, logger, self.chash)
         save_result(out, result, {"config_hash": self.chash, "run_id": run_id},

@@ -81,6 +81,14 @@ def test_imagefolder_decodes_like_pil_in_cifar_label_order(tree, tmp_path):
         assert torch.equal(x, ref_x)
 
 
+def test_redirected_decode_writes_no_bar_frames(tree, tmp_path, capsys):
+    """Issue 19 item 6: with ``progress=True`` but stderr not a terminal (Slurm, a pipe), the
+    decode writes no tqdm frame (``\r``) — the bar is drawn only on a terminal."""
+    load_cifar10(tree.parent, tmp_path / "cache", expect_counts=None, progress=True)
+    out = capsys.readouterr()
+    assert "\r" not in out.err + out.out and "decode" not in out.err
+
+
 def test_cached_load_skips_decoding_and_round_trips(tree, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = load(tree.parent, cache)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import math
+import sys
 import time
 
 import numpy as np
@@ -541,13 +543,45 @@ def test_cuda_graph_steps_train_like_eager_steps():
     np.testing.assert_array_equal(graphed.diverged_step, eager.diverged_step)
 
 
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal (tqdm draws its bar only on one)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_live_bar_gives_every_log_line_a_row_of_its_own(monkeypatch):
+    """Issue 19 item 6: on a terminal, a report line logged while the bar is drawn goes
+    through tqdm.write — the bar is cleared, the line gets its own row, the bar is redrawn —
+    instead of being appended to the bar's row; the console handler is restored after."""
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    monkeypatch.setattr(sys, "stderr", term)
+    handler = logging.StreamHandler(sys.stdout)  # a console handler, like Hydra's
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        train(classifier(2), synthetic(), [1e-3, 1e-2], steps=6, batch_size=16, eval_every=6,
+              log_every=3, progress=True)
+        assert handler in root.handlers
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    out = term.getvalue()
+    assert "train:" in out and "\r" in out  # the bar was drawn
+    rows = [row.rsplit("\r", 1)[-1] for row in out.split("\n")]  # what each row shows at the end
+    reports = [row for row in rows if "step 3/6" in row or "step 6/6" in row]
+    assert len(reports) == 2 and all(row.startswith("step ") for row in reports), reports
+
+
 def test_redirected_output_gets_labelled_report_lines_and_no_bar(capsys, caplog):
     """Issue 9 row 7: with stderr not a terminal (as under Slurm) no tqdm frame is written; a
     line every log_every steps says step/total, elapsed, ETA and each value by learning rate."""
     from rankexp.tasks.train import duration, progress_line
 
     lrs = [1e-3, 1e-2]
-    with caplog.at_level(logging.INFO, logger="rankexp.tasks.train"):
+    with caplog.at_level(logging.INFO, logger="rankexp.tasks.loop"):
         train(classifier(2), synthetic(), lrs, steps=6, batch_size=16, eval_every=6, log_every=3,
               progress=True)
     err = capsys.readouterr().err

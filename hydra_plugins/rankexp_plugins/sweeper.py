@@ -210,9 +210,10 @@ class RankexpSweeper(BasicSweeper):
         parent = tracking.SweepRun(
             tracking.resolve_uri(first.uri), first.experiment, sweep_dir, checked["job_dirs"],
             " ".join(self.config.hydra.overrides.task), first.heartbeat_s, first.stale_after_s,
-            name=naming.sweep_name(choices.get("experiment") or first.experiment,
-                                   checked["settings"][0].size.value),
-            note=note)
+            name=first.run_name or naming.sweep_name(choices.get("experiment") or first.experiment,
+                                                     checked["settings"][0].size.value),
+            note=f"{first.note}\n\n{note}" if first.note else note,
+            tags={str(k): str(v) for k, v in first.tags.items()}, description=first.description)
         try:
             parent.open(checked["hashes"], resume=first.resume and not first.force)
         except Exception as e:

@@ -369,6 +369,20 @@ class TrackingConfig:
     server outage costs seconds, not MLflow's default of minutes per call).  A run's owner
     refreshes the tag ``rankexp.heartbeat`` every ``heartbeat_s`` seconds; a RUNNING run whose
     owner cannot be checked otherwise (another host, no Slurm) is stale after ``stale_after_s``.
+
+    How runs read in the MLflow UI (none of these enters the config hash: ``tracking`` is not
+    part of what a run computes):
+
+    * ``run_name``: a single run's name (default: its config, ``post·α1·β1·L48·d256``); in a
+      sweep, the name of the sweep's parent run (default ``<experiment>·<size>·<start>``),
+      its job runs keeping the names of their swept axes.
+    * ``tags``: ``{key: value}`` put on every run it starts (the sweep's parent included), e.g.
+      ``+tracking.tags.team=vision``; a key must be a legal MLflow tag name that rankexp does
+      not write itself (not ``mlflow.*``, ``rankexp.*`` or a tag of the run schema).
+    * ``note``: the runs' description (MLflow's ``mlflow.note.content``, Markdown); a sweep's
+      parent shows it above the command line.
+    * ``description``: the experiment's description (the experiment's ``mlflow.note.content``
+      tag); each experiment config sets it.
     """
 
     uri: str | None = default("tracking.uri")
@@ -382,13 +396,23 @@ class TrackingConfig:
     http_backoff: int = 1
     heartbeat_s: int = 30
     stale_after_s: int = 600
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    note: str | None = None
+    description: str | None = None
 
     def __post_init__(self) -> None:
-        from ..tracking import experiment_name_problem
+        from ..tracking import experiment_name_problem, user_tag_problem
 
         problem = experiment_name_problem(self.experiment)
         if problem:
             raise _bad("tracking.experiment", self.experiment, problem)
+        if self.run_name is not None and not str(self.run_name).strip():
+            raise _bad("tracking.run_name", self.run_name, "must be a non-empty name (or null)")
+        for key in self.tags:
+            problem = user_tag_problem(str(key))
+            if problem:
+                raise _bad(f"tracking.tags.{key}", self.tags[key], problem)
         for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
                          ("heartbeat_s", 1), ("stale_after_s", 1)):
             v = getattr(self, key)

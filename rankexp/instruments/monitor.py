@@ -14,7 +14,7 @@ gradients, eval mode for its duration, the global RNG untouched, so training is 
 it) whose numbers go to the active MLflow run as metrics ``<quantity>/block<l>`` (``…_m<e>``
 per member of an ensemble; ``*_err`` only for matrix-free rows) at ``step``, its table as the
 artifact ``spectra/step_<step>.csv``, and its wall time as ``spectra_seconds``.  MLflow is
-imported only when a run is logged to — it is no dependency of the monitor — and any callable
+imported (by :mod:`rankexp.tracking.active`) only when a run is logged to — it is no dependency of the monitor — and any callable
 ``log(metrics, step)`` can replace it.  :func:`spectral_callback_class` wraps the monitor as a
 Hugging Face ``TrainerCallback`` (``transformers``, the ``gpt2`` extra, imported on first use).
 """
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 #: the frame's columns that name a row rather than measure something
 ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "branch_kind", "rows")
 
-#: ``log(metrics, step)``: where a checkpoint's numbers go
+#: ``log(metrics, step)``: where a checkpoint's numbers go (:data:`rankexp.tracking.Sink`)
 Sink = Callable[[Mapping[str, float], int], None]
 
 
@@ -56,24 +56,15 @@ def metric_names(frame, prefix: str = "") -> dict[str, float]:
 
 
 def _mlflow_sink(required: bool) -> Sink | None:
-    """Log to the active MLflow run (``None`` when there is none and ``required`` is False).
+    """Log to the active MLflow run, through :mod:`rankexp.tracking` (the only package that
+    imports MLflow); ``None`` when there is none and ``required`` is False.
 
     Raises:
         RuntimeError: ``required`` and no active run.
     """
-    import mlflow
+    from rankexp import tracking
 
-    if mlflow.active_run() is None:
-        if required:
-            raise RuntimeError("SpectralMonitor(log='mlflow'): no active MLflow run "
-                               "(wrap training in `with mlflow.start_run():`)")
-        return None
-
-    def sink(metrics: Mapping[str, float], step: int) -> None:
-        items = list(metrics.items())
-        for i in range(0, len(items), 1000):  # log_batch takes at most 1000 metrics per call
-            mlflow.log_metrics(dict(items[i:i + 1000]), step=step)
-    return sink
+    return tracking.active_run_sink(required, who="SpectralMonitor(log='mlflow')")
 
 
 class SpectralMonitor:
@@ -163,9 +154,9 @@ class SpectralMonitor:
         metrics[f"{self.prefix}spectra_seconds"] = seconds
         sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
         if is_mlflow and self.artifacts:
-            import mlflow
+            from rankexp import tracking
 
-            mlflow.log_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+            tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
 
     def callback(self):
         """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""

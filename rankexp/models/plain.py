@@ -20,7 +20,7 @@ One :class:`PlainNet` covers the chapter's signal-propagation experiments::
 * **Readout convention**: the network's output is the last preactivation ``h_L`` (before any
   φ); a readout — the train task's linear head, a probe's random readout — is linear in
   ``h_L``.  Under ``task=train`` the stack sits between the input projection 3072 → n and
-  the head n → 10 (:class:`rankexp.tasks.train.Classifier`), so the trained net is
+  the head n → 10 (:class:`rankexp.models.classifier.Classifier`), so the trained net is
   ``head · h_L(W_in x)`` with L nonlinear layers.
 
 Ensemble-native like :class:`~rankexp.models.mlp.ResidualMLP`: every parameter carries a

@@ -333,70 +333,13 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     zero = torch.zeros(e, dtype=h0.dtype, device=h0.device)
     keep = max(model.skip_every, 1)
 
-    def walk_post():
-        u_full = u_noproj = u_proj = eye / math.sqrt(d)
-        l_full = l_noproj = l_proj = zero
-        skips: dict[int, tuple] = {0: (u_full, l_full, u_noproj, l_noproj)}
-        steps = []
-        for lj in layer_jacobians(model, h0):
-            branch_out = model.blocks[lj.layer - 1].branch(lj.h_in)
-            steps.append((branch_out.norm(dim=-1) / lj.h_in.norm(dim=-1))[:, 0])
-            uf, lf, un, ln_ = skips[lj.layer - 1]
-            nf, nlf = _accumulate(uf, lf, lj.branch)
-            nn_, nln = _accumulate(un, ln_, lj.branch)
-            if lj.skip_from is not None:
-                sf, slf, sn, sln = skips[lj.skip_from]
-                nf, nlf = _add(nf, nlf, sf, slf)
-                nn_, nln = _add(nn_, nln, sn, sln)
-            nf, nlf = _accumulate(nf, nlf, lj.residual)
-            skips[lj.layer] = (nf, nlf, nn_, nln)
-            skips.pop(lj.layer - keep, None)
-            # J_R/‖J_R‖_2 = I − VVᵀ: the projection without the rescaling
-            r = NormJacobian(torch.ones_like(lj.residual.scale), lj.residual.basis)
-            u_proj, l_proj = _accumulate(u_proj, l_proj, r)
-        uf, _, un, _ = skips[model.depth]
-        return uf, un, u_proj, torch.stack(steps, 1).mean(1)
-
-    def walk_residual(prenorm: bool):
-        """Product of (skip + J) with R = identity; the op before the branch if ``prenorm``."""
-        states = {0: h0}
-        prods = {0: (eye / math.sqrt(d), zero)}
-        for l, block in enumerate(model.blocks, start=1):
-            x = states[l - 1]
-            op = model.post_op if prenorm else OWN_PRE
-            s, linear = linearize_branch(block, x, pre_op=op)
-            if linear is not None:
-                jb = linear.dense()
-            else:  # torch.func fallback (gated branch)
-                from torch.func import functional_call
-
-                def branch(p, xe, b=block, o=op):
-                    if not prenorm:  # the block's own P, B
-                        return functional_call(b, p, (xe,), {"part": "branch"})
-                    return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[o](xe),), {"part": "f"}))
-
-                jb = member_jacobian(branch, x, dict(block.named_parameters()))
-            u, lg = _accumulate(*prods[l - 1], jb)
-            if block.has_skip:
-                j = model.skip_source(l)
-                u, lg = _add(u, lg, *prods[j])
-                s = s + states[j]
-            states[l], prods[l] = s, (u, lg)
-            states.pop(l - keep, None)
-            prods.pop(l - keep, None)
-        return prods[model.depth][0]
-
     with torch.no_grad():
-        uf, un, up, step = walk_post()
-        uu = walk_residual(prenorm=False)
-        upre = walk_residual(prenorm=True)
+        uf, un, up, step = _walk_post(model, h0, eye, zero, keep)
+        uu = _walk_residual(model, h0, eye, zero, keep, prenorm=False)
+        upre = _walk_residual(model, h0, eye, zero, keep, prenorm=True)
 
     def er(u: Tensor) -> Tensor:
-        out = torch.full((e,), math.nan, dtype=u.dtype, device=u.device)
-        ok = torch.isfinite(u).all(-1).all(-1)
-        if ok.any():
-            out[ok] = erank_from_sv(singular_values(u[ok])) / d
-        return out
+        return _erank_or_nan(u, d)
 
     post, noproj, pre = er(uf), er(un), er(upre)
     return {
@@ -410,6 +353,79 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         "erank_projection_product": er(up),
         "projection_step": step,
     }
+
+
+def _walk_post(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`projection_split`'s walk of the Post-Norm network: the ``(E, d, d)`` products
+    ``Π J_R (I + J_b)`` and ``Π (I + J_b)`` (each ``/√d``), the projections' product
+    ``Π J_R/‖J_R‖_2`` and the ``(E,)`` mean relative branch step."""
+    d = h0.shape[-1]
+    u_full = u_noproj = u_proj = eye / math.sqrt(d)
+    l_full = l_noproj = l_proj = zero
+    skips: dict[int, tuple] = {0: (u_full, l_full, u_noproj, l_noproj)}
+    steps = []
+    for lj in layer_jacobians(model, h0):
+        branch_out = model.blocks[lj.layer - 1].branch(lj.h_in)
+        steps.append((branch_out.norm(dim=-1) / lj.h_in.norm(dim=-1))[:, 0])
+        uf, lf, un, ln_ = skips[lj.layer - 1]
+        nf, nlf = _accumulate(uf, lf, lj.branch)
+        nn_, nln = _accumulate(un, ln_, lj.branch)
+        if lj.skip_from is not None:
+            sf, slf, sn, sln = skips[lj.skip_from]
+            nf, nlf = _add(nf, nlf, sf, slf)
+            nn_, nln = _add(nn_, nln, sn, sln)
+        nf, nlf = _accumulate(nf, nlf, lj.residual)
+        skips[lj.layer] = (nf, nlf, nn_, nln)
+        skips.pop(lj.layer - keep, None)
+        # J_R/‖J_R‖_2 = I − VVᵀ: the projection without the rescaling
+        r = NormJacobian(torch.ones_like(lj.residual.scale), lj.residual.basis)
+        u_proj, l_proj = _accumulate(u_proj, l_proj, r)
+    uf, _, un, _ = skips[model.depth]
+    return uf, un, u_proj, torch.stack(steps, 1).mean(1)
+
+
+def _walk_residual(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int,
+                   prenorm: bool) -> Tensor:
+    """Product ``(E, d, d)`` (``/√d``) of (skip + J) with R = identity; R's op before the
+    branch if ``prenorm`` (:func:`projection_split`)."""
+    d = h0.shape[-1]
+    states = {0: h0}
+    prods = {0: (eye / math.sqrt(d), zero)}
+    for l, block in enumerate(model.blocks, start=1):
+        x = states[l - 1]
+        op = model.post_op if prenorm else OWN_PRE
+        s, linear = linearize_branch(block, x, pre_op=op)
+        if linear is not None:
+            jb = linear.dense()
+        else:  # torch.func fallback (gated branch)
+            from torch.func import functional_call
+
+            def branch(p, xe, b=block, o=op):
+                if not prenorm:  # the block's own P, B
+                    return functional_call(b, p, (xe,), {"part": "branch"})
+                return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[o](xe),), {"part": "f"}))
+
+            jb = member_jacobian(branch, x, dict(block.named_parameters()))
+        u, lg = _accumulate(*prods[l - 1], jb)
+        if block.has_skip:
+            j = model.skip_source(l)
+            u, lg = _add(u, lg, *prods[j])
+            s = s + states[j]
+        states[l], prods[l] = s, (u, lg)
+        states.pop(l - keep, None)
+        prods.pop(l - keep, None)
+    return prods[model.depth][0]
+
+
+def _erank_or_nan(u: Tensor, d: int) -> Tensor:
+    """``erank(u)/d`` per member of ``u`` ``(E, d, d)``; NaN where ``u`` is not finite."""
+    e = u.shape[0]
+    out = torch.full((e,), math.nan, dtype=u.dtype, device=u.device)
+    ok = torch.isfinite(u).all(-1).all(-1)
+    if ok.any():
+        out[ok] = erank_from_sv(singular_values(u[ok])) / d
+    return out
 
 
 def _add(u1: Tensor, l1: Tensor, u2: Tensor, l2: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,6 +24,7 @@ device, so a training step never goes through the host (airbench's habit).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -94,6 +95,26 @@ class CorruptDataError(DataError, ValueError):
 
 
 # --------------------------------------------------------------------------- loading
+@dataclass(frozen=True)
+class DataSource:
+    """Where a loaded CIFAR-10 came from, for the runs that train on it (an MLflow dataset
+    input, :meth:`rankexp.tracking.RunLogger.log_dataset`).
+
+    Attributes:
+        kind: the source's kind (``torchvision``, ``imagefolder``, ``archive``); path: it.
+        cache_file: the decoded cache; sha256: the SHA-256 of its tensors (hex, 64 digits:
+            :func:`tensors_sha256`, the checksum the cache is verified against).
+        train_rows, test_rows: the splits' sizes.
+    """
+
+    kind: str
+    path: Path
+    cache_file: Path
+    sha256: str
+    train_rows: int
+    test_rows: int
+
+
 def load_cifar10(
     root: str | Path = DEFAULT_ROOT,
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
@@ -103,7 +124,22 @@ def load_cifar10(
     expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
     progress: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """CIFAR-10 as uint8 tensors, decoded once and cached.
+    """CIFAR-10 as uint8 tensors, decoded once and cached (:func:`load_cifar10_source` without
+    the :class:`DataSource`; same arguments and errors)."""
+    return load_cifar10_source(root, cache_dir, source, download, expect_counts=expect_counts,
+                               progress=progress)[0]
+
+
+def load_cifar10_source(
+    root: str | Path = DEFAULT_ROOT,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    source: str = "auto",
+    download: bool = False,
+    *,
+    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
+    progress: bool = True,
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
+    """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
     Args:
         root: a folder holding one of the sources (see the module docstring), the
@@ -114,13 +150,15 @@ def load_cifar10(
         download: let torchvision download the original into ``root`` (needs internet).
         expect_counts: required (train, test) sizes; ``None`` accepts any size
             (small test fixtures).
-        progress: show a tqdm bar while decoding.
+        progress: show a tqdm bar while decoding (only on a terminal).
 
     Returns:
-        ``(x_train, y_train, x_test, y_test)``: images uint8 ``(N, 3, 32, 32)``
+        ``((x_train, y_train, x_test, y_test), source)``: images uint8 ``(N, 3, 32, 32)``
         (channels R, G, B; 0–255), labels int64 ``(N,)`` in :data:`CLASSES` order.
         N = 50,000 / 10,000 for the real data set. The image tensors of a cached
-        load are memory-mapped from the cache file (read-only use).
+        load are memory-mapped from the cache file (read-only use). ``source``: the
+        :class:`DataSource` (the cache's SHA-256 is the one already checked or written: no
+        second pass over the bytes).
 
     Raises:
         MissingDataError: no source at ``root`` (message says how to get one).
@@ -136,8 +174,9 @@ def load_cifar10(
     cache_file = cache_dir / f"cifar10-{_digest(key)}.pt"
     cached = _read_cache(cache_file, key)
     if cached is not None:
-        _check(cached, expect_counts, cache_file)
-        return cached
+        tensors, sha = cached
+        _check(tensors, expect_counts, cache_file)
+        return tensors, _source(kind, path, cache_file, sha, tensors)
     log.info("decoding CIFAR-10 from %s %s (once; cached in %s)", kind, path, cache_file)
     if kind == "torchvision":
         tensors = _decode_torchvision(path, download)
@@ -149,8 +188,13 @@ def load_cifar10(
     if kind == "torchvision" and download:  # the files may only exist now
         key = _content_key(kind, path)
         cache_file = cache_dir / f"cifar10-{_digest(key)}.pt"
-    _write_cache(cache_file, key, tensors)
-    return tensors
+    sha = _write_cache(cache_file, key, tensors)
+    return tensors, _source(kind, path, cache_file, sha, tensors)
+
+
+def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Tensor, ...]
+            ) -> DataSource:
+    return DataSource(kind, path, cache_file, sha, int(tensors[1].shape[0]), int(tensors[3].shape[0]))
 
 
 def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
@@ -227,7 +271,8 @@ def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
     return h.hexdigest()
 
 
-def _read_cache(cache_file: Path, key: dict) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] | None:
+    """``(tensors, their SHA-256)`` of a cache file that matches ``key`` and its checksum."""
     if not cache_file.is_file():
         return None
     try:
@@ -239,19 +284,22 @@ def _read_cache(cache_file: Path, key: dict) -> tuple[Tensor, Tensor, Tensor, Te
             raise ValueError("no checksum (written by an older version)")
         if tensors_sha256(tensors) != blob["sha256"]:
             raise ValueError("contents do not match their SHA-256: the file is damaged")
-        return tensors
+        return tensors, blob["sha256"]
     except Exception as err:  # any unreadable cache is rebuilt, never trusted
         log.warning("ignoring CIFAR-10 cache %s (%s); decoding again", cache_file, err)
         return None
 
 
-def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> None:
+def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> str:
+    """Write the cache (atomically); returns the tensors' SHA-256."""
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    blob = dict(zip(_SPLITS, tensors, strict=True), key=key, sha256=tensors_sha256(tensors))
+    sha = tensors_sha256(tensors)
+    blob = dict(zip(_SPLITS, tensors, strict=True), key=key, sha256=sha)
     tmp = cache_file.with_name(f"{cache_file.name}.tmp{os.getpid()}")
     torch.save(blob, tmp)
     os.replace(tmp, cache_file)
     log.info("cached decoded CIFAR-10 in %s", cache_file)
+    return sha
 
 
 def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, where: Path) -> None:
@@ -306,7 +354,9 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             )
         paths = [p for p, _ in folder.samples]
         images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
-        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img", disable=not progress)
+        # (a bar only on a terminal: redirected output gets no \r frames)
+        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
+                   disable=None if progress else True)
         for start in range(0, len(paths), _DECODE_CHUNK):
             chunk = paths[start : start + _DECODE_CHUNK]
             raw = [
@@ -407,6 +457,7 @@ class DeviceDataset:
             train split's statistics (channel-major flattening, C·H·W).
         y_train, y_test: int64 ``(N,)``.
         mean, std: float64 ``(3,)`` train-split channel statistics on the 0–1 scale.
+        source: where the images came from (:class:`DataSource`), if loaded from CIFAR-10.
     """
 
     x_train: Tensor
@@ -415,6 +466,7 @@ class DeviceDataset:
     y_test: Tensor
     mean: Tensor
     std: Tensor
+    source: DataSource | None = None
 
     @classmethod
     def from_uint8(
@@ -475,9 +527,12 @@ def load_device_dataset(
     download: bool = False,
     progress: bool = True,
 ) -> DeviceDataset:
-    """:func:`load_cifar10` then :meth:`DeviceDataset.from_uint8` (same errors)."""
-    tensors = load_cifar10(root, cache_dir, source=source, download=download, progress=progress)
-    return DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype)
+    """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8` (same errors), with its
+    :class:`DataSource`."""
+    tensors, where = load_cifar10_source(root, cache_dir, source=source, download=download,
+                                         progress=progress)
+    return dataclasses.replace(DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype),
+                               source=where)
 
 
 def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceDataset:

@@ -1,6 +1,6 @@
 """Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
 
-Every parameter carries the leading member axis E (see :class:`~rankexp.tasks.train.Classifier`).
+Every parameter carries the leading member axis E (see :class:`~rankexp.models.classifier.Classifier`).
 An optimizer here updates all members with one pass over each parameter, and keeps them
 independent: every operation is elementwise or broadcasts a per-member ``(E,)`` coefficient,
 so member ``e`` follows exactly the trajectory a one-member model at ``lrs[e]`` would.

@@ -1,0 +1,751 @@
+"""The training loop engine of the `train` task (science.md §1 and fig6, §5's degradation
+replication): pure PyTorch; the task glue (config, tracking, probes) is
+:mod:`rankexp.tasks.train`.
+
+The network is the measured :class:`~rankexp.models.mlp.ResidualMLP` stack between an
+input projection (3072 → d) and a linear head (d → 10)
+(:class:`~rankexp.models.classifier.Classifier`), or a CIFAR ConvNet
+(:class:`~rankexp.models.convnet.CifarResNet`, trained with He et al.'s recipe through the
+:class:`~rankexp.tasks.optim.Recipe` seams, :mod:`rankexp.tasks.recipes`). A learning-rate sweep is
+one batched model: member ``e`` of the ensemble axis E is the *same* initial
+network (every member has the same seed) trained at ``lrs[e]``, so a sweep step is
+one forward and one backward, however many rates it holds. Per-member rates are the
+optimizer's business (:class:`~rankexp.tasks.optim.MemberAdam`: exact, elementwise, so
+each member equals its own single-model Adam run).
+
+The loop follows airbench's shape: the data set lives on the training device, batches are
+index draws there, losses stay in a device buffer, and the host reads the device only at
+reports (``log_every``, evaluations), checkpoints and the end. One step is four named
+pieces — :func:`_draw_batch`, the recipe's forward loss, :func:`_watch_divergence`, and the
+backward + optimizer update — composed by :func:`_step_body`; on CUDA the whole step can be
+replayed as one CUDA graph (``cuda_graphs``) and the forward compiled (``compile``).
+
+A member *diverges* when its loss is non-finite or exceeds ``divergence_factor`` × its
+initial loss (the first step's); it is frozen from that step on (its parameters stay
+bit-for-bit, see :mod:`rankexp.tasks.optim`) and recorded, the others continue.
+
+Interruption (:mod:`rankexp.interrupt`): the loop runs inside ``interrupt.deferred()``,
+polls ``interrupt.requested()`` once per step (a Python read, no device work), and when a
+stop is requested writes its checkpoint and raises :class:`~rankexp.interrupt.JobInterrupted`;
+the rerun resumes from that step, bit-identically on CPU.
+
+Typical use (the Hydra task adds the config and the tracking)::
+
+    data = load_device_dataset(device="cuda")
+    stack = ResidualMLP(width=256, depth=48, expansion=1.0, placement="post",
+                        alpha=2.0, seeds=[seed] * len(STUDY_LRS),
+                        dtype=torch.float32, device="cuda")
+    result = train(Classifier(stack), data, STUDY_LRS, steps=5000, seed=seed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .. import interrupt
+from ..console import progress_bar
+from . import checkpoint
+from .data import BatchSampler, DeviceDataset
+from .optim import ADAM, MemberOptimizer, Recipe
+
+log = logging.getLogger(__name__)
+
+#: The study's Adam learning-rate sweep (fig6): six values log-spaced 3e-5 … 1e-2.
+STUDY_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+#: Final test accuracy at or above which a learning rate counts as stable (Table 5).
+STABLE_ACCURACY = 0.4
+#: A member whose train loss exceeds this multiple of its initial loss has diverged. Healthy
+#: runs at the study's largest rate (1e-2) spike to ≤ 28× their initial loss in their first
+#: steps (measured: d = 256, L = 12/48, α = 0.5–4, Pre-Norm; Post-Norm stays ≤ 1.2×); a
+#: runaway rate (lr 10) reaches 10⁸–10⁹× within a few steps.
+DIVERGENCE_FACTOR = 1000.0
+NUM_CLASSES = 10
+
+
+def member_errors(logits: Tensor, y: Tensor) -> Tensor:
+    """Fraction misclassified per member: logits ``(E, B, C)``, labels ``(B,)`` → float32 ``(E,)``."""
+    return (logits.argmax(-1) != y).float().mean(1)
+
+
+def member_losses(logits: Tensor, y: Tensor) -> Tensor:
+    """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
+    members, batch, classes = logits.shape
+    # (cross_entropy runs in float32 under autocast; float64 stays float64)
+    per_sample = F.cross_entropy(logits.reshape(-1, classes), y.repeat(members), reduction="none")
+    return per_sample.view(members, batch).mean(1)
+
+
+@torch.no_grad()
+def evaluate(
+    classifier: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    batch_size: int = 2000,
+    autocast_bf16: bool = False,
+) -> Tensor:
+    """Accuracy of every member on ``(x, y)``, computed on their device in chunks, in eval mode.
+
+    Args:
+        classifier: maps ``(B, …)`` inputs to ``(E, B, C)`` logits.
+        x: ``(N, in_features)``; y: int64 ``(N,)``.
+
+    Returns:
+        float64 ``(E,)`` fraction correct (on the device; no host sync here).
+    """
+    was_training = classifier.training
+    classifier.eval()  # (no-op for the MLP; batch norm of later families needs it)
+    try:
+        correct = None
+        with _autocast(x.device, autocast_bf16):
+            for start in range(0, x.shape[0], batch_size):
+                logits = classifier(x[start : start + batch_size])
+                hits = (logits.argmax(-1) == y[start : start + batch_size]).sum(1)
+                correct = hits if correct is None else correct + hits
+    finally:
+        classifier.train(was_training)
+    return correct.double() / x.shape[0]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _autocast(device: torch.device, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext()
+    # no weight-cast cache: each weight is cast once per step anyway, and CUDA graph capture
+    # requires it off
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+
+@dataclass
+class TrainResult:
+    """What one learning-rate sweep produced; arrays are per member (= per learning rate).
+
+    Attributes:
+        lrs: the E learning rates.
+        steps: optimizer steps completed (== the requested steps when ``completed``).
+        completed: False when the call stopped early (``stop_after``).
+        final_train_loss: ``(E,)`` mean train cross-entropy (nats) over the last
+            ``loss_window`` steps; for a diverged member this includes the steps after
+            it froze (its loss is still recorded), so it is large or non-finite.
+        final_test_acc, best_test_acc: ``(E,)`` test accuracy at the last evaluation
+            and the best over evaluations (fraction correct, 0–1).
+        diverged: ``(E,)`` bool; diverged_step: ``(E,)`` 1-based step whose loss was
+            first non-finite or above ``divergence_factor`` × the initial loss (that
+            member frozen from then on), -1 if never.
+        loss: ``(steps, E)`` train loss of every step (row t = step t+1, before its update).
+        train_error: ``(steps, E)`` fraction of that step's (augmented) batch misclassified,
+            by the same forward pass (training-mode batch norm), NaN for steps of a resumed
+            checkpoint that predates this record.
+        eval_steps: ``(n_evals,)`` steps after which the test set was evaluated.
+        test_acc: ``(n_evals, E)`` test accuracy at those steps.
+        best_lr, best_acc: the learning rate with the highest final test accuracy among those
+            that did not diverge (among all when every one did) and that accuracy (None / NaN
+            before any evaluation).
+        max_stable_lr: largest learning rate that did not diverge and reached final
+            test accuracy ≥ ``stable_accuracy`` (0.4, Table 5); None if none did.
+        wall_time_s: training wall time over all calls (resumes included), seconds.
+        steps_per_s: sweep steps (one step of every member) per second of training in
+            this call; evaluation and checkpoint writing are not counted.
+    """
+
+    lrs: list[float]
+    steps: int
+    completed: bool
+    final_train_loss: np.ndarray
+    final_test_acc: np.ndarray
+    best_test_acc: np.ndarray
+    diverged: np.ndarray
+    diverged_step: np.ndarray
+    loss: np.ndarray
+    train_error: np.ndarray
+    eval_steps: np.ndarray
+    test_acc: np.ndarray
+    best_lr: float | None
+    best_acc: float
+    max_stable_lr: float | None
+    wall_time_s: float
+    steps_per_s: float
+
+
+def _summarize(
+    lrs: list[float],
+    steps_done: int,
+    completed: bool,
+    loss: np.ndarray,
+    train_error: np.ndarray,
+    diverged_step: np.ndarray,
+    eval_steps: list[int],
+    test_acc: list[np.ndarray],
+    wall_time_s: float,
+    steps_per_s: float,
+    loss_window: int,
+    stable_accuracy: float,
+) -> TrainResult:
+    members = len(lrs)
+    acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
+    final = acc[-1] if len(acc) else np.full(members, np.nan)
+    best = acc.max(0) if len(acc) else np.full(members, np.nan)
+    diverged = diverged_step >= 0
+    window = loss[-loss_window:] if steps_done else np.full((1, members), np.nan)
+    best_lr, best_acc = None, float("nan")
+    if len(acc):
+        # a diverged rate is frozen at weights of no use: it is best only when every rate diverged
+        ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
+        i = int(np.argmax(ranked))
+        best_lr, best_acc = lrs[i], float(final[i])
+    stable = [
+        lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
+    ]
+    return TrainResult(
+        lrs=list(lrs),
+        steps=steps_done,
+        completed=completed,
+        final_train_loss=window.astype(np.float64).mean(0),
+        final_test_acc=final,
+        best_test_acc=best,
+        diverged=diverged,
+        diverged_step=diverged_step,
+        loss=loss,
+        train_error=train_error,
+        eval_steps=np.asarray(eval_steps, dtype=np.int64),
+        test_acc=acc,
+        best_lr=best_lr,
+        best_acc=best_acc,
+        max_stable_lr=max(stable) if stable else None,
+        wall_time_s=wall_time_s,
+        steps_per_s=steps_per_s,
+    )
+
+
+@dataclass
+class LoopState:
+    """The loop's state on the training device — everything a step changes besides the model
+    and the optimizer, all tensors (a CUDA graph reads and writes them in place).
+
+    Attributes:
+        done: int64 ``()`` steps completed.
+        alive: bool ``(E,)``, False once a member diverged.
+        diverged_step: int64 ``(E,)`` 1-based step of divergence, -1 if none.
+        loss: float32 ``(steps + SLACK, E)`` every step's train loss (row 0 is the initial
+            loss); the rows past ``steps`` absorb the CUDA-graph warm-up's writes.
+        error: float32 ``(steps + SLACK, E)`` every step's train-batch error (fraction wrong).
+    """
+
+    SLACK = 4
+
+    done: Tensor
+    alive: Tensor
+    diverged_step: Tensor
+    loss: Tensor
+    error: Tensor
+
+    @classmethod
+    def fresh(cls, members: int, steps: int, device: torch.device) -> LoopState:
+        return cls(
+            done=torch.zeros((), dtype=torch.int64, device=device),
+            alive=torch.ones(members, dtype=torch.bool, device=device),
+            diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
+            loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
+                            device=device),
+            error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
+                             device=device),
+        )
+
+    def tensors(self) -> list[Tensor]:
+        return [self.done, self.alive, self.diverged_step, self.loss, self.error]
+
+
+def _draw_batch(data: DeviceDataset, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The batch of indices ``idx`` ``(B,)``: a gather on the device, nothing through the host."""
+    return data.x_train[idx], data.y_train[idx]
+
+
+def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor:
+    """Record this step's losses ``(E,)``; freeze members whose loss is non-finite or above
+    ``factor`` × their initial loss. Returns ``state.alive`` (the members still training)."""
+    row = losses.detach().to(state.loss.dtype)
+    state.loss.index_copy_(0, state.done.view(1), row[None])  # device index: graph-safe
+    bad = ~torch.isfinite(row) | (row > factor * state.loss[0])
+    newly = state.alive & bad
+    state.diverged_step.copy_(torch.where(newly, state.done + 1, state.diverged_step))
+    state.alive &= ~bad
+    state.done += 1
+    return state.alive
+
+
+def _step_body(
+    model: nn.Module,
+    optimizer: MemberOptimizer,
+    state: LoopState,
+    data: DeviceDataset,
+    loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    recipe: Recipe,
+    divergence_factor: float,
+) -> Callable[[Tensor, Tensor | float, int], None]:
+    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only.
+
+    The batch transform gets the 0-based step as the device counter ``state.done`` (not the
+    host ``step``), so a transform that only indexes with it is captured into CUDA graphs."""
+    params = list(model.parameters())
+
+    def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
+        x, y = _draw_batch(data, idx)
+        if recipe.batch_transform is not None:
+            x = recipe.batch_transform(x, state.done)
+        losses, errors = loss_fn(x, y)  # (E,) each
+        state.error.index_copy_(0, state.done.view(1), errors.detach()[None])
+        alive = _watch_divergence(state, losses, divergence_factor)
+        for p in params:
+            p.grad = None
+        # frozen members get no upstream gradient; a where, not a product, keeps NaN out
+        torch.where(alive, losses, 0.0).sum().backward()
+        optimizer.step(alive, lr_scale)
+
+    return body
+
+
+class _GraphedStep:
+    """The whole step (gather, forward, backward, update) captured once as a CUDA graph and
+    replayed each step: one launch instead of hundreds, which is what a small network on a
+    large GPU is bound by. Per step only the batch indices and the schedule's factor change;
+    they are copied into the graph's static inputs.
+
+    Capture follows PyTorch's whole-network recipe: a few warm-up steps on a side stream
+    (allocations, cuBLAS workspaces, ``torch.compile``), then the capture. The warm-up steps
+    are real updates, so every tensor they change is snapshotted before and restored after:
+    training is unchanged by graphing.
+    """
+
+    WARMUP = 3  # ≤ LoopState.SLACK
+
+    def __init__(self, body, model: nn.Module, optimizer: MemberOptimizer, state: LoopState,
+                 first_idx: Tensor):
+        self.body = body
+        self.idx = first_idx.clone()
+        self.scale = torch.ones((), dtype=torch.float64, device=first_idx.device)
+        saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+        saved_opt = _clone_tree(optimizer.state_dict())
+        saved_state = [t.clone() for t in state.tensors()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP):
+                body(self.idx, self.scale, -1)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():
+            model.load_state_dict(saved_model)  # copy_ in place: addresses kept
+            optimizer.load_state_dict(saved_opt)
+            for t, s in zip(state.tensors(), saved_state, strict=True):
+                t.copy_(s)
+        for p in model.parameters():
+            p.grad = None  # the captured backward allocates them from the graph's pool
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            body(self.idx, self.scale, -1)
+
+    def __call__(self, idx: Tensor, lr_scale: float, step: int) -> None:
+        self.idx.copy_(idx)
+        self.scale.fill_(lr_scale)
+        self.graph.replay()
+
+
+def _clone_tree(obj):
+    if isinstance(obj, Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone_tree(v) for v in obj)
+    return obj
+
+
+def train(
+    classifier: nn.Module,
+    data: DeviceDataset,
+    lrs: Sequence[float],
+    *,
+    steps: int = 5000,
+    batch_size: int = 256,
+    eval_every: int = 250,
+    seed: int = 0,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int = 500,
+    progress: bool = True,
+    autocast_bf16: bool = False,
+    compile: bool = False,
+    cuda_graphs: bool = False,
+    eval_batch_size: int = 2000,
+    loss_window: int = 100,
+    log_every: int | None = None,
+    on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    stable_accuracy: float = STABLE_ACCURACY,
+    divergence_factor: float = DIVERGENCE_FACTOR,
+    stop_after: int | None = None,
+    recipe: Recipe = ADAM,
+) -> TrainResult:
+    """Train every member of ``classifier`` at its own learning rate, as one model.
+
+    Args:
+        classifier: E members (E = ``len(lrs)``), all on ``data``'s device; trained in place.
+            Any module mapping ``(B, …)`` inputs to ``(E, B, C)`` logits whose parameters all
+            carry the leading member axis E (``architecture()``, if it has one, identifies it
+            in checkpoints).
+        data: the data set on the training device (:class:`DeviceDataset`).
+        lrs: E learning rates, member e ↔ ``lrs[e]`` (the recipe's optimizer; the default
+            is Adam, betas 0.9/0.999, ε = 1e-8, no weight decay).
+        steps: optimizer steps; batch_size: samples per step, shared by all members.
+        eval_every: evaluate test accuracy every this many steps and after the last.
+        seed: batch-sampling seed (:class:`BatchSampler`); the weights come from
+            the classifier's seeds.
+        checkpoint_path: if given, model + optimizer + step + partial series are
+            written there atomically every ``checkpoint_every`` steps, at the end and when
+            an interruption is requested, and a run finding the file resumes from it (a
+            finished one returns at once; an unreadable one is moved to ``*.corrupt`` and
+            the run starts afresh). On the deterministic CPU path (same thread count) a
+            resumed run ends bit-identical to an uninterrupted one. Batches are a function
+            of ``(seed, step)``, so no sampler state needs saving beyond the step.
+        progress: show a tqdm bar.
+        autocast_bf16: run forward/backward under bf16 autocast (weights, optimizer
+            and loss stay in the parameters' dtype).
+        compile: ``torch.compile`` the forward + loss (its backward is compiled with it).
+        cuda_graphs: replay the whole step as one CUDA graph (CUDA only; see
+            :class:`_GraphedStep`).
+        eval_batch_size: test-set chunk size for evaluation.
+        loss_window: steps averaged into ``final_train_loss``.
+        log_every: also report the train loss every this many steps (None: only at
+            evaluations). Losses reach the host only at these reports.
+        on_log: called at every report as ``on_log(step, metrics)`` with host arrays
+            ``metrics["train_loss"]`` and ``metrics["train_error"]`` ``(E,)`` (means of the
+            steps since the previous report) and, at
+            evaluations, ``metrics["test_acc"]`` ``(E,)`` (the hook for live tracking).
+        stable_accuracy: final test accuracy that makes a learning rate stable
+            (``max_stable_lr``; Table 5 uses 0.4).
+        divergence_factor: a member diverges when its train loss is non-finite or above
+            this multiple of its initial loss (> 1; ``math.inf``: non-finite only).
+        stop_after: end this call after this many (global) steps *without* writing a
+            checkpoint, as if the process were killed there (tests).
+        recipe: optimizer, schedule and batch transform (:class:`~rankexp.tasks.optim.Recipe`).
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        ValueError: ``len(lrs)`` ≠ E, a non-positive or non-finite learning rate,
+            non-positive step counts, ``divergence_factor`` ≤ 1, data/model on different
+            devices or of mismatched width, ``cuda_graphs`` off CUDA, or a checkpoint from a different run (other lrs, seed, batch size,
+            recipe or architecture).
+        rankexp.interrupt.JobInterrupted: a stop was requested (signal); the checkpoint of
+            the last completed step has been written.
+    """
+    plan = _Plan(
+        steps=int(steps), batch_size=int(batch_size), eval_every=int(eval_every),
+        log_every=None if log_every is None else int(log_every),
+        checkpoint_every=int(checkpoint_every),
+        checkpoint_path=None if checkpoint_path is None else Path(checkpoint_path),
+        eval_batch_size=int(eval_batch_size), autocast_bf16=bool(autocast_bf16),
+        compile=bool(compile), cuda_graphs=bool(cuda_graphs),
+        divergence_factor=float(divergence_factor), recipe=recipe, progress=bool(progress),
+    )
+    lrs = _check_arguments(classifier, data, lrs, plan)
+    loop = _Loop(classifier, data, lrs, int(seed), plan, on_log)
+    start = loop.resume()
+    end = plan.steps if stop_after is None else max(start, min(plan.steps, int(stop_after)))
+    loop.run(start, end)
+    return loop.result(start, end, loss_window, stable_accuracy)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The settings of one :func:`train` call (see its arguments)."""
+
+    steps: int
+    batch_size: int
+    eval_every: int
+    log_every: int | None
+    checkpoint_every: int
+    checkpoint_path: Path | None
+    eval_batch_size: int
+    autocast_bf16: bool
+    compile: bool
+    cuda_graphs: bool
+    divergence_factor: float
+    recipe: Recipe
+    progress: bool
+
+
+def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float], plan: _Plan
+                     ) -> list[float]:
+    lrs = [float(lr) for lr in lrs]
+    params = list(model.parameters())
+    members = params[0].shape[0]
+    if len(lrs) != members:
+        raise ValueError(
+            f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)"
+        )
+    if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+        raise ValueError(f"lrs={lrs}: every learning rate must be finite and > 0")
+    for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size"):
+        if getattr(plan, name) < 1:
+            raise ValueError(f"{name}={getattr(plan, name)} must be ≥ 1")
+    if plan.log_every is not None and plan.log_every < 1:
+        raise ValueError(f"log_every={plan.log_every} must be ≥ 1")
+    if not plan.divergence_factor > 1:
+        raise ValueError(f"divergence_factor={plan.divergence_factor} must be > 1 (a multiple "
+                         "of the initial loss; inf: only non-finite losses count)")
+    if data.device != params[0].device:
+        raise ValueError(
+            f"data is on {data.device}, the classifier on {params[0].device}; put both on one device"
+        )
+    want = getattr(model, "in_features", data.in_features)
+    if data.in_features != want:
+        raise ValueError(f"data has {data.in_features} features, classifier expects {want}")
+    if any(p.shape[0] != members for p in params):
+        raise ValueError("every parameter needs the leading member axis E")
+    if plan.cuda_graphs and data.device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; the data are on {data.device}")
+    return lrs
+
+
+@dataclass
+class _History:
+    """The host side of the run: evaluations so far and time spent in earlier calls."""
+
+    eval_steps: list[int] = field(default_factory=list)
+    test_acc: list[np.ndarray] = field(default_factory=list)
+    elapsed_before: float = 0.0
+    warned: set[int] = field(default_factory=set)  # members whose divergence was logged
+
+
+class _Loop:
+    """One :func:`train` call: setup, resume, the steps with their bookkeeping, the result."""
+
+    def __init__(self, model: nn.Module, data: DeviceDataset, lrs: list[float], seed: int,
+                 plan: _Plan, on_log):
+        self.model, self.data, self.lrs, self.plan, self.on_log = model, data, lrs, plan, on_log
+        self.device = data.device
+        self.sampler = BatchSampler(data.y_train.shape[0], plan.batch_size, seed, self.device)
+        lr_vec = torch.tensor(lrs, dtype=torch.float64, device=self.device)
+        self.optimizer = plan.recipe.optimizer(model, lr_vec)
+        self.state = LoopState.fresh(len(lrs), plan.steps, self.device)
+        self.history = _History()
+        arch = model.architecture() if hasattr(model, "architecture") else {
+            name: list(p.shape) for name, p in model.named_parameters()}
+        self.identity = {
+            "lrs": lrs,
+            "seed": seed,
+            "batch_size": plan.batch_size,
+            "sampler": self.sampler.state_dict(),
+            "recipe": plan.recipe.name,
+            "divergence_factor": plan.divergence_factor,
+            "architecture": arch,
+        }
+
+    # ---------------------------------------------------------------- resume / checkpoint
+    def resume(self) -> int:
+        """Restore from the checkpoint if there is a usable one; returns the step to start at."""
+        path = self.plan.checkpoint_path
+        ckpt = None if path is None else checkpoint.load(
+            path, self.device, self.identity, self.plan.steps)
+        if ckpt is None:
+            return 0
+        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        start = int(ckpt["step"])
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.state.loss[:start] = ckpt["loss"]
+            if "error" in ckpt:  # (checkpoints written before the error record have none)
+                self.state.error[:start] = ckpt["error"]
+            self.state.alive.copy_(ckpt["alive"])
+            self.state.diverged_step.copy_(ckpt["diverged_step"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            # same identity but contents that do not fit: damaged; start from the initial network
+            self.model.load_state_dict(initial)
+            self.optimizer = self.plan.recipe.optimizer(
+                self.model, torch.tensor(self.lrs, dtype=torch.float64, device=self.device))
+            self.state = LoopState.fresh(len(self.lrs), self.plan.steps, self.device)
+            checkpoint.unusable(path, f"not loadable into this run ({type(err).__name__}: {err})")
+            return 0
+        self.state.done.fill_(start)
+        self.history = _History(
+            eval_steps=[int(s) for s in ckpt["eval_steps"]],
+            test_acc=[np.asarray(a, dtype=np.float64) for a in ckpt["test_acc"]],
+            elapsed_before=float(ckpt["elapsed_s"]),
+        )
+        log.info("resuming from %s at step %d/%d", path, start, self.plan.steps)
+        return start
+
+    def save(self, done: int) -> None:
+        s, h = self.state, self.history
+        checkpoint.save(self.plan.checkpoint_path, {
+            **self.identity,
+            "step": done,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "alive": s.alive.cpu(),
+            "diverged_step": s.diverged_step.cpu(),
+            "loss": s.loss[:done].cpu(),
+            "error": s.error[:done].cpu(),
+            "eval_steps": list(h.eval_steps),
+            "test_acc": [a.tolist() for a in h.test_acc],
+            "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0,
+        })
+
+    # ---------------------------------------------------------------- the steps
+    def _loss_fn(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        model, device, bf16 = self.model, self.device, self.plan.autocast_bf16
+
+        def forward_loss(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+            with _autocast(device, bf16):
+                logits = model(x)
+                return member_losses(logits, y), member_errors(logits, y)
+
+        return torch.compile(forward_loss) if self.plan.compile else forward_loss
+
+    def _step_function(self, start: int) -> Callable[[Tensor, float, int], None]:
+        body = _step_body(self.model, self.optimizer, self.state, self.data, self._loss_fn(),
+                          self.plan.recipe, self.plan.divergence_factor)
+        if not self.plan.cuda_graphs:
+            return body
+        return _GraphedStep(body, self.model, self.optimizer, self.state,
+                            self.sampler.indices(start))
+
+    def run(self, start: int, end: int) -> None:
+        """Steps ``start … end−1`` with reports, evaluations, checkpoints and stop requests."""
+        plan, schedule = self.plan, self.plan.recipe.schedule
+        self.model.train()
+        self.t0 = time.perf_counter()
+        self.side_time, self.call_time, self.saved_at = 0.0, 0.0, -1
+        if start >= end:  # a finished checkpoint, or stop_after before it
+            return
+        step_fn = self._step_function(start)  # (graph capture counts as bookkeeping)
+        self.side_time, self.logged = time.perf_counter() - self.t0, start
+        self.start_step = start
+        # a bar only on a terminal; while it is drawn, log lines go through tqdm.write
+        # (rankexp.console): redirected output (Slurm, nohup) gets the report lines alone
+        with progress_bar(plan.steps, enabled=plan.progress, initial=start, desc="train",
+                          unit="step") as bar, interrupt.deferred():
+            for step in range(start, end):
+                step_fn(self.sampler.indices(step), schedule(step, plan.steps), step)
+                bar.update(1)
+                done = step + 1
+                self._bookkeeping(done, bar)
+                if interrupt.requested() is not None:
+                    self._stop(done)
+        _synchronize(self.device)
+        self.call_time = time.perf_counter() - self.t0
+
+    def _stop(self, done: int) -> None:
+        """A stop was requested: checkpoint the completed step, then raise JobInterrupted."""
+        name = interrupt.requested()
+        if self.plan.checkpoint_path is not None:
+            if self.saved_at != done:
+                self.save(done)
+            log.warning("%s: stopped after step %d/%d; checkpoint %s (rerun to resume)",
+                        name, done, self.plan.steps, self.plan.checkpoint_path)
+        else:
+            log.warning("%s: stopped after step %d/%d (no checkpoint_path: progress is lost)",
+                        name, done, self.plan.steps)
+        raise interrupt.JobInterrupted(name)
+
+    def _bookkeeping(self, done: int, bar) -> None:
+        """Reports, evaluations and checkpoints due after step ``done``: the only host reads."""
+        plan = self.plan
+        evaluating = done % plan.eval_every == 0 or done == plan.steps
+        reporting = evaluating or (plan.log_every is not None and done % plan.log_every == 0)
+        saving = plan.checkpoint_path is not None and (
+            done % plan.checkpoint_every == 0 or done == plan.steps)
+        if not (reporting or saving):
+            return
+        _synchronize(self.device)  # so the queued steps are not timed as bookkeeping
+        t_side = time.perf_counter()
+        if reporting:
+            self._report(done, evaluating, bar)
+            self.logged = done
+        if saving:
+            self.save(done)
+            self.saved_at = done
+        self.side_time += time.perf_counter() - t_side
+
+    def _report(self, done: int, evaluating: bool, bar) -> None:
+        metrics = {"train_loss": self.state.loss[self.logged:done].mean(0).cpu().numpy(),
+                   "train_error": self.state.error[self.logged:done].mean(0).cpu().numpy()}
+        if evaluating:
+            acc = evaluate(self.model, self.data.x_test, self.data.y_test,
+                           batch_size=self.plan.eval_batch_size,
+                           autocast_bf16=self.plan.autocast_bf16)
+            metrics["test_acc"] = acc.cpu().numpy()
+            self.history.eval_steps.append(done)
+            self.history.test_acc.append(metrics["test_acc"])
+            bar.set_postfix(best_acc=f"{np.nanmax(metrics['test_acc']):.3f}")
+        self._warn_diverged(self.state.diverged_step.cpu().numpy())
+        log.info("%s", progress_line(done, self.plan.steps, time.perf_counter() - self.t0,
+                                     done - self.start_step, self.lrs, metrics))
+        if self.on_log is not None:
+            self.on_log(done, metrics)
+
+    def _warn_diverged(self, diverged_step: np.ndarray) -> None:
+        for e in np.flatnonzero(diverged_step >= 0):
+            if e in self.history.warned:
+                continue
+            self.history.warned.add(int(e))
+            k = int(diverged_step[e])
+            loss, initial = self.state.loss[[k - 1, 0], e].tolist()
+            why = ("non-finite loss" if not math.isfinite(loss) else
+                   f"loss {loss:.3g} > {self.plan.divergence_factor:g} × initial {initial:.3g}")
+            log.warning("lr=%g diverged at step %d: %s (frozen from then on)", self.lrs[e], k, why)
+
+    # ---------------------------------------------------------------- the result
+    def result(self, start: int, end: int, loss_window: int, stable_accuracy: float
+               ) -> TrainResult:
+        done = end
+        diverged_step = self.state.diverged_step.cpu().numpy()
+        self._warn_diverged(diverged_step)
+        step_time = self.call_time - self.side_time
+        return _summarize(
+            self.lrs, done, done == self.plan.steps, self.state.loss[:done].cpu().numpy(),
+            self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
+            self.history.elapsed_before + self.call_time,
+            (done - start) / step_time if step_time > 0 and done > start else 0.0,
+            loss_window, stable_accuracy,
+        )
+
+
+def _lr_key(lr: float) -> str:
+    """``lr0.001``: a learning rate in metric names and report lines."""
+    return f"lr{lr:g}"
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m07s``, ``12s``: a short human duration."""
+    s = int(round(max(seconds, 0.0)))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def progress_line(done: int, total: int, elapsed: float, steps_run: int, lrs: list[float],
+                  metrics: dict[str, np.ndarray]) -> str:
+    """One report line for a log file: step/total, elapsed, ETA (from this run's rate) and each
+    metric labelled by learning rate, e.g.
+    ``step 500/5000 (10%)  elapsed 1m02s  ETA 9m18s  train_loss lr3e-05=2.301 lr0.001=1.887``."""
+    eta = elapsed / steps_run * (total - done) if steps_run > 0 else float("nan")
+    values = "  ".join(f"{k} " + " ".join(f"{_lr_key(lr)}={float(v):.4g}" for lr, v in zip(lrs, vals, strict=True))
+                       for k, vals in metrics.items())
+    return (f"step {done}/{total} ({100 * done / total:.0f}%)  elapsed {duration(elapsed)}  "
+            f"ETA {duration(eta) if math.isfinite(eta) else '?'}  {values}")
