@@ -9,4 +9,10 @@
   :func:`~hydra_plugins.rankexp_plugins.slurm.check_cluster` asks the cluster first.
 * :class:`~hydra_plugins.rankexp_plugins.joblib_local.RankexpJoblibLauncher`
   (``hydra/launcher=local``): the joblib launcher, surviving a lost worker.
+* :mod:`~hydra_plugins.rankexp_plugins.backports`: fixes from Hydra's main branch (installed
+  here: Hydra's plugin scan imports this package in every Hydra process).
 """
+
+from . import backports
+
+backports.install()
