@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -94,10 +95,15 @@ def _full_error() -> bool:
 
 def _reported(e: Exception) -> None:
     """Exit 2 with the one-line message for a composition error Hydra raised
-    (:func:`rankexp.errors.one_line`); return for anything else (Hydra reports it)."""
-    message = None if _full_error() else one_line(e)
-    if message is not None:
-        _fail(message, 2)
+    (:func:`rankexp.errors.one_line`; with ``HYDRA_FULL_ERROR=1`` its stack trace instead);
+    return for anything else (Hydra reports it)."""
+    message = one_line(e)
+    if message is None:
+        return
+    if _full_error():
+        traceback.print_exception(e)
+        raise SystemExit(2)
+    _fail(message, 2)
 
 
 def one_error_style() -> None:

@@ -42,7 +42,11 @@ def one_line(e: BaseException) -> str | None:
         ``invalid config: <key>=<value> — did you mean '<closest>'? allowed: …`` (the names,
         or ``an integer, e.g. <key>=4``); None for anything else.
     """
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(e, MissingConfigException):

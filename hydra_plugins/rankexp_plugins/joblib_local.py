@@ -97,8 +97,8 @@ class RankexpJoblibLauncher(JoblibLauncher):
     """See the module docstring."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from joblib import Parallel, delayed
         from hydra_plugins.hydra_joblib_launcher import _core  # joblib, numpy: when launching
+        from joblib import Parallel, delayed
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
         setup_globals()

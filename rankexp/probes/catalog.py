@@ -301,7 +301,7 @@ class Ref:
         return _docstrings(module)[attr]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _docstrings(module: str) -> dict[str, str]:
     """Top-level function name → docstring of ``rankexp/probes/<module>.py``, parsed once."""
     import ast
