@@ -26,6 +26,13 @@ log = logging.getLogger("rankexp")
 register_configs()
 
 
+#: third-party progress bars kept out of a job's console, by their libraries' own switches
+#: (MLflow's artifact transfers, Hugging Face's downloads and checkpoint loading); rankexp's
+#: bars and log lines say how far a job is.  A value the user set wins; workers the job starts
+#: (joblib, Slurm) inherit them.
+QUIET = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
 class _State:
     composed = False  # Hydra composed a config: its exit status 1 is no longer a config error
 
@@ -142,6 +149,8 @@ def cli() -> None:
             check_override_keys(args.overrides, config_groups(CONF_DIR))
     except ConfigError as e:
         _fail(str(e), 2)
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
     compose_once()
     one_error_style()
     try:

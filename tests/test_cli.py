@@ -277,3 +277,38 @@ def test_a_copied_repository_reads_the_live_config_store():
         assert found is not None and found.config.answer == 42
     finally:
         store.repo.pop("rankexp_late_registration.yaml")
+
+
+QUIET_PROBE = """
+import sys
+sys.argv = ["rankexp", "--cfg", "job"]
+from rankexp.cli import cli
+try:
+    cli()
+except SystemExit:
+    pass
+from huggingface_hub.utils import are_progress_bars_disabled
+from mlflow.utils.file_utils import ArtifactProgressBar
+print("BARS", ArtifactProgressBar.files(desc="Downloading artifacts", total=3).pbar is not None,
+      not are_progress_bars_disabled())
+"""
+
+
+@pytest.mark.parametrize("user", [None, "true"])
+def test_a_job_console_gets_no_third_party_progress_bars(user):
+    """Issue 19 row 8: MLflow's "Downloading artifacts" bars and Hugging Face's download and
+    checkpoint bars are off in a rankexp process (their own switches), unless the user turns
+    MLflow's back on."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if user:
+        env["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = user
+    out = subprocess.run([sys.executable, "-c", QUIET_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"BARS {user == 'true'} False", out.stdout
