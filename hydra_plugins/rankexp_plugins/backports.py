@@ -1,4 +1,5 @@
-"""Fixes from Hydra's main branch that the installed release (hydra-core 1.3.x) lacks.
+"""Hydra, faster where rankexp pays for it: a fix from Hydra's main branch that the installed
+release (hydra-core 1.3.x) lacks, and its group listing done once per command line.
 
 * **A copied config repository shares the ConfigStore** (Hydra PR #2928, "Use latest
   configstore singleton instead of storing it").  Hydra 1.3 deep-copies its config repository
@@ -9,6 +10,14 @@
   ``ConfigStore.instance()`` at each use, so a copy refers to the live store; here a copy of
   the source is a shallow one (its provider and path are strings, its store the singleton) —
   the same behaviour.  tests/test_cli.py checks that a copy made before a registration sees it.
+* **Each group listed once per command line.**  ``ConfigLoaderImpl.get_group_options`` builds
+  a fresh repository for its (config name, overrides) on every call — to apply the search-path
+  overrides of that command line — and ``--help`` asks for the same listings twice (Hydra's
+  help template computes its group sections eagerly).  Here the repository Hydra builds is kept
+  per loader and command line, and each answer of it once: a loader lives for one command (a
+  ``hydra.main`` run, one ``compose`` context, one sweep's template loader), within which
+  Hydra itself takes the config tree as fixed.  tests/test_cli.py checks every listing of the
+  tree against Hydra's own.
 
 Installed on import of :mod:`hydra_plugins.rankexp_plugins`, which Hydra's plugin scan runs in
 every Hydra process after it (re)loads its core plugins — the scan re-executes their modules,
@@ -25,6 +34,7 @@ from hydra.core.object_type import ObjectType
 
 
 def _shallow(self, memo):
+    """``copy.deepcopy`` of a ``StructuredConfigSource``: its fields, the one ConfigStore shared."""
     clone = copy.copy(self)
     memo[id(self)] = clone
     return clone
@@ -36,6 +46,8 @@ _LISTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None,
                    overrides=None):
+    """``ConfigLoaderImpl.get_group_options`` with Hydra's repository for this command line
+    kept, and each of its answers."""
     key = (config_name, tuple(overrides or ()))
     repos, listed = _LISTED.setdefault(self, ({}, {}))
     if key not in repos:
