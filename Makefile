@@ -8,8 +8,9 @@ TORCH  := torch==2.14.1 torchvision==0.29.1
 
 .PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures reproduce ui lint clean
 
-help:  ## list targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+help:  ## list targets (variables as this make sees them: make help REPRODUCE=out)
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -e 's/:.*##/\t/' \
+	  -e 's|$$(REPRODUCE)|$(REPRODUCE)|g' -e 's|$$(UI_PORT)|$(UI_PORT)|g'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,7 @@ demo: setup  ## the main job on its defaults: the demo sweep, then its heatmap f
 	$(PY) -m rankexp experiment=demo -m
 	$(PY) -m analysis heatmap --experiment demo
 
-sweep: setup  ## the issue's sweep: post-norm, α ∈ {1,2}, L ∈ {48,96}
+sweep: setup  ## the README's first sweep: Post-Norm, α ∈ {1,2}, L ∈ {48,96} (4 runs), then its heatmap
 	$(PY) -m rankexp norm=post alpha=1,2 depth=48,96 -m
 	$(PY) -m analysis heatmap --experiment rankexp
 
@@ -37,8 +38,9 @@ test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm
 test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow
 
-bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader, ConvNet FLOPs + projected GPU time, rankexp.analyze / SpectralMonitor
+bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader, ConvNet FLOPs + projected GPU time, rankexp.analyze / SpectralMonitor, --help and tab completion
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_cli
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_loader
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_convnet
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_analyze
@@ -63,11 +65,11 @@ reproduce: setup  ## every experiment at size=cpu, then the report that checks t
 
 UI_STORE ?= sqlite:///$(CURDIR)/mlflow.db
 UI_PORT  ?= 5000
-ui: setup  ## browse a store in the MLflow UI, http://127.0.0.1:5000 (UI_STORE=…, UI_PORT=…); job runner off, 1 worker
+ui: setup  ## browse a store in the MLflow UI, http://127.0.0.1:$(UI_PORT) (UI_STORE=…, UI_PORT=…); job runner off, 1 worker
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri $(UI_STORE) \
 	  --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
-lint: setup
+lint: setup  ## ruff over rankexp, analysis and tests (the house config in pyproject.toml)
 	$(VENV)/bin/ruff check rankexp analysis tests
 
 clean:  ## remove outputs (keeps .venv and the MLflow store)

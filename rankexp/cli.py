@@ -8,19 +8,29 @@ run exists; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM), the runs then K
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from .config import ConfigError, check_override_keys, config_groups, quote_unicode, register_configs
+from .errors import one_line
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rankexp")
 
 register_configs()
+
+
+#: third-party progress bars kept out of a job's console, by their libraries' own switches
+#: (MLflow's artifact transfers, Hugging Face's downloads and checkpoint loading); rankexp's
+#: bars and log lines say how far a job is.  A value the user set wins; workers the job starts
+#: (joblib, Slurm) inherit them.
+QUIET = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 class _State:
@@ -85,6 +95,49 @@ def compose_once() -> None:
     Hydra.get_mode = get_mode
 
 
+def _full_error() -> bool:
+    """``HYDRA_FULL_ERROR=1``: Hydra's own report with the stack trace, as Hydra documents."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def _reported(e: Exception) -> None:
+    """Exit 2 with the one-line message for a composition error Hydra raised
+    (:func:`rankexp.errors.one_line`; with ``HYDRA_FULL_ERROR=1`` its stack trace instead);
+    return for anything else (Hydra reports it)."""
+    message = one_line(e)
+    if message is None:
+        return
+    if _full_error():
+        traceback.print_exception(e)
+        raise SystemExit(2)
+    _fail(message, 2)
+
+
+def one_error_style() -> None:
+    """Report composition errors in rankexp's one line, not Hydra's several
+    (:mod:`rankexp.errors`): Hydra's ``run_and_report`` — which runs the composition of a run,
+    a sweep's master config, ``--cfg`` and shell completion, and prints what they raise — gets
+    the one-line message first.  ``--help`` composes outside it: :func:`cli` catches that."""
+    from hydra._internal import utils
+
+    if getattr(utils.run_and_report, "_rankexp", False):
+        return
+    report = utils.run_and_report
+
+    def run_and_report(func):
+        def composing():
+            try:
+                return func()
+            except Exception as e:
+                _reported(e)
+                raise
+
+        return report(composing)
+
+    run_and_report._rankexp = True  # type: ignore[attr-defined]
+    utils.run_and_report = run_and_report
+
+
 def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run (composing once)."""
     from hydra._internal.utils import get_args_parser
@@ -96,10 +149,16 @@ def cli() -> None:
             check_override_keys(args.overrides, config_groups(CONF_DIR))
     except ConfigError as e:
         _fail(str(e), 2)
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
     compose_once()
+    one_error_style()
     try:
         main()
     except SystemExit as e:
         if e.code == 1 and not _State.composed:
             raise SystemExit(2) from None  # Hydra could not compose the config (its message is out)
+        raise
+    except Exception as e:  # `--help` / `--hydra-help` compose outside Hydra's reporting
+        _reported(e)
         raise

@@ -80,8 +80,9 @@ KNOBS: tuple[Knob, ...] = (
     # --------------------------------------------------------------- task=measure
     Knob("task.probes", None, "what the task runs (task=measure: the probes below; default "
          "per model family; task=train: the family's measurements of the trained network)"),
-    Knob("task.max_memory_gb", None, "task=measure: memory budget of the seeds batched in one "
-         "network, GB (null: 80 % of the device's free memory)", task="measure"),
+    Knob("task.max_memory_gb", 4, "task=measure: memory budget of the seeds batched in one "
+         "network, GB: a fixed cap, never more than 80 % of the device's free memory "
+         "(null: 80 % of the free memory, on a machine that is yours)", task="measure"),
     # --------------------------------------------------------------- task=train (CIFAR-10)
     Knob("task.steps", 5000, "optimizer steps (or task.epochs; exactly one is set)", task="train"),
     Knob("task.epochs", None, "passes over the training set instead of steps "

@@ -2,7 +2,7 @@
 
 The per-seed estimate (:func:`seed_bytes`: the weights plus the largest working set of the
 chosen probes, :mod:`rankexp.probes.catalog`) decides the seed chunks of ``task=measure``
-(:func:`rankexp.tasks.measure.seed_chunk_size`) and, before any run exists, refuses a config
+within the job's budget (:func:`chunking`, :func:`memory_budget`) and, before any run exists, refuses a config
 whose single seed cannot fit the device at all (:func:`check_fits`).  It is measured against
 the process's peak RSS on the CPU (and CUDA's allocator on a GPU) in tests/test_memory.py.
 """
@@ -96,6 +96,45 @@ def free_memory_bytes(device: str) -> float:
         return float(torch.cuda.mem_get_info(device if device != "auto" else None)[0])
     free = _meminfo("MemAvailable")
     return free if free is not None else float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+#: what a job may plan to use of the free memory it finds when no cap is set (and at most, with one)
+FREE_FRACTION = 0.8
+
+
+def memory_budget(s: RankexpConfig, device: str) -> tuple[float, str]:
+    """``(bytes, what)``: the memory the seeds of one chunk may use on ``device``.
+
+    ``task.max_memory_gb`` (default in rankexp/knobs.py: a fixed cap, so one job on a
+    shared machine does not plan to take most of it, issue 19 row 8), never more than
+    :data:`FREE_FRACTION` of the memory free now; ``null``: that fraction of the free memory
+    (a machine that is yours).  ``what`` says which bound decided, for the job's log.
+    """
+    free = FREE_FRACTION * free_memory_bytes(device)
+    cap = s.task.max_memory_gb
+    if cap is None:
+        return free, f"{FREE_FRACTION:.0%} of free memory, {gigabytes(free)}"
+    if cap * 1e9 > free:
+        return free, f"{FREE_FRACTION:.0%} of free memory, {gigabytes(free)} (< task.max_memory_gb={cap:g})"
+    return cap * 1e9, f"task.max_memory_gb={cap:g}"
+
+
+def chunking(s: RankexpConfig, device: str) -> tuple[int, str]:
+    """``(seeds per chunk, log line)``: as many seeds as fit :func:`memory_budget`, ≥ 1 — all
+    of them when a probe cannot split its seeds (:attr:`rankexp.probes.catalog.Probe.splits_seeds`)
+    — and the line that says how many chunks that makes and why."""
+    per_seed, (budget, what) = seed_bytes(s, device), memory_budget(s, device)
+    if not all(PROBES[p].splits_seeds for p in s.task.probes):
+        return s.seeds, (f"{s.seeds} seeds in 1 chunk (a probe pools over every seed at once; "
+                         f"≈ {gigabytes(per_seed)} per seed, budget {what})")
+    chunk = max(1, min(s.seeds, int(budget // per_seed)))
+    n = -(-s.seeds // chunk)
+    line = (f"{s.seeds} seed{'s' * (s.seeds > 1)} in {n} chunk{'s' * (n > 1)} of {chunk} "
+            f"(≈ {gigabytes(per_seed)} per seed, budget {what})")
+    if per_seed > budget:
+        line += (f"; one seed needs more than the budget (estimate): the seeds run one at a time "
+                 f"and the job's peak exceeds the budget by ≈ {gigabytes(per_seed - budget)}")
+    return chunk, line
 
 
 def check_fits(s: RankexpConfig) -> None:

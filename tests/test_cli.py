@@ -116,16 +116,11 @@ def test_bad_input_fails_before_any_run(cli, override, key):
     value = override.split("=", 1)[1]
     small = [o for o in ("depth=4", "width=8") if o.split("=")[0] != key]  # each key once
     p = cli(override, *small, check=False)
-    assert p.returncode != 0
-    assert key in p.stdout and value in p.stdout, p.stdout[-2000:]
-    assert (
-        "allowed" in p.stdout
-        or "expected one of" in p.stdout
-        or "Available options" in p.stdout
-        or "must be" in p.stdout
-        or "M = 1 or M = 2" in p.stdout
-    ), p.stdout[-2000:]
-    assert "Traceback" not in p.stdout or key in p.stdout.splitlines()[-1]
+    assert p.returncode == 2
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid config: "), p.stdout[-2000:]
+    assert key in lines[0] and value in lines[0], p.stdout[-2000:]
+    assert any(w in lines[0] for w in ("allowed: ", "must be", "M = 1 or M = 2")), lines[0]
     assert job_runs(cli.uri) == []
 
 
@@ -179,3 +174,175 @@ def test_rerun_skips_finished_configs_and_force_reruns(cli):
     assert len(job_runs(cli.uri)) == 3
     cli("alpha=1", "depth=3", "tracking.force=true", *SMALL)
     assert len(job_runs(cli.uri)) == 4
+
+
+# --------------------------------------------------------------------------- help and tab
+HEAVY = ("torch", "mlflow", "transformers", "torchvision")
+
+
+def _imports(*args: str, line: str | None = None, code: str | None = None) -> tuple[str, list[str]]:
+    """stdout of a fresh ``python -X importtime -m rankexp args`` (or ``-c code``) and the modules
+    it imported that a help or a tab press must not: torch, mlflow, … and model code."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if line is not None:
+        env.update(COMP_LINE=line, COMP_POINT=str(len(line)))
+    cmd = ["-c", code] if code else ["-m", "rankexp", *args]
+    p = subprocess.run([sys.executable, "-X", "importtime", *cmd], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    names = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
+    return p.stdout, sorted(n for n in names if n.split(".")[0] in HEAVY
+                            or (n.startswith("rankexp.models.") and n != "rankexp.models.spec"))
+
+
+def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
+    """Issue 19 row 1: `rankexp --help` took 16 s (torch through rankexp.config → models.gpt2)
+    and a tab press 5.7–10 s.  Both now read torch-free modules only (the time: make bench,
+    benchmarks/bench_cli.py).  The check sees torch where it is imported."""
+    out, heavy = _imports("--help")
+    assert "Knobs" in out and "depth=48" in out and heavy == []
+    out, heavy = _imports("task=train", "model=gpt2", "--help")
+    assert "Knobs" in out and heavy == []
+    for line, reply in (("rankexp nor", "norm="), ("rankexp norm=p", "norm=post"),
+                        ("rankexp task=train task.ba", "task.batch_size=")):
+        out, heavy = _imports("-sc", "query=bash", line=line)
+        assert reply in out.split() and heavy == [], (line, out)
+    _, heavy = _imports(code="import rankexp.models.mlp")
+    assert "torch" in heavy and "rankexp.models.mlp" in heavy
+
+
+def _groups(loader, parent: str = "") -> list[str]:
+    from hydra.core.object_type import ObjectType
+
+    out = []
+    for g in loader.get_group_options(parent, ObjectType.GROUP):
+        name = f"{parent}/{g}" if parent else g
+        out += [name, *_groups(loader, name)]
+    return out
+
+
+def test_group_listing_is_hydras_own():
+    """The listing that --help and completion ask 269 times (hydra_plugins/rankexp_plugins/
+    backports.py: one repository per command line, each answer once) equals what Hydra's own
+    ``get_group_options`` — a fresh deep-copied repository per call — answers, for every group of
+    the tree, every result filter, with and without a config and overrides."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.object_type import ObjectType
+    from hydra.core.plugins import Plugins
+
+    from rankexp.cli import CONF_DIR
+
+    Plugins.instance()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    groups = ["", *_groups(loader)]
+    assert {"norm", "experiment", "size", "hydra/launcher", "size/fig6"} <= set(groups)
+    for config_name, overrides in ((None, []), ("config", ["norm=post", "alpha=2"])):
+        for g in groups:
+            for kind in (ObjectType.CONFIG, ObjectType.GROUP, None):
+                hydra = loader._parse_overrides_and_create_caching_repo(config_name, overrides)[1]
+                assert loader.get_group_options(g, kind, config_name, overrides) == \
+                    hydra.get_group_options(g, kind), (g, kind)
+    assert loader.get_group_options("norm") == ["none", "output", "peri", "post", "pre"]
+
+
+def test_a_copied_repository_reads_the_live_config_store():
+    """The backport of Hydra PR #2928 (and its regression test, PR #3301): a repository copied
+    before a structured config is registered finds it — the copy shares the one ConfigStore
+    instead of deep-copying it (~40 ms a copy, once per composition and per listing)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_repository import CachingConfigRepository
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    from rankexp.cli import CONF_DIR
+
+    Plugins.instance()
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
+    repo = CachingConfigRepository(loader.repository)
+    source = repo.delegate.get_schema_source()
+    assert source.store is ConfigStore.instance() and copy.deepcopy(source).store is source.store
+    store = ConfigStore.instance()
+    store.store(name="rankexp_late_registration", node={"answer": 42})
+    try:
+        found = repo.load_config("rankexp_late_registration")
+        assert found is not None and found.config.answer == 42
+    finally:
+        store.repo.pop("rankexp_late_registration.yaml")
+
+
+QUIET_PROBE = """
+import sys
+sys.argv = ["rankexp", "--cfg", "job"]
+from rankexp.cli import cli
+try:
+    cli()
+except SystemExit:
+    pass
+from huggingface_hub.utils import are_progress_bars_disabled
+from mlflow.utils.file_utils import ArtifactProgressBar
+print("BARS", ArtifactProgressBar.files(desc="Downloading artifacts", total=3).pbar is not None,
+      not are_progress_bars_disabled())
+"""
+
+
+@pytest.mark.parametrize("user", [None, "true"])
+def test_a_job_console_gets_no_third_party_progress_bars(user):
+    """Issue 19 row 8: MLflow's "Downloading artifacts" bars and Hugging Face's download and
+    checkpoint bars are off in a rankexp process (their own switches), unless the user turns
+    MLflow's back on."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if user:
+        env["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = user
+    out = subprocess.run([sys.executable, "-c", QUIET_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"BARS {user == 'true'} False", out.stdout
+
+
+def test_make_help_lists_every_target_in_plain_words():
+    """Issue 19 leftovers: `make help` printed `$(REPRODUCE)`, left out `lint` and called `sweep`
+    "the issue's sweep".  Every .PHONY target is listed, variables as make sees them."""
+    import re
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", make, re.M)[1].split()
+    assert shutil.which("make"), "make is part of the two commands (README)"
+    out = subprocess.run(["make", "-s", "-C", str(root), "help"], capture_output=True, text=True,
+                         check=True).stdout
+    listed = [line.split("\t")[0] for line in out.splitlines()]
+    assert sorted(listed) == sorted(phony), out
+    assert "$(" not in out and "issue" not in out, out
+    reproduce = re.search(r"^REPRODUCE \?= (\S+)", make, re.M)[1]
+    port = re.search(r"^UI_PORT +\?= (\S+)", make, re.M)[1]
+    assert f"({reproduce}/report/report.html)" in out and f"http://127.0.0.1:{port} " in out
+    other = subprocess.run(["make", "-s", "-C", str(root), "help", "REPRODUCE=elsewhere"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "(elsewhere/report/report.html)" in other
+
+
+def test_the_readme_has_no_leftovers():
+    """A literal SMOKE_PLACEHOLDER sat in the README; nor should notes to its writers."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    left = re.findall(r"\b(?:[A-Z]+_PLACEHOLDER|TODO|FIXME|XXX|TBD)\b|the issue's|lent to this task",
+                      readme)
+    assert left == [], left

@@ -130,3 +130,140 @@ def test_a_damaged_store_is_named_before_any_run(cli):
     p = cli("depth=3", "width=8", "seeds=1", "alpha=1,2,3", "-m", check=False)  # once, not per job
     assert p.returncode == 2 and p.stdout.count(f"{db} cannot be used as an MLflow store") == 1, p.stdout
     assert not (cli.cwd / "multirun").exists()
+
+
+# --------------------------------------------------------------------------- one error style
+def _choices(group: str) -> list[str]:
+    """A group's choices from the conf tree itself (not from Hydra's listing)."""
+    from pathlib import Path
+
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def _default(key: str):
+    import yaml
+
+    return yaml.safe_load((__import__("pathlib").Path(CONF_DIR) / "config.yaml").read_text())[key]
+
+
+def _typed_cases():
+    from rankexp.probes import PROBES
+
+    n = PROBES["representation"].options["n"]
+    return [("alpha=abc", "alpha='abc'", f"allowed: a number, e.g. alpha={_default('alpha')}"),
+            ("task.options.representation.n=abc", "task.options.representation.n='abc'",
+             f"allowed: an integer, e.g. task.options.representation.n={n}")]
+
+
+#: issue 19 row 3: each mistake, the key=value it names, the suggestion, what is allowed
+CHOICE_MISTAKES = [
+    ("norm=psot", "norm='psot'", "did you mean 'post'?", "allowed: " + ", ".join(_choices("norm"))),
+    ("experiment=fig44", "experiment='fig44'", "did you mean 'fig4'?",
+     "allowed: " + ", ".join(_choices("experiment"))),
+    ("size=smok", "size='smok'", "did you mean 'smoke'?", "allowed: cpu, full, smoke"),
+    ("task=trian", "task='trian'", "did you mean 'train'?", "allowed: " + ", ".join(_choices("task"))),
+]
+
+
+def _one_line(p) -> str:
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert p.returncode == 2, p.stdout[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: invalid config: "), p.stdout[-3000:]
+    return lines[0]
+
+
+def _nothing_created(cli) -> None:
+    left = sorted(p.name for p in cli.cwd.iterdir())
+    assert left == [], left  # no outputs/, no multirun/, no store
+
+
+@pytest.mark.parametrize("override,named,hint,allowed", CHOICE_MISTAKES)
+def test_a_mistyped_group_choice_is_one_line_with_a_suggestion(cli, override, named, hint, allowed):
+    """Issue 19 row 3: Hydra's 15-line "Could not find 'norm/psot'" (the options one a line, the
+    search path) is the key typo's one line: key, value, the closest choice, every choice."""
+    line = _one_line(cli(override, check=False))
+    assert line == f"error: invalid config: {named} — {hint} {allowed}", line
+    _nothing_created(cli)
+
+
+@pytest.mark.parametrize("case", range(2))
+def test_a_value_of_the_wrong_type_is_one_line_with_an_example(cli, case):
+    """Issue 19 row 3: OmegaConf's "Value 'abc' of type 'str' could not be converted to Float /
+    full_key … object_type=…" is one line: key, value, the type allowed, the composed value as
+    an example (the default from conf/config.yaml, the option's from the probe registry)."""
+    override, named, allowed = _typed_cases()[case]
+    line = _one_line(cli(override, check=False))
+    assert line == f"error: invalid config: {named} — {allowed}", line
+    _nothing_created(cli)
+
+
+@pytest.mark.parametrize("sweep,job,message", [
+    (("norm=pre,psot",), "norm=psot", "norm='psot' — did you mean 'post'? allowed: "
+     + ", ".join(_choices("norm"))),
+    (("alpha=1,abc",), "alpha=abc", "alpha='abc' — allowed: a number, e.g. alpha=1.0"),
+])
+def test_a_sweep_names_its_bad_job_in_the_same_words_and_starts_nothing(cli, sweep, job, message):
+    p = cli(*sweep, "depth=2", "width=8", "-m", check=False)
+    assert p.returncode == 2, p.stdout[-3000:]
+    lines = [line.strip() for line in p.stdout.splitlines() if line.strip()]
+    assert lines == ["error: invalid sweep — nothing was started (2 jobs):",
+                     f"#1 {job}: invalid config: {message}"], p.stdout
+    _nothing_created(cli)
+
+
+def test_a_bad_choice_outside_any_swept_key_fails_the_sweep_in_one_line(cli):
+    """``experiment=fig44 -m``: Hydra composes the sweep's own config first and fails there."""
+    line = _one_line(cli("experiment=fig44", "-m", check=False))
+    assert line.startswith("error: invalid config: experiment='fig44' — did you mean 'fig4'?")
+    _nothing_created(cli)
+
+
+def test_hydra_full_error_keeps_hydras_report(cli):
+    """``HYDRA_FULL_ERROR=1`` is Hydra's documented switch for the whole stack trace."""
+    p = cli("norm=psot", check=False, env={"HYDRA_FULL_ERROR": "1"})
+    assert p.returncode == 2 and "Traceback" in p.stdout and "Could not find 'norm/psot'" in p.stdout
+    assert "did you mean" not in p.stdout
+
+
+def _composition_error(*overrides: str) -> BaseException:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        try:
+            compose("config", list(overrides))
+        except Exception as e:  # what Hydra raises is the subject
+            return e
+    raise AssertionError(f"{overrides} composed")
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["tracking.force=ture"], "invalid config: tracking.force='ture' — did you mean 'true'? "
+                              "allowed: true, false"),
+    (["activation=relo"], "invalid config: activation='relo' — did you mean 'relu'? allowed: "
+                          "relu, gelu, silu, abs, tanh, linear, leaky_relu, swiglu"),
+    (["norm.op=magic"], "invalid config: norm.op='magic' — allowed: rmsnorm, layernorm, "
+                        "detached, meansub, batchnorm"),
+    (["lr=nul"], "invalid config: lr='nul' — did you mean 'null'? allowed: a number or null"),
+    (["seed=null"], "invalid config: seed=null — allowed: an integer, not null, e.g. seed=0"),
+    (["seeds=1.5"], "invalid config: seeds=1.5 — allowed: an integer, e.g. seeds=4"),
+    (["task=train", "task.lrs=[a]"], "invalid config: task.lrs[0]='a' — allowed in task.lrs: numbers"),
+    (["task.probes=abc"], "invalid config: task.probes='abc' — allowed: a list in brackets, "
+                          "task.probes=[a,b]"),
+    (["hydra/launcher=lcoal"], "invalid config: hydra/launcher='lcoal' — did you mean 'local'? "
+                               "allowed: basic, example_gpu_cluster, joblib, local, slurm, "
+                               "slurm_gpu, submitit_local, submitit_slurm"),
+])
+def test_one_line_reads_hydras_own_exception(overrides, line):
+    """Every kind of node OmegaConf refuses a value for (bool, enum, optional float, int, list
+    element, list) and a group choice Hydra cannot find, in-process: the allowed names are
+    OmegaConf's (the enum's members) and Hydra's (the options it listed)."""
+    from rankexp.errors import one_line
+
+    assert one_line(_composition_error(*overrides)) == line
+
+
+def test_one_line_leaves_other_errors_to_hydra():
+    """Not a composition error → None (Hydra reports it); a valid override composes."""
+    from rankexp.errors import one_line
+
+    assert one_line(ValueError("boom")) is None and one_line(KeyError("norm")) is None
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        assert compose("config", ["tracking.force=true", "activation=gelu"]).tracking.force is True

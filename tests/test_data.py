@@ -71,6 +71,27 @@ def load(root, cache, **kw):
     return load_cifar10(root, cache, expect_counts=None, progress=False, **kw)
 
 
+# --------------------------------------------------------------------------- the console
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_decode_draws_a_bar_on_a_terminal_only(tree, tmp_path, monkeypatch, caplog, terminal):
+    """Issue 19 row 8: redirected output got the decode bar's \r frames.  Redirected (stderr a
+    file or a pipe), the decode writes no bar, and a log line per split says what it decoded;
+    on a terminal the bar is there (the \r frames are what a bar is made of)."""
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    with caplog.at_level(logging.INFO, logger="rankexp"):
+        load_cifar10(tree.parent, tmp_path / "cache", expect_counts=None)
+    assert ("\r" in err.getvalue()) is terminal and ("decode train" in err.getvalue()) is terminal
+    decoded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decoded ")]
+    assert [m.split(" in ")[0] for m in decoded] == [f"decoded {10 * PER_CLASS['train']} train images",
+                                                     f"decoded {10 * PER_CLASS['test']} test images"]
+
+
 # --------------------------------------------------------------------------- sources and cache
 def test_imagefolder_decodes_like_pil_in_cifar_label_order(tree, tmp_path):
     x_train, y_train, x_test, y_test = load(tree.parent, tmp_path / "cache")

@@ -10,6 +10,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,13 +117,54 @@ def run_cli(tmp_path, *overrides, name="run"):
 
 
 def test_one_seed_over_the_budget_is_warned_about(tmp_path):
-    r = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "task.max_memory_gb=1e-6",
-                "tracking=off")
+    r = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "task.max_memory_gb=1e-6")
     assert r.returncode == 0, r.stderr[-2000:]
     log = r.stdout + r.stderr
-    assert "one seed needs" in log and "more than the memory budget (1e-06 GB)" in log
-    ok = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "tracking=off", name="ok")
+    assert "2 seeds in 2 chunks of 1" in log and "budget task.max_memory_gb=1e-06" in log
+    assert "one seed needs more than the budget" in log
+    ok = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "seed=2", name="ok")  # another config
     assert "one seed needs" not in ok.stdout + ok.stderr
+    assert "2 seeds in 1 chunk of 2" in ok.stdout + ok.stderr  # the log says what it chose
+
+
+def _settings(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rankexp.cli import CONF_DIR
+    from rankexp.config import validate
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return validate(compose("config", list(overrides)))
+
+
+def test_the_default_budget_is_a_fixed_cap_within_free_memory(monkeypatch):
+    """Issue 19 row 9: 80 % of *free* memory let one job at L = 384 with 48 seeds take 14.5 GB
+    of a shared 24 GB machine.  The default is a fixed cap (task.max_memory_gb in
+    conf/task/measure.yaml), never more than 80 % of what is free; null is the old budget."""
+    import yaml
+
+    from rankexp import memory
+    from rankexp.cli import CONF_DIR
+
+    cap = yaml.safe_load((Path(CONF_DIR) / "task" / "measure.yaml").read_text())["max_memory_gb"]
+    assert isinstance(cap, int | float) and 0 < cap <= 8
+    s = _settings("depth=384", "seeds=48")  # the issue's job, its probes the default ones
+    assert s.task.max_memory_gb == cap
+    for free_gb, budget_gb in ((24, cap), (cap / 2, 0.8 * cap / 2)):
+        monkeypatch.setattr(memory, "free_memory_bytes", lambda device, f=free_gb: f * 1e9)
+        budget, _ = memory.memory_budget(s, "cpu")
+        assert budget == pytest.approx(budget_gb * 1e9)
+        chunk, line = memory.chunking(s, "cpu")
+        per_seed = memory.seed_bytes(s, "cpu")  # ≈ 1.6 GB: the weights of 384 blocks, float64
+        assert chunk == max(1, min(48, int(budget // per_seed)))
+        assert chunk * per_seed <= budget or chunk == 1
+        n = -(-48 // chunk)
+        assert line.startswith(f"48 seeds in {n} chunks of {chunk} (≈ "), line
+        assert ("one seed needs more than the budget" in line) is (per_seed > budget), line
+    monkeypatch.setattr(memory, "free_memory_bytes", lambda device: 24e9)
+    unbounded = _settings("depth=384", "seeds=48", "task.max_memory_gb=null")
+    assert memory.memory_budget(unbounded, "cpu")[0] == pytest.approx(0.8 * 24e9)
+    assert memory.chunking(unbounded, "cpu")[0] > chunk
 
 
 def _runs(tmp_path) -> int:

@@ -9,4 +9,11 @@
   :func:`~hydra_plugins.rankexp_plugins.slurm.check_cluster` asks the cluster first.
 * :class:`~hydra_plugins.rankexp_plugins.joblib_local.RankexpJoblibLauncher`
   (``hydra/launcher=local``): the joblib launcher, surviving a lost worker.
+* :mod:`~hydra_plugins.rankexp_plugins.backports`: Hydra's fix of its copied ConfigStore and
+  the group listing once per command line (installed here: Hydra's plugin scan imports this
+  package in every Hydra process).
 """
+
+from . import backports
+
+backports.install()

@@ -33,7 +33,6 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_joblib_launcher import _core
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
 log = logging.getLogger(__name__)
@@ -98,6 +97,7 @@ class RankexpJoblibLauncher(JoblibLauncher):
     """See the module docstring."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra_plugins.hydra_joblib_launcher import _core  # joblib, numpy: when launching
         from joblib import Parallel, delayed
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 

@@ -44,7 +44,13 @@ log = logging.getLogger(__name__)
 
 
 def _message(e: BaseException) -> str:
-    """One line for a composition or config error: Hydra's message and its cause's."""
+    """One line for a composition or config error: rankexp's (:func:`rankexp.errors.one_line`:
+    key, value, what is allowed, a suggestion), else Hydra's message and its cause's."""
+    from rankexp.errors import one_line
+
+    line = one_line(e)
+    if line is not None:
+        return line
     parts = [str(e).strip()]
     if e.__cause__ is not None and str(e.__cause__).strip():
         parts.append(str(e.__cause__).strip())

@@ -9,6 +9,7 @@ imports neither torch nor the probes' code; each probe module imports its own op
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -304,13 +305,18 @@ class Ref:
     @property
     def doc(self) -> str:
         """The function's docstring, read from its module's source without importing it."""
-        import ast
-        from pathlib import Path
-
         module, _, attr = self.path.partition(":")
-        tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
-        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attr)
-        return ast.get_docstring(node) or ""
+        return _docstrings(module)[attr]
+
+
+@functools.cache
+def _docstrings(module: str) -> dict[str, str]:
+    """Top-level function name → docstring of ``rankexp/probes/<module>.py``, parsed once."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
+    return {n.name: ast.get_docstring(n) or "" for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The ``measure`` task: run the chosen probes on a freshly initialized network.
 
 Seeds are a batch dimension of the network, but all their weights and working sets must fit:
-:func:`measure_seeds` runs them in chunks that fit ``task.max_memory_gb`` (default: 80 % of the
-device's free memory) and joins the chunks' per-seed results, then lets each probe pool over
+:func:`measure_seeds` runs them in chunks that fit the job's memory budget (``task.max_memory_gb``, a fixed cap by
+default, never more than 80 % of the device's free memory: :func:`rankexp.memory.memory_budget`;
+the log says how many chunks) and joins the chunks' per-seed results, then lets each probe pool over
 all seeds (:attr:`rankexp.probes.base.Probe.reduce`) — so the result is the one a single batch
 gives, number for number.
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..memory import free_memory_bytes, model_shape, seed_bytes  # noqa: F401 — re-exported
+from ..memory import chunking, free_memory_bytes, model_shape, seed_bytes  # noqa: F401 — re-exported
 from ..models import DTYPES, build_model
 from ..models.convnet import CifarResNet
 from ..models.families import CIFAR10, family_of
@@ -168,17 +169,9 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
 
 
-def memory_budget(s: RankexpConfig, device: torch.device) -> float:
-    """Bytes the seeds of one chunk may use: ``task.max_memory_gb``, else 80 % of free memory."""
-    return s.task.max_memory_gb * 1e9 if s.task.max_memory_gb else 0.8 * free_memory_bytes(str(device))
-
-
 def seed_chunk_size(s: RankexpConfig, device: torch.device) -> int:
-    """Seeds per chunk: as many as fit :func:`memory_budget`, ≥ 1; all of them when a probe
-    cannot split its seeds (:attr:`Probe.splits_seeds`)."""
-    if not all(PROBES[p].splits_seeds for p in s.task.probes):
-        return s.seeds  # a probe pools over every seed in one batch (Probe.splits_seeds)
-    return max(1, min(s.seeds, int(memory_budget(s, device) // seed_bytes(s, str(device)))))
+    """Seeds per chunk (:func:`rankexp.memory.chunking`)."""
+    return chunking(s, str(device))[0]
 
 
 def measure_seeds(
@@ -241,17 +234,9 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
         def context(net: CifarResNet) -> ImageProbeContext:
             return ImageProbeContext(net, data, s.task.options)
 
-    chunk = seed_chunk_size(s, device)
+    chunk, line = chunking(s, str(device))
     seeds = range(s.seed, s.seed + s.seeds)
-    per_seed, budget = seed_bytes(s, str(device)), memory_budget(s, device)
-    budget_text = f"{s.task.max_memory_gb} GB" if s.task.max_memory_gb else f"80% free, {budget / 1e9:.3g} GB"
-    if per_seed > budget:
-        log.warning("one seed needs ≈ %.3g GB (estimate), more than the memory budget (%s): the "
-                    "seeds run one at a time and the job's peak exceeds the budget by ≈ %.3g GB",
-                    per_seed / 1e9, budget_text, (per_seed - budget) / 1e9)
-    elif chunk < s.seeds:
-        log.info("%d seeds in chunks of %d (%.2f GB per seed, budget %s)", s.seeds, chunk,
-                 per_seed / 1e9, budget_text)
+    (log.warning if "more than the budget" in line else log.info)("%s", line)
     built = [0.0]
 
     def build(part: range) -> nn.Module:
