@@ -111,6 +111,11 @@ def at_least(bound: float) -> Check:
     return Check(f"≥ {bound:g}", lambda v: v >= bound, (bound, math.inf))
 
 
+def between(lo: float, hi: float) -> Check:
+    """``lo ≤ value ≤ hi`` (a range the source states, ``0.01–0.02``)."""
+    return Check(f"{lo:g} … {hi:g}", lambda v: lo <= v <= hi, (lo, hi))
+
+
 def below(bound: float) -> Check:
     return Check(f"< {bound:g}", lambda v: v < bound, (-math.inf, bound))
 

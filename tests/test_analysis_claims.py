@@ -1,0 +1,69 @@
+"""The study's claims repaired under issue 19 item 4, each made to fail once on purpose in both
+directions: a value inside its tolerance holds, values beyond it on either side do not (the
+ones that could not fail in one direction before: fig5.post_floor, fig6.post_chance,
+tab5.post_lr_shrinks), and the thresholds restored to the study's own numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.core import claims as core
+from analysis.core.registry import default
+from analysis.study import claims as study
+
+CLAIMS = {c.id: c for c in default().claims()}
+
+
+def judged(cid: str, value: float, spread: float = math.nan) -> str:
+    return CLAIMS[cid].check.verdict(value, spread)
+
+
+@pytest.mark.parametrize("cid,inside,outside", [
+    ("fig5.post_floor", [0.01, 0.015, 0.02], [0.005, 0.0, 0.03]),       # 0.01–0.02 of width
+    ("fig4.pre_output_floor", [0.2, 0.45], [0.19, 0.18]),               # ≥ 0.2, restored from 0.18
+    ("fig5.pre_floor", [0.2, 0.3], [0.19, 0.18]),
+    ("tab3.no_collapse", [0.98, 0.99], [0.979, 0.97]),                  # ≥ 0.98, restored from 0.97
+    ("fig6.post_chance", [0.0, 0.05], [0.06, 0.3]),                     # |accuracy − 0.1|
+    ("tab5.post_lr_shrinks", [0.0, 0.5, -0.5], [0.6, -0.6, -math.inf]),  # measured − Table 5
+])
+def test_a_repaired_claim_fails_on_either_side(cid, inside, outside):
+    for v in inside:
+        assert judged(cid, v) == core.HOLDS, (cid, v)
+    for v in outside:
+        assert judged(cid, v) == core.FAILS, (cid, v)
+
+
+def test_post_chance_fails_above_and_below_chance():
+    def cells(*acc):
+        return pd.DataFrame({"erank_io": [0.01] * len(acc) + [0.3], "best_test_accuracy": [*acc, 0.5]})
+
+    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.1, 0.12)).value) == core.HOLDS
+    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.1, 0.3)).value) == core.FAILS  # trains
+    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.02, 0.1)).value) == core.FAILS  # broken
+    with pytest.raises(core.NotRun):
+        study.fig6_chance_gap(pd.DataFrame({"erank_io": [0.3], "best_test_accuracy": [0.5]}))
+
+
+def test_post_lr_shrinks_reads_table5_and_fails_too_steep_too_flat_or_none():
+    def lr(**by_depth):
+        return pd.Series({int(k[1:]): v for k, v in by_depth.items()}).sort_index()
+
+    table = study.TABLE5_POST
+    as_table = lr(**{f"L{d}": 10 ** table[d] for d in (12, 48, 192)})
+    assert judged("tab5.post_lr_shrinks", study.post_lr_shrink_error(as_table).value) == core.HOLDS
+    flat = lr(L12=1e-2, L192=1e-2)       # no fall: Table 5 falls 1.5 decades
+    steep = lr(L12=1e-2, L192=1e-5)      # 3 decades
+    none = lr(L12=1e-2, L192=math.nan)   # nothing stable at the deepest
+    for series in (flat, steep, none):
+        assert judged("tab5.post_lr_shrinks", study.post_lr_shrink_error(series).value) == core.FAILS
+    with pytest.raises(core.NotRun):
+        study.post_lr_shrink_error(lr(L4=1e-2, L16=1e-3))  # no depth of Table 5
+
+
+def test_an_interval_straddling_a_restored_threshold_is_inconclusive():
+    assert judged("fig5.pre_floor", 0.21, 0.02) == core.INCONCLUSIVE
+    assert judged("fig5.pre_floor", 0.25, 0.02) == core.HOLDS
+    assert judged("fig5.pre_floor", 0.15, 0.02) == core.FAILS
