@@ -67,3 +67,12 @@ def test_an_interval_straddling_a_restored_threshold_is_inconclusive():
     assert judged("fig5.pre_floor", 0.21, 0.02) == core.INCONCLUSIVE
     assert judged("fig5.pre_floor", 0.25, 0.02) == core.HOLDS
     assert judged("fig5.pre_floor", 0.15, 0.02) == core.FAILS
+
+
+def test_the_fig3_peak_is_the_peak_of_the_mean_profile_and_fails_at_2_and_4():
+    import numpy as np
+
+    orders = np.arange(49)
+    for peak, verdict in ((3, core.HOLDS), (2, core.FAILS), (4, core.FAILS)):
+        profile = np.exp(-0.5 * (orders - peak) ** 2)
+        assert judged("fig3.peak_order_3", study.profile_peak(orders, profile)) == verdict

@@ -98,10 +98,24 @@ FIG2 = (
 
 
 # --------------------------------------------------------------------------- fig3
+def profile_peak(orders: np.ndarray, profile: np.ndarray) -> float:
+    """The order k at which the (seed-mean) profile μ_k peaks."""
+    return float(np.asarray(orders)[int(np.argmax(profile))])
+
+
 def _fig3_peak(runs: Runs) -> Measured:
+    """The peak of the seed-mean profile μ_k (an order, an integer): the mean of the seeds'
+    argmax (2.5 when seeds split between 2 and 3) is not a peak of anything."""
     df = only(runs("fig3"), beta_scaling="const", beta=1.0, alpha=1.0, depth=48)
     need(df, "path_order_peak")
-    return Measured(float(df["path_order_peak"].mean()), seed_std(df, "path_order_peak"))
+    peaks = []
+    for rid in df["run_id"]:
+        orders, profile = runs.series(rid, "path_profile")
+        peaks.append(profile_peak(orders, profile))
+    per_seed = runs.per_seed(df, "path_order_peak")
+    seeds = "" if per_seed is None else ", ".join(f"{v:g}" for v in per_seed.ravel())
+    return Measured(max(peaks, key=lambda k: abs(k - 3.0)), math.nan,
+                    "argmax_k of the seed-mean profile" + (f" (per-seed peaks: {seeds})" if seeds else ""))
 
 
 def _fig3_binomial(runs: Runs) -> Measured:
@@ -123,6 +137,7 @@ def _fig3_binomial(runs: Runs) -> Measured:
 FIG3 = (
     Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
           "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
+    # near(3, 0.5) on an integer order: exactly 3 holds, 2 or 4 do not
     Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
           "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
           at_most(0.1), _fig3_binomial),
