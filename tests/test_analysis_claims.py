@@ -76,3 +76,35 @@ def test_the_fig3_peak_is_the_peak_of_the_mean_profile_and_fails_at_2_and_4():
     for peak, verdict in ((3, core.HOLDS), (2, core.FAILS), (4, core.FAILS)):
         profile = np.exp(-0.5 * (orders - peak) ** 2)
         assert judged("fig3.peak_order_3", study.profile_peak(orders, profile)) == verdict
+
+
+def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
+    """At γ = p·m/d = 1 (relu, m/d = 2) the Gram of D W_up has an atom at zero of mass
+    max(0, d − k)/d with k ~ Bin(2d, ½): ≈ 0.28/√d, which the iid Kolmogorov value alone cannot
+    absorb.  Real samples of the exact law pass the claim's tolerance at every width tried;
+    the same samples against MP at the wrong γ, and a KS twice the allowance, fail."""
+    import numpy as np
+
+    from rankexp.theory import marchenko_pastur_ks
+
+    for d in (16, 64, 256):  # E max(0, d − k)/d → √(d/2)·φ(0)/d = 1/(2√(πd)) ≈ 0.28/√d
+        assert study.mp_atom_allowance(d, 2.0, 0.5) == pytest.approx(1 / (2 * np.sqrt(np.pi * d)), rel=0.02)
+    assert study.mp_atom_allowance(64, 2.0, 1.0) == 0.0  # abs: every unit active, no atom
+    rng = np.random.default_rng(0)
+    for d, seeds in ((32, 8), (128, 4)):
+        m = 2 * d
+        ev, ev_wrong = [], []
+        for _ in range(seeds):
+            w = rng.standard_normal((m, d))
+            mask = rng.random(m) < 0.5
+            g = (w[mask].T @ w[mask])
+            e = np.linalg.eigvalsh(g)
+            ev.append(np.clip(e / (e.sum() / d), 0, None))
+        ks = marchenko_pastur_ks(np.concatenate(ev), 1.0)
+        ks_wrong = marchenko_pastur_ks(np.concatenate(ev), 2.0)
+        row = pd.DataFrame({"width": [d], "seeds": [seeds], "expansion": [2.0], "activation": ["relu"]})
+        z = float(study.mp_ks_ratio(row.assign(mp_ks=ks)).iloc[0])
+        assert judged("fig9.mp_exact", z) == core.HOLDS, (d, ks, z)
+        assert judged("fig17.mp_exact", z) == core.HOLDS
+        assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=ks_wrong)).iloc[0])) == core.FAILS
+        assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=2 * ks / z)).iloc[0])) == core.FAILS
