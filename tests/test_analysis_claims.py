@@ -108,3 +108,18 @@ def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
         assert judged("fig17.mp_exact", z) == core.HOLDS
         assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=ks_wrong)).iloc[0])) == core.FAILS
         assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=2 * ks / z)).iloc[0])) == core.FAILS
+
+
+def test_depth_factor_collapse_holds_for_a_function_of_the_depth_factor_and_fails_otherwise():
+    import numpy as np
+
+    alphas, depths = 2.0 ** np.arange(-2, 3) / 2, np.array([16, 64, 256])
+    grid = pd.DataFrame([(a, L) for a in alphas for L in depths], columns=["alpha", "depth"])
+    grid = grid.assign(expansion=1, nominal_ratio=grid["alpha"] ** 2)
+    grid["depth_factor"] = grid["nominal_ratio"] * np.sqrt(grid["depth"])
+    of_factor = grid.assign(erank_io=1 / (1 + grid["depth_factor"]))
+    of_ratio = grid.assign(erank_io=1 / (1 + grid["nominal_ratio"]))     # no depth dependence
+    of_depth = grid.assign(erank_io=1 / (1 + grid["depth"] / 10.0))      # depth alone
+    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_factor).value) == core.HOLDS
+    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_ratio).value) == core.FAILS
+    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_depth).value) == core.FAILS
