@@ -123,3 +123,27 @@ def test_depth_factor_collapse_holds_for_a_function_of_the_depth_factor_and_fail
     assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_factor).value) == core.HOLDS
     assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_ratio).value) == core.FAILS
     assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_depth).value) == core.FAILS
+
+
+def test_fig10_control_coincides_within_seed_noise_and_fails_beyond():
+    from analysis.rest import claims as rest
+
+    def runs(e_rms, e_ln):
+        return pd.DataFrame({"norm.post": ["rmsnorm", "layernorm"], "erank_io": [e_rms, e_ln],
+                             "erank_io_std": [0.02, 0.02], "seeds": [4, 4]})
+
+    se = math.sqrt(2 * 0.02**2 / 4)  # 0.0141
+    free = runs(0.10, 0.12)
+    inside = rest.control_gap(free, runs(0.10 + 2 * se, 0.12 - 2 * se)).value
+    above, below = (rest.control_gap(free, runs(0.10 + 4 * se, 0.12)).value,
+                    rest.control_gap(free, runs(0.10, 0.12 - 4 * se)).value)
+    assert judged("fig10.control_coincides", inside) == core.HOLDS
+    assert judged("fig10.control_coincides", above) == core.FAILS
+    assert judged("fig10.control_coincides", below) == core.FAILS
+    assert judged("fig10.ops_alike", 1.4) == core.HOLDS and judged("fig10.ops_alike", 1.6) == core.FAILS
+
+
+def test_a_flat_pre_norm_branch_fails_if_it_falls_as_well_as_if_it_rises():
+    assert judged("fig5.accumulated_pre_flat", 0.0) == core.HOLDS
+    assert judged("fig5.accumulated_pre_flat", 0.3) == core.FAILS
+    assert judged("fig5.accumulated_pre_flat", -0.3) == core.FAILS  # passed as ≤ 0.2 before

@@ -28,24 +28,41 @@ def _fig10_alike(runs: Runs) -> Measured:
                     f"max/min of erank/d over R ∈ {{{', '.join(e.index)}}}, P = identity, deepest L")
 
 
-def _fig10_control(runs: Runs) -> Measured:
-    df = runs("fig10")
-    free = by_post(deepest(only(df, norm__pre="none")))
-    ctrl = by_post(deepest(only(df, norm__pre="rmsnorm")))
-    gaps = {r: abs(ctrl[r] - free[r]) / free[r] for r in RESCALING if r in free and r in ctrl}
+def control_gap(free: pd.DataFrame, ctrl: pd.DataFrame) -> Measured:
+    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in units of its seed
+    standard error √(s.e.² + s.e.²) (each s.e. = seed s.d./√seeds of the run; the frames hold
+    ``norm.post``, ``erank_io``, ``erank_io_std``, ``seeds``): "coincide" = equal within seed
+    noise, ≤ 3."""
+    def stats(df):
+        need(df, "erank_io", "erank_io_std", "seeds", "norm.post")
+        g = df.assign(se2=df["erank_io_std"] ** 2 / df["seeds"].astype(float)).groupby("norm.post")
+        return g["erank_io"].mean(), g["se2"].mean() / g.size()
+
+    (fm, fs), (cm, cs) = stats(free), stats(ctrl)
+    gaps = {r: abs(cm[r] - fm[r]) / math.sqrt(fs[r] + cs[r]) if fs[r] + cs[r] > 0 else
+            (math.inf if cm[r] != fm[r] else 0.0) for r in RESCALING if r in fm and r in cm}
     if not gaps:
         raise NotRun("needs post-rmsnorm/layernorm runs with and without the Pre-RMSNorm")
     worst = max(gaps, key=gaps.get)
-    return Measured(gaps[worst], math.nan, f"max over R of |with − without| / without (worst: {worst})")
+    return Measured(gaps[worst], math.nan,
+                    f"max over R of |with − without| / s.e. (worst: {worst}: {cm[worst]:.4g} vs {fm[worst]:.4g})")
+
+
+def _fig10_control(runs: Runs) -> Measured:
+    df = runs("fig10")
+    return control_gap(deepest(only(df, norm__pre="none")), deepest(only(df, norm__pre="rmsnorm")))
 
 
 FIG10 = (
     Claim("fig10.ops_alike", "Without the Pre-RMSNorm the five post-residual ops "
           "collapse alike (none and meansub at nearly the rescaling rate)",
           "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
+    # ≤ 1.5: the study's own words put none and meansub "at nearly the rescaling rate" — alike
+    # on Figure 10(a)'s log axis, not within seed noise — so "indistinguishable" is read as
+    # within a factor 1.5 (0.18 decades, under one minor tick) at the deepest L
     Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
-          "and without the Pre-RMSNorm control", "science.md §4 fig10(b)", "coincide",
-          at_most(0.2), _fig10_control),
+          "and without the Pre-RMSNorm control (within 3 seed standard errors)",
+          "science.md §4 fig10(b)", "coincide", at_most(3.0), _fig10_control),
 )
 
 
