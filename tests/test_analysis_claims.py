@@ -93,7 +93,7 @@ def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
     rng = np.random.default_rng(0)
     for d, seeds in ((32, 8), (128, 4)):
         m = 2 * d
-        ev, ev_wrong = [], []
+        ev = []
         for _ in range(seeds):
             w = rng.standard_normal((m, d))
             mask = rng.random(m) < 0.5
