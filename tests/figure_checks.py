@@ -70,8 +70,8 @@ def reviewer_problems(fig) -> list[str]:
         out += number_problems(text, where)
     panels = [ax for ax in fig.axes if not _is_colorbar(ax) and ax.get_visible()]
     has_suptitle = fig._suptitle is not None and fig._suptitle.get_text().strip()
-    if not has_suptitle and not all(ax.get_title().strip() for ax in panels):
-        out.append("no title (neither a suptitle nor a title on every panel)")
+    if not has_suptitle and (len(panels) > 1 or not all(ax.get_title().strip() for ax in panels)):
+        out.append("no title (a figure of several panels needs a suptitle; one panel, its title)")
     for i, ax in enumerate(fig.axes):
         if _is_colorbar(ax):
             m = ax._colorbar.mappable

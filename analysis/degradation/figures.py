@@ -394,6 +394,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(SYMBOLS["epoch"])
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["error"])
+    fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not (He et al. 2016, Fig. 6)")
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "bold: test error", "dashed: train error (augmented batches)"])
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
