@@ -292,7 +292,7 @@ def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
         target = ax[-1] if isinstance(ax, list | tuple) else np.ravel(ax)[-1] if isinstance(ax, np.ndarray) else ax
         handles, labels = target.get_legend_handles_labels()
         for i, v in enumerate(vals):
-            handles.append(mpl.lines.Line2D([], [], color=mappable.cmap(i), marker="o", lw=1.2))
+            handles.append(mpl.lines.Line2D([], [], color=mappable.cmap(i), marker="s", ls="none", ms=6))
             labels.append(value_label(key, v) if label is None else f"{label} = {number(v)}")
         return target.legend(handles, labels, fontsize=7)
     kw = {"shrink": 0.9, "pad": 0.02, **kw}

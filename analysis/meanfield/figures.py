@@ -267,6 +267,15 @@ def spectrum_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+#: |Var(λ)| below this is float round-off (an orthogonal linear chain's λ are all 1): shown as 0
+ROUNDOFF = 1e-9
+
+
+def var_text(v: float, digits: int = 3) -> str:
+    """Var(λ) as text: round-off (|v| < :data:`ROUNDOFF`) is 0, never −1.11e-16 or −0."""
+    return "0" if abs(v) < ROUNDOFF else f"{v:.{digits}g}"
+
+
 def spectrum_markdown(t: pd.DataFrame) -> str:
     """The textbook's layout: rows activation × init, one column pair per L."""
     depths = sorted(t.index.get_level_values("depth").unique())
@@ -280,8 +289,8 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
             for d in depths:
                 if (act, init, d) in t.index:
                     r = t.loc[(act, init, d)]
-                    cells += [f"{r['lambda_var']:.4g} ± {r['lambda_var_std']:.2g}",
-                              f"{r['lambda_var_theory']:.4g}"]
+                    cells += [f"{var_text(r['lambda_var'], 4)} ± {var_text(r['lambda_var_std'], 2)}",
+                              var_text(r["lambda_var_theory"], 4)]
                 else:
                     cells += ["—", "—"]
             lines.append(f"| {act} | {init} | " + " | ".join(cells) + " |")
@@ -300,8 +309,8 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
             for k, (_, r) in enumerate(cell.iterrows()):
                 a = _arrays(uri, r["run_id"])
                 ax.stairs(a["log_lambda_hist"], a["log_lambda_edges"], color=f"C{k}",
-                          label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={r['lambda_var']:.3g} "
-                                rf"(theory {r['lambda_var_theory']:.3g})")
+                          label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={var_text(r['lambda_var'])} "
+                                rf"(theory {var_text(r['lambda_var_theory'])})")
             ax.set_title(f"{act}, {init}", fontsize=9)
             ax.set_xlabel(r"$\log_{10}\lambda$")
             ax.set_ylabel("density")
