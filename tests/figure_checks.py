@@ -49,11 +49,14 @@ def text_problems(text: str, where: str) -> list[str]:
 
 
 #: NaN, a negative zero, or round-off printed as a value (−1.11e-16) in a text a reader sees
-_NUMBER_NOISE = re.compile(r"(?<![\w.])(nan|NaN|[−-]0(?![.\d])|[−-]0\.0+(?![\d])|[−-]?\d(\.\d+)?e[−-]1\d)(?![\w])")
+#: (round-off: float64's ε is 2.2e-16, so a value printed below 1e-12 is a 0 that lost its sign
+#: bits; 5.9e-11, an integrator's relative error, is a value)
+_NUMBER_NOISE = re.compile(r"(?<![\w.])(nan|NaN|[−-]0(?![.\d])|[−-]0\.0+(?![\d])"
+                           r"|[−-]?\d(\.\d+)?e[−-](1[3-9]|[2-9]\d|\d{3}))(?![\w])")
 
 
 def number_problems(text: str, where: str) -> list[str]:
-    """NaN, −0 or a round-off value (|x| < 1e-9 printed in e-notation) in one text."""
+    """NaN, −0 or a round-off value (|x| < 1e-12 printed in e-notation) in one text."""
     if text and (m := _NUMBER_NOISE.search(_MATH.sub(lambda t: t.group(0).replace("$", " "), text))):
         return [f"{where}: {m.group(0)!r} in {text!r}"]
     return []
