@@ -2,12 +2,18 @@
 drew (``analysis.core.style.recording``), not by eye: every label in the field's names
 (mathtext for symbols, no metric keys or pseudo-TeX outside ``$…$``), mathtext that renders,
 a caption line stating d, seeds and size, a page-sized canvas, labelled colour bars, every
-panel row/column labelled, and the theory curves a command promises in its legend."""
+panel row/column labelled, and the theory curves a command promises in its legend; and none
+of what a reviewer marks (issue 19 item 5): no NaN or −0 (or round-off shown as a value) in
+any text, a title on every figure, no error bars on a log axis, no colour bar for one or two
+values (a legend instead)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+
+import numpy as np
+from matplotlib.container import ErrorbarContainer
 
 from analysis.core import style
 from analysis.core.runner import main as analysis_main
@@ -39,6 +45,51 @@ def text_problems(text: str, where: str) -> list[str]:
         out.append(f"{where}: pseudo-TeX (_ or ^ outside $…$) in {text!r}")
     if plain.strip().lower() in RAW_WORDS:
         out.append(f"{where}: label is the raw key {text!r}")
+    return out
+
+
+#: NaN, a negative zero, or round-off printed as a value (−1.11e-16) in a text a reader sees
+#: (round-off: float64's ε is 2.2e-16, so a value printed below 1e-12 is a 0 that lost its sign
+#: bits; 5.9e-11, an integrator's relative error, is a value)
+_NUMBER_NOISE = re.compile(r"(?<![\w.])(nan|NaN|[−-]0(?![.\d])|[−-]0\.0+(?![\d])"
+                           r"|[−-]?\d(\.\d+)?e[−-](1[3-9]|[2-9]\d|\d{3}))(?![\w])")
+
+
+def number_problems(text: str, where: str) -> list[str]:
+    """NaN, −0 or a round-off value (|x| < 1e-12 printed in e-notation) in one text."""
+    if text and (m := _NUMBER_NOISE.search(_MATH.sub(lambda t: t.group(0).replace("$", " "), text))):
+        return [f"{where}: {m.group(0)!r} in {text!r}"]
+    return []
+
+
+def _is_colorbar(ax) -> bool:
+    return getattr(ax, "_colorbar", None) is not None
+
+
+def reviewer_problems(fig) -> list[str]:
+    """What a reviewer marks on a drawn figure (issue 19 item 5)."""
+    out = []
+    for where, text in [*_texts(fig), *(("caption", t.get_text()) for t in style.captions(fig))]:
+        out += number_problems(text, where)
+    panels = [ax for ax in fig.axes if not _is_colorbar(ax) and ax.get_visible()]
+    has_suptitle = fig._suptitle is not None and fig._suptitle.get_text().strip()
+    if not has_suptitle and (len(panels) > 1 or not all(ax.get_title().strip() for ax in panels)):
+        out.append("no title (a figure of several panels needs a suptitle; one panel, its title)")
+    for i, ax in enumerate(fig.axes):
+        if _is_colorbar(ax):
+            m = ax._colorbar.mappable
+            vals = getattr(m, "values", None)  # a style.value_colors mappable: one band per value
+            if vals is None and m.get_array() is not None and np.size(m.get_array()):
+                arr = np.asarray(m.get_array(), dtype=float).ravel()
+                vals = np.unique(arr[np.isfinite(arr)])
+            if vals is not None and len(vals) <= 2:
+                out.append(f"axes[{i}]: a colour bar for {len(vals)} value(s) (a legend instead)")
+            continue
+        for c in ax.containers:
+            if isinstance(c, ErrorbarContainer) and c.has_yerr and ax.get_yscale() == "log":
+                out.append(f"axes[{i}]: error bars on a log y axis ({c.get_label()!r})")
+            if isinstance(c, ErrorbarContainer) and c.has_xerr and ax.get_xscale() == "log":
+                out.append(f"axes[{i}]: error bars on a log x axis ({c.get_label()!r})")
     return out
 
 
@@ -113,6 +164,7 @@ def problems(fig) -> list[str]:
         if getattr(ax, "_colorbar", None) is not None and not (ax.get_ylabel() or ax.get_xlabel()):
             out.append(f"axes[{i}]: colour bar without a label")
     out += _grid_labels(fig)
+    out += reviewer_problems(fig)
     return out
 
 

@@ -180,3 +180,24 @@ def test_a_sqlite_stores_series_cache_sits_beside_it(tmp_path):
     store = tmp_path / "sub" / "mlflow.db"
     assert runs_mod.default_cache_dir(f"sqlite:///{store}") == tmp_path / "sub" / "mlflow.db.series-cache"
     assert runs_mod.default_cache_dir("http://127.0.0.1:5000") == runs_mod.DEFAULT_CACHE_DIR
+
+
+def test_the_heatmap_refuses_the_readmes_own_mix(tmp_path, capsys):
+    """The README's headline sweep, then its one-probe example, into one store: ``python -m
+    analysis heatmap --experiment rankexp`` refuses (exit 2, naming task.probes) and draws
+    nothing — no empty panel, no caption counting runs it did not draw."""
+    from services import clean_env, rankexp
+
+    from analysis.core.runner import main as analysis_main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    small = ("width=16", "seeds=2", f"tracking.uri={uri}")  # the README's commands, CPU-sized
+    rankexp("norm=post", "alpha=1,2", "depth=48,96", *small, "-m", cwd=tmp_path, env=clean_env()).check()
+    rankexp("norm=post", "alpha=2", "depth=96", "task.probes=[io_jacobian]", *small, cwd=tmp_path,
+            env=clean_env()).check()
+    capsys.readouterr()
+    rc = analysis_main(["heatmap", "--experiment", "rankexp", "--uri", uri, "--out", str(tmp_path / "figs")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "runs in one cell differ in task.probes" in err and "--filter" in err
+    assert not list((tmp_path / "figs").rglob("*.png"))

@@ -152,3 +152,22 @@ def test_deep_linear(stores, capsys):
                                               rel=1e-12)
     sim = t.dropna(subset=["T_sim"])
     assert len(sim) == 2 and np.allclose(sim["T_sim"], sim["T_quad"], rtol=1e-6)
+
+
+def test_the_console_has_no_third_party_bars_or_font_notes(stores, capsys, caplog):
+    """Issue 19 item 6: ``mf_spectrum`` downloads every run's arrays (MLflow drew a
+    "Downloading artifacts" bar per run) and ``mf_relu_collapse`` sets ``\\ell`` (matplotlib
+    logged "Substituting symbol \\ell" at INFO): neither reaches the console."""
+    import logging
+
+    from analysis.core.runner import main as analysis_main
+
+    for experiment in ("mf_spectrum", "mf_relu_collapse"):
+        capsys.readouterr()
+        with caplog.at_level(logging.INFO):
+            rc = analysis_main([experiment, "-e", experiment, "--uri", uri(stores, experiment),
+                                "--out", str(stores / "console")])
+        text = capsys.readouterr()
+        assert rc == 0, text.err
+        assert "Downloading artifacts" not in text.out + text.err
+        assert not [r for r in caplog.records if "Substituting symbol" in r.getMessage()]

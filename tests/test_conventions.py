@@ -129,7 +129,9 @@ def test_heatmap_refuses_to_average_runs_whose_params_differ():
     again = pd.concat([df, df.assign(seed=4)])  # the same configs, other seeds: averaged
     assert heatmap_table(again, "erank_io", "alpha", "depth", None)["count"].max() == 2
     extra = pd.concat([df, df.iloc[:1].assign(width=32, **{"task.probes": "[profile]"})])
-    with pytest.raises(SystemExit, match=r"width ∈ \[16, 32\]; task.probes ∈") as e:
+    from analysis.core.select import SelectionError
+
+    with pytest.raises(SelectionError, match=r"width ∈ \[16, 32\]; task.probes ∈") as e:
         heatmap_table(extra, "erank_io", "alpha", "depth", "norm.placement")
     assert "--filter" in str(e.value)
     # … unless the differing param is an axis of the figure

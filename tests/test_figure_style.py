@@ -51,11 +51,60 @@ def styled_figure():
     ax.plot([1, 2, 3], [0.45, 0.3, 0.25], **style.THEORY, label="Eq. 22")
     ax.set_xlabel(style.name("depth"))
     ax.set_ylabel(style.name("erank_io"))
+    ax.set_title("erank across depth")
     ax.legend()
     df = pd.DataFrame({"width": [64, 64], "expansion": [4, 4], "depth": [12, 24], "seeds": [4, 4],
                        "size": ["cpu", "cpu"], "matrices": [2, 2]})  # fmt: skip
     style.caption(fig, df, "fig5")
     return fig
+
+
+@pytest.mark.parametrize("defect,found", [
+    ("nan_title", "'nan'"), ("negative_zero", "'−0'"), ("roundoff", "e-16"), ("no_title", "no title"),
+    ("log_bars", "error bars on a log y axis"), ("two_value_bar", "colour bar for 2 value"),
+])
+def test_checker_marks_what_a_reviewer_marks(defect, found):
+    """Issue 19 item 5: each defect, drawn on an otherwise clean figure, is reported."""
+    import matplotlib as mpl
+
+    fig = styled_figure()
+    ax = fig.axes[0]
+    if defect == "nan_title":
+        ax.set_title(f"max spread: {float('nan'):.2g}")
+    elif defect == "negative_zero":
+        ax.plot([1], [0.3], label="Var$(\\lambda)$ = −0")
+        ax.legend()
+    elif defect == "roundoff":
+        ax.plot([1], [0.3], label=f"Var = {-1.11e-16:.3g}")
+        ax.legend()
+    elif defect == "no_title":
+        ax.set_title("")
+    elif defect == "log_bars":
+        ax.errorbar([1, 2], [0.3, 0.2], yerr=[0.01, 0.01], label="bars")
+        ax.set_yscale("log")
+    else:
+        sm = mpl.cm.ScalarMappable(cmap="viridis")
+        sm.set_array(np.array([1.0, 2.0, 1.0]))
+        fig.colorbar(sm, ax=ax, label=style.name("alpha"))
+    assert any(found in p for p in problems(fig)), problems(fig)
+    plt.close("all")
+
+
+def test_one_or_two_values_get_a_legend_not_a_colour_bar_and_plain_captions_no_mlp_knobs():
+    fig = styled_figure()
+    colors, sm = style.value_colors([1.0, 2.0])
+    out = style.colorbar(fig, sm, fig.axes[0], "alpha")
+    assert len(fig.axes) == 1 and out is fig.axes[0].get_legend()  # no colour-bar axes
+    assert "$\\alpha = 2$" in [t.get_text() for t in out.get_texts()]
+    assert problems(fig) == []
+    _, sm3 = style.value_colors([1.0, 2.0, 4.0])
+    style.colorbar(fig, sm3, fig.axes[0], "alpha")
+    assert len(fig.axes) == 2  # three values: a bar with one band per value
+    plain = pd.DataFrame({"width": [16], "expansion": [4], "matrices": [2], "depth": [4], "seeds": [2],
+                          "size": ["smoke"], "model.name": ["plain"]})
+    text = " ".join(style.caption_parts(plain, "mf_spectrum"))
+    assert "m/d" not in text and "$M" not in text and "$d = 16$" in text
+    plt.close("all")
 
 
 def test_checker_fails_v1_figures_and_passes_styled_ones():

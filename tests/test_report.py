@@ -110,7 +110,7 @@ def test_a_claim_is_not_run_for_its_size_or_its_data_and_says_so(tmp_path):
                                                             "ffn_cos_offdiag_rms": 0.01})])
     v = verdicts(uri)
     assert v["fig11.rms_384"].verdict == registry.NOT_RUN and v["fig11.rms_384"].why == "size"
-    assert "needs size=full (the store has size=smoke)" in v["fig11.rms_384"].note
+    assert "It needs size=full runs; the store has size=smoke." in v["fig11.rms_384"].note
     assert v["fig12.cos_trained_small"].why == "data"
     assert "pretrained GPT-2 checkpoints" in v["fig12.cos_trained_small"].note
 
@@ -194,3 +194,39 @@ def test_report_renders_in_chromium_with_every_figure_and_claim(two_experiments,
     browser.save_screenshot(str(out / "report.png"))
     md = (out / "report.md").read_text()
     assert "## fig4" in md and "## tab1" in md and md.count("![") == len(images)
+
+
+def spectrum_runs(size: str, off: float) -> list[tuple[dict, dict]]:
+    """mf_spectrum rows at Var(λ) = L(v_W + v_D) + off (s.e. 0.01, 4 seeds, n = 400)."""
+    from rankexp.theory import jacobian_spectrum_variance
+
+    return [({"activation": "relu", "init": "gaussian", "depth": L, "width": 400, "size": size,
+              "alpha": 2**0.5, "bias": 0.0},
+             {"lambda_var": jacobian_spectrum_variance(L, "relu", "gaussian") + off,
+              "lambda_var_std": 0.02, "lambda_var_theory": jacobian_spectrum_variance(L, "relu", "gaussian")})
+            for L in (8, 32)]
+
+
+def test_a_claim_measured_below_its_size_is_not_judged_and_the_table_says_where(tmp_path):
+    """A claim valid from size=cpu, measured on smoke runs far off the theory, is grey "not
+    judged at this size" (never "does not hold"); on cpu runs the same values do not hold;
+    claims.csv and report.md carry the size, d and L of the runs read."""
+    smoke, cpu = f"sqlite:///{tmp_path / 'smoke.db'}", f"sqlite:///{tmp_path / 'cpu.db'}"
+    craft(smoke, "mf_spectrum", spectrum_runs("smoke", off=10.0))
+    craft(cpu, "mf_spectrum", spectrum_runs("cpu", off=10.0))
+    cid = "mf_spectrum.var_relu_gaussian"
+    assert default().claims()[[c.id for c in default().claims()].index(cid)].size == "cpu"
+    v, w = verdicts(smoke)[cid], verdicts(cpu)[cid]
+    assert v.verdict == registry.NOT_JUDGED and v.why == "size"
+    assert "valid from size=cpu" in v.note
+    assert w.verdict == registry.FAILS
+    assert (w.size, w.d, w.L) == ("cpu", "400", "{8, 32}")
+    build_report(smoke, tmp_path / "r", with_figures=False)
+    table = pd.read_csv(tmp_path / "r" / "claims.csv").set_index("id")
+    assert table.loc[cid, ["verdict", "size", "valid_from", "d", "L"]].tolist() == [
+        registry.NOT_JUDGED, "smoke", "cpu", "400", "{8, 32}"]
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert 'class="claim notjudged"' in html and "not judged at this size" in html
+    # a not-run reason is a sentence, never raw exception text
+    for note in table.loc[table["verdict"] == registry.NOT_RUN, "note"].dropna():
+        assert note[0].isupper() and note.rstrip().endswith("."), note

@@ -5,7 +5,10 @@ it says so, its value, a stated tolerance (:func:`near`, :func:`at_most`, …) a
 function computing the measured value (± seed spread) from the loaded runs.  Claims sit beside
 their figures, in the document part's ``claims.py``, and each experiment's registry entry
 (:mod:`analysis.core.registry`) lists its own; :func:`evaluate` turns each into a verdict —
-``holds``, ``does not hold`` or ``not run`` — and ``python -m analysis report`` tabulates them.
+``holds`` (the seed interval value ± spread inside the tolerance), ``inconclusive`` (it
+straddles an edge), ``does not hold`` (outside), ``not judged at this size`` (measured on runs
+smaller than :attr:`Claim.size`, the size its tolerance is valid for: grey, never red) or ``not
+run`` — and ``python -m analysis report`` tabulates them with the size, d and L of the runs.
 
 ``measure(runs)`` reads runs with ``runs("fig12")`` (finished runs of that MLflow experiment,
 one row per run), selects with :func:`~analysis.core.select.only`, reads per-layer series with
@@ -48,6 +51,12 @@ from .select import SelectionError, series
 log = logging.getLogger("analysis")
 
 HOLDS, FAILS, NOT_RUN, ERROR = "holds", "does not hold", "not run", "error"
+#: measured below the size its tolerance is valid for (:attr:`Claim.size`): shown grey, never red
+NOT_JUDGED = "not judged at this size"
+#: the seed interval value ± spread straddles the tolerance's edge
+INCONCLUSIVE = "inconclusive"
+#: every verdict, in the report's order
+VERDICTS = (HOLDS, INCONCLUSIVE, FAILS, NOT_JUDGED, NOT_RUN, ERROR)
 #: an experiment's sizes, smallest first (``conf/size/``)
 SIZES = ("smoke", "cpu", "full")
 #: the store lacks what a claim needs: the selection error (:mod:`analysis.core.select`)
@@ -65,31 +74,63 @@ class Measured:
 
 @dataclass(frozen=True)
 class Check:
-    """A tolerance stated as text with the test that decides it."""
+    """A tolerance stated as text with the test that decides it; ``region`` = the interval of
+    values that pass, ``(lo, hi)``, where it is one (every check made by :func:`near`,
+    :func:`at_most`, … is), so that a seed interval holding it whole is *inconclusive*."""
 
     text: str
     passes: Callable[[float], bool]
+    region: tuple[float, float] | None = None
+
+    def verdict(self, value: float, spread: float = math.nan) -> str:
+        """:data:`HOLDS` when the seed interval ``value ± spread`` lies inside the tolerance
+        (with no spread: when ``value`` passes), :data:`FAILS` when it lies outside,
+        :data:`INCONCLUSIVE` when it straddles an edge."""
+        if not np.isfinite(spread) or spread <= 0:
+            return HOLDS if self.passes(value) else FAILS
+        lo, hi = value - spread, value + spread
+        ends = [self.passes(lo), self.passes(value), self.passes(hi)]
+        if all(ends):
+            return HOLDS
+        if any(ends):
+            return INCONCLUSIVE
+        inside = self.region is not None and lo <= self.region[1] and hi >= self.region[0]
+        return INCONCLUSIVE if inside else FAILS
 
 
 def near(target: float, tol: float) -> Check:
     """``|value − target| ≤ tol``."""
-    return Check(f"±{tol:g}", lambda v: abs(v - target) <= tol)
+    return Check(f"±{tol:g}", lambda v: abs(v - target) <= tol, (target - tol, target + tol))
 
 
 def at_most(bound: float) -> Check:
-    return Check(f"≤ {bound:g}", lambda v: v <= bound)
+    return Check(f"≤ {bound:g}", lambda v: v <= bound, (-math.inf, bound))
 
 
 def at_least(bound: float) -> Check:
-    return Check(f"≥ {bound:g}", lambda v: v >= bound)
+    return Check(f"≥ {bound:g}", lambda v: v >= bound, (bound, math.inf))
+
+
+def between(lo: float, hi: float) -> Check:
+    """``lo ≤ value ≤ hi`` (a range the source states, ``0.01–0.02``)."""
+    return Check(f"{lo:g} … {hi:g}", lambda v: lo <= v <= hi, (lo, hi))
 
 
 def below(bound: float) -> Check:
-    return Check(f"< {bound:g}", lambda v: v < bound)
+    return Check(f"< {bound:g}", lambda v: v < bound, (-math.inf, bound))
 
 
 def above(bound: float) -> Check:
-    return Check(f"> {bound:g}", lambda v: v > bound)
+    return Check(f"> {bound:g}", lambda v: v > bound, (bound, math.inf))
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence: a capital first letter and a final full stop."""
+    text = " ".join(str(text).split())
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text[-1] in ".!?" else text + "."
 
 
 @dataclass(frozen=True)
@@ -137,6 +178,11 @@ class Verdict:
     measured: Measured | None = None
     note: str = ""
     why: str = ""
+    #: the size of the runs it was measured on (:meth:`Runs.size`), "" without runs
+    size: str = ""
+    #: the widths d and depths L of those runs, as text (``16``, ``{4, 8}``), "" without runs
+    d: str = ""
+    L: str = ""
 
     def row(self) -> dict:
         m = self.measured
@@ -151,6 +197,10 @@ class Verdict:
             "spread": m.spread if m else math.nan,
             "tolerance": self.claim.check.text,
             "verdict": self.verdict,
+            "size": self.size or "—",
+            "valid_from": self.claim.size,
+            "d": self.d or "—",
+            "L": self.L or "—",
             "why": self.why,
             "note": self.note or (m.note if m else ""),
         }
@@ -201,6 +251,19 @@ class Runs:
         sizes = set(df["size"].dropna().astype(str)) if "size" in df else {"full"}
         known = [s for s in SIZES if s in sizes]
         return known[-1] if known else "full"
+
+    def values(self, experiment: str, key: str) -> str:
+        """The values of param ``key`` among the experiment's runs as text (``16``,
+        ``{4, 8}``); "" without runs or without the param."""
+        try:
+            df = self(experiment)
+        except NotRun:
+            return ""
+        if key not in df:
+            return ""
+        vals = sorted(pd.to_numeric(df[key], errors="coerce").dropna().unique())
+        text = [f"{v:g}" for v in vals]
+        return "" if not text else text[0] if len(text) == 1 else "{" + ", ".join(text) + "}"
 
     def loaded(self) -> dict[str, pd.DataFrame]:
         """The experiments loaded so far that hold runs: ``{name: runs}``."""
@@ -266,27 +329,46 @@ def seedwise(runs: Runs, df: pd.DataFrame, metrics: list[str], statistic) -> flo
 
 # --------------------------------------------------------------------------- verdicts
 def why_not(claim: Claim, runs: Runs) -> tuple[str, str]:
-    """``(why, what)`` a claim is not run: ``data`` (what the claim or its experiment needs),
-    ``size`` (the store's runs are smaller than :attr:`Claim.size`) or ``runs``."""
+    """``(why, sentence)`` a claim is not run: ``data`` (what the claim or its experiment
+    needs), ``size`` (the store's runs are smaller than :attr:`Claim.size`) or ``runs`` (with
+    an empty sentence: the selection error says what is missing)."""
     if claim.needs or claim.requires:
-        return "data", claim.needs or claim.requires
+        return "data", f"It needs {claim.needs or claim.requires}, which this machine lacks."
     size = runs.size(claim.experiment)
     if size is not None and SIZES.index(size) < SIZES.index(claim.size):
-        return "size", f"size={claim.size} (the store has size={size})"
+        return "size", f"It needs size={claim.size} runs; the store has size={size}."
     return "runs", ""
 
 
+def _judged(c: Claim, runs: Runs, m: Measured) -> Verdict:
+    """The verdict of a measured claim: :data:`NOT_JUDGED` below :attr:`Claim.size`, else
+    :meth:`Check.verdict` of its seed interval."""
+    size = runs.size(c.experiment) or ""
+    where = {"size": size, "d": runs.values(c.experiment, "width"), "L": runs.values(c.experiment, "depth")}
+    if size and SIZES.index(size) < SIZES.index(c.size):
+        note = (f"Measured at size={size}; its tolerance is valid from size={c.size} on. "
+                + sentence(m.note)).strip()
+        return Verdict(c, NOT_JUDGED, m, note=note, why="size", **where)
+    verdict = c.check.verdict(m.value, m.spread)
+    note = m.note
+    if verdict == INCONCLUSIVE:
+        note = sentence(f"the seed interval {format_measured(m)} straddles the tolerance {c.check.text}"
+                        + (f"; {m.note}" if m.note else ""))
+    return Verdict(c, verdict, m, note=note, **where)
+
+
 def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
-    """A :class:`Verdict` per claim: NotRun → ``not run`` (with :func:`why_not`); any other
-    exception → ``error`` (logged with its traceback, so a bug in one claim shows instead of
-    hiding the others)."""
+    """A :class:`Verdict` per claim: NotRun → ``not run`` (with :func:`why_not`, as
+    sentences); measured below the claim's size → ``not judged at this size``; otherwise the
+    seed interval's verdict (:meth:`Check.verdict`); any other exception → ``error`` (logged
+    with its traceback, so a bug in one claim shows instead of hiding the others)."""
     out = []
     for c in selected:
         try:
             m = c.measure(runs)
         except NotRun as e:
             why, what = why_not(c, runs)
-            out.append(Verdict(c, NOT_RUN, note=f"needs {what}: {e}" if what else str(e), why=why))
+            out.append(Verdict(c, NOT_RUN, note=" ".join(filter(None, [what, sentence(str(e))])), why=why))
             continue
         except Exception as e:  # noqa: BLE001 — reported in the table, traceback in the log
             log.error("claim %s failed:\n%s", c.id, traceback.format_exc())
@@ -294,14 +376,15 @@ def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
             continue
         if not np.isfinite(m.value) and not np.isinf(m.value):
             why, what = why_not(c, runs)
-            note = m.note or "no value could be measured"
-            out.append(Verdict(c, NOT_RUN, m, note=f"needs {what}: {note}" if what else note, why=why))
+            note = sentence(m.note or "no value could be measured")
+            out.append(Verdict(c, NOT_RUN, m, note=" ".join(filter(None, [what, note])), why=why))
             continue
-        out.append(Verdict(c, HOLDS if c.check.passes(m.value) else FAILS, m))
+        out.append(_judged(c, runs, m))
     return out
 
 
 def table(verdicts: list[Verdict]) -> pd.DataFrame:
     """One row per verdict: id, experiment, claim, source, study, measured (text), value,
-    spread, tolerance, verdict, why (not run), note."""
+    spread, tolerance, verdict, size (of the runs measured), valid_from (the claim's size), d,
+    L (of those runs), why (not run / not judged), note."""
     return pd.DataFrame([v.row() for v in verdicts])

@@ -199,6 +199,7 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
         meta=meta,
         claims=_claim_rows(verdicts),
         counts=_counts(verdicts),
+        summary=summary(_counts(verdicts)),
         sections=[
             {
                 "s": s,
@@ -219,15 +220,23 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
 
 
 def _counts(verdicts) -> dict[str, int]:
-    keys = (claims.HOLDS, claims.FAILS, claims.NOT_RUN, claims.ERROR)
-    return {k: sum(v.verdict == k for v in verdicts) for k in keys}
+    return {k: sum(v.verdict == k for v in verdicts) for k in claims.VERDICTS}
+
+
+def summary(counts: dict[str, int]) -> str:
+    """``3 hold, 1 inconclusive, 0 do not hold, 5 not judged at this size, 2 not run``."""
+    parts = [f"{counts[claims.HOLDS]} hold", f"{counts[claims.INCONCLUSIVE]} inconclusive",
+             f"{counts[claims.FAILS]} do not hold", f"{counts[claims.NOT_JUDGED]} not judged at this size",
+             f"{counts[claims.NOT_RUN]} not run"]
+    return ", ".join(parts + ([f"{counts[claims.ERROR]} errors"] if counts[claims.ERROR] else []))
 
 
 def _md_claims(verdicts) -> str:
     t = claims.table(verdicts)
     if t.empty:
         return "(no claims registered)"
-    cols = ["claim", "experiment", "study", "measured", "tolerance", "verdict", "note"]
+    cols = ["claim", "experiment", "study", "measured", "tolerance", "verdict", "size", "valid_from",
+            "d", "L", "note"]
     t = t.assign(claim=t["id"] + ": " + t["claim"])[cols]
     return to_markdown(t.map(lambda v: str(v).replace("|", "\\|")))
 
@@ -242,8 +251,7 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
         "",
         "## Claims",
         "",
-        f"{c[claims.HOLDS]} hold, {c[claims.FAILS]} do not hold, "
-        f"{c[claims.NOT_RUN]} not run" + (f", {c[claims.ERROR]} errors" if c[claims.ERROR] else ""),
+        summary(c) + ".",
         "",
         _md_claims(verdicts),
         "",
@@ -325,10 +333,7 @@ def build_report(
     paths[1].write_text(render_markdown(sections, verdicts, meta, out))
     claims.table(verdicts).to_csv(paths[2], index=False)
     c = _counts(verdicts)
-    log.info(
-        "claims: %d hold, %d do not hold, %d not run, %d errors",
-        c[claims.HOLDS], c[claims.FAILS], c[claims.NOT_RUN], c[claims.ERROR],
-    )
+    log.info("claims: %s", summary(c))
     for p in paths:
         log.info("wrote %s", p)
     return paths

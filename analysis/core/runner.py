@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import logging
+import os
 import sys
 import time
 import traceback
@@ -92,9 +93,13 @@ def out_dir(args: argparse.Namespace) -> Path:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis",
                                 description="Figures and tables of the study from logged runs.")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in commands().items():
-        sp = sub.add_parser(name, help=command.help, description=command.help)
+        # one naming style on the command line (mf-phase, init-gradients); the declared
+        # names with underscores (mf_phase, post_ops) stay as aliases
+        canonical = name.replace("_", "-")
+        sp = sub.add_parser(canonical, aliases=[name] if canonical != name else [],
+                            help=command.help, description=command.help)
         sp.add_argument("--experiment", "-e", nargs="+", default=["rankexp"],
                         help="MLflow experiment name(s) (default: rankexp)")
         sp.add_argument("--uri", default=None,
@@ -106,9 +111,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: third-party loggers whose INFO lines are not the analysis' (matplotlib's mathtext logs
+#: "Substituting symbol \\ell from …" at INFO for every glyph it borrows from a fallback font)
+QUIET_LOGGERS = ("matplotlib", "PIL", "urllib3", "alembic")
+
+
+def quiet_consoles() -> None:
+    """No third-party progress bars or font notes among the analysis' lines: MLflow's
+    "Downloading artifacts" bar off (``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false``, unless
+    set), :data:`QUIET_LOGGERS` at WARNING."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; 0 done, 2 the runs or the store lack what the command needs."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_consoles()
     args = parser().parse_args(argv)
     try:
         args.run(args)
@@ -116,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     return 0
+
+
+def cli() -> None:
+    """The ``rankexp-analysis`` console script (``pyproject.toml``): :func:`main`'s status."""
+    sys.exit(main())
 
 
 def run(argv: list[str], out: Path, uri: str) -> tuple[int, str, list[Path]]:

@@ -228,16 +228,17 @@ def mixed_cells(df: pd.DataFrame, cells: Sequence[str]) -> dict[str, list]:
 
 
 def refuse_mixed(df: pd.DataFrame, cells: Sequence[str], command: str) -> None:
-    """Refuse (exit 2) to average runs whose configs differ within a cell, naming the params.
+    """Refuse (the selection error: ``python -m analysis`` exits 2) to average runs whose
+    configs differ within a cell, naming the params.
 
     Raises:
-        SystemExit: the message lists every differing param with its values and how to select.
+        SelectionError: the message lists every differing param with its values and how to select.
     """
     mixed = mixed_cells(df, cells)
     if mixed:
         first = next(iter(mixed))
-        raise SystemExit(
-            f"error: {command}: runs in one cell differ in "
+        raise SelectionError(
+            f"{command}: runs in one cell differ in "
             + "; ".join(f"{k} ∈ {v}" for k, v in mixed.items())
             + f" — they would be averaged. Select some with --filter \"params.`{first}` = "
             f"'{mixed[first][0]}'\", or make the param an axis (--panel {first})")

@@ -274,10 +274,20 @@ def value_colors(values: Iterable, cmap: str = "viridis", stop: float = 0.9):
 
 def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
     """A colour bar labelled ``label`` or the field's name of ``key``; for a
-    :func:`value_colors` mappable one tick per value."""
+    :func:`value_colors` mappable one tick per value — and for one or two values no bar but
+    legend entries (``key = value`` in its colour) added to the legend of ``ax`` (the last
+    panel of a list): a bar would draw a continuum for two points.  Returns the colour bar,
+    or the legend."""
+    vals = getattr(mappable, "values", None)
+    if vals is not None and len(vals) <= 2:
+        target = ax[-1] if isinstance(ax, list | tuple) else np.ravel(ax)[-1] if isinstance(ax, np.ndarray) else ax
+        handles, labels = target.get_legend_handles_labels()
+        for i, v in enumerate(vals):
+            handles.append(mpl.lines.Line2D([], [], color=mappable.cmap(i), marker="s", ls="none", ms=6))
+            labels.append(value_label(key, v) if label is None else f"{label} = {number(v)}")
+        return target.legend(handles, labels, fontsize=7)
     kw = {"shrink": 0.9, "pad": 0.02, **kw}
     cb = fig.colorbar(mappable, ax=ax, label=label or name(key), **kw)
-    vals = getattr(mappable, "values", None)
     if vals is not None:
         cb.set_ticks(range(len(vals)), labels=[number(v) for v in vals])
         cb.minorticks_off()
@@ -362,10 +372,13 @@ def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Seq
     """The pieces of :func:`caption`'s line, in order."""
     exps = [experiments] if isinstance(experiments, str) else list(experiments)
     parts = [f"{', '.join(exps)}: {len(df)} run{'s' if len(df) != 1 else ''}"]
+    plain = values(df, "model.name") == ["plain"]  # plain nets have no MLP branch: no m/d, M
     for key in ("width", "expansion", "depth", "matrices"):
         vals = values(df, key)
         if key == "expansion" and values(df, "matrices") == [1]:
             continue  # M = 1 has no hidden width
+        if plain and key in ("expansion", "matrices"):
+            continue
         if vals:
             parts.append(f"{name(key)[:-1]} {_set(vals)}$")
     acts = values(df, "activation")

@@ -114,7 +114,9 @@ def _measure(value):
         try:
             return Measured(value(runs.cache["degradation"]))
         except KeyError as e:  # a table, a depth or a network the runs do not give
-            raise NotRun(f"the degradation runs do not give it: {e}") from e
+            what = e.args[0] if e.args else e
+            kind = "depth" if isinstance(what, int | np.integer) else "table or network"
+            raise NotRun(f"the degradation runs give no {kind} {what!r} that this claim reads") from e
 
     return measure
 

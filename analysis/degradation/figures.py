@@ -279,6 +279,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     for ax in axes:  # the plain curves fill the upper left
         _legend(ax, loc="upper right")
     axes[0].set_ylabel(SYMBOLS["grad_norm"])
+    fig.suptitle("Gradients at initialization: plain nets explode toward the input, ResNets do not")
     batch = style.values(runs, "task.options.init_gradient_norms.batch") or [256]
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
     out = out_dir(args)
@@ -321,7 +322,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
             ax.set_ylim(0, 1.25)
     axes[0].legend(ncol=2)
     state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
-    axes[0].set_title(f"3×3 layer responses (after BN, before add/ReLU), {state}")
+    fig.suptitle(f"3×3 layer responses (after BN, before add/ReLU), {state}")
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"task = {task}", "plain dashed, ResNet solid"])
     table = pd.DataFrame(rows)
     return save(fig, out_dir(args), f"layer_responses_{task}", table)
@@ -394,6 +395,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(SYMBOLS["epoch"])
         _legend(ax)
     axes[0].set_ylabel(SYMBOLS["error"])
+    fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not (He et al. 2016, Fig. 6)")
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "bold: test error", "dashed: train error (augmented batches)"])
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
@@ -421,6 +423,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     ax.minorticks_off()
     ax.set_xlabel("network depth $L$")
     ax.set_ylabel("final test error (%)")
+    ax.set_title("Final test error vs depth (He et al. 2016, Table 6)")
     ax.legend()
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE])
     out = out_dir(args)
@@ -457,6 +460,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel(SYMBOLS["block_position"])
         _legend(ax)
     axes[0].set_ylabel("test error, one block lesioned (%)")
+    fig.suptitle("Lesions: one block replaced by its shortcut (Veit et al. 2016)")
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "open circles: downsampling blocks (option A)", "dotted: stage boundaries",
              "dashed: intact network"])
     return save(fig, out_dir(args), "lesion", table)

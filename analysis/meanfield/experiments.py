@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..core.registry import Experiment, Needs
+from . import claims
 
 EXPERIMENTS = (
     Experiment(
@@ -19,6 +20,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_phase -e mf_phase",
         ),
+        claims=claims.MF_PHASE,
         needs=Needs(gpu_full=True),
     ),
     Experiment(
@@ -33,6 +35,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_relu_collapse -e mf_relu_collapse",
         ),
+        claims=claims.MF_RELU_COLLAPSE,
     ),
     Experiment(
         "mf_spectrum",
@@ -47,6 +50,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_spectrum -e mf_spectrum",
         ),
+        claims=claims.MF_SPECTRUM,
     ),
     Experiment(
         "mf_bn",
@@ -62,6 +66,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_bn -e mf_bn",
         ),
+        claims=claims.MF_BN,
     ),
     Experiment(
         "mf_residual",
@@ -75,6 +80,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_residual -e mf_residual",
         ),
+        claims=claims.MF_RESIDUAL,
     ),
     Experiment(
         "mf_trainability",
@@ -89,6 +95,7 @@ EXPERIMENTS = (
         analyses=(
             "mf_trainability -e mf_trainability",
         ),
+        claims=claims.MF_TRAINABILITY,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
     ),
     Experiment(
@@ -104,5 +111,6 @@ EXPERIMENTS = (
         analyses=(
             "deep_linear -e deep_linear",
         ),
+        claims=claims.DEEP_LINEAR,
     ),
 )

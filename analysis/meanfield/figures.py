@@ -267,6 +267,15 @@ def spectrum_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+#: |Var(λ)| below this is float round-off (an orthogonal linear chain's λ are all 1): shown as 0
+ROUNDOFF = 1e-9
+
+
+def var_text(v: float, digits: int = 3) -> str:
+    """Var(λ) as text: round-off (|v| < :data:`ROUNDOFF`) is 0, never −1.11e-16 or −0."""
+    return "0" if abs(v) < ROUNDOFF else f"{v:.{digits}g}"
+
+
 def spectrum_markdown(t: pd.DataFrame) -> str:
     """The textbook's layout: rows activation × init, one column pair per L."""
     depths = sorted(t.index.get_level_values("depth").unique())
@@ -280,8 +289,8 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
             for d in depths:
                 if (act, init, d) in t.index:
                     r = t.loc[(act, init, d)]
-                    cells += [f"{r['lambda_var']:.4g} ± {r['lambda_var_std']:.2g}",
-                              f"{r['lambda_var_theory']:.4g}"]
+                    cells += [f"{var_text(r['lambda_var'], 4)} ± {var_text(r['lambda_var_std'], 2)}",
+                              var_text(r["lambda_var_theory"], 4)]
                 else:
                     cells += ["—", "—"]
             lines.append(f"| {act} | {init} | " + " | ".join(cells) + " |")
@@ -300,8 +309,8 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
             for k, (_, r) in enumerate(cell.iterrows()):
                 a = _arrays(uri, r["run_id"])
                 ax.stairs(a["log_lambda_hist"], a["log_lambda_edges"], color=f"C{k}",
-                          label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={r['lambda_var']:.3g} "
-                                rf"(theory {r['lambda_var_theory']:.3g})")
+                          label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={var_text(r['lambda_var'])} "
+                                rf"(theory {var_text(r['lambda_var_theory'])})")
             ax.set_title(f"{act}, {init}", fontsize=9)
             ax.set_xlabel(r"$\log_{10}\lambda$")
             ax.set_ylabel("density")
@@ -370,10 +379,9 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
         ax.set_ylabel("weight-gradient norm")
         ax.legend(fontsize=7)
     ax = axes[1]
-    for a in archs:
+    for a in archs:  # a log axis: no error bars (the caption states the seed spread)
         sub = t.loc[a]
-        ax.errorbar(sub.index, sub["grad_ratio"], yerr=sub.get("grad_ratio_std"), fmt="o-",
-                    color=arch_color[a], ms=4, label=a)
+        ax.plot(sub.index, sub["grad_ratio"], "o-", color=arch_color[a], ms=4, label=a)
     depths = np.array(sorted(t.index.get_level_values("depth").unique()), dtype=float)
     ax.plot(depths, theory.BN_RELU_GRADIENT_GROWTH ** (depths - 1), "k:", lw=1,
             label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")
@@ -404,6 +412,15 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     return fig
 
 
+def bn_spread_note(t: pd.DataFrame) -> str:
+    """The seed spread of the gradient ratio the log-axis panel cannot draw as bars."""
+    if "grad_ratio_std" not in t:
+        return "no seed spread logged"
+    rel = (t["grad_ratio_std"] / t["grad_ratio"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
+    return (f"gradient ratio: seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)"
+            if len(rel) else "gradient ratio: one seed, no spread")
+
+
 def _bn_arguments(p: argparse.ArgumentParser) -> None:
     _common(p, "mf_bn")
 
@@ -414,7 +431,7 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     out = out_dir(args)
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
     fig = draw_bn(t, args.uri)
-    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2"])
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", bn_spread_note(t)])
     return save(fig, out, "mf_bn",
                 t.drop(columns="run_id"))
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seed_std
 from ..core.select import need, only
-from ..study.claims import by_post, deepest
+from ..study.claims import by_post, deepest, mp_ks_ratio
 from .op_tables import TABLE3, TABLE3_DEPTHS
 
 RESCALING = ("rmsnorm", "layernorm")
@@ -28,24 +28,41 @@ def _fig10_alike(runs: Runs) -> Measured:
                     f"max/min of erank/d over R ∈ {{{', '.join(e.index)}}}, P = identity, deepest L")
 
 
-def _fig10_control(runs: Runs) -> Measured:
-    df = runs("fig10")
-    free = by_post(deepest(only(df, norm__pre="none")))
-    ctrl = by_post(deepest(only(df, norm__pre="rmsnorm")))
-    gaps = {r: abs(ctrl[r] - free[r]) / free[r] for r in RESCALING if r in free and r in ctrl}
+def control_gap(free: pd.DataFrame, ctrl: pd.DataFrame) -> Measured:
+    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in units of its seed
+    standard error √(s.e.² + s.e.²) (each s.e. = seed s.d./√seeds of the run; the frames hold
+    ``norm.post``, ``erank_io``, ``erank_io_std``, ``seeds``): "coincide" = equal within seed
+    noise, ≤ 3."""
+    def stats(df):
+        need(df, "erank_io", "erank_io_std", "seeds", "norm.post")
+        g = df.assign(se2=df["erank_io_std"] ** 2 / df["seeds"].astype(float)).groupby("norm.post")
+        return g["erank_io"].mean(), g["se2"].mean() / g.size()
+
+    (fm, fs), (cm, cs) = stats(free), stats(ctrl)
+    gaps = {r: abs(cm[r] - fm[r]) / math.sqrt(fs[r] + cs[r]) if fs[r] + cs[r] > 0 else
+            (math.inf if cm[r] != fm[r] else 0.0) for r in RESCALING if r in fm and r in cm}
     if not gaps:
         raise NotRun("needs post-rmsnorm/layernorm runs with and without the Pre-RMSNorm")
     worst = max(gaps, key=gaps.get)
-    return Measured(gaps[worst], math.nan, f"max over R of |with − without| / without (worst: {worst})")
+    return Measured(gaps[worst], math.nan,
+                    f"max over R of |with − without| / s.e. (worst: {worst}: {cm[worst]:.4g} vs {fm[worst]:.4g})")
+
+
+def _fig10_control(runs: Runs) -> Measured:
+    df = runs("fig10")
+    return control_gap(deepest(only(df, norm__pre="none")), deepest(only(df, norm__pre="rmsnorm")))
 
 
 FIG10 = (
     Claim("fig10.ops_alike", "Without the Pre-RMSNorm the five post-residual ops "
           "collapse alike (none and meansub at nearly the rescaling rate)",
           "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
+    # ≤ 1.5: the study's own words put none and meansub "at nearly the rescaling rate" — alike
+    # on Figure 10(a)'s log axis, not within seed noise — so "indistinguishable" is read as
+    # within a factor 1.5 (0.18 decades, under one minor tick) at the deepest L
     Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
-          "and without the Pre-RMSNorm control", "science.md §4 fig10(b)", "coincide",
-          at_most(0.2), _fig10_control),
+          "and without the Pre-RMSNorm control (within 3 seed standard errors)",
+          "science.md §4 fig10(b)", "coincide", at_most(3.0), _fig10_control),
 )
 
 
@@ -165,9 +182,9 @@ def _fig17_ks(acts: tuple[str, ...]):
             raise NotRun(f"no fig17 run of {', '.join(acts)}")
         i = df["mp_ks"].idxmax()
         if acts == ("relu", "abs"):
-            # the 95 % Kolmogorov critical value for the N pooled eigenvalues (d per seed)
-            z = df["mp_ks"] / (1.36 / np.sqrt(df["width"].astype(float) * df["seeds"].astype(float)))
-            return Measured(float(z.max()), math.nan, "max over relu/abs runs of KS / (1.36/√N)")
+            # the 95 % Kolmogorov value for the N pooled eigenvalues plus the atom at zero
+            z = mp_ks_ratio(df)
+            return Measured(float(z.max()), math.nan, "max over relu/abs runs of KS / (1.36/√N + E|atom gap|)")
         return Measured(float(df.loc[i, "mp_ks"]), math.nan,
                         f"max KS distance (worst: {df.loc[i, 'activation']}, m/d = {df.loc[i, 'expansion']:g})")
 
@@ -242,5 +259,5 @@ TAB3 = (
     Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
           "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
     Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
-          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.97), _tab3_floor, size="cpu"),
+          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"),
 )

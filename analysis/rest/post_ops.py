@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..core import style
@@ -68,7 +69,14 @@ def control_gap(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _line(ax, t: pd.DataFrame, **kw) -> None:
-    ax.errorbar(t.index, t["mean"], yerr=t["std"].fillna(0), marker="o", capsize=2, **kw)
+    ax.plot(t.index, t["mean"], marker="o", **kw)  # log–log axes: no error bars (see spread_note)
+
+
+def spread_note(table: pd.DataFrame) -> str:
+    """The caption's seed spread, which log–log axes cannot draw as bars."""
+    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
+    return (f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)" if len(rel)
+            else "one seed per point: no spread")
 
 
 def draw(table: pd.DataFrame, metric: str):
@@ -110,7 +118,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = op_table(df, args.metric)
     fig = draw(table, args.metric)
     fig.suptitle("Figure 10: post-residual op $R$ without the Pre-RMSNorm control")
-    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
+    style.caption(fig, df, args.experiment, [spread_note(table)])
     out = out_dir(args)
     paths = save(fig, out, f"post_ops_{args.metric}", table)
     wide = table["mean"].unstack("depth").reindex(list(dict.fromkeys(table.index.droplevel(2))))

@@ -23,7 +23,7 @@ def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | No
 
     Raises:
         SelectionError: a column that the runs do not have (lists the ones they do).
-        SystemExit: runs of one cell differ in a param (each named with its values).
+        SelectionError: runs of one cell differ in a param (each named with its values).
     """
     for col in [metric, x, y] + ([panel] if panel else []):
         if col not in df:
@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> list[Path]:
     df = load_runs(args.experiment, args.uri, filter_string=args.filter)
     if df.empty:
-        raise SystemExit(f"no finished runs in experiment(s) {args.experiment}")
+        raise SelectionError(f"no finished runs in experiment(s) {args.experiment}")
     panel = args.panel or None
     table = heatmap_table(df, args.metric, args.x, args.y, panel)
     fig = draw_heatmap(table, args.metric, args.x, args.y, panel,

@@ -184,9 +184,9 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     else:
         axes[-1].legend()
     worst = float(spread["spread"].max()) if len(spread) else float("nan")
-    fig.suptitle(
-        f"{style.name(args.metric)} vs {xname} (max spread at equal {xname}: {worst:.2g})"
-    )
+    spread_text = (f"max spread at equal {xname}: {worst:.2g}" if len(spread)
+                   else f"no two runs share {xname}")  # never "nan" in a title
+    fig.suptitle(f"{style.name(args.metric)} vs {xname} ({spread_text})")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     cols = [
         "run_id",
@@ -202,7 +202,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     print(
         f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
         f"{len(spread)} groups of runs that share {xname} and differ only in "
-        f"{', '.join(INGREDIENTS[args.x])}; max spread = {worst:.3g}"
+        f"{', '.join(INGREDIENTS[args.x])}" + (f"; max spread = {worst:.3g}" if len(spread) else "")
     )
     if len(spread):
         print(to_markdown(spread.head(10)))

@@ -91,14 +91,15 @@ def figure4_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
-    """Figure 4b: mean, std and count of ``metric`` per (R, depth) over the runs with the
-    Pre-RMSNorm control (P = rmsnorm, B = identity); empty unless R takes several values."""
+    """Figure 4b: mean, seed std (pooled over every seed of the cell's runs), seeds and count
+    (runs) of ``metric`` per (R, depth) over the runs with the Pre-RMSNorm control (P =
+    rmsnorm, B = identity); empty unless R takes several values."""
     if POST not in df or PRE not in df:
         return pd.DataFrame()
     d = df[(df[PRE].astype(str) == "rmsnorm") & (df.get(OUT, "none") == "none")]
     if d[POST].nunique() < 2:
         return pd.DataFrame()
-    t = d.groupby([POST, "depth"])[metric].agg(["mean", "std", "count"])
+    t = pooled(d, metric, [POST, "depth"]).rename(columns={"runs": "count"})  # spread over seeds
     rank = {o: i for i, o in enumerate(R_ORDER)}
     return t.sort_index(level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == POST else s)
 
@@ -110,8 +111,8 @@ def draw_control(table: pd.DataFrame, metric: str):
     colors, _ = style.value_colors(range(len(ops)))
     for k, op in enumerate(ops):
         t = table.xs(op, level=0)
-        ax.errorbar(t.index, t["mean"], yerr=t["std"].fillna(0), marker="o", capsize=2,
-                    color=colors[k], label=f"$R$ = {style.OP_NAMES.get(op, op)}")
+        ax.plot(t.index, t["mean"], marker="o", color=colors[k],  # log axis: no error bars
+                label=f"$R$ = {style.OP_NAMES.get(op, op)}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(style.name("depth"))
@@ -177,8 +178,9 @@ def _tick(config: str) -> str:
 
 
 def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
-    """Grouped bars: one group per config, one bar per α (colour bar), error bars = ±1 s.d.
-    over the seeds of each bar's runs; the detached−RMSNorm gap written in."""
+    """Grouped bars on a log axis: one group per config, one bar per α (a colour bar, or legend
+    entries for one or two α), no error bars (a log axis; :func:`spread_note` states the
+    largest seed s.d. relative to its bar); the detached−RMSNorm gap written in."""
     configs = list(dict.fromkeys(table.index.get_level_values("config")))
     alphas = sorted(table.index.get_level_values("alpha").unique())
     fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)
@@ -187,11 +189,13 @@ def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = No
     for k, a in enumerate(alphas):
         t = table.xs(a, level="alpha").reindex(configs)
         xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
-        ax.bar(xs, t["mean"], width, yerr=t["std"].fillna(0), color=colors[a],
-               error_kw={"elinewidth": 0.7, "capsize": 1.5})
+        ax.bar(xs, t["mean"], width, color=colors[a])  # log axis: the seed spread is in the caption
     ax.set_xticks(range(len(configs)), [_tick(c) for c in configs], fontsize=6.5)
     ax.set_ylabel(style.name(metric))
     ax.set_yscale("log")
+    means = table["mean"][table["mean"] > 0]
+    if len(means):  # bars start at 0: bound the log axis by the data, so its ticks are labelled
+        ax.set_ylim(float(means.min()) / 1.6, float(means.max()) * 1.25)
     style.plain_log_ticks(ax)
     ax.grid(axis="x", visible=False)
     if gap is not None and len(gap):
@@ -200,6 +204,15 @@ def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = No
                 ha="right", va="top", fontsize=6.5)
     style.colorbar(fig, sm, ax, "alpha")
     return fig
+
+
+def spread_note(table: pd.DataFrame) -> str:
+    """The caption's statement of the seed spread the log-axis figure cannot draw: the largest
+    seed s.d. relative to its mean (1 s.d. over seeds), or that one seed has none."""
+    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
+    if rel.empty:
+        return "no seed spread (one seed per point)"
+    return f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds; the CSV has each)"
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -223,7 +236,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = placement_table(df, args.metric, args.every)
     fig = draw_placements(table, args.metric, detached_gap(table))
     fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
-    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
+    style.caption(fig, df, args.experiment, [spread_note(table)])
     out = out_dir(args)
     paths = save(fig, out, f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha")
@@ -236,7 +249,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
         style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
                       if "depth" in everything else everything, args.experiment,
-                      ["error bars: ±1 s.d. over runs"])
+                      [spread_note(control)])
         paths += save(fig, out, f"placements_control_{args.metric}", control)
         wide_c = control["mean"].unstack("depth")
         wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
