@@ -139,10 +139,13 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.note = (f"{'f ≥ level' if s[0] > 0 else 'f < level'} over the bracket"
                      if boolean else f"f in [{np.nanmin(f):.4g}, {np.nanmax(f):.4g}]")
         return cell
-    if len(changes) > 1 or len(on) > 1 or (on.size and changes):
+    nxt = {int(a): int(b) for a, b in zip(nz[:-1], nz[1:], strict=True)}
+    inside = [k for k in on if changes and changes[0] < k < nxt[changes[0]]]
+    at_end = [k for k in on if not changes and k in (0, len(xs) - 1)]
+    if len(changes) > 1 or len(on) > 1 or len(on) != len(inside) + len(at_end):
         cell.status = "non_monotone"
-        cut = [f"{xs[i]:.4g}…{xs[nz[list(nz).index(i) + 1]]:.4g}" for i in changes]
-        cell.note = f"crosses the level {len(changes) + len(on)} times ({', '.join(cut) or 'on points'})"
+        cut = [f"{xs[i]:.4g}…{xs[nxt[i]]:.4g}" for i in changes] + [f"{xs[k]:.4g}" for k in on]
+        cell.note = f"meets the level {len(changes) + len(on)} times ({', '.join(cut)})"
         return cell
     if on.size:  # measured exactly on the level
         i = int(on[0])
@@ -150,7 +153,7 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
         return cell
     i = changes[0]
-    j = int(nz[list(nz).index(i) + 1])
+    j = nxt[i]
     a, b = u[i], u[j]
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     if boolean:
