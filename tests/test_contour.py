@@ -35,14 +35,8 @@ def closed_alpha(level: float, depth: float) -> float:
 
 def replay(spec_node: dict, depths, f) -> Contour:
     """Run the sweeper's rounds in this process with ``f(alpha, depth)`` as every job's result."""
-    spec = parse_spec(spec_node)
-    state = Contour(spec, [[f"depth={L}"] for L in depths], ["depth"])
-    jobs = state.first_round()
-    while jobs:
-        state.record(jobs, [(f(x, depths[t]), x**2) for t, x in jobs])
-        jobs = state.next_round()
-        if state.rounds >= spec.max_rounds:
-            break
+    state = Contour(parse_spec(spec_node), [[f"depth={L}"] for L in depths], ["depth"])
+    state.run_in_process(lambda t, x: (f(x, depths[t]), x**2))
     return state
 
 

@@ -144,6 +144,18 @@ class Contour:
             new += [(t, x) for x in sorted(wanted)]
         return new
 
+    def run_in_process(self, evaluate) -> int:
+        """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of
+        jobs (benchmarks, tests); returns the number of evaluations."""
+        jobs, n = self.first_round(), 0
+        while jobs:
+            self.record(jobs, [evaluate(t, x) for t, x in jobs])
+            n += len(jobs)
+            jobs = self.next_round()
+            if self.rounds >= self.spec.max_rounds:
+                break
+        return n
+
     def _ratio(self, t: int, cell) -> tuple[float, float]:
         """βα^M at the crossing (log-linear in u between the bracket's runs: exact when the
         axis is α or β on a log axis) and its half-width in log."""
