@@ -79,7 +79,11 @@ def contour_exponents(exp: dict, runs: Runs, tol: float) -> tuple[pd.Series, int
         return runs(norm, float(e), int(L), x), x**2  # βα^M, β = 1, M = 2
 
     n = state.run_in_process(evaluate)
-    _, fits = state.tables()
+    contour, fits = state.tables()
+    bad = contour[contour["status"] != "converged"]
+    for _, row in bad.iterrows():
+        print(f"    tol={tol}: {row['norm']} m/d={row['expansion']} L={row['depth']} "
+              f"r*={row['level']:g}: {row['status']} ({row['note']})", flush=True)
     return fits.set_index(["norm", "expansion", "level"])["s"], n
 
 
@@ -104,7 +108,9 @@ def first_within(results: list[tuple[str, pd.Series, int]], ref: pd.Series, with
         err = (s.reindex(ref.index) - ref).abs()
         worst = float(err.max()) if err.notna().all() else float("inf")
         ok = worst <= within
-        print(f"  {label:<14} {n:>5} runs   max |s − s_ref| = {worst:.4f}{'  ✓' if ok else ''}")
+        key = err.idxmax() if err.notna().any() else "?"
+        print(f"  {label:<14} {n:>5} runs   max |s − s_ref| = {worst:.4f} at {key}{'  ✓' if ok else ''}",
+              flush=True)
         if ok and best is None:
             best = n
     return best
@@ -126,7 +132,7 @@ def main() -> None:
     print(f"tab4_contour size={args.size}: d={exp['width']}, {exp['seeds']} seeds, axes {exp['axes']}, "
           f"levels {exp['contour']['levels']}, α ∈ {exp['contour']['bracket']}")
     print(f"reference: contour at tol={args.ref_tol} ({n_ref} runs); s_ref =")
-    print(ref.unstack("level").round(4).to_string())
+    print(ref.unstack("level").round(4).to_string(), flush=True)
     # one measurement per distinct config, shared; each method counts the runs its sweep has
     cont = [(f"contour tol={t}", *contour_exponents(exp, runs, float(t))) for t in args.tols.split(",")]
     grid = [(f"grid n={n}", *grid_exponents(exp, runs, int(n))) for n in args.grids.split(",")]
