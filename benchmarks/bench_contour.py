@@ -123,9 +123,12 @@ def main() -> None:
     p.add_argument("--ref-tol", type=float, default=0.002)
     p.add_argument("--grids", default="5,9,17,33,65")
     p.add_argument("--within", type=float, default=0.01)
+    p.add_argument("--norm", default=None, help="only these placements (comma-separated)")
     args = p.parse_args()
     torch.set_num_threads(1)
     exp = experiment(args.size)
+    if args.norm:
+        exp["axes"]["norm"] = args.norm.split(",")
     runs = Runs(exp["width"], exp["seeds"])
     t0 = time.perf_counter()
     ref, n_ref = contour_exponents(exp, runs, args.ref_tol)
