@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rankexp.levelset import fit_exponent
+
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.select import (
@@ -42,7 +44,6 @@ from ..core.select import (
     warn_mixed,
 )
 from ..core.style import save
-from rankexp.levelset import fit_exponent
 from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
