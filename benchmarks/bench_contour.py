@@ -32,8 +32,8 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from hydra_plugins.rankexp_plugins.contour import Contour, parse_spec
 from rankexp.cli import CONF_DIR
+from rankexp.levelset import Contour, parse_spec
 from rankexp.models.mlp import ResidualMLP
 from rankexp.tasks.measure import run_probes
 

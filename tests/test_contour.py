@@ -17,8 +17,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, runs_in
 
-from hydra_plugins.rankexp_plugins.contour import Contour, parse_spec
-from rankexp.levelset import Axis, fit_exponent, solve
+from rankexp.levelset import Axis, Contour, fit_exponent, parse_spec, solve
 
 AXIS = Axis("alpha", 0.1, 10.0, "log")
 

@@ -18,7 +18,8 @@ traces the contour directly (science.md §6 ``tab4_contour``):
 It runs rounds.  Each round is one batch of ordinary jobs through the configured launcher
 (basic, joblib, Slurm): each job is a normal run (config hash, resume, the sweep's parent
 run).  After a round the metric of every job is read back from the store by config hash and
-each (trace point, level) cell is narrowed (:func:`rankexp.levelset.solve`) until its crossing
+each (trace point, level) cell is narrowed (:func:`rankexp.levelset.solve`; the bookkeeping:
+:class:`rankexp.levelset.Contour`) until its crossing
 is bracketed to ``tol``; non-monotone and unbracketed cells are reported, never guessed.  The
 first round (every trace point at ``start`` values spanning the bracket, its ends included) is
 checked as a whole before anything starts, like any rankexp sweep (exit 2, nothing created);
@@ -39,165 +40,13 @@ import logging
 import math
 import signal
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import OmegaConf
+from rankexp.levelset import Contour, parse_spec
 
 from .sweeper import RankexpSweeper
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Spec:
-    """``hydra.sweeper.contour``, checked (see the module docstring)."""
-
-    metric: str
-    levels: tuple
-    axis: Any  # rankexp.levelset.Axis
-    start: int
-    tol: float
-    method: str
-    boolean: bool
-    max_rounds: int
-    fit_over: str | None
-
-
-def parse_spec(node: Any) -> Spec:
-    """:class:`Spec` of ``hydra.sweeper.contour``.
-
-    Raises:
-        ValueError: a missing or malformed field (one line naming it).
-    """
-    from rankexp.levelset import Axis
-
-    c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
-    known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over"}
-    if unknown := sorted(set(c) - known):
-        raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
-    if not c.get("metric") or not c.get("axis"):
-        raise ValueError("hydra.sweeper.contour: give metric (e.g. erank_io) and axis (e.g. alpha)")
-    levels = c.get("levels")
-    levels = [levels] if isinstance(levels, int | float) else levels
-    if not levels or not all(isinstance(v, int | float) for v in levels):
-        raise ValueError(f"hydra.sweeper.contour.levels: a list of numbers, got {c.get('levels')!r}")
-    bracket = c.get("bracket")
-    if not isinstance(bracket, list) or len(bracket) != 2:
-        raise ValueError(f"hydra.sweeper.contour.bracket: [lo, hi], got {bracket!r}")
-    method = c.get("method", "secant")
-    if method not in ("secant", "bisect"):
-        raise ValueError(f"hydra.sweeper.contour.method: secant or bisect, got {method!r}")
-    tol, start, rounds = float(c.get("tol", 0.02)), int(c.get("start", 5)), int(c.get("max_rounds", 12))
-    if not (tol > 0 and start >= 2 and rounds >= 1):
-        raise ValueError("hydra.sweeper.contour: tol > 0, start ≥ 2 and max_rounds ≥ 1, got "
-                         f"tol={tol}, start={start}, max_rounds={rounds}")
-    axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
-    return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
-                bool(c.get("boolean", False)), rounds, c.get("fit_over"))
-
-
-class Contour:
-    """The state of a contour sweep: trace points, measured values, cells (pure bookkeeping;
-    the sweeper launches and reads back)."""
-
-    def __init__(self, spec: Spec, trace: list[list[str]], swept: list[str]):
-        self.spec, self.trace = spec, trace
-        self.labels = [{k: v for k, v in (o.lstrip("+~").split("=", 1) for o in job) if k in swept}
-                       for job in trace]
-        self.values: list[dict[float, float]] = [{} for _ in trace]
-        self.ratios: list[dict[float, float]] = [{} for _ in trace]
-        self.width: dict[tuple[int, float], float] = {}
-        self.cells: dict[tuple[int, float], Any] = {}
-        self.rounds = 0
-
-    def first_round(self) -> list[tuple[int, float]]:
-        """Every trace point at ``start`` values spanning the bracket."""
-        xs = self.spec.axis.start(self.spec.start)
-        return [(t, x) for t in range(len(self.trace)) for x in xs]
-
-    def overrides(self, jobs: list[tuple[int, float]]) -> list[list[str]]:
-        """Each job's Hydra overrides: its trace point's, then the solved axis."""
-        return [[*self.trace[t], f"{self.spec.axis.key}={x!r}"] for t, x in jobs]
-
-    def record(self, jobs: list[tuple[int, float]], read: list[tuple[float, float]]) -> None:
-        """Store the (metric, nominal ratio) read back for each job of a round."""
-        for (t, x), (v, r) in zip(jobs, read, strict=True):
-            self.values[t][x], self.ratios[t][x] = v, r
-        self.rounds += 1
-
-    def next_round(self) -> list[tuple[int, float]]:
-        """Solve every cell on the values so far; the new (trace point, x) jobs they ask for."""
-        from rankexp.levelset import solve
-
-        s, new = self.spec, []
-        for t in range(len(self.trace)):
-            wanted: list[float] = []
-            for level in s.levels:
-                cell = solve(self.values[t], level, s.axis, s.tol, boolean=s.boolean, method=s.method,
-                             previous_width=self.width.get((t, level), math.inf))
-                self.cells[(t, level)] = cell
-                if math.isfinite(cell.width):
-                    self.width[(t, level)] = cell.width
-                wanted += [x for x in cell.proposals if x not in self.values[t] and x not in wanted]
-            new += [(t, x) for x in sorted(wanted)]
-        return new
-
-    def run_in_process(self, evaluate) -> int:
-        """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of
-        jobs (benchmarks, tests); returns the number of evaluations."""
-        jobs, n = self.first_round(), 0
-        while jobs:
-            self.record(jobs, [evaluate(t, x) for t, x in jobs])
-            n += len(jobs)
-            jobs = self.next_round()
-            if self.rounds >= self.spec.max_rounds:
-                break
-        return n
-
-    def _ratio(self, t: int, cell) -> tuple[float, float]:
-        """βα^M at the crossing (log-linear in u between the bracket's runs: exact when the
-        axis is α or β on a log axis) and its half-width in log."""
-        r = self.ratios[t]
-        ra, rb = r.get(cell.lo, math.nan), r.get(cell.hi, math.nan)
-        if not (ra > 0 and rb > 0):
-            return math.nan, math.nan
-        ax = self.spec.axis
-        ua, ub = ax.u(cell.lo), ax.u(cell.hi)
-        w = 0.0 if ub == ua else (ax.u(cell.crossing) - ua) / (ub - ua)
-        return math.exp((1 - w) * math.log(ra) + w * math.log(rb)), abs(math.log(rb / ra)) / 2
-
-    def tables(self):
-        """``(contour, exponents)`` pandas tables (see the module docstring)."""
-        import pandas as pd
-
-        from rankexp.levelset import fit_exponent
-
-        rows = []
-        for (t, level), c in self.cells.items():
-            ratio, err = self._ratio(t, c) if c.status == "converged" else (math.nan, math.nan)
-            rows.append({**self.labels[t], "level": level, "status": c.status, "crossing": c.crossing,
-                         "lo": c.lo, "hi": c.hi, "f_lo": c.f_lo, "f_hi": c.f_hi, "width": c.width,
-                         "nominal_ratio": ratio, "log_ratio_err": err, "points": c.points,
-                         "note": c.note})
-        contour = pd.DataFrame(rows)
-        fit_over = self.spec.fit_over
-        if contour.empty or not fit_over or fit_over not in contour:
-            return contour, pd.DataFrame()
-        keys = [k for k in self.labels[0] if k != fit_over]
-        fits = []
-        for values, g in contour.groupby([*keys, "level"], sort=False):
-            values = values if isinstance(values, tuple) else (values,)
-            ok = g[g["status"] == "converged"]
-            y = ok["nominal_ratio"].where(ok["nominal_ratio"].notna(), ok["crossing"])
-            err = ok["log_ratio_err"].fillna(0.0)
-            f = fit_exponent(ok[fit_over].astype(float), y, err)
-            fits.append({**dict(zip([*keys, "level"], values, strict=True)), "s": f.s, "s_lo": f.lo,
-                         "s_hi": f.hi, "resolution": f.resolution, "points": f.n,
-                         "cells": len(g), f"{fit_over}_min": ok[fit_over].astype(float).min(),
-                         f"{fit_over}_max": ok[fit_over].astype(float).max()})
-        return contour, pd.DataFrame(fits)
 
 
 class ContourSweeper(RankexpSweeper):
@@ -205,7 +54,7 @@ class ContourSweeper(RankexpSweeper):
 
     def __init__(self, max_batch_size: int | None, params: dict[str, str] | None = None,
                  grids: Any = None, contour: Any = None) -> None:
-        super().__init__(max_batch_size=max_batch_size, params=params, grids=grids)
+        RankexpSweeper.__init__(self, max_batch_size=max_batch_size, params=params, grids=grids)
         self.contour = contour
 
     def sweep(self, arguments: list[str]) -> Any:
