@@ -280,9 +280,10 @@ def _slopes(df: pd.DataFrame) -> pd.DataFrame:
     return isorank_table(df, "erank_io", list(TABLE4_LEVELS), [PLACEMENT, "expansion"])[0]
 
 
-def _iso_slope(placement: str | None, expansion: float | None, level: float | None):
+def _iso_slope(placement: str | None, expansion: float | None, level: float | None,
+               experiment: str = "fig5"):
     def measure(runs: Runs) -> Measured:
-        df = runs("fig5")
+        df = runs(experiment)
         need(df, "erank_io", "alpha", "depth", "beta_eff", "expansion")
         if placement:
             df = only(df, norm_placement=placement)
@@ -314,6 +315,15 @@ FIG5_ISORANK = (
             size="cpu")
       for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
 )
+
+
+#: Table 4 from the contour sweep (hydra/sweeper=contour: crossings by root finding, science.md §6)
+TAB4_CONTOUR = tuple(
+    Claim(f"tab4_contour.{pl}_md{e}_r{lv:g}",
+          f"Table 4 by root finding: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
+          "science.md §4 tab4, §6 tab4_contour", f"{s:+.2f} (d = 256)", near(s, 0.05),
+          _iso_slope(pl, e, lv, "tab4_contour"), size="cpu")
+    for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True))
 
 
 def _kappa(runs: Runs) -> Measured:

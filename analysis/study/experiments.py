@@ -92,6 +92,23 @@ EXPERIMENTS = (
         needs=Needs(gpu_full=True),
     ),
     Experiment(
+        "tab4_contour",
+        "Table 4 by root finding: iso-rank contours traced by hydra/sweeper=contour",
+        "science.md §4 tab4, §6 tab4_contour",
+        ("Table 4 by root finding: the crossing α*(L) of erank(∂h_L/∂h_0)/d = r*, r* ∈ {0.4, 0.5, "
+         "0.6}, found per (placement, m/d, L) by bracketing α ∈ [0.25, 4] and narrowing the "
+         "bracket to ±1 % (a safeguarded secant on log α, hydra/sweeper=contour) instead of "
+         "fig5's α grid; Pre- vs Post-RMSNorm, m/d ∈ {1, 4}, β = 1, ReLU, M = 2, d = 256.  The "
+         "exponent s of βα*^M ∝ L^s (least squares on log L, with its 95 % interval) is the "
+         "study's Table 4: ≈ −0.50 for Post-Norm; the sweep's parent run holds the contour and "
+         "the exponents as tables (contour/contour.csv, contour/exponents.csv)."),
+        analyses=(
+            "isorank --experiment tab4_contour --levels 0.4,0.5,0.6",
+        ),
+        claims=claims.TAB4_CONTOUR,
+        needs=Needs(gpu_full=True),
+    ),
+    Experiment(
         "fig6",
         "Figure 6 (ranks): the α × L grid",
         "science.md §3 fig6",

@@ -13,7 +13,11 @@ Commands (``python -m analysis <command> --help``):
   squares on the contour's crossing points, one per depth (:func:`contour_points`,
   :func:`fit_power_law`).  Reported as ``slope_alpha`` = d log α / d log L and
   ``slope_ratio`` = d log(βα^M) / d log L (= M·slope_alpha at constant β).  The study's
-  Table 4: ≈ −0.50 for Post-Norm, i.e. the rank is a function of βα^M√L.
+  Table 4: ≈ −0.50 for Post-Norm, i.e. the rank is a function of βα^M√L.  The same command
+  reads a contour sweep (``experiment=tab4_contour``, ``hydra/sweeper=contour``): its runs
+  bracket each crossing tightly, so the first crossing per depth is interpolated between the
+  two runs that bracket it — the sweeper's own estimate; the panel then shows the runs as
+  points (:func:`sparse_grid`) instead of a grid's cells.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from rankexp.levelset import fit_exponent
 
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
@@ -244,6 +250,12 @@ def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
     return pd.Series(out, dtype=float, name=level)
 
 
+def sparse_grid(grid: pd.DataFrame) -> bool:
+    """Whether a (y × x) table of runs is a contour sweep's, not a grid's: most cells empty
+    (each depth measured at its own α values, :mod:`hydra_plugins.rankexp_plugins.contour`)."""
+    return bool(grid.isna().to_numpy().mean() > 0.5)
+
+
 def fit_power_law(y, x) -> tuple[float, float, float]:
     """Least-squares fit of ``log x = s log y + c`` (x ∝ y^s).
 
@@ -277,7 +289,9 @@ def isorank_table(
 
     Returns:
         ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
-        ``points``, ``slope_alpha``, ``slope_ratio``, ``r2``, ``depth_min``, ``depth_max``;
+        ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
+        ``slope_ratio_hi`` (:func:`rankexp.levelset.fit_exponent`; NaN below 3 points),
+        ``r2``, ``depth_min``, ``depth_max``;
         points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
     """
     rows, pts = [], []
@@ -305,7 +319,8 @@ def isorank_table(
                     )
                 ratio = b["min"] * c**m
             s, _, r2 = fit_power_law(c.index, c.values)
-            sr = fit_power_law(c.index, ratio.values)[0] if ratio.notna().all() else np.nan
+            fit = fit_exponent(c.index, ratio.values) if ratio.notna().all() and len(c) else None
+            sr = fit.s if fit is not None else np.nan
             key = dict(zip(panel, pv, strict=True))
             rows.append(
                 {
@@ -314,6 +329,8 @@ def isorank_table(
                     "points": len(c),
                     "slope_alpha": s,
                     "slope_ratio": sr,
+                    "slope_ratio_lo": fit.lo if fit is not None else np.nan,
+                    "slope_ratio_hi": fit.hi if fit is not None else np.nan,
                     "r2": r2,
                     "depth_min": c.index.min() if len(c) else np.nan,
                     "depth_max": c.index.max() if len(c) else np.nan,
@@ -362,10 +379,16 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         pv = pv if isinstance(pv, tuple) else (pv,)
         grid = sub.groupby(["depth", "alpha"])[args.metric].mean().unstack("alpha").sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
-        a, L = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
-        im = ax.pcolormesh(
-            a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r", vmin=0, vmax=1
-        )
+        sparse = sparse_grid(grid)
+        if sparse:  # a contour sweep (hydra/sweeper=contour): each run where it was measured
+            cells = grid.stack().reset_index(name="v")
+            im = ax.scatter(cells["alpha"], cells["depth"], c=cells["v"], s=5, cmap="Greys_r",
+                            vmin=0, vmax=1, edgecolors="none")
+        else:
+            a, L = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
+            im = ax.pcolormesh(
+                a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r", vmin=0, vmax=1
+            )
         key = dict(zip(args.panel, pv, strict=True))
         sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
         for k, v in key.items():
@@ -390,8 +413,9 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
         alphas = grid.columns.to_numpy(float)
         every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
-        ax.set_xticks(alphas, [style.number(a) if i % every == 0 else ""
-                               for i, a in enumerate(alphas)])
+        if not sparse:  # a grid: its α values as ticks (a contour sweep keeps the log ticks)
+            ax.set_xticks(alphas, [style.number(a) if i % every == 0 else ""
+                                   for i, a in enumerate(alphas)])
         ax.minorticks_off()
         ax.grid(False)
         ax.set_xlabel(style.name("alpha"))

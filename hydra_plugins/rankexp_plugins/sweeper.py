@@ -119,8 +119,9 @@ class RankexpSweeper(BasicSweeper):
         self.overrides = plan.batches(self.max_batch_size)
         return plan
 
-    def _check_all(self, jobs: list[list[str]], swept: set[str]) -> dict[str, Any]:
-        """Compose and check every job and every store; exit 2 listing every problem."""
+    def _check_all(self, jobs: list[list[str]], swept: set[str], first: int = 0) -> dict[str, Any]:
+        """Compose and check every job and every store; exit 2 listing every problem.  The jobs
+        are numbered from ``first`` (a later round of :class:`~.contour.ContourSweeper`)."""
         from rankexp import tracking
         from rankexp.config import check_slurm_limits
         from rankexp.naming import config_name  # torch-free: the check never loads torch
@@ -142,7 +143,7 @@ class RankexpSweeper(BasicSweeper):
             errors += [f"  launcher: {m}" for m in check_cluster(self.config.hydra.launcher)]
         original = HydraConfig.instance().cfg
         try:
-            for idx, overrides in enumerate(jobs):
+            for idx, overrides in enumerate(jobs, start=first):
                 label = " ".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept)
                 try:
                     cfg = self.loader.load_sweep_config(self.config, overrides)
@@ -228,9 +229,10 @@ class RankexpSweeper(BasicSweeper):
             raise SystemExit(2) from None
         return parent
 
-    def _launch_all(self) -> list:
-        """Hydra's batch loop, without its re-validation and without stopping at a failed job."""
-        returns, first = [], 0
+    def _launch_all(self, first: int = 0) -> list:
+        """Hydra's batch loop, without its re-validation and without stopping at a failed job;
+        the jobs are numbered from ``first``."""
+        returns = []
         while not self.is_done():
             batch = self.get_job_batch()
             results = self.launcher.launch(batch, initial_job_idx=first)

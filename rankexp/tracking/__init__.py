@@ -184,6 +184,8 @@ from .store import (  # noqa: F401
 )
 from .sweep import (  # noqa: F401
     SweepRun,
+    extend_sweep,
+    log_tables,
 )
 from .write import (  # noqa: F401
     _ILLEGAL_KEY_CHARS,

@@ -9,8 +9,9 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from .jobdir import _log_counts, count_jobs, store_known_down, summary, write_json
+from .jobdir import _log_counts, count_jobs, read_json, store_known_down, summary, write_json
 from .ownership import (
     Heartbeat,
     close_run,
@@ -20,7 +21,7 @@ from .ownership import (
     reconcile,
 )
 from .provenance import git_commit, system_tags
-from .schema import FINISHED_FILE, PARENT_FILE, TAG_NOTE, TAG_ROLE, TrackingError
+from .schema import FINISHED_FILE, NAMES_FILE, PARENT_FILE, TAG_NOTE, TAG_ROLE, TrackingError
 from .store import (
     _client,
     _first_line,
@@ -29,6 +30,7 @@ from .store import (
     quick_bounds,
     redact,
 )
+from .write import metric_key
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +137,42 @@ class SweepRun:
         return bool(self.client.search_runs(
             [self.experiment_id], max_results=1,
             filter_string=f"tags.mlflow.parentRunId = '{self.run_id}' and attributes.status = 'RUNNING'"))
+
+
+# --------------------------------------------------------------------------- sweeps in rounds
+def extend_sweep(run: SweepRun, job_dirs: list[Path], names: list[str],
+                 config_hashes: Iterable[str], resume: bool) -> None:
+    """A sweep that learns its jobs round by round (``hydra/sweeper=contour``) tells its parent
+    and its jobs about every job so far: the plan (:data:`NAMES_FILE`: names and job dirs, so
+    counts and run names cover every round), the FINISHED configs among them
+    (:data:`FINISHED_FILE`, when resuming: a job of a rerun skips what the store holds) and the
+    parent's ``jobs_total`` tag."""
+    record = read_json(run.sweep_dir / NAMES_FILE) or {}
+    write_json(run.sweep_dir / NAMES_FILE, {
+        "started": record.get("started", time.time()), "names": list(names),
+        "job_dirs": [str(Path(d).resolve()) for d in job_dirs]})
+    run.job_dirs = list(job_dirs)
+    if resume:
+        wanted = set(config_hashes)
+        done = {h: r for h, r in finished_configs(run.uri, run.experiment_id).items() if h in wanted}
+        write_json(run.sweep_dir / FINISHED_FILE, done)
+    run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
+
+
+def log_tables(run: SweepRun, tables: dict[str, Any], scalars: dict[str, float],
+               folder: str = "contour") -> None:
+    """Log pandas tables as artifacts ``<folder>/<name>.csv`` and ``.json`` (records) of the
+    sweep's parent run, and ``scalars`` as its metrics."""
+    import tempfile
+
+    from mlflow.entities import Metric
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, df in tables.items():
+            df.to_csv(Path(tmp) / f"{name}.csv", index=False)
+            df.to_json(Path(tmp) / f"{name}.json", orient="records", indent=1)
+        run.client.log_artifacts(run.run_id, tmp, folder)
+    now = int(time.time() * 1000)
+    if scalars:
+        run.client.log_batch(run.run_id, metrics=[Metric(metric_key(k), float(v), now, 0)
+                                                  for k, v in scalars.items()])

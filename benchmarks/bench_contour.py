@@ -1,0 +1,152 @@
+"""Runs a grid and a contour sweep need for Table 4's iso-rank exponents (issue 20).
+
+    python -m benchmarks.bench_contour                 # size=cpu: d = 64, 2 seeds, L = 12…192
+    python -m benchmarks.bench_contour --size smoke    # d = 16, 1 seed, L = 4, 8 (seconds)
+
+Both read the same experiment's model and trace points (``conf/experiment/tab4_contour.yaml`` at
+``--size``: placements, m/d, depths, levels, the α bracket), and the metric of each (α, L, norm,
+m/d) is the job's own measurement — ``erank_io`` of :func:`rankexp.tasks.measure.run_probes` on
+the experiment's network and seeds — computed once per distinct config in this process (one
+torch thread) and counted as one run, as a sweep counts its jobs.
+
+* **Reference**: the contour sweep's algorithm (:class:`~hydra_plugins.rankexp_plugins.contour.
+  Contour`, the rounds ``hydra/sweeper=contour`` runs) at a tight tolerance, ``--ref-tol``.
+* **Contour**: the same at the tolerances ``--tols``; the first whose every exponent s (each
+  placement × m/d × r*) is within ``--within`` (0.01) of the reference, and its runs.
+* **Grid**: the α log-grid over the bracket with ``n`` points (``--grids``; 9 is fig5's √2
+  grid) × the depths, s from ``analysis isorank``'s own grid method
+  (:func:`analysis.study.isorank.isorank_table`); the first ``n`` within ``--within``.
+
+Printed: runs, the largest |s − s_ref| at each setting, and the ratio grid runs / contour runs
+at the same precision (target ≥ 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+
+from rankexp.cli import CONF_DIR
+from rankexp.levelset import Contour, parse_spec
+from rankexp.models.mlp import ResidualMLP
+from rankexp.tasks.measure import run_probes
+
+
+def experiment(size: str) -> dict:
+    """tab4_contour's model, trace axes and contour at ``size`` (its YAML and size overlay)."""
+    base = OmegaConf.load(f"{CONF_DIR}/experiment/tab4_contour.yaml")
+    if size != "full":
+        base = OmegaConf.merge(base, OmegaConf.load(f"{CONF_DIR}/size/tab4_contour/{size}.yaml"))
+    c = OmegaConf.to_container(base, resolve=False)
+    params = c["hydra"]["sweeper"]["params"]
+    axes = {k: [v.strip() for v in str(params[k]).split(",")] for k in ("norm", "expansion", "depth")}
+    return {"width": c["width"], "seeds": c["seeds"], "axes": axes,
+            "contour": c["hydra"]["sweeper"]["contour"]}
+
+
+class Runs:
+    """``erank_io`` of one config, measured once (a run) and remembered."""
+
+    def __init__(self, width: int, seeds: int):
+        self.width, self.seeds, self.cache, self.seconds = width, seeds, {}, 0.0
+
+    def __call__(self, norm: str, expansion: float, depth: int, alpha: float) -> float:
+        key = (norm, expansion, depth, alpha)
+        if key not in self.cache:
+            t0 = time.perf_counter()
+            model = ResidualMLP(self.width, depth, expansion=expansion, placement=norm, alpha=alpha,
+                                seeds=list(range(self.seeds)))
+            self.cache[key] = float(run_probes(model, ["io_jacobian"]).scalars["erank_io"])
+            self.seconds += time.perf_counter() - t0
+        return self.cache[key]
+
+
+def contour_exponents(exp: dict, runs: Runs, tol: float) -> tuple[pd.Series, int]:
+    """s per (norm, expansion, level) from the contour sweep's rounds at ``tol``, and its runs."""
+    spec = parse_spec({**exp["contour"], "tol": tol, "max_rounds": 40})
+    trace = list(itertools.product(*exp["axes"].values()))
+    state = Contour(spec, [[f"{k}={v}" for k, v in zip(exp["axes"], t, strict=True)] for t in trace],
+                    list(exp["axes"]))
+
+    def evaluate(t: int, x: float) -> tuple[float, float]:
+        norm, e, L = trace[t]
+        return runs(norm, float(e), int(L), x), x**2  # βα^M, β = 1, M = 2
+
+    n = state.run_in_process(evaluate)
+    contour, fits = state.tables()
+    bad = contour[contour["status"] != "converged"]
+    for _, row in bad.iterrows():
+        print(f"    tol={tol}: {row['norm']} m/d={row['expansion']} L={row['depth']} "
+              f"r*={row['level']:g}: {row['status']} ({row['note']})", flush=True)
+    return fits.set_index(["norm", "expansion", "level"])["s"], n
+
+
+def grid_exponents(exp: dict, runs: Runs, n: int) -> tuple[pd.Series, int]:
+    """s per (norm, expansion, level) from an ``n``-point α log-grid (isorank's grid method)."""
+    from analysis.study.isorank import isorank_table
+
+    lo, hi = exp["contour"]["bracket"]
+    alphas = [float(f"{a:.10g}") for a in np.geomspace(lo, hi, n)]
+    rows = [{"norm": norm, "expansion": e, "depth": int(L), "alpha": a, "beta_eff": 1.0, "matrices": 2,
+             "erank_io": runs(norm, float(e), int(L), a)}
+            for norm, e, L in itertools.product(*exp["axes"].values()) for a in alphas]
+    slopes, _ = isorank_table(pd.DataFrame(rows), "erank_io", list(exp["contour"]["levels"]),
+                              ["norm", "expansion"])
+    return slopes["slope_ratio"], len(rows)
+
+
+def first_within(results: list[tuple[str, pd.Series, int]], ref: pd.Series, within: float):
+    """Print each setting's runs and worst |s − s_ref|; the runs of the first within ``within``."""
+    best = None
+    for label, s, n in results:
+        err = (s.reindex(ref.index) - ref).abs()
+        worst = float(err.max()) if err.notna().all() else float("inf")
+        ok = worst <= within
+        key = err.idxmax() if err.notna().any() else "?"
+        print(f"  {label:<14} {n:>5} runs   max |s − s_ref| = {worst:.4f} at {key}{'  ✓' if ok else ''}",
+              flush=True)
+        if ok and best is None:
+            best = n
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"])
+    p.add_argument("--tols", default="0.4,0.2,0.1,0.05,0.02")
+    p.add_argument("--ref-tol", type=float, default=0.002)
+    p.add_argument("--grids", default="5,9,17,33,65")
+    p.add_argument("--within", type=float, default=0.01)
+    p.add_argument("--norm", default=None, help="only these placements (comma-separated)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    exp = experiment(args.size)
+    if args.norm:
+        exp["axes"]["norm"] = args.norm.split(",")
+    runs = Runs(exp["width"], exp["seeds"])
+    t0 = time.perf_counter()
+    ref, n_ref = contour_exponents(exp, runs, args.ref_tol)
+    print(f"tab4_contour size={args.size}: d={exp['width']}, {exp['seeds']} seeds, axes {exp['axes']}, "
+          f"levels {exp['contour']['levels']}, α ∈ {exp['contour']['bracket']}")
+    print(f"reference: contour at tol={args.ref_tol} ({n_ref} runs); s_ref =")
+    print(ref.unstack("level").round(4).to_string(), flush=True)
+    # one measurement per distinct config, shared; each method counts the runs its sweep has
+    cont = [(f"contour tol={t}", *contour_exponents(exp, runs, float(t))) for t in args.tols.split(",")]
+    grid = [(f"grid n={n}", *grid_exponents(exp, runs, int(n))) for n in args.grids.split(",")]
+    print(f"runs to reach every s within ±{args.within} of s_ref:")
+    c = first_within(cont, ref, args.within)
+    g = first_within(grid, ref, args.within)
+    ratio = f"{g / c:.1f}×" if c and g else "n/a (a method never got there: more points/tighter tol)"
+    print(f"contour {c} runs, grid {g} runs: the grid needs {ratio} the runs of the contour "
+          f"(target ≥ 4×); {len(runs.cache)} distinct configs measured in "
+          f"{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""``hydra/sweeper=contour`` and its math (:mod:`rankexp.levelset`): crossings against closed forms,
+cells it must report instead of guessing, and a real contour sweep — killed after its first
+round, then resumed from the store — whose crossings and exponent are known exactly."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO, runs_in
+
+from rankexp.levelset import Axis, Contour, fit_exponent, parse_spec, solve
+
+AXIS = Axis("alpha", 0.1, 10.0, "log")
+
+
+def sigmoid_rank(alpha: float, depth: float) -> float:
+    """An erank-like curve falling with βα^M√L (M = 2): 1/(1 + (α²√L)²); it equals r* at
+    α*(L) = ((1/r* − 1)^{1/2} / √L)^{1/2}, so βα*^M ∝ L^{−1/2} exactly."""
+    return 1.0 / (1.0 + (alpha**2 * math.sqrt(depth)) ** 2)
+
+
+def closed_alpha(level: float, depth: float) -> float:
+    return ((1 / level - 1) ** 0.5 / math.sqrt(depth)) ** 0.5
+
+
+def replay(spec_node: dict, depths, f) -> Contour:
+    """Run the sweeper's rounds in this process with ``f(alpha, depth)`` as every job's result."""
+    state = Contour(parse_spec(spec_node), [[f"depth={L}"] for L in depths], ["depth"])
+    state.run_in_process(lambda t, x: (f(x, depths[t]), x**2))
+    return state
+
+
+SPEC = {"metric": "m", "levels": [0.4, 0.5, 0.6], "axis": "alpha", "bracket": [0.1, 10.0],
+        "start": 4, "tol": 0.02, "fit_over": "depth"}
+
+
+@pytest.mark.parametrize("method", ["secant", "bisect"])
+def test_contour_of_a_closed_form_curve_finds_every_crossing_and_the_exponent(method):
+    depths = [12, 48, 192]
+    state = replay({**SPEC, "method": method}, depths, sigmoid_rank)
+    contour, fits = state.tables()
+    assert (contour["status"] == "converged").all(), contour
+    for _, row in contour.iterrows():
+        exact = closed_alpha(row["level"], float(row["depth"]))
+        assert row["lo"] <= exact <= row["hi"]  # the bracket holds the true crossing …
+        assert math.log(row["hi"] / row["lo"]) <= 0.02 * (1 + 1e-9)  # … to the tolerance
+        assert abs(math.log(row["crossing"] / exact)) < 1e-3  # interpolated far inside it
+    assert np.allclose(fits["s"], -0.5, atol=2e-3), fits  # βα^M = α² ∝ L^{-1/2}
+    assert (fits["points"] == 3).all()
+    assert ((fits["s_lo"] <= -0.5) & (-0.5 <= fits["s_hi"])).all() or np.allclose(fits["s"], -0.5, atol=1e-3)
+    runs = sum(len(v) for v in state.values)
+    if method == "secant":  # the safeguarded secant beats bisection's ⌈log2(4.6/3 / 0.02)⌉ ≈ 7 rounds
+        assert state.rounds <= 5 and runs <= 3 * (4 + 3 * 2 * 4), (state.rounds, runs)
+
+
+def test_boolean_boundary_by_bisection_counts_a_missing_value_as_failed():
+    """Table 5's boundary: ``ok`` when the metric ≥ 0.4; a diverged run (NaN) is not ok."""
+    lr_max = 10 ** -2.5
+    axis = Axis("lr", 1e-5, 1e-1, "log")
+    acc = {x: (0.55 if x <= lr_max else math.nan) for x in axis.start(5)}
+    for _ in range(20):
+        cell = solve(acc, 0.4, axis, 0.1, boolean=True)
+        if cell.status != "open":
+            break
+        acc.update({x: (0.55 if x <= lr_max else math.nan) for x in cell.proposals})
+    assert cell.status == "converged" and cell.lo <= lr_max <= cell.hi
+    assert abs(math.log10(cell.crossing) - math.log10(lr_max)) <= 0.1 / 2 / math.log(10) + 1e-12
+    # the same data as a level target: NaNs say nothing, so the level is never crossed
+    assert solve(acc, 0.4, axis, 0.1).status == "unbracketed"
+
+
+def test_cells_that_cannot_be_solved_are_reported_not_guessed():
+    xs = AXIS.start(5)  # 0.1, 0.316, 1, 3.16, 10
+    flat = solve({x: 0.9 for x in xs}, 0.5, AXIS, 0.02)
+    assert flat.status == "unbracketed" and not flat.proposals and math.isnan(flat.crossing)
+    assert "0.9" in flat.note
+    bump = solve(dict(zip(xs, [0.9, 0.3, 0.8, 0.2, 0.1], strict=True)), 0.5, AXIS, 0.02)
+    assert bump.status == "non_monotone" and not bump.proposals and "3 times" in bump.note
+    touch = solve(dict(zip(xs, [0.9, 0.5, 0.9, 0.8, 0.7], strict=True)), 0.5, AXIS, 0.02)
+    assert touch.status == "non_monotone"  # touches the level and turns back: not a crossing
+    one = solve({0.1: 0.9, 1.0: math.nan}, 0.5, AXIS, 0.02)  # a failed run is no evidence
+    assert one.status == "unbracketed" and one.points == 1
+    hit = solve(dict(zip(xs, [0.9, 0.7, 0.5, 0.2, 0.1], strict=True)), 0.5, AXIS, 0.02)
+    assert hit.status == "converged" and hit.crossing == 1.0 and hit.width == 0.0
+    # through the state's tables: the exponent is fitted on converged cells only
+    state = replay({**SPEC, "levels": [0.5, 0.999]}, [12, 48], sigmoid_rank)
+    contour, fits = state.tables()
+    assert set(contour.loc[contour["level"] == 0.999, "status"]) == {"unbracketed"}
+    assert fits.set_index("level").loc[0.999, "points"] == 0
+
+
+def test_secant_safeguard_halves_the_bracket_at_least_every_second_round():
+    """A curve the secant models badly (e^{30x}: interpolation from the flat end keeps landing
+    on one side; unguarded it needs 80 rounds here): each two rounds at least halve it."""
+    axis = Axis("x", 0.0, 1.0, "linear")
+    root = math.log(2) / 30
+    f = {x: math.exp(30 * x) for x in axis.start(3)}
+    widths, prev = [], math.inf
+    for _ in range(80):
+        cell = solve(f, 2.0, axis, 1e-6, previous_width=prev)
+        widths.append(cell.width)
+        if cell.status != "open":
+            break
+        prev = cell.width
+        f.update({x: math.exp(30 * x) for x in cell.proposals})
+    assert cell.status == "converged" and cell.lo <= root <= cell.hi and len(widths) <= 20
+    assert all(w2 <= 0.5 * w0 * (1 + 1e-9) for w0, w2 in zip(widths, widths[2:], strict=False)), widths
+
+
+def test_fit_exponent_interval_and_resolution():
+    L = np.array([12, 24, 48, 96, 192.0])
+    exact = fit_exponent(L, 3 * L**-0.5, err=np.full(5, 0.01))
+    assert exact.s == pytest.approx(-0.5, abs=1e-12) and exact.hi - exact.lo < 1e-9
+    # worst case of ±0.01 in log y on the slope: Σ|x_i − x̄| / Σ(x_i − x̄)² · 0.01
+    dx = np.log(L) - np.log(L).mean()
+    assert exact.resolution == pytest.approx(0.01 * np.abs(dx).sum() / (dx @ dx))
+    rng = np.random.default_rng(0)
+    cover = [fit_exponent(L, L**-0.5 * np.exp(0.05 * rng.standard_normal(5))) for _ in range(400)]
+    inside = np.mean([f.lo <= -0.5 <= f.hi for f in cover])
+    assert 0.92 <= inside <= 0.98, inside  # a 95 % interval
+    assert math.isnan(fit_exponent([12, 24], [1, 0.7]).lo)
+
+
+def test_bad_contour_specs_are_one_line_errors():
+    for bad, says in [({**SPEC, "bracket": [2, 1]}, "lo < hi"), ({**SPEC, "scale": "ln"}, "log or linear"),
+                      ({**SPEC, "method": "newton"}, "secant or bisect"), ({**SPEC, "tol": 0}, "tol > 0"),
+                      ({**SPEC, "levels": "x"}, "levels"), ({**SPEC, "wat": 1}, "unknown"),
+                      ({k: v for k, v in SPEC.items() if k != "axis"}, "axis")]:
+        with pytest.raises(ValueError, match=says):
+            parse_spec(bad)
+
+
+# --------------------------------------------------------------------------- a real contour sweep
+LEVEL = 1.0  # depth_factor = βα^M√L = 1 at α*(L) = L^{-1/4}: βα*^2 = L^{-1/2} exactly
+SWEEP = ("hydra/sweeper=contour", "width=4", "depth=4,16,64", "seeds=1", "task.probes=[stream]",
+         "hydra.sweeper.contour.metric=depth_factor", f"hydra.sweeper.contour.levels=[{LEVEL},1e6]",
+         "hydra.sweeper.contour.bracket=[0.25,1.0]", "hydra.sweeper.contour.start=3",
+         "hydra.sweeper.contour.tol=0.1", "tracking.experiment=contour")
+
+
+def _artifact(uri: str, run_id: str, name: str) -> pd.DataFrame:
+    from mlflow.tracking import MlflowClient
+
+    path = MlflowClient(uri).download_artifacts(run_id, f"contour/{name}")
+    return pd.read_csv(path) if name.endswith(".csv") else pd.read_json(io.StringIO(open(path).read()))
+
+
+def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
+    """SIGTERM once the first round's 9 jobs are FINISHED: exit 143, the parent KILLED with the
+    contour so far attached; the rerun reuses those runs (SKIPPED) and every crossing of the
+    closed form lies in its final bracket; s = −1/2 within the contour's resolution."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.Popen([sys.executable, "-m", "rankexp", *SWEEP, "-m"], cwd=cli.cwd, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and p.poll() is None:
+        done = [s for s in cli.cwd.glob("multirun/*/*/*/status.json") if '"FINISHED"' in s.read_text()]
+        if len(done) >= 9:
+            break
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    first = {r.info.run_id: r for r in runs_in(cli.uri, "contour")}
+    parent1 = next(r for r in first.values() if r.data.tags.get("rankexp.role") == "sweep")
+    assert parent1.info.status == "KILLED"
+    assert not [r for r in first.values() if r.info.status == "RUNNING"]
+    finished1 = {r.data.tags["config_hash"] for r in first.values()
+                 if r.info.status == "FINISHED" and "config_hash" in r.data.tags}
+    assert len(finished1) >= 9
+
+    cli(*SWEEP, "-m")
+    runs = runs_in(cli.uri, "contour")
+    parent = next(r for r in runs if r.data.tags.get("rankexp.role") == "sweep" and r.info.run_id not in first)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["jobs_skipped"] >= len(finished1)  # every finished run reused
+    new = [r for r in runs if r.info.run_id not in first and r.data.tags.get("rankexp.role") != "sweep"]
+    assert not {r.data.tags["config_hash"] for r in new} & finished1  # … and none redone
+    assert parent.data.metrics["jobs_total"] == int(parent.data.tags["jobs_total"])
+    contour = _artifact(cli.uri, parent.info.run_id, "contour.csv")
+    assert len(contour) == 6  # 3 depths × 2 levels
+    solved = contour[contour["level"] == LEVEL]
+    assert (solved["status"] == "converged").all(), solved
+    for _, row in solved.iterrows():
+        exact = row["depth"] ** -0.25
+        assert row["lo"] <= exact <= row["hi"] and math.log(row["hi"] / row["lo"]) <= 0.1 * (1 + 1e-9)
+        assert row["nominal_ratio"] == pytest.approx(row["depth"] ** -0.5, rel=0.1)
+    assert set(contour.loc[contour["level"] == 1e6, "status"]) == {"unbracketed"}
+    fits = _artifact(cli.uri, parent.info.run_id, "exponents.json").set_index("level")
+    s = fits.loc[LEVEL]
+    assert abs(s["s"] + 0.5) <= s["resolution"] and s["points"] == 3
+    assert fits.loc[1e6, "points"] == 0
+    assert parent.data.metrics["contour_converged"] == 3
