@@ -68,6 +68,7 @@ def write_plan(sweep_dir: Path, tasks: list, packs: list, params: dict[str, Any]
         if array not in plan["arrays"]:
             plan["arrays"].append(array)
     plan["jobs_per_task"] = max(len(p.jobs) for p in packs)
+    plan["heartbeat_s"], plan["stale_after_s"] = params.get("heartbeat_s"), params.get("stale_after_s")
     plan["parent"] = tracking.read_parent(sweep_dir)
     plan["jobs_total"] = len(tracking.planned_job_dirs(sweep_dir))
     tracking.write_json(sweep_dir / PLAN_FILE, plan)
@@ -84,10 +85,11 @@ def detach(parent: tracking.SweepRun | None, plan: dict, heartbeat_s: float, sta
     from mlflow.entities import RunTag
 
     sweep_dir = Path(plan["sweep_dir"])
-    plan.update(heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
-    with _locked(sweep_dir):
-        tracking.write_json(sweep_dir / PLAN_FILE, {**(read_plan(sweep_dir) or plan), **{
-            k: plan[k] for k in ("heartbeat_s", "stale_after_s")}})
+    if plan.get("heartbeat_s") is None:  # a launcher that did not know the tracking settings
+        plan.update(heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
+        with _locked(sweep_dir):
+            tracking.write_json(sweep_dir / PLAN_FILE, {**(read_plan(sweep_dir) or plan), **{
+                k: plan[k] for k in ("heartbeat_s", "stale_after_s")}})
     arrays = ",".join(plan["arrays"])
     if parent is not None:
         if parent._heartbeat is not None:

@@ -106,7 +106,8 @@ class RankexpSlurmLauncher(SlurmLauncher):
         if self.detach:
             from rankexp import sweepctl
 
-            self.detached = sweepctl.write_plan(Path(packs[0].sweep_dir), tasks, packs, self.params)
+            beats = {k: OmegaConf.select(self.config, f"tracking.{k}") for k in ("heartbeat_s", "stale_after_s")}
+            self.detached = sweepctl.write_plan(Path(packs[0].sweep_dir), tasks, packs, {**self.params, **beats})
             return []
         try:
             return self._wait(tasks, packs)
