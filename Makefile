@@ -51,7 +51,7 @@ gpu-check: setup  ## GPU claims in one script (< 8 min on one GPU): CUDA vs CPU 
 
 bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-server runs/s from 8 writers
 	launchers/slurm-cluster.sh start
-	eval "$$(launchers/slurm-cluster.sh env)" && $(PY) launchers/bench_launchers.py --rankexp --jobs 20 --launchers basic local slurm; \
+	eval "$$(launchers/slurm-cluster.sh env)" && $(PY) launchers/bench_launchers.py --rankexp --jobs 20 --launchers basic local slurm slurm-packed slurm-detached; \
 	  rc=$$?; launchers/slurm-cluster.sh stop; exit $$rc
 	$(PY) launchers/bench_tracking.py
 

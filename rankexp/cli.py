@@ -142,6 +142,10 @@ def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run (composing once)."""
     from hydra._internal.utils import get_args_parser
 
+    if sys.argv[1:2] in (["status"], ["cancel"]):  # a detached Slurm sweep: rankexp.sweepctl
+        from .sweepctl import main as sweepctl
+
+        raise SystemExit(sweepctl(sys.argv[1:]))
     sys.argv[1:] = [quote_unicode(a) for a in sys.argv[1:]]  # unicode values work unquoted
     args, _ = get_args_parser().parse_known_args(sys.argv[1:])
     try:

@@ -11,11 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-import services
 from mlflow.entities import ViewType
 from services import client, finish, rankexp, start_rankexp, sweep_runs
-
-slurm_cluster = services.slurm_cluster  # session fixture (tests/services.py)
 
 # This node has 2 CPUs: one CPU and 2 GB per array task, so two tasks run at once.
 SLURM = (

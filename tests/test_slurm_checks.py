@@ -16,8 +16,6 @@ import time
 import services
 from services import rankexp, sweep_runs
 
-slurm_cluster = services.slurm_cluster  # session fixture (tests/services.py)
-
 SMALL = ("depth=2", "width=8", "seeds=1", "task.probes=[io_jacobian]", "hydra/launcher=slurm")
 
 

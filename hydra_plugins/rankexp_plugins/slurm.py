@@ -13,9 +13,18 @@ each job's interpreter starts with SIGUSR2 ignored (submitit's ``python`` comman
 ``trap '' USR2``).  Slurm may send the time-limit warning up to a minute
 early — with a short limit, while the job is still importing torch — and its default action
 would kill the job before submitit and rankexp install their handlers.
+
+Two keys the plugin does not have (:class:`RankexpSlurmConf`):
+
+* ``jobs_per_task=k`` packs k jobs of the sweep into one array task, run one after the other
+  in its interpreter (each job its own run, job directory and outcome), so a sweep of
+  thousands of short jobs is ⌈N/k⌉ scheduler entries and ⌈N/k⌉ interpreter start-ups.
+* ``detach=true`` submits the array, writes the sweep's plan (:data:`rankexp.sweepctl.PLAN_FILE`)
+  and returns: the sweeper leaves the parent run open, and each job, as it ends, counts the
+  sweep into the parent run; the job that finds every job ended closes it
+  (:func:`rankexp.sweepctl.job_ended`).  ``rankexp status`` / ``rankexp cancel`` follow it.
 """
 
-from __future__ import annotations
 
 import contextlib
 import difflib
@@ -29,12 +38,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
@@ -49,27 +60,111 @@ PENDING_GRACE_S = 30.0  # a job pending for such a reason this long is reported 
 SQUEUE_EVERY_S = 10.0
 
 
+@dataclass
+class RankexpSlurmConf(SlurmQueueConf):
+    """The plugin's ``SlurmQueueConf`` and rankexp's two keys (see the module docstring)."""
+
+    _target_: str = "hydra_plugins.rankexp_plugins.slurm.RankexpSlurmLauncher"
+    #: submit, write the plan, return; the jobs close the sweep's parent run themselves
+    detach: bool = False
+    #: jobs of the sweep run one after the other inside one array task (≥ 1)
+    jobs_per_task: int = 1
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="rankexp_slurm", node=RankexpSlurmConf,
+                             provider="rankexp")
+
+
+@dataclass
+class Pack:
+    """What one array task runs: the plugin's call arguments of each of its jobs, in order."""
+
+    sweep_dir: str
+    detach: bool
+    jobs: list[tuple] = field(default_factory=list)
+
+    @property
+    def numbers(self) -> list[int]:
+        return [j[2] for j in self.jobs]
+
+
 class RankexpSlurmLauncher(SlurmLauncher):
     """See the module docstring."""
+
+    def __init__(self, **params: Any) -> None:
+        self.detach = bool(params.pop("detach", False))
+        self.jobs_per_task = int(params.pop("jobs_per_task", 1) or 1)
+        super().__init__(**params)
+        self.detached: dict | None = None  # the plan, once a detached sweep is submitted
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import submitit
 
         assert self.config is not None
-        jobs = self._submit(submitit, job_overrides, initial_job_idx)
+        packs = self._packs(job_overrides, initial_job_idx)
+        tasks = self._submit(submitit, packs)
+        if self.detach:
+            from rankexp import sweepctl
+
+            beats = {k: OmegaConf.select(self.config, f"tracking.{k}") for k in ("heartbeat_s", "stale_after_s")}
+            self.detached = sweepctl.write_plan(Path(packs[0].sweep_dir), tasks, packs, {**self.params, **beats})
+            return []
         try:
-            return self._wait(jobs, job_overrides)
+            return self._wait(tasks, packs)
         except BaseException:
-            log.warning("sweep interrupted: cancelling its Slurm jobs %s", [j.job_id for j in jobs])
-            for job in jobs:
+            log.warning("sweep interrupted: cancelling its Slurm jobs %s", [j.job_id for j in tasks])
+            for job in tasks:
                 with contextlib.suppress(Exception):
                     job.cancel(check=False)
             raise
 
-    def _wait(self, jobs: list, job_overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
-        """Every job's outcome, in order; a job pending for a reason no wait fixes
+    def __call__(self, pack: Pack) -> list[JobReturn]:  # type: ignore[override]
+        """One array task, in the job: its jobs one after the other (the plugin's ``__call__``
+        each); a detached sweep's parent run is counted after each and kept alive meanwhile.
+        A stop signal ends the task after the job it interrupted (the others are not run)."""
+        from rankexp import sweepctl
+
+        returns = []
+        with sweepctl.parent_heartbeat(Path(pack.sweep_dir)) if pack.detach else contextlib.nullcontext():
+            for args in pack.jobs:
+                try:
+                    returns.append(super().__call__(*args))
+                finally:
+                    if pack.detach:
+                        sweepctl.job_ended(Path(pack.sweep_dir))
+        return returns
+
+    def _packs(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Pack]:
+        """The batch's jobs, ``jobs_per_task`` to an array task, in order."""
+        assert self.config is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        jobs = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            jobs.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
+                         Singleton.get_state()))
+        k = max(1, self.jobs_per_task)
+        return [Pack(str(sweep_dir), self.detach, jobs[i:i + k]) for i in range(0, len(jobs), k)]
+
+    def _wait(self, tasks: list, packs: list[Pack]) -> list[JobReturn]:
+        """Every job's outcome, in order (a task's outcome is that of each of its jobs)."""
+        returns = []
+        for pack, outcome in zip(packs, self._wait_tasks(tasks, [
+                [o for j in p.jobs for o in j[0]] for p in packs]), strict=True):
+            if isinstance(outcome, list) and len(outcome) == len(pack.jobs):
+                returns += outcome
+            else:  # the task failed as a whole (or ended early): its unfinished jobs share that
+                done = outcome if isinstance(outcome, list) else []
+                error = outcome._return_value if isinstance(outcome, JobReturn) else RuntimeError(
+                    f"array task ended after {len(done)} of its {len(pack.jobs)} jobs")
+                returns += done + [JobReturn(overrides=list(j[0]), status=JobStatus.FAILED,
+                                             _return_value=error) for j in pack.jobs[len(done):]]
+        return returns
+
+    def _wait_tasks(self, jobs: list, job_overrides: Sequence[Sequence[str]]) -> list:
+        """Every task's outcome, in order; a task pending for a reason no wait fixes
         (:data:`IMPOSSIBLE`) is reported and cancelled after :data:`PENDING_GRACE_S`."""
-        returns: dict[int, JobReturn] = {}
+        returns: dict[int, Any] = {}
         seen: dict[str, float] = {}  # job id → when first seen pending for an impossible reason
         asked = -math.inf
         while len(returns) < len(jobs):
@@ -100,8 +195,8 @@ class RankexpSlurmLauncher(SlurmLauncher):
                 time.sleep(2)
         return [returns[i] for i in range(len(jobs))]
 
-    def _submit(self, submitit: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
-        """The plugin's submission (one array, the same parameters), unchanged."""
+    def _submit(self, submitit: Any, packs: list[Pack]) -> list:
+        """The plugin's submission (one array, the same parameters), one task per pack."""
         params = self.params
         init_keys = {"max_num_timeout", "submitit_folder"}
         python = f"sh -c 'trap \"\" USR2; exec \"$0\" \"$@\"' {shlex.quote(sys.executable)}"
@@ -116,15 +211,10 @@ class RankexpSlurmLauncher(SlurmLauncher):
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
         log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
-        job_params = []
-        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
-                               Singleton.get_state()))
-        return executor.map_array(self, *zip(*job_params, strict=True))
+        return executor.map_array(self, packs)
 
 
-def _outcome(job: Any, overrides: Sequence[str]) -> JobReturn:
+def _outcome(job: Any, overrides: Sequence[str]) -> Any:
     try:
         return job.results()[0]
     except Exception as e:  # submitit: FailedJobError, UncompletedJobError
@@ -160,6 +250,10 @@ def check_cluster(launcher: Any) -> list[str]:
     Returns:
         One message per problem (empty: the request fits).
     """
+    k = launcher.get("jobs_per_task", 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        return [f"hydra.launcher.jobs_per_task={k!r}: must be a whole number ≥ 1 (jobs run one "
+                "after the other in each array task)"]
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         return ["hydra/launcher=slurm needs Slurm, and sbatch/sinfo are not on PATH: this machine "
                 "is not a Slurm submit host (run the sweep where sbatch works, or drop "

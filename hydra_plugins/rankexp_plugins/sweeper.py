@@ -95,10 +95,12 @@ class RankexpSweeper(BasicSweeper):
                 interrupted = "SIGINT"
             finally:
                 with interrupt.deferred():
-                    status = self._close(parent, checked["job_dirs"], interrupted, returns, jobs, swept)
+                    detached = None if interrupted else getattr(self.launcher, "detached", None)
+                    status = (self._detach(parent, detached, checked) if detached else
+                              self._close(parent, checked["job_dirs"], interrupted, returns, jobs, swept))
         if interrupted:
             raise SystemExit(128 + signal.Signals[interrupted].value)
-        if status != "FINISHED":
+        if status not in ("FINISHED", "DETACHED"):
             raise SystemExit(1)
         return returns
 
@@ -239,6 +241,14 @@ class RankexpSweeper(BasicSweeper):
             first += len(batch)
             returns.append(results)
         return returns
+
+    @staticmethod
+    def _detach(parent, plan: dict, checked: dict[str, Any]) -> str:
+        """A detached Slurm sweep (``hydra.launcher.detach=true``): the jobs close the parent."""
+        from rankexp import sweepctl
+
+        t = checked["settings"][0].tracking
+        return sweepctl.detach(parent, plan, t.heartbeat_s, t.stale_after_s)
 
     def _close(self, parent, job_dirs: list[Path], interrupted: str | None, returns: list,
                jobs: list[list[str]], swept: set[str]) -> str:
