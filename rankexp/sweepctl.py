@@ -82,8 +82,6 @@ def read_plan(sweep_dir: Path) -> dict | None:
 def detach(parent: tracking.SweepRun | None, plan: dict, heartbeat_s: float, stale_after_s: float) -> str:
     """The sweeper's end of a detached sweep: the parent run is handed to the jobs (its owner
     tags now name the array, its heartbeat theirs) and the user is told how to follow it."""
-    from mlflow.entities import RunTag
-
     sweep_dir = Path(plan["sweep_dir"])
     if plan.get("heartbeat_s") is None:  # a launcher that did not know the tracking settings
         plan.update(heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
@@ -94,9 +92,9 @@ def detach(parent: tracking.SweepRun | None, plan: dict, heartbeat_s: float, sta
     if parent is not None:
         if parent._heartbeat is not None:
             parent._heartbeat.__exit__()
-        parent.client.log_batch(parent.run_id, tags=[
-            RunTag(tracking.TAG_PID, "detached"), RunTag(tracking.TAG_SLURM, plan["arrays"][0]),
-            RunTag(TAG_DETACHED, arrays), RunTag(tracking.TAG_HEARTBEAT, str(int(time.time())))])
+        tracking.log_now(parent.client, parent.run_id, tags={
+            tracking.TAG_PID: "detached", tracking.TAG_SLURM: plan["arrays"][0],
+            TAG_DETACHED: arrays, tracking.TAG_HEARTBEAT: str(int(time.time()))})
     total, ntasks = plan["jobs_total"], len(plan["tasks"])
     print(f"detached: {total} jobs in {ntasks} Slurm array task{'s' * (ntasks != 1)} (array "
           f"{arrays}); plan in {sweep_dir / PLAN_FILE}\n"
@@ -169,13 +167,9 @@ def _count_or_close(sweep_dir: Path, *, force: bool = False) -> str | None:
 def _log_progress(client, run_id: str, counts: Counter, running: int) -> None:
     """The parent's counts while the sweep runs: ``jobs_<outcome>`` of the ended jobs,
     ``jobs_running``, ``jobs_not_run`` (not started yet) and ``jobs_total``."""
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    metrics = [Metric(f"jobs_{k}", counts[k], now, 0) for k in tracking.JOB_STATES]
-    metrics += [Metric("jobs_running", running, now, 0),
-                Metric("jobs_total", sum(counts.values()) + running, now, 0)]
-    client.log_batch(run_id, metrics=metrics)
+    metrics = {f"jobs_{k}": counts[k] for k in tracking.JOB_STATES}
+    metrics.update(jobs_running=running, jobs_total=sum(counts.values()) + running)
+    tracking.log_now(client, run_id, metrics=metrics)
 
 
 def _close_parent(sweep_dir: Path, parent: dict, plan: dict, interrupted: str | None = None,

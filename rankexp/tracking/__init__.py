@@ -197,6 +197,7 @@ from .write import (  # noqa: F401
     StoreRefused,
     TrackingLost,
     _points,
+    log_now,
     metric_key,
     read_journal,
     split_seed_std,

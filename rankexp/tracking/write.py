@@ -102,6 +102,18 @@ def user_tag_problem(key: str) -> str | None:
     return None
 
 
+def log_now(client, run_id: str, *, metrics: dict[str, float] | None = None,
+            tags: dict[str, str] | None = None) -> None:
+    """Log ``metrics`` (at step 0, now) and ``tags`` to run ``run_id`` in one request — for
+    writers outside a :class:`RunLogger` (a detached sweep's jobs updating their parent)."""
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(metric_key(k), float(v), now, 0)
+                                      for k, v in (metrics or {}).items()],
+                     tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+
+
 def _points(scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None) -> list[list]:
     points = [[metric_key(k), 0, float(v)] for k, v in scalars.items()]
     for name, (steps, values) in (series or {}).items():
