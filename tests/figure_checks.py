@@ -78,8 +78,11 @@ def reviewer_problems(fig) -> list[str]:
     for i, ax in enumerate(fig.axes):
         if _is_colorbar(ax):
             m = ax._colorbar.mappable
-            vals = getattr(m, "values", None)  # a style.value_colors mappable: one band per value
-            if vals is None and m.get_array() is not None and np.size(m.get_array()):
+            # a bar keying the values of a param (style.value_colors, or a bare mappable whose
+            # array is those values); a heatmap's bar keys its cells, however few at smoke size
+            vals = getattr(m, "values", None)
+            if vals is None and not hasattr(m, "get_coordinates") and not hasattr(m, "get_extent") \
+                    and m.get_array() is not None and np.size(m.get_array()):
                 arr = np.asarray(m.get_array(), dtype=float).ravel()
                 vals = np.unique(arr[np.isfinite(arr)])
             if vals is not None and len(vals) <= 2:
