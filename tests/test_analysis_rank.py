@@ -299,8 +299,8 @@ def test_placements_table_and_projection_split_identities(store):
         )
         assert row["seeds"] == len(seeds) == 2 * (2 if placement == "none" else 1)
         assert row["std"] == pytest.approx(np.std(seeds, ddof=1), rel=1e-9) and row["std"] > 0
-    drawn = store.figures["placements_erank_io"]["axes"][0]["errorbars"]
-    np.testing.assert_allclose(sorted(drawn), sorted(table["std"]), rtol=1e-9)
+    # a log axis carries no error bars (issue 19.5); the seed spread is the table's (above)
+    assert len(store.figures["placements_erank_io"]["axes"][0]["errorbars"]) == 0
     split = pd.read_csv(store.out / "fig4" / "projection_split.csv")
     assert sorted(split["norm.op"].unique()) == ["detached", "rmsnorm"]
     for _, row in split.iterrows():

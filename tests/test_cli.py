@@ -197,7 +197,8 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
     assert p.returncode == 0, p.stderr[-2000:]
     names = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     return p.stdout, sorted(n for n in names if n.split(".")[0] in HEAVY
-                            or (n.startswith("rankexp.models.") and n != "rankexp.models.spec"))
+                            or (n.startswith("rankexp.models.")
+                                and not n.startswith(("rankexp.models.spec", "rankexp.models.families"))))
 
 
 def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():

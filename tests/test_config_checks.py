@@ -141,9 +141,9 @@ def _choices(group: str) -> list[str]:
 
 
 def _default(key: str):
-    import yaml
+    from rankexp.knobs import default
 
-    return yaml.safe_load((__import__("pathlib").Path(CONF_DIR) / "config.yaml").read_text())[key]
+    return default(key)  # the knob table: the one place a default is written
 
 
 def _typed_cases():
@@ -190,7 +190,7 @@ def test_a_mistyped_group_choice_is_one_line_with_a_suggestion(cli, override, na
 def test_a_value_of_the_wrong_type_is_one_line_with_an_example(cli, case):
     """Issue 19 row 3: OmegaConf's "Value 'abc' of type 'str' could not be converted to Float /
     full_key … object_type=…" is one line: key, value, the type allowed, the composed value as
-    an example (the default from conf/config.yaml, the option's from the probe registry)."""
+    an example (the default from the knob table, the option's from the probe registry)."""
     override, named, allowed = _typed_cases()[case]
     line = _one_line(cli(override, check=False))
     assert line == f"error: invalid config: {named} — {allowed}", line
@@ -248,8 +248,8 @@ def _composition_error(*overrides: str) -> BaseException:
     (["task.probes=abc"], "invalid config: task.probes='abc' — allowed: a list in brackets, "
                           "task.probes=[a,b]"),
     (["hydra/launcher=lcoal"], "invalid config: hydra/launcher='lcoal' — did you mean 'local'? "
-                               "allowed: basic, example_gpu_cluster, joblib, local, slurm, "
-                               "slurm_gpu, submitit_local, submitit_slurm"),
+                               "allowed: basic, example_gpu_cluster, joblib, local, rankexp_slurm, "
+                               "slurm, slurm_gpu, submitit_local, submitit_slurm"),
 ])
 def test_one_line_reads_hydras_own_exception(overrides, line):
     """Every kind of node OmegaConf refuses a value for (bool, enum, optional float, int, list

@@ -10,7 +10,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -140,13 +139,11 @@ def _settings(*overrides):
 def test_the_default_budget_is_a_fixed_cap_within_free_memory(monkeypatch):
     """Issue 19 row 9: 80 % of *free* memory let one job at L = 384 with 48 seeds take 14.5 GB
     of a shared 24 GB machine.  The default is a fixed cap (task.max_memory_gb in
-    conf/task/measure.yaml), never more than 80 % of what is free; null is the old budget."""
-    import yaml
-
+    the knob table, rankexp/knobs.py), never more than 80 % of what is free; null is the old budget."""
     from rankexp import memory
-    from rankexp.cli import CONF_DIR
+    from rankexp.knobs import default
 
-    cap = yaml.safe_load((Path(CONF_DIR) / "task" / "measure.yaml").read_text())["max_memory_gb"]
+    cap = default("task.max_memory_gb")
     assert isinstance(cap, int | float) and 0 < cap <= 8
     s = _settings("depth=384", "seeds=48")  # the issue's job, its probes the default ones
     assert s.task.max_memory_gb == cap
