@@ -409,7 +409,7 @@ class Job:
         (``self.offline``: the job computes into its job directory)."""
         t = self.s.tracking
         self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params,
-                                         {**tags, **tracking.claim_tags()}, journal)
+                                         tags, journal)  # the claim is stamped by tracking.claim
         try:
             self.run_id = self.logger.start()
         except Exception as e:  # the store went away (or refuses) just now: compute offline

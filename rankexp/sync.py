@@ -109,7 +109,7 @@ class Syncer:
     def _start(self, job_dir: Path, uri: str, exp_id: str, record: dict) -> tracking.RunLogger:
         """Create the synced run: the job's name, params and tags, this process as its owner."""
         tags = {**record["tags"], "rankexp.synced_from": str(job_dir.resolve()),
-                **tracking.owner_tags(), **tracking.claim_tags()}
+                **tracking.owner_tags()}  # the claim is stamped by tracking.claim
         parent = self._parent(job_dir, uri, record["experiment"])
         if parent:
             tags["mlflow.parentRunId"] = parent

@@ -196,6 +196,38 @@ def test_a_second_sweep_started_after_one_job_skips_what_the_first_holds(tmp_pat
             assert f"of {tmp_path}/multirun/" in line and "owner " in line, line
 
 
+@pytest.mark.parametrize("rival_first", [True, False])
+def test_a_claimant_waits_for_a_rival_that_has_not_stamped_yet(tmp_path, rival_first):
+    """The interleaving behind two FINISHED runs of one config (seen under load): a writer's
+    claim stamp, taken before its run is visible, arrived after another writer had already
+    won.  Now a claim is stamped only once its run exists (:func:`rankexp.tracking.claim`), and a
+    rival that exists without a stamp is waited for: whichever stamp is earlier wins, both ways."""
+    import threading
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.prepare_experiment(uri, "pending")
+    c = client(uri)
+    own = {**tracking.owner_tags(), "config_hash": "h"}
+    me = c.create_run(exp, tags=own).info.run_id
+    rival = c.create_run(exp, tags=own).info.run_id  # created, not stamped yet
+    now_ms = time.time_ns() // 1_000_000
+
+    def stamp_late():  # the rival's write lands 0.5 s later, with a stamp before or after mine
+        time.sleep(0.5)
+        c.set_tag(rival, tracking.TAG_CLAIM, str(now_ms - 60_000 if rival_first else now_ms + 60_000))
+
+    writer = threading.Thread(target=stamp_late)
+    writer.start()
+    t0 = time.monotonic()
+    verdict = tracking.claim(uri, exp, "h", me, stale_after_s=600)
+    writer.join()
+    assert time.monotonic() - t0 >= 0.4  # it waited for the rival's stamp
+    assert verdict.won == (not rival_first), verdict
+    if rival_first:
+        assert (verdict.holder, verdict.status) == (rival, "RUNNING")
+    assert c.get_run(me).data.tags[tracking.TAG_CLAIM].isdigit()  # stamped by the claim
+
+
 def test_the_claim_order_and_a_claim_whose_owner_is_gone(tmp_path):
     """:func:`rankexp.tracking.claim` on a real store: the earliest live claim wins whoever
     asks; a FINISHED run holds the config (unless forced); a RUNNING run whose owner is gone

@@ -283,20 +283,31 @@ def _claim_order(r) -> tuple[int, str]:
     return (int(tag) if tag.isdigit() else int(r.info.start_time or 0)), r.info.run_id
 
 
+#: how long a claimant waits for a rival run that exists but has not stamped its claim yet
+#: (its process is between creating its run and :func:`claim`'s first write: milliseconds,
+#: seconds under load); after it, such a rival is ordered by its start time
+CLAIM_PENDING_S = 30.0
+
+
 def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_after_s: float,
           finished_counts: bool = True, ignore: Iterable[str] = ()) -> Claim:
     """Claim ``config_hash`` for the just-created run ``run_id``, through the store itself.
 
-    The protocol (one ``search_runs`` for the common case; it works on SQLite, on a database
-    and through a tracking server, for every process that can reach the store): each job
-    first creates its run, tagged with its config hash and :func:`claim_tags`, then looks up
-    the experiment's live runs of that hash.  A FINISHED one (when ``finished_counts``: not
-    under ``tracking.force``) holds the config.  Otherwise, of the RUNNING runs whose owner is
-    alive (:func:`owner_gone` — a run whose owner is gone is closed here and its claim taken
-    over), the earliest claim wins, ties broken by run id; everyone sees the same runs in the
-    same order, so exactly one of them computes.  The others stand down
-    (:func:`stand_down`) before computing.  Assumes the writers' clocks agree to better than
-    the time between two claims (NTP does).
+    The protocol (it works on SQLite, on a database and through a tracking server, for every
+    process that can reach the store): each job first creates its run, tagged with its config
+    hash, then *stamps* its claim (:data:`TAG_CLAIM`, :func:`claim_tags`: the time now, taken
+    after its run is visible to everyone) and looks up the experiment's live runs of that hash.
+    A FINISHED one (when ``finished_counts``: not under ``tracking.force``) holds the config.
+    Otherwise, of the RUNNING runs whose owner is alive (:func:`owner_gone` — a run whose owner
+    is gone is closed here and its claim taken over), the earliest stamp wins, ties broken by
+    run id; a rival that exists but has not stamped yet is waited for (up to
+    :data:`CLAIM_PENDING_S`).  So exactly one computes: a rival this claimant did not see
+    created its run after this claimant's stamp, and so stamps later; a rival it saw it waits
+    for.  (A stamp taken when the run is created instead — before it is visible — let a slow
+    writer's early stamp arrive after another writer had already won: both computed.)  The
+    others stand down (:func:`stand_down`) before computing.  Assumes the writers' clocks agree
+    to better than the time between two claims (NTP does).  A run that carries a stamp already
+    keeps it (a second call orders by the same stamp).
 
     ``ignore``: runs that are not rivals (the earlier attempt of this very job, which it
     supersedes).
@@ -305,22 +316,35 @@ def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_aft
         :class:`Claim`: ``won=True``, or the holder.
     """
     client = _client(uri)
-    runs = client.search_runs([experiment_id], filter_string=f"tags.config_hash = '{config_hash}'",
-                              max_results=1000)
+    stamp = client.get_run(run_id).data.tags.get(TAG_CLAIM)
+    if stamp is None:
+        stamp = claim_tags()[TAG_CLAIM]
+        client.set_tag(run_id, TAG_CLAIM, stamp)
+    mine = (int(stamp) if stamp.isdigit() else 0, run_id)
     skip = {run_id, *ignore}
-    others = [r for r in runs if r.info.run_id not in skip and r.data.tags.get(TAG_ROLE) != "sweep"]
-    if finished_counts:
-        done = [r for r in others if r.info.status == "FINISHED"]
-        if done:
-            return Claim(False, done[0].info.run_id, "FINISHED", _describe(done[0]))
-    running = [r for r in others if r.info.status == "RUNNING"]
-    if not running:
-        return Claim(True)
-    mine = next((r for r in runs if r.info.run_id == run_id), None)
-    if mine is None:  # not visible yet: read it (a database store sees its writes at once)
-        mine = client.get_run(run_id)
+    deadline = time.monotonic() + CLAIM_PENDING_S
+    while True:
+        runs = client.search_runs([experiment_id], filter_string=f"tags.config_hash = '{config_hash}'",
+                                  max_results=1000)
+        others = [r for r in runs if r.info.run_id not in skip and r.data.tags.get(TAG_ROLE) != "sweep"]
+        if finished_counts:
+            done = [r for r in others if r.info.status == "FINISHED"]
+            if done:
+                return Claim(False, done[0].info.run_id, "FINISHED", _describe(done[0]))
+        live = _live_rivals(client, [r for r in others if r.info.status == "RUNNING"], stale_after_s)
+        if any(TAG_CLAIM not in r.data.tags for r in live) and time.monotonic() < deadline:
+            time.sleep(0.1)  # a rival between creating its run and stamping it
+            continue
+        first = min(live, key=_claim_order, default=None)
+        if first is None or mine <= _claim_order(first):
+            return Claim(True)
+        return Claim(False, first.info.run_id, "RUNNING", _describe(first))
+
+
+def _live_rivals(client, running: list, stale_after_s: float) -> list:
+    """The RUNNING rivals whose owner is alive; the others are closed (their claims taken)."""
     sacct = slurm_states(r.data.tags[TAG_SLURM] for r in running if TAG_SLURM in r.data.tags)
-    live = [mine]
+    live = []
     for r in running:
         verdict = owner_gone(r.data.tags, r.info.start_time, sacct, stale_after_s, r.info.run_id)
         if verdict is None:
@@ -330,10 +354,7 @@ def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_aft
         close_run(client, r.info.run_id, status, reason, message, _unsent_params(r))
         log.warning("took over the claim of run %s (%s), closed %s: %s", r.info.run_id,
                     r.info.run_name, status, message)
-    first = min(live, key=_claim_order)
-    if first.info.run_id == run_id:
-        return Claim(True)
-    return Claim(False, first.info.run_id, "RUNNING", _describe(first))
+    return live
 
 
 def _describe(r) -> str:
