@@ -160,6 +160,9 @@ def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
     closed form lies in its final bracket; s = −1/2 within the contour's resolution."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
     env["PYTHONPATH"] = str(REPO)
+    # every job computes 1 s longer (idle): on a quiet machine the whole contour would otherwise
+    # end between two polls, before the signal (rankexp.app._fault_injection)
+    env["RANKEXP_FAULT_SLEEP"] = "1"
     p = subprocess.Popen([sys.executable, "-m", "rankexp", *SWEEP, "-m"], cwd=cli.cwd, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -168,6 +171,7 @@ def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
         if len(done) >= 9:
             break
         time.sleep(0.2)
+    assert p.poll() is None, "the sweep ended before its first round was done and it was signalled"
     p.send_signal(signal.SIGTERM)
     out = p.communicate(timeout=120)[0]
     assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
