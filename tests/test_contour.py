@@ -167,9 +167,9 @@ def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and p.poll() is None:
-        done = [s for s in cli.cwd.glob("multirun/*/*/*/status.json") if '"FINISHED"' in s.read_text()]
-        if len(done) >= 9:
-            break
+        states = [s.read_text() for s in cli.cwd.glob("multirun/*/*/*/status.json")]
+        if sum('"FINISHED"' in s for s in states) >= 9 and len(states) >= 10:
+            break  # round 1 done and round 2 begun: the signal lands in a job
         time.sleep(0.2)
     assert p.poll() is None, "the sweep ended before its first round was done and it was signalled"
     p.send_signal(signal.SIGTERM)

@@ -61,6 +61,13 @@ class ContourSweeper(RankexpSweeper):
         from rankexp import cli, interrupt
 
         cli.mark_composed()
+        # the rounds' steps and the exponent's interval (rankexp.levelset) use SciPy: imported
+        # here, before any job, so a signal between two rounds never lands inside its import
+        # (a half-imported scipy.stats then fails to load again in Hydra's error report: exit 1)
+        import scipy.interpolate  # noqa: F401
+        import scipy.optimize  # noqa: F401
+        import scipy.stats  # noqa: F401
+
         try:
             spec = parse_spec(self.contour)
         except ValueError as e:
