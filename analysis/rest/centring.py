@@ -26,7 +26,7 @@ from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
 from ..core.select import load, series
 from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.tables import write_markdown
 
 PRE, OUT = "norm.pre", "norm.out"
 B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
@@ -99,10 +99,8 @@ def _main(args: argparse.Namespace) -> list[Path]:
                                              "bands: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, "centring", table)
-    md = to_markdown(table, ".3f")
     head = f"Figure 15: erank(Z_L)/d by pre-branch op P and branch-output op B ({', '.join(args.experiment)})"
-    print(head + "\n\n" + md)
-    paths.append(write_text(out / "centring.md", head + "\n\n" + md + "\n"))
+    paths.append(write_markdown(out / "centring.md", head, table, ".3f"))
     return paths
 
 

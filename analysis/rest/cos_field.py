@@ -30,7 +30,7 @@ from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
 from ..core.select import SelectionError, load
 from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.tables import write_markdown
 
 log = logging.getLogger("analysis")
 KEYS = ["matrices", "activation"]
@@ -139,10 +139,8 @@ def _main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle("Figure 14: no decay with layer separation")
     style.caption(fig, df, args.experiment, [*extra, "mean over seeds"])
     paths += save(fig, out, "cos_field_separation")
-    md = to_markdown(table, ".3f")
     head = f"Figure 14: off-diagonal mean of cos(m_l, m_l′) ({', '.join(args.experiment)})"
-    print(head + "\n\n" + md)
-    paths.append(write_text(out / "cos_field.md", head + "\n\n" + md + "\n"))
+    paths.append(write_markdown(out / "cos_field.md", head, table, ".3f"))
     return paths
 
 

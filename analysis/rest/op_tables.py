@@ -24,7 +24,7 @@ from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
 from ..core.select import SelectionError, load
 from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.tables import write_markdown
 
 OP = "norm.op"
 OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
@@ -68,12 +68,10 @@ def _table2_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [OP, "jac_autograd_error", "jac_rank_deficit"])
     t = table2(df)
     out = out_dir(args)
-    md = to_markdown(t, ".3g")
     d = sorted(df["width"].unique().tolist()) if "width" in df else []
     head = (f"Table 2: Jacobians of the post-residual ops at gain 1 ({', '.join(args.experiment)}; "
             f"d = {'/'.join(str(int(v)) for v in d)}; removes_*: ‖J v̂‖/‖J‖₂, 0 = removed)")
-    print(head + "\n\n" + md)
-    paths = [write_text(out / "table2.md", head + "\n\n" + md + "\n"), out / "table2.csv"]
+    paths = [write_markdown(out / "table2.md", head, t, ".3g"), out / "table2.csv"]
     t.to_csv(paths[1])
     return paths
 
@@ -145,10 +143,8 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
     wide.columns = [f"L={v}" for v in wide.columns]
     study = t["study"].unstack("L")
     study.columns = [f"study L={v}" for v in study.columns]
-    md = to_markdown(wide.join(study.dropna(axis=1, how="all")), ".4f")
     head = f"Table 3: erank/d of Π_l (I − x_l x_lᵀ), step angle ε ({', '.join(args.experiment)})"
-    print(head + "\n\n" + md)
-    paths.append(write_text(out / "table3.md", head + "\n\n" + md + "\n"))
+    paths.append(write_markdown(out / "table3.md", head, wide.join(study.dropna(axis=1, how="all")), ".4f"))
     return paths
 
 
