@@ -83,10 +83,12 @@ from .jobdir import (  # noqa: F401
     write_status,
 )
 from .ownership import (  # noqa: F401
+    CLAIM_PENDING_S,
     Claim,
     Heartbeat,
     _claim_order,
     _describe,
+    _live_rivals,
     _pid_start,
     _unsent_params,
     claim,
