@@ -98,6 +98,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("task.log_every", 50, "steps between train-loss reports", task="train"),
     Knob("task.checkpoint_every", 500, "steps between checkpoints (a rerun resumes)",
          task="train"),
+    Knob("task.probe_every", None, "run task.probes every N optimizer steps on every learning "
+         "rate (steps 0, N, 2N, …, task.steps; null: before and after training only)",
+         task="train"),
+    Knob("task.probe_steps", None, "run task.probes at these optimizer steps on every learning "
+         "rate: a list [0,100,…] or log (0, 1, 2, 5, 10, 20, 50, … ≤ task.steps, and task.steps)",
+         task="train"),
     Knob("task.checkpoint_dir", ".cache/checkpoints", "checkpoints, <config_hash>.pt (relative "
          "to the repository root)", task="train"),
     Knob("task.stable_accuracy", 0.4, "a rate is stable when it does not diverge and ends at "

@@ -3,7 +3,8 @@
 The per-seed estimate (:func:`seed_bytes`: the weights plus the largest working set of the
 chosen probes, :mod:`rankexp.probes.catalog`) decides the seed chunks of ``task=measure``
 within the job's budget (:func:`chunking`, :func:`memory_budget`) and, before any run exists, refuses a config
-whose single seed cannot fit the device at all (:func:`check_fits`).  It is measured against
+whose single seed cannot fit the device at all (:func:`check_fits`) — and a training run whose
+probes during training (every learning rate at once, :func:`probe_bytes`) cannot.  It is measured against
 the process's peak RSS on the CPU (and CUDA's allocator on a GPU) in tests/test_memory.py.
 """
 
@@ -137,6 +138,21 @@ def chunking(s: RankexpConfig, device: str) -> tuple[int, str]:
     return chunk, line
 
 
+def probe_bytes(s: RankexpConfig, members: int, device: str | None = None) -> float:
+    """Memory the probes of a training run need at one probed step: ``members`` learning rates
+    probed at once, each a seed of :func:`seed_bytes` (the copy's weights and the largest
+    working set of ``task.probes``); 0 without probes."""
+    return members * seed_bytes(s, device) if s.task.probes else 0.0
+
+
+def probe_memory_line(s: RankexpConfig, members: int, device: str) -> str:
+    """The log's statement of a training run's probe memory against the device's free memory."""
+    need, free = probe_bytes(s, members, device), FREE_FRACTION * free_memory_bytes(device)
+    line = (f"≈ {gigabytes(need)} per probed step ({members} × {gigabytes(need / max(members, 1))}), "
+            f"{FREE_FRACTION:.0%} of free memory {gigabytes(free)}")
+    return line + ("; MORE than free: the probes may run out of memory" if need > free else "")
+
+
 def check_fits(s: RankexpConfig) -> None:
     """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
     down to one, never below): the estimate against the device's whole memory.
@@ -147,6 +163,18 @@ def check_fits(s: RankexpConfig) -> None:
     from .config import ConfigError, MeasureTask
     from .models.families import family_of
 
+    from .config import TrainTask
+
+    if isinstance(s.task, TrainTask) and s.task.probe_schedule() and family_of(s).checks_fit:
+        members = 1 if s.lr is not None else len(s.task.lrs)
+        need, (total, what) = probe_bytes(s, members), total_memory_bytes(s.device)
+        if need > total:
+            raise ConfigError(
+                f"invalid config: the probes of task.probe_every/probe_steps need ≈ {gigabytes(need)} "
+                f"at each probed step ({members} learning rates × {gigabytes(need / members)}; "
+                f"estimate), more than {what} has: {gigabytes(total)} — fewer learning rates, "
+                "smaller width/depth, or lighter task.probes")
+        return
     if not isinstance(s.task, MeasureTask) or not family_of(s).checks_fit:
         return
     need = seed_bytes(s)

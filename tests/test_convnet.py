@@ -191,12 +191,12 @@ def test_configs_of_the_family_are_checked_before_any_run():
                 "task.probes=[init_gradient_norms,layer_response]")
     assert ok.model.residual is False and ok.depth == 56
     config("model=cifar_resnet", "depth=8", "task=train", "task.lrs=[0.1]", "task.probes=[lesion]")
+    # every learning rate of a sweep is probed (issue 21): no one-rate restriction
+    config("model=cifar_resnet", "depth=8", "task=train", "task.lrs=[0.1,0.05]", "task.probes=[lesion]")
     for overrides, match in (
         (["model=cifar_resnet", "depth=21", "task.probes=[init_gradient_norms]"], "6n\\+2"),
         (["model=cifar_resnet", "depth=20"], "not probes of model=cifar_resnet"),  # MLP defaults
         (["model=cifar_resnet", "depth=20", "task.probes=[lesion]"], "trained network"),
-        (["model=cifar_resnet", "depth=20", "task=train", "task.lrs=[0.1,0.05]",
-          "task.probes=[lesion]"], "one learning rate"),
         (["task.probes=[layer_response]"], "need model=cifar_resnet"),
         (["model=plain", "task.probes=[init_gradient_norms]"], "need model=cifar_resnet"),
         (["model=cifar_resnet", "model.base_width=0", "task.probes=[layer_response]"], "base_width"),

@@ -20,6 +20,8 @@ NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
 #: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
 #: they existed still match (resume skips them) — a config with default bias/init is unchanged
 LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}
+#: ``task.*`` knobs added after v1, by task: at these defaults they stay out of the hash
+LATER_TASK_KNOB_DEFAULTS = {"train": {"probe_every": None, "probe_steps": None}}
 
 
 def resolved_container(cfg: DictConfig) -> dict[str, Any]:
@@ -42,6 +44,10 @@ def config_hash(container: dict[str, Any]) -> str:
         semantic.pop("lr", None)
         # seed chunking never changes a number (tested), so the budget is not part of the hash
         semantic["task"] = {k: v for k, v in semantic["task"].items() if k != "max_memory_gb"}
+    task = semantic.get("task")
+    later = LATER_TASK_KNOB_DEFAULTS.get(task.get("name")) if isinstance(task, dict) else None
+    if later:
+        semantic["task"] = {k: v for k, v in task.items() if not (k in later and v == later[k])}
     if isinstance(semantic.get("task"), dict) and "options" in semantic["task"]:
         # an option at its declared default adds nothing: v1's `options: {}` keeps its hash
         semantic["task"] = {**semantic["task"], "options": given_options(semantic["task"]["options"])}

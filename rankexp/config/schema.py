@@ -291,10 +291,23 @@ class TrainTask:
     clean_train_images: int = default("task.clean_train_images")
     probes: list[str] = field(default_factory=list)
     options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
+    probe_every: int | None = default("task.probe_every")
+    #: a list of steps or the string ``log`` (:func:`probe_schedule`)
+    probe_steps: Any = default("task.probe_steps")
+
+    def total_steps(self) -> int:
+        """Optimizer steps of the run: ``steps``, or ``epochs`` × ⌊50000 / batch_size⌋."""
+        return self.steps if self.steps is not None else self.epochs * (CIFAR10_COUNTS[0] // self.batch_size)
+
+    def probe_schedule(self) -> list[int]:
+        """The optimizer steps at which ``probes`` run (:func:`probe_schedule`)."""
+        return probe_schedule(self.total_steps(), self.probe_every, self.probe_steps)
 
     def __post_init__(self) -> None:
         if dataclasses.is_dataclass(self.options):  # probes read plain mappings
             self.options = dataclasses.asdict(self.options)
+        if not isinstance(self.probe_steps, (str, type(None))):  # a ListConfig from the YAML
+            self.probe_steps = list(self.probe_steps)
         if (self.steps is None) == (self.epochs is None):
             raise _bad("task.steps/task.epochs", (self.steps, self.epochs),
                        "set exactly one: task.steps (optimizer steps) or task.epochs "
@@ -340,6 +353,52 @@ class TrainTask:
         if not self.divergence_factor > 1:
             raise _bad("task.divergence_factor", self.divergence_factor,
                        "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
+        self.probe_schedule()  # refuses a bad probe_every / probe_steps
+        if (self.probe_every is not None or self.probe_steps is not None) and not self.probes:
+            raise _bad("task.probe_every/task.probe_steps", (self.probe_every, self.probe_steps),
+                       "schedules task.probes, which is empty: list them, e.g. "
+                       "'task.probes=[io_jacobian,branch_ratio]'")
+
+
+#: mantissas of ``task.probe_steps=log``: steps m·10^k (1, 2, 5, 10, 20, 50, …)
+LOG_PROBE_MANTISSAS = (1, 2, 5)
+
+
+def probe_schedule(steps: int, every: int | None, at: Any) -> list[int]:
+    """The optimizer steps at which a training run's probes run, ascending (step 0 = the initial
+    network, step s = after s updates).
+
+    * ``every=N``: 0, N, 2N, … and ``steps`` (the trained network) — e.g. N = 50, steps = 300:
+      0, 50, …, 300;
+    * ``at="log"``: 0 and every m·10^k ≤ ``steps`` (m in :data:`LOG_PROBE_MANTISSAS`), and
+      ``steps`` — steps = 300: 0, 1, 2, 5, 10, 20, 50, 100, 200, 300;
+    * ``at=[s, …]``: those steps (sorted, duplicates dropped), each in 0 … ``steps``;
+    * neither: ``[]`` (the probes run before and after training only, as before these knobs).
+
+    Raises:
+        ConfigError: both given, N not an integer ≥ 1, a list entry not an integer in
+            0 … ``steps``, an empty list, or a string other than ``log``.
+    """
+    if every is not None and at is not None:
+        raise _bad("task.probe_every/task.probe_steps", (every, at),
+                   "set one of them (probe_every=N: every N steps; probe_steps=[…] or log)")
+    if every is not None:
+        if isinstance(every, bool) or not (isinstance(every, int) and every >= 1):
+            raise _bad("task.probe_every", every, "must be an integer ≥ 1 (or null)")
+        return sorted({*range(0, steps + 1, every), steps})
+    if at is None:
+        return []
+    if isinstance(at, str):
+        if at != "log":
+            raise _bad("task.probe_steps", at, "a list of steps [0,100,…], log, or null")
+        decades = range(len(str(steps)))
+        return sorted({0, steps} | {m * 10**k for k in decades for m in LOG_PROBE_MANTISSAS
+                                    if m * 10**k <= steps})
+    bad_steps = [v for v in at if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= steps]
+    if not at or bad_steps:
+        raise _bad("task.probe_steps", list(at), f"must be a non-empty list of integer steps in "
+                   f"0 … {steps} (task.steps), or log")
+    return sorted(set(at))
 
 
 @dataclass

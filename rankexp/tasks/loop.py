@@ -160,7 +160,10 @@ class TrainResult:
             test accuracy ≥ ``stable_accuracy`` (0.4, Table 5); None if none did.
         wall_time_s: training wall time over all calls (resumes included), seconds.
         steps_per_s: sweep steps (one step of every member) per second of training in
-            this call; evaluation and checkpoint writing are not counted.
+            this call; evaluation, checkpoint writing and probes are not counted.
+        probes: step → what ``on_probe`` returned there (host values), for every step of
+            ``probe_at`` done so far — resumed ones from the checkpoint.
+        probe_seconds: wall time in ``on_probe`` over all calls (resumes included), seconds.
     """
 
     lrs: list[float]
@@ -180,6 +183,8 @@ class TrainResult:
     max_stable_lr: float | None
     wall_time_s: float
     steps_per_s: float
+    probes: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    probe_seconds: float = 0.0
 
 
 def _summarize(
@@ -397,6 +402,8 @@ def train(
     divergence_factor: float = DIVERGENCE_FACTOR,
     stop_after: int | None = None,
     recipe: Recipe = ADAM,
+    probe_at: Sequence[int] = (),
+    on_probe: Callable[[int], dict[str, Tensor]] | None = None,
 ) -> TrainResult:
     """Train every member of ``classifier`` at its own learning rate, as one model.
 
@@ -440,6 +447,10 @@ def train(
         stop_after: end this call after this many (global) steps *without* writing a
             checkpoint, as if the process were killed there (tests).
         recipe: optimizer, schedule and batch transform (:class:`~rankexp.tasks.optim.Recipe`).
+        probe_at, on_probe: ``on_probe(step)`` is called after step ``step`` of ``probe_at``
+            (0: before the first), before that step's checkpoint; what it returns (CPU tensors)
+            is kept in the checkpoint and in :attr:`TrainResult.probes`.  It must leave the
+            model, the optimizer and the RNG as it found them (:mod:`rankexp.tasks.probing`).
 
     Returns:
         :class:`TrainResult`.
@@ -460,9 +471,10 @@ def train(
         eval_batch_size=int(eval_batch_size), autocast_bf16=bool(autocast_bf16),
         compile=bool(compile), cuda_graphs=bool(cuda_graphs),
         divergence_factor=float(divergence_factor), recipe=recipe, progress=bool(progress),
+        probe_at=frozenset(int(p) for p in probe_at) if on_probe is not None else frozenset(),
     )
     lrs = _check_arguments(classifier, data, lrs, plan)
-    loop = _Loop(classifier, data, lrs, int(seed), plan, on_log)
+    loop = _Loop(classifier, data, lrs, int(seed), plan, on_log, on_probe)
     start = loop.resume()
     end = plan.steps if stop_after is None else max(start, min(plan.steps, int(stop_after)))
     loop.run(start, end)
@@ -486,6 +498,7 @@ class _Plan:
     divergence_factor: float
     recipe: Recipe
     progress: bool
+    probe_at: frozenset[int] = frozenset()
 
 
 def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float], plan: _Plan
@@ -529,14 +542,17 @@ class _History:
     test_acc: list[np.ndarray] = field(default_factory=list)
     elapsed_before: float = 0.0
     warned: set[int] = field(default_factory=set)  # members whose divergence was logged
+    probes: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    probe_seconds: float = 0.0
 
 
 class _Loop:
     """One :func:`train` call: setup, resume, the steps with their bookkeeping, the result."""
 
     def __init__(self, model: nn.Module, data: DeviceDataset, lrs: list[float], seed: int,
-                 plan: _Plan, on_log):
+                 plan: _Plan, on_log, on_probe=None):
         self.model, self.data, self.lrs, self.plan, self.on_log = model, data, lrs, plan, on_log
+        self.on_probe = on_probe
         self.device = data.device
         self.sampler = BatchSampler(data.y_train.shape[0], plan.batch_size, seed, self.device)
         lr_vec = torch.tensor(lrs, dtype=torch.float64, device=self.device)
@@ -586,6 +602,8 @@ class _Loop:
             eval_steps=[int(s) for s in ckpt["eval_steps"]],
             test_acc=[np.asarray(a, dtype=np.float64) for a in ckpt["test_acc"]],
             elapsed_before=float(ckpt["elapsed_s"]),
+            probes={int(k): v for k, v in ckpt.get("probes", {}).items()},
+            probe_seconds=float(ckpt.get("probe_seconds", 0.0)),
         )
         log.info("resuming from %s at step %d/%d", path, start, self.plan.steps)
         return start
@@ -604,6 +622,8 @@ class _Loop:
             "eval_steps": list(h.eval_steps),
             "test_acc": [a.tolist() for a in h.test_acc],
             "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0,
+            "probes": h.probes,
+            "probe_seconds": h.probe_seconds,
         })
 
     # ---------------------------------------------------------------- the steps
@@ -633,6 +653,8 @@ class _Loop:
         self.side_time, self.call_time, self.saved_at = 0.0, 0.0, -1
         if start >= end:  # a finished checkpoint, or stop_after before it
             return
+        if start == 0 and 0 in plan.probe_at:
+            self._probe(0)  # the initial network
         step_fn = self._step_function(start)  # (graph capture counts as bookkeeping)
         self.side_time, self.logged = time.perf_counter() - self.t0, start
         self.start_step = start
@@ -670,10 +692,13 @@ class _Loop:
         reporting = evaluating or (plan.log_every is not None and done % plan.log_every == 0)
         saving = plan.checkpoint_path is not None and (
             done % plan.checkpoint_every == 0 or done == plan.steps)
-        if not (reporting or saving):
+        probing = done in plan.probe_at
+        if not (reporting or saving or probing):
             return
         _synchronize(self.device)  # so the queued steps are not timed as bookkeeping
         t_side = time.perf_counter()
+        if probing:  # before the checkpoint of this step, which then holds its result
+            self._probe(done)
         if reporting:
             self._report(done, evaluating, bar)
             self.logged = done
@@ -681,6 +706,13 @@ class _Loop:
             self.save(done)
             self.saved_at = done
         self.side_time += time.perf_counter() - t_side
+
+    def _probe(self, done: int) -> None:
+        """``on_probe(done)``, timed; its result joins the history (and so the checkpoint)."""
+        t = time.perf_counter()
+        self.history.probes[done] = self.on_probe(done)
+        _synchronize(self.device)
+        self.history.probe_seconds += time.perf_counter() - t
 
     def _report(self, done: int, evaluating: bool, bar) -> None:
         metrics = {"train_loss": self.state.loss[self.logged:done].mean(0).cpu().numpy(),
@@ -717,13 +749,15 @@ class _Loop:
         diverged_step = self.state.diverged_step.cpu().numpy()
         self._warn_diverged(diverged_step)
         step_time = self.call_time - self.side_time
-        return _summarize(
+        out = _summarize(
             self.lrs, done, done == self.plan.steps, self.state.loss[:done].cpu().numpy(),
             self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
             self.history.elapsed_before + self.call_time,
             (done - start) / step_time if step_time > 0 and done > start else 0.0,
             loss_window, stable_accuracy,
         )
+        out.probes, out.probe_seconds = dict(sorted(self.history.probes.items())), self.history.probe_seconds
+        return out
 
 
 def _lr_key(lr: float) -> str:

@@ -24,7 +24,8 @@ from ..models.mlp import ResidualMLP
 from ..probes import INIT_PROBES, ImageProbeContext
 from ..result import Measurement
 from ..seeding import subset_indices
-from . import recipes
+from ..tracking import RESULT_DIR
+from . import probing, recipes
 from .data import DeviceDataset, dataset_for
 from .loop import (  # noqa: F401  (re-exported: the loop's public names)
     DIVERGENCE_FACTOR,
@@ -39,6 +40,7 @@ from .loop import (  # noqa: F401  (re-exported: the loop's public names)
     progress_line,
     train,
 )
+from ..memory import probe_memory_line
 from .measure import run_probes
 
 if TYPE_CHECKING:
@@ -98,10 +100,14 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     if t.cuda_graphs and not graphs:
         log.warning("task.cuda_graphs=true has no effect on %s: training without CUDA graphs", device)
     out = Measurement()
+    schedule = [p for p in t.probe_schedule() if p <= steps]
     before = [p for p in t.probes if p in INIT_PROBES]
-    if before:  # the fresh network, whether or not a checkpoint is resumed below
+    if before and not schedule:  # the fresh network, whether or not a checkpoint is resumed below
         out.update(_probes(net, data, before, t.options, trained=False))
+        if len(lrs) > 1:  # (one rate: its scalars are the run's, as before)
+            log_member_series(run, lrs, [0], _member_rows(out, lrs))
     first_live: list[int] = []
+    probed_live: list[int] = []
 
     def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
         if run is None:
@@ -109,15 +115,26 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         first_live.append(step)
         if "test_acc" in metrics:
             metrics = {**metrics, "test_error": 1.0 - metrics["test_acc"]}
-        series = {f"{name}_{_lr_key(lr)}": ([step // unit], [v]) for name, values in metrics.items()
-                  for lr, v in zip(lrs, values, strict=True)}
-        run.log_metrics({}, series)
+        log_member_series(run, lrs, [step // unit], {k: np.asarray(v)[None] for k, v in metrics.items()})
 
+    def on_probe(step: int) -> dict[str, torch.Tensor]:
+        m = probing.probe_members(net, data, probing.probes_at(step, t.probes), t.options,
+                                  trained=step > 0, dtype=DTYPES[s.dtype.value])
+        values = probing.member_values(m, len(lrs))
+        probed_live.append(step)
+        log_member_series(run, lrs, [step], {k: v[None] for k, v in probing.member_scalars(values).items()})
+        return values
+
+    if schedule:
+        log.info("probes %s at %d optimizer steps (%s) on each of %d learning rates; %s",
+                 ",".join(t.probes), len(schedule), _steps_text(schedule), len(lrs),
+                 probe_memory_line(s, len(lrs), str(device)))
     res = train(model, data, lrs, steps=steps, batch_size=t.batch_size,
                 eval_every=eval_every, seed=s.seed, checkpoint_path=ckpt_file,
                 checkpoint_every=t.checkpoint_every, log_every=log_every, on_log=on_log,
                 stable_accuracy=t.stable_accuracy, divergence_factor=t.divergence_factor,
-                autocast_bf16=t.bf16, compile=t.compile, cuda_graphs=graphs, recipe=the_recipe)
+                autocast_bf16=t.bf16, compile=t.compile, cuda_graphs=graphs, recipe=the_recipe,
+                probe_at=schedule, on_probe=on_probe if schedule else None)
     out.scalars.update(best_test_accuracy=res.best_acc, best_lr=res.best_lr or float("nan"),
                        max_stable_lr=res.max_stable_lr or float("nan"), steps_per_s=res.steps_per_s,
                        train_seconds=res.wall_time_s, steps=res.steps, steps_per_epoch=per_epoch)
@@ -137,8 +154,13 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         if clean is not None:
             out.scalars[f"clean_train_error_{k}"] = float(clean[i])
     after = [p for p in t.probes if p not in INIT_PROBES]
-    if after:
-        out.update(_probes(net, data, after, t.options, trained=True))
+    if after and not schedule:
+        trained = _probes(net, data, after, t.options, trained=True)
+        out.update(trained)
+        if len(lrs) > 1:
+            log_member_series(run, lrs, [res.steps], _member_rows(trained, lrs))
+    if schedule:
+        _probe_results(out, res, lrs, probed_live, run, job_dir / RESULT_DIR)
     # points from before a resume were logged by the interrupted run: backfill them here
     resumed_before = first_live[0] if first_live else res.steps + 1
     if run is not None:
@@ -146,6 +168,49 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
                       eval_steps=res.eval_steps, test_acc=res.test_acc)
     return out
+
+
+def log_member_series(run: Any, lrs: list[float], steps: list[int] | np.ndarray,
+                      metrics: dict[str, np.ndarray]) -> None:
+    """Log per-member series: ``metrics[name]`` ``(len(steps), E)`` (column e = ``lrs[e]``) at
+    ``steps`` — the one place a member's metric is named and logged (training curves and
+    probes alike): today ``<name>_lr<lr>`` in the job's run.  No-op when ``run`` is None or
+    ``metrics`` is empty."""
+    if run is None or not metrics:
+        return
+    steps = np.asarray(steps)
+    run.log_metrics({}, {f"{name}_{_lr_key(lr)}": (steps, np.asarray(values)[:, e])
+                         for name, values in metrics.items() for e, lr in enumerate(lrs)})
+
+
+def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
+    """The per-member scalars of ``m`` as one row ``(1, E)`` each (for :func:`log_member_series`)."""
+    return {k: v[None] for k, v in probing.member_scalars(probing.member_values(m, len(lrs))).items()}
+
+
+def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: list[int], run: Any,
+                   result_dir: Path) -> None:
+    """The scheduled probes' record: their cost (``probe_seconds``, beside ``train_seconds``),
+    the per-member scalars as arrays ``probe_<name>`` ``(steps, E)`` at ``probe_steps``, one
+    ``.npz`` of per-layer arrays per step, and the series of steps probed before a resume."""
+    steps = sorted(res.probes)
+    share = res.probe_seconds / res.wall_time_s if res.wall_time_s > 0 else float("nan")
+    log.info("probes: %.1f s at %d steps, %.0f %% of the training's %.1f s (%.2f s per step probed)",
+             res.probe_seconds, len(steps), 100 * share, res.wall_time_s,
+             res.probe_seconds / max(len(steps), 1))
+    out.scalars.update(probe_seconds=res.probe_seconds, probe_share=share)
+    out.arrays["probe_steps"] = np.array(steps)
+    rows = {k: np.stack([probing.member_scalars(res.probes[st])[k].astype(np.float64) for st in steps])
+            for k in probing.member_scalars(res.probes[steps[0]])} if steps else {}
+    out.arrays.update({f"probe_{k}": v for k, v in rows.items()})
+    probing.write_arrays(result_dir, res.probes, lrs)
+    early = [i for i, st in enumerate(steps) if st not in live]
+    if early:  # probed by the interrupted run: backfilled like the training curves
+        log_member_series(run, lrs, [steps[i] for i in early], {k: v[early] for k, v in rows.items()})
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) if len(steps) <= 12 else f"{steps[0]}, {steps[1]}, …, {steps[-1]}"
 
 
 def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
