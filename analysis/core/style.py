@@ -102,6 +102,7 @@ SYMBOLS: dict[str, str] = {
     "rms_final": r"$\mathrm{rms}(h_L)$",
     "stream_kappa": r"fitted $\kappa$",
     "branch_ratio": r"$r_\ell = \|\beta J_\ell\|_F/\|I\|_F$",
+    "branch_ratio_last": r"$r_L = \|\beta J_L\|_F/\|I\|_F$",
     "nominal_ratio": r"$\beta\alpha^M$",
     "depth_factor": r"$\beta\alpha^M\sqrt{L}$",
     "accumulated_branch": r"$\|\Sigma_{l\leq k}\beta J_l\|_F/\|I\|_F$",

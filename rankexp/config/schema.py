@@ -251,7 +251,10 @@ class TrainTask:
     on the initial network before the first step, the others (``layer_response``, ``lesion``)
     on the trained one — with ``options.<probe>`` as for ``task=measure``;
     ``clean_train_images`` > 0 also evaluates that many training images without augmentation
-    at the end (``clean_train_error_lr<lr>``).
+    at the end (``clean_train_error_lr<lr>``).  With ``probe_every`` or ``probe_steps``
+    (:func:`probe_schedule`) the probes run instead at those optimizer steps on every learning
+    rate (:mod:`rankexp.tasks.probing`): per-member series ``<scalar>_lr<lr>`` (step =
+    optimizer step), ``result/probes/step_<step>.npz``, ``probe_seconds``.
 
     ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
     Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same

@@ -471,8 +471,7 @@ def train(
         eval_batch_size=int(eval_batch_size), autocast_bf16=bool(autocast_bf16),
         compile=bool(compile), cuda_graphs=bool(cuda_graphs),
         divergence_factor=float(divergence_factor), recipe=recipe, progress=bool(progress),
-        probe_at=frozenset(int(p) for p in probe_at) if on_probe is not None else frozenset(),
-    )
+        probe_at=frozenset(map(int, probe_at)) if on_probe else frozenset())
     lrs = _check_arguments(classifier, data, lrs, plan)
     loop = _Loop(classifier, data, lrs, int(seed), plan, on_log, on_probe)
     start = loop.resume()

@@ -100,14 +100,9 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     if t.cuda_graphs and not graphs:
         log.warning("task.cuda_graphs=true has no effect on %s: training without CUDA graphs", device)
     out = Measurement()
-    schedule = [p for p in t.probe_schedule() if p <= steps]
-    before = [p for p in t.probes if p in INIT_PROBES]
-    if before and not schedule:  # the fresh network, whether or not a checkpoint is resumed below
-        out.update(_probes(net, data, before, t.options, trained=False))
-        if len(lrs) > 1:  # (one rate: its scalars are the run's, as before)
-            log_member_series(run, lrs, [0], _member_rows(out, lrs))
+    probes = _Probing(s, net, data, lrs, run, steps, device)
+    probes.before(out)  # the fresh network, whether or not a checkpoint is resumed below
     first_live: list[int] = []
-    probed_live: list[int] = []
 
     def on_log(step: int, metrics: dict[str, np.ndarray]) -> None:
         if run is None:
@@ -117,24 +112,12 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
             metrics = {**metrics, "test_error": 1.0 - metrics["test_acc"]}
         log_member_series(run, lrs, [step // unit], {k: np.asarray(v)[None] for k, v in metrics.items()})
 
-    def on_probe(step: int) -> dict[str, torch.Tensor]:
-        m = probing.probe_members(net, data, probing.probes_at(step, t.probes), t.options,
-                                  trained=step > 0, dtype=DTYPES[s.dtype.value])
-        values = probing.member_values(m, len(lrs))
-        probed_live.append(step)
-        log_member_series(run, lrs, [step], {k: v[None] for k, v in probing.member_scalars(values).items()})
-        return values
-
-    if schedule:
-        log.info("probes %s at %d optimizer steps (%s) on each of %d learning rates; %s",
-                 ",".join(t.probes), len(schedule), _steps_text(schedule), len(lrs),
-                 probe_memory_line(s, len(lrs), str(device)))
     res = train(model, data, lrs, steps=steps, batch_size=t.batch_size,
                 eval_every=eval_every, seed=s.seed, checkpoint_path=ckpt_file,
                 checkpoint_every=t.checkpoint_every, log_every=log_every, on_log=on_log,
                 stable_accuracy=t.stable_accuracy, divergence_factor=t.divergence_factor,
                 autocast_bf16=t.bf16, compile=t.compile, cuda_graphs=graphs, recipe=the_recipe,
-                probe_at=schedule, on_probe=on_probe if schedule else None)
+                probe_at=probes.schedule, on_probe=probes.on_probe if probes.schedule else None)
     out.scalars.update(best_test_accuracy=res.best_acc, best_lr=res.best_lr or float("nan"),
                        max_stable_lr=res.max_stable_lr or float("nan"), steps_per_s=res.steps_per_s,
                        train_seconds=res.wall_time_s, steps=res.steps, steps_per_epoch=per_epoch)
@@ -144,6 +127,18 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         x, y = (data.x_train, data.y_train) if idx is None else (
             data.x_train[idx.to(device)], data.y_train[idx.to(device)])
         clean = 1.0 - evaluate(model, x, y, autocast_bf16=t.bf16).cpu().numpy()
+    _per_lr_scalars(out, res, lrs, clean)
+    probes.after(out, res, job_dir / RESULT_DIR)
+    # points from before a resume were logged by the interrupted run: backfill them here
+    resumed_before = first_live[0] if first_live else res.steps + 1
+    if run is not None:
+        run.log_metrics({}, _backfill(res, lrs, resumed_before, log_every, unit))
+    out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
+                      eval_steps=res.eval_steps, test_acc=res.test_acc)
+    return out
+
+
+def _per_lr_scalars(out: Measurement, res: TrainResult, lrs: list[float], clean: np.ndarray | None) -> None:
     for i, lr in enumerate(lrs):
         k = _lr_key(lr)
         out.scalars[f"final_test_acc_{k}"] = float(res.final_test_acc[i])
@@ -153,21 +148,53 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         out.scalars[f"diverged_{k}"] = float(res.diverged[i])
         if clean is not None:
             out.scalars[f"clean_train_error_{k}"] = float(clean[i])
-    after = [p for p in t.probes if p not in INIT_PROBES]
-    if after and not schedule:
-        trained = _probes(net, data, after, t.options, trained=True)
-        out.update(trained)
-        if len(lrs) > 1:
-            log_member_series(run, lrs, [res.steps], _member_rows(trained, lrs))
-    if schedule:
-        _probe_results(out, res, lrs, probed_live, run, job_dir / RESULT_DIR)
-    # points from before a resume were logged by the interrupted run: backfill them here
-    resumed_before = first_live[0] if first_live else res.steps + 1
-    if run is not None:
-        run.log_metrics({}, _backfill(res, lrs, resumed_before, log_every, unit))
-    out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
-                      eval_steps=res.eval_steps, test_acc=res.test_acc)
-    return out
+
+
+class _Probing:
+    """The run's ``task.probes``: before and after training (no schedule; with several rates
+    their per-member scalars also go to the member series at steps 0 and the last), or at the
+    optimizer steps of ``task.probe_every`` / ``probe_steps`` on every rate
+    (:mod:`rankexp.tasks.probing`), logged live and, for steps before a resume, backfilled."""
+
+    def __init__(self, s: RankexpConfig, net: nn.Module, data: DeviceDataset, lrs: list[float],
+                 run: Any, steps: int, device: torch.device):
+        self.s, self.net, self.data, self.lrs, self.run = s, net, data, lrs, run
+        self.schedule = [p for p in s.task.probe_schedule() if p <= steps]
+        self.live: list[int] = []
+        if self.schedule:
+            log.info("probes %s at %d optimizer steps (%s) on each of %d learning rates; %s",
+                     ",".join(s.task.probes), len(self.schedule), _steps_text(self.schedule),
+                     len(lrs), probe_memory_line(s, len(lrs), str(device)))
+
+    def before(self, out: Measurement) -> None:
+        t = self.s.task
+        before = [p for p in t.probes if p in INIT_PROBES]
+        if before and not self.schedule:
+            out.update(_probes(self.net, self.data, before, t.options, trained=False))
+            if len(self.lrs) > 1:  # (one rate: its scalars are the run's, as before)
+                log_member_series(self.run, self.lrs, [0], _member_rows(out, self.lrs))
+
+    def on_probe(self, step: int) -> dict[str, torch.Tensor]:
+        t = self.s.task
+        m = probing.probe_members(self.net, self.data, probing.probes_at(step, t.probes), t.options,
+                                  trained=step > 0, dtype=DTYPES[self.s.dtype.value])
+        values = probing.member_values(m, len(self.lrs))
+        self.live.append(step)
+        log_member_series(self.run, self.lrs, [step],
+                          {k: v[None] for k, v in probing.member_scalars(values).items()})
+        return values
+
+    def after(self, out: Measurement, res: TrainResult, result_dir: Path) -> None:
+        t = self.s.task
+        if self.schedule:
+            _probe_results(out, res, self.lrs, self.live, self.run, result_dir)
+            return
+        after = [p for p in t.probes if p not in INIT_PROBES]
+        if after:
+            trained = _probes(self.net, self.data, after, t.options, trained=True)
+            out.update(trained)
+            if len(self.lrs) > 1:
+                log_member_series(self.run, self.lrs, [res.steps], _member_rows(trained, self.lrs))
 
 
 def log_member_series(run: Any, lrs: list[float], steps: list[int] | np.ndarray,
