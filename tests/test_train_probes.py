@@ -229,3 +229,41 @@ def test_task_logs_a_series_per_lr_and_a_resumed_job_backfills_it(tmp_path, monk
     for name, pts in whole.points.items():
         if name.startswith(("erank_io", "branch_ratio")):
             assert resumed.points[name] == pts, name
+
+
+def test_convnet_training_with_probes_keeps_bn_statistics_and_weights():
+    """A ConvNet probed at every step (BN in training mode at 0, as tested later; lesion runs
+    the test set through it) trains bit-identically: running statistics and weights equal."""
+    from rankexp.models.convnet import CifarResNet
+
+    data = synthetic(n_train=64, n_test=16)
+    kw = dict(KW, steps=4, eval_every=2)
+    opts = {"layer_response": {"images": 16, "batch": 16}, "lesion": {"images": 16},
+            "init_gradient_norms": {"batch": 16}}
+    probes = ["init_gradient_norms", "layer_response", "lesion"]
+
+    def net():
+        return CifarResNet(8, base_width=4, seeds=[3, 3], dtype=torch.float32)
+
+    plain, probed = net(), net()
+    ref = train(plain, data, [1e-3, 1e-2], **kw)
+
+    def on_probe(step):
+        m = probing.probe_members(probed, data, probing.probes_at(step, probes), opts, trained=step > 0)
+        return probing.member_values(m, 2)
+
+    res = train(probed, data, [1e-3, 1e-2], probe_at=range(5), on_probe=on_probe, **kw)
+    assert np.array_equal(ref.loss, res.loss)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, probed.state_dict()[k]), k
+    assert "response_std_mean" in res.probes[4] and res.probes[4]["response_std_mean"].shape == (2,)
+    # the check sees a probe that runs the network itself in training mode (BN statistics move)
+    touched = net()
+
+    def in_place(step):
+        with torch.no_grad():
+            touched(data.x_test[:8])
+        return {}
+
+    train(touched, data, [1e-3, 1e-2], probe_at=[2], on_probe=in_place, **kw)
+    assert not all(torch.equal(v, touched.state_dict()[k]) for k, v in plain.state_dict().items())
