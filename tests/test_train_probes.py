@@ -267,3 +267,15 @@ def test_convnet_training_with_probes_keeps_bn_statistics_and_weights():
 
     train(touched, data, [1e-3, 1e-2], probe_at=[2], on_probe=in_place, **kw)
     assert not all(torch.equal(v, touched.state_dict()[k]) for k, v in plain.state_dict().items())
+
+
+def test_probes_leave_the_global_rng_where_it_was():
+    """The representation probe draws inputs; under the forked RNG the global stream (which a
+    recipe's transform could read) is where it was — and a draw outside the fork is seen."""
+    net = model().stack
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    probing.probe_members(net, synthetic(), PROBES, {}, trained=False, dtype=torch.float64)
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.randn(1)
+    assert not torch.equal(torch.get_rng_state(), before)
