@@ -155,15 +155,15 @@ def probe_memory_line(s: RankexpConfig, members: int, device: str) -> str:
 
 def check_fits(s: RankexpConfig) -> None:
     """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
-    down to one, never below): the estimate against the device's whole memory.
+    down to one, never below): the estimate against the device's whole memory — and a training
+    run with probes during training whose learning rates, probed at once (:func:`probe_bytes`),
+    cannot.
 
     Raises:
         ConfigError: the estimate, what it is made of and the limit.
     """
-    from .config import ConfigError, MeasureTask
+    from .config import ConfigError, MeasureTask, TrainTask
     from .models.families import family_of
-
-    from .config import TrainTask
 
     if isinstance(s.task, TrainTask) and s.task.probe_schedule() and family_of(s).checks_fit:
         members = 1 if s.lr is not None else len(s.task.lrs)

@@ -179,7 +179,7 @@ class Recorder:
 
     def log_metrics(self, scalars, series):
         for name, (steps, values) in series.items():
-            self.points.setdefault(name, {}).update(zip(map(int, steps), map(float, values)))
+            self.points.setdefault(name, {}).update(zip(map(int, steps), map(float, values), strict=True))
 
     def log_dataset(self, *a, **k):
         pass

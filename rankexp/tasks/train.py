@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..locations import cache_path
+from ..memory import probe_memory_line
 from ..models import DTYPES, build_model
 from ..models.classifier import NUM_CLASSES, Classifier  # noqa: F401  (re-exported)
 from ..models.convnet import CifarResNet
@@ -40,7 +41,6 @@ from .loop import (  # noqa: F401  (re-exported: the loop's public names)
     progress_line,
     train,
 )
-from ..memory import probe_memory_line
 from .measure import run_probes
 
 if TYPE_CHECKING:
