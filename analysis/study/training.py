@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.tracking import metric_history
-
 from ..core import style
 from ..core.runner import Command, set_experiment_default
+from ..core.runs import cached_series
 from ..core.seeds import pooled
 from ..core.select import (
     PLACEMENT,
@@ -402,7 +401,8 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
     rows = []
     for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
         for metric in ("test_acc", "train_loss"):
-            steps, values = metric_history(uri, run["run_id"], f"{metric}_lr{k}")
+            got = cached_series(uri, run["run_id"], f"{metric}_lr{k}")  # its member's, or its own
+            steps, values = got if got is not None else ((), ())
             rows += [(lr, metric, int(s), float(v)) for s, v in zip(steps, values, strict=True)]
     return pd.DataFrame(rows, columns=["lr", "metric", "step", "value"])
 
