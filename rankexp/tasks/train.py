@@ -131,10 +131,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         x, y = (data.x_train, data.y_train) if idx is None else (
             data.x_train[idx.to(device)], data.y_train[idx.to(device)])
         clean = 1.0 - evaluate(model, x, y, autocast_bf16=t.bf16).cpu().numpy()
-    finals = {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
-              "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
-              "diverged": res.diverged.astype(np.float64),
-              **({"clean_train_error": clean} if clean is not None else {})}
+    finals = _finals(res, clean)
     for name, values in finals.items():  # the config's row keeps them (one row per config)
         out.scalars.update({f"{name}_{_lr_key(lr)}": float(v) for lr, v in zip(lrs, values, strict=True)})
     after = [p for p in t.probes if p not in INIT_PROBES]
@@ -148,6 +145,16 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
                       eval_steps=res.eval_steps, test_acc=res.test_acc)
     return out
+
+
+def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Each member's final scalars, ``{name: (members,)}``: test accuracy and error at the last
+    evaluation, the best test accuracy, the final train loss, diverged (0/1) and, given
+    ``clean`` (the error on un-augmented train images), ``clean_train_error``."""
+    return {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
+            "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
+            "diverged": res.diverged.astype(np.float64),
+            **({"clean_train_error": clean} if clean is not None else {})}
 
 
 def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,

@@ -87,6 +87,7 @@ from .ownership import (  # noqa: F401
     Claim,
     Heartbeat,
     _claim_order,
+    _close_orphans,
     _describe,
     _live_rivals,
     _pid_start,
@@ -121,6 +122,7 @@ from .read import (  # noqa: F401
     MEMBERS_ATTR,
     _rest_history_bulk,
     _sql_history_bulk,
+    _sql_members,
     _sql_runs_table,
     download_artifact,
     experiment_names,
@@ -197,6 +199,7 @@ from .sweep import (  # noqa: F401
 )
 from .write import (  # noqa: F401
     _ILLEGAL_KEY_CHARS,
+    _JOB_ONLY_TAGS,
     DATASET_DIGEST_CHARS,
     MAX_KEY_LENGTH,
     SYSTEM_METRICS_S,
@@ -204,6 +207,8 @@ from .write import (  # noqa: F401
     RunLogger,
     StoreRefused,
     TrackingLost,
+    _journal_lines,
+    _member_points,
     _points,
     attach_files,
     log_now,
