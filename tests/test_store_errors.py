@@ -70,8 +70,9 @@ def fill(disk: Path) -> None:
 def all_runs(uri: str, experiment: str = "rankexp"):
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
-    return [] if exp is None else c.search_runs([exp.experiment_id], run_view_type=ViewType.ALL,
+    runs = [] if exp is None else c.search_runs([exp.experiment_id], run_view_type=ViewType.ALL,
                                                 max_results=10_000)
+    return [r for r in runs if r.data.tags.get("rankexp.role") != "member"]  # job runs only
 
 
 def sync(*args: str, cwd: Path) -> subprocess.CompletedProcess:
