@@ -314,3 +314,37 @@ def test_a_saved_figure_is_attached_to_its_runs_sweep_parent(store, tmp_path, ca
         again = style.save(fig, tmp_path / "out2", "demo")
     assert all(p.is_file() for p in again) and all(p.is_file() for p in paths)
     assert "could not attach demo.png, demo.pdf" in caplog.text and "read-only" in caplog.text
+
+
+def test_an_offline_training_job_synced_later_has_the_same_member_runs(store, tmp_path):
+    """The store down for the whole job: its member series go to the journal
+    (``metrics.jsonl``) only; ``rankexp.sync`` then logs the run *and* its members, whose
+    series equal those of the same config trained online."""
+    from rankexp.app import save_result
+    from rankexp.sync import Syncer
+
+    uri, exp = store
+    online_dir, job_dir = tmp_path / "online", tmp_path / "job"
+    online_dir.mkdir(), job_dir.mkdir()
+    online = run_job(online_dir, uri, exp, chash="online")
+    journal = tracking.Journal(job_dir / tracking.JOURNAL_FILE)  # what app uses offline
+    out = train_task.task_train(settings(job_dir), torch.device("cpu"), job_dir, journal, "off")
+    save_result(job_dir / tracking.RESULT_DIR, out, {"config_hash": "off", "run_id": None})
+    tracking.write_json(job_dir / tracking.RUN_FILE, {
+        "uri": uri, "experiment": "rankexp", "experiment_id": exp, "run_name": "post·L2·train",
+        "params": {"depth": 2}, "tags": {"config_hash": "off"}, "config_hash": "off"})
+    outcome, run_id = Syncer().sync(job_dir)
+    assert outcome == "logged"
+    got = by_lr(members_of(uri, exp, run_id))
+    want = by_lr(members_of(uri, exp, online.run_id))
+    assert sorted(got) == list(LRS)
+    for lr in LRS:
+        assert got[lr].info.status == "FINISHED"
+        assert got[lr].info.run_name == want[lr].info.run_name
+        for name in SERIES:
+            assert history(uri, got[lr].info.run_id, name) == history(uri, want[lr].info.run_id, name)
+        assert got[lr].data.metrics["final_test_acc"] == want[lr].data.metrics["final_test_acc"]
+    synced = client(uri).get_run(run_id).data.metrics
+    assert not any(k.startswith("train_loss") for k in synced)  # the series are the members'
+    assert synced["best_test_accuracy"] == client(uri).get_run(online.run_id).data.metrics[
+        "best_test_accuracy"]
