@@ -46,6 +46,19 @@ Schema of one run (one Hydra job):
   ``tracking.tags`` (on every run), ``tracking.note`` (``mlflow.note.content``: the runs'
   description, above the command line on a sweep's parent) and ``tracking.description`` (the
   experiment's ``mlflow.note.content`` tag);
+* a training run's learning rates: one *member* run each, nested under it
+  (``mlflow.parentRunId`` = the training run), named ``<run name>·lr1e-3``, tagged
+  ``rankexp.role=member`` and ``rankexp.lr`` (``f"{lr:g}"``, the ``<k>`` of the training run's
+  ``…_lr<k>`` names), with the config's params plus ``lr`` and no ``config_hash`` (no claimant,
+  no job); its series under plain names (``train_loss``, ``train_error``, ``test_acc``,
+  ``test_error``, and any other per-member quantity: :meth:`RunLogger.log_member_series`, the
+  one path) and its finals (``final_test_acc``, …; step 0).  The training run keeps the
+  config's summary and its per-LR finals ``final_test_acc_lr<k>``, …; its members end with it
+  (:meth:`RunLogger.finish` / :meth:`RunLogger.end`, :func:`close_run`, :func:`reconcile` for
+  an orphan, :func:`supersede` deletes them with it); :func:`runs_table` leaves them out and
+  lists them in ``attrs[MEMBERS_ATTR]``;
+* a sweep's parent run also holds, under ``figures/``, every figure and table the analysis
+  drew from its runs (:func:`attach_files`);
 * a training run's inputs and resources: the dataset input ``CIFAR-10`` (digest: the decoded
   cache's SHA-256, :meth:`RunLogger.log_dataset`) and MLflow's system metrics ``system/…``
   (:meth:`RunLogger.system_metrics`).
