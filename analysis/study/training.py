@@ -13,8 +13,8 @@ Commands (``python -m analysis <command> --help``):
 * ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
 
 Runs are read with :func:`analysis.core.runs.load_runs` (per-step series with
-:func:`rankexp.tracking.metric_history`); a cell holding several runs (seeds) shows their
-mean.  An unknown experiment, an experiment without finished runs, or a missing
+:func:`analysis.core.runs.cached_series`: a member run's, or the run's own); a cell holding
+several runs (seeds) shows their mean.  An unknown experiment, an experiment without finished runs, or a missing
 param/metric raises :class:`~analysis.core.select.SelectionError`, which ``python -m
 analysis`` turns into a message and exit status 2.
 """

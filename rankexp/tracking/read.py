@@ -67,14 +67,14 @@ def runs_table(
     return df
 
 
-def member_runs(uri: str | None, run_ids: list[str]) -> dict[str, dict[str, str]]:
+def member_runs(uri: str | None, run_ids: list[str], bulk: bool = True) -> dict[str, dict[str, str]]:
     """``{training run id: {rankexp.lr tag: member run id}}`` of the active member runs of
-    ``run_ids`` (runs without members are absent): one query per 500 runs on a database store,
-    else one search per run."""
+    ``run_ids`` (runs without members are absent): one query per 500 runs on a database store
+    (unless not ``bulk``), else one search per run (a tracking server)."""
     client = _client(resolve_uri(uri))
     store = client._tracking_client.store
     out: dict[str, dict[str, str]] = {}
-    if hasattr(store, "engine"):
+    if bulk and hasattr(store, "engine"):
         for parent, lr, rid in _sql_members(store.engine, list(run_ids)):
             out.setdefault(parent, {})[lr] = rid
         return out
