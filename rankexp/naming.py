@@ -105,3 +105,19 @@ def sweep_name(experiment: str | None, size: str, started: datetime.datetime | N
     started = started or datetime.datetime.now()
     parts = [experiment or "sweep"] + ([size] if size and size != "full" else [])
     return SEP.join(parts) + f"·{started:%Y-%m-%d %H:%M:%S}"
+
+
+def lr_label(lr: float) -> str:
+    """A learning rate as a short label: ``lr1e-3``, ``lr3e-4``, ``lr2.5e-4`` below 0.01 (a
+    mantissa of ≤ 3 significant digits and the power of ten), ``lr0.01``, ``lr0.1``, ``lr1``
+    from there up (``:g``)."""
+    if lr == 0 or abs(lr) >= 0.01:
+        return f"lr{lr:g}"
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def member_name(run_name: str, lr: float) -> str:
+    """The run of one learning-rate member of a batched training run: its training run's name
+    and :func:`lr_label` (``post·α1·L48·train·lr1e-3``)."""
+    return f"{run_name}{SEP}{lr_label(lr)}"

@@ -7,7 +7,8 @@ job whose config the store lacks (no FINISHED run with its ``config_hash`` in it
 exactly as the live job would have: the same run name, params, tags (plus
 ``rankexp.synced_from``), metrics (scalars, series, and the points the task logged while
 running, from ``metrics.jsonl``), artifacts (``result/``), start and end times, nested under
-its sweep's parent run when that is in the same store.
+its sweep's parent run when that is in the same store — and a training run's learning-rate
+member runs (the journal's ``members`` and ``member`` lines), nested under it.
 
 It is idempotent by config hash: run twice, the second finds every config FINISHED and adds
 nothing.  Like a live job it claims each config in the store before logging it
@@ -124,8 +125,14 @@ class Syncer:
         """Log the job's points, result and artifacts into its claimed run; supersede the run
         the outage cut short."""
         status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
-        for stamp, points in tracking.read_journal(job_dir / tracking.JOURNAL_FILE):
+        journal = job_dir / tracking.JOURNAL_FILE
+        for stamp, points in tracking.read_journal(journal):
             logger._send(points, {}, timestamp=stamp)
+        lrs, member_points = tracking.read_member_journal(journal)
+        if lrs:  # a training run's learning-rate members: runs of their own, as live
+            logger.open_members(lrs)
+            for stamp, i, points in member_points:
+                logger._send_members([points if j == i else [] for j in range(len(lrs))], stamp)
         series = {k: (v["steps"], v["values"]) for k, v in result["series"].items()}
         logger.finish(result["scalars"], series, job_dir / tracking.RESULT_DIR,
                       end_time=int(1000 * status["time"]) if "time" in status else None)

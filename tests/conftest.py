@@ -40,10 +40,26 @@ def cli(tmp_path):
     return run
 
 
-def runs_in(uri: str, experiment: str = "rankexp"):
-    """All runs (any status) of ``experiment`` in the store at ``uri``, sweep parents included."""
+def member_history(uri: str, run_id: str, lr: float, key: str) -> list:
+    """The points of ``key`` (a plain name: ``train_loss``) of training run ``run_id``'s member
+    run at learning rate ``lr``, sorted by step (``[]`` when it has no such member)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_run(run_id).info.experiment_id
+    found = client.search_runs([exp], filter_string=(
+        f"tags.mlflow.parentRunId = '{run_id}' and tags.`rankexp.lr` = '{lr:g}'"))
+    if not found:
+        return []
+    return sorted(client.get_metric_history(found[0].info.run_id, key), key=lambda m: m.step)
+
+
+def runs_in(uri: str, experiment: str = "rankexp", members: bool = False):
+    """All runs (any status) of ``experiment`` in the store at ``uri``, sweep parents included;
+    training runs' learning-rate member runs only with ``members``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=10_000)
+    runs = [] if exp is None else client.search_runs([exp.experiment_id], max_results=10_000)
+    return [r for r in runs if members or r.data.tags.get("rankexp.role") != "member"]

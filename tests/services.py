@@ -177,7 +177,7 @@ def sweep_runs(uri: str, experiment: str = "rankexp"):
     exp = c.get_experiment_by_name(experiment)
     runs = [] if exp is None else c.search_runs([exp.experiment_id], max_results=10_000)
     parents = [r for r in runs if r.data.tags.get("rankexp.role") == "sweep"]
-    jobs = [r for r in runs if r.data.tags.get("rankexp.role") != "sweep"]
+    jobs = [r for r in runs if r.data.tags.get("rankexp.role") not in ("sweep", "member")]
     return parents, jobs
 
 

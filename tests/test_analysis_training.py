@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, runs_in
+from conftest import REPO, member_history, runs_in
 
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
 
@@ -328,8 +328,6 @@ def test_fig16_over_runs_of_several_alphas_averages_them_and_says_so(store, anal
 
 
 def test_curves_are_the_logged_series_of_one_run(store, analysed):
-    from mlflow.tracking import MlflowClient
-
     assert analysed["curves"]["rc"] == 0, analysed["curves"]["out"]
     run = by_cell(store.uri, "fig6_train", ("norm.placement", "depth", "alpha"))[
         key("post", 4, 2.0)
@@ -339,13 +337,9 @@ def test_curves_are_the_logged_series_of_one_run(store, analysed):
     for ext in ("png", "pdf", "csv"):
         assert (out / f"{stem}.{ext}").stat().st_size > 0
     table = pd.read_csv(out / f"{stem}.csv")
-    client = MlflowClient(store.uri)
     for lr in LRS:
         for metric in ("test_acc", "train_loss"):
-            hist = sorted(
-                client.get_metric_history(run.info.run_id, f"{metric}_lr{lr:g}"),
-                key=lambda m: m.step,
-            )
+            hist = member_history(store.uri, run.info.run_id, lr, metric)  # its member's series
             got = table[(table["metric"] == metric) & (table["lr"] == lr)]
             assert got["step"].tolist() == [m.step for m in hist] == [10, 20]
             assert got["value"].tolist() == pytest.approx([m.value for m in hist], rel=1e-12)
@@ -361,8 +355,6 @@ def test_missing_experiments_columns_and_runs_are_clear_errors(analysed, name):
 def test_train_run_logs_test_accuracy_at_eval_steps_and_a_rerun_skips_it(store):
     """One job (no multirun), in the store's directory so it shares the SQLite store (a
     fresh store's schema migration alone takes seconds)."""
-    from mlflow.tracking import MlflowClient
-
     args = (
         "task=train",
         "depth=2",
@@ -372,9 +364,8 @@ def test_train_run_logs_test_accuracy_at_eval_steps_and_a_rerun_skips_it(store):
     store(*args)
     runs = job_runs(store.uri, "one_run")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    client = MlflowClient(store.uri)
     for lr in LRS:
-        hist = client.get_metric_history(runs[0].info.run_id, f"test_acc_lr{lr:g}")
+        hist = member_history(store.uri, runs[0].info.run_id, lr, "test_acc")
         assert sorted(m.step for m in hist) == [10, 20]
         assert all(0 <= m.value <= 1 for m in hist)
         final = max(hist, key=lambda m: m.step).value

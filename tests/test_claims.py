@@ -53,8 +53,9 @@ def start_sync(*args: str, cwd: Path) -> subprocess.Popen:
 def all_runs(uri: str, experiment: str):
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
-    return [] if exp is None else c.search_runs([exp.experiment_id], run_view_type=ViewType.ALL,
+    runs = [] if exp is None else c.search_runs([exp.experiment_id], run_view_type=ViewType.ALL,
                                                 max_results=10_000)
+    return [r for r in runs if r.data.tags.get("rankexp.role") != "member"]  # job runs only
 
 
 def check_one_run_per_config(uri: str, experiment: str, label: str) -> Counter:

@@ -181,6 +181,20 @@ class Recorder:
         for name, (steps, values) in series.items():
             self.points.setdefault(name, {}).update(zip(map(int, steps), map(float, values), strict=True))
 
+    def open_members(self, lrs):
+        self.lrs = [float(lr) for lr in lrs]
+
+    def log_member_series(self, steps, metrics):
+        """Each member's plain-named points, kept as ``<name>_lr<lr>`` (its member run's)."""
+        from rankexp.tasks.train import _lr_key
+
+        steps = np.atleast_1d(np.asarray(steps))
+        for name, values in metrics.items():
+            values = np.asarray(values, dtype=float).reshape(len(steps), len(self.lrs))
+            for e, lr in enumerate(self.lrs):
+                self.points.setdefault(f"{name}_{_lr_key(lr)}", {}).update(
+                    zip(map(int, steps), map(float, values[:, e]), strict=True))
+
     def log_dataset(self, *a, **k):
         pass
 

@@ -14,6 +14,12 @@ Two ways in:
 * :func:`cached_series` (what :func:`analysis.core.select.series` calls) serves one run's series
   and, on a miss, fetches that key for every run the last :func:`load_runs` of the store
   returned — so a figure that loops over runs asking for one series each costs one query.
+
+A training run's per-learning-rate series ``<name>_lr<k>`` (``train_loss_lr0.001``) live in
+its member run at that rate as ``<name>`` (:meth:`rankexp.tracking.RunLogger.open_members`);
+both ways in resolve the training run's key to its member's — in the same bulk query — and
+fall back to the training run's own ``<name>_lr<k>`` (runs logged before members existed), so
+a reader asks for ``train_loss_lr0.001`` of the training run either way.
 """
 
 from __future__ import annotations
@@ -28,7 +34,17 @@ import numpy as np
 import pandas as pd
 
 from rankexp.locations import REPO_ROOT
-from rankexp.tracking import SEED_STD_PREFIX, metric_histories, resolve_uri, runs_table
+from rankexp.tracking import (
+    FIGURES_DIR,
+    MEMBERS_ATTR,
+    SEED_STD_PREFIX,
+    attach_files,
+    member_runs,
+    metric_histories,
+    metric_key,
+    resolve_uri,
+    runs_table,
+)
 
 log = logging.getLogger("analysis")
 
@@ -39,6 +55,9 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "analysis"
 SERIES_PREFIX = "series:"
 #: ``DataFrame.attrs`` key of a loaded table: the names of its param columns
 PARAMS_ATTR = "params"
+#: … and the store it was read from
+URI_ATTR = "uri"
+PARENT_COLUMN = "tags.mlflow.parentRunId"
 
 Series = tuple[np.ndarray, np.ndarray]
 
@@ -105,8 +124,10 @@ def load_runs(
             cols.setdefault(c[len("tags." + SEED_STD_PREFIX):] + "_std", pd.to_numeric(v, errors="coerce"))
     table = pd.concat([out, pd.DataFrame(cols)], axis=1)
     table.attrs[PARAMS_ATTR] = list(params)  # which columns are params (analysis.core.select.mixed_cells)
+    table.attrs[URI_ATTR] = resolve_uri(uri)  # where its figures are attached (attach_to_parents)
     session = _Session.of(uri, cache_dir)
     session.remember(table)
+    session.members.update(raw.attrs.get(MEMBERS_ATTR, {}))
     if series:
         got = session.fetch(list(table["run_id"]), list(series))
         extra = {series_column(k): [got.get((rid, k)) for rid in table["run_id"]] for k in series}
@@ -123,6 +144,40 @@ def cached_series(uri: str | None, run_id: str, key: str) -> Series | None:
         ids = list(dict.fromkeys([*session.end_times, run_id]))
         session.fetch(ids, [key])
     return session.memory.get((run_id, key))
+
+
+def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
+    """``(store, [sweep parent run id, …])`` of the rows of a :func:`load_runs` table (or a
+    selection of it): the store it was read from (the one store this process read, for a
+    table that lost its ``attrs``) and its runs' distinct ``mlflow.parentRunId``."""
+    uri = runs.attrs.get(URI_ATTR)
+    if uri is None and len(_Session._open) == 1:
+        uri = next(iter(_Session._open))
+    parents = runs[PARENT_COLUMN].dropna().astype(str) if PARENT_COLUMN in runs else ()
+    return uri, sorted({p for p in parents if p})
+
+
+def attach_to_parents(paths: Sequence[Path], *runs: pd.DataFrame | None) -> int:
+    """Attach the files ``paths`` (a figure's PNG/PDF/CSV, a table's markdown) to the sweep
+    parent run(s) of the ``runs`` drawn (tables of :func:`load_runs`), under ``figures/``
+    (:func:`rankexp.tracking.attach_files`).  A failure (a read-only store, an unknown run) is
+    a warning, never the figure's failure.  Returns the number of files logged (0 without
+    runs, store or parent)."""
+    stores: dict[str, set[str]] = {}
+    for table in runs:
+        if isinstance(table, pd.DataFrame):
+            uri, parents = sweep_parents(table)
+            if uri is not None and parents:
+                stores.setdefault(uri, set()).update(parents)
+    n = 0
+    for uri, parents in stores.items():
+        try:
+            n += attach_files(uri, sorted(parents), [Path(p) for p in paths], FIGURES_DIR)
+        except Exception as e:  # noqa: BLE001 — attaching is a courtesy, the files are written
+            log.warning("could not attach %s to the sweep run(s) %s: %s",
+                        ", ".join(Path(p).name for p in paths), ", ".join(sorted(parents)),
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+    return n
 
 
 def forget() -> None:
@@ -159,6 +214,9 @@ class _Session:
         self.cache: SeriesCache | None = None
         self.memory: dict[tuple[str, str], Series | None] = {}
         self.end_times: dict[str, float] = {}
+        #: training run → {``rankexp.lr`` tag: member run}; which runs were looked up
+        self.members: dict[str, dict[str, str]] = {}
+        self.looked_up: set[str] = set()
 
     @classmethod
     def of(cls, uri: str | None, cache_dir: str | Path | bool) -> _Session:
@@ -193,13 +251,36 @@ class _Session:
         if wanted:
             runs = list(dict.fromkeys(r for r, _ in wanted))
             missing = list(dict.fromkeys(k for _, k in wanted))
-            got = metric_histories(self.uri, runs, missing)
+            source = self._sources(wanted)
+            got = metric_histories(self.uri, list(dict.fromkeys(
+                [*runs, *(m for m, _ in source.values())])), list(dict.fromkeys(
+                    [*missing, *(n for _, n in source.values())])))
             for r, k in wanted:
-                self.memory[(r, k)] = got.get((r, k))
+                at = source.get((r, k))
+                self.memory[(r, k)] = (got.get(at) if at else None) or got.get((r, k))
             if self.cache is not None:
                 for r in runs:
                     self.cache.add(r, self.end_times.get(r), {k: self.memory[(r, k)] for k in missing})
         return {(r, k): self.memory[(r, k)] for r in run_ids for k in keys}
+
+
+    def _sources(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
+        """``{(training run, name_lr<k>): (member run, name)}`` for the ``wanted`` keys a
+        member holds; runs not seen in a load are looked up (one query) when asked an
+        ``_lr`` key."""
+        ask = [r for r, k in wanted if "_lr" in k and r not in self.members
+               and r not in self.looked_up]
+        if ask:
+            ask = list(dict.fromkeys(ask))
+            self.members.update(member_runs(self.uri, ask))
+            self.looked_up.update(ask)
+        out = {}
+        for r, k in wanted:
+            for lr, member in self.members.get(r, {}).items():
+                suffix = "_" + metric_key(f"lr{lr}")
+                if k.endswith(suffix) and len(k) > len(suffix):
+                    out[(r, k)] = (member, k[: -len(suffix)])
+        return out
 
 
 class SeriesCache:

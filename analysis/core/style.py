@@ -36,6 +36,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
 from rankexp.knobs import KNOBS  # noqa: E402
 
+from .runs import attach_to_parents  # noqa: E402
+
 ONE_COLUMN = 3.4  # inches: one column of a two-column paper
 TWO_COLUMN = 7.0  # inches: the full text width
 PAGE_HEIGHT = 8.5  # inches: the tallest figure a page takes with its caption
@@ -403,6 +405,8 @@ def caption(
     Returns the Text (``gid="caption"``), wrapped to the figure's width at ``·`` breaks.
     """
     parts = caption_parts(df, experiments, extra)
+    # the runs drawn: save attaches the files to their sweeps' parent runs
+    fig._rankexp_runs = [*getattr(fig, "_rankexp_runs", []), df]
     per_line = max(40, int(fig.get_figwidth() * 72 / (0.48 * CAPTION_FONTSIZE)))
     lines, line = [], ""
     for p in parts:
@@ -452,7 +456,9 @@ def recording() -> Iterator[list]:
 def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
     """Save ``fig`` as PNG and PDF (and ``table`` as CSV) under ``out_dir``; return the paths.
 
-    A figure without a :func:`caption` line is saved but logged as a warning.
+    A figure without a :func:`caption` line is saved but logged as a warning.  The files are
+    also attached to the sweep parent run(s) of the runs its caption counts (artifacts under
+    ``figures/``: :func:`analysis.core.runs.attach_to_parents`; a failure only warns).
     """
     if not captions(fig):
         log.warning("figure %s has no caption line (analysis.core.style.caption)", stem)
@@ -471,4 +477,5 @@ def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
         table.to_csv(paths[-1])
     for p in paths:
         log.info("wrote %s", p)
+    attach_to_parents(paths, *getattr(fig, "_rankexp_runs", []))
     return paths

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .runs import attach_to_parents
+
 log = logging.getLogger("analysis")
 
 
@@ -34,8 +36,13 @@ def write_text(path: Path, text: str) -> Path:
     return path
 
 
-def write_markdown(path: Path, title: str, table: pd.DataFrame, floatfmt: str = ".4g") -> Path:
-    """``title``, a blank line and :func:`to_markdown` of ``table`` into ``path``; printed too."""
+def write_markdown(path: Path, title: str, table: pd.DataFrame, floatfmt: str = ".4g",
+                   runs: pd.DataFrame | None = None) -> Path:
+    """``title``, a blank line and :func:`to_markdown` of ``table`` into ``path``; printed too.
+    With ``runs`` (the :func:`~analysis.core.runs.load_runs` rows it tabulates) the file is
+    also attached to their sweeps' parent runs (:func:`~analysis.core.runs.attach_to_parents`)."""
     text = f"{title}\n\n{to_markdown(table, floatfmt)}\n"
     print(text)
-    return write_text(path, text)
+    write_text(path, text)
+    attach_to_parents([path], runs)
+    return path

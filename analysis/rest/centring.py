@@ -100,7 +100,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     out = out_dir(args)
     paths = save(fig, out, "centring", table)
     head = f"Figure 15: erank(Z_L)/d by pre-branch op P and branch-output op B ({', '.join(args.experiment)})"
-    paths.append(write_markdown(out / "centring.md", head, table, ".3f"))
+    paths.append(write_markdown(out / "centring.md", head, table, ".3f", runs=df))
     return paths
 
 

@@ -140,7 +140,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, [*extra, "mean over seeds"])
     paths += save(fig, out, "cos_field_separation")
     head = f"Figure 14: off-diagonal mean of cos(m_l, m_l′) ({', '.join(args.experiment)})"
-    paths.append(write_markdown(out / "cos_field.md", head, table, ".3f"))
+    paths.append(write_markdown(out / "cos_field.md", head, table, ".3f", runs=df))
     return paths
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runs import attach_to_parents
 from ..core.seeds import pooled
 from ..core.select import SelectionError, load
 from ..core.style import save
@@ -71,8 +72,9 @@ def _table2_main(args: argparse.Namespace) -> list[Path]:
     d = sorted(df["width"].unique().tolist()) if "width" in df else []
     head = (f"Table 2: Jacobians of the post-residual ops at gain 1 ({', '.join(args.experiment)}; "
             f"d = {'/'.join(str(int(v)) for v in d)}; removes_*: ‖J v̂‖/‖J‖₂, 0 = removed)")
-    paths = [write_markdown(out / "table2.md", head, t, ".3g"), out / "table2.csv"]
+    paths = [write_markdown(out / "table2.md", head, t, ".3g", runs=df), out / "table2.csv"]
     t.to_csv(paths[1])
+    attach_to_parents(paths[1:], df)
     return paths
 
 
@@ -144,7 +146,8 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
     study = t["study"].unstack("L")
     study.columns = [f"study L={v}" for v in study.columns]
     head = f"Table 3: erank/d of Π_l (I − x_l x_lᵀ), step angle ε ({', '.join(args.experiment)})"
-    paths.append(write_markdown(out / "table3.md", head, wide.join(study.dropna(axis=1, how="all")), ".4f"))
+    paths.append(write_markdown(out / "table3.md", head,
+                                wide.join(study.dropna(axis=1, how="all")), ".4f", runs=df))
     return paths
 
 

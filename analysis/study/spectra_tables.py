@@ -326,6 +326,7 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
         f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
         "stable rank of σ(W h)",
         t,
+        runs=df,
     )
     return [*paths, md]
 
@@ -442,6 +443,7 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
             f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
             t,
             floatfmt=".3f",
+            runs=df,
         )
     )
     return paths

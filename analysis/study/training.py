@@ -13,8 +13,8 @@ Commands (``python -m analysis <command> --help``):
 * ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
 
 Runs are read with :func:`analysis.core.runs.load_runs` (per-step series with
-:func:`rankexp.tracking.metric_history`); a cell holding several runs (seeds) shows their
-mean.  An unknown experiment, an experiment without finished runs, or a missing
+:func:`analysis.core.runs.cached_series`: a member run's, or the run's own); a cell holding
+several runs (seeds) shows their mean.  An unknown experiment, an experiment without finished runs, or a missing
 param/metric raises :class:`~analysis.core.select.SelectionError`, which ``python -m
 analysis`` turns into a message and exit status 2.
 """
@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.tracking import metric_history
-
 from ..core import style
 from ..core.runner import Command, set_experiment_default
+from ..core.runs import cached_series
 from ..core.seeds import pooled
 from ..core.select import (
     PLACEMENT,
@@ -402,7 +401,8 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
     rows = []
     for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
         for metric in ("test_acc", "train_loss"):
-            steps, values = metric_history(uri, run["run_id"], f"{metric}_lr{k}")
+            got = cached_series(uri, run["run_id"], f"{metric}_lr{k}")  # its member's, or its own
+            steps, values = got if got is not None else ((), ())
             rows += [(lr, metric, int(s), float(v)) for s, v in zip(steps, values, strict=True)]
     return pd.DataFrame(rows, columns=["lr", "metric", "step", "value"])
 

@@ -57,16 +57,20 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     ``measure`` analyses it) between a projection and a head (:class:`Classifier`), or a
     CIFAR ConvNet as it is.
 
-    Live metrics, step = optimizer step (``task.steps``) or epoch (``task.epochs``):
-    ``train_loss_lr<lr>`` and ``train_error_lr<lr>`` (means over the steps since the last
+    Each learning rate is a run of its own, nested under the job's run
+    (:meth:`~rankexp.tracking.RunLogger.open_members`: ``rankexp.role=member``, param ``lr``),
+    holding its series under plain names, step = optimizer step (``task.steps``) or epoch
+    (``task.epochs``): ``train_loss`` and ``train_error`` (means over the steps since the last
     report; the error of the augmented batches under training-mode BN, as He et al. plot it),
-    ``test_acc_lr<lr>`` and ``test_error_lr<lr>`` at evaluations.  Final scalars:
-    ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
+    ``test_acc`` and ``test_error`` at evaluations; and its final scalars ``final_test_acc``,
+    ``final_test_error``, ``best_test_acc``, ``final_train_loss``, ``diverged``,
+    ``clean_train_error`` (with ``task.clean_train_images``) — all through the one path
+    :meth:`~rankexp.tracking.Journal.log_member_series`.  The job's run keeps the config's
+    summary: ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
     ``max_stable_lr`` (largest LR with test accuracy ≥ ``task.stable_accuracy``; NaN if
-    none), per-LR ``final_test_acc_lr<lr>``, ``final_test_error_lr<lr>``,
-    ``final_train_loss_lr<lr>``, ``diverged_lr<lr>``, ``clean_train_error_lr<lr>`` (with
-    ``task.clean_train_images``), ``train_seconds`` (wall time), ``steps_per_epoch``; then
-    the metrics of ``task.probes``.  The data set is the run's MLflow dataset input
+    none), the per-LR finals again as ``final_test_acc_lr<lr>``, … (one row per config for the
+    analysis), ``train_seconds`` (wall time), ``steps_per_epoch``; then the metrics of
+    ``task.probes``.  The data set is the run's MLflow dataset input
     ``CIFAR-10`` (digest from the decoded cache's SHA-256, :meth:`~rankexp.tracking.RunLogger.log_dataset`).
     """
     t = s.task
@@ -100,6 +104,8 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     if t.cuda_graphs and not graphs:
         log.warning("task.cuda_graphs=true has no effect on %s: training without CUDA graphs", device)
     out = Measurement()
+    if run is not None:
+        run.open_members(lrs)
     probes = _Probing(s, net, data, lrs, run, steps, device)
     probes.before(out)  # the fresh network, whether or not a checkpoint is resumed below
     first_live: list[int] = []
@@ -110,7 +116,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         first_live.append(step)
         if "test_acc" in metrics:
             metrics = {**metrics, "test_error": 1.0 - metrics["test_acc"]}
-        log_member_series(run, lrs, [step // unit], {k: np.asarray(v)[None] for k, v in metrics.items()})
+        run.log_member_series(step // unit, metrics)
 
     res = train(model, data, lrs, steps=steps, batch_size=t.batch_size,
                 eval_every=eval_every, seed=s.seed, checkpoint_path=ckpt_file,
@@ -127,27 +133,28 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
         x, y = (data.x_train, data.y_train) if idx is None else (
             data.x_train[idx.to(device)], data.y_train[idx.to(device)])
         clean = 1.0 - evaluate(model, x, y, autocast_bf16=t.bf16).cpu().numpy()
-    _per_lr_scalars(out, res, lrs, clean)
+    finals = _finals(res, clean)
+    for name, values in finals.items():  # the config's row keeps them (one row per config)
+        out.scalars.update({f"{name}_{_lr_key(lr)}": float(v) for lr, v in zip(lrs, values, strict=True)})
     probes.after(out, res, job_dir / RESULT_DIR)
     # points from before a resume were logged by the interrupted run: backfill them here
     resumed_before = first_live[0] if first_live else res.steps + 1
     if run is not None:
-        run.log_metrics({}, _backfill(res, lrs, resumed_before, log_every, unit))
+        _backfill(run, res, resumed_before, log_every, unit)
+        run.log_member_series(0, finals)
     out.arrays.update(lrs=np.array(lrs), loss=res.loss, train_error=res.train_error,
                       eval_steps=res.eval_steps, test_acc=res.test_acc)
     return out
 
 
-def _per_lr_scalars(out: Measurement, res: TrainResult, lrs: list[float], clean: np.ndarray | None) -> None:
-    for i, lr in enumerate(lrs):
-        k = _lr_key(lr)
-        out.scalars[f"final_test_acc_{k}"] = float(res.final_test_acc[i])
-        out.scalars[f"final_test_error_{k}"] = 1.0 - float(res.final_test_acc[i])
-        out.scalars[f"best_test_acc_{k}"] = float(res.best_test_acc[i])
-        out.scalars[f"final_train_loss_{k}"] = float(res.final_train_loss[i])
-        out.scalars[f"diverged_{k}"] = float(res.diverged[i])
-        if clean is not None:
-            out.scalars[f"clean_train_error_{k}"] = float(clean[i])
+def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Each member's final scalars, ``{name: (members,)}``: test accuracy and error at the last
+    evaluation, the best test accuracy, the final train loss, diverged (0/1) and, given
+    ``clean`` (the error on un-augmented train images), ``clean_train_error``."""
+    return {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
+            "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
+            "diverged": res.diverged.astype(np.float64),
+            **({"clean_train_error": clean} if clean is not None else {})}
 
 
 class _Probing:
@@ -200,14 +207,12 @@ class _Probing:
 def log_member_series(run: Any, lrs: list[float], steps: list[int] | np.ndarray,
                       metrics: dict[str, np.ndarray]) -> None:
     """Log per-member series: ``metrics[name]`` ``(len(steps), E)`` (column e = ``lrs[e]``) at
-    ``steps`` — the one place a member's metric is named and logged (training curves and
-    probes alike): today ``<name>_lr<lr>`` in the job's run.  No-op when ``run`` is None or
-    ``metrics`` is empty."""
+    ``steps`` — training curves and probes alike — to each learning rate's member run under the
+    plain name (:meth:`rankexp.tracking.RunLogger.log_member_series`).  No-op when ``run`` is
+    None or ``metrics`` is empty."""
     if run is None or not metrics:
         return
-    steps = np.asarray(steps)
-    run.log_metrics({}, {f"{name}_{_lr_key(lr)}": (steps, np.asarray(values)[:, e])
-                         for name, values in metrics.items() for e, lr in enumerate(lrs)})
+    run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
 
 
 def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
@@ -250,17 +255,19 @@ def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dic
                       context=lambda m: ImageProbeContext(m, data, options, trained=trained))
 
 
-def _backfill(res: TrainResult, lrs: list[float], resumed_before: int, log_every: int,
-              unit: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The live series' points of the steps before ``resumed_before`` (step // ``unit``)."""
-    back = {}
+def _backfill(run: Any, res: TrainResult, resumed_before: int, log_every: int, unit: int) -> None:
+    """Log the live series' points of the steps before ``resumed_before`` (step // ``unit``)
+    to the members (:meth:`~rankexp.tracking.Journal.log_member_series`): what ``on_log``
+    reported to the interrupted run, from the result's per-step arrays (``res.loss``,
+    ``res.train_error``: ``(steps, members)``; ``res.test_acc``: ``(evals, members)``)."""
     early = res.eval_steps < resumed_before
+    if early.any():
+        acc = res.test_acc[early]
+        run.log_member_series(res.eval_steps[early] // unit, {"test_acc": acc, "test_error": 1.0 - acc})
     ends = np.arange(log_every, min(resumed_before, res.steps + 1), log_every)
-    for i, lr in enumerate(lrs):
-        k = _lr_key(lr)
-        back[f"test_acc_{k}"] = (res.eval_steps[early] // unit, res.test_acc[early, i])
-        back[f"test_error_{k}"] = (res.eval_steps[early] // unit, 1.0 - res.test_acc[early, i])
-        for name, values in (("train_loss", res.loss), ("train_error", res.train_error)):
-            means = [float(values[e - log_every:e, i].mean()) for e in ends]
-            back[f"{name}_{k}"] = (ends // unit, np.array(means))
-    return back
+    if ends.size:
+        # torch's mean over the window, as the live report takes it (the same float32 values)
+        means = {name: np.stack([torch.as_tensor(values[e - log_every:e]).mean(0).numpy()
+                                 for e in ends])
+                 for name, values in (("train_loss", res.loss), ("train_error", res.train_error))}
+        run.log_member_series(ends // unit, means)

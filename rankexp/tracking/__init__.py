@@ -46,6 +46,19 @@ Schema of one run (one Hydra job):
   ``tracking.tags`` (on every run), ``tracking.note`` (``mlflow.note.content``: the runs'
   description, above the command line on a sweep's parent) and ``tracking.description`` (the
   experiment's ``mlflow.note.content`` tag);
+* a training run's learning rates: one *member* run each, nested under it
+  (``mlflow.parentRunId`` = the training run), named ``<run name>·lr1e-3``, tagged
+  ``rankexp.role=member`` and ``rankexp.lr`` (``f"{lr:g}"``, the ``<k>`` of the training run's
+  ``…_lr<k>`` names), with the config's params plus ``lr`` and no ``config_hash`` (no claimant,
+  no job); its series under plain names (``train_loss``, ``train_error``, ``test_acc``,
+  ``test_error``, and any other per-member quantity: :meth:`RunLogger.log_member_series`, the
+  one path) and its finals (``final_test_acc``, …; step 0).  The training run keeps the
+  config's summary and its per-LR finals ``final_test_acc_lr<k>``, …; its members end with it
+  (:meth:`RunLogger.finish` / :meth:`RunLogger.end`, :func:`close_run`, :func:`reconcile` for
+  an orphan, :func:`supersede` deletes them with it); :func:`runs_table` leaves them out and
+  lists them in ``attrs[MEMBERS_ATTR]``;
+* a sweep's parent run also holds, under ``figures/``, every figure and table the analysis
+  drew from its runs (:func:`attach_files`);
 * a training run's inputs and resources: the dataset input ``CIFAR-10`` (digest: the decoded
   cache's SHA-256, :meth:`RunLogger.log_dataset`) and MLflow's system metrics ``system/…``
   (:meth:`RunLogger.system_metrics`).
@@ -87,12 +100,14 @@ from .ownership import (  # noqa: F401
     Claim,
     Heartbeat,
     _claim_order,
+    _close_orphans,
     _describe,
     _live_rivals,
     _pid_start,
     _unsent_params,
     claim,
     claim_tags,
+    close_members,
     close_run,
     correct_timeouts,
     find_finished,
@@ -117,16 +132,20 @@ from .read import (  # noqa: F401
     _BULK_REST_MAX_POINTS,
     _BULK_RUNS_REST,
     _BULK_RUNS_SQL,
+    MEMBERS_ATTR,
     _rest_history_bulk,
     _sql_history_bulk,
+    _sql_members,
     _sql_runs_table,
     download_artifact,
     experiment_names,
+    member_runs,
     metric_histories,
     metric_history,
     runs_table,
 )
 from .schema import (  # noqa: F401
+    FIGURES_DIR,
     FINISHED_FILE,
     JOURNAL_FILE,
     MAX_ENTITIES,
@@ -138,6 +157,7 @@ from .schema import (  # noqa: F401
     PARENT_FILE,
     RESERVED_TAG_PREFIXES,
     RESULT_DIR,
+    ROLE_MEMBER,
     RUN_FILE,
     RUN_TAGS,
     SEED_STD_PREFIX,
@@ -150,6 +170,7 @@ from .schema import (  # noqa: F401
     TAG_DIRTY,
     TAG_HEARTBEAT,
     TAG_HOST,
+    TAG_LR,
     TAG_NOTE,
     TAG_PID,
     TAG_PID_START,
@@ -191,6 +212,7 @@ from .sweep import (  # noqa: F401
 )
 from .write import (  # noqa: F401
     _ILLEGAL_KEY_CHARS,
+    _JOB_ONLY_TAGS,
     DATASET_DIGEST_CHARS,
     MAX_KEY_LENGTH,
     SYSTEM_METRICS_S,
@@ -198,10 +220,15 @@ from .write import (  # noqa: F401
     RunLogger,
     StoreRefused,
     TrackingLost,
+    _journal_lines,
+    _member_points,
     _points,
+    attach_files,
     log_now,
+    member_tags,
     metric_key,
     read_journal,
+    read_member_journal,
     split_seed_std,
     user_tag_problem,
 )

@@ -21,6 +21,7 @@ from .jobdir import _log_counts, count_jobs, planned_job_dirs, read_json
 from .provenance import slurm_job_id
 from .schema import (
     MAX_PARAMS,
+    ROLE_MEMBER,
     RUN_FILE,
     SLURM_KILLED,
     SLURM_LIVE,
@@ -155,9 +156,10 @@ def owner_gone(tags: dict[str, str], start_ms: int, sacct: dict[str, str],
 
 
 def close_run(client, run_id: str, status: str, reason: str, message: str = "",
-              params: dict[str, Any] | None = None) -> None:
+              params: dict[str, Any] | None = None, members: bool = True) -> None:
     """End a run that will not finish: ``rankexp.end_reason``, ``error``, the ``params`` its
-    owner had not sent yet (they ride on a job's first batch) and the status."""
+    owner had not sent yet (they ride on a job's first batch) and the status — and (with
+    ``members``) its learning-rate member runs the same way (:func:`close_members`)."""
     from mlflow.entities import Param, RunTag
 
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
@@ -171,6 +173,29 @@ def close_run(client, run_id: str, status: str, reason: str, message: str = "",
             raise
         client.log_batch(run_id, tags=tags)
     client.set_terminated(run_id, status)
+    if members:
+        close_members(client, run_id, status, reason, message)
+
+
+def close_members(client, run_id: str, status: str, reason: str, message: str = "",
+                  experiment_id: str | None = None, delete: bool = False) -> list[str]:
+    """End the member runs (``rankexp.role=member``) of training run ``run_id`` that are not
+    ``status`` yet as ``status`` with ``reason`` (:func:`close_run`), and with ``delete``
+    soft-delete every one of them (a superseded training run's).  Two requests when it has
+    none (the run's experiment, one search).  Returns the ids of the members it touched."""
+    if experiment_id is None:
+        experiment_id = client.get_run(run_id).info.experiment_id
+    found = client.search_runs([experiment_id], max_results=10_000, filter_string=(
+        f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG_ROLE}` = '{ROLE_MEMBER}'"))
+    touched = []
+    for r in found:
+        if r.info.status != status:
+            close_run(client, r.info.run_id, status, reason, message, members=False)
+        if delete:
+            client.delete_run(r.info.run_id)
+        if delete or r.info.status != status:
+            touched.append(r.info.run_id)
+    return touched
 
 
 def _unsent_params(run) -> dict[str, Any]:
@@ -194,6 +219,8 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
     if parent_id:
         filt += f" and tags.mlflow.parentRunId = '{parent_id}'"
     runs = client.search_runs([experiment_id], filter_string=filt, max_results=10_000)
+    members = [r for r in runs if r.data.tags.get(TAG_ROLE) == ROLE_MEMBER]
+    runs = [r for r in runs if r.data.tags.get(TAG_ROLE) != ROLE_MEMBER]
     sacct = slurm_states(r.data.tags[TAG_SLURM] for r in runs if TAG_SLURM in r.data.tags)
     closed = {}
     for r in runs:
@@ -215,6 +242,38 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
         closed[r.info.run_id] = (status, reason)
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
                     message)
+    closed.update(_close_orphans(client, [m for m in members if m.data.tags.get(
+        "mlflow.parentRunId") not in closed]))
+    return closed
+
+
+def _close_orphans(client, members: list) -> dict[str, tuple[str, str]]:
+    """RUNNING member runs whose training run is over (or gone): ended with its status and
+    reason (KILLED ``orphaned`` when it is missing), deleted with it when it was."""
+    from mlflow.exceptions import MlflowException
+
+    parents: dict[str, Any] = {}
+    closed = {}
+    for m in members:
+        pid = m.data.tags.get("mlflow.parentRunId", "")
+        if pid not in parents:
+            try:
+                parents[pid] = client.get_run(pid)
+            except MlflowException:
+                parents[pid] = None
+        parent = parents[pid]
+        if parent is not None and parent.info.status == "RUNNING":
+            continue  # its training run's owner closes it (or a later reconcile, with it)
+        status = parent.info.status if parent is not None else "KILLED"
+        reason = (parent.data.tags.get(TAG_REASON) if parent is not None else None) or "orphaned"
+        close_run(client, m.info.run_id, status, reason,
+                  f"its training run {pid} ended {status}" if parent is not None
+                  else f"its training run {pid} is gone", members=False)
+        if parent is None or parent.info.lifecycle_stage == "deleted":
+            client.delete_run(m.info.run_id)
+        closed[m.info.run_id] = (status, reason)
+        log.warning("closed member run %s (%s) as %s: its training run %s is over",
+                    m.info.run_id, m.info.run_name, status, pid)
     return closed
 
 
@@ -239,8 +298,9 @@ def correct_timeouts(uri: str, experiment_id: str, parent_id: str) -> dict[str, 
 
 def supersede(uri: str, old_run_id: str, new_run_id: str) -> bool:
     """The run ``new_run_id`` is a later attempt of the same job as ``old_run_id``: close the old
-    one (KILLED, if still RUNNING), tag it ``rankexp.superseded_by`` and delete it, so the job
-    has one live run.  A FINISHED run is never superseded.  Returns whether it was."""
+    one (KILLED, if still RUNNING), tag it ``rankexp.superseded_by`` and delete it — and its
+    learning-rate member runs (:func:`close_members`) — so the job has one live run.  A
+    FINISHED run is never superseded.  Returns whether it was."""
     from mlflow.entities import RunTag
     from mlflow.exceptions import MlflowException
 
@@ -253,7 +313,11 @@ def supersede(uri: str, old_run_id: str, new_run_id: str) -> bool:
         return False
     client.log_batch(old_run_id, tags=[RunTag(TAG_SUPERSEDED, new_run_id)])
     if old.info.status == "RUNNING":
-        close_run(client, old_run_id, "KILLED", "superseded", f"superseded by run {new_run_id}")
+        close_run(client, old_run_id, "KILLED", "superseded", f"superseded by run {new_run_id}",
+                  members=False)
+    # its learning-rate members go with it (the new run has members of its own)
+    close_members(client, old_run_id, "KILLED", "superseded", f"superseded by run {new_run_id}",
+                  experiment_id=old.info.experiment_id, delete=True)
     client.delete_run(old_run_id)
     log.info("run %s supersedes the earlier attempt %s (closed, tagged, deleted)", new_run_id,
              old_run_id)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .schema import TrackingError, _chunks
+from .schema import ROLE_MEMBER, TAG_LR, TAG_ROLE, TrackingError, _chunks
 from .store import _client, resolve_uri
+
+#: ``DataFrame.attrs`` key of :func:`runs_table`: ``{training run id: {lr tag: member run id}}``
+MEMBERS_ATTR = "members"
 
 
 def runs_table(
@@ -16,7 +19,10 @@ def runs_table(
 
     Columns ``run_id``, ``experiment_id``, ``status``, ``artifact_uri``, ``start_time``,
     ``end_time`` (UTC datetimes), ``params.<key>``, ``metrics.<key>`` (last value of each
-    metric), ``tags.<key>``; newest first.  Sweep parent runs are left out.
+    metric), ``tags.<key>``; newest first.  Sweep parent runs and learning-rate member runs
+    are left out (one row per config); the members of the table's training runs are in
+    ``df.attrs[MEMBERS_ATTR]``: ``{training run id: {rankexp.lr tag (``f"{lr:g}"``): member
+    run id}}`` (with a ``filter_string``, those the filter selects too).
 
     On a database store without ``filter_string`` the table is read with four SQL queries
     (runs, params, tags, latest metrics; MLflow's own table models), several times faster
@@ -46,9 +52,59 @@ def runs_table(
                                 output_format="pandas", max_results=100_000)
     if df.empty:
         return pd.DataFrame()
-    if "tags.rankexp.role" in df:
-        df = df[df["tags.rankexp.role"] != "sweep"]
-    return df.reset_index(drop=True)
+    members = dict(df.attrs.get(MEMBERS_ATTR, {}))
+    role = f"tags.{TAG_ROLE}"
+    if role in df:
+        is_member = df[role] == ROLE_MEMBER
+        if is_member.any():
+            for parent, lr, rid in zip(df.loc[is_member, "tags.mlflow.parentRunId"],
+                                       df.loc[is_member, f"tags.{TAG_LR}"],
+                                       df.loc[is_member, "run_id"], strict=True):
+                members.setdefault(parent, {})[lr] = rid
+        df = df[~df[role].isin(["sweep", ROLE_MEMBER])]
+    df = df.reset_index(drop=True)
+    df.attrs[MEMBERS_ATTR] = members
+    return df
+
+
+def member_runs(uri: str | None, run_ids: list[str], bulk: bool = True) -> dict[str, dict[str, str]]:
+    """``{training run id: {rankexp.lr tag: member run id}}`` of the active member runs of
+    ``run_ids`` (runs without members are absent): one query per 500 runs on a database store
+    (unless not ``bulk``), else one search per run (a tracking server)."""
+    client = _client(resolve_uri(uri))
+    store = client._tracking_client.store
+    out: dict[str, dict[str, str]] = {}
+    if bulk and hasattr(store, "engine"):
+        for parent, lr, rid in _sql_members(store.engine, list(run_ids)):
+            out.setdefault(parent, {})[lr] = rid
+        return out
+    for run_id in run_ids:
+        exp = client.get_run(run_id).info.experiment_id
+        for r in client.search_runs([exp], max_results=10_000, filter_string=(
+                f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG_ROLE}` = '{ROLE_MEMBER}'")):
+            out.setdefault(run_id, {})[r.data.tags.get(TAG_LR, "")] = r.info.run_id
+    return out
+
+
+def _sql_members(engine, parents: list[str]) -> list[tuple[str, str, str]]:
+    """``(parent, lr tag, member id)`` of the active member runs of ``parents``."""
+    from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
+    from sqlalchemy import and_, select
+    from sqlalchemy.orm import aliased
+
+    parent, role, lr = aliased(SqlTag), aliased(SqlTag), aliased(SqlTag)
+    rows = []
+    with engine.connect() as conn:
+        for chunk in _chunks(parents, _BULK_RUNS_SQL):
+            query = (select(parent.value, lr.value, SqlRun.run_uuid)
+                     .join(parent, and_(parent.run_uuid == SqlRun.run_uuid,
+                                        parent.key == "mlflow.parentRunId"))
+                     .join(role, and_(role.run_uuid == SqlRun.run_uuid, role.key == TAG_ROLE,
+                                      role.value == ROLE_MEMBER))
+                     .join(lr, and_(lr.run_uuid == SqlRun.run_uuid, lr.key == TAG_LR))
+                     .where(parent.value.in_(chunk), SqlRun.lifecycle_stage == "active"))
+            rows += map(tuple, conn.execute(query))
+    return rows
 
 
 def _sql_runs_table(engine, experiment_ids: list[str], finished_only: bool):
@@ -77,12 +133,25 @@ def _sql_runs_table(engine, experiment_ids: list[str], finished_only: bool):
                     model.run_uuid.in_(chunk))))
             return rows
 
+        tags = pd.DataFrame(long(SqlTag, SqlTag.key, SqlTag.value), columns=["run_id", "key", "value"])
+        # member runs: only their tags are read (they hold the config's params, ×members)
+        by = tags[tags["key"].isin([TAG_ROLE, TAG_LR, "mlflow.parentRunId"])].pivot(
+            index="run_id", columns="key", values="value")
+        members: dict[str, dict[str, str]] = {}
+        if TAG_ROLE in by:
+            mem = by[by[TAG_ROLE] == ROLE_MEMBER]
+            for rid, row in mem.iterrows():
+                members.setdefault(row.get("mlflow.parentRunId"), {})[row.get(TAG_LR)] = rid
+            if len(mem):
+                runs = runs[~runs["run_id"].isin(mem.index)].reset_index(drop=True)
+                tags = tags[~tags["run_id"].isin(mem.index)]
+                if runs.empty:
+                    return pd.DataFrame()
         m = SqlLatestMetric
         metrics = pd.DataFrame(long(m, m.key, m.value, m.is_nan),
                                columns=["run_id", "key", "value", "is_nan"])
         params = pd.DataFrame(long(SqlParam, SqlParam.key, SqlParam.value),
                               columns=["run_id", "key", "value"])
-        tags = pd.DataFrame(long(SqlTag, SqlTag.key, SqlTag.value), columns=["run_id", "key", "value"])
     metrics["value"] = metrics["value"].astype("float64").where(~metrics["is_nan"].astype(bool))
     runs["experiment_id"] = runs["experiment_id"].astype(str)
     for col in ("start_time", "end_time"):
@@ -94,7 +163,9 @@ def _sql_runs_table(engine, experiment_ids: list[str], finished_only: bool):
             wide.append(w.add_prefix(prefix))
     df = pd.concat(wide, axis=1).reindex(runs["run_id"])
     df = df.rename_axis("run_id").reset_index()
-    return df.sort_values(["start_time", "run_id"], ascending=[False, True], kind="stable")
+    df = df.sort_values(["start_time", "run_id"], ascending=[False, True], kind="stable")
+    df.attrs[MEMBERS_ATTR] = members
+    return df
 
 
 def experiment_names(uri: str | None = None) -> list[str]:

@@ -24,6 +24,11 @@ MAX_ENTITIES = 1000  # … and at most this many of them together
 PARAM_VALUE_LIMIT = 6000
 
 TAG_ROLE = "rankexp.role"
+#: ``rankexp.role`` of one learning-rate member of a batched training run (its own run, nested
+#: under the training run) and its tag holding that learning rate (``f"{lr:g}"``)
+ROLE_MEMBER, TAG_LR = "member", "rankexp.lr"
+#: the artifact folder of a sweep's parent run holding the analysis' figures of its runs
+FIGURES_DIR = "figures"
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_ATTEMPT, TAG_HEARTBEAT = "rankexp.slurm_job_id", "rankexp.attempt", "rankexp.heartbeat"
 TAG_REASON, TAG_SUPERSEDED = "rankexp.end_reason", "rankexp.superseded_by"

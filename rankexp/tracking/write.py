@@ -11,19 +11,30 @@ import logging
 import posixpath
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .schema import (
+    FIGURES_DIR,
     MAX_ENTITIES,
     MAX_METRICS,
     MAX_PARAMS,
     MAX_TAGS,
     RESERVED_TAG_PREFIXES,
+    ROLE_MEMBER,
     RUN_TAGS,
     SEED_STD_PREFIX,
+    TAG_ATTEMPT,
+    TAG_CLAIM,
+    TAG_HEARTBEAT,
+    TAG_HOST,
+    TAG_LR,
+    TAG_PID,
+    TAG_PID_START,
     TAG_REASON,
+    TAG_ROLE,
+    TAG_SLURM,
     TrackingError,
     _param_value,
 )
@@ -35,17 +46,54 @@ log = logging.getLogger(__name__)
 class Journal:
     """Metric points a task logs while it runs (training curves), appended to the job
     directory's ``metrics.jsonl`` — what :mod:`rankexp.sync` replays when the store was
-    unreachable.  Same ``log_metrics`` as :class:`RunLogger`, so a task cannot tell them apart."""
+    unreachable.  Same ``log_metrics`` and ``log_member_series`` as :class:`RunLogger`, so a
+    task cannot tell them apart.
+
+    Lines: ``{"t": ms, "points": [[key, step, value], …]}`` (the run's own points),
+    ``{"t": ms, "members": [lr, …]}`` (:meth:`open_members`) and ``{"t": ms, "member": i,
+    "points": […]}`` (member ``i``'s points, :meth:`log_member_series`)."""
 
     def __init__(self, path: Path | None):
         self.path = path
+        self.member_lrs: list[float] = []
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps({"t": int(time.time() * 1000), **doc}) + "\n")
 
     def log_metrics(self, scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None = None) -> int:
         points = _points(scalars, series)
-        if self.path is not None and points:
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps({"t": int(time.time() * 1000), "points": points}) + "\n")
+        if points:
+            self._write({"points": points})
         return len(points)
+
+    def open_members(self, lrs: Sequence[float]) -> None:
+        """The learning-rate members of a batched training run, in the model's member order:
+        each gets its own run (:class:`RunLogger`); here, the journal's ``members`` line."""
+        self.member_lrs = [float(lr) for lr in lrs]
+        self._write({"members": self.member_lrs})
+
+    def log_member_series(self, steps: int | Sequence[int],
+                          metrics: Mapping[str, Any]) -> int:
+        """Log per-member values under plain names (``train_loss``, ``test_acc``, …) to each
+        member's run — the one path of every per-learning-rate quantity a task logs.
+
+        Args:
+            steps: one step (train step / epoch; 0 for a final scalar), or ``k`` steps.
+            metrics: ``{name: values}``, values of shape ``(members,)`` for one step,
+                ``(k, members)`` for ``k`` steps (member order of :meth:`open_members`).
+
+        Returns the number of points (over all members).
+
+        Raises:
+            ValueError: no :meth:`open_members` yet, or values of another shape.
+        """
+        per_member = _member_points(steps, metrics, len(self.member_lrs))
+        for i, points in enumerate(per_member):
+            if points:
+                self._write({"member": i, "points": points})
+        return sum(map(len, per_member))
 
     def system_metrics(self, every_s: float | None = None) -> contextlib.AbstractContextManager:
         """:meth:`RunLogger.system_metrics`; nothing here (no run to log to)."""
@@ -114,6 +162,43 @@ def log_now(client, run_id: str, *, metrics: dict[str, float] | None = None,
                      tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
 
 
+def _member_points(steps: int | Sequence[int], metrics: Mapping[str, Any],
+                   members: int) -> list[list[list]]:
+    """``[[[key, step, value], …] of member 0, …]`` (:meth:`Journal.log_member_series`)."""
+    import numpy as np
+
+    if not members:
+        raise ValueError("log_member_series before open_members: no members to log to")
+    one = np.ndim(steps) == 0
+    at = np.atleast_1d(np.asarray(steps)).astype(np.int64)
+    out: list[list[list]] = [[] for _ in range(members)]
+    for name, values in metrics.items():
+        v = np.asarray(values, dtype=np.float64)
+        v = v[None] if one else v
+        if v.shape != (at.size, members):
+            raise ValueError(f"{name}: values of shape {np.shape(values)} for {at.size} step(s) "
+                             f"of {members} members (want {'(members,)' if one else '(steps, members)'})")
+        key = metric_key(name)
+        for i in range(members):
+            out[i] += [[key, int(s), float(x)] for s, x in zip(at, v[:, i], strict=True)]
+    return out
+
+
+#: the tags of a training run its members do not inherit: what identifies the job (its config
+#: hash, job directory, owner, claim: a member is no job and no claimant) and its parent
+_JOB_ONLY_TAGS = ("config_hash", "job_dir", TAG_HOST, TAG_PID, TAG_PID_START, TAG_HEARTBEAT,
+                  TAG_ATTEMPT, TAG_SLURM, TAG_CLAIM, "mlflow.parentRunId")
+
+
+def member_tags(tags: Mapping[str, str], run_id: str, lr: float) -> dict[str, str]:
+    """The tags of the member run at ``lr`` of training run ``run_id`` (whose tags are
+    ``tags``): those of :data:`_JOB_ONLY_TAGS` dropped, ``mlflow.parentRunId`` = the training
+    run, ``rankexp.role=member``, ``rankexp.lr`` = ``f"{lr:g}"`` (the ``lr<k>`` of the training
+    run's ``…_lr<k>`` names)."""
+    return {**{k: v for k, v in tags.items() if k not in _JOB_ONLY_TAGS},
+            "mlflow.parentRunId": run_id, TAG_ROLE: ROLE_MEMBER, TAG_LR: f"{lr:g}"}
+
+
 def _points(scalars: dict[str, float], series: dict[str, tuple[Any, Any]] | None) -> list[list]:
     points = [[metric_key(k), 0, float(v)] for k, v in scalars.items()]
     for name, (steps, values) in (series or {}).items():
@@ -134,16 +219,31 @@ def split_seed_std(scalars: dict[str, float]) -> tuple[dict[str, float], dict[st
              for k in sorted(spread)})
 
 
+def _journal_lines(path: Path) -> Iterator[dict[str, Any]]:
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a kill
+                yield json.loads(line)
+
+
 def read_journal(path: Path) -> list[tuple[int, list[list]]]:
-    """``[(timestamp_ms, [[key, step, value], …]), …]`` from a :class:`Journal` file."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a kill
-            doc = json.loads(line)
-            out.append((int(doc["t"]), doc["points"]))
-    return out
+    """``[(timestamp_ms, [[key, step, value], …]), …]``: the run's own points of a
+    :class:`Journal` file (its members' are :func:`read_member_journal`'s)."""
+    return [(int(d["t"]), d["points"]) for d in _journal_lines(path)
+            if "points" in d and "member" not in d]
+
+
+def read_member_journal(path: Path) -> tuple[list[float], list[tuple[int, int, list[list]]]]:
+    """``(lrs, [(timestamp_ms, member index, points), …])``: the members a :class:`Journal`
+    file declared (the last ``members`` line; ``[]`` for none) and their points."""
+    lrs: list[float] = []
+    points = []
+    for d in _journal_lines(path):
+        if "members" in d:
+            lrs = [float(x) for x in d["members"]]
+        elif "member" in d and int(d["member"]) < len(lrs):
+            points.append((int(d["t"]), int(d["member"]), d["points"]))
+    return lrs, points
 
 
 class TrackingLost(TrackingError):
@@ -168,6 +268,11 @@ class RunLogger(Journal):
     journal — and :meth:`finish` raises: :class:`TrackingLost` when the store could not be
     reached (``lost``), :class:`StoreRefused` when it answered with a refusal (``refused``),
     after which :meth:`end` still closes the run.
+
+    A batched training run's learning-rate members (:meth:`open_members`) are runs of their
+    own, nested under this one, sharing its client and failure state: their points go through
+    :meth:`log_member_series` (journalled too), and they end with this run — FINISHED in
+    :meth:`finish` (just before it), FAILED or KILLED in :meth:`end`.
     """
 
     def __init__(self, uri: str, experiment_id: str, run_name: str, params: dict[str, Any],
@@ -180,6 +285,7 @@ class RunLogger(Journal):
         self.lost: str | None = None  # why the store cannot be reached
         self.refused: str | None = None  # why the store refused a request
         self._pending_params = sorted(self.params.items())
+        self.members: list[RunLogger] = []
 
     def __enter__(self) -> RunLogger:
         """``with RunLogger(...) as run:`` — started on entry; on exit FINISHED (pending params
@@ -218,6 +324,47 @@ class RunLogger(Journal):
                 log.error("tracking store %s %s (%s); the job goes on, its points go to %s",
                           self.uri, what, self.lost or self.refused, self.path)
         return n
+
+    def open_members(self, lrs: Sequence[float]) -> None:
+        """Create one run per learning rate, nested under this one (:func:`member_tags`), named
+        ``<run name>·lr1e-3`` (:func:`rankexp.naming.member_name`), with this run's params and
+        ``lr`` (sent with each member's first points).  Best effort like :meth:`log_metrics`:
+        a failure stops this run's logging (:meth:`finish` raises)."""
+        from ..naming import member_name
+
+        super().open_members(lrs)
+        if self.run_id is None or self.lost is not None or self.refused is not None:
+            return
+        try:
+            for lr in self.member_lrs:
+                member = RunLogger(self.uri, self.experiment_id, member_name(self.run_name, lr),
+                                   {**self.params, "lr": lr}, member_tags(self.tags, self.run_id, lr))
+                member.client = self.client
+                member.start()
+                self.members.append(member)
+        except Exception as e:
+            what = self._failure(e)
+            log.error("tracking store %s %s creating the learning-rate runs (%s); the job goes on",
+                      redact(self.uri), what, self.lost or self.refused)
+
+    def log_member_series(self, steps: int | Sequence[int], metrics: Mapping[str, Any]) -> int:
+        """:meth:`Journal.log_member_series`, journalled and sent to each member's run."""
+        n = super().log_member_series(steps, metrics)
+        self._send_members(_member_points(steps, metrics, len(self.member_lrs)))
+        return n
+
+    def _send_members(self, per_member: list[list[list]], timestamp: int | None = None) -> None:
+        """Member ``i``'s points ``per_member[i]`` to its run (one ``log_batch`` per member)."""
+        if self.lost is not None or self.refused is not None or len(self.members) != len(per_member):
+            return
+        try:
+            for member, points in zip(self.members, per_member, strict=True):
+                if points:
+                    member._send(points, {}, timestamp)
+        except Exception as e:
+            what = self._failure(e)
+            log.error("tracking store %s %s (%s); the job goes on, its points go to %s",
+                      redact(self.uri), what, self.lost or self.refused, self.path)
 
     def log_dataset(self, name: str, sha256: str, source: str, profile: dict[str, Any],
                     context: str = "train") -> bool:
@@ -310,6 +457,9 @@ class RunLogger(Journal):
                 self._send(_points(scalars, series), {**spread, **(tags or {})})
                 if artifact_dir is not None:
                     self.client.log_artifacts(self.run_id, str(artifact_dir))
+                for member in self.members:  # FINISHED before their training run is
+                    member._send([], {})
+                    self.client.set_terminated(member.run_id, "FINISHED", end_time=end_time)
                 self.client.set_terminated(self.run_id, "FINISHED", end_time=end_time)
                 return
             except Exception as e:
@@ -321,11 +471,14 @@ class RunLogger(Journal):
                            f"({self.lost})")
 
     def end(self, status: str, reason: str, message: str = "") -> bool:
-        """End the run as ``status`` with its reason; best effort (False if the store is gone)."""
+        """End the run (its members first) as ``status`` with its reason; best effort (False if
+        the store is gone)."""
         from mlflow.entities import RunTag
 
         if self.run_id is None or self.lost is not None:
             return False
+        for member in self.members:
+            member.end(status, reason, message)
         tags = {TAG_REASON: reason, **({"error": message[:5000]} if message else {})}
         try:  # the params go too, if no batch took them yet: every ended run has its config
             self._send([], tags)
@@ -339,3 +492,21 @@ class RunLogger(Journal):
             log.error("could not close run %s as %s (%s)", self.run_id, status, _first_line(e))
             return False
         return True
+
+
+def attach_files(uri: str, run_ids: Sequence[str], paths: Sequence[Path],
+                 folder: str = FIGURES_DIR) -> int:
+    """Log the files ``paths`` as artifacts of each run of ``run_ids`` under ``folder`` (a
+    figure's PNG, PDF, CSV, markdown: :func:`analysis.core.style.save` attaches them to the
+    sweep parents of the runs drawn).  One ``log_artifact`` per file and run; returns how many.
+
+    Raises:
+        Exception: whatever the store or artifact repository raised (the caller warns).
+    """
+    client = _client(uri)
+    n = 0
+    for run_id in dict.fromkeys(run_ids):
+        for p in paths:
+            client.log_artifact(run_id, str(p), folder)
+            n += 1
+    return n
