@@ -181,7 +181,8 @@ class ContourSweeper(RankexpSweeper):
         with_pd_options(lambda: log.info("contour after %d rounds, %d runs:\n%s", state.rounds,
                                          len(self.jobs), contour.to_string(index=False)))
         if not fits.empty:
-            with_pd_options(lambda: log.info("exponents s of βα^M ∝ L^s:\n%s", fits.to_string(index=False)))
+            with_pd_options(lambda: log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the "
+                                             "crossing where the axis leaves βα^M alone):\n%s", fits.to_string(index=False)))
         if parent is None or parent.run_id is None:
             return
         try:
