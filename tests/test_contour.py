@@ -274,3 +274,28 @@ def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
     assert abs(s["s"] + 0.5) <= s["resolution"] and s["points"] == 3
     assert fits.loc[1e6, "points"] == 0
     assert parent.data.metrics["contour_converged"] == 3
+
+
+def test_table5_from_one_rate_runs_is_each_cells_boundary():
+    """``analysis table5`` on one-rate runs (``experiment=tab5_boundary``): each cell's value is
+    the geometric midpoint of its largest stable rate and the next unstable one (the sweeper's
+    boundary), the largest stable rate where none above it failed, — where none was stable;
+    runs of a grid (task.lrs, no ``lr``) keep their logged max_stable_lr."""
+    from analysis.core.select import PLACEMENT
+    from analysis.study.training import one_rate, table5
+
+    nan = math.nan
+    rows = [("post", 12, 1e-4, 1e-4), ("post", 12, 1e-3, 1e-3), ("post", 12, 3e-3, nan),
+            ("post", 12, 1e-2, nan), ("post", 12, 3e-5, 3e-5),
+            ("post", 24, 1e-3, 1e-3), ("post", 24, 1e-2, 1e-2),
+            ("pre", 12, 1e-3, nan), ("pre", 12, 1e-2, nan)]
+    df = pd.DataFrame([{PLACEMENT: p, "depth": d, "alpha": 1.0, "lr": lr, "max_stable_lr": m}
+                       for p, d, lr, m in rows])
+    assert one_rate(df)
+    table = table5(df)["alpha=1"]
+    assert math.isclose(table[("post", 12)], math.sqrt(1e-3 * 3e-3))
+    assert table[("post", 24)] == 1e-2 and math.isnan(table[("pre", 12)])
+    grid = df.assign(lr=None)
+    assert not one_rate(grid)
+    seeds = table5(grid)["alpha=1"]  # a grid's runs in one cell are seeds: the rate all held
+    assert seeds[("post", 24)] == 1e-3 and math.isnan(seeds[("post", 12)])
