@@ -38,13 +38,14 @@ test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm
 test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow
 
-bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader, ConvNet FLOPs + projected GPU time, rankexp.analyze / SpectralMonitor, --help and tab completion, runs of a contour sweep vs a grid (Table 4)
+bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader, ConvNet FLOPs + projected GPU time, rankexp.analyze / SpectralMonitor, --help and tab completion, runs of a contour sweep vs a grid (Table 4) and of the LR boundary vs the LR grid (Table 5, trains on CIFAR-10)
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_cli
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_loader
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_convnet
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_analyze
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_contour
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_boundary
 
 gpu-check: setup  ## GPU claims in one script (< 8 min on one GPU): CUDA vs CPU measure, training modes, grid wall times
 	$(PY) -m benchmarks.gpu_check

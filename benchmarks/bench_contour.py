@@ -9,10 +9,14 @@ m/d) is the job's own measurement — ``erank_io`` of :func:`rankexp.tasks.measu
 the experiment's network and seeds — computed once per distinct config in this process (one
 torch thread) and counted as one run, as a sweep counts its jobs.
 
-* **Reference**: the contour sweep's algorithm (:class:`~hydra_plugins.rankexp_plugins.contour.
-  Contour`, the rounds ``hydra/sweeper=contour`` runs) at a tight tolerance, ``--ref-tol``.
-* **Contour**: the same at the tolerances ``--tols``; the first whose every exponent s (each
-  placement × m/d × r*) is within ``--within`` (0.01) of the reference, and its runs.
+* **Reference**: the contour sweep's algorithm (:class:`rankexp.levelset.Contour`, the rounds
+  ``hydra/sweeper=contour`` runs) bracketing every crossing to ``--ref-tol`` from every
+  depth's start points (no warm start, no exponent budget).
+* **Contour**: the experiment's own sweep (warm starts along depth, each cell stopped at the
+  error the exponent can take, ``hydra.sweeper.contour.s_tol``) at the budgets ``--s-tols``;
+  the first whose every exponent s (each placement × m/d × r*) is within ``--within`` (0.01)
+  of the reference, and its runs.  Also plain bracketing to the widths ``--tols`` (the sweeper
+  before warm starts and budgets).
 * **Grid**: the α log-grid over the bracket with ``n`` points (``--grids``; 9 is fig5's √2
   grid) × the depths, s from ``analysis isorank``'s own grid method
   (:func:`analysis.study.isorank.isorank_table`); the first ``n`` within ``--within``.
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -51,25 +57,43 @@ def experiment(size: str) -> dict:
 
 
 class Runs:
-    """``erank_io`` of one config, measured once (a run) and remembered."""
+    """``erank_io`` of one config, measured once (a run) and remembered — in this process, and
+    with ``path`` in a JSON file too (a rerun measures only configs it has not seen; the
+    counts are the same: each method counts the distinct configs its sweep runs)."""
 
-    def __init__(self, width: int, seeds: int):
-        self.width, self.seeds, self.cache, self.seconds = width, seeds, {}, 0.0
+    def __init__(self, width: int, seeds: int, path: Path | None = None):
+        self.width, self.seeds, self.cache, self.seconds, self.path = width, seeds, {}, 0.0, path
+        self.disk = json.loads(path.read_text()) if path and path.exists() else {}
 
     def __call__(self, norm: str, expansion: float, depth: int, alpha: float) -> float:
         key = (norm, expansion, depth, alpha)
+        name = f"d{self.width} s{self.seeds} {norm} {expansion:g} {depth} {alpha!r}"
+        if key not in self.cache and name in self.disk:
+            self.cache[key] = self.disk[name]
         if key not in self.cache:
             t0 = time.perf_counter()
             model = ResidualMLP(self.width, depth, expansion=expansion, placement=norm, alpha=alpha,
                                 seeds=list(range(self.seeds)))
-            self.cache[key] = float(run_probes(model, ["io_jacobian"]).scalars["erank_io"])
+            self.cache[key] = self.disk[name] = float(run_probes(model, ["io_jacobian"]).scalars["erank_io"])
             self.seconds += time.perf_counter() - t0
+            if self.path and len(self.disk) % 50 == 0:
+                self.save()
         return self.cache[key]
 
+    def save(self) -> None:
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.disk))
 
-def contour_exponents(exp: dict, runs: Runs, tol: float) -> tuple[pd.Series, int]:
-    """s per (norm, expansion, level) from the contour sweep's rounds at ``tol``, and its runs."""
-    spec = parse_spec({**exp["contour"], "tol": tol, "max_rounds": 40})
+
+def contour_exponents(exp: dict, runs: Runs, tol: float | None, s_tol: float | None = None
+                      ) -> tuple[pd.Series, int]:
+    """s per (norm, expansion, level) and the runs of the contour sweep's rounds: the
+    experiment's own (warm starts, the exponent's tolerance ``s_tol``), or with ``tol`` a plain
+    bracketing to that width from every depth's ``start`` points (the reference)."""
+    c = {**exp["contour"], "max_rounds": 40}
+    c = {**c, "s_tol": s_tol} if tol is None else {**c, "tol": tol, "s_tol": None, "warm": False}
+    spec = parse_spec(c)
     trace = list(itertools.product(*exp["axes"].values()))
     state = Contour(spec, [[f"{k}={v}" for k, v in zip(exp["axes"], t, strict=True)] for t in trace],
                     list(exp["axes"]))
@@ -82,7 +106,7 @@ def contour_exponents(exp: dict, runs: Runs, tol: float) -> tuple[pd.Series, int
     contour, fits = state.tables()
     bad = contour[contour["status"] != "converged"]
     for _, row in bad.iterrows():
-        print(f"    tol={tol}: {row['norm']} m/d={row['expansion']} L={row['depth']} "
+        print(f"    tol={tol} s_tol={s_tol}: {row['norm']} m/d={row['expansion']} L={row['depth']} "
               f"r*={row['level']:g}: {row['status']} ({row['note']})", flush=True)
     return fits.set_index(["norm", "expansion", "level"])["s"], n
 
@@ -119,7 +143,12 @@ def first_within(results: list[tuple[str, pd.Series, int]], ref: pd.Series, with
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"])
-    p.add_argument("--tols", default="0.4,0.2,0.1,0.05,0.02")
+    p.add_argument("--s-tols", default="0.04,0.02,0.01,0.005",
+                   help="the contour's exponent tolerances (hydra.sweeper.contour.s_tol)")
+    p.add_argument("--tols", default="0.4,0.1", help="also plain bracketing to these widths, "
+                   "no warm start (the sweeper before s_tol/warm)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench-contour.json"),
+                   help="measurements kept between runs ('' for none)")
     p.add_argument("--ref-tol", type=float, default=0.002)
     p.add_argument("--grids", default="5,9,17,33,65")
     p.add_argument("--within", type=float, default=0.01)
@@ -129,7 +158,7 @@ def main() -> None:
     exp = experiment(args.size)
     if args.norm:
         exp["axes"]["norm"] = args.norm.split(",")
-    runs = Runs(exp["width"], exp["seeds"])
+    runs = Runs(exp["width"], exp["seeds"], args.cache if str(args.cache) else None)
     t0 = time.perf_counter()
     ref, n_ref = contour_exponents(exp, runs, args.ref_tol)
     print(f"tab4_contour size={args.size}: d={exp['width']}, {exp['seeds']} seeds, axes {exp['axes']}, "
@@ -137,12 +166,19 @@ def main() -> None:
     print(f"reference: contour at tol={args.ref_tol} ({n_ref} runs); s_ref =")
     print(ref.unstack("level").round(4).to_string(), flush=True)
     # one measurement per distinct config, shared; each method counts the runs its sweep has
-    cont = [(f"contour tol={t}", *contour_exponents(exp, runs, float(t))) for t in args.tols.split(",")]
+    cont = [(f"contour s_tol={t}", *contour_exponents(exp, runs, None, float(t)))
+            for t in args.s_tols.split(",")]
+    plain = [(f"bracket tol={t}", *contour_exponents(exp, runs, float(t))) for t in args.tols.split(",") if t]
     grid = [(f"grid n={n}", *grid_exponents(exp, runs, int(n))) for n in args.grids.split(",")]
     print(f"runs to reach every s within ±{args.within} of s_ref:")
     c = first_within(cont, ref, args.within)
+    first_within(plain, ref, args.within)
     g = first_within(grid, ref, args.within)
-    ratio = f"{g / c:.1f}×" if c and g else "n/a (a method never got there: more points/tighter tol)"
+    runs.save()
+    most = max(n for _, _, n in grid)
+    ratio = (f"{g / c:.1f}×" if c and g else
+             f"> {most / c:.1f}× (no grid up to {most} runs gets there)" if c else
+             "n/a (the contour never got there: a smaller s_tol)")
     print(f"contour {c} runs, grid {g} runs: the grid needs {ratio} the runs of the contour "
           f"(target ≥ 4×); {len(runs.cache)} distinct configs measured in "
           f"{time.perf_counter() - t0:.0f} s")

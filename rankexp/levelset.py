@@ -86,8 +86,9 @@ class Cell:
 
     ``status`` ∈ :data:`STATUSES`; ``lo``/``hi`` the bracket (axis values, NaN if none),
     ``f_lo``/``f_hi`` the metric there, ``crossing`` the estimate (NaN unless converged or
-    open with a bracket), ``width`` the bracket width in ``u``, ``note`` why a cell is not
-    converged."""
+    open with a bracket), ``width`` the bracket width in ``u``, ``error`` the crossing's
+    uncertainty in ``u`` (half the bracket, or the last secant step under ``s_tol``),
+    ``note`` why a cell is not converged."""
 
     level: float
     status: str
@@ -99,6 +100,7 @@ class Cell:
     width: float = math.nan
     points: int = 0
     note: str = ""
+    error: float = math.nan
     proposals: list[float] = field(default_factory=list)
 
 
@@ -111,7 +113,8 @@ def _signs(f: np.ndarray, level: float, boolean: bool) -> np.ndarray:
 
 
 def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
-          boolean: bool = False, method: str = "secant", previous_width: float = math.inf) -> Cell:
+          boolean: bool = False, method: str = "secant", previous_width: float = math.inf,
+          prior: float | None = None, allowed: float | None = None, expand: bool = False) -> Cell:
     """The state of one cell from the points measured so far, and the points to measure next.
 
     Args:
@@ -121,6 +124,16 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         method: ``secant`` (safeguarded, see the module docstring) or ``bisect``; a boolean
             target always bisects.
         previous_width: this cell's bracket width one round earlier (the safeguard).
+        prior: the cell's crossing estimate (in ``u``) before this round's points — the last
+            round's, or the prediction a warm start measured around; with ``allowed`` (the
+            error in ``u`` the fitted exponent can take from this cell, :meth:`Contour.allowed`)
+            a bracketed level cell converges once the new estimate moved by ≤ ``allowed``
+            (the secant's own stopping rule: its error is second order in that step) or its
+            half-width is ≤ ``allowed`` — ``tol`` then ends nothing — and an open one proposes
+            one point, the estimate itself (the bisection safeguard stays).
+        expand: a cell whose points never cross the level, but whose bracket end on the side
+            the crossing lies (by the points' slope) is unmeasured, stays open and proposes a
+            point outwards (a warm start measured only near its predicted crossing).
 
     Returns:
         The :class:`Cell`; ``proposals`` (axis values) is empty unless ``status == "open"``.
@@ -142,6 +155,8 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     if len(changes) + len(on) == 0:
         cell.note = (f"{'f ≥ level' if s[0] > 0 else 'f < level'} over the bracket"
                      if boolean else f"f in [{np.nanmin(f):.4g}, {np.nanmax(f):.4g}]")
+        if expand:
+            _expand(cell, u, f, s, axis, tol, boolean)
         return cell
     nxt = {int(a): int(b) for a, b in zip(nz[:-1], nz[1:], strict=True)}
     inside = [k for k in on if changes and changes[0] < k < nxt[changes[0]]]
@@ -155,25 +170,63 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         i = int(on[0])
         cell.status, cell.lo = "converged", xs[i]
         cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
+        cell.error = 0.0
         return cell
     i = changes[0]
     j = nxt[i]
     a, b = u[i], u[j]
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
+    budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
+    narrow = cell.width <= tol * (1 + 1e-9) and not budget
     if boolean:
         uhat = 0.5 * (a + b)
-    elif cell.width <= tol * (1 + 1e-9):  # the final estimate: linear across the bracket
+    elif narrow:  # the final estimate: linear across the bracket
         uhat = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
     else:
         uhat = _interpolate(u, f, i, j, level)
     cell.crossing = axis.x(uhat)
-    if cell.width <= tol * (1 + 1e-9):
+    cell.error = 0.5 * cell.width
+    if narrow or (boolean and cell.width <= tol * (1 + 1e-9)):
         cell.status = "converged"
         return cell
     cell.status = "open"
-    cell.proposals = _next(a, b, uhat, tol, boolean or method == "bisect"
-                           or cell.width > 0.5 * previous_width, axis)
+    bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
+    if budget:
+        step = abs(uhat - prior) if prior is not None else math.inf
+        if min(step, cell.error) <= allowed:
+            cell.status, cell.error = "converged", min(step, cell.error)
+            return cell
+        cell.proposals = [axis.x(v) for v in ([uhat] if not bisect or prior is None else
+                                              [uhat, 0.5 * (a + b)]) if a < v < b]
+        cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
+        return cell
+    cell.proposals = _next(a, b, uhat, tol, bisect, axis)
     return cell
+
+
+def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis, tol: float,
+            boolean: bool) -> None:
+    """An unbracketed cell's step outwards, towards the side its crossing lies on (level: by the
+    points' slope; boolean: up when every point holds, down when none does — Table 5's rates
+    are stable below the boundary): twice the measured span (at least ``4·tol``) past the
+    outermost point, clipped to the bracket end; none once that end is measured (then it is
+    unbracketed for good)."""
+    if boolean:  # stable (+1) at small rates: a crossing lies above when all are stable
+        right = s[0] > 0
+    else:
+        finite = np.isfinite(f)
+        slope = f[finite][-1] - f[finite][0]
+        if slope == 0:
+            return
+        right = (slope > 0) == (s[np.flatnonzero(finite)[0]] < 0)
+    end = axis.u(axis.hi if right else axis.lo)
+    edge = u[-1] if right else u[0]
+    if abs(edge - end) <= 1e-12 * max(1.0, abs(end)):
+        return
+    step = max(2 * (u[-1] - u[0]), 4 * tol)
+    nxt = min(edge + step, end) if right else max(edge - step, end)
+    cell.status, cell.proposals = "open", [axis.x(nxt)]
+    cell.note += f"; stepping {'up' if right else 'down'} to {axis.x(nxt):.4g}"
 
 
 def _interpolate(u: np.ndarray, f: np.ndarray, i: int, j: int, level: float) -> float:
@@ -249,6 +302,22 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
 
 
 # --------------------------------------------------------------------------- a contour sweep
+def _stages(group: list[int]) -> dict[int, int]:
+    """The warm-start stage of each trace point of a line sorted along ``fit_over``: its two
+    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order)."""
+    n = len(group)
+    stage, spans, k = {group[0]: 0, group[-1]: 0}, [(0, n - 1)], 1
+    while spans:
+        nxt = []
+        for i, j in spans:
+            if j - i > 1:
+                m = (i + j) // 2
+                stage[group[m]] = k
+                nxt += [(i, m), (m, j)]
+        spans, k = nxt, k + 1
+    return stage
+
+
 @dataclass(frozen=True)
 class Spec:
     """``hydra.sweeper.contour``, checked (see the module docstring)."""
@@ -262,6 +331,8 @@ class Spec:
     boolean: bool
     max_rounds: int
     fit_over: str | None
+    s_tol: float | None = None
+    warm: bool = False
 
 
 def parse_spec(node: Any) -> Spec:
@@ -274,7 +345,7 @@ def parse_spec(node: Any) -> Spec:
 
     c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
     known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over"}
+             "max_rounds", "fit_over", "s_tol", "warm"}
     if unknown := sorted(set(c) - known):
         raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
     if not c.get("metric") or not c.get("axis"):
@@ -293,9 +364,18 @@ def parse_spec(node: Any) -> Spec:
     if not (tol > 0 and start >= 2 and rounds >= 1):
         raise ValueError("hydra.sweeper.contour: tol > 0, start ≥ 2 and max_rounds ≥ 1, got "
                          f"tol={tol}, start={start}, max_rounds={rounds}")
+    s_tol = c.get("s_tol")
+    if s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and c.get("fit_over")):
+        raise ValueError(f"hydra.sweeper.contour.s_tol: the exponent's tolerance, a number > 0 with "
+                         f"fit_over set, got s_tol={s_tol!r}, fit_over={c.get('fit_over')!r}")
+    warm = c.get("warm", False)
+    if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
+        raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
+                         f"(the axis it warm-starts along), got warm={warm!r}")
     axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
     return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
-                bool(c.get("boolean", False)), rounds, c.get("fit_over"))
+                bool(c.get("boolean", False)), rounds, c.get("fit_over"),
+                None if s_tol is None else float(s_tol), warm)
 
 
 class Contour:
@@ -310,12 +390,24 @@ class Contour:
         self.ratios: list[dict[float, float]] = [{} for _ in trace]
         self.width: dict[tuple[int, float], float] = {}
         self.cells: dict[tuple[int, float], Any] = {}
+        self.estimate: dict[tuple[int, float], float] = {}  # a cell's last crossing (in u)
+        self.solved: dict[int, int] = {}  # points of each trace point when last solved
         self.rounds = 0
+        fo = spec.fit_over
+        self.depth = [math.log(float(lab[fo])) if fo in lab else math.nan for lab in self.labels]
+        groups: dict[tuple, list[int]] = {}
+        for t, lab in enumerate(self.labels):
+            groups.setdefault(tuple((k, v) for k, v in lab.items() if k != fo), []).append(t)
+        self.groups = [sorted(g, key=lambda t: self.depth[t]) for g in groups.values()]
+        self.group = {t: g for g in self.groups for t in g}
+        self.stage = {t: k for g in self.groups for t, k in _stages(g).items()}
 
     def first_round(self) -> list[tuple[int, float]]:
-        """Every trace point at ``start`` values spanning the bracket."""
+        """Every trace point at ``start`` values spanning the bracket (warm: only the ends of
+        each trace line, e.g. the smallest and largest depth; the others start from them)."""
         xs = self.spec.axis.start(self.spec.start)
-        return [(t, x) for t in range(len(self.trace)) for x in xs]
+        return [(t, x) for t in range(len(self.trace)) for x in xs
+                if not self.spec.warm or self.stage[t] == 0]
 
     def overrides(self, jobs: list[tuple[int, float]]) -> list[list[str]]:
         """Each job's Hydra overrides: its trace point's, then the solved axis."""
@@ -328,19 +420,121 @@ class Contour:
         self.rounds += 1
 
     def next_round(self) -> list[tuple[int, float]]:
-        """Solve every cell on the values so far; the new (trace point, x) jobs they ask for."""
+        """Solve every cell on the values so far; the new (trace point, x) jobs they ask for,
+        and (warm) the first points of each trace point whose earlier stages are settled."""
         s, new = self.spec, []
         for t in range(len(self.trace)):
+            if not self.values[t] or self.solved.get(t) == len(self.values[t]):
+                continue  # not started, or nothing new since its cells were solved
+            self.solved[t] = len(self.values[t])
             wanted: list[float] = []
             for level in s.levels:
+                key = (t, level)
                 cell = solve(self.values[t], level, s.axis, s.tol, boolean=s.boolean, method=s.method,
-                             previous_width=self.width.get((t, level), math.inf))
-                self.cells[(t, level)] = cell
+                             previous_width=self.width.get(key, math.inf), prior=self.estimate.get(key),
+                             allowed=self.allowed(t, level), expand=s.warm)
+                self.cells[key] = cell
                 if math.isfinite(cell.width):
-                    self.width[(t, level)] = cell.width
+                    self.width[key] = cell.width
+                if math.isfinite(cell.crossing):
+                    self.estimate[key] = s.axis.u(cell.crossing)
                 wanted += [x for x in cell.proposals if x not in self.values[t] and x not in wanted]
             new += [(t, x) for x in sorted(wanted)]
+        if s.warm:
+            new += self._warm_starts()
         return new
+
+    def _settled(self, t: int) -> bool:
+        return bool(self.values[t]) and all(
+            (t, lv) in self.cells and self.cells[(t, lv)].status != "open" for lv in self.spec.levels)
+
+    def _warm_starts(self) -> list[tuple[int, float]]:
+        """The first points of each unstarted trace point whose group's earlier stages are all
+        settled: around each level's crossing predicted from the settled neighbours
+        (:meth:`predict`); the ``start`` points where no neighbour has one."""
+        s, out = self.spec, []
+        for t in range(len(self.trace)):
+            g = self.group[t]
+            if self.values[t] or any(t2 != t and self.stage[t2] < self.stage[t] and not self._settled(t2)
+                                     for t2 in g):
+                continue
+            guess = {lv: self.predict(t, lv) for lv in s.levels}
+            if any(p is None for p in guess.values()):
+                out += [(t, x) for x in s.axis.start(s.start)]
+                continue
+            order = sorted(s.levels, key=lambda lv: guess[lv][0])
+            us: list[float] = []
+            for i, lv in enumerate(order):
+                u, delta = guess[lv]
+                self.estimate[(t, lv)] = u
+                if len(order) == 1 or s.boolean:
+                    us += [u - delta, u + delta]
+                else:
+                    us.append(u - delta if i == 0 else u + delta if i == len(order) - 1 else u)
+            lo, hi = s.axis.u(s.axis.lo), s.axis.u(s.axis.hi)
+            xs = sorted({s.axis.x(min(max(u, lo), hi)) for u in us})
+            out += [(t, x) for x in xs]
+        return out
+
+    def predict(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing of ``level`` at trace point ``t`` (in u) from the power law through the
+        settled neighbours along ``fit_over`` (linear in log L: between the nearest below and
+        above, else through the two nearest), and the half-width to measure around it:
+        twice its gap to the least-squares law over every settled depth (≥ 3 of them), at
+        least ``tol`` (boolean: ``tol``/2, so two points bracket it to ``tol``).  None when
+        no neighbour has a converged crossing."""
+        s = self.spec
+        known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
+                 if t2 != t and self._settled(t2) and self.cells[(t2, level)].status == "converged"]
+        if not known:
+            return None
+        x0 = self.depth[t]
+        below = sorted((p for p in known if p[0] < x0), reverse=True)
+        above = sorted(p for p in known if p[0] > x0)
+        pair = [below[0], above[0]] if below and above else sorted(known, key=lambda p: abs(p[0] - x0))[:2]
+        if len(pair) == 1 or pair[0][0] == pair[1][0]:
+            u = pair[0][1]
+        else:
+            (xa, ua), (xb, ub) = pair
+            u = ua + (ub - ua) * (x0 - xa) / (xb - xa)
+        if s.boolean:
+            return u, 0.499 * s.tol
+        gap = 0.0
+        if len(known) >= 3:
+            k = np.array(known)
+            slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
+            gap = abs(slope * x0 + icpt - u)
+        return u, max(s.tol, 2 * gap)
+
+    def allowed(self, t: int, level: float) -> float | None:
+        """The error (in u) the cell ``(t, level)`` may leave in the fitted exponent's budget
+        ``s_tol``: the slope's worst case ``Σ_i |w_i| · M · e_i ≤ s_tol`` (``w_i`` the
+        least-squares weights ``(log L_i − mean)/Sxx`` of the depths whose cell is not
+        unsolvable, ``M = d log(βα^M)/du`` from the runs' nominal ratios, 1 without) split
+        evenly over the depths that weigh; ``inf`` for a depth of weight 0; None without
+        ``s_tol``."""
+        s = self.spec
+        if s.s_tol is None or not math.isfinite(self.depth[t]):
+            return None
+        xs = np.array([self.depth[t2] for t2 in self.group[t] if self.cells.get((t2, level)) is None
+                       or self.cells[(t2, level)].status not in ("unbracketed", "non_monotone")])
+        if xs.size < 2 or np.ptp(xs) == 0:
+            return None
+        w = (xs - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean()))
+        wt = abs((self.depth[t] - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean())))
+        n = int((np.abs(w) > 1e-12).sum())
+        if wt <= 1e-12:
+            return math.inf
+        return s.s_tol / (n * self._slope(t) * wt)
+
+    def _slope(self, t: int) -> float:
+        """``|d log(nominal ratio)/du|`` from trace point ``t``'s runs (M for α, 1 for β); 1
+        when they logged none."""
+        pts = [(self.spec.axis.u(x), r) for x, r in self.ratios[t].items() if r > 0]
+        if len(pts) < 2:
+            return 1.0
+        (ua, ra), (ub, rb) = min(pts), max(pts)
+        return abs(math.log(rb / ra) / (ub - ua)) if ub != ua and rb != ra else 1.0
 
     def run_in_process(self, evaluate) -> int:
         """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of
@@ -356,26 +550,29 @@ class Contour:
 
     def _ratio(self, t: int, cell) -> tuple[float, float]:
         """βα^M at the crossing (log-linear in u between the bracket's runs: exact when the
-        axis is α or β on a log axis) and its half-width in log."""
+        axis is α or β on a log axis) and its uncertainty in log; NaN and the crossing's own
+        when the axis leaves βα^M alone (a learning rate: the exponent is then the
+        crossing's)."""
         r = self.ratios[t]
         ra, rb = r.get(cell.lo, math.nan), r.get(cell.hi, math.nan)
-        if not (ra > 0 and rb > 0):
-            return math.nan, math.nan
+        if not (ra > 0 and rb > 0) or all(abs(v / ra - 1) < 1e-12 for v in r.values() if v > 0):
+            return math.nan, cell.error
         ax = self.spec.axis
         ua, ub = ax.u(cell.lo), ax.u(cell.hi)
         w = 0.0 if ub == ua else (ax.u(cell.crossing) - ua) / (ub - ua)
-        return math.exp((1 - w) * math.log(ra) + w * math.log(rb)), abs(math.log(rb / ra)) / 2
+        slope = 0.0 if ub == ua else abs(math.log(rb / ra)) / (ub - ua)
+        return math.exp((1 - w) * math.log(ra) + w * math.log(rb)), slope * cell.error
 
     def tables(self):
         """``(contour, exponents)`` pandas tables (see the module docstring)."""
         import pandas as pd
 
         rows = []
-        for (t, level), c in self.cells.items():
+        for (t, level), c in sorted(self.cells.items()):  # trace order, levels in order
             ratio, err = self._ratio(t, c) if c.status == "converged" else (math.nan, math.nan)
             rows.append({**self.labels[t], "level": level, "status": c.status, "crossing": c.crossing,
                          "lo": c.lo, "hi": c.hi, "f_lo": c.f_lo, "f_hi": c.f_hi, "width": c.width,
-                         "nominal_ratio": ratio, "log_ratio_err": err, "points": c.points,
+                         "error": c.error, "nominal_ratio": ratio, "log_ratio_err": err, "points": c.points,
                          "note": c.note})
         contour = pd.DataFrame(rows)
         fit_over = self.spec.fit_over

@@ -98,6 +98,73 @@ def test_cells_that_cannot_be_solved_are_reported_not_guessed():
     assert fits.set_index("level").loc[0.999, "points"] == 0
 
 
+DEPTHS = [12, 24, 48, 96, 192]
+
+
+def test_warm_starts_and_the_exponent_budget_reach_the_exponent_with_a_third_of_the_runs():
+    """Warm starts along depth (each depth measured around the crossing its settled neighbours'
+    power law predicts) and cells stopped at the error the exponent can take (``s_tol``): on
+    the closed form every crossing is found, s = −1/2 within s_tol, with ≤ 40 % of the runs of
+    bracketing every cell to tol (95 runs here); the interior depths take one run per level."""
+    plain = replay({**SPEC, "start": 3}, DEPTHS, sigmoid_rank)
+    smart = replay({**SPEC, "start": 3, "warm": True, "s_tol": 0.01}, DEPTHS, sigmoid_rank)
+    runs = [sum(len(v) for v in st.values) for st in (plain, smart)]
+    contour, fits = smart.tables()
+    assert (contour["status"] == "converged").all(), contour
+    assert np.allclose(fits["s"], -0.5, atol=0.01) and (fits["points"] == len(DEPTHS)).all(), fits
+    assert runs[1] <= 0.4 * runs[0], runs
+    assert [len(smart.values[t]) for t in (1, 2, 3)] == [3, 3, 3], smart.values
+    for _, row in contour.iterrows():  # the bracket holds the exact crossing (nothing guessed)
+        assert row["lo"] <= closed_alpha(row["level"], float(row["depth"])) <= row["hi"], row
+    # the budget follows the fit's weights: the middle depth (weight 0) may take any error,
+    # the ends (largest |log L − mean|) the least; Σ|w|·M·e = s_tol
+    allowed = [smart.allowed(t, 0.5) for t in range(len(DEPTHS))]
+    assert allowed[2] == math.inf and math.isclose(allowed[0], allowed[4]) and \
+        math.isclose(allowed[1], allowed[3]) and allowed[0] < allowed[1]
+    w = np.log(DEPTHS) - np.log(DEPTHS).mean()
+    w = w / (w @ w)
+    spent = sum(abs(wi) * 2 * a for wi, a in zip(w, allowed, strict=True) if math.isfinite(a))
+    assert math.isclose(spent, 0.01, rel_tol=1e-9), spent
+
+
+def test_a_warm_start_that_misses_steps_out_and_a_boundary_warm_starts_to_two_runs():
+    """A prediction off the crossing (a curve whose crossing jumps between depths) leaves the
+    cell unbracketed near the guess: it steps outwards until it brackets it, never guessing;
+    a level outside the bracket is reported unbracketed once the bracket's end is measured.
+    A boolean boundary (Table 5: lr*(L) = 10^-2·L^-1/2, stable below) warm-starts each
+    interior depth at two rates ±tol/2 around the prediction: two runs, the midpoint within
+    ±tol/2 of the exact boundary, and s = −1/2 from the crossings themselves (the rate leaves
+    βα^M alone)."""
+    def jumpy(shift):
+        return lambda alpha, depth: sigmoid_rank(alpha * (shift if depth == 48 else 1.0), depth)
+
+    spec = {**SPEC, "start": 3, "warm": True, "s_tol": 0.01, "levels": [0.5], "max_rounds": 40}
+    st = replay(spec, DEPTHS, jumpy(2.0))  # α*(48) half the power law's: 0.69 off in log α
+    contour = st.tables()[0].set_index("depth")
+    assert (contour["status"] == "converged").all(), contour
+    assert contour.loc["48", "lo"] <= closed_alpha(0.5, 48) / 2 <= contour.loc["48", "hi"], contour
+    assert len(st.values[2]) > 2  # it stepped out beyond the two points around the prediction
+    st = replay(spec, DEPTHS, jumpy(1e-3))  # α*(48) far above the bracket's end 10
+    contour = st.tables()[0].set_index("depth")
+    assert contour.loc["48", "status"] == "unbracketed", contour
+    assert max(st.values[2]) == 10.0, "reported unbracketed before the bracket's end was measured"
+
+    def stable(lr, depth):
+        return 0.5 if lr <= 1e-2 / math.sqrt(depth) else math.nan
+
+    spec = {"metric": "max_stable_lr", "levels": [0.0], "axis": "lr", "bracket": [3e-5, 1e-1],
+            "boolean": True, "start": 3, "tol": math.log(10) / 2, "method": "bisect",
+            "fit_over": "depth", "warm": True}
+    st = Contour(parse_spec(spec), [[f"depth={L}"] for L in DEPTHS], ["depth"])
+    st.run_in_process(lambda t, x: (stable(x, DEPTHS[t]), 1.0))
+    contour, fits = st.tables()
+    assert (contour["status"] == "converged").all(), contour
+    exact = 1e-2 / np.sqrt(contour["depth"].astype(float))
+    assert np.all(np.abs(np.log10(contour["crossing"] / exact)) <= 0.25 + 1e-9), contour
+    assert [len(st.values[t]) for t in (1, 2, 3)] == [2, 2, 2], st.values
+    assert abs(fits["s"].iloc[0] + 0.5) < 0.15 and contour["nominal_ratio"].isna().all(), fits
+
+
 def test_secant_safeguard_halves_the_bracket_at_least_every_second_round():
     """A curve the secant models badly (e^{30x}: interpolation from the flat end keeps landing
     on one side; unguarded it needs 80 rounds here): each two rounds at least halve it."""
@@ -134,7 +201,9 @@ def test_bad_contour_specs_are_one_line_errors():
     for bad, says in [({**SPEC, "bracket": [2, 1]}, "lo < hi"), ({**SPEC, "scale": "ln"}, "log or linear"),
                       ({**SPEC, "method": "newton"}, "secant or bisect"), ({**SPEC, "tol": 0}, "tol > 0"),
                       ({**SPEC, "levels": "x"}, "levels"), ({**SPEC, "wat": 1}, "unknown"),
-                      ({k: v for k, v in SPEC.items() if k != "axis"}, "axis")]:
+                      ({k: v for k, v in SPEC.items() if k != "axis"}, "axis"),
+                      ({**SPEC, "s_tol": -1}, "s_tol"), ({**SPEC, "warm": "yes"}, "warm"),
+                      ({**SPEC, "fit_over": None, "warm": True}, "warm")]:
         with pytest.raises(ValueError, match=says):
             parse_spec(bad)
 
@@ -205,3 +274,28 @@ def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
     assert abs(s["s"] + 0.5) <= s["resolution"] and s["points"] == 3
     assert fits.loc[1e6, "points"] == 0
     assert parent.data.metrics["contour_converged"] == 3
+
+
+def test_table5_from_one_rate_runs_is_each_cells_boundary():
+    """``analysis table5`` on one-rate runs (``experiment=tab5_boundary``): each cell's value is
+    the geometric midpoint of its largest stable rate and the next unstable one (the sweeper's
+    boundary), the largest stable rate where none above it failed, — where none was stable;
+    runs of a grid (task.lrs, no ``lr``) keep their logged max_stable_lr."""
+    from analysis.core.select import PLACEMENT
+    from analysis.study.training import one_rate, table5
+
+    nan = math.nan
+    rows = [("post", 12, 1e-4, 1e-4), ("post", 12, 1e-3, 1e-3), ("post", 12, 3e-3, nan),
+            ("post", 12, 1e-2, nan), ("post", 12, 3e-5, 3e-5),
+            ("post", 24, 1e-3, 1e-3), ("post", 24, 1e-2, 1e-2),
+            ("pre", 12, 1e-3, nan), ("pre", 12, 1e-2, nan)]
+    df = pd.DataFrame([{PLACEMENT: p, "depth": d, "alpha": 1.0, "lr": lr, "max_stable_lr": m}
+                       for p, d, lr, m in rows])
+    assert one_rate(df)
+    table = table5(df)["alpha=1"]
+    assert math.isclose(table[("post", 12)], math.sqrt(1e-3 * 3e-3))
+    assert table[("post", 24)] == 1e-2 and math.isnan(table[("pre", 12)])
+    grid = df.assign(lr=None)
+    assert not one_rate(grid)
+    seeds = table5(grid)["alpha=1"]  # a grid's runs in one cell are seeds: the rate all held
+    assert seeds[("post", 24)] == 1e-3 and math.isnan(seeds[("post", 12)])

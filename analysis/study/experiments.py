@@ -134,6 +134,23 @@ EXPERIMENTS = (
         reads=('fig6',),
     ),
     Experiment(
+        "tab5_boundary",
+        "Table 5 by root finding: the max stable learning rate traced by hydra/sweeper=contour",
+        "science.md §4 tab5",
+        ("Table 5 by root finding: the max stable learning rate of each (placement, α, L) cell of "
+         "fig6's grid (Pre- vs Post-Norm, α ∈ {0.5 … 4}, L ∈ {12 … 192}, β = 1, two d×d matrices, "
+         "d = 256; Adam, 5000 steps, batch 256), found by bisecting log lr ∈ [3e-5, 1e-2] "
+         "(hydra/sweeper=contour, a boolean target: the run diverged or ended below "
+         "task.stable_accuracy = 0.4) to half a decade, each job one rate (lr=…), each depth "
+         "started around the boundary its settled neighbours predict, instead of training every "
+         "rate of task.lrs; the table holds each cell's boundary (the midpoint in log of its last "
+         "stable and first unstable rate, ±0.25 decades)."),
+        analyses=(
+            "table5 --experiment tab5_boundary",
+        ),
+        needs=Needs(cifar10=True, train=True, gpu_full=True),
+    ),
+    Experiment(
         "fig7",
         "Figure 7: the mean spike",
         "science.md §3 fig7",

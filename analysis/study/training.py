@@ -84,7 +84,7 @@ def _depth_axis(ax, depths) -> None:
 
 
 def _lr_label(lr: float) -> str:
-    return f"{lr:g}"
+    return f"{lr:.2g}"  # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
 
 
 # --------------------------------------------------------------------------- fig6
@@ -231,13 +231,40 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
     return stable.max(axis=1)
 
 
+def one_rate(df: pd.DataFrame) -> bool:
+    """Whether every run trained a single learning rate (``lr=…``: a boundary sweep such as
+    ``experiment=tab5_boundary``), not the batched ``task.lrs`` of a grid."""
+    return "lr" in df and bool(len(df)) and bool(pd.to_numeric(df["lr"], errors="coerce").notna().all())
+
+
+def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
+    """One-rate runs (:func:`one_rate`) as one row per (placement, depth, α[, seed]) whose
+    ``max_stable_lr`` is the stability boundary: the geometric midpoint of the largest stable
+    rate and the smallest unstable one above it (the estimate of ``hydra/sweeper=contour``'s
+    boolean target, :func:`rankexp.levelset.solve`); the largest stable rate where none above
+    it failed; NaN where none was stable.  Stability as in :func:`max_stable_lr`."""
+    stable = max_stable_lr(df, stable_accuracy).notna()
+    keys = [PLACEMENT, "depth", "alpha"] + (["seed"] if "seed" in df else [])
+    rows = []
+    for values, g in df.assign(_lr=pd.to_numeric(df["lr"]), _ok=stable).groupby(keys, sort=False):
+        ok = g.loc[g["_ok"], "_lr"]
+        lo = float(ok.max()) if len(ok) else np.nan
+        above = g.loc[~g["_ok"] & (g["_lr"] > lo), "_lr"] if len(ok) else g["_lr"].iloc[:0]
+        rate = float(np.sqrt(lo * above.min())) if len(above) else lo
+        rows.append({**dict(zip(keys, values, strict=True)), "max_stable_lr": rate})
+    return pd.DataFrame(rows, columns=[*keys, "max_stable_lr"])
+
+
 def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
     """Max stable LR per (placement, depth) (rows) and α (columns), plus ``max over α``.
 
     Several runs in one cell (seeds) give their smallest value (the LR every seed held;
-    NaN if one seed had none).  NaN: no learning rate was stable.
+    NaN if one seed had none).  NaN: no learning rate was stable.  One-rate runs (a boundary
+    sweep, :func:`one_rate`) give each cell its boundary (:func:`boundary_lr`) instead of the
+    largest stable rate of a grid.
     """
-    runs = df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
+    runs = boundary_lr(df, stable_accuracy) if one_rate(df) else \
+        df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
     cells = runs.groupby([PLACEMENT, "depth", "alpha"])["max_stable_lr"]
     wide = cells.agg(lambda v: v.min(skipna=False)).unstack("alpha")
     wide.columns = [f"alpha={a:g}" for a in wide.columns]
@@ -256,7 +283,8 @@ def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFra
 
 
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
+                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
     p.add_argument(
         "--stable-accuracy",
         type=float,
@@ -278,9 +306,11 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     ran.columns = [f"alpha={a:g}" for a in ran.columns]
     ran["max over alpha"] = ran.any(axis=1)
     md = to_markdown(lr_cells(table, ran))
+    how = ("the boundary: midpoint in log of the largest stable and the next unstable rate"
+           if one_rate(df) else "the largest stable rate trained")
     print(
-        f"Max stable learning rate (final test accuracy ≥ {thr}; — = none stable, blank = not run), "
-        f"{', '.join(args.experiment)}\n"
+        f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
+        f"blank = not run), {', '.join(args.experiment)}\n"
     )
     print(md)
     fig, (ax,) = style.panels(1)
@@ -408,7 +438,8 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train)")
+    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
+                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
     p.add_argument(
         "--where",

@@ -12,8 +12,13 @@ traces the contour directly (science.md §6 ``tab4_contour``):
   config key: ``alpha``, ``beta``, ``lr``) with its ``bracket`` and ``scale`` (log/linear),
   ``start`` points of the first round, the ``tol``\\ erance (bracket width in ``log x`` on a log
   axis), ``method`` (``secant``: safeguarded; ``bisect``), ``boolean`` (the target is
-  ``metric ≥ level`` or not — a missing value is *not*; Table 5's boundary), ``max_rounds`` and
-  ``fit_over`` (the trace axis of the power law ``βα^M ∝ L^s``, ``depth``).
+  ``metric ≥ level`` or not — a missing value is *not*; Table 5's boundary), ``max_rounds``,
+  ``fit_over`` (the trace axis of the power law ``βα^M ∝ L^s``, ``depth``), ``warm`` (only
+  the ends of each ``fit_over`` line start from ``start`` points; each other depth is measured
+  around the crossings its settled neighbours' power law predicts, stepping outwards when
+  they miss) and ``s_tol`` (the exponent's tolerance: each cell stops once its secant step is
+  within the share of ``s_tol`` its weight in the fit allows, :meth:`rankexp.levelset.
+  Contour.allowed`).
 
 It runs rounds.  Each round is one batch of ordinary jobs through the configured launcher
 (basic, joblib, Slurm): each job is a normal run (config hash, resume, the sweep's parent
@@ -181,7 +186,8 @@ class ContourSweeper(RankexpSweeper):
         with_pd_options(lambda: log.info("contour after %d rounds, %d runs:\n%s", state.rounds,
                                          len(self.jobs), contour.to_string(index=False)))
         if not fits.empty:
-            with_pd_options(lambda: log.info("exponents s of βα^M ∝ L^s:\n%s", fits.to_string(index=False)))
+            with_pd_options(lambda: log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the "
+                                             "crossing where the axis leaves βα^M alone):\n%s", fits.to_string(index=False)))
         if parent is None or parent.run_id is None:
             return
         try:

@@ -138,11 +138,13 @@ class RankexpSlurmLauncher(SlurmLauncher):
         """The batch's jobs, ``jobs_per_task`` to an array task, in order."""
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        jobs = []
+        # Hydra's state (a deep copy of its singletons: 0.13 s under load), the same for every
+        # job: copied once, not per job as the plugin does (2,000 jobs: minutes), and pickled
+        # once per array task
+        state, jobs = Singleton.get_state(), []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            jobs.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
-                         Singleton.get_state()))
+            jobs.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", state))
         k = max(1, self.jobs_per_task)
         return [Pack(str(sweep_dir), self.detach, jobs[i:i + k]) for i in range(0, len(jobs), k)]
 

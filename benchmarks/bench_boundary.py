@@ -1,0 +1,106 @@
+"""Runs Table 5's max stable learning rate needs: the boundary sweep against the LR grid (issue 20).
+
+    python -m benchmarks.bench_boundary                # size=cpu: d = 64, 300 steps, 8 cells
+
+Both sweeps run for real through the CLI into one temporary store (``--store``), one torch
+thread: ``experiment=fig6_train`` (each cell one run training every rate of ``task.lrs`` as one
+batched model: ``len(task.lrs)`` trainings a cell, its half-decade spacing reads each boundary
+to ±0.25 decades as the midpoint of the largest stable rate and the next) and
+``experiment=tab5_boundary`` (``hydra/sweeper=contour``: one rate a run, bisecting log lr to
+half a decade, depths warm-started from their neighbours).  Printed: the trainings each
+needed, their ratio, and each cell's two readings (``analysis table5``'s tables, the grid's
+read as the same midpoint) with the largest difference in decades.  At ``size=cpu`` (and
+full) both have the same cells and threshold; their smoke sizes differ (tab5_boundary's
+smoke lowers task.stable_accuracy so that 20 steps can reach it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from rankexp.cli import CONF_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep(name: str, size: str, uri: str, out: Path) -> float:
+    """``python -m rankexp experiment=<name> size=<size> -m`` into ``uri``; its seconds."""
+    t0 = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "rankexp", f"experiment={name}", f"size={size}",
+                        f"tracking.uri={uri}", f"hydra.sweep.dir={out / name}", "-m"],
+                       cwd=REPO, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def lrs(size: str) -> list[float]:
+    """fig6_train's ``task.lrs`` at ``size`` (its overlay, else the task's default)."""
+    from rankexp.knobs import KNOBS
+
+    c = OmegaConf.load(f"{CONF_DIR}/size/fig6_train/{size}.yaml") if size != "full" else {}
+    given = OmegaConf.select(OmegaConf.create(c), "task.lrs")
+    return [float(v) for v in (given if given is not None else
+                               next(k.default for k in KNOBS if k.key == "task.lrs"))]
+
+
+def grid_midpoints(runs: pd.DataFrame, rates: list[float]) -> pd.Series:
+    """Each grid cell's boundary read as the geometric midpoint of its largest stable rate and
+    the next rate of the grid (the largest stable rate when it is the grid's top)."""
+    from analysis.study.training import table5
+
+    top = table5(runs)
+    nxt = {a: b for a, b in zip(rates, rates[1:], strict=False)}
+    return top.drop(columns="max over alpha").stack(future_stack=True).map(
+        lambda v: v if math.isnan(v) or v not in nxt else math.sqrt(v * nxt[v]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="cpu", choices=["cpu", "full"])
+    p.add_argument("--store", type=Path, default=None, help="folder of the store (default: a new temporary one)")
+    args = p.parse_args()
+    from analysis.study.training import table5
+    from rankexp.tracking import runs_table
+
+    where = args.store or Path(tempfile.mkdtemp(prefix="bench-boundary-"))
+    where.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{where / 'mlflow.db'}"
+    rates = lrs(args.size)
+    sec = {name: sweep(name, args.size, uri, where) for name in ("fig6_train", "tab5_boundary")}
+    grid, bound = (runs_table([n], uri) for n in ("fig6_train", "tab5_boundary"))
+    grid = grid.rename(columns=lambda c: c.split(".", 1)[1] if c.startswith(("params.", "metrics.")) else c)
+    bound = bound.rename(columns=lambda c: c.split(".", 1)[1] if c.startswith(("params.", "metrics.")) else c)
+    for df in (grid, bound):
+        for c in ("alpha", "depth", "lr", "max_stable_lr"):
+            if c in df:
+                df[c] = pd.to_numeric(df[c], errors="coerce")
+    cells = len(grid)
+    g = grid_midpoints(grid, rates)
+    b = table5(bound).drop(columns="max over alpha").stack(future_stack=True)
+    both = pd.DataFrame({"grid (midpoint)": g, "boundary": b})
+    both["decades apart"] = np.abs(np.log10(both["boundary"] / both["grid (midpoint)"]))
+    print(f"size={args.size}: {cells} cells (placement × depth × α), task.lrs = {rates}, store {uri}")
+    with pd.option_context("display.width", 200):
+        print(both.to_string(float_format=lambda v: f"{v:.3g}"))
+    n_grid, n_bound = cells * len(rates), len(bound)
+    print(f"grid: {cells} runs × {len(rates)} rates = {n_grid} trainings ({sec['fig6_train']:.0f} s); "
+          f"boundary: {n_bound} one-rate trainings ({sec['tab5_boundary']:.0f} s): the grid trains "
+          f"{n_grid / n_bound:.1f}× as many; largest difference "
+          f"{both['decades apart'].max():.2f} decades (each reading ±0.25)")
+
+
+if __name__ == "__main__":
+    main()
