@@ -126,6 +126,10 @@ SYMBOLS: dict[str, str] = {
     "erank_post": r"$\mathrm{erank}/d$, Post-Norm",
     "erank_post_noproj": r"$\mathrm{erank}/d$, no projection",
     "rank_removed_by_projection": r"$\Delta\mathrm{erank}/d$ by projection",
+    # zero-cost proxies at init (rankexp/probes/proxies.py)
+    "grad_norm_proxy": r"$\Sigma_l\,\|\partial\ell/\partial W_l\|_F$",
+    "jacob_cov": r"Jacobian covariance ($-\Sigma_i\,[\log(\sigma_i+k)+1/(\sigma_i+k)]$)",
+    "log_synflow": r"$\log$ synflow ($\Sigma|\theta\odot\partial R/\partial\theta|$)",
     # training
     "best_test_accuracy": "best test accuracy",
     "max_stable_lr": "max stable learning rate",
