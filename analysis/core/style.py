@@ -128,8 +128,8 @@ SYMBOLS: dict[str, str] = {
     "rank_removed_by_projection": r"$\Delta\mathrm{erank}/d$ by projection",
     # zero-cost proxies at init (rankexp/probes/proxies.py)
     "grad_norm_proxy": r"$\Sigma_l\,\|\partial\ell/\partial W_l\|_F$",
-    "jacob_cov": r"Jacobian covariance ($-\Sigma_i\,[\log(\sigma_i+k)+1/(\sigma_i+k)]$)",
-    "log_synflow": r"$\log$ synflow ($\Sigma|\theta\odot\partial R/\partial\theta|$)",
+    "jacob_cov": "Jacobian covariance score",
+    "log_synflow": r"$\log\,\Sigma|\theta\odot\partial R/\partial\theta|$ (synflow)",
     # training
     "best_test_accuracy": "best test accuracy",
     "max_stable_lr": "max stable learning rate",

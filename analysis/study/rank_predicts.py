@@ -207,62 +207,74 @@ def _columns(df: pd.DataFrame, quantity: str, statistic: str) -> tuple[np.ndarra
     return x[keep], y[keep]
 
 
+def statistic_row(df: pd.DataFrame, quantity: str, statistic: str, *, resamples: int = RESAMPLES,
+                  seed: int = SEED, min_configs: int = MIN_CONFIGS) -> dict:
+    """``statistic`` (of :data:`STATISTICS`) of ``quantity`` over the configs ``df``: ``value``
+    (ρ or AUC), ``lo``/``hi`` (bootstrap 95 %), ``n`` configs that have both, ``n_trainable``;
+    NaN values below ``min_configs``."""
+    x, y = _columns(df, quantity, statistic)
+    stat = roc_auc if statistic.startswith("auc") else spearman
+    value = float(stat(x, y)) if len(x) >= min_configs else math.nan
+    lo, hi = (bootstrap_interval(stat, x, y, resamples=resamples, seed=seed)
+              if np.isfinite(value) else (math.nan, math.nan))
+    trainable = int(np.isfinite(df["max_stable_lr"].astype(float)).sum()) \
+        if "max_stable_lr" in df else 0
+    return {"value": value, "lo": lo, "hi": hi, "n": len(x), "n_trainable": trainable}
+
+
 def prediction_table(df: pd.DataFrame, *, resamples: int = RESAMPLES, seed: int = SEED,
                      min_configs: int = MIN_CONFIGS) -> pd.DataFrame:
-    """One row per (grid, quantity, statistic): ``value`` (ρ or AUC), ``lo``/``hi`` (bootstrap
-    95 %), ``n`` configs, ``n_trainable``.  Grid ``all`` pools every grid; a grid with fewer than
-    ``min_configs`` configs (or a quantity logged on fewer) has NaN values.  ``df``: rows of
+    """One row per (grid, quantity, statistic) (:func:`statistic_row`).  Grid ``all`` pools
+    every grid, then each grid alone where there are several.  ``df``: rows of
     :func:`joined_configs` (columns ``grid``, the quantities, the targets)."""
-    rows = []
     grids = [("all", df)] + ([(g, d) for g, d in df.groupby("grid", sort=False)]
                              if df["grid"].nunique() > 1 else [])
-    for grid, d in grids:
-        for q in QUANTITIES:
-            for s in STATISTICS:
-                x, y = _columns(d, q, s)
-                stat = roc_auc if s.startswith("auc") else spearman
-                ok = len(x) >= min_configs
-                value = float(stat(x, y)) if ok else math.nan
-                lo, hi = (bootstrap_interval(stat, x, y, resamples=resamples, seed=seed)
-                          if ok and np.isfinite(value) else (math.nan, math.nan))
-                trainable = int(np.isfinite(d["max_stable_lr"].astype(float)).sum()) \
-                    if "max_stable_lr" in d else 0
-                rows.append({"grid": grid, "quantity": q, "statistic": s, "value": value,
-                             "lo": lo, "hi": hi, "n": len(x), "n_trainable": trainable})
+    rows = [{"grid": grid, "quantity": q, "statistic": s,
+             **statistic_row(d, q, s, resamples=resamples, seed=seed, min_configs=min_configs)}
+            for grid, d in grids for q in QUANTITIES for s in STATISTICS]
     return pd.DataFrame(rows).set_index(["grid", "quantity", "statistic"])
 
 
 # --------------------------------------------------------------------------- the figure
-#: what each statistic's panel shows (x label) and its no-information line
-PANELS = {"rho:max_stable_lr": ("Spearman ρ with the max stable learning rate", 0.0),
-          "rho:best_test_accuracy": ("Spearman ρ with the best test accuracy", 0.0),
-          "auc:trainable": ("ROC-AUC of trainable (a stable learning rate exists)", 0.5)}
+#: each statistic's panel: title, x label, the no-information line
+PANELS = {"rho:max_stable_lr": ("vs max stable learning rate", "Spearman ρ", 0.0),
+          "rho:best_test_accuracy": ("vs best test accuracy", "Spearman ρ", 0.0),
+          "auc:trainable": ("trainable (a stable LR exists)", "ROC-AUC", 0.5)}
 
 
 def draw(table: pd.DataFrame, grid: str = "all"):
     """One panel per statistic (:data:`PANELS`): each quantity's value (dot) and bootstrap
     95 % interval (bar), quantities as rows named in mathtext; the no-information line (ρ = 0,
-    AUC = ½) dashed; n configs beside each bar."""
+    AUC = ½) dashed; the configs n in the title (per row where they differ)."""
     t = table.xs(grid, level="grid")
     quantities = list(QUANTITIES)
-    fig, axes = style.panels(len(STATISTICS), max_cols=3, aspect=1.1)
+    fig, axes = style.panels(len(STATISTICS), max_cols=3, aspect=1.3)
     for ax, s in zip(axes, STATISTICS, strict=True):
-        label, none = PANELS[s]
+        title, xlabel, none = PANELS[s]
         rows = t.xs(s, level="statistic").reindex(quantities)
         y = np.arange(len(quantities))
         v, lo, hi = (rows[c].to_numpy(float) for c in ("value", "lo", "hi"))
         ok = np.isfinite(lo) & np.isfinite(hi)
         ax.errorbar(v[ok], y[ok], xerr=np.abs(np.vstack([v[ok] - lo[ok], hi[ok] - v[ok]])),
                     fmt="o", ms=3.5, capsize=2, color="C0")
-        ax.plot(v[~ok & np.isfinite(v)], y[~ok & np.isfinite(v)], "o", ms=3.5, color="C0")
+        alone = ~ok & np.isfinite(v)
+        ax.plot(v[alone], y[alone], "o", ms=3.5, color="C0")
         ax.axvline(none, color="gray", lw=0.8, ls="--")
-        for yi, n in zip(y, rows["n"].to_numpy(int), strict=True):
-            ax.annotate(f"n = {n}", (1.0, yi), xycoords=("axes fraction", "data"),
-                        ha="right", va="bottom", fontsize=6, color="0.35")
+        if not np.isfinite(v).any():
+            ax.text(0.5, 0.5, "undefined: the outcome is the same\nfor every config (or n too small)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=7, color="0.35")
+        ns = rows["n"].to_numpy(int)
+        if len(set(ns)) == 1:
+            title += f", n = {ns[0]}"
+        else:
+            for yi, n in zip(y, ns, strict=True):
+                ax.annotate(f"n = {n}", (0.02, yi - 0.2), xycoords=("axes fraction", "data"),
+                            ha="left", va="bottom", fontsize=6, color="0.35")
         ax.set_xlim(-1.05, 1.05) if s.startswith("rho") else ax.set_xlim(-0.02, 1.02)
         ax.set_yticks(y, [style.name(q) for q in quantities] if ax is axes[0] else [])
         ax.set_ylim(len(quantities) - 0.5, -0.5)
-        ax.set_xlabel(label)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize="small")
     return fig
 
 
@@ -310,9 +322,8 @@ def measured(df: pd.DataFrame, quantity: str, statistic: str, *, none: float = 0
     if len(x) < min_configs:
         raise NotRun(f"{len(x)} trained configs joined with {quantity} (probe "
                      f"{QUANTITIES[quantity]}); the statistic needs ≥ {min_configs}")
-    row = prediction_table(df.assign(grid="all"), resamples=resamples, min_configs=min_configs
-                           ).loc[("all", quantity, statistic)]
-    value, lo, hi = float(row["value"]), float(row["lo"]), float(row["hi"])
+    row = statistic_row(df, quantity, statistic, resamples=resamples, min_configs=min_configs)
+    value, lo, hi = row["value"], row["lo"], row["hi"]
     note = (f"n = {int(row['n'])} configs of {sorted(df['grid'].unique())}; bootstrap 95 % "
             f"[{lo:.2f}, {hi:.2f}] (B = {resamples}, seed {SEED}); no information: {none:g}")
     return Measured(value, value - lo if np.isfinite(lo) else math.nan, note)
