@@ -6,7 +6,7 @@ they read (no "runs differ in …" averaging), and every claim its entry lists i
 ``Claim.needs``), never for a run its grids should have made.
 
 The registry is the list: its ids are the configs of ``conf/experiment/``, its commands exist.
-Experiments whose smoke size trains on CIFAR-10 (``Needs.train``) run here under ``-m slow``:
+Experiments whose smoke size trains on CIFAR-10 (``Needs.train``, theirs or a read one's) run here under ``-m slow``:
 their training loops are the subject of test_analysis_training / _meanfield / _degradation, and
 they skip (saying why) where the data set is missing.  The ``cpu`` sizes (``make figures``) run
 under ``-m slow`` for every experiment that does not train.
@@ -32,10 +32,11 @@ REGISTRY = default()
 
 
 def case(name: str, slow: bool = False):
-    """One experiment as a test case: slow if asked or if it trains; skipped where it (or an
-    experiment it reads) needs what this machine lacks."""
+    """One experiment as a test case: slow if asked or if it (or an experiment it reads)
+    trains; skipped where it (or an experiment it reads) needs what this machine lacks."""
     entry = REGISTRY[name]
-    marks = [pytest.mark.slow] if slow or entry.needs.train else []
+    trains = entry.needs.train or any(REGISTRY[e].needs.train for e in entry.reads)
+    marks = [pytest.mark.slow] if slow or trains else []
     missing = ", ".join(m for m in (REGISTRY[e].needs.missing() for e in (*entry.reads, name)) if m)
     marks.append(pytest.mark.skipif(bool(missing), reason=f"{name} needs {missing}"))
     return pytest.param(name, marks=marks)

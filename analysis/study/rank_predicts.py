@@ -274,6 +274,8 @@ def draw(table: pd.DataFrame, grid: str = "all"):
         ax.set_yticks(y, [style.name(q) for q in quantities] if ax is axes[0] else [])
         ax.set_ylim(len(quantities) - 0.5, -0.5)
         ax.set_xlabel(xlabel)
+        if ax is axes[0]:
+            ax.set_ylabel("quantity at initialization")
         ax.set_title(title, fontsize="small")
     return fig
 
@@ -369,6 +371,9 @@ EXPERIMENTS = (
          "stable LR exists), are computed with bootstrap 95 % intervals (B = 2000, seed 0)."),
         analyses=("rank_predicts",),
         claims=RANK_PREDICTS,
+        needs=Needs(gpu_full=True),
+        # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
+        # analysis reads every trained grid the store holds (trained_experiments())
         reads=("fig6_train",),
     ),
 )
