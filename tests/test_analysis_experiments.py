@@ -31,12 +31,17 @@ from rankexp.cli import CONF_DIR
 REGISTRY = default()
 
 
+def trains(name: str) -> bool:
+    """It, or an experiment whose runs it reads, trains (``Needs.train``)."""
+    entry = REGISTRY[name]
+    return entry.needs.train or any(REGISTRY[e].needs.train for e in entry.reads)
+
+
 def case(name: str, slow: bool = False):
     """One experiment as a test case: slow if asked or if it (or an experiment it reads)
     trains; skipped where it (or an experiment it reads) needs what this machine lacks."""
     entry = REGISTRY[name]
-    trains = entry.needs.train or any(REGISTRY[e].needs.train for e in entry.reads)
-    marks = [pytest.mark.slow] if slow or trains else []
+    marks = [pytest.mark.slow] if slow or trains(name) else []
     missing = ", ".join(m for m in (REGISTRY[e].needs.missing() for e in (*entry.reads, name)) if m)
     marks.append(pytest.mark.skipif(bool(missing), reason=f"{name} needs {missing}"))
     return pytest.param(name, marks=marks)
@@ -100,7 +105,7 @@ def test_experiment_runs_at_smoke_size_its_analysis_draws_and_its_claims_are_dec
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY if not e.needs.train])
+@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY if not trains(e.id)])
 def test_experiment_runs_at_cpu_size_and_its_analysis_draws(name, tmp_path):
     for exp in (*REGISTRY[name].reads, name):
         sweep(exp, "cpu", tmp_path)
