@@ -130,3 +130,21 @@ def test_the_proxies_are_init_probes_with_options_in_the_catalog():
 def test_synflow_overflow_is_infinite_not_nan():
     net = PlainNet(64, 300, activation="relu", alpha=4.0, seeds=[0])  # ≈ e^{3.2 L} > e^709
     assert log_synflow(net).item() == math.inf
+
+
+def test_a_training_run_of_many_rates_takes_init_probes_but_not_trained_ones():
+    """The initial network is the one every rate starts from (the members share the seed): its
+    probes run with the LR sweep; a probe of the trained network still needs one rate."""
+    from hydra import compose, initialize_config_dir
+
+    from rankexp.cli import CONF_DIR
+    from rankexp.config import ConfigError, validate
+
+    def check(probes: str) -> None:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            validate(compose("config", ["task=train", "width=8", "depth=2",
+                                        "task.lrs=[0.001,0.01]", f"task.probes={probes}"]))
+
+    check("[grad_norm_proxy,jacob_cov,synflow]")
+    with pytest.raises(ConfigError, match=r"measure one trained network.*\[0.001, 0.01\]"):
+        check("[synflow,io_jacobian]")

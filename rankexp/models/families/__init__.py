@@ -38,21 +38,24 @@ def check_family(s: RankexpConfig) -> None:
     """A config against what its family and its probes declare: the task is one the family
     accepts; each probe accepts the task (``lesion``: a trained network) and the family; the
     family's own rules; no setting only another family has (σ_b, orthogonal init, batchnorm:
-    ``model=plain``'s).  A training run's probes measure one trained network (one rate).
+    ``model=plain``'s).  A training run's probes of the trained network measure one network
+    (one rate); those of the initial network (:data:`~rankexp.probes.INIT_PROBES`) see the one
+    network every rate starts from.
 
     Raises:
         ConfigError: the first rule broken, naming key, value and what is allowed.
     """
-    from ...probes import PROBES
+    from ...probes import INIT_PROBES, PROBES
 
     fam, task, probes = family_of(s), s.task.name, list(s.task.probes)
+    trained = [p for p in probes if p not in INIT_PROBES]
     for p in probes:
         if task not in PROBES[p].tasks:
             raise bad("task.probes", p, "measures a trained network: use it with task=train"
                       if PROBES[p].tasks == frozenset({"train"}) else
                       f"runs with task={'|'.join(sorted(PROBES[p].tasks))}")
-    if task == "train" and probes and s.lr is None and len(s.task.lrs) > 1:
-        raise bad("task.probes", probes, "measure one trained network: give one "
+    if task == "train" and trained and s.lr is None and len(s.task.lrs) > 1:
+        raise bad("task.probes", trained, "measure one trained network: give one "
                   f"learning rate (lr=… or task.lrs=[…]), not the sweep {list(s.task.lrs)}")
     if task not in fam.tasks:
         raise bad("task", task, f"model={fam.name} runs {', '.join('task=' + t for t in fam.tasks)} "
