@@ -130,6 +130,9 @@ def test_join_matches_architecture_knobs_and_keeps_what_the_trained_run_logged()
                          {**arch, "depth": 8, "alpha": 1.0, "erank_io": 0.2, "jacob_cov": -1.0}])
     out = rp.join_init(train, init)
     assert out["init_runs"].tolist() == [2, 0, 1]
+    # a knob both lack (NaN in both tables) still matches: NaN ≠ NaN is not a mismatch
+    assert rp.join_init(train.assign(bias=np.nan), init.assign(bias=np.nan))["init_runs"].tolist() \
+        == [2, 0, 1]
     assert out.loc[0, "erank_io"] == pytest.approx(0.6) and out.loc[0, "jacob_cov"] == -4.0
     assert math.isnan(out.loc[1, "erank_io"])
     assert out.loc[2, "jacob_cov"] == -7.0 and out.loc[2, "erank_io"] == 0.2  # its own value kept

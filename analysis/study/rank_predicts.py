@@ -135,7 +135,10 @@ def _load(name: str, uri: str | None) -> pd.DataFrame:
 
 
 def _key(row: pd.Series, keys: list[str]) -> tuple:
-    return tuple(round(float(v), 9) if isinstance(v, (int, float, np.number)) else str(v)
+    """The row's architecture as a hashable tuple: numbers to 9 digits, a missing value as
+    ``"nan"`` (NaN ≠ NaN would never match), everything else as text."""
+    return tuple(("nan" if math.isnan(float(v)) else round(float(v), 9))
+                 if isinstance(v, (int, float, np.number)) and not isinstance(v, bool) else str(v)
                  for v in (row[k] for k in keys))
 
 
