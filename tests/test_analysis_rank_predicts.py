@@ -150,3 +150,23 @@ def test_a_store_without_trained_runs_is_a_selection_error(monkeypatch):
     monkeypatch.setattr(rp, "_load", lambda name, uri: pd.DataFrame())  # an empty store
     with pytest.raises(SelectionError, match="no trained runs"):
         rp.joined_configs("sqlite:///nowhere.db")
+
+
+def test_the_command_writes_table_and_a_publication_ready_figure(monkeypatch, tmp_path):
+    """``python -m analysis rank_predicts`` end to end on joined configs of two grids (the store
+    stubbed: the every-experiment test reads a real one, under -m slow since it trains)."""
+    from figure_checks import checked
+
+    df = pd.concat([_configs(12).assign(width=16, depth=4, seeds=1), _configs(8, seed=1).assign(
+        grid="fig16", width=16, depth=8, seeds=1)], ignore_index=True)
+    monkeypatch.setattr(rp, "joined_configs", lambda uri, experiments=None: df)
+    with checked(["rank_predicts", "--uri", "sqlite:///unused.db", "--out", str(tmp_path),
+                  "--resamples", "200"]) as (rc, figs):
+        assert rc == 0 and set(figs) == {"rank_predicts"}
+        axes = figs["rank_predicts"].axes
+        assert [a.get_xlabel() for a in axes] == ["Spearman ρ", "Spearman ρ", "ROC-AUC"]
+        assert "n = 20" in axes[0].get_title()
+    md = (tmp_path / "rank_predicts" / "rank_predicts.md").read_text()
+    assert "B = 200, seed 0" in md and "| fig16 | erank_io | rho:max_stable_lr |" in md
+    csv = pd.read_csv(tmp_path / "rank_predicts" / "rank_predicts.csv")
+    assert len(csv) == 3 * len(rp.QUANTITIES) * len(rp.STATISTICS)
