@@ -6,7 +6,7 @@ they read (no "runs differ in …" averaging), and every claim its entry lists i
 ``Claim.needs``), never for a run its grids should have made.
 
 The registry is the list: its ids are the configs of ``conf/experiment/``, its commands exist.
-Experiments whose smoke size trains on CIFAR-10 (``Needs.train``) run here under ``-m slow``:
+Experiments whose smoke size trains on CIFAR-10 (``Needs.train``, theirs or a read one's) run here under ``-m slow``:
 their training loops are the subject of test_analysis_training / _meanfield / _degradation, and
 they skip (saying why) where the data set is missing.  The ``cpu`` sizes (``make figures``) run
 under ``-m slow`` for every experiment that does not train.
@@ -31,11 +31,17 @@ from rankexp.cli import CONF_DIR
 REGISTRY = default()
 
 
-def case(name: str, slow: bool = False):
-    """One experiment as a test case: slow if asked or if it trains; skipped where it (or an
-    experiment it reads) needs what this machine lacks."""
+def trains(name: str) -> bool:
+    """It, or an experiment whose runs it reads, trains (``Needs.train``)."""
     entry = REGISTRY[name]
-    marks = [pytest.mark.slow] if slow or entry.needs.train else []
+    return entry.needs.train or any(REGISTRY[e].needs.train for e in entry.reads)
+
+
+def case(name: str, slow: bool = False):
+    """One experiment as a test case: slow if asked or if it (or an experiment it reads)
+    trains; skipped where it (or an experiment it reads) needs what this machine lacks."""
+    entry = REGISTRY[name]
+    marks = [pytest.mark.slow] if slow or trains(name) else []
     missing = ", ".join(m for m in (REGISTRY[e].needs.missing() for e in (*entry.reads, name)) if m)
     marks.append(pytest.mark.skipif(bool(missing), reason=f"{name} needs {missing}"))
     return pytest.param(name, marks=marks)
@@ -99,7 +105,7 @@ def test_experiment_runs_at_smoke_size_its_analysis_draws_and_its_claims_are_dec
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY if not e.needs.train])
+@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY if not trains(e.id)])
 def test_experiment_runs_at_cpu_size_and_its_analysis_draws(name, tmp_path):
     for exp in (*REGISTRY[name].reads, name):
         sweep(exp, "cpu", tmp_path)

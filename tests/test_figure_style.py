@@ -201,13 +201,15 @@ def test_seed_spread_pools_every_seed_of_a_cells_runs():
 def test_every_analysis_command_is_style_checked_by_a_test():
     """Each command (the report aside) is run by a test whose figures go through figure_checks:
     the every-experiment test (test_analysis_experiments: every registry entry's commands, by
-    default for the entries that do not train), or a test module naming it (test_analysis_rank
+    default for the entries that do not train, nor read one that does), or a test module naming it (test_analysis_rank
     / _spectra via `checked`, _training via its batch)."""
     from analysis.core.registry import default
 
     sources = {p.name: p.read_text() for p in TESTS.glob("test_analysis_*.py")}
     checked = {n: s for n, s in sources.items() if "checked" in s or "problems" in s}
-    by_registry = {argv[0] for e in default() if not e.needs.train for argv in e.argvs()}
+    reg = default()
+    trains = {e.id for e in reg if e.needs.train or any(reg[r].needs.train for r in e.reads)}
+    by_registry = {argv[0] for e in reg if e.id not in trains for argv in e.argvs()}
     for command in set(commands()) - {"report"} - by_registry:
         assert any(
             re.search(rf"""["']{command}["']""", s) for s in checked.values()

@@ -129,6 +129,10 @@ SYMBOLS: dict[str, str] = {
     "erank_post": r"$\mathrm{erank}/d$, Post-Norm",
     "erank_post_noproj": r"$\mathrm{erank}/d$, no projection",
     "rank_removed_by_projection": r"$\Delta\mathrm{erank}/d$ by projection",
+    # zero-cost proxies at init (rankexp/probes/proxies.py)
+    "grad_norm_proxy": r"$\Sigma_l\,\|\partial\ell/\partial W_l\|_F$",
+    "jacob_cov": "Jacobian covariance score",
+    "log_synflow": r"$\log\,\Sigma|\theta\odot\partial R/\partial\theta|$ (synflow)",
     # training
     "best_test_accuracy": "best test accuracy",
     "max_stable_lr": "max stable learning rate",

@@ -97,6 +97,12 @@ PROBES: dict[str, Probe] = {
     "shattered": Probe(Ref("gradients:probe_shattered"), splits_seeds=False,
                        options=c.SHATTERED_OPTIONS,
                        families=c.PLAIN),
+    # zero-cost proxies of the NAS literature (proxies.py), measured at init beside the ranks
+    "grad_norm_proxy": Probe(Ref("proxies:probe_grad_norm_proxy"),
+                             memory=c.grad_norm_proxy_memory, options=c.GRAD_NORM_PROXY_OPTIONS),
+    "jacob_cov": Probe(Ref("proxies:probe_jacob_cov"), memory=c.jacob_cov_memory,
+                       options=c.JACOB_COV_OPTIONS),
+    "synflow": Probe(Ref("proxies:probe_synflow"), memory=c.synflow_memory, inputs="one"),
     # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
     "ffn_jacobian": Probe(Ref("ffn:probe_ffn_jacobian"), memory=c.ffn_memory,
                           options=c.FFN_JACOBIAN_OPTIONS,
@@ -124,8 +130,9 @@ ONE_INPUT_PROBES = tuple(n for n, p in PROBES.items() if p.inputs == "one")
 CIFAR_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.CONVNET)
 #: probes of a trained network (task=train only, after training)
 TRAINED_PROBES = tuple(n for n, p in PROBES.items() if p.tasks == c.TRAINED)
-#: probes of the initial network (under task=train they run before the first step)
-INIT_PROBES = ("init_gradient_norms",)
+#: probes of the initial network (under task=train they run before the first step): the
+#: ConvNet's gradient norms and the zero-cost proxies
+INIT_PROBES = ("init_gradient_norms", "grad_norm_proxy", "jacob_cov", "synflow")
 
 #: what ``task=measure`` runs when ``task.probes`` is not given
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")

@@ -200,6 +200,40 @@ GRADIENT_NORMS_OPTIONS = {"batch": 128}
 SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
 
 
+# --------------------------------------------------------------------------- zero-cost proxies (proxies.py)
+#: options of ``grad_norm_proxy``: Gaussian inputs per member
+GRAD_NORM_PROXY_OPTIONS = {"batch": 128}
+#: options of ``jacob_cov``: N Gaussian inputs per member, Mellor et al.'s k
+JACOB_COV_OPTIONS = {"batch": 128, "k": 1e-5}
+
+
+def _backward_memory(shape: ModelShape, batch: int) -> float:
+    """One backward through the stack for ``batch`` inputs: autograd keeps ≈ 3 stream-sized and
+    2 hidden-sized tensors per block, plus the weights' gradients (L·M matrices)."""
+    d, m = shape.width, shape.hidden
+    acts = shape.depth * batch * (3 * d + 2 * m)
+    return (acts + shape.depth * shape.matrices * d * max(d, m)) * shape.itemsize
+
+
+def grad_norm_proxy_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: :func:`_backward_memory` of ``batch`` inputs."""
+    return _backward_memory(shape, int(probe_options(options, "grad_norm_proxy",
+                                                     GRAD_NORM_PROXY_OPTIONS)["batch"]))
+
+
+def jacob_cov_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: :func:`_backward_memory` of N inputs plus the N × N correlation matrix."""
+    n = int(probe_options(options, "jacob_cov", JACOB_COV_OPTIONS)["batch"])
+    return _backward_memory(shape, n) + 3 * n * n * 8
+
+
+def synflow_memory(shape: ModelShape, options: Mapping) -> float:
+    """Per seed: a float64 copy of the weights and their gradients, one input's backward."""
+    d, m = shape.width, shape.hidden
+    return 2 * shape.depth * shape.matrices * d * max(d, m) * 8 + _backward_memory(shape, 1) / \
+        shape.itemsize * 8
+
+
 # --------------------------------------------------------------------------- causal LMs (ffn.py, Figure 12)
 #: options of ``ffn_jacobian`` (``task.options.ffn_jacobian``): the first block the cosines and
 #: sums include (the study leaves block 1 out)

@@ -45,15 +45,18 @@ def random_readout(seeds, width: int, batch: int, *, dtype=torch.float64, device
             torch.stack(gs).to(dtype=dtype, device=device))
 
 
-def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor) -> Tensor:
+def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor,
+                          weights: list[Tensor] | None = None) -> Tensor:
     """``‖∂ℓ/∂W_l‖_F`` for l = 1…L, ``(E, L)``, of ``ℓ = (1/B) Σ_b g_b vᵀ h_L^{(b)}``.
 
+    ``weights``: the ``(E, out, in)`` matrices to differentiate (default: each layer's ``w``;
+    the ``grad_norm_proxy`` probe passes every weight matrix, L·M of them).
     ``h0`` ``(E, B, n)``; ``v`` ``(E, n)``; ``g`` ``(E, B)``.  The per-sample weights g make
     the backward signal differ across the batch (a batch-constant one is removed by a
     batchnorm's centring), as the gradient of a loss against random targets does.  Batch
     statistics are differentiated through (training mode).  One backward for all members.
     """
-    weights = [layer.w for layer in model.blocks]
+    weights = [layer.w for layer in model.blocks] if weights is None else weights
     with torch.enable_grad():
         out = model(h0)
         loss = ((out @ v[:, :, None])[..., 0] * g).mean(-1).sum()
