@@ -209,6 +209,8 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
     import subprocess
     import sys
 
+    from rankexp.models import TORCH_FREE
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     if line is not None:
@@ -219,8 +221,7 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
     assert p.returncode == 0, p.stderr[-2000:]
     names = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     return p.stdout, sorted(n for n in names if n.split(".")[0] in HEAVY
-                            or (n.startswith("rankexp.models.")
-                                and not n.startswith(("rankexp.models.spec", "rankexp.models.families"))))
+                            or (n.startswith("rankexp.models.") and not n.startswith(TORCH_FREE)))
 
 
 def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
