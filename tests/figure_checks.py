@@ -98,9 +98,12 @@ def line_style_problems(fig) -> list[str]:
 
     * a style's key — an entry in black or grey, whose colour says nothing (the house's theory
       curves, ``style.THEORY``; the proxies ``plot([], [], color="0.3", ls=…)`` keying a style)
-      — names one meaning: every grey or black entry of one dash pattern has one label;
+      — names one meaning: every grey or black entry of one dash pattern has one label, the
+      house's black dashed theory curves counting as one meaning, "a closed form", whatever
+      curve each panel's label names;
     * one look, one label: entries alike in dash pattern, colour and marker carry one label.
     """
+    theory = (_dashes(Line2D([], [], ls=style.THEORY["ls"])), to_rgb(style.THEORY["color"]))
     keys: dict[tuple, set[str]] = {}
     looks: dict[tuple, set[str]] = {}
     for label, line in _legend_lines(fig):
@@ -109,7 +112,8 @@ def line_style_problems(fig) -> list[str]:
             continue
         rgb = to_rgb(line.get_color())
         if max(rgb) - min(rgb) < 1e-6:
-            keys.setdefault(dashes, set()).add(label)
+            meaning = "a closed form (style.THEORY)" if (dashes, rgb) == theory else label
+            keys.setdefault(dashes, set()).add(meaning)
         looks.setdefault((dashes, rgb, str(line.get_marker())), set()).add(label)
     out = [f"one {_style_name(d)} line style keys {len(v)} meanings: {sorted(v)}"
            for d, v in keys.items() if len(v) > 1]

@@ -92,14 +92,16 @@ def test_checker_marks_what_a_reviewer_marks(defect, found):
 
 def test_one_meaning_per_line_style():
     """Issue 19 item 5 (Fig 5b: dashed = the closed form in one column, m/d = 4 in the other):
-    a dash pattern keyed by two grey/black legend entries of different labels, or one look
+    a dash pattern keyed by two grey/black legend entries of different meanings, or one look
     (pattern, colour, marker) under two labels, is marked; a style keyed once, the same key
-    repeated in several panels, and colours telling entries of one style apart are not."""
+    repeated in several panels, each panel's closed form in the house's black dashed, and
+    colours telling entries of one style apart are not."""
     fig = styled_figure()  # its theory curve: black dashed "Eq. 22"
     ax = fig.axes[0]
     ax.plot([], [], color="0.3", ls="--", label=style.value_label("expansion", 4))  # Fig 5b
     ax.legend()
-    assert any("dashed line style keys 2 meanings" in p for p in problems(fig)), problems(fig)
+    found = [p for p in problems(fig) if "dashed line style keys 2 meanings" in p]
+    assert found and "a closed form" in found[0] and "m/d = 4" in found[0], problems(fig)
     fig = styled_figure()
     ax = fig.axes[0]
     for c, a in (("C1", 1), ("C1", 2)):
@@ -112,8 +114,8 @@ def test_one_meaning_per_line_style():
     # good: the style keyed once per figure (the key repeated in a second panel), an error-bar
     # entry of its own style, and colours telling apart dashed lines of one meaning
     fig, axes = style.panels(2)
-    for ax in axes:
-        ax.plot([1, 2], [1, 2], **style.THEORY, label="Eq. 22")
+    for ax, law in zip(axes, ("Eq. 21", "Eq. 22"), strict=True):  # dashed black: a closed form
+        ax.plot([1, 2], [1, 2], **style.THEORY, label=law)
         ax.plot([], [], color="0.3", ls="-.", label=style.value_label("expansion", 4))
         for c, a in (("C0", 1), ("C3", 2)):
             ax.plot([1, 2], [a, a], color=c, ls="-.", label=style.value_label("alpha", a))
