@@ -62,7 +62,9 @@ def rankexp_wall(tree: Path, args: list[str], line: str | None = None) -> dict:
 def imported(args: list[str], line: str | None = None) -> list[str]:
     """The modules a fresh ``python -X importtime -m rankexp <args>`` of this checkout imports
     that a help or a tab press must not: torch, mlflow, … and ``rankexp.models.*`` but its
-    torch-free ``spec``."""
+    torch-free modules (``rankexp.models.TORCH_FREE``)."""
+    from rankexp.models import TORCH_FREE
+
     env = clean_env(ROOT)
     if line is not None:
         env.update(COMP_LINE=line, COMP_POINT=str(len(line)))
@@ -71,7 +73,7 @@ def imported(args: list[str], line: str | None = None) -> list[str]:
                              env=env, capture_output=True, text=True)
     names = [ln.rsplit("|", 1)[-1].strip() for ln in out.stderr.splitlines() if ln.startswith("import time:")]
     return sorted(n for n in names if n.split(".")[0] in HEAVY
-                  or (n.startswith("rankexp.models.") and n != "rankexp.models.spec"))
+                  or (n.startswith("rankexp.models.") and not n.startswith(TORCH_FREE)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .config import ConfigError, check_override_keys, config_groups, quote_unicode, register_configs
@@ -39,6 +40,8 @@ QUIET = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRE
 
 class _State:
     composed = False  # Hydra composed a config: its exit status 1 is no longer a config error
+    run_dir: Path | None = None  # a single run's directory, where this process made it …
+    made: Path | None = None  # … and the topmost folder of it that did not exist before
 
 
 def mark_composed() -> None:
@@ -49,6 +52,55 @@ def mark_composed() -> None:
 def _fail(message: str, code: int) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+class CheckFirst(Callback):
+    """A single run's config is checked before Hydra makes its run directory
+    (``conf/config.yaml``: ``hydra.callbacks.check_first``).  Hydra's ``run_job`` creates
+    ``outputs/<date>/<time>`` with its ``.hydra/`` and ``rankexp.log`` before the task starts,
+    so a value refused by the task's check (``width=-3``, ``task.probes=[nope]``) left that
+    directory behind.  Here :func:`rankexp.config.check_task` runs in ``on_run_start`` —
+    after composing, before ``run_job`` — and its result waits for the job in
+    :data:`rankexp.config.CHECKED_JOBS` (checked once).  A sweep's jobs are checked by the
+    sweeper before any directory exists; a worker's single job (joblib, Slurm) starts no run
+    of Hydra's and is not seen here.
+
+    Raises:
+        SystemExit: 2 with the one-line message when the check refuses the config.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from .config import CHECKED_JOBS, check_task
+
+        overrides = tuple(config.hydra.overrides.task)
+        try:
+            CHECKED_JOBS[overrides] = check_task(config, overrides=overrides)
+        except ConfigError as e:
+            _fail(str(e), 2)
+        run_dir = Path(str(config.hydra.run.dir)).absolute()
+        missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+        _State.run_dir, _State.made = (run_dir, missing[-1]) if missing else (None, None)
+
+
+def _discard_run_dir() -> None:
+    """Remove the single run's directory this process made (and the empty folders above it
+    that it made: ``outputs/<date>``), when the job is refused before its run exists (a store
+    that cannot be used): only what Hydra wrote can be in it then."""
+    run_dir, made = _State.run_dir, _State.made
+    _State.run_dir = _State.made = None
+    if run_dir is None or not run_dir.is_dir() \
+            or not {p.name for p in run_dir.iterdir()} <= {".hydra", "rankexp.log"}:
+        return
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:
+        if folder == made.parent:
+            break
+        try:
+            folder.rmdir()  # only if empty: another run's directory keeps it
+        except OSError:
+            break
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -69,6 +121,7 @@ def main(cfg: DictConfig) -> dict:
     except TrackingLost as e:
         _fail(str(e), 1)
     except (ConfigError, TrackingError) as e:
+        _discard_run_dir()
         _fail(str(e), 2)
     except interrupt.JobInterrupted as e:
         _fail(f"interrupted by {e.signal_name}; the run is closed (rerun the same command to "

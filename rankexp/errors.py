@@ -69,7 +69,7 @@ def one_line(e: BaseException) -> str | None:
     if isinstance(e, ConfigCompositionException):
         cause = e.__cause__
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-            return _mistyped(cause) or _lines("invalid config", str(e), str(cause))
+            return _mistyped(cause) or _not_a_key(cause) or _lines("invalid config", str(e), str(cause))
         return _lines("invalid config", str(e), str(cause or ""))
     return None
 
@@ -125,6 +125,28 @@ def _mistyped(cause: Any) -> str | None:
         return _message(key, value, ["true", "false"] + (["null"] if optional else []))
     return _message(key, value, ["null"] if optional else [],
                     f"{kind}{' or null' if optional else ''}{_example(key, node)}")
+
+
+def _not_a_key(cause: Any) -> str | None:
+    """``task.steps=5`` with task=measure: a key of the group's other choice (the key check
+    before Hydra knows every choice's keys, not which one the config composes)."""
+    import dataclasses
+
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    kind = cause.object_type
+    if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not dataclasses.is_dataclass(kind):
+        return None
+    from .config.checks import choices_with
+
+    key, field = cause.full_key, cause.key
+    group = key.rsplit(".", 1)[0]
+    names = {f.name: f.default for f in dataclasses.fields(kind)}
+    chosen, others = names.get("name"), choices_with(group, field)
+    if not isinstance(chosen, str) or not others:
+        return None
+    return (f"invalid config: {key} — {group}={chosen} has no key '{field}', "
+            f"{' and '.join(f'{group}={o}' for o in others)} has: add {group}={others[0]}")
 
 
 def _example(key: str, node: Any) -> str:

@@ -5,7 +5,7 @@ a caption line stating d, seeds and size, a page-sized canvas, labelled colour b
 panel row/column labelled, and the theory curves a command promises in its legend; and none
 of what a reviewer marks (issue 19 item 5): no NaN or −0 (or round-off shown as a value) in
 any text, a title on every figure, no error bars on a log axis, no colour bar for one or two
-values (a legend instead)."""
+values (a legend instead), one meaning per line style."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import contextlib
 import re
 
 import numpy as np
+from matplotlib.colors import to_rgb
 from matplotlib.container import ErrorbarContainer
+from matplotlib.lines import Line2D
 
 from analysis.core import style
 from analysis.core.runner import main as analysis_main
@@ -66,9 +68,69 @@ def _is_colorbar(ax) -> bool:
     return getattr(ax, "_colorbar", None) is not None
 
 
+def _legend_lines(fig):
+    """``(label, line)`` of every legend entry of ``fig`` drawn as a line (a Line2D handle, or
+    an error-bar entry's data line), axes legends and figure legends alike."""
+    legends = [(ax.get_legend(), ax) for ax in fig.axes] + [(leg, None) for leg in fig.legends]
+    for leg, ax in legends:
+        if leg is None:
+            continue
+        bars = {c.get_label(): c.lines[0] for a in ([ax] if ax else fig.axes) for c in a.containers
+                if isinstance(c, ErrorbarContainer)}
+        for handle, text in zip(leg.legend_handles, leg.get_texts(), strict=False):
+            label = text.get_text()
+            line = handle if isinstance(handle, Line2D) else bars.get(label)
+            if line is not None and label:
+                yield label, line
+
+
+def _dashes(line) -> tuple | None:
+    """A drawn line's dash pattern as set (unscaled by its width), None when solid or no line."""
+    if line.get_linestyle() in ("-", "None", "none", "", " "):
+        return None
+    offset, seq = line._unscaled_dash_pattern
+    return (float(offset), tuple(float(v) for v in seq or ()))
+
+
+def line_style_problems(fig) -> list[str]:
+    """One meaning per line style (issue 19 item 5: Fig 5b's dashed lines meant its closed
+    form and m/d = 4).  Over the legend entries drawn as non-solid lines, in the whole figure:
+
+    * a style's key — an entry in black or grey, whose colour says nothing (the house's theory
+      curves, ``style.THEORY``; the proxies ``plot([], [], color="0.3", ls=…)`` keying a style)
+      — names one meaning: every grey or black entry of one dash pattern has one label, the
+      house's black dashed theory curves counting as one meaning, "a closed form", whatever
+      curve each panel's label names;
+    * one look, one label: entries alike in dash pattern, colour and marker carry one label.
+    """
+    theory = (_dashes(Line2D([], [], ls=style.THEORY["ls"])), to_rgb(style.THEORY["color"]))
+    keys: dict[tuple, set[str]] = {}
+    looks: dict[tuple, set[str]] = {}
+    for label, line in _legend_lines(fig):
+        dashes = _dashes(line)
+        if dashes is None:
+            continue
+        rgb = to_rgb(line.get_color())
+        if max(rgb) - min(rgb) < 1e-6:
+            meaning = "a closed form (style.THEORY)" if (dashes, rgb) == theory else label
+            keys.setdefault(dashes, set()).add(meaning)
+        looks.setdefault((dashes, rgb, str(line.get_marker())), set()).add(label)
+    out = [f"one {_style_name(d)} line style keys {len(v)} meanings: {sorted(v)}"
+           for d, v in keys.items() if len(v) > 1]
+    out += [f"one look ({_style_name(d)}, colour {c}, marker {m!r}) carries {len(v)} labels: {sorted(v)}"
+            for (d, c, m), v in looks.items() if len(v) > 1 and max(c) - min(c) >= 1e-6]
+    return out
+
+
+def _style_name(dashes: tuple) -> str:
+    named = {_dashes(Line2D([], [], ls=ls)): word for ls, word in
+             (("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"))}
+    return named.get(dashes, f"dash {dashes[1]}")
+
+
 def reviewer_problems(fig) -> list[str]:
     """What a reviewer marks on a drawn figure (issue 19 item 5)."""
-    out = []
+    out = line_style_problems(fig)
     for where, text in [*_texts(fig), *(("caption", t.get_text()) for t in style.captions(fig))]:
         out += number_problems(text, where)
     panels = [ax for ax in fig.axes if not _is_colorbar(ax) and ax.get_visible()]

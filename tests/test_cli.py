@@ -122,6 +122,27 @@ def test_bad_input_fails_before_any_run(cli, override, key):
     assert key in lines[0] and value in lines[0], p.stdout[-2000:]
     assert any(w in lines[0] for w in ("allowed: ", "must be", "M = 1 or M = 2")), lines[0]
     assert job_runs(cli.uri) == []
+    assert made_dirs(cli.cwd) == []
+
+
+def made_dirs(cwd: Path) -> list[str]:
+    """The run and sweep directories under ``cwd`` (``outputs/…``, ``multirun/…``)."""
+    return sorted(str(p.relative_to(cwd)) for d in ("outputs", "multirun") for p in cwd.glob(f"{d}*/**"))
+
+
+def test_a_refused_config_leaves_no_directory(cli):
+    """Issue 19: a single run refused for its value (``alpha=abc`` by OmegaConf while composing,
+    ``width=-3`` by the task's check) left an empty ``outputs/<date>/<time>`` behind — Hydra
+    makes it before the task starts.  Now the check runs before it (rankexp.cli.CheckFirst)
+    and a run refused by its store removes what Hydra made: no directory for any case of
+    test_bad_input_fails_before_any_run (single runs) or the file store below, nor for a
+    refused sweep here.  A config that passes makes its directory (the check sees one)."""
+    for bad in ("alpha=abc", "width=-3"):
+        p = cli(bad, "depth=2", *(["width=8"] if "width" not in bad else []), "-m", check=False)
+        assert p.returncode == 2 and p.stdout.startswith("error: "), p.stdout[-2000:]
+        assert made_dirs(cli.cwd) == [], (bad, made_dirs(cli.cwd))
+    cli("depth=1", "width=4", "seeds=1", "task.probes=[stream]", "tracking.enabled=false")
+    assert [d for d in made_dirs(cli.cwd) if d.count("/") == 2], made_dirs(cli.cwd)
 
 
 def test_file_store_uri_is_refused_with_a_clear_message(cli):
@@ -129,6 +150,7 @@ def test_file_store_uri_is_refused_with_a_clear_message(cli):
     assert p.returncode != 0
     assert "file store" in p.stdout and "sqlite" in p.stdout
     assert not (cli.cwd / "mlruns").exists()
+    assert made_dirs(cli.cwd) == []
 
 
 def test_stale_mlruns_does_not_hijack_the_default_store(cli):
@@ -187,6 +209,8 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
     import subprocess
     import sys
 
+    from rankexp.models import TORCH_FREE
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     if line is not None:
@@ -197,8 +221,7 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
     assert p.returncode == 0, p.stderr[-2000:]
     names = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     return p.stdout, sorted(n for n in names if n.split(".")[0] in HEAVY
-                            or (n.startswith("rankexp.models.")
-                                and not n.startswith(("rankexp.models.spec", "rankexp.models.families"))))
+                            or (n.startswith("rankexp.models.") and not n.startswith(TORCH_FREE)))
 
 
 def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
@@ -215,6 +238,18 @@ def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
         assert reply in out.split() and heavy == [], (line, out)
     _, heavy = _imports(code="import rankexp.models.mlp")
     assert "torch" in heavy and "rankexp.models.mlp" in heavy
+
+
+def test_a_tab_press_offers_no_internal_config_group():
+    """Issue 19: `rankexp <TAB>` offered ``schema/``, the structured configs the groups'
+    YAML files extend (now root configs in no group: rankexp.config.register_configs); the
+    groups and keys a user sets are all still offered."""
+    for line in ("rankexp ", "rankexp s", "rankexp task=train "):
+        out, _ = _imports("-sc", "query=bash", line=line)
+        words = out.split()
+        assert words and not [w for w in words if "schema" in w], (line, words)
+        assert ("seeds=" in words and "size=" in words) if line.endswith("s") else \
+            {"norm=", "task=", "model=", "experiment=", "size=", "depth="} <= set(words), (line, words)
 
 
 def _groups(loader, parent: str = "") -> list[str]:

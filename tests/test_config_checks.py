@@ -250,6 +250,11 @@ def _composition_error(*overrides: str) -> BaseException:
     (["hydra/launcher=lcoal"], "invalid config: hydra/launcher='lcoal' — did you mean 'local'? "
                                "allowed: basic, example_gpu_cluster, joblib, local, rankexp_slurm, "
                                "slurm, slurm_gpu, submitit_local, submitit_slurm"),
+    # a key of the group's other choice (the key check before Hydra knows every choice's keys)
+    (["task.steps=5"], "invalid config: task.steps — task=measure has no key 'steps', task=train "
+                       "has: add task=train"),
+    (["model.base_width=4"], "invalid config: model.base_width — model=mlp has no key "
+                             "'base_width', model=cifar_resnet has: add model=cifar_resnet"),
 ])
 def test_one_line_reads_hydras_own_exception(overrides, line):
     """Every kind of node OmegaConf refuses a value for (bool, enum, optional float, int, list

@@ -90,6 +90,50 @@ def test_checker_marks_what_a_reviewer_marks(defect, found):
     plt.close("all")
 
 
+def test_one_meaning_per_line_style():
+    """Issue 19 item 5 (Fig 5b: dashed = the closed form in one column, m/d = 4 in the other):
+    a dash pattern keyed by two grey/black legend entries of different meanings, or one look
+    (pattern, colour, marker) under two labels, is marked; a style keyed once, the same key
+    repeated in several panels, each panel's closed form in the house's black dashed, and
+    colours telling entries of one style apart are not."""
+    fig = styled_figure()  # its theory curve: black dashed "Eq. 22"
+    ax = fig.axes[0]
+    ax.plot([], [], color="0.3", ls="--", label=style.value_label("expansion", 4))  # Fig 5b
+    ax.legend()
+    found = [p for p in problems(fig) if "dashed line style keys 2 meanings" in p]
+    assert found and "a closed form" in found[0] and "m/d = 4" in found[0], problems(fig)
+    fig = styled_figure()
+    ax = fig.axes[0]
+    for c, a in (("C1", 1), ("C1", 2)):
+        ax.plot([1, 2], [0.2, 0.1 * a], color=c, ls=":", marker="o", label=style.value_label("alpha", a))
+    ax.legend()
+    assert any("carries 2 labels" in p for p in problems(fig)), problems(fig)
+    ax.lines[-1].remove()
+    ax.legend()
+    assert problems(fig) == []
+    # good: the style keyed once per figure (the key repeated in a second panel), an error-bar
+    # entry of its own style, and colours telling apart dashed lines of one meaning
+    fig, axes = style.panels(2)
+    for ax, law in zip(axes, ("Eq. 21", "Eq. 22"), strict=True):  # dashed black: a closed form
+        ax.plot([1, 2], [1, 2], **style.THEORY, label=law)
+        ax.plot([], [], color="0.3", ls="-.", label=style.value_label("expansion", 4))
+        for c, a in (("C0", 1), ("C3", 2)):
+            ax.plot([1, 2], [a, a], color=c, ls="-.", label=style.value_label("alpha", a))
+        ax.errorbar([1, 2], [1, 1.5], yerr=[0.1, 0.1], color="0.5", ls=":", label="measured")
+        ax.set_xlabel(style.name("depth"))
+        ax.set_ylabel(style.name("erank_io"))
+        ax.legend()
+    fig.suptitle("two panels")
+    df = pd.DataFrame({"width": [64], "expansion": [4], "depth": [12], "seeds": [4], "size": ["cpu"],
+                       "matrices": [2]})
+    style.caption(fig, df, "fig5")
+    assert problems(fig) == []
+    axes[1].errorbar([1, 2], [1, 1.2], yerr=[0.1, 0.1], color="0.1", ls=":", label="fit")
+    axes[1].legend()  # the error-bar entry's dotted line: a second meaning
+    assert any("dotted line style keys 2 meanings" in p for p in problems(fig)), problems(fig)
+    plt.close("all")
+
+
 def test_one_or_two_values_get_a_legend_not_a_colour_bar_and_plain_captions_no_mlp_knobs():
     fig = styled_figure()
     colors, sm = style.value_colors([1.0, 2.0])

@@ -75,6 +75,10 @@ RC = {
 
 #: keyword arguments of every closed-form / theory curve
 THEORY = {"color": "k", "ls": "--", "lw": 0.9}
+#: line styles for the values of a param (m/d, d, …): dashed is the theory's (:data:`THEORY`)
+#: and dotted the references' (chance, coherent sums), so a figure's styles keep one meaning
+#: each (tests/figure_checks.py: one meaning per line style)
+VALUE_STYLES = ("-", "-.", (0, (6, 2)), (0, (3, 1, 1, 1, 1, 1)))
 CAPTION_FONTSIZE = 6.5
 
 

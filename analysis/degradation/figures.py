@@ -170,6 +170,12 @@ def _legend(ax, **kw) -> None:
 
 
 # --------------------------------------------------------------------------- tables (pure)
+def conv_steps(depth):
+    """Conv layers from conv 2 to conv 6n+1 of a depth-(6n+2) network, ``6n − 1`` (the
+    exponent of ``grad_ratio``'s per-layer growth); arrays in, arrays out."""
+    return 6 * ((np.asarray(depth) - 2) // 6) - 1
+
+
 def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
     seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
@@ -188,7 +194,7 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
         rows[int(depth)][f"{name}_std"] = float(np.sqrt(np.nanmean(std.astype(float) ** 2)))
     table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
     table.index.name = "depth"
-    steps = 6 * ((table.index.to_numpy() - 2) // 6) - 1  # conv 2 → conv 6n+1
+    steps = conv_steps(table.index.to_numpy())
     for name in FAMILY_NAMES.values():
         if name in table:
             table[f"{name}_log10"] = np.log10(table[name])

@@ -372,9 +372,9 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
             ax.semilogy(steps, g, "-", color=plt.cm.viridis(k / max(1, len(sub) - 1)), label=f"L={depth}")
             mid = len(g) // 2  # anchored mid-network: the last layer has its own offset
             ref = g[mid] * theory.BN_RELU_GRADIENT_GROWTH ** (steps[mid] - steps)
-            ax.semilogy(steps, ref, ":", color="grey", lw=0.8)
+            ax.semilogy(steps, ref, **{**style.THEORY, "color": "grey", "lw": 0.8})
         ax.set_title(r"plain + BN: $\|\partial\ell/\partial W_\ell\|_F$ per layer"
-                     "\n" r"(dotted: $\sqrt{\pi/(\pi-1)}$ per layer toward the input)", fontsize=9)
+                     "\n" r"(dashed: $\sqrt{\pi/(\pi-1)}$ per layer toward the input)", fontsize=9)
         ax.set_xlabel(r"layer $\ell$")
         ax.set_ylabel("weight-gradient norm")
         ax.legend(fontsize=7)
@@ -383,8 +383,8 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
         sub = t.loc[a]
         ax.plot(sub.index, sub["grad_ratio"], "o-", color=arch_color[a], ms=4, label=a)
     depths = np.array(sorted(t.index.get_level_values("depth").unique()), dtype=float)
-    ax.plot(depths, theory.BN_RELU_GRADIENT_GROWTH ** (depths - 1), "k:", lw=1,
-            label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")
+    ax.plot(depths, theory.BN_RELU_GRADIENT_GROWTH ** (depths - 1), **style.THEORY,
+            label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")  # dotted is panel 3's 1/√L
     ax.set_yscale("log")
     ax.set_xlabel(style.name("depth"))
     ax.set_ylabel(r"$\|\nabla W_1\| / \|\nabla W_L\|$")

@@ -481,7 +481,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     alphas = sorted(table["alpha"].unique())
     a0 = min(alphas, key=lambda a: abs(np.log(a / args.alpha)))
     expansions = sorted(table["expansion"].unique())
-    styles = dict(zip(expansions, ["-", "--", ":", "-."] * 4, strict=False))
+    styles = dict(zip(expansions, style.VALUE_STYLES * 4, strict=False))  # dashed: theory
     fig, axes = style.grid(len(placements), 2, aspect=0.72)
     depths = sorted(table["depth"].unique())
     dcolors, dsm = style.value_colors(depths, "viridis")

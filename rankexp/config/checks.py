@@ -69,6 +69,13 @@ _CHOSEN_NODES: dict[str, tuple[type, ...]] = {
 _FREE = "free-form"  # a dict field: any key is allowed (e.g. task.options)
 
 
+def choices_with(group: str, key: str) -> list[str]:
+    """The choices of the config group ``group`` (``task``, ``model``) whose schema has the
+    field ``key``: ``choices_with("task", "steps") == ["train"]``; [] for another group."""
+    return sorted(f.default for t in _CHOSEN_NODES.get(group, ()) if key in _children((t,), False)
+                  for f in dataclasses.fields(t) if f.name == "name")
+
+
 def _children(types: tuple[type, ...], root: bool) -> dict[str, Any]:
     """Field name → node types (dataclass fields), ``_FREE`` (dict fields) or ``None`` (leaves),
     over every schema in ``types``."""

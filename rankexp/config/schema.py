@@ -150,7 +150,8 @@ class NormConfig:
         return _preset_slot(slot, self.placement, self.op)
 
 
-#: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends ``schema/model/<name>``)
+#: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends
+#: the root config ``rankexp_schema_model_<name>``)
 MODEL_SCHEMAS: dict[str, type] = {name: f.schema for name, f in FAMILIES.items()}
 
 
@@ -605,9 +606,10 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_lm_shape", lm_shape)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
-    # group schemas live under schema/ so `--help` lists only real choices for norm= and task=
-    cs.store(group="schema/task", name="measure", node=MeasureTask)
-    cs.store(group="schema/task", name="train", node=TrainTask)
-    cs.store(group="schema/norm", name="norm", node=NormConfig)
+    # the group schemas are root configs, in no group: neither `--help` nor a tab press lists
+    # them among the choices (a group ``schema/`` was offered after `rankexp <TAB>`)
+    cs.store(name="rankexp_schema_task_measure", node=MeasureTask)
+    cs.store(name="rankexp_schema_task_train", node=TrainTask)
+    cs.store(name="rankexp_schema_norm", node=NormConfig)
     for name, node in MODEL_SCHEMAS.items():
-        cs.store(group="schema/model", name=name, node=node)
+        cs.store(name=f"rankexp_schema_model_{name}", node=node)

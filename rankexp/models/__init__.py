@@ -21,7 +21,11 @@ from typing import Any
 _BUILD = ("DTYPES", "FAMILIES", "build_cifar_resnet", "build_gpt2", "build_mlp", "build_model",
           "build_plain")
 
-__all__ = list(_BUILD)
+#: the modules of this package that import no torch (config checks, --help and a tab press
+#: read them; tests/test_cli.py and benchmarks/bench_cli.py check nothing else is imported)
+TORCH_FREE = ("rankexp.models.spec", "rankexp.models.families")
+
+__all__ = [*_BUILD, "TORCH_FREE"]
 
 
 def __getattr__(name: str) -> Any:

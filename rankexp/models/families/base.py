@@ -28,7 +28,7 @@ class Family:
 
     Attributes:
         name: ``model.name`` (the ``model=`` choice, ``conf/model/<name>.yaml``).
-        schema: the dataclass of the ``model`` node (Hydra ConfigStore ``schema/model/<name>``).
+        schema: the dataclass of the ``model`` node (Hydra ConfigStore ``rankexp_schema_model_<name>``).
         builder: ``"module:function"`` of ``fn(settings, device, seeds=None, dtype=None) ->
             nn.Module`` (imported on first use: declaring costs no torch).
         tasks: the tasks it accepts (``measure``, ``train``).
