@@ -95,7 +95,16 @@ def row_fresh(trees: dict[str, Path], stores: dict[str, Store], repeat: int) -> 
     print(f"   the same in CPU seconds of the process (user + sys, least of the rounds; a loaded "
           f"machine inflates wall, not these): import torch {cpu['import torch']:.2f} s; "
           + "; ".join(f"{v} job {cpu[f'{v} job']:.2f} s, tiny {cpu[f'{v} tiny']:.2f} s" for v in trees))
-    rest_cpu = {v: cpu[f"{v} job"] - sum(parts[v][:2]) for v in trees}
+    # CPU seconds of drawing and measuring where the job logs them (this change on), else wall
+    split = {v: (sc.get("build_cpu_seconds", sc["build_seconds"]),
+                 sc.get("measure_cpu_seconds", sc["measure_seconds"]))
+             for v in trees for sc in [best[f"{v} job"]["scalars"]]}
+    rest_cpu = {v: cpu[f"{v} job"] - sum(split[v]) for v in trees}
+    print("   CPU: " + "; ".join(f"{v} drawing {d:.2f} s + measurement {m:.2f} s"
+                           + ("" if "build_cpu_seconds" in best[f"{v} job"]["scalars"] else " (wall: not logged)")
+                           for v, (d, m) in split.items())
+          + f" → drawing / measurement {split['after'][0] / split['after'][1]:.2f} [target ≤ 0.5: "
+          f"{verdict(split['after'][0] <= 0.5 * split['after'][1])}]")
     print(f"   CPU: everything else / import torch {rest_cpu['before'] / cpu['import torch']:.2f}× → "
           f"{rest_cpu['after'] / cpu['import torch']:.2f}× [target ≤ 1.5×: "
           f"{verdict(rest_cpu['after'] <= 1.5 * cpu['import torch'])}]; tiny job / import torch "
