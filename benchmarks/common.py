@@ -107,14 +107,32 @@ def fresh_job(overrides: Sequence[str], pythonpath: str | Path, *, threads: int 
             args.append("tracking=off")
         if multirun:
             args.append("-m")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), children_cpu()
         out = subprocess.run([sys.executable, "-m", "rankexp", *args], cwd=where,
                              env=clean_env(pythonpath, threads), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, children_cpu() - c0
         if out.returncode:
             raise RuntimeError(f"rankexp {' '.join(args)} exited {out.returncode}:\n{out.stderr[-2000:]}")
         scalars = {} if multirun else result_json(job).get("scalars", {})
-    return {"wall_s": wall, "scalars": scalars}
+    return {"wall_s": wall, "cpu_s": cpu, "scalars": scalars}
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's finished child processes (``getrusage``):
+    the difference around one ``subprocess.run`` is that process's CPU time, which a loaded
+    machine does not inflate the way it inflates wall time (a job waiting for a core)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def python_run(code: str, pythonpath: str | Path = ROOT, threads: int = 1) -> dict:
+    """``{"wall_s", "cpu_s"}`` of a fresh ``python -c code``."""
+    t0, c0 = time.perf_counter(), children_cpu()
+    subprocess.run([sys.executable, "-c", code], env=clean_env(pythonpath, threads), check=True,
+                   capture_output=True)
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": children_cpu() - c0}
 
 
 def python_wall(code: str, pythonpath: str | Path = ROOT, threads: int = 1) -> float:
@@ -127,14 +145,20 @@ def python_wall(code: str, pythonpath: str | Path = ROOT, threads: int = 1) -> f
 
 def rounds(contenders: dict[str, Callable[[], dict | float]], repeat: int) -> dict[str, dict]:
     """Each contender ``repeat`` times in alternating rounds; per contender, the round with the
-    smallest wall time (a float return is its wall time; a dict needs ``wall_s``)."""
+    smallest wall time (a float return is its wall time; a dict needs ``wall_s``), with
+    ``cpu_min``: the smallest ``cpu_s`` of its rounds where it reports one."""
     best: dict[str, dict] = {}
+    cpu: dict[str, float] = {}
     for _ in range(repeat):
         for name, fn in contenders.items():
             got = fn()
             got = got if isinstance(got, dict) else {"wall_s": got}
+            if "cpu_s" in got:
+                cpu[name] = min(cpu.get(name, got["cpu_s"]), got["cpu_s"])
             if name not in best or got["wall_s"] < best[name]["wall_s"]:
                 best[name] = got
+    for name, c in cpu.items():
+        best[name] = {**best[name], "cpu_min": c}
     return best
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import cache, lru_cache
 
 import numpy as np
@@ -260,6 +262,49 @@ def _fast_path(flat: Tensor, keys: Tensor, offset: int, scale: float) -> Tensor:
     return torch.cat(rejected) if rejected else torch.empty(0, dtype=torch.int64, device=dev)
 
 
+def draw_threads(cpu_targets: int) -> int:
+    """Threads the CPU fast path runs on: torch's intra-op thread count (``OMP_NUM_THREADS``,
+    ``torch.set_num_threads``; a joblib worker's share, :func:`rankexp.app.pin_threads`), at
+    most one per matrix."""
+    return max(1, min(torch.get_num_threads(), cpu_targets))
+
+
+@contextmanager
+def _one_torch_thread():
+    """Torch ops single-threaded while worker threads each draw whole matrices: the fast path's
+    ops are small (``CPU_CHUNK`` elements), and splitting each across OpenMP threads costs more
+    than it gains — on a loaded machine 10× the CPU time, the threads spinning at every op's
+    barrier (measured: 0.8 s CPU at 1 thread, 8–10 s at 2, load 8 on 2 cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _fast_paths(flats: Sequence[tuple[Tensor, int, float]],
+                keys_by_device: dict[torch.device, Tensor]) -> list[Tensor]:
+    """:func:`_fast_path` of every target (the rejected draws' flat indices, in order).  CPU
+    targets are split over :func:`draw_threads` Python threads, matrix by matrix (torch's ops
+    release the GIL); every draw is a function of its counter alone, so the numbers are the
+    same whatever the threads (tested)."""
+    def one(i: int) -> Tensor:
+        flat, offset, scale = flats[i]
+        return _fast_path(flat, keys_by_device[flat.device], offset, scale)
+
+    cpu = [i for i, (flat, _, _) in enumerate(flats) if flat.device.type == "cpu"]
+    threads = draw_threads(len(cpu))
+    on_cpu = set(cpu)
+    hits: dict[int, Tensor] = {i: one(i) for i in range(len(flats)) if i not in on_cpu}
+    if threads == 1:
+        hits.update((i, one(i)) for i in cpu)
+    else:
+        with _one_torch_thread(), ThreadPoolExecutor(threads) as pool:
+            hits.update(zip(cpu, pool.map(one, cpu)))
+    return [hits[i] for i in range(len(flats))]
+
+
 @torch.no_grad()
 def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[int],
                  stream: int = STREAM_WEIGHTS) -> None:
@@ -273,14 +318,11 @@ def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[i
     e = len(seeds)
     flats = [(_flat(out, e, offset, "normal_"), offset, scale) for out, offset, scale in targets]
     keys_by_device: dict[torch.device, Tensor] = {}
-    slow = []
-    for i, (flat, offset, scale) in enumerate(flats):
-        keys = keys_by_device.get(flat.device)
-        if keys is None:
-            keys = keys_by_device[flat.device] = stream_keys(seeds, stream, flat.device)[:, None]
-        idx = _fast_path(flat, keys, offset, scale)
-        if idx.numel():
-            slow.append((i, idx))
+    for flat, _, _ in flats:
+        if flat.device not in keys_by_device:
+            keys_by_device[flat.device] = stream_keys(seeds, stream, flat.device)[:, None]
+    hits = _fast_paths(flats, keys_by_device)
+    slow = [(i, idx) for i, idx in enumerate(hits) if idx.numel()]
     for dev, keys in keys_by_device.items():
         mine = [(i, idx) for i, idx in slow if flats[i][0].device == dev]
         if not mine:

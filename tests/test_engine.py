@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -294,10 +295,13 @@ def test_every_probe_declares_a_memory_estimate():
 def test_cli_chunks_seeds_to_the_budget_and_reports_peak_memory(tmp_path):
     cmd = [sys.executable, "-m", "rankexp", "width=16", "depth=3", "seeds=3", "task.max_memory_gb=1e-6",
            "tracking=off", "device=cpu", f"hydra.run.dir={tmp_path}/run"]
-    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env=one_thread)
     s = json.loads((tmp_path / "run" / "result" / "result.json").read_text())["scalars"]
     assert s["seed_chunk"] == 1.0
     assert 0.05 < s["peak_memory_gb"] < 64
+    for part in ("build", "measure"):  # one thread: CPU seconds never exceed the wall's
+        assert 0 < s[f"{part}_cpu_seconds"] <= s[f"{part}_seconds"] + 1e-3, part
     bad = subprocess.run([*cmd[:-1], "task.max_memory_gb=-1", f"hydra.run.dir={tmp_path}/bad"],
                          cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode != 0 and "task.max_memory_gb" in bad.stderr

@@ -144,6 +144,43 @@ def test_members_chunks_and_calls_do_not_change_a_draw(monkeypatch):
     assert torch.equal(split, whole)
 
 
+THREADED_DRAW = """
+import math, torch
+from rankexp import seeding as S
+shapes = [(2, 300, 70), (2, 70, 300), (2, 5, 5), (2, 300, 70)]
+def draw():
+    outs = [torch.empty(shape, dtype=torch.float64) for shape in shapes]
+    targets, offset = [], 0
+    for out in outs:
+        targets.append((out, offset, 0.5 / math.sqrt(out.shape[-1])))
+        offset += out[0].numel()
+    S.normal_many_(targets, [4, 7])
+    return outs
+workers, fast = [], S._fast_path
+S._fast_path = lambda *a: (workers.append(torch.get_num_threads()), fast(*a))[1]
+two = draw()
+print("threads", S.draw_threads(len(shapes)), S.draw_threads(1), torch.get_num_threads(), workers)
+torch.set_num_threads(1)
+one = draw()
+print("equal", all(torch.equal(a, b) for a, b in zip(one, two, strict=True)), S.draw_threads(4))
+"""
+
+
+def test_threads_draw_the_same_numbers_and_restore_the_thread_count():
+    """At ``OMP_NUM_THREADS=2`` the CPU fast path runs on 2 worker threads, matrix by matrix,
+    each op on one torch thread; every weight equals the one-thread draw bit for bit (slow path
+    included), and the job's thread count is 2 again afterwards (a fresh process: OpenMP's
+    thread count of a new thread comes from the environment)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", THREADED_DRAW], env=env, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out == ["threads 2 1 2 [1, 1, 1, 1]", "equal True 1"]
+
+
 def test_float32_draws_are_the_float64_ones_to_rounding_and_scale_is_exact_enough():
     d64, d32 = torch.empty(2, 200_000, dtype=torch.float64), torch.empty(2, 200_000)
     S.normal_(d64, [1, 2], scale=0.3)

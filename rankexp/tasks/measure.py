@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 #: scalars a measure job adds about itself, not the science (:func:`task_measure`): they differ
 #: between devices and runs by design (benchmarks/gpu_check.py compares everything else)
-RUN_FACTS = ("measure_seconds", "build_seconds", "peak_memory_gb", "seed_chunk")
+RUN_FACTS = ("measure_seconds", "build_seconds", "measure_cpu_seconds", "build_cpu_seconds",
+             "peak_memory_gb", "seed_chunk")
 
 #: ``context(network) -> ctx``: the context its probes get (default: a :class:`ProbeContext`)
 ContextFactory = Callable[[nn.Module], Any]
@@ -220,7 +221,9 @@ def peak_memory_gb(device: torch.device) -> float:
 def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
     """``task=measure``: run ``task.probes`` on all seeds, in chunks that fit the memory budget.
 
-    Adds scalars ``measure_seconds`` (the probes), ``build_seconds`` (drawing the weights),
+    Adds scalars ``measure_seconds`` (the probes), ``build_seconds`` (drawing the weights), the
+    same as CPU seconds of the process (all its threads; ``time.process_time``, which a loaded
+    machine does not inflate) ``measure_cpu_seconds`` and ``build_cpu_seconds``,
     ``peak_memory_gb`` (:func:`peak_memory_gb`) and ``seed_chunk`` (seeds per network).
     """
     if device.type == "cuda":
@@ -237,19 +240,22 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     chunk, line = chunking(s, str(device))
     seeds = range(s.seed, s.seed + s.seeds)
     (log.warning if "more than the budget" in line else log.info)("%s", line)
-    built = [0.0]
+    built = [0.0, 0.0]  # wall, CPU
 
     def build(part: range) -> nn.Module:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         model = build_model(s, device, seeds=part)
         built[0] += time.perf_counter() - t
+        built[1] += time.process_time() - c
         return model
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = measure_seeds(build, seeds, s.task.probes, chunk, options=s.task.options,
                            progress=lambda p: log.info("probe %s", p), context=context)
     result.scalars["measure_seconds"] = time.perf_counter() - t0 - built[0]
     result.scalars["build_seconds"] = built[0]
+    result.scalars["measure_cpu_seconds"] = time.process_time() - c0 - built[1]
+    result.scalars["build_cpu_seconds"] = built[1]
     result.scalars["peak_memory_gb"] = peak_memory_gb(device)
     result.scalars["seed_chunk"] = float(chunk)
     return result
