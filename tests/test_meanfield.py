@@ -279,3 +279,26 @@ def test_nominal_ratio_of_a_plain_residual_net_is_beta_sigma_w():
     assert plain["nominal_ratio"] == pytest.approx(0.5 * 1.5)
     assert mlp["nominal_ratio"] == pytest.approx(0.5 * 1.5**2)
     assert plain["depth_factor"] == pytest.approx(0.75 * 2)
+
+
+@pytest.mark.parametrize("skip_every", [0, 1])
+def test_io_jacobian_of_a_plain_net_is_autograds(skip_every):
+    """The engine's sweep on ``model=plain`` (its layers have no closed form: the ``torch.func``
+    fallback per layer) gives ∂h_L/∂h_0 equal to ``jacrev`` of the whole network, per member,
+    and the run's ``erank_io`` is that Jacobian's (a layer without R and without P)."""
+    from torch.func import jacrev
+
+    from rankexp.probes.jacobian import forward_sweep
+
+    net = PlainNet(12, 5, activation="tanh", alpha=1.3, bias=0.2, skip_every=skip_every,
+                   beta=0.7, seeds=[3, 4])
+    h0 = torch.randn(2, 1, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    sweep = forward_sweep(net, h0, keep_partials=True)
+    for e in range(2):
+        def f(x, e=e):
+            return net(x.expand(2, 1, 12))[e, 0]
+        want = jacrev(f)(h0[e:e + 1])[:, 0, 0, :]
+        torch.testing.assert_close(sweep.partials[-1][e], want, rtol=1e-12, atol=1e-12)
+        p = torch.linalg.svdvals(want.detach())
+        p = p / p.sum()
+        assert float(sweep.erank[e, -1]) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-10)

@@ -196,6 +196,10 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
     instead of listing the active ones — no data-dependent shapes, so no host sync on an
     accelerator (the same numbers: the inactive terms are exact zeros).
     """
+    if not hasattr(block, "f_parts"):  # a layer of another family (model=plain): torch.func
+        if pre_op != OWN_PRE:
+            raise ValueError(f"pre_op={pre_op!r}: a {type(block).__name__} has no P to replace")
+        return block(x, part="branch"), None
     if pre_op == OWN_PRE:
         pre_op, xp = block.pre_op, block.pre_norm(x)
     else:
@@ -275,7 +279,8 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> I
             skip_from = model.skip_source(l) if block.has_skip else None
             if skip_from is not None:
                 s = states[skip_from] + s
-            residual = norm_jacobian(block.post_op, s[:, 0]) if block.post_op else None
+            post_op = getattr(block, "post_op", None)  # (a plain layer has no R)
+            residual = norm_jacobian(post_op, s[:, 0]) if post_op else None
             states[l] = block.res_norm(s)
             states.pop(l - keep, None)
             yield LayerJacobian(l, block, x, states[l], skip_from, linear, residual)
