@@ -82,3 +82,19 @@ def test_figure_of_a_cell():
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_the_command_draws_a_publication_ready_figure_per_cell(monkeypatch, tmp_path):
+    """``python -m analysis train-spectra`` end to end on a hand-made series table (the store
+    stubbed: the every-experiment test reads a real one under -m slow, since it trains), every
+    figure through figure_checks."""
+    from figure_checks import checked
+
+    t = pd.concat([table(a=("pre", q, [0.5, 0.5, 0.4, 0.3]), b=("post", q, [0.016, 0.02, 0.02, 0.02]))
+                   for q in ts.QUANTITIES], ignore_index=True)
+    runs = pd.DataFrame({"run_id": ["r0", "r1"], ts.PLACEMENT: ["pre", "post"], "alpha": [1.0, 1.0],
+                         "depth": [12, 12], "width": [64, 64], "seeds": [1, 1], "seed": [0, 0]})
+    monkeypatch.setattr(ts, "load", lambda args, keys: runs)
+    monkeypatch.setattr(ts, "spectra_table", lambda uri, r: t)
+    with checked(["train-spectra", "--uri", "sqlite:///unused.db", "--out", str(tmp_path)]) as (rc, figs):
+        assert rc == 0 and set(figs) == {"train_spectra_a1_L12"}
