@@ -335,19 +335,25 @@ def test_a_job_console_gets_no_third_party_progress_bars(user):
     """Issue 19 row 8: MLflow's "Downloading artifacts" bars and Hugging Face's download and
     checkpoint bars are off in a rankexp process (their own switches), unless the user turns
     MLflow's back on."""
+    last = _probe_line(QUIET_PROBE, {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": user},
+                       unset=("HF_HUB_DISABLE_PROGRESS_BARS",))
+    assert last == f"BARS {user == 'true'} False"
+
+
+def _probe_line(code: str, given: dict[str, str | None], unset: tuple[str, ...] = ()) -> str:
+    """The last stdout line of ``python -c code`` in a fresh process whose environment has the
+    ``given`` variables (``None``: left unset) and none of ``unset``."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env = {k: v for k, v in os.environ.items() if k not in (*given, *unset)}
+    env.update({k: v for k, v in given.items() if v is not None})
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    if user:
-        env["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = user
-    out = subprocess.run([sys.executable, "-c", QUIET_PROBE], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == f"BARS {user == 'true'} False", out.stdout
+    return out.stdout.strip().splitlines()[-1]
 
 
 EXIT_PROBE = """
@@ -367,18 +373,7 @@ def test_a_rankexp_process_leaves_its_objects_to_the_os_and_mlflow_telemetry_off
     """Issue 20: a detached submit spent 4.6 of its seconds after sbatch in the interpreter's
     last garbage collection (every MLflow/SQLAlchemy/Hydra object); the CLI freezes them as it
     ends.  MLflow 3's telemetry thread is off unless the user turns it on."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_DISABLE_TELEMETRY"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    if user:
-        env["MLFLOW_DISABLE_TELEMETRY"] = user
-    out = subprocess.run([sys.executable, "-c", EXIT_PROBE], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == f"EXIT True {user or 'true'}", out.stdout
+    assert _probe_line(EXIT_PROBE, {"MLFLOW_DISABLE_TELEMETRY": user}) == f"EXIT True {user or 'true'}"
 
 
 def test_make_help_lists_every_target_in_plain_words():

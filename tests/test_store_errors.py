@@ -43,17 +43,19 @@ from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_CACHE_DIR, DEFAULT_ROOT
 SMALL = ("width=8", "seeds=1", "task.probes=[io_jacobian]")
 
 
+#: the full- and read-only-disk tests mount a tmpfs: root only (``make test`` runs as root)
+NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+
+
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str, *options: str):
-    """A tmpfs of ``size`` mounted at ``path`` (created) while inside; skips where this test
-    cannot mount one (not root, no mount namespace rights)."""
+    """A tmpfs of ``size`` mounted at ``path`` (created) while inside (the tests using it are
+    marked :data:`NEEDS_ROOT`; as root, a mount that fails is this test's failure)."""
     path.mkdir(parents=True, exist_ok=True)
     opts = ",".join((f"size={size}", *options))
     p = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True,
                        text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (mount: {p.stderr.strip() or p.returncode}); "
-                    "this test needs root")
+    assert p.returncode == 0, f"cannot mount a tmpfs at {path}: {p.stderr.strip() or p.returncode}"
     try:
         yield path
     finally:
@@ -108,6 +110,7 @@ def assert_refused_then_synced(tmp_path: Path, res, why: str) -> Path:
     return sweep
 
 
+@NEEDS_ROOT
 def test_a_read_only_artifact_root_fails_each_run_with_the_reason(tmp_path):
     """Before: the runs stayed RUNNING under a parent closed FAILED, the message said the store
     "stopped answering".  Now each run is FAILED store_error naming the read-only file system,
@@ -127,6 +130,7 @@ def test_a_read_only_artifact_root_fails_each_run_with_the_reason(tmp_path):
     assert not [r for r in runs if r.info.status == "RUNNING"]
 
 
+@NEEDS_ROOT
 def test_an_artifact_root_on_a_full_disk_fails_each_run_with_the_reason(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.prepare_experiment(uri, "rankexp")
@@ -141,6 +145,7 @@ def test_an_artifact_root_on_a_full_disk_fails_each_run_with_the_reason(tmp_path
     assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3  # two jobs + their parent
 
 
+@NEEDS_ROOT
 def test_a_store_on_a_disk_that_fills_mid_sweep_leaves_nothing_running(tmp_path):
     """The store itself on a 8 MB tmpfs that fills while the sweep runs (jobs idle 1 s each):
     SQLite refuses every write ("database or disk is full").  The jobs keep their results, the
@@ -175,6 +180,7 @@ def test_a_store_on_a_disk_that_fills_mid_sweep_leaves_nothing_running(tmp_path)
         assert len({r.data.tags["config_hash"] for r in jobs}) == 3
 
 
+@NEEDS_ROOT
 def test_a_job_directory_on_a_full_disk_fails_cleanly(tmp_path):
     """Before: "--- Logging error ---" tracebacks and 0-byte ``.status.json.<pid>`` files.  Now a
     job that cannot write its directory fails in one line and leaves no half-written file; its
