@@ -179,7 +179,7 @@ class _Probing:
         if before and not self.schedule:
             out.update(_probes(self.net, self.data, before, t.options, trained=False))
             if len(self.lrs) > 1:  # (one rate: its scalars are the run's, as before)
-                log_member_series(self.run, self.lrs, [0], _member_rows(out, self.lrs))
+                log_member_series(self.run, [0], _member_rows(out, self.lrs))
 
     def on_probe(self, step: int) -> dict[str, torch.Tensor]:
         t = self.s.task
@@ -187,7 +187,7 @@ class _Probing:
                                   trained=step > 0, dtype=DTYPES[self.s.dtype.value])
         values = probing.member_values(m, len(self.lrs))
         self.live.append(step)
-        log_member_series(self.run, self.lrs, [step],
+        log_member_series(self.run, [step],
                           {k: v[None] for k, v in probing.member_scalars(values).items()})
         return values
 
@@ -201,15 +201,14 @@ class _Probing:
             trained = _probes(self.net, self.data, after, t.options, trained=True)
             out.update(trained)
             if len(self.lrs) > 1:
-                log_member_series(self.run, self.lrs, [res.steps], _member_rows(trained, self.lrs))
+                log_member_series(self.run, [res.steps], _member_rows(trained, self.lrs))
 
 
-def log_member_series(run: Any, lrs: list[float], steps: list[int] | np.ndarray,
-                      metrics: dict[str, np.ndarray]) -> None:
-    """Log per-member series: ``metrics[name]`` ``(len(steps), E)`` (column e = ``lrs[e]``) at
-    ``steps`` — training curves and probes alike — to each learning rate's member run under the
-    plain name (:meth:`rankexp.tracking.RunLogger.log_member_series`).  No-op when ``run`` is
-    None or ``metrics`` is empty."""
+def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str, np.ndarray]) -> None:
+    """Log per-member series: ``metrics[name]`` ``(len(steps), E)`` (column e = the e-th rate)
+    at ``steps`` — training curves and probes alike — to each learning rate's member run under
+    the plain name (:meth:`rankexp.tracking.RunLogger.log_member_series`).  No-op when ``run``
+    is None or ``metrics`` is empty."""
     if run is None or not metrics:
         return
     run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
@@ -238,7 +237,7 @@ def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: l
     probing.write_arrays(result_dir, res.probes, lrs)
     early = [i for i, st in enumerate(steps) if st not in live]
     if early:  # probed by the interrupted run: backfilled like the training curves
-        log_member_series(run, lrs, [steps[i] for i in early], {k: v[early] for k, v in rows.items()})
+        log_member_series(run, [steps[i] for i in early], {k: v[early] for k, v in rows.items()})
 
 
 def _steps_text(steps: list[int]) -> str:
