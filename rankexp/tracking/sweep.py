@@ -103,7 +103,8 @@ class SweepRun:
                 else:
                     message = (f"interrupted by {interrupted}: {summary(counts)}; rerun the same "
                                "command to resume" if interrupted else summary(counts))
-                    close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message)
+                    close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message,
+                              members=False)  # (a sweep has jobs, not learning-rate members)
             except Exception as e:
                 log.error("could not close the sweep run %s in %s (%s); `python -m rankexp.sync %s` "
                           "closes it once the store answers", self.run_id, redact(self.uri),
