@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# torch/torchvision pinned to the builds in this machine class's local pip cache
+# torch/torchvision pinned to the versions the package registry serves this machine class
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
 .PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures reproduce ui lint clean
