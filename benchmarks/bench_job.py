@@ -45,6 +45,19 @@ from .common import (
 )
 
 BIG = ["width=256", "depth=96", "expansion=4", "seeds=1", "task.probes=[io_jacobian]"]
+#: the big job's weights: L = 96 blocks of two d × m float64 matrices, d = 256, m = 4d
+BIG_WEIGHT_BYTES = 96 * 2 * 256 * 1024 * 8
+FIRST_TOUCH = ("import sys, time, torch\n"
+               "x = torch.empty({n} // 8, dtype=torch.float64)\n"
+               "t = time.perf_counter(); x.fill_(0.0); print(time.perf_counter() - t)")
+
+
+def first_touch() -> dict:
+    """Seconds a fresh process takes to write the big job's weight bytes once (the page faults
+    of new memory: the floor under drawing them, whatever the generator)."""
+    out = subprocess.run([sys.executable, "-c", FIRST_TOUCH.format(n=BIG_WEIGHT_BYTES)],
+                         env=clean_env(ROOT), check=True, capture_output=True, text=True)
+    return {"wall_s": float(out.stdout.strip())}
 TINY = ["width=16", "depth=4", "seeds=1"]
 
 
@@ -65,7 +78,7 @@ class Store:
 
 # --------------------------------------------------------------------------- 1. a fresh job
 def row_fresh(trees: dict[str, Path], stores: dict[str, Store], repeat: int) -> None:
-    contenders = {"import torch": lambda: python_run("import torch")}
+    contenders = {"import torch": lambda: python_run("import torch"), "first touch": first_touch}
     for v, tree in trees.items():
         contenders[f"{v} job"] = lambda t=tree: fresh_job(BIG, t)
         contenders[f"{v} tiny"] = lambda v=v: stores[v].job(TINY)
@@ -86,6 +99,10 @@ def row_fresh(trees: dict[str, Path], stores: dict[str, Store], repeat: int) -> 
     print(f"   bare `python -c 'import torch'`: {torch_s:.2f} s")
     print(f"   drawing: {draw_b / draw:.2f}× faster [target ≥ 3×: {verdict(draw_b / draw >= 3)}]; "
           f"drawing / measurement {draw / meas:.2f} [target ≤ 0.5: {verdict(draw <= 0.5 * meas)}]")
+    touch = best["first touch"]["wall_s"]
+    print(f"   the floor under drawing: writing the {BIG_WEIGHT_BYTES / 1e6:.0f} MB of weights once "
+          f"in a fresh process (page faults of new memory) takes {touch:.2f} s = "
+          f"{touch / meas:.2f} × the measurement, {touch / draw:.0%} of the drawing")
     print(f"   everything else / import torch: {rest_b / torch_s:.2f}× → {rest / torch_s:.2f}× "
           f"[target ≤ 1.5×: {verdict(rest <= 1.5 * torch_s)}]")
     tb, ta = best["before tiny"]["wall_s"], best["after tiny"]["wall_s"]

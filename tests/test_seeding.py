@@ -254,3 +254,87 @@ def test_plain_orthogonal_weights_are_sigma_w_haar():
         q = layer.w / 1.3
         torch.testing.assert_close(q @ q.mT, torch.eye(16, dtype=q.dtype).expand(2, 16, 16),
                                    rtol=0, atol=1e-14)
+
+
+# --------------------------------------------------------------------------- the compiled fast path
+from rankexp import native  # noqa: E402
+
+needs_native = pytest.mark.skipif(native.ziggurat() is None,
+                                  reason="no C compiler here: the torch path draws (same numbers)")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_compiled_fast_path_draws_the_torch_paths_numbers(monkeypatch, dtype):
+    """rankexp/_ziggurat.c against the torch ops it replaces, bit for bit: several members, an
+    offset, a scale, a length that is no multiple of the block, a tiny weight matrix."""
+    shapes = [(3, 4096 * 2 + 17), (3, 5, 5), (3, 300, 70)]
+
+    def draw():
+        outs = [torch.empty(shape, dtype=dtype) for shape in shapes]
+        S.normal_many_([(o, 1000 * i + 7, 0.3 + i) for i, o in enumerate(outs)], [0, 5, 9])
+        return outs
+
+    compiled = draw()
+    monkeypatch.setattr(native, "ziggurat", lambda: None)
+    for a, b in zip(compiled, draw(), strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_native
+def test_a_small_rejection_buffer_resumes_where_it_stopped():
+    """With room for one block of rejections per call the kernel stops and resumes; the values
+    and the rejected indices are those of one call and of the torch path."""
+    z = native.ziggurat()
+    keys = S.stream_keys([3, 4], S.STREAM_WEIGHTS)
+    w, w64, _, k = S._tables_on(torch.device("cpu"), torch.float64)
+    n = 3 * z.block + 5
+    one, many = torch.empty(2, n, dtype=torch.float64), torch.empty(2, n, dtype=torch.float64)
+    hits_one = z.fast_path(one, keys, 11, w, k)
+    hits_many = z.fast_path(many, keys, 11, w, k, cap=z.block)
+    assert torch.equal(one, many) and torch.equal(hits_one, hits_many)
+    ref = torch.empty(2, n, dtype=torch.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "ziggurat", lambda: None)
+        hits_ref = S._fast_path(ref, keys[:, None], 11, 1.0)
+    assert torch.equal(ref, one) and torch.equal(hits_ref.sort().values, hits_one)
+    assert 0.01 < hits_one.numel() / one.numel() < 0.02  # the ziggurat's ≈ 1.5 % slow path
+    with pytest.raises(ValueError, match="cap"):
+        z.fast_path(one, keys, 11, w, k, cap=z.block - 1)
+
+
+BUILD = """
+import sys
+from rankexp import native
+z = native.ziggurat()
+print(z is not None and native.library_path().exists())
+"""
+
+
+@needs_native
+def test_two_first_jobs_build_the_library_at_once(tmp_path):
+    """Two real processes started together on an empty cache both build (or find) the library
+    and load it, five times over; no temporary file is left behind."""
+    import os
+    import subprocess
+    import sys
+
+    for trial in range(5):
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / str(trial))}
+        procs = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+        assert [p.communicate()[0].strip() for p in procs] == ["True", "True"]
+        built = list((tmp_path / str(trial) / "rankexp" / "native").iterdir())
+        assert len(built) == 1 and built[0].suffix == ".so", built
+
+
+def test_without_a_compiler_or_when_disabled_the_torch_path_draws(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(RuntimeError, match="no-such-cc|failed"):
+        native.build()
+    assert native.ziggurat.__wrapped__() is None
+    monkeypatch.setenv("RANKEXP_NATIVE", "0")
+    monkeypatch.delenv("CC")
+    assert native.ziggurat.__wrapped__() is None
+    assert not any(tmp_path.rglob("*.so"))
