@@ -40,6 +40,10 @@ import numpy as np
 DIGITS = 10
 #: the secant's two points sit at û ± SECANT_HALF·tol (a final bracket of 0.9·tol)
 SECANT_HALF = 0.45
+#: the widest bracket (in u) whose interpolants' disagreement counts as its error
+LOCAL = 0.5
+#: a budgeted secant step under this fraction of the bracket takes no bisection point
+SETTLING = 0.25
 STATUSES = ("converged", "open", "unbracketed", "non_monotone")
 
 
@@ -128,9 +132,12 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
             round's, or the prediction a warm start measured around; with ``allowed`` (the
             error in ``u`` the fitted exponent can take from this cell, :meth:`Contour.allowed`)
             a bracketed level cell converges once the new estimate moved by ≤ ``allowed``
-            (the secant's own stopping rule: its error is second order in that step) or its
-            half-width is ≤ ``allowed`` — ``tol`` then ends nothing — and an open one proposes
-            one point, the estimate itself (the bisection safeguard stays).
+            (the secant's own stopping rule: its error is second order in that step), its
+            half-width is ≤ ``allowed``, or — a bracket at most :data:`LOCAL` wide — its cubic
+            (PCHIP) and linear interpolants agree to ``allowed`` (the linear one's error
+            estimate); ``tol`` then ends nothing, and an open one proposes one point, the
+            estimate itself (the bisection safeguard stays, unless the estimate moved by less
+            than :data:`SETTLING` of the bracket: a secant settling inside it).
         expand: a cell whose points never cross the level, but whose bracket end on the side
             the crossing lies (by the points' slope) is unmeasured, stays open and proposes a
             point outwards (a warm start measured only near its predicted crossing).
@@ -193,9 +200,12 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
     if budget:
         step = abs(uhat - prior) if prior is not None else math.inf
-        if min(step, cell.error) <= allowed:
-            cell.status, cell.error = "converged", min(step, cell.error)
+        linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+        gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
+        if min(step, cell.error, gap) <= allowed:
+            cell.status, cell.error = "converged", min(step, cell.error, gap)
             return cell
+        bisect = bisect and step > SETTLING * cell.width  # a secant settling inside: no midpoint
         cell.proposals = [axis.x(v) for v in ([uhat] if not bisect or prior is None else
                                               [uhat, 0.5 * (a + b)]) if a < v < b]
         cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
@@ -333,6 +343,7 @@ class Spec:
     fit_over: str | None
     s_tol: float | None = None
     warm: bool = False
+    warm_across: tuple = ()
 
 
 def parse_spec(node: Any) -> Spec:
@@ -345,7 +356,7 @@ def parse_spec(node: Any) -> Spec:
 
     c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
     known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over", "s_tol", "warm"}
+             "max_rounds", "fit_over", "s_tol", "warm", "warm_across"}
     if unknown := sorted(set(c) - known):
         raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
     if not c.get("metric") or not c.get("axis"):
@@ -372,10 +383,16 @@ def parse_spec(node: Any) -> Spec:
     if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
         raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
                          f"(the axis it warm-starts along), got warm={warm!r}")
+    across = c.get("warm_across") or []
+    across = [across] if isinstance(across, str) else across
+    if not isinstance(across, list) or not all(isinstance(k, str) for k in across) or \
+            (across and not warm) or c.get("fit_over") in across or c["axis"] in across:
+        raise ValueError(f"hydra.sweeper.contour.warm_across: a list of trace axes (not fit_over, "
+                         f"not the axis), only with warm: true, got {c.get('warm_across')!r}")
     axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
     return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
                 bool(c.get("boolean", False)), rounds, c.get("fit_over"),
-                None if s_tol is None else float(s_tol), warm)
+                None if s_tol is None else float(s_tol), warm, tuple(across))
 
 
 class Contour:
@@ -401,13 +418,28 @@ class Contour:
         self.groups = [sorted(g, key=lambda t: self.depth[t]) for g in groups.values()]
         self.group = {t: g for g in self.groups for t in g}
         self.stage = {t: k for g in self.groups for t, k in _stages(g).items()}
+        self.donor = self._donors()
+
+    def _donors(self) -> dict[int, int]:
+        """``warm_across``: each trace point of a line whose labels differ from an earlier line's
+        only in the ``warm_across`` axes (m/d, α …) → that first line's point at the same
+        ``fit_over`` value (its donor: the crossing there predicts this one's)."""
+        fo, across, first, out = self.spec.fit_over, self.spec.warm_across, {}, {}
+        for t, lab in enumerate(self.labels):
+            key = tuple((k, v) for k, v in lab.items() if k not in across)  # fit_over kept
+            if not across or not set(across) <= set(lab) or fo not in lab:
+                continue
+            leader = first.setdefault(tuple(p for p in key if p[0] != fo), self.group[t])
+            if self.group[t] is not leader:
+                out[t] = next((t2 for t2 in leader if self.labels[t2][fo] == lab[fo]), None)
+        return {t: d for t, d in out.items() if d is not None}
 
     def first_round(self) -> list[tuple[int, float]]:
         """Every trace point at ``start`` values spanning the bracket (warm: only the ends of
         each trace line, e.g. the smallest and largest depth; the others start from them)."""
         xs = self.spec.axis.start(self.spec.start)
         return [(t, x) for t in range(len(self.trace)) for x in xs
-                if not self.spec.warm or self.stage[t] == 0]
+                if not self.spec.warm or (self.stage[t] == 0 and t not in self.donor)]
 
     def overrides(self, jobs: list[tuple[int, float]]) -> list[list[str]]:
         """Each job's Hydra overrides: its trace point's, then the solved axis."""
@@ -456,7 +488,7 @@ class Contour:
         for t in range(len(self.trace)):
             g = self.group[t]
             if self.values[t] or any(t2 != t and self.stage[t2] < self.stage[t] and not self._settled(t2)
-                                     for t2 in g):
+                                     for t2 in g) or (t in self.donor and not self._settled(self.donor[t])):
                 continue
             guess = {lv: self.predict(t, lv) for lv in s.levels}
             if any(p is None for p in guess.values()):
@@ -482,8 +514,11 @@ class Contour:
         above, else through the two nearest), and the half-width to measure around it:
         twice its gap to the least-squares law over every settled depth (≥ 3 of them), at
         least ``tol`` (boolean: ``tol``/2, so two points bracket it to ``tol``).  None when
-        no neighbour has a converged crossing."""
+        no neighbour has a converged crossing.  With a donor (``warm_across``,
+        :meth:`_across`) its crossing, shifted by the lines' mean offset, comes first."""
         s = self.spec
+        if (across := self._across(t, level)) is not None:
+            return across
         known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
                  if t2 != t and self._settled(t2) and self.cells[(t2, level)].status == "converged"]
         if not known:
@@ -505,6 +540,25 @@ class Contour:
             slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
             gap = abs(slope * x0 + icpt - u)
         return u, max(s.tol, 2 * gap)
+
+    def _converged(self, t: int, level: float) -> bool:
+        return self._settled(t) and self.cells[(t, level)].status == "converged"
+
+    def _across(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing at ``t`` predicted by its donor's (the same ``fit_over`` value on the
+        leading line, :meth:`_donors`) plus the mean offset of the two lines over the depths
+        converged on both (0 before any), and the half-width around it: twice the offsets'
+        range, at least ``tol`` (boolean: ``tol``/2).  None without a converged donor."""
+        d = self.donor.get(t)
+        if d is None or not self._converged(d, level):
+            return None
+        offsets = [self.estimate[(t2, level)] - self.estimate[(self.donor[t2], level)]
+                   for t2 in self.group[t] if t2 != t and self._converged(t2, level)
+                   and t2 in self.donor and self._converged(self.donor[t2], level)]
+        u = self.estimate[(d, level)] + (float(np.mean(offsets)) if offsets else 0.0)
+        if self.spec.boolean:
+            return u, 0.499 * self.spec.tol
+        return u, max(self.spec.tol, 2 * float(np.ptp(offsets)) if offsets else 0.0)
 
     def allowed(self, t: int, level: float) -> float | None:
         """The error (in u) the cell ``(t, level)`` may leave in the fitted exponent's budget

@@ -203,7 +203,9 @@ def test_bad_contour_specs_are_one_line_errors():
                       ({**SPEC, "levels": "x"}, "levels"), ({**SPEC, "wat": 1}, "unknown"),
                       ({k: v for k, v in SPEC.items() if k != "axis"}, "axis"),
                       ({**SPEC, "s_tol": -1}, "s_tol"), ({**SPEC, "warm": "yes"}, "warm"),
-                      ({**SPEC, "fit_over": None, "warm": True}, "warm")]:
+                      ({**SPEC, "fit_over": None, "warm": True}, "warm"),
+                      ({**SPEC, "warm_across": ["expansion"]}, "warm_across"),
+                      ({**SPEC, "warm": True, "warm_across": ["depth"]}, "warm_across")]:
         with pytest.raises(ValueError, match=says):
             parse_spec(bad)
 
@@ -299,3 +301,34 @@ def test_table5_from_one_rate_runs_is_each_cells_boundary():
     assert not one_rate(grid)
     seeds = table5(grid)["alpha=1"]  # a grid's runs in one cell are seeds: the rate all held
     assert seeds[("post", 24)] == 1e-3 and math.isnan(seeds[("post", 12)])
+
+
+def test_warm_across_starts_each_line_from_its_leaders_crossing_at_the_same_depth():
+    """``warm_across: [expansion]``: the m/d=4 line (the closed form with α scaled by 1.05, so
+    α* 5 % lower at every depth) starts no depth from the bracket; each is measured around the
+    m/d=1 crossing at its depth (shifted by the lines' offset once known): every cell converges
+    with the exact crossing in its bracket, s = −1/2 within s_tol, one run per level at the
+    follower's interior depths, and fewer runs in all than warm starts along depth alone."""
+    spec = {**SPEC, "start": 3, "warm": True, "s_tol": 0.01}
+    trace = [[f"expansion={e}", f"depth={L}"] for e in (1, 4) for L in DEPTHS]
+    scale = {"1": 1.0, "4": 1.05}
+
+    def run(node):
+        st = Contour(parse_spec(node), trace, ["expansion", "depth"])
+        st.run_in_process(lambda t, x: (sigmoid_rank(x * scale[st.labels[t]["expansion"]],
+                                                     float(st.labels[t]["depth"])), x**2))
+        return st
+
+    along, across = run(spec), run({**spec, "warm_across": ["expansion"]})
+    contour, fits = across.tables()
+    assert (contour["status"] == "converged").all(), contour
+    assert np.allclose(fits["s"], -0.5, atol=0.01), fits
+    for _, row in contour.iterrows():
+        exact = closed_alpha(row["level"], float(row["depth"])) / scale[row["expansion"]]
+        assert row["lo"] <= exact <= row["hi"], row
+    # the follower's ends start before any offset is known (0.05 off: more than tol), its
+    # interior depths around the leader's crossing shifted by the ends' offset
+    assert [len(across.values[t]) for t in range(6, 9)] == [3] * 3, across.values
+    assert max(len(across.values[t]) for t in (5, 9)) <= 5, across.values
+    assert sum(map(len, across.values)) < sum(map(len, along.values))
+    assert across.donor == {5 + k: k for k in range(5)}
