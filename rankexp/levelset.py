@@ -153,6 +153,8 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     cell = Cell(level, "unbracketed", points=len(xs))
     if len(xs) < 2:
         cell.note = f"{len(xs)} point(s) with a value"
+        if boolean and expand and len(xs) == 1:
+            _one_end(cell, axis.u(xs[0]), float(_signs(f, level, True)[0]), axis)
         return cell
     u = np.array([axis.u(x) for x in xs])
     s = _signs(f, level, boolean)
@@ -212,6 +214,21 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         return cell
     cell.proposals = _next(a, b, uhat, tol, bisect, axis)
     return cell
+
+
+def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
+    """A boolean cell measured at one end of the bracket only (a warm start whose donor held,
+    or failed, over the whole bracket): holding at the top, or failing at the bottom, it is
+    unbracketed like its donor (stable below the boundary: every lower rate holds too, every
+    higher one fails — the monotonicity bisection assumes); otherwise open, at the bracket's
+    midpoint and other end."""
+    top = abs(u0 - axis.u(axis.hi)) <= 1e-9 * max(1.0, abs(u0))
+    bottom = abs(u0 - axis.u(axis.lo)) <= 1e-9 * max(1.0, abs(u0))
+    if (top and sign > 0) or (bottom and sign < 0):
+        cell.note = "f ≥ level at the bracket's top" if top else "f < level at the bracket's bottom"
+        return
+    cell.status = "open"
+    cell.proposals = [axis.x(0.5 * (axis.u(axis.lo) + axis.u(axis.hi))), axis.lo if top else axis.hi]
 
 
 def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis, tol: float,
@@ -491,6 +508,9 @@ class Contour:
                                      for t2 in g) or (t in self.donor and not self._settled(self.donor[t])):
                 continue
             guess = {lv: self.predict(t, lv) for lv in s.levels}
+            if (end := self._end_of_donor(t)) is not None:
+                out.append((t, end))
+                continue
             if any(p is None for p in guess.values()):
                 out += [(t, x) for x in s.axis.start(s.start)]
                 continue
@@ -507,6 +527,21 @@ class Contour:
             xs = sorted({s.axis.x(min(max(u, lo), hi)) for u in us})
             out += [(t, x) for x in xs]
         return out
+
+    def _end_of_donor(self, t: int) -> float | None:
+        """A boolean target's donor (``warm_across``) that held over its whole bracket, or failed
+        over it: the bracket's top (bottom) — one run tells whether ``t`` does too
+        (:func:`_one_end`).  None otherwise."""
+        s, d = self.spec, self.donor.get(t)
+        if not s.boolean or len(s.levels) != 1 or d is None or \
+                self.cells[(d, s.levels[0])].status != "unbracketed" or len(self.values[d]) < 2:
+            return None
+        signs = set(_signs(np.array(list(self.values[d].values()), dtype=float), s.levels[0], True))
+        if signs == {1.0} and s.axis.hi in self.values[d]:
+            return s.axis.hi
+        if signs == {-1.0} and s.axis.lo in self.values[d]:
+            return s.axis.lo
+        return None
 
     def predict(self, t: int, level: float) -> tuple[float, float] | None:
         """The crossing of ``level`` at trace point ``t`` (in u) from the power law through the

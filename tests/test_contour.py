@@ -332,3 +332,30 @@ def test_warm_across_starts_each_line_from_its_leaders_crossing_at_the_same_dept
     assert max(len(across.values[t]) for t in (5, 9)) <= 5, across.values
     assert sum(map(len, across.values)) < sum(map(len, along.values))
     assert across.donor == {5 + k: k for k in range(5)}
+
+
+def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
+    """``warm_across: [alpha]`` on a boolean target: α = 4's cells start from α = 1's at the
+    same depth.  α = 1 stable over the whole bracket → α = 4 measured once, at the top: stable
+    there → unbracketed like its donor (Table 5 reads the top); unstable there → it bisects
+    from the bracket (never guessed).  A donor stable nowhere sends its follower to the
+    bottom once."""
+    spec = {"metric": "max_stable_lr", "levels": [0.0], "axis": "lr", "bracket": [3e-5, 1e-2],
+            "boolean": True, "start": 3, "tol": math.log(10) / 2, "method": "bisect",
+            "fit_over": "depth", "warm": True, "warm_across": ["alpha"]}
+    trace = [[f"alpha={a}", f"depth={L}"] for a in (1, 4) for L in (12, 24)]
+
+    def run(boundary):
+        st = Contour(parse_spec(spec), trace, ["alpha", "depth"])
+        st.run_in_process(lambda t, x: (x if x <= boundary[t] else math.nan, 1.0))
+        return st, st.tables()[0]
+
+    st, contour = run([1.0, 1.0, 1.0, 1.0])  # stable everywhere
+    assert [len(v) for v in st.values] == [3, 3, 1, 1] and (contour["status"] == "unbracketed").all()
+    st, contour = run([0.0, 0.0, 0.0, 0.0])  # stable nowhere
+    assert [len(v) for v in st.values] == [3, 3, 1, 1] and (contour["status"] == "unbracketed").all()
+    assert min(st.values[2]) == 3e-5
+    st, contour = run([1.0, 1.0, 1e-3, 1e-3])  # α = 4 fails at the top: bisected like any cell
+    c = contour.set_index(["alpha", "depth"])
+    assert (c.loc["4", "status"] == "converged").all(), contour
+    assert all(lo <= 1e-3 <= hi for lo, hi in zip(c.loc["4", "lo"], c.loc["4", "hi"], strict=True))
