@@ -183,6 +183,12 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         return cell
     i = changes[0]
     j = nxt[i]
+    if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
+        cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
+                     "holds at the top; the crossing is the wrong way (a floor), not the boundary")
+        if expand and axis.u(axis.hi) - u[-1] > 1e-9 * max(1.0, abs(u[-1])):
+            cell.status, cell.proposals = "open", [axis.hi]
+        return cell
     a, b = u[i], u[j]
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule

@@ -76,6 +76,13 @@ def test_boolean_boundary_by_bisection_counts_a_missing_value_as_failed():
     assert abs(math.log10(cell.crossing) - math.log10(lr_max)) <= 0.1 / 2 / math.log(10) + 1e-12
     # the same data as a level target: NaNs say nothing, so the level is never crossed
     assert solve(acc, 0.4, axis, 0.1).status == "unbracketed"
+    # rates too small to reach 0.4 in the steps given fail too: failing below and holding
+    # above is a floor, not the boundary (stable below it) — reported, not converged …
+    floor = {1e-5: math.nan, 1e-3: 0.5, 1e-1: 0.5}
+    cell = solve(floor, 0.4, axis, 0.1, boolean=True)
+    assert cell.status == "unbracketed" and "wrong way" in cell.note and math.isnan(cell.crossing)
+    # … and a floor below a boundary is two crossings: non-monotone
+    assert solve({**floor, 1e-1: math.nan}, 0.4, axis, 0.1, boolean=True).status == "non_monotone"
 
 
 def test_cells_that_cannot_be_solved_are_reported_not_guessed():
