@@ -184,11 +184,7 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     i = changes[0]
     j = nxt[i]
     if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
-        cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
-                     "holds at the top; the crossing is the wrong way (a floor), not the boundary")
-        if expand and axis.u(axis.hi) - u[-1] > 1e-9 * max(1.0, abs(u[-1])):
-            cell.status, cell.proposals = "open", [axis.hi]
-        return cell
+        return _floor(cell, xs, i, j, axis, expand)
     a, b = u[i], u[j]
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
@@ -219,6 +215,17 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
         return cell
     cell.proposals = _next(a, b, uhat, tol, bisect, axis)
+    return cell
+
+
+def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool) -> Cell:
+    """A boolean cell failing up to ``xs[i]`` and holding from ``xs[j]`` on (rates too small to
+    reach the accuracy in the steps given): holds at the top, unbracketed; warm (``expand``),
+    open at the bracket's top until it is measured."""
+    cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
+                 "holds at the top; the crossing is the wrong way (a floor), not the boundary")
+    if expand and axis.u(axis.hi) - axis.u(xs[-1]) > 1e-9 * max(1.0, abs(axis.u(xs[-1]))):
+        cell.status, cell.proposals = "open", [axis.hi]
     return cell
 
 
