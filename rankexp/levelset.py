@@ -20,6 +20,10 @@ whether the crossing is known to the tolerance, and if not which ``x`` to measur
   the bracket's midpoint (bisection) and the boundary the midpoint of the final bracket.
 * A cell whose measured values cross the level more than once is **non-monotone**, one whose
   values never cross it in the bracket **unbracketed**; both are reported, never guessed.
+  A boolean target holds below its boundary: rates too small to reach the accuracy in the
+  steps given fail too, so failing below a holding stretch is a **floor** — fails, holds,
+  fails is the boundary above the floor (noted), fails then holds to the top is unbracketed
+  (it holds at the top), and holds, fails, holds is non-monotone.
 
 The exponent ``s`` of ``βα^M ∝ L^s`` (science.md §4 tab4, §6 ``tab4_contour``) is the
 least-squares slope of ``log(βα*^M)`` on ``log L`` with its Student-t interval
@@ -161,6 +165,9 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     on = np.flatnonzero(s == 0)
     nz = np.flatnonzero(s != 0)
     changes = [i for i, j in zip(nz[:-1], nz[1:], strict=True) if s[i] != s[j]]
+    if boolean and len(changes) == 2 and s[changes[0]] < 0:  # fails, holds, fails going up
+        cell.note = f"f < level up to {xs[changes[0]]:.4g} too (a floor below the boundary)"
+        changes = changes[1:]
     if len(changes) + len(on) == 0:
         cell.note = (f"{'f ≥ level' if s[0] > 0 else 'f < level'} over the bracket"
                      if boolean else f"f in [{np.nanmin(f):.4g}, {np.nanmax(f):.4g}]")
@@ -176,11 +183,7 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.note = f"meets the level {len(changes) + len(on)} times ({', '.join(cut)})"
         return cell
     if on.size:  # measured exactly on the level
-        i = int(on[0])
-        cell.status, cell.lo = "converged", xs[i]
-        cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
-        cell.error = 0.0
-        return cell
+        return _on_level(cell, xs, f, int(on[0]))
     i = changes[0]
     j = nxt[i]
     if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
@@ -215,6 +218,14 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
         return cell
     cell.proposals = _next(a, b, uhat, tol, bisect, axis)
+    return cell
+
+
+def _on_level(cell: Cell, xs: np.ndarray, f: np.ndarray, i: int) -> Cell:
+    """A cell measured exactly on the level at ``xs[i]``: converged there, width 0."""
+    cell.status, cell.lo = "converged", xs[i]
+    cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
+    cell.error = 0.0
     return cell
 
 

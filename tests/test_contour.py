@@ -81,8 +81,12 @@ def test_boolean_boundary_by_bisection_counts_a_missing_value_as_failed():
     floor = {1e-5: math.nan, 1e-3: 0.5, 1e-1: 0.5}
     cell = solve(floor, 0.4, axis, 0.1, boolean=True)
     assert cell.status == "unbracketed" and "wrong way" in cell.note and math.isnan(cell.crossing)
-    # … and a floor below a boundary is two crossings: non-monotone
-    assert solve({**floor, 1e-1: math.nan}, 0.4, axis, 0.1, boolean=True).status == "non_monotone"
+    # … a floor below a boundary leaves the boundary (above the floor) to bisect, noted …
+    cell = solve({**floor, 1e-1: math.nan}, 0.4, axis, 0.1, boolean=True)
+    assert cell.status == "open" and (cell.lo, cell.hi) == (1e-3, 1e-1) and "floor" in cell.note
+    # … and holding again above a failing stretch is not a boundary: non-monotone
+    window = {1e-5: 0.5, 1e-3: math.nan, 1e-1: 0.5}
+    assert solve(window, 0.4, axis, 0.1, boolean=True).status == "non_monotone"
 
 
 def test_cells_that_cannot_be_solved_are_reported_not_guessed():
