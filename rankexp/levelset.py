@@ -353,10 +353,14 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
 
 
 # --------------------------------------------------------------------------- a contour sweep
-def _stages(group: list[int]) -> dict[int, int]:
+def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
     """The warm-start stage of each trace point of a line sorted along ``fit_over``: its two
-    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order)."""
+    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order); a
+    boolean line of two points starts its second from its first (a boundary's prediction
+    from one neighbour is its own value, measured ±tol/2)."""
     n = len(group)
+    if boolean and n == 2:
+        return {group[0]: 0, group[1]: 1}
     stage, spans, k = {group[0]: 0, group[-1]: 0}, [(0, n - 1)], 1
     while spans:
         nxt = []
@@ -458,7 +462,7 @@ class Contour:
             groups.setdefault(tuple((k, v) for k, v in lab.items() if k != fo), []).append(t)
         self.groups = [sorted(g, key=lambda t: self.depth[t]) for g in groups.values()]
         self.group = {t: g for g in self.groups for t in g}
-        self.stage = {t: k for g in self.groups for t, k in _stages(g).items()}
+        self.stage = {t: k for g in self.groups for t, k in _stages(g, spec.boolean).items()}
         self.donor = self._donors()
 
     def _donors(self) -> dict[int, int]:
@@ -532,7 +536,7 @@ class Contour:
                                      for t2 in g) or (t in self.donor and not self._settled(self.donor[t])):
                 continue
             guess = {lv: self.predict(t, lv) for lv in s.levels}
-            if (end := self._end_of_donor(t)) is not None:
+            if (end := self._end_hint(t, any(p is None for p in guess.values()))) is not None:
                 out.append((t, end))
                 continue
             if any(p is None for p in guess.values()):
@@ -552,19 +556,26 @@ class Contour:
             out += [(t, x) for x in xs]
         return out
 
-    def _end_of_donor(self, t: int) -> float | None:
-        """A boolean target's donor (``warm_across``) that held over its whole bracket, or failed
-        over it: the bracket's top (bottom) — one run tells whether ``t`` does too
-        (:func:`_one_end`).  None otherwise."""
-        s, d = self.spec, self.donor.get(t)
-        if not s.boolean or len(s.levels) != 1 or d is None or \
-                self.cells[(d, s.levels[0])].status != "unbracketed" or len(self.values[d]) < 2:
+    def _end_hint(self, t: int, unpredicted: bool) -> float | None:
+        """A boolean target's bracket end to measure ``t`` at first, from a settled neighbour
+        that is unbracketed at that end: its nearest depth on the same line, else (when nothing
+        predicts a crossing) its ``warm_across`` donor — holding at the top (every rate, or
+        above a floor), ``t`` is measured at the top; failing everywhere, at the bottom.  One
+        run tells whether ``t`` does the same (:func:`_one_end`); None otherwise."""
+        s = self.spec
+        if not s.boolean or len(s.levels) != 1:
             return None
-        signs = set(_signs(np.array(list(self.values[d].values()), dtype=float), s.levels[0], True))
-        if signs == {1.0} and s.axis.hi in self.values[d]:
-            return s.axis.hi
-        if signs == {-1.0} and s.axis.lo in self.values[d]:
-            return s.axis.lo
+        line = sorted((t2 for t2 in self.group[t] if t2 != t and self._settled(t2)),
+                      key=lambda t2: abs(self.depth[t2] - self.depth[t]))
+        for src in line[:1] + ([self.donor[t]] if unpredicted and t in self.donor else []):
+            if self.cells[(src, s.levels[0])].status != "unbracketed":
+                continue
+            v = self.values[src]
+            held = {x: bool(_signs(np.array([v[x]], dtype=float), s.levels[0], True)[0] > 0) for x in v}
+            if held.get(s.axis.hi):
+                return s.axis.hi
+            if not any(held.values()) and s.axis.lo in v:
+                return s.axis.lo
         return None
 
     def predict(self, t: int, level: float) -> tuple[float, float] | None:

@@ -347,10 +347,10 @@ def test_warm_across_starts_each_line_from_its_leaders_crossing_at_the_same_dept
 
 def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
     """``warm_across: [alpha]`` on a boolean target: α = 4's cells start from α = 1's at the
-    same depth.  α = 1 stable over the whole bracket → α = 4 measured once, at the top: stable
-    there → unbracketed like its donor (Table 5 reads the top); unstable there → it bisects
-    from the bracket (never guessed).  A donor stable nowhere sends its follower to the
-    bottom once."""
+    same depth, and a line's second depth from its first.  α = 1 at L = 12 stable over the
+    whole bracket → every other cell measured once, at the top: stable there → unbracketed
+    like its neighbour (Table 5 reads the top); unstable there → it bisects from the bracket
+    (never guessed).  A neighbour stable nowhere sends the next cell to the bottom once."""
     spec = {"metric": "max_stable_lr", "levels": [0.0], "axis": "lr", "bracket": [3e-5, 1e-2],
             "boolean": True, "start": 3, "tol": math.log(10) / 2, "method": "bisect",
             "fit_over": "depth", "warm": True, "warm_across": ["alpha"]}
@@ -362,9 +362,9 @@ def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
         return st, st.tables()[0]
 
     st, contour = run([1.0, 1.0, 1.0, 1.0])  # stable everywhere
-    assert [len(v) for v in st.values] == [3, 3, 1, 1] and (contour["status"] == "unbracketed").all()
+    assert [len(v) for v in st.values] == [3, 1, 1, 1] and (contour["status"] == "unbracketed").all()
     st, contour = run([0.0, 0.0, 0.0, 0.0])  # stable nowhere
-    assert [len(v) for v in st.values] == [3, 3, 1, 1] and (contour["status"] == "unbracketed").all()
+    assert [len(v) for v in st.values] == [3, 1, 1, 1] and (contour["status"] == "unbracketed").all()
     assert min(st.values[2]) == 3e-5
     st, contour = run([1.0, 1.0, 1e-3, 1e-3])  # α = 4 fails at the top: bisected like any cell
     c = contour.set_index(["alpha", "depth"])
