@@ -7,8 +7,11 @@ thread: ``experiment=fig6_train`` (each cell one run training every rate of ``ta
 batched model: ``len(task.lrs)`` trainings a cell, its half-decade spacing reads each boundary
 to ±0.25 decades as the midpoint of the largest stable rate and the next) and
 ``experiment=tab5_boundary`` (``hydra/sweeper=contour``: one rate a run, bisecting log lr to
-half a decade, depths warm-started from their neighbours).  Printed: the trainings each
-needed, their ratio, and each cell's two readings (``analysis table5``'s tables, the grid's
+half a decade, depths warm-started from their neighbours and each α > the first from the
+first's boundary at the same depth, ``warm_across: [alpha]``).  Printed: the trainings each
+needed, two ratios — against the grid as run (``task.lrs``: its widest spacing is 0.52
+decades, so it reads ±0.26) and against a grid of equal precision (spacing ≤ 0.5 decades over
+the same range: 7 rates) — and each cell's two readings (``analysis table5``'s tables, the grid's
 read as the same midpoint) with the largest difference in decades.  At ``size=cpu`` (and
 full) both have the same cells and threshold; their smoke sizes differ (tab5_boundary's
 smoke lowers task.stable_accuracy so that 20 steps can reach it).
@@ -56,6 +59,16 @@ def lrs(size: str) -> list[float]:
                                next(k.default for k in KNOBS if k.key == "task.lrs"))]
 
 
+#: the boundary sweep's reading in decades: tab5_boundary bisects to half a decade (its tol)
+READING = 0.25
+
+
+def equal_precision_rates(lo: float, hi: float, reading: float) -> int:
+    """Rates a log-spaced grid over ``[lo, hi]`` needs to read a boundary to ±``reading``
+    decades (its midpoints): spacing ≤ ``2·reading`` decades, the ends included."""
+    return math.ceil(math.log10(hi / lo) / (2 * reading) - 1e-9) + 1
+
+
 def grid_midpoints(runs: pd.DataFrame, rates: list[float]) -> pd.Series:
     """Each grid cell's boundary read as the geometric midpoint of its largest stable rate and
     the next rate of the grid (the largest stable rate when it is the grid's top)."""
@@ -96,10 +109,16 @@ def main() -> None:
     with pd.option_context("display.width", 200):
         print(both.to_string(float_format=lambda v: f"{v:.3g}"))
     n_grid, n_bound = cells * len(rates), len(bound)
-    print(f"grid: {cells} runs × {len(rates)} rates = {n_grid} trainings ({sec['fig6_train']:.0f} s); "
-          f"boundary: {n_bound} one-rate trainings ({sec['tab5_boundary']:.0f} s): the grid trains "
-          f"{n_grid / n_bound:.1f}× as many; largest difference "
-          f"{both['decades apart'].max():.2f} decades (each reading ±0.25)")
+    spacing = float(np.max(np.diff(np.log10(rates))))
+    equal = equal_precision_rates(rates[0], rates[-1], READING)
+    n_equal = cells * equal
+    print(f"grid: {cells} runs × {len(rates)} rates = {n_grid} trainings ({sec['fig6_train']:.0f} s; "
+          f"widest spacing {spacing:.2f} decades: ±{spacing / 2:.2f}); boundary: {n_bound} one-rate "
+          f"trainings ({sec['tab5_boundary']:.0f} s; ±{READING})")
+    print(f"the grid as run trains {n_grid / n_bound:.1f}× as many; a grid at equal precision "
+          f"(spacing ≤ {2 * READING:g} decades over the same range: {equal} rates, {n_equal} "
+          f"trainings) {n_equal / n_bound:.1f}× (target ≥ 4×); largest difference "
+          f"{both['decades apart'].max():.2f} decades (each reading ±{READING})")
 
 
 if __name__ == "__main__":

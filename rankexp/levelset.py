@@ -20,6 +20,10 @@ whether the crossing is known to the tolerance, and if not which ``x`` to measur
   the bracket's midpoint (bisection) and the boundary the midpoint of the final bracket.
 * A cell whose measured values cross the level more than once is **non-monotone**, one whose
   values never cross it in the bracket **unbracketed**; both are reported, never guessed.
+  A boolean target holds below its boundary: rates too small to reach the accuracy in the
+  steps given fail too, so failing below a holding stretch is a **floor** — fails, holds,
+  fails is the boundary above the floor (noted), fails then holds to the top is unbracketed
+  (it holds at the top), and holds, fails, holds is non-monotone.
 
 The exponent ``s`` of ``βα^M ∝ L^s`` (science.md §4 tab4, §6 ``tab4_contour``) is the
 least-squares slope of ``log(βα*^M)`` on ``log L`` with its Student-t interval
@@ -40,6 +44,10 @@ import numpy as np
 DIGITS = 10
 #: the secant's two points sit at û ± SECANT_HALF·tol (a final bracket of 0.9·tol)
 SECANT_HALF = 0.45
+#: the widest bracket (in u) whose interpolants' disagreement counts as its error
+LOCAL = 0.5
+#: a budgeted secant step under this fraction of the bracket takes no bisection point
+SETTLING = 0.25
 STATUSES = ("converged", "open", "unbracketed", "non_monotone")
 
 
@@ -128,9 +136,12 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
             round's, or the prediction a warm start measured around; with ``allowed`` (the
             error in ``u`` the fitted exponent can take from this cell, :meth:`Contour.allowed`)
             a bracketed level cell converges once the new estimate moved by ≤ ``allowed``
-            (the secant's own stopping rule: its error is second order in that step) or its
-            half-width is ≤ ``allowed`` — ``tol`` then ends nothing — and an open one proposes
-            one point, the estimate itself (the bisection safeguard stays).
+            (the secant's own stopping rule: its error is second order in that step), its
+            half-width is ≤ ``allowed``, or — a bracket at most :data:`LOCAL` wide — its cubic
+            (PCHIP) and linear interpolants agree to ``allowed`` (the linear one's error
+            estimate); ``tol`` then ends nothing, and an open one proposes one point, the
+            estimate itself (the bisection safeguard stays, unless the estimate moved by less
+            than :data:`SETTLING` of the bracket: a secant settling inside it).
         expand: a cell whose points never cross the level, but whose bracket end on the side
             the crossing lies (by the points' slope) is unmeasured, stays open and proposes a
             point outwards (a warm start measured only near its predicted crossing).
@@ -146,12 +157,17 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     cell = Cell(level, "unbracketed", points=len(xs))
     if len(xs) < 2:
         cell.note = f"{len(xs)} point(s) with a value"
+        if boolean and expand and len(xs) == 1:
+            _one_end(cell, axis.u(xs[0]), float(_signs(f, level, True)[0]), axis)
         return cell
     u = np.array([axis.u(x) for x in xs])
     s = _signs(f, level, boolean)
     on = np.flatnonzero(s == 0)
     nz = np.flatnonzero(s != 0)
     changes = [i for i, j in zip(nz[:-1], nz[1:], strict=True) if s[i] != s[j]]
+    if boolean and len(changes) == 2 and s[changes[0]] < 0:  # fails, holds, fails going up
+        cell.note = f"f < level up to {xs[changes[0]]:.4g} too (a floor below the boundary)"
+        changes = changes[1:]
     if len(changes) + len(on) == 0:
         cell.note = (f"{'f ≥ level' if s[0] > 0 else 'f < level'} over the bracket"
                      if boolean else f"f in [{np.nanmin(f):.4g}, {np.nanmax(f):.4g}]")
@@ -167,13 +183,11 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cell.note = f"meets the level {len(changes) + len(on)} times ({', '.join(cut)})"
         return cell
     if on.size:  # measured exactly on the level
-        i = int(on[0])
-        cell.status, cell.lo = "converged", xs[i]
-        cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
-        cell.error = 0.0
-        return cell
+        return _on_level(cell, xs, f, int(on[0]))
     i = changes[0]
     j = nxt[i]
+    if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
+        return _floor(cell, xs, i, j, axis, expand)
     a, b = u[i], u[j]
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
@@ -193,15 +207,52 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
     if budget:
         step = abs(uhat - prior) if prior is not None else math.inf
-        if min(step, cell.error) <= allowed:
-            cell.status, cell.error = "converged", min(step, cell.error)
+        linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+        gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
+        if min(step, cell.error, gap) <= allowed:
+            cell.status, cell.error = "converged", min(step, cell.error, gap)
             return cell
+        bisect = bisect and step > SETTLING * cell.width  # a secant settling inside: no midpoint
         cell.proposals = [axis.x(v) for v in ([uhat] if not bisect or prior is None else
                                               [uhat, 0.5 * (a + b)]) if a < v < b]
         cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
         return cell
     cell.proposals = _next(a, b, uhat, tol, bisect, axis)
     return cell
+
+
+def _on_level(cell: Cell, xs: np.ndarray, f: np.ndarray, i: int) -> Cell:
+    """A cell measured exactly on the level at ``xs[i]``: converged there, width 0."""
+    cell.status, cell.lo = "converged", xs[i]
+    cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
+    cell.error = 0.0
+    return cell
+
+
+def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool) -> Cell:
+    """A boolean cell failing up to ``xs[i]`` and holding from ``xs[j]`` on (rates too small to
+    reach the accuracy in the steps given): holds at the top, unbracketed; warm (``expand``),
+    open at the bracket's top until it is measured."""
+    cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
+                 "holds at the top; the crossing is the wrong way (a floor), not the boundary")
+    if expand and axis.u(axis.hi) - axis.u(xs[-1]) > 1e-9 * max(1.0, abs(axis.u(xs[-1]))):
+        cell.status, cell.proposals = "open", [axis.hi]
+    return cell
+
+
+def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
+    """A boolean cell measured at one end of the bracket only (a warm start whose donor held,
+    or failed, over the whole bracket): holding at the top, or failing at the bottom, it is
+    unbracketed like its donor (stable below the boundary: every lower rate holds too, every
+    higher one fails — the monotonicity bisection assumes); otherwise open, at the bracket's
+    midpoint and other end."""
+    top = abs(u0 - axis.u(axis.hi)) <= 1e-9 * max(1.0, abs(u0))
+    bottom = abs(u0 - axis.u(axis.lo)) <= 1e-9 * max(1.0, abs(u0))
+    if (top and sign > 0) or (bottom and sign < 0):
+        cell.note = "f ≥ level at the bracket's top" if top else "f < level at the bracket's bottom"
+        return
+    cell.status = "open"
+    cell.proposals = [axis.x(0.5 * (axis.u(axis.lo) + axis.u(axis.hi))), axis.lo if top else axis.hi]
 
 
 def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis, tol: float,
@@ -302,10 +353,14 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
 
 
 # --------------------------------------------------------------------------- a contour sweep
-def _stages(group: list[int]) -> dict[int, int]:
+def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
     """The warm-start stage of each trace point of a line sorted along ``fit_over``: its two
-    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order)."""
+    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order); a
+    boolean line of two points starts its second from its first (a boundary's prediction
+    from one neighbour is its own value, measured ±tol/2)."""
     n = len(group)
+    if boolean and n == 2:
+        return {group[0]: 0, group[1]: 1}
     stage, spans, k = {group[0]: 0, group[-1]: 0}, [(0, n - 1)], 1
     while spans:
         nxt = []
@@ -333,6 +388,7 @@ class Spec:
     fit_over: str | None
     s_tol: float | None = None
     warm: bool = False
+    warm_across: tuple = ()
 
 
 def parse_spec(node: Any) -> Spec:
@@ -345,7 +401,7 @@ def parse_spec(node: Any) -> Spec:
 
     c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
     known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over", "s_tol", "warm"}
+             "max_rounds", "fit_over", "s_tol", "warm", "warm_across"}
     if unknown := sorted(set(c) - known):
         raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
     if not c.get("metric") or not c.get("axis"):
@@ -372,10 +428,16 @@ def parse_spec(node: Any) -> Spec:
     if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
         raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
                          f"(the axis it warm-starts along), got warm={warm!r}")
+    across = c.get("warm_across") or []
+    across = [across] if isinstance(across, str) else across
+    if not isinstance(across, list) or not all(isinstance(k, str) for k in across) or \
+            (across and not warm) or c.get("fit_over") in across or c["axis"] in across:
+        raise ValueError(f"hydra.sweeper.contour.warm_across: a list of trace axes (not fit_over, "
+                         f"not the axis), only with warm: true, got {c.get('warm_across')!r}")
     axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
     return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
                 bool(c.get("boolean", False)), rounds, c.get("fit_over"),
-                None if s_tol is None else float(s_tol), warm)
+                None if s_tol is None else float(s_tol), warm, tuple(across))
 
 
 class Contour:
@@ -400,14 +462,29 @@ class Contour:
             groups.setdefault(tuple((k, v) for k, v in lab.items() if k != fo), []).append(t)
         self.groups = [sorted(g, key=lambda t: self.depth[t]) for g in groups.values()]
         self.group = {t: g for g in self.groups for t in g}
-        self.stage = {t: k for g in self.groups for t, k in _stages(g).items()}
+        self.stage = {t: k for g in self.groups for t, k in _stages(g, spec.boolean).items()}
+        self.donor = self._donors()
+
+    def _donors(self) -> dict[int, int]:
+        """``warm_across``: each trace point of a line whose labels differ from an earlier line's
+        only in the ``warm_across`` axes (m/d, α …) → that first line's point at the same
+        ``fit_over`` value (its donor: the crossing there predicts this one's)."""
+        fo, across, first, out = self.spec.fit_over, self.spec.warm_across, {}, {}
+        for t, lab in enumerate(self.labels):
+            key = tuple((k, v) for k, v in lab.items() if k not in across)  # fit_over kept
+            if not across or not set(across) <= set(lab) or fo not in lab:
+                continue
+            leader = first.setdefault(tuple(p for p in key if p[0] != fo), self.group[t])
+            if self.group[t] is not leader:
+                out[t] = next((t2 for t2 in leader if self.labels[t2][fo] == lab[fo]), None)
+        return {t: d for t, d in out.items() if d is not None}
 
     def first_round(self) -> list[tuple[int, float]]:
         """Every trace point at ``start`` values spanning the bracket (warm: only the ends of
         each trace line, e.g. the smallest and largest depth; the others start from them)."""
         xs = self.spec.axis.start(self.spec.start)
         return [(t, x) for t in range(len(self.trace)) for x in xs
-                if not self.spec.warm or self.stage[t] == 0]
+                if not self.spec.warm or (self.stage[t] == 0 and t not in self.donor)]
 
     def overrides(self, jobs: list[tuple[int, float]]) -> list[list[str]]:
         """Each job's Hydra overrides: its trace point's, then the solved axis."""
@@ -456,9 +533,12 @@ class Contour:
         for t in range(len(self.trace)):
             g = self.group[t]
             if self.values[t] or any(t2 != t and self.stage[t2] < self.stage[t] and not self._settled(t2)
-                                     for t2 in g):
+                                     for t2 in g) or (t in self.donor and not self._settled(self.donor[t])):
                 continue
             guess = {lv: self.predict(t, lv) for lv in s.levels}
+            if (end := self._end_hint(t, any(p is None for p in guess.values()))) is not None:
+                out.append((t, end))
+                continue
             if any(p is None for p in guess.values()):
                 out += [(t, x) for x in s.axis.start(s.start)]
                 continue
@@ -476,14 +556,39 @@ class Contour:
             out += [(t, x) for x in xs]
         return out
 
+    def _end_hint(self, t: int, unpredicted: bool) -> float | None:
+        """A boolean target's bracket end to measure ``t`` at first, from a settled neighbour
+        that is unbracketed at that end: its nearest depth on the same line, else (when nothing
+        predicts a crossing) its ``warm_across`` donor — holding at the top (every rate, or
+        above a floor), ``t`` is measured at the top; failing everywhere, at the bottom.  One
+        run tells whether ``t`` does the same (:func:`_one_end`); None otherwise."""
+        s = self.spec
+        if not s.boolean or len(s.levels) != 1:
+            return None
+        line = sorted((t2 for t2 in self.group[t] if t2 != t and self._settled(t2)),
+                      key=lambda t2: abs(self.depth[t2] - self.depth[t]))
+        for src in line[:1] + ([self.donor[t]] if unpredicted and t in self.donor else []):
+            if self.cells[(src, s.levels[0])].status != "unbracketed":
+                continue
+            v = self.values[src]
+            held = {x: bool(_signs(np.array([v[x]], dtype=float), s.levels[0], True)[0] > 0) for x in v}
+            if held.get(s.axis.hi):
+                return s.axis.hi
+            if not any(held.values()) and s.axis.lo in v:
+                return s.axis.lo
+        return None
+
     def predict(self, t: int, level: float) -> tuple[float, float] | None:
         """The crossing of ``level`` at trace point ``t`` (in u) from the power law through the
         settled neighbours along ``fit_over`` (linear in log L: between the nearest below and
         above, else through the two nearest), and the half-width to measure around it:
         twice its gap to the least-squares law over every settled depth (≥ 3 of them), at
         least ``tol`` (boolean: ``tol``/2, so two points bracket it to ``tol``).  None when
-        no neighbour has a converged crossing."""
+        no neighbour has a converged crossing.  With a donor (``warm_across``,
+        :meth:`_across`) its crossing, shifted by the lines' mean offset, comes first."""
         s = self.spec
+        if (across := self._across(t, level)) is not None:
+            return across
         known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
                  if t2 != t and self._settled(t2) and self.cells[(t2, level)].status == "converged"]
         if not known:
@@ -505,6 +610,25 @@ class Contour:
             slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
             gap = abs(slope * x0 + icpt - u)
         return u, max(s.tol, 2 * gap)
+
+    def _converged(self, t: int, level: float) -> bool:
+        return self._settled(t) and self.cells[(t, level)].status == "converged"
+
+    def _across(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing at ``t`` predicted by its donor's (the same ``fit_over`` value on the
+        leading line, :meth:`_donors`) plus the mean offset of the two lines over the depths
+        converged on both (0 before any), and the half-width around it: twice the offsets'
+        range, at least ``tol`` (boolean: ``tol``/2).  None without a converged donor."""
+        d = self.donor.get(t)
+        if d is None or not self._converged(d, level):
+            return None
+        offsets = [self.estimate[(t2, level)] - self.estimate[(self.donor[t2], level)]
+                   for t2 in self.group[t] if t2 != t and self._converged(t2, level)
+                   and t2 in self.donor and self._converged(self.donor[t2], level)]
+        u = self.estimate[(d, level)] + (float(np.mean(offsets)) if offsets else 0.0)
+        if self.spec.boolean:
+            return u, 0.499 * self.spec.tol
+        return u, max(self.spec.tol, 2 * float(np.ptp(offsets)) if offsets else 0.0)
 
     def allowed(self, t: int, level: float) -> float | None:
         """The error (in u) the cell ``(t, level)`` may leave in the fitted exponent's budget

@@ -76,6 +76,17 @@ def test_boolean_boundary_by_bisection_counts_a_missing_value_as_failed():
     assert abs(math.log10(cell.crossing) - math.log10(lr_max)) <= 0.1 / 2 / math.log(10) + 1e-12
     # the same data as a level target: NaNs say nothing, so the level is never crossed
     assert solve(acc, 0.4, axis, 0.1).status == "unbracketed"
+    # rates too small to reach 0.4 in the steps given fail too: failing below and holding
+    # above is a floor, not the boundary (stable below it) — reported, not converged …
+    floor = {1e-5: math.nan, 1e-3: 0.5, 1e-1: 0.5}
+    cell = solve(floor, 0.4, axis, 0.1, boolean=True)
+    assert cell.status == "unbracketed" and "wrong way" in cell.note and math.isnan(cell.crossing)
+    # … a floor below a boundary leaves the boundary (above the floor) to bisect, noted …
+    cell = solve({**floor, 1e-1: math.nan}, 0.4, axis, 0.1, boolean=True)
+    assert cell.status == "open" and (cell.lo, cell.hi) == (1e-3, 1e-1) and "floor" in cell.note
+    # … and holding again above a failing stretch is not a boundary: non-monotone
+    window = {1e-5: 0.5, 1e-3: math.nan, 1e-1: 0.5}
+    assert solve(window, 0.4, axis, 0.1, boolean=True).status == "non_monotone"
 
 
 def test_cells_that_cannot_be_solved_are_reported_not_guessed():
@@ -203,7 +214,9 @@ def test_bad_contour_specs_are_one_line_errors():
                       ({**SPEC, "levels": "x"}, "levels"), ({**SPEC, "wat": 1}, "unknown"),
                       ({k: v for k, v in SPEC.items() if k != "axis"}, "axis"),
                       ({**SPEC, "s_tol": -1}, "s_tol"), ({**SPEC, "warm": "yes"}, "warm"),
-                      ({**SPEC, "fit_over": None, "warm": True}, "warm")]:
+                      ({**SPEC, "fit_over": None, "warm": True}, "warm"),
+                      ({**SPEC, "warm_across": ["expansion"]}, "warm_across"),
+                      ({**SPEC, "warm": True, "warm_across": ["depth"]}, "warm_across")]:
         with pytest.raises(ValueError, match=says):
             parse_spec(bad)
 
@@ -299,3 +312,61 @@ def test_table5_from_one_rate_runs_is_each_cells_boundary():
     assert not one_rate(grid)
     seeds = table5(grid)["alpha=1"]  # a grid's runs in one cell are seeds: the rate all held
     assert seeds[("post", 24)] == 1e-3 and math.isnan(seeds[("post", 12)])
+
+
+def test_warm_across_starts_each_line_from_its_leaders_crossing_at_the_same_depth():
+    """``warm_across: [expansion]``: the m/d=4 line (the closed form with α scaled by 1.05, so
+    α* 5 % lower at every depth) starts no depth from the bracket; each is measured around the
+    m/d=1 crossing at its depth (shifted by the lines' offset once known): every cell converges
+    with the exact crossing in its bracket, s = −1/2 within s_tol, one run per level at the
+    follower's interior depths, and fewer runs in all than warm starts along depth alone."""
+    spec = {**SPEC, "start": 3, "warm": True, "s_tol": 0.01}
+    trace = [[f"expansion={e}", f"depth={L}"] for e in (1, 4) for L in DEPTHS]
+    scale = {"1": 1.0, "4": 1.05}
+
+    def run(node):
+        st = Contour(parse_spec(node), trace, ["expansion", "depth"])
+        st.run_in_process(lambda t, x: (sigmoid_rank(x * scale[st.labels[t]["expansion"]],
+                                                     float(st.labels[t]["depth"])), x**2))
+        return st
+
+    along, across = run(spec), run({**spec, "warm_across": ["expansion"]})
+    contour, fits = across.tables()
+    assert (contour["status"] == "converged").all(), contour
+    assert np.allclose(fits["s"], -0.5, atol=0.01), fits
+    for _, row in contour.iterrows():
+        exact = closed_alpha(row["level"], float(row["depth"])) / scale[row["expansion"]]
+        assert row["lo"] <= exact <= row["hi"], row
+    # the follower's ends start before any offset is known (0.05 off: more than tol), its
+    # interior depths around the leader's crossing shifted by the ends' offset
+    assert [len(across.values[t]) for t in range(6, 9)] == [3] * 3, across.values
+    assert max(len(across.values[t]) for t in (5, 9)) <= 5, across.values
+    assert sum(map(len, across.values)) < sum(map(len, along.values))
+    assert across.donor == {5 + k: k for k in range(5)}
+
+
+def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
+    """``warm_across: [alpha]`` on a boolean target: α = 4's cells start from α = 1's at the
+    same depth, and a line's second depth from its first.  α = 1 at L = 12 stable over the
+    whole bracket → every other cell measured once, at the top: stable there → unbracketed
+    like its neighbour (Table 5 reads the top); unstable there → it bisects from the bracket
+    (never guessed).  A neighbour stable nowhere sends the next cell to the bottom once."""
+    spec = {"metric": "max_stable_lr", "levels": [0.0], "axis": "lr", "bracket": [3e-5, 1e-2],
+            "boolean": True, "start": 3, "tol": math.log(10) / 2, "method": "bisect",
+            "fit_over": "depth", "warm": True, "warm_across": ["alpha"]}
+    trace = [[f"alpha={a}", f"depth={L}"] for a in (1, 4) for L in (12, 24)]
+
+    def run(boundary):
+        st = Contour(parse_spec(spec), trace, ["alpha", "depth"])
+        st.run_in_process(lambda t, x: (x if x <= boundary[t] else math.nan, 1.0))
+        return st, st.tables()[0]
+
+    st, contour = run([1.0, 1.0, 1.0, 1.0])  # stable everywhere
+    assert [len(v) for v in st.values] == [3, 1, 1, 1] and (contour["status"] == "unbracketed").all()
+    st, contour = run([0.0, 0.0, 0.0, 0.0])  # stable nowhere
+    assert [len(v) for v in st.values] == [3, 1, 1, 1] and (contour["status"] == "unbracketed").all()
+    assert min(st.values[2]) == 3e-5
+    st, contour = run([1.0, 1.0, 1e-3, 1e-3])  # α = 4 fails at the top: bisected like any cell
+    c = contour.set_index(["alpha", "depth"])
+    assert (c.loc["4", "status"] == "converged").all(), contour
+    assert all(lo <= 1e-3 <= hi for lo, hi in zip(c.loc["4", "lo"], c.loc["4", "hi"], strict=True))

@@ -148,6 +148,7 @@ EXPERIMENTS = (
         analyses=(
             "table5 --experiment tab5_boundary",
         ),
+        claims=claims.TAB5_BOUNDARY,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
     ),
     Experiment(

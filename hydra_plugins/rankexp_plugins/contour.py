@@ -16,9 +16,11 @@ traces the contour directly (science.md §6 ``tab4_contour``):
   ``fit_over`` (the trace axis of the power law ``βα^M ∝ L^s``, ``depth``), ``warm`` (only
   the ends of each ``fit_over`` line start from ``start`` points; each other depth is measured
   around the crossings its settled neighbours' power law predicts, stepping outwards when
-  they miss) and ``s_tol`` (the exponent's tolerance: each cell stops once its secant step is
-  within the share of ``s_tol`` its weight in the fit allows, :meth:`rankexp.levelset.
-  Contour.allowed`).
+  they miss), ``warm_across`` (trace axes such as ``expansion`` whose later values start each
+  depth around the first value's crossing there, shifted by the lines' mean offset:
+  :meth:`rankexp.levelset.Contour.predict`) and ``s_tol`` (the exponent's tolerance: each cell
+  stops once its secant step, or the gap between its cubic and linear interpolants, is within
+  the share of ``s_tol`` its weight in the fit allows, :meth:`rankexp.levelset.Contour.allowed`).
 
 It runs rounds.  Each round is one batch of ordinary jobs through the configured launcher
 (basic, joblib, Slurm): each job is a normal run (config hash, resume, the sweep's parent
