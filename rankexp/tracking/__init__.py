@@ -198,11 +198,13 @@ from .store import (  # noqa: F401
     describe_experiment,
     experiment_name_problem,
     is_outage,
+    new_store,
     prepare_experiment,
     quick_bounds,
     quiet_store_logs,
     redact,
     resolve_uri,
+    store_template,
     unreachable,
 )
 from .sweep import (  # noqa: F401
