@@ -199,6 +199,8 @@ def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run (composing once)."""
     from hydra._internal.utils import get_args_parser
 
+    from . import startup
+
     if sys.argv[1:2] in (["status"], ["cancel"]):  # a detached Slurm sweep: rankexp.sweepctl
         from .sweepctl import main as sweepctl
 
@@ -214,6 +216,7 @@ def cli() -> None:
         os.environ.setdefault(key, value)
     compose_once()
     one_error_style()
+    startup.begin()  # until the job computes or the sweep launches (rankexp.startup)
     try:
         main()
     except SystemExit as e:
@@ -228,3 +231,4 @@ def cli() -> None:
         # Hydra (and torch) made — seconds under load, for nothing at exit (a detached Slurm
         # submit spent 4.6 of its seconds there); frozen, they are left to the OS
         gc.freeze()
+        startup.end()  # an in-process caller gets its collector back

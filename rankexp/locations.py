@@ -23,3 +23,13 @@ def cache_path(path: str) -> Path:
     folder."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+def user_cache(*parts: str) -> Path:
+    """A path in the user's cache folder, ``$XDG_CACHE_HOME/rankexp/…`` (default
+    ``~/.cache/rankexp/…``), for what depends on the installed libraries rather than on a
+    checkout (the empty MLflow store of :func:`rankexp.tracking.store.store_template`)."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "rankexp" / Path(*parts)

@@ -122,16 +122,20 @@ class RankexpSlurmLauncher(SlurmLauncher):
         """One array task, in the job: its jobs one after the other (the plugin's ``__call__``
         each); a detached sweep's parent run is counted after each and kept alive meanwhile.
         A stop signal ends the task after the job it interrupted (the others are not run)."""
-        from rankexp import sweepctl
+        from rankexp import startup, sweepctl
 
+        startup.begin()  # the task's imports (torch, MLflow) without the cyclic GC: rankexp.startup
         returns = []
-        with sweepctl.parent_heartbeat(Path(pack.sweep_dir)) if pack.detach else contextlib.nullcontext():
-            for args in pack.jobs:
-                try:
-                    returns.append(super().__call__(*args))
-                finally:
-                    if pack.detach:
-                        sweepctl.job_ended(Path(pack.sweep_dir))
+        try:
+            with sweepctl.parent_heartbeat(Path(pack.sweep_dir)) if pack.detach else contextlib.nullcontext():
+                for args in pack.jobs:
+                    try:
+                        returns.append(super().__call__(*args))
+                    finally:
+                        if pack.detach:
+                            sweepctl.job_ended(Path(pack.sweep_dir))
+        finally:
+            startup.end()
         return returns
 
     def _packs(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Pack]:

@@ -74,7 +74,7 @@ class RankexpSweeper(BasicSweeper):
 
     # ------------------------------------------------------------------ the sweep
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt
+        from rankexp import cli, interrupt, startup
 
         cli.mark_composed()
         plan = self._plan(arguments)
@@ -87,6 +87,7 @@ class RankexpSweeper(BasicSweeper):
             except interrupt.JobInterrupted as e:
                 raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
             interrupted, returns = None, []
+            startup.end()  # the sweep is checked and its parent open (rankexp.startup)
             try:
                 returns = self._launch_all()
             except interrupt.JobInterrupted as e:

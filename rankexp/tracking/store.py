@@ -174,6 +174,8 @@ def check_store(uri: str) -> None:
                         "tracking.uri at another one")
     try:
         with _store_lock(uri):
+            if db is not None and not db.exists():
+                new_store(db)
             _client(uri).search_experiments(max_results=1)
             if db is not None:
                 _use_wal(db)
@@ -206,6 +208,105 @@ def check_store(uri: str) -> None:
             f"tracking URI {redact(uri)!r} cannot be used ({reason}); use an SQLite file "
             "(sqlite:////abs/path/mlflow.db), a server (http://HOST:PORT) or a database "
             "MLflow supports (postgresql://…, mysql://…)") from None
+
+
+def _revision(db: Path) -> str | None:
+    """The schema revision an SQLite store records (its alembic ``version_num``), or None."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            row = c.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+def store_template() -> Path | None:
+    """This MLflow's empty SQLite store: MLflow's whole schema (its tables, then every alembic
+    migration: ``mlflow.store.db.utils._initialize_tables``, what MLflow runs on a new store)
+    and no experiment — MLflow adds its Default experiment, with its artifact root, when it
+    first opens a copy.  Made once per MLflow version and schema revision into
+    :func:`rankexp.locations.user_cache` ``mlflow-stores/mlflow-<version>-<revision>.db``
+    (written beside it, then renamed: a reader sees the whole file or none; two processes
+    making it at once both succeed).  The migrations take 1.1 s on this machine (68 alembic
+    scripts), a copy milliseconds.
+
+    Returns:
+        The template's path, or None if it cannot be made (no writable cache folder, an
+        MLflow that fails to build it): the store is then created by MLflow itself.
+    """
+    import tempfile
+
+    from mlflow.store.db import utils as db_utils
+    from mlflow.version import VERSION
+
+    from ..locations import user_cache
+
+    head = db_utils._get_latest_schema_revision()
+    path = user_cache("mlflow-stores", f"mlflow-{VERSION}-{head}.db")
+    if path.is_file() and _revision(path) == head:
+        return path
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        _create_schema(tmp, db_utils)
+        if _revision(Path(tmp)) != head:
+            raise TrackingError(f"the new schema records revision {_revision(Path(tmp))}, not {head}")
+        os.replace(tmp, path)
+        tmp = None
+    except Exception as e:  # no cache folder, a full disk, an MLflow that cannot build it
+        log.debug("no MLflow store template in %s (%s): MLflow creates the store", path.parent, e)
+        return None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return path
+
+
+def _create_schema(db: str, db_utils) -> None:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    try:
+        db_utils._initialize_tables(engine)
+        db_utils._verify_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def new_store(db: Path) -> bool:
+    """Create the SQLite store ``db`` (which does not exist) as a copy of
+    :func:`store_template`, instead of MLflow running its migrations in this process: copied
+    beside ``db``, then hard-linked to its name, so the store appears whole and never replaces
+    one that appeared meanwhile.  Called under the store lock (:func:`check_store`).
+
+    Returns:
+        Whether ``db`` exists now; False (nothing created) if there is no template or the
+        folder refuses the copy or the link — MLflow then creates the store as before.
+    """
+    import secrets
+    import shutil
+
+    template = store_template()
+    if template is None:
+        return False
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(template, "rb") as src, open(tmp, "xb") as dst:  # mode 0666 & ~umask, as MLflow's
+            shutil.copyfileobj(src, dst)
+        with contextlib.suppress(FileExistsError):  # a store another program made meanwhile stays
+            os.link(tmp, db)
+    except OSError as e:  # a file system without hard links, a full disk: MLflow creates it
+        log.debug("store %s not created from the template (%s): MLflow creates it", db, e)
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return True
 
 
 #: file systems on which SQLite's WAL journal is safe (it needs shared memory on one host)
