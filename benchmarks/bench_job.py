@@ -108,7 +108,7 @@ def row_fresh(trees: dict[str, Path], stores: dict[str, Store], repeat: int) -> 
     tb, ta = best["before tiny"]["wall_s"], best["after tiny"]["wall_s"]
     print(f"   tiny job (depth=4 width=16 seeds=1, SQLite store): {tb:.2f} s → {ta:.2f} s = "
           f"{tb / torch_s:.2f}× → {ta / torch_s:.2f}× import torch [target ≤ 2×: {verdict(ta <= 2 * torch_s)}]")
-    cpu = {k: v["cpu_min"] for k, v in best.items()}
+    cpu = {k: v["cpu_min"] for k, v in best.items() if "cpu_min" in v}
     print(f"   the same in CPU seconds of the process (user + sys, least of the rounds; a loaded "
           f"machine inflates wall, not these): import torch {cpu['import torch']:.2f} s; "
           + "; ".join(f"{v} job {cpu[f'{v} job']:.2f} s, tiny {cpu[f'{v} tiny']:.2f} s" for v in trees))
