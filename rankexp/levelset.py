@@ -590,7 +590,7 @@ class Contour:
         if (across := self._across(t, level)) is not None:
             return across
         known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
-                 if t2 != t and self._settled(t2) and self.cells[(t2, level)].status == "converged"]
+                 if t2 != t and self._converged(t2, level)]
         if not known:
             return None
         x0 = self.depth[t]
@@ -612,6 +612,7 @@ class Contour:
         return u, max(s.tol, 2 * gap)
 
     def _converged(self, t: int, level: float) -> bool:
+        """Trace point ``t`` is settled and its ``level`` cell converged."""
         return self._settled(t) and self.cells[(t, level)].status == "converged"
 
     def _across(self, t: int, level: float) -> tuple[float, float] | None:

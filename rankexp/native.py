@@ -21,9 +21,10 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
+
+from .locations import atomic_path, user_cache
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,7 @@ CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-std=c99")
 
 def cache_dir() -> Path:
     """Where the compiled library lives: ``$XDG_CACHE_HOME/rankexp/native`` (``~/.cache``)."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "rankexp" / "native"
+    return user_cache("native")
 
 
 def library_path() -> Path:
@@ -55,10 +55,7 @@ def build(path: Path | None = None) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler (cc, gcc or $CC) for the ziggurat's fast path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:  # another process may win the race: same bytes, either is fine
         try:
             done = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE)],
                                   capture_output=True, text=True)
@@ -66,10 +63,6 @@ def build(path: Path | None = None) -> Path:
             raise RuntimeError(f"cannot run the C compiler {compiler}: {err}") from err
         if done.returncode:
             raise RuntimeError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip()}")
-        os.replace(tmp, path)  # another process may have won the race: same bytes, either is fine
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

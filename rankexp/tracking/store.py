@@ -236,34 +236,23 @@ def store_template() -> Path | None:
         The template's path, or None if it cannot be made (no writable cache folder, an
         MLflow that fails to build it): the store is then created by MLflow itself.
     """
-    import tempfile
-
     from mlflow.store.db import utils as db_utils
     from mlflow.version import VERSION
 
-    from ..locations import user_cache
+    from ..locations import atomic_path, user_cache
 
     head = db_utils._get_latest_schema_revision()
     path = user_cache("mlflow-stores", f"mlflow-{VERSION}-{head}.db")
     if path.is_file() and _revision(path) == head:
         return path
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        _create_schema(tmp, db_utils)
-        if _revision(Path(tmp)) != head:
-            raise TrackingError(f"the new schema records revision {_revision(Path(tmp))}, not {head}")
-        os.replace(tmp, path)
-        tmp = None
+        with atomic_path(path) as tmp:
+            _create_schema(tmp, db_utils)
+            if _revision(Path(tmp)) != head:
+                raise TrackingError(f"the new schema records revision {_revision(Path(tmp))}, not {head}")
     except Exception as e:  # no cache folder, a full disk, an MLflow that cannot build it
         log.debug("no MLflow store template in %s (%s): MLflow creates the store", path.parent, e)
         return None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return path
 
 
