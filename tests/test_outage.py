@@ -40,7 +40,10 @@ def server():
 
 
 def test_server_stopped_mid_sweep_then_sync_logs_every_config_once(server, tmp_path):
-    proc = start_rankexp(*SWEEP, f"tracking.uri={server.uri}", cwd=tmp_path, env=clean_env())
+    # each job 1 s longer, idle (RANKEXP_FAULT_SLEEP): the stop below lands while ≥ 3 are left,
+    # however fast the jobs' start-up (6 tiny jobs once ended in 2 s, before the poll saw two)
+    proc = start_rankexp(*SWEEP, f"tracking.uri={server.uri}", cwd=tmp_path,
+                         env=clean_env(RANKEXP_FAULT_SLEEP="1"))
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
         runs = sweep_runs(server.uri, "outage")[1] if list(tmp_path.glob("multirun/*/*/mlflow_parent.json")) else []
