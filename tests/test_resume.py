@@ -31,7 +31,8 @@ def statuses(runs) -> list[str]:
 def stop_after_two_finished(tmp_path, uri: str, sig: int, in_job: bool, group: bool = False):
     """Start the sweep, poll its store, send ``sig`` once two runs are FINISHED (and, if
     ``in_job``, the third is RUNNING); returns the sweep's Result."""
-    env = clean_env(RANKEXP_FAULT_HANG="depth=64") if in_job else clean_env()
+    # each job 0.5 s longer, idle: the poll sees exactly two FINISHED however fast jobs start
+    env = clean_env(RANKEXP_FAULT_SLEEP="0.5", **({"RANKEXP_FAULT_HANG": "depth=64"} if in_job else {}))
     proc = start_rankexp(*SWEEP, cwd=tmp_path, env=env)
     deadline, seen = time.monotonic() + 240, None
     while proc.poll() is None and time.monotonic() < deadline:
