@@ -61,6 +61,9 @@ def lrs(size: str) -> list[float]:
 
 #: the boundary sweep's reading in decades: tab5_boundary bisects to half a decade (its tol)
 READING = 0.25
+#: trainings a cell needs at the least to read its boundary to ±READING: one stable rate and one
+#: unstable rate within 2·READING decades of it (nothing one cell's runs say decides another's)
+FEWEST_PER_CELL = 2
 
 
 def equal_precision_rates(lo: float, hi: float, reading: float) -> int:
@@ -119,6 +122,12 @@ def main() -> None:
           f"(spacing ≤ {2 * READING:g} decades over the same range: {equal} rates, {n_equal} "
           f"trainings) {n_equal / n_bound:.1f}× (target ≥ 4×); largest difference "
           f"{both['decades apart'].max():.2f} decades (each reading ±{READING})")
+    # any boundary sweep: a cell's reading to ±READING needs a stable and an unstable rate at
+    # most 2·READING decades apart, two trainings of that cell's own network
+    floor = FEWEST_PER_CELL * cells
+    print(f"the fewest any boundary sweep can train for this precision: {FEWEST_PER_CELL} a cell = "
+          f"{floor}, so at most {n_grid / floor:.1f}× the grid as run and {n_equal / floor:.1f}× "
+          f"the equal-precision grid (this sweep: {n_bound / floor:.2f}× that floor)")
 
 
 if __name__ == "__main__":

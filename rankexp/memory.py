@@ -51,19 +51,36 @@ def model_shape(s: RankexpConfig, device: str | None = None) -> ModelShape | Con
                                      device_type(device or s.device) == "cuda")
 
 
-def weight_bytes(s: RankexpConfig, shape: ModelShape | ConvShape | None = None) -> float:
-    """Bytes of one seed's weights."""
+def streams_weights(s: RankexpConfig) -> bool:
+    """Whether ``task=measure`` draws this config's weights block by block as the forward sweep
+    reaches them (one block's weights in memory, no first touch of L blocks' worth): on the CPU
+    (on a GPU the whole draw is a few kernels, and a draw per block would wait for the device
+    inside the sweep), its family streams (:attr:`~rankexp.models.families.base.Family.streams`)
+    and every probe reads the weights only through that one sweep
+    (:attr:`~rankexp.probes.catalog.Probe.streams`)."""
+    from .models.families import family_of
+
+    return (s.task.name == "measure" and device_type(s.device) == "cpu" and family_of(s).streams
+            and all(PROBES[p].streams for p in s.task.probes))
+
+
+def weight_bytes(s: RankexpConfig, shape: ModelShape | ConvShape | None = None,
+                 streamed: bool = False) -> float:
+    """Bytes of one seed's weights in memory at once: all of them, or one block's when
+    ``streamed``."""
     shape = shape or model_shape(s)
     if isinstance(shape, ConvShape):
         return float(shape.weight_bytes())
     per_block = shape.hidden * shape.width * (1 if s.matrices == 1 else 2 + (s.activation.value == "swiglu"))
-    return float(shape.depth * per_block * shape.itemsize)
+    return float((1 if streamed else shape.depth) * per_block * shape.itemsize)
 
 
 def seed_bytes(s: RankexpConfig, device: str | None = None) -> float:
-    """Memory one seed needs: its weights plus the largest working set of the chosen probes."""
+    """Memory one seed needs: its weights (one block's where :func:`streams_weights`) plus the
+    largest working set of the chosen probes."""
     shape = model_shape(s, device)
-    return weight_bytes(s, shape) + max(PROBES[p].memory(shape, s.task.options) for p in s.task.probes)
+    return (weight_bytes(s, shape, streams_weights(s))
+            + max(PROBES[p].memory(shape, s.task.options) for p in s.task.probes))
 
 
 def _meminfo(key: str) -> float | None:
@@ -182,7 +199,7 @@ def check_fits(s: RankexpConfig) -> None:
     if need > total:
         raise ConfigError(
             f"invalid config: one seed of this measurement needs ≈ {gigabytes(need)} (weights "
-            f"{gigabytes(weight_bytes(s))} + the largest probe working set; estimate), more than "
+            f"{gigabytes(weight_bytes(s, streamed=streams_weights(s)))} + the largest probe working set; estimate), more than "
             f"{what} has: {gigabytes(total)} — make width/depth/expansion smaller or use a device "
             "with more memory (seeds already run one at a time when they must)")
 

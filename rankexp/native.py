@@ -1,9 +1,10 @@
-"""The ziggurat's fast path compiled once per machine (``rankexp/_ziggurat.c``), loaded with ctypes.
+"""The ziggurat compiled once per machine (``rankexp/_ziggurat.c``), loaded with ctypes.
 
 The weights of a fresh job are tens of millions of Gaussian draws; in torch's elementwise ops
-each costs ≈ 11 ns (twenty passes over int64 temporaries), in one compiled pass ≈ 1.5 ns
-(measured, 1 thread).  The C source gives the same numbers as :func:`rankexp.seeding._fast_path`
-bit for bit (tested), so whether it is used changes the time, never a weight.
+each costs ≈ 11 ns (twenty passes over int64 temporaries) and the ≈ 1.5 % that take the slow
+path ≈ 130 ns, in one compiled pass ≈ 2 ns all told (measured, 1 thread).  The C source gives
+the same numbers as :func:`rankexp.seeding.normal_many_`'s torch path bit for bit, slow path
+included (tested), so whether it is used changes the time, never a weight.
 
 The library is built on first use with the system C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/rankexp/native/`` (default ``~/.cache``), keyed by the source's hash, and
@@ -57,7 +58,7 @@ def build(path: Path | None = None) -> Path:
         raise RuntimeError("no C compiler (cc, gcc or $CC) for the ziggurat's fast path")
     with atomic_path(path) as tmp:  # another process may win the race: same bytes, either is fine
         try:
-            done = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE)],
+            done = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"],
                                   capture_output=True, text=True)
         except OSError as err:
             raise RuntimeError(f"cannot run the C compiler {compiler}: {err}") from err
@@ -70,40 +71,65 @@ class Ziggurat:
     """The two kernels of the library, float64 and float32 (``rankexp_ziggurat_f64/_f32``)."""
 
     def __init__(self, lib: ctypes.CDLL):
+        from .seeding import EXP_COEFFS, EXP_DOMAIN, LOG_COEFFS, slow_path_constants
+
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self.kernels = {}
         for name in ("f64", "f32"):
             fn = getattr(lib, f"rankexp_ziggurat_{name}")
             fn.restype = i64
-            fn.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i64, ptr]
+            fn.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_double, ptr]
             self.kernels[name] = fn
-        lib.rankexp_ziggurat_block.restype = i64
-        #: draws per block; a call needs this many free slots in ``rej`` to make progress
-        self.block = int(lib.rankexp_ziggurat_block())
+        self.columns_kernels = {}
+        for name in ("f64", "f32"):
+            fn = getattr(lib, f"rankexp_ziggurat_cols_{name}")
+            fn.restype = i64
+            fn.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_double, ptr,
+                           ptr, ptr]
+            self.columns_kernels[name] = fn
+        lib.rankexp_ziggurat_layout.restype = i64
+        lib.rankexp_ziggurat_layout.argtypes = [i64]
+        layout = tuple(int(lib.rankexp_ziggurat_layout(i)) for i in range(3))
+        if layout != (len(EXP_COEFFS), len(LOG_COEFFS), EXP_DOMAIN):
+            raise RuntimeError(f"{SOURCE.name} reads {layout} constants, rankexp.seeding has "
+                               f"{(len(EXP_COEFFS), len(LOG_COEFFS), EXP_DOMAIN)}")
+        values = slow_path_constants()
+        #: the slow path's constants as the kernels read them (:func:`rankexp.seeding.slow_path_constants`)
+        self.constants = (ctypes.c_double * len(values))(*values)
 
-    def fast_path(self, flat, keys, offset: int, w, k, cap: int | None = None):
-        """Fill ``flat`` ``(E, n)`` (contiguous float64/float32 CPU tensor) with the fast path's
-        values for counters ``offset …`` of each member's stream ``keys`` ``(E,)`` int64, with
-        the layer table ``w`` ``(256,)`` in ``flat``'s dtype and thresholds ``k`` ``(256,)``
-        int64; returns the int64 flat indices ``e·n + s`` the slow path must redo, in order.
-        ``cap`` (≥ :attr:`block`) bounds the slots per call; the default makes one call."""
+    def normal(self, flat, keys, offset: int, w, k, w64, f64, scale: float) -> int:
+        """Fill ``flat`` ``(E, n)`` (contiguous float64/float32 CPU tensor) with the draws of
+        counters ``offset …`` of each member's stream ``keys`` ``(E,)`` int64 — the fast path
+        with the layer table ``w`` ``(256,)`` in ``flat``'s dtype (scaled) and thresholds ``k``
+        ``(256,)`` int64, the slow path with the unscaled float64 tables ``w64``, ``f64`` and
+        ``scale`` — the same numbers as the torch path; returns how many took the slow path."""
         import torch
 
         e, n = flat.shape
         kernel = self.kernels["f64" if flat.dtype == torch.float64 else "f32"]
         keys, w, k = keys.reshape(-1).contiguous(), w.contiguous(), k.contiguous()
-        pos = (ctypes.c_int64 * 2)(0, 0)
-        if cap is None:  # ≈ 1.5 % are redone: one call almost always
-            cap = max(4 * self.block, e * n // 32)
-        elif cap < self.block:
-            raise ValueError(f"cap must be ≥ {self.block} (one block), got {cap}")
-        parts = []
-        while pos[0] < e:
-            rej = torch.empty(cap, dtype=torch.int64)
-            m = kernel(flat.data_ptr(), e, n, keys.data_ptr(), offset, w.data_ptr(), k.data_ptr(),
-                       rej.data_ptr(), cap, pos)
-            parts.append(rej[:m])
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        w64, f64 = w64.contiguous(), f64.contiguous()
+        c = self.constants
+        return int(kernel(flat.data_ptr(), e, n, keys.data_ptr(), offset, w.data_ptr(), k.data_ptr(),
+                          w64.data_ptr(), f64.data_ptr(), float(scale), ctypes.addressof(c)))
+
+
+    def columns(self, out, keys, offset: int, w, k, w64, f64, scale: float, idx, starts) -> int:
+        """Draw only the columns ``idx[starts[e]:starts[e+1]]`` (int64, CPU) of every row of
+        member e's matrix ``out[e]`` ``(rows, cols)`` (contiguous float64/float32): element
+        (i, a) is counter ``offset + i·cols + a``, the number a whole draw puts there; the other
+        columns are left as they are.  Tables as :meth:`normal`; returns the slow-path count."""
+        import torch
+
+        e, rows, cols = out.shape
+        kernel = self.columns_kernels["f64" if out.dtype == torch.float64 else "f32"]
+        keys, w, k = keys.reshape(-1).contiguous(), w.contiguous(), k.contiguous()
+        w64, f64 = w64.contiguous(), f64.contiguous()
+        idx, starts = idx.contiguous(), starts.contiguous()
+        c = self.constants
+        return int(kernel(out.data_ptr(), e, rows, cols, keys.data_ptr(), offset, w.data_ptr(),
+                          k.data_ptr(), w64.data_ptr(), f64.data_ptr(), float(scale),
+                          ctypes.addressof(c), idx.data_ptr(), starts.data_ptr()))
 
 
 @cache
@@ -124,4 +150,4 @@ def ziggurat() -> Ziggurat | None:
 
 if __name__ == "__main__":  # `python -m rankexp.native`: build it now (make setup)
     z = ziggurat()
-    print(f"ziggurat fast path: {library_path() if z else 'unavailable (torch path)'}")
+    print(f"compiled ziggurat: {library_path() if z else 'unavailable (torch path)'}")

@@ -16,15 +16,20 @@ draws it:
 * *Gaussian*: Marsaglia & Tsang's ziggurat (2000, "The ziggurat method for generating random
   variables") with 256 layers: layer ``i = z & 255`` and the signed 53-bit ``j = z >> 11`` are
   independent bits of ``z`` (Doornik 2005's fix of the original's correlation); ``x = j·w_i`` is
-  accepted when ``|j| < k_i`` (98.5 % of draws: one multiply, bit-identical on every device in
-  float64), the rest go through the exact wedge and tail tests (``nfix``) with fresh uniforms
-  from counters ``n + t·2⁴⁸`` (t = 1, 2, …) of the same stream.  A scale σ (the init's
-  α/√fan_in) enters the table, ``x = j·(σ w_i)``; float32 weights are
+  accepted when ``|j| < k_i`` (98.5 % of draws: one multiply), the rest go through the exact
+  wedge and tail tests (``nfix``) with fresh uniforms from counters ``n + t·2⁴⁸`` (t = 1, 2, …)
+  of the same stream, their exp and log :func:`exact_exp` and :func:`exact_log` (IEEE-exact
+  steps: a draw is one function of its counter, whatever batch, chunk or kernel takes it; with
+  torch's own exp/log the last bit of a tail draw depended on its place in the batch).  A scale
+  σ (the init's α/√fan_in) enters the table, ``x = j·(σ w_i)``; float32 weights are
   ``float32(j)·float32(σ w_i)`` (three roundings: within 3·2⁻²⁴ of the float64 weight).
 
-On the CPU the fast path runs compiled (:mod:`rankexp.native`, one pass at ≈ 1.5 ns a draw
-against ≈ 11 ns in torch's ops) where a C compiler is present; it gives the same numbers bit for
-bit (tested), and the torch path runs without one.
+On the CPU the whole draw, slow path included, runs compiled (:mod:`rankexp.native`, one pass
+at ≈ 1.7–2 ns a draw against ≈ 11 ns in torch's ops) where a C compiler is present; it gives the
+same numbers bit for bit (tested), and the torch path runs without one.  :class:`MatrixDraws`
+draws a network's blocks one at a time (a streamed network) and, compiled, only some columns
+of a matrix.  Since issue 18 the tail draws use :func:`exact_log` instead of torch's log: of the
+50.3 M weights of a d = 256, L = 96 network, 115 changed, each by 1 ulp.
 
 Inputs and the other small draws use :func:`seeded_generator` (torch's CPU generator).
 """
@@ -94,9 +99,11 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >> 63 else x
 
 
+@lru_cache(maxsize=1 << 14)
 def stream_key(seed: int, stream: int) -> int:
     """The 64-bit key (unsigned) of stream ``stream`` of seed ``seed``: NumPy's
-    ``SeedSequence([seed, stream])``, so no two (seed, stream) pairs share a key."""
+    ``SeedSequence([seed, stream])``, so no two (seed, stream) pairs share a key (cached: a
+    streamed network asks once per block)."""
     return int(np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0])
 
 
@@ -170,6 +177,67 @@ def _tables_on(device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor
             torch.tensor(k, dtype=torch.int64, device=device))
 
 
+# ------------------------------------------------------------ exp and log of the slow path
+# The slow path's exp and log, from IEEE-exact steps only (frexp, a power-of-two scale, +, ×, ÷,
+# round-half-even): each operation rounds the same in torch's CPU and CUDA kernels, in C without
+# FMA contraction (rankexp/_ziggurat.c reads these constants from :func:`slow_path_constants`)
+# and in Python floats, so a draw is one function of its counter wherever it is taken.  torch's
+# own exp/log differ in the last bit between its SIMD and scalar loops (and from CUDA's).
+#: fdlibm's split of ln 2: ``LN2_HI`` has 21 trailing zero bits, so ``k·LN2_HI`` is exact for |k| < 2¹¹
+LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+INV_LN2, SQRT_HALF = 1.0 / math.log(2.0), math.sqrt(0.5)
+#: exp: Taylor coefficients 1/n!, n = 0 … 13; |r| ≤ ln2/2 leaves < 1e-17
+EXP_COEFFS = tuple(1.0 / math.factorial(n) for n in range(14))
+#: log: 1/(2n+1), n = 0 … 11, of atanh's series ln m = 2s Σ s^{2n}/(2n+1), s = (m−1)/(m+1)
+LOG_COEFFS = tuple(1.0 / (2 * n + 1) for n in range(12))
+#: the exponents k of :func:`exact_exp`'s domain y ∈ [−EXP_DOMAIN·ln 2, 0] (the wedge's is −r²/2 ≈ −6.7)
+EXP_DOMAIN = 60
+
+
+def slow_path_constants() -> tuple[float, ...]:
+    """The slow path's constants in the order rankexp/_ziggurat.c reads them: r, √½, ln2 (hi,
+    lo), 1/ln2, :data:`EXP_COEFFS`, :data:`LOG_COEFFS`."""
+    return (ZIGGURAT_R, SQRT_HALF, LN2_HI, LN2_LO, INV_LN2, *EXP_COEFFS, *LOG_COEFFS)
+
+
+def horner(x, coeffs: Sequence[float]):
+    """``Σ coeffs[n]·xⁿ`` by Horner's rule, highest degree first (``p·x + c``: a multiply then an
+    add, each rounded — the order rankexp/_ziggurat.c uses)."""
+    p = coeffs[-1]
+    for c in reversed(coeffs[:-1]):
+        p = p * x + c
+    return p
+
+
+def exact_exp(y: Tensor) -> Tensor:
+    """``exp(y)`` for float64 ``y ∈ [−60 ln 2, 0]`` (≤ 1 ulp; tested against NumPy's) from
+    IEEE-exact steps, the same bits on every device: ``y = k ln 2 + r`` (Cody–Waite,
+    k = round(y/ln 2), half to even), a degree-13 Taylor polynomial of r, times 2^k."""
+    k = torch.round(y * INV_LN2)
+    r = (y - k * LN2_HI) - k * LN2_LO
+    p = horner(r, EXP_COEFFS)
+    return p * _powers_of_half(y.device).index_select(0, k.neg().to(torch.int64).clamp_(0, EXP_DOMAIN))
+
+
+@lru_cache(maxsize=8)
+def _powers_of_half(device: torch.device) -> Tensor:
+    return torch.tensor([2.0**-i for i in range(EXP_DOMAIN + 1)], dtype=torch.float64, device=device)
+
+
+def exact_log(u: Tensor) -> Tensor:
+    """``ln u`` for normal float64 ``u > 0`` (≤ 3 ulp; tested against NumPy's) from IEEE-exact
+    steps, the same bits on every device: ``u = m·2^e`` with m ∈ [√½, √2),
+    ``ln m = 2s(1 + s²/3 + … + s²²/23)``, s = (m−1)/(m+1), plus ``e ln 2``."""
+    m, e = torch.frexp(u)
+    low = m < SQRT_HALF
+    m = torch.where(low, m + m, m)
+    e = (e - low.to(e.dtype)).to(torch.float64)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    q = horner(s * s, LOG_COEFFS)
+    return e * LN2_HI + (e * LN2_LO + (s + s) * q)
+
+
 def _uniform53(z: Tensor) -> Tensor:
     """Uniform in (0, 1) from the top 53 bits of ``z`` (never 0 or 1), float64."""
     return ((z >> 11) & ((1 << 53) - 1)).to(torch.float64).add_(0.5).mul_(2.0**-53)
@@ -190,11 +258,11 @@ def _nfix(keys: Tensor, counters: Tensor, layer: Tensor, j: Tensor) -> Tensor:
         x = j.to(torch.float64) * w64.index_select(0, layer)
         tail = layer == 0
         # the tail beyond r: x = −ln(u1)/r, accepted when −2 ln(u2) > x² (Marsaglia 1964)
-        xt = torch.log(u1).neg_().div_(ZIGGURAT_R)
-        ok_tail = tail & (torch.log(_uniform53(z2)).mul_(-2.0) > xt * xt)
+        xt = exact_log(u1).neg_().div_(ZIGGURAT_R)
+        ok_tail = tail & (exact_log(_uniform53(z2)).mul_(-2.0) > xt * xt)
         # a wedge: accepted when a uniform height between f_i and f_{i−1} is below f(x)
         f_i, f_below = f64.index_select(0, layer), f64.index_select(0, (layer - 1).clamp_(min=0))
-        ok_wedge = ~tail & (u1.mul_(f_below - f_i).add_(f_i) < torch.exp(-0.5 * x * x))
+        ok_wedge = ~tail & (u1.mul_(f_below - f_i).add_(f_i) < exact_exp(-0.5 * x * x))
         # else a fresh draw (layer2, j2) from z2, accepted by the fast test or tried again
         layer2, j2 = z2 & (ZIGGURAT_LAYERS - 1), z2 >> 11
         ok_new = ~tail & ~ok_wedge & (j2.abs() < k64.index_select(0, layer2))
@@ -232,7 +300,8 @@ def _flat(out: Tensor, e: int, offset: int, what: str) -> Tensor:
 
 def _fast_path(flat: Tensor, keys: Tensor, offset: int, scale: float) -> Tensor:
     """The ziggurat's fast accept for every element of ``flat`` ``(E, n)`` (chunks that stay in
-    cache on the CPU); returns the flat indices of the draws the slow path must redo."""
+    cache on the CPU); returns the flat indices of the draws the slow path must redo — none
+    where the compiled library draws (it takes the slow path itself)."""
     e, n = flat.shape
     dev, dtype = flat.device, flat.dtype
     w_dt, w64, _, k64 = _tables_on(dev, dtype)
@@ -240,8 +309,9 @@ def _fast_path(flat: Tensor, keys: Tensor, offset: int, scale: float) -> Tensor:
         w_dt = (w64 * scale).to(dtype)
     if dev.type == "cpu" and dtype in (torch.float64, torch.float32):
         compiled = native.ziggurat()
-        if compiled is not None:  # the same numbers in one compiled pass (rankexp/native.py)
-            return compiled.fast_path(flat, keys, offset, w_dt, k64)
+        if compiled is not None:  # the same numbers, slow path included, in one compiled pass
+            compiled.normal(flat, keys, offset, w_dt, k64, w64, _tables_on(dev, torch.float64)[2], scale)
+            return torch.empty(0, dtype=torch.int64)
     step = max(1, (CPU_CHUNK if dev.type == "cpu" else DEVICE_CHUNK) // e)
     c = min(step, n)
     ar = torch.arange(1, c + 1, dtype=torch.int64, device=dev).mul_(_signed(GAMMA))
@@ -352,6 +422,67 @@ def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[i
             part = values[start:start + idx.numel()]
             start += idx.numel()
             flat.view(-1).index_put_((idx.to(dev),), (part * scale).to(flat.dtype))
+
+
+class MatrixDraws:
+    """Repeated draws of ``scale · N(0, 1)`` matrices from stream ``stream`` of ``seeds``, the
+    same numbers as :func:`normal_` — the keys and the scaled tables made once, for a network
+    that draws its blocks one at a time (:class:`rankexp.models.mlp.ResidualMLP`, ``streamed``).
+
+    Args:
+        seeds: one per member (the matrices' leading axis E).
+        stream: the stream (default ``STREAM_WEIGHTS``).
+        scale: σ of every matrix drawn.
+        dtype, device: the matrices'.
+    """
+
+    def __init__(self, seeds: Sequence[int], stream: int, scale: float, dtype: torch.dtype,
+                 device: torch.device | str):
+        device = torch.device(device)
+        self.seeds, self.stream, self.scale = [int(s) for s in seeds], int(stream), float(scale)
+        self.keys = stream_keys(self.seeds, stream, device)
+        w_dt, self.w64, self.f64, self.k64 = _tables_on(device, dtype)
+        self.w = (self.w64 * scale).to(dtype) if scale != 1.0 else w_dt
+        cpu = device.type == "cpu" and dtype in (torch.float64, torch.float32)
+        self.compiled = native.ziggurat() if cpu else None
+
+    @torch.no_grad()
+    def full(self, out: Tensor, offset: int) -> None:
+        """Fill ``out`` ``(E, …)`` with numbers ``offset …`` (as :func:`normal_`).
+
+        Raises:
+            ValueError: as :func:`normal_`.
+        """
+        flat = _flat(out, len(self.seeds), offset, "MatrixDraws.full")
+        if self.compiled is None:
+            normal_many_([(out, offset, self.scale)], self.seeds, self.stream)
+        else:
+            self.compiled.normal(flat, self.keys, offset, self.w, self.k64, self.w64, self.f64, self.scale)
+
+    @torch.no_grad()
+    def columns(self, out: Tensor, offset: int, columns: Sequence[Tensor]) -> bool:
+        """Fill the columns ``columns[e]`` (int64 indices) of every row of ``out[e]``
+        ``(E, rows, cols)`` with the numbers :meth:`full` puts there (element (i, a) is number
+        ``offset + i·cols + a``), drawing only those where the compiled library runs; elsewhere
+        every column is drawn.  Returns whether only the columns were: the others are then
+        left as they were.
+
+        Raises:
+            ValueError: as :func:`normal_`; not one index tensor per member.
+        """
+        e = len(self.seeds)
+        if out.dim() != 3 or len(columns) != e:
+            raise ValueError(f"MatrixDraws.columns: out (E, rows, cols) and one column list per "
+                             f"member, got {tuple(out.shape)} and {len(columns)} lists for {e} seeds")
+        _flat(out, e, offset, "MatrixDraws.columns")
+        if self.compiled is None:
+            self.full(out, offset)
+            return False
+        idx = columns[0].to(torch.int64) if e == 1 else torch.cat([c.to(torch.int64) for c in columns])
+        starts = torch.tensor([0, *np.cumsum([c.numel() for c in columns])], dtype=torch.int64)
+        self.compiled.columns(out, self.keys, offset, self.w, self.k64, self.w64, self.f64,
+                              self.scale, idx, starts)
+        return True
 
 
 def normal_(out: Tensor, seeds: Sequence[int], stream: int = STREAM_WEIGHTS, offset: int = 0,

@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 from hydra import compose, initialize_config_dir
 from rankexp.cli import CONF_DIR
 from rankexp.config import check_job
-from rankexp.memory import seed_bytes
+from rankexp.memory import seed_bytes, streams_weights
 from rankexp.models import build_model
 from rankexp.tasks.measure import measure_seeds
 
@@ -51,7 +51,8 @@ else:  # the peak of the task alone, not of the imports and composition before i
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 base = now()
-measure_seeds(lambda part: build_model(s, dev, seeds=part), range(s.seed, s.seed + s.seeds),
+streamed = {"streamed": True} if streams_weights(s) else {}  # as task_measure builds it
+measure_seeds(lambda part: build_model(s, dev, seeds=part, **streamed), range(s.seed, s.seed + s.seeds),
               s.task.probes, int(chunk) or s.seeds, options=s.task.options)
 print(json.dumps({"used": peak() - base, "estimate": seed_bytes(s, device)}))
 """
@@ -75,9 +76,11 @@ def used(device: str, chunk: int, *overrides: str, live: bool = False) -> dict:
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-#: where the weights dominate, where the probes' activations do, where the path orders do
+#: where the weights dominate, where they are streamed (one block at a time: the sweep's own
+#: working set dominates), where the probes' activations do, where the path orders do
 CASES = {
     "weights": ("width=256", "depth=48"),
+    "streamed weights": ("width=256", "depth=48", "task.probes=[io_jacobian,branch_ratio]"),
     "activations": ("width=128", "depth=16", "expansion=1", "task.probes=[representation]",
                     "task.options.representation.n=8192"),
     "path orders": ("width=96", "depth=64", "expansion=1", "task.probes=[path_order]"),
@@ -99,7 +102,7 @@ def test_chunks_never_use_more_than_one_batch_and_stay_near_one_chunk(device):
     """3 seeds of L = 128 in chunks of 1 against one batch of 3 and one seed alone: the previous
     chunk's network is gone before the next is built, so 3 chunks of 1 peak like 1 seed — in
     the RSS a job reports (glibc's own heap, as jobs run)."""
-    case = ("width=256", "depth=128", "task.probes=[profile]")
+    case = ("width=256", "depth=128", "task.probes=[profile,stream]")  # drawn whole: not streamed
     chunked = used(device, 1, *case, "seeds=3")["used"]
     batch = used(device, 0, *case, "seeds=3")["used"]
     alone = used(device, 0, *case, "seeds=1")["used"]

@@ -32,11 +32,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
-              dtype: torch.dtype | None = None) -> ResidualMLP:
+              dtype: torch.dtype | None = None, streamed: bool = False) -> ResidualMLP:
     """The :class:`ResidualMLP` a validated config describes.
 
     Members are the seeds ``seed … seed+seeds−1`` unless ``seeds`` is given (training uses one
-    member per learning rate, all with the same seed); ``dtype`` defaults to the config's.
+    member per learning rate, all with the same seed); ``dtype`` defaults to the config's;
+    ``streamed``: weights drawn block by block as a walk reaches them (``ResidualMLP``).
     """
     return ResidualMLP(
         s.width,
@@ -56,6 +57,7 @@ def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
         seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
         dtype=dtype or DTYPES[s.dtype.value],
         device=device,
+        streamed=streamed,
     )
 
 
@@ -110,10 +112,15 @@ def build_cifar_resnet(s: RankexpConfig, device: torch.device | str = "cpu", see
 
 
 def build_model(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
-                dtype: torch.dtype | None = None) -> nn.Module:
+                dtype: torch.dtype | None = None, streamed: bool = False) -> nn.Module:
     """The network of the config's model family (``model=``; its declared builder), on
-    ``device``."""
-    return family_of(s).build(s, device, seeds=seeds, dtype=dtype)
+    ``device``; ``streamed`` (families that stream: :attr:`~.families.base.Family.streams`):
+    weights drawn block by block as a walk reaches them.
+
+    Raises:
+        ValueError: ``streamed`` for a family that does not stream.
+    """
+    return family_of(s).build(s, device, seeds=seeds, dtype=dtype, streamed=streamed)
 
 
 class _Builders(Mapping):

@@ -22,13 +22,14 @@ seeds never changes a number.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, normal_many_
-from .activations import ACTIVATIONS, activation_fn
+from ..seeding import STREAM_WEIGHTS, MatrixDraws, normal_many_
+from .activations import ACTIVATIONS, MASKED, activation_fn
 from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
 from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta, hidden_width, nominal_ratio
@@ -107,6 +108,9 @@ class Block(nn.Module):
                 self.w_gate = nn.Parameter(torch.empty(e, m, d, **kw))
             self.w_up = nn.Parameter(torch.empty(e, m, d, **kw))
             self.w_down = nn.Parameter(torch.empty(e, d, m, **kw))
+        #: set by a streamed walk (:meth:`ResidualMLP.walk`) while this block is its current one:
+        #: called with σ's output ``(E, B, m)`` before ``W_down`` is read, to draw its columns
+        self.draw_down: Callable[[Tensor], None] | None = None
 
     def weight_names(self) -> list[str]:
         """Parameter names in initialization order."""
@@ -139,6 +143,8 @@ class Block(nn.Module):
             hidden = self.sigma(torch.matmul(x, self.w_gate.mT)) * up
         else:
             hidden = self.sigma(up)
+        if self.draw_down is not None:  # a streamed walk: W_down's columns for the units in use
+            self.draw_down(hidden)
         return up, torch.matmul(hidden, self.w_down.mT)
 
     def branch(self, x: Tensor) -> Tensor:
@@ -185,6 +191,15 @@ class ResidualMLP(nn.Module):
         dtype, device: where the weights live; they are drawn there, in that dtype
             (:meth:`reset_parameters`), and every device and dtype sees the same numbers up
             to rounding.
+        streamed: draw each block's weights only when a walk (:meth:`walk`) reaches it, into
+            one buffer per weight name that every block shares — one block's weights in memory
+            instead of L, and no first touch of L blocks' worth of new memory.  With a masked σ
+            (relu) on the CPU, ``W_down`` is drawn only in the columns of the units σ leaves
+            nonzero at the block's input (the others multiply exact zeros; they hold finite
+            numbers of no consequence).  For a measurement that reads the weights through one
+            walk at one batch of inputs (the forward sweep); its numbers are the same as a
+            model drawn whole, bit for bit (tested).  The buffers hold NaN outside a walk, so a
+            reader that bypasses :meth:`walk` sees NaN, not other weights.
 
     Shapes: ``forward`` maps ``(E, B, d) → (E, B, d)`` with E = ``len(seeds)``.
     """
@@ -209,6 +224,7 @@ class ResidualMLP(nn.Module):
         seeds: Sequence[int] = (0,),
         dtype: torch.dtype = torch.float64,
         device: str | torch.device = "cpu",
+        streamed: bool = False,
     ):
         super().__init__()
         if depth < 1 or width < 1:
@@ -243,6 +259,17 @@ class ResidualMLP(nn.Module):
             )
             for l in range(1, depth + 1)
         )
+        self.streamed = bool(streamed)
+        #: [wall, CPU] seconds spent drawing weights so far (construction, and each walk's
+        #: blocks when streamed); shared, so a caller may keep it after the model is gone
+        self.draw_seconds = [0.0, 0.0]
+        if self.streamed:  # every block's weights are views of one buffer per name
+            first = self.blocks[0]
+            self._buffers_streamed = {
+                n: torch.full_like(getattr(first, n).data, float("nan")) for n in first.weight_names()}
+            for block in self.blocks:
+                for n, buf in self._buffers_streamed.items():
+                    getattr(block, n).data = buf
         self.reset_parameters()
 
     @property
@@ -262,21 +289,99 @@ class ResidualMLP(nn.Module):
         """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
         return layer - self.skip_every
 
+    def _targets(self, blocks: Sequence[int], names: Sequence[str] | None = None
+                 ) -> list[tuple[Tensor, int, float]]:
+        """``(weight, first counter, scale)`` of every matrix (or those ``names``) of the blocks
+        at these 0-based indices (counters: block 1…L, within a block
+        :meth:`Block.weight_names`, each matrix row-major)."""
+        if not hasattr(self, "_layout"):  # (name, counter within the block, scale); block size
+            layout, offset = [], 0
+            for name in self.blocks[0].weight_names():
+                fan_out, fan_in = getattr(self.blocks[0], name).shape[1:]
+                layout.append((name, offset, self.alpha / math.sqrt(fan_in)))
+                offset += fan_out * fan_in
+            self._layout, self._per_block, self._block_list = layout, offset, list(self.blocks)
+        targets = []
+        for i in blocks:
+            block, first = self._block_list[i], i * self._per_block
+            targets.extend((getattr(block, name).data, first + offset, scale)
+                           for name, offset, scale in self._layout if names is None or name in names)
+        return targets
+
+    def _draw(self, blocks: Sequence[int]) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        normal_many_(self._targets(blocks), self.seeds, STREAM_WEIGHTS)
+        self.draw_seconds[0] += time.perf_counter() - t
+        self.draw_seconds[1] += time.process_time() - c
+
+    def _draw_streamed(self, i: int, names: Sequence[str]) -> None:
+        """Matrices ``names`` of block ``i`` (0-based) into the shared buffers."""
+        t, c = time.perf_counter(), time.process_time()
+        for w, offset, scale in self._targets([i], names):
+            self._draws[scale].full(w, offset)
+        self.draw_seconds[0] += time.perf_counter() - t
+        self.draw_seconds[1] += time.process_time() - c
+
     def reset_parameters(self) -> None:
         """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``.
 
-        Counters: block 1…L, within a block :meth:`Block.weight_names`, each matrix row-major,
-        one stream (``STREAM_WEIGHTS``) per seed; drawn in the weights' dtype on their device,
-        all members and matrices in one batch (:func:`rankexp.seeding.normal_many_`).
+        One stream (``STREAM_WEIGHTS``) per seed, counters as :meth:`_targets`; drawn in the
+        weights' dtype on their device, all members and matrices in one batch
+        (:func:`rankexp.seeding.normal_many_`).  A ``streamed`` model draws nothing here: its
+        blocks are drawn, from the same counters, as :meth:`walk` reaches them.
         """
-        targets, offset = [], 0
-        for block in self.blocks:
-            for name in block.weight_names():
-                p = getattr(block, name)
-                fan_out, fan_in = p.shape[1:]
-                targets.append((p.data, offset, self.alpha / math.sqrt(fan_in)))
-                offset += fan_out * fan_in
-        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
+        if not self.streamed:
+            self._draw(range(self.depth))
+
+    def _streams_columns(self) -> bool:
+        """Whether a streamed walk draws ``W_down`` by columns (masked σ, M = 2, on the CPU)."""
+        first = self.blocks[0]
+        return (self.activation in MASKED and self.matrices == 2 and not first.gated
+                and first.w_down.device.type == "cpu")
+
+    def _draw_down(self, i: int, drawn: Tensor, hidden: Tensor) -> None:
+        """``W_down`` of block ``i`` (0-based) in the columns of the units ``hidden`` ``(E, B, m)``
+        leaves nonzero for some input and that are not ``drawn`` ``(E, m)`` yet in this step of
+        the walk (every column, once, where the library is not compiled)."""
+        t, c = time.perf_counter(), time.process_time()
+        need = (hidden != 0).any(1) & ~drawn
+        (w, offset, scale), = self._targets([i], ("w_down",))
+        if self._draws[scale].columns(w, offset, [torch.nonzero(u).squeeze(1) for u in need]):
+            drawn |= need
+        else:
+            drawn.fill_(True)
+        self.draw_seconds[0] += time.perf_counter() - t
+        self.draw_seconds[1] += time.process_time() - c
+
+    def walk(self, upto: int | None = None) -> Iterator[tuple[int, Block]]:
+        """Yield ``(l, block)`` for l = 1…upto (default L), in order: the way every pass over
+        the blocks reads them.  A ``streamed`` model draws block l's weights just before it is
+        yielded (``W_down`` by columns when its forward first needs it, see the class) and sets
+        its buffers to NaN when the walk ends; the consumer must be done with block l when it
+        asks for block l + 1, and runs block l's forward at one batch of inputs."""
+        columns = self.streamed and self._streams_columns()
+        if columns:  # the columns no unit uses hold finite numbers: they multiply exact zeros
+            self._buffers_streamed["w_down"].zero_()
+        if self.streamed and not hasattr(self, "_draws"):  # keys and scaled tables, made once
+            self._draws = {scale: MatrixDraws(self.seeds, STREAM_WEIGHTS, scale, w.dtype, w.device)
+                           for w, _, scale in self._targets([0])}
+        names = self.blocks[0].weight_names()
+        try:
+            for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+                if columns:
+                    self._draw_streamed(l - 1, ("w_up",))
+                    drawn = torch.zeros(self.members, block.hidden, dtype=torch.bool)
+                    block.draw_down = lambda hidden, i=l - 1, d=drawn: self._draw_down(i, d, hidden)
+                elif self.streamed:
+                    self._draw_streamed(l - 1, names)
+                yield l, block
+                block.draw_down = None
+        finally:
+            if self.streamed:
+                for block in self.blocks:
+                    block.draw_down = None
+                for buf in self._buffers_streamed.values():
+                    buf.fill_(float("nan"))
 
     def forward(self, h0: Tensor) -> Tensor:
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
@@ -286,7 +391,7 @@ class ResidualMLP(nn.Module):
         """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
         reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
         keep, window = max(self.skip_every, 1), {0: h0}
-        for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+        for l, block in self.walk(upto):
             skip = window[self.skip_source(l)] if block.has_skip else None
             window[l] = block(window[l - 1], skip)
             window.pop(l - keep, None)
@@ -295,7 +400,7 @@ class ResidualMLP(nn.Module):
     def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
         """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
         hs = [h0]
-        for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+        for l, block in self.walk(upto):
             skip = hs[self.skip_source(l)] if block.has_skip else None
             hs.append(block(hs[-1], skip))
         return hs

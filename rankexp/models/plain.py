@@ -33,7 +33,7 @@ study's per-sample probes also run on plain networks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -250,6 +250,11 @@ class PlainNet(nn.Module):
             for layer in self.blocks:
                 layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
 
+    def walk(self, upto: int | None = None) -> Iterator[tuple[int, PlainLayer]]:
+        """Yield ``(l, layer)`` for l = 1…upto (default L), in order (as
+        :meth:`rankexp.models.mlp.ResidualMLP.walk`; the weights are all drawn)."""
+        yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
+
     def forward(self, h0: Tensor, *, detach_stats: bool = False) -> Tensor:
         """``h_L`` for inputs ``h0`` ``(E, B, n)``."""
         return self.trajectory(h0, detach_stats=detach_stats)[-1]
@@ -261,7 +266,7 @@ class PlainNet(nn.Module):
         ``detach_stats`` is passed to :func:`batchnorm` (no effect without batchnorm).
         """
         hs = [h0]
-        for l, layer in enumerate(self.blocks[: upto if upto is not None else self.depth], 1):
+        for l, layer in self.walk(upto):
             skip = hs[self.skip_source(l)] if layer.has_skip else None
             hs.append(layer(hs[-1], skip, detach_stats=detach_stats))
         return hs

@@ -377,6 +377,9 @@ class Probe:
         tasks: the tasks it runs under (``lesion``: ``train`` only, on the trained network).
         inputs: ``batch`` (it sees the batch of inputs together) or ``one`` (it differentiates
             one input per seed, so a batchnorm has no batch to normalize over).
+        streams: it reads the weights only through the shared forward sweep (one in-order
+            walk of the blocks), so a measurement of only such probes may draw each block's
+            weights as the walk reaches it (:func:`rankexp.memory.streams_weights`).
     """
 
     ref: Ref
@@ -388,6 +391,7 @@ class Probe:
     families: frozenset[str] = RESIDUAL
     tasks: frozenset[str] = ANY_TASK
     inputs: str = "batch"
+    streams: bool = False
 
     @property
     def fn(self) -> Callable[..., Any]:

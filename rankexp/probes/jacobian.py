@@ -273,7 +273,7 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> I
     """
     keep, states = max(model.skip_every, 1), {0: h0}
     with torch.no_grad():
-        for l, block in enumerate(model.blocks, start=1):
+        for l, block in model.walk():  # a streamed model draws block l here
             x = states[l - 1]
             s, linear = linearize_branch(block, x, masked=masked)
             skip_from = model.skip_source(l) if block.has_skip else None

@@ -46,6 +46,8 @@ class Family:
             ConfigError).
         exclusive: ``fn(settings) -> [(key, value, rule)]``: settings only this family has,
             refused (with ``rule``) under every other family.
+        streams: its builder takes ``streamed=True`` (weights drawn block by block as a walk
+            reaches them; :class:`rankexp.models.mlp.ResidualMLP`).
     """
 
     name: str
@@ -62,11 +64,21 @@ class Family:
     check_paths: Callable[[RankexpConfig], None] | None = None
     exclusive: Callable[[RankexpConfig], list[tuple[str, Any, str]]] = field(
         default=lambda s: [])
+    streams: bool = False
 
-    def build(self, s: RankexpConfig, device: Any = "cpu", seeds=None, dtype=None) -> Any:
-        """The network ``s`` describes, on ``device`` (the builder imported now)."""
+    def build(self, s: RankexpConfig, device: Any = "cpu", seeds=None, dtype=None,
+              streamed: bool = False) -> Any:
+        """The network ``s`` describes, on ``device`` (the builder imported now); ``streamed``
+        only where the family :attr:`streams`.
+
+        Raises:
+            ValueError: ``streamed`` for a family whose builder does not stream.
+        """
+        if streamed and not self.streams:
+            raise ValueError(f"model={self.name} does not draw its weights block by block")
         module, _, attr = self.builder.partition(":")
-        return getattr(importlib.import_module(module), attr)(s, device, seeds=seeds, dtype=dtype)
+        kw = {"streamed": True} if streamed else {}
+        return getattr(importlib.import_module(module), attr)(s, device, seeds=seeds, dtype=dtype, **kw)
 
     @property
     def probes(self) -> tuple[str, ...]:

@@ -25,5 +25,5 @@ def run_name(s) -> str:
 FAMILY = Family(
     name="mlp", schema=MlpModel, builder="rankexp.models.build:build_mlp",
     tasks=("measure", "train"), run_name=run_name, memory_shape=mlp_shape,
-    derived=lambda s: branch_params(s, s.matrices),
+    derived=lambda s: branch_params(s, s.matrices), streams=True,
 )
