@@ -9,8 +9,9 @@
    worst relative difference of the *science* (every scalar and series but the job's own
    facts: seconds, peak memory, seed chunk — :data:`rankexp.tasks.measure.RUN_FACTS`), and
    each job's ``build_seconds`` + ``measure_seconds``.  Then, in this process: the weights drawn
-   on CUDA against the CPU's (the counter-based generator: bit-identical but for the last bits
-   of the slow path's ≈ 1.5 %), and the sweep's host syncs counted by CUDA's sync debug mode at
+   on CUDA against the CPU's (the counter-based generator, its slow path's exp and log built
+   from IEEE-exact steps: expected bit-identical, the share that differs printed), and the
+   sweep's host syncs counted by CUDA's sync debug mode at
    two depths (the sync-free sweep: none per block).
 2. Training: the six-learning-rate batched model (d=256, Pre-Norm, α=1, B=256) at
    L = 12, 48, 192 for a few hundred steps in each mode — eager fp32, bf16 autocast, CUDA
@@ -359,8 +360,8 @@ def check_weights_and_syncs(device: torch.device) -> bool:
     dev = ResidualMLP(256, 4, seeds=[0, 1], device=device)
     diff = [(p.cpu() != q).float().mean().item() for p, q in zip(dev.parameters(), cpu.parameters(), strict=True)]
     worst = max((p.cpu() - q).abs().max().item() for p, q in zip(dev.parameters(), cpu.parameters(), strict=True))
-    print(f"   weights on {device} vs CPU: {max(diff):.2%} of the numbers differ (the slow path's "
-          f"last bits), by at most {worst:.1e}", flush=True)
+    print(f"   weights on {device} vs CPU: {max(diff):.4%} of the numbers differ (expected none: "
+          f"the slow path's exp and log are IEEE-exact steps), by at most {worst:.1e}", flush=True)
     syncs = {}
     for depth in (8, 32):
         model = ResidualMLP(256, depth, seeds=[0, 1], device=device)
