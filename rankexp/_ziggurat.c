@@ -164,6 +164,15 @@ INLINE void nfix_batch(uint64_t key, const int64_t *restrict cnt, int64_t n,
     }
 }
 
+/* the slow path of the nr draws collected in rc, written into row (the kernel's locals) */
+#define FLUSH(T)                                                                              \
+    do {                                                                                      \
+        nfix_batch(key, rc, nr, w64, f64, k, c, rv);                                          \
+        for (int64_t q = 0; q < nr; q++) row[rc[q] - offset] = (T)(rv[q] * scale);            \
+        slow += nr;                                                                           \
+        nr = 0;                                                                               \
+    } while (0)
+
 #define KERNEL(NAME, T)                                                                       \
     CLONES int64_t NAME(T *restrict out, int64_t members, int64_t n,                          \
                         const int64_t *restrict keys, int64_t offset, const T *restrict w,   \
@@ -198,18 +207,9 @@ INLINE void nfix_batch(uint64_t key, const int64_t *restrict cnt, int64_t n,
                         }                                                                     \
                     }                                                                         \
                     if (flags[i]) rc[nr++] = offset + s + i;                                  \
-                    if (nr == BATCH || (i == cnt - 1 && nr)) {                                \
-                        nfix_batch(key, rc, nr, w64, f64, k, c, rv);                          \
-                        for (int64_t q = 0; q < nr; q++) row[rc[q] - offset] = (T)(rv[q] * scale); \
-                        slow += nr;                                                           \
-                        nr = 0;                                                               \
-                    }                                                                         \
+                    if (nr == BATCH) FLUSH(T);                                                \
                 }                                                                             \
-                if (nr) {                                                                     \
-                    nfix_batch(key, rc, nr, w64, f64, k, c, rv);                              \
-                    for (int64_t q = 0; q < nr; q++) row[rc[q] - offset] = (T)(rv[q] * scale); \
-                    slow += nr;                                                               \
-                }                                                                             \
+                if (nr) FLUSH(T); /* the block's last batch */                                \
             }                                                                                 \
         }                                                                                     \
         return slow;                                                                          \

@@ -107,12 +107,15 @@ class Ziggurat:
 
         e, n = flat.shape
         kernel = self.kernels["f64" if flat.dtype == torch.float64 else "f32"]
-        keys, w, k = keys.reshape(-1).contiguous(), w.contiguous(), k.contiguous()
-        w64, f64 = w64.contiguous(), f64.contiguous()
-        c = self.constants
-        return int(kernel(flat.data_ptr(), e, n, keys.data_ptr(), offset, w.data_ptr(), k.data_ptr(),
-                          w64.data_ptr(), f64.data_ptr(), float(scale), ctypes.addressof(c)))
+        held, args = self._tables(offset, keys, w, k, w64, f64, scale)
+        return int(kernel(flat.data_ptr(), e, n, *args))
 
+    def _tables(self, offset, keys, w, k, w64, f64, scale) -> tuple[list, tuple]:
+        """The arguments both kernels share, from ``keys`` on, and the contiguous tensors their
+        pointers point into (the caller holds them until the kernel returns)."""
+        held = [v.contiguous() for v in (keys.reshape(-1), w, k, w64, f64)]
+        keys, w, k, w64, f64 = (v.data_ptr() for v in held)
+        return held, (keys, offset, w, k, w64, f64, float(scale), ctypes.addressof(self.constants))
 
     def columns(self, out, keys, offset: int, w, k, w64, f64, scale: float, idx, starts) -> int:
         """Draw only the columns ``idx[starts[e]:starts[e+1]]`` (int64, CPU) of every row of
@@ -123,13 +126,9 @@ class Ziggurat:
 
         e, rows, cols = out.shape
         kernel = self.columns_kernels["f64" if out.dtype == torch.float64 else "f32"]
-        keys, w, k = keys.reshape(-1).contiguous(), w.contiguous(), k.contiguous()
-        w64, f64 = w64.contiguous(), f64.contiguous()
         idx, starts = idx.contiguous(), starts.contiguous()
-        c = self.constants
-        return int(kernel(out.data_ptr(), e, rows, cols, keys.data_ptr(), offset, w.data_ptr(),
-                          k.data_ptr(), w64.data_ptr(), f64.data_ptr(), float(scale),
-                          ctypes.addressof(c), idx.data_ptr(), starts.data_ptr()))
+        held, args = self._tables(offset, keys, w, k, w64, f64, scale)
+        return int(kernel(out.data_ptr(), e, rows, cols, *args, idx.data_ptr(), starts.data_ptr()))
 
 
 @cache

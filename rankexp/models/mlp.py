@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -263,6 +264,13 @@ class ResidualMLP(nn.Module):
         #: [wall, CPU] seconds spent drawing weights so far (construction, and each walk's
         #: blocks when streamed); shared, so a caller may keep it after the model is gone
         self.draw_seconds = [0.0, 0.0]
+        #: (name, counter within a block, scale) of each matrix of a block, and a block's counters
+        self._layout, offset = [], 0
+        for name in self.blocks[0].weight_names():
+            fan_out, fan_in = getattr(self.blocks[0], name).shape[1:]
+            self._layout.append((name, offset, self.alpha / math.sqrt(fan_in)))
+            offset += fan_out * fan_in
+        self._per_block, self._block_list = offset, list(self.blocks)
         if self.streamed:  # every block's weights are views of one buffer per name
             first = self.blocks[0]
             self._buffers_streamed = {
@@ -270,6 +278,9 @@ class ResidualMLP(nn.Module):
             for block in self.blocks:
                 for n, buf in self._buffers_streamed.items():
                     getattr(block, n).data = buf
+            buf = next(iter(self._buffers_streamed.values()))  # keys and scaled tables, made once
+            self._draws = {scale: MatrixDraws(self.seeds, STREAM_WEIGHTS, scale, buf.dtype, buf.device)
+                           for _, _, scale in self._layout}
         self.reset_parameters()
 
     @property
@@ -294,13 +305,6 @@ class ResidualMLP(nn.Module):
         """``(weight, first counter, scale)`` of every matrix (or those ``names``) of the blocks
         at these 0-based indices (counters: block 1…L, within a block
         :meth:`Block.weight_names`, each matrix row-major)."""
-        if not hasattr(self, "_layout"):  # (name, counter within the block, scale); block size
-            layout, offset = [], 0
-            for name in self.blocks[0].weight_names():
-                fan_out, fan_in = getattr(self.blocks[0], name).shape[1:]
-                layout.append((name, offset, self.alpha / math.sqrt(fan_in)))
-                offset += fan_out * fan_in
-            self._layout, self._per_block, self._block_list = layout, offset, list(self.blocks)
         targets = []
         for i in blocks:
             block, first = self._block_list[i], i * self._per_block
@@ -308,19 +312,21 @@ class ResidualMLP(nn.Module):
                            for name, offset, scale in self._layout if names is None or name in names)
         return targets
 
-    def _draw(self, blocks: Sequence[int]) -> None:
+    @contextmanager
+    def _drawing(self):
+        """Adds the wall and CPU seconds of its body to :attr:`draw_seconds`."""
         t, c = time.perf_counter(), time.process_time()
-        normal_many_(self._targets(blocks), self.seeds, STREAM_WEIGHTS)
-        self.draw_seconds[0] += time.perf_counter() - t
-        self.draw_seconds[1] += time.process_time() - c
+        try:
+            yield
+        finally:
+            self.draw_seconds[0] += time.perf_counter() - t
+            self.draw_seconds[1] += time.process_time() - c
 
     def _draw_streamed(self, i: int, names: Sequence[str]) -> None:
         """Matrices ``names`` of block ``i`` (0-based) into the shared buffers."""
-        t, c = time.perf_counter(), time.process_time()
-        for w, offset, scale in self._targets([i], names):
-            self._draws[scale].full(w, offset)
-        self.draw_seconds[0] += time.perf_counter() - t
-        self.draw_seconds[1] += time.process_time() - c
+        with self._drawing():
+            for w, offset, scale in self._targets([i], names):
+                self._draws[scale].full(w, offset)
 
     def reset_parameters(self) -> None:
         """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``.
@@ -331,7 +337,8 @@ class ResidualMLP(nn.Module):
         blocks are drawn, from the same counters, as :meth:`walk` reaches them.
         """
         if not self.streamed:
-            self._draw(range(self.depth))
+            with self._drawing():
+                normal_many_(self._targets(range(self.depth)), self.seeds, STREAM_WEIGHTS)
 
     def _streams_columns(self) -> bool:
         """Whether a streamed walk draws ``W_down`` by columns (masked σ, M = 2, on the CPU)."""
@@ -343,15 +350,13 @@ class ResidualMLP(nn.Module):
         """``W_down`` of block ``i`` (0-based) in the columns of the units ``hidden`` ``(E, B, m)``
         leaves nonzero for some input and that are not ``drawn`` ``(E, m)`` yet in this step of
         the walk (every column, once, where the library is not compiled)."""
-        t, c = time.perf_counter(), time.process_time()
-        need = (hidden != 0).any(1) & ~drawn
-        (w, offset, scale), = self._targets([i], ("w_down",))
-        if self._draws[scale].columns(w, offset, [torch.nonzero(u).squeeze(1) for u in need]):
-            drawn |= need
-        else:
-            drawn.fill_(True)
-        self.draw_seconds[0] += time.perf_counter() - t
-        self.draw_seconds[1] += time.process_time() - c
+        with self._drawing():
+            need = (hidden != 0).any(1) & ~drawn
+            (w, offset, scale), = self._targets([i], ("w_down",))
+            if self._draws[scale].columns(w, offset, [torch.nonzero(u).squeeze(1) for u in need]):
+                drawn |= need
+            else:
+                drawn.fill_(True)
 
     def walk(self, upto: int | None = None) -> Iterator[tuple[int, Block]]:
         """Yield ``(l, block)`` for l = 1…upto (default L), in order: the way every pass over
@@ -362,9 +367,6 @@ class ResidualMLP(nn.Module):
         columns = self.streamed and self._streams_columns()
         if columns:  # the columns no unit uses hold finite numbers: they multiply exact zeros
             self._buffers_streamed["w_down"].zero_()
-        if self.streamed and not hasattr(self, "_draws"):  # keys and scaled tables, made once
-            self._draws = {scale: MatrixDraws(self.seeds, STREAM_WEIGHTS, scale, w.dtype, w.device)
-                           for w, _, scale in self._targets([0])}
         names = self.blocks[0].weight_names()
         try:
             for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):

@@ -246,7 +246,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
 
     def build(part: range) -> nn.Module:
         t, c = time.perf_counter(), time.process_time()
-        model = build_model(s, device, seeds=part, **({"streamed": True} if streamed else {}))
+        model = build_model(s, device, seeds=part, streamed=streamed)
         built[0] += time.perf_counter() - t
         built[1] += time.process_time() - c
         if streamed:
