@@ -1,4 +1,4 @@
-"""Spectral measures of matrices (science.md §2).
+"""Spectral measures of matrices: effective rank (the study, Eq. 3) and stable rank.
 
 All functions take a batch of matrices ``(..., N, K)`` or of singular values
 ``(..., n)`` and reduce over the last axes, so seeds and layers stay batched.

@@ -1,8 +1,8 @@
 """Closed forms and quadrature references the probes are compared against.
 
 Everything here is deterministic NumPy on scalars or small arrays: Gaussian
-activation constants (Table 1), the Pre-Norm ratio and stream growth (Eq. 21/22,
-science.md §2 items 2–3), the Marchenko–Pastur law of the masked up-projection
+activation constants (Table 1), the Pre-Norm ratio and stream growth (Eq. 21/22),
+the Marchenko–Pastur law of the masked up-projection
 (Figure 9/17), the Gaussian-product reference for ``erank(J_f)`` (Figure 8), the
 uncorrelated path-order profile (Eq. 5/11), and the mean-field companions
 (length map, χ₁, depth scale, ReLU correlation map, residual variance,
@@ -789,7 +789,7 @@ def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float 
 
 
 def residual_relu_correlation(c0: float, depth: int, gain: float) -> np.ndarray:
-    """Correlation trajectory of a residual ReLU network with branch gain g (science.md §5).
+    """Correlation trajectory of a residual ReLU network with branch gain g (the chapter).
 
     ``h_l = h_{l−1} + g W relu(h_{l−1})`` with W ~ N(0, 2/n), σ_b = 0: lengths grow by
     ``1 + g²`` per layer (:func:`residual_variance`) and

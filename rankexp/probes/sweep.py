@@ -53,7 +53,7 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     per seed; ``rms(h_l)`` is then the root of the mean over inputs of ``rms(h_l(x))²`` — the
     mean-rms² estimator whose slope is κ.
 
-    Pre-Norm prediction ``rms(h_l)² = 1 + κ(βα^M)² l`` (science.md §2 item 3):
+    Pre-Norm prediction ``rms(h_l)² = 1 + κ(βα^M)² l``:
     scalar ``stream_kappa`` is the least-squares slope of ``rms(h_l)² − rms(h_0)²``
     against ``(βα^M)² l`` through the origin (meaningful for Pre-Norm).
 
@@ -94,7 +94,7 @@ def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
 
 def probe_accumulated_branch(ctx: ProbeContext) -> Measurement:
     """Accumulated branch norm ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` against the uncorrelated
-    prediction ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (science.md §2 item 4; Figure 5b/12).
+    prediction ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (Figure 5b/12).
 
     Series (step = k): ``accumulated_branch``, ``accumulated_branch_uncorrelated``.
     Scalar ``accumulated_branch_excess`` = measured / uncorrelated at k = L (1 when the
