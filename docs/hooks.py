@@ -65,17 +65,9 @@ def knob_table(task: str | None = None) -> str:
     return _table(["key", "meaning", "default"], rows)
 
 
-def _first_comment(path: Path) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("# @package"):
-            return line.lstrip("# ").strip()
-    return ""
-
-
 def group_table() -> str:
     """Every config group of ``conf/`` that offers a choice (the experiments apart: they have
-    their page) with its choices, each described by its file's first comment line, and the
-    default choice."""
+    their page) with its choices, the default first, and where the docs describe them."""
     conf = ROOT / "conf"
     defaults = {}
     for item in yaml.safe_load((conf / "config.yaml").read_text()).get("defaults", []):
@@ -87,11 +79,21 @@ def group_table() -> str:
     rows = []
     for group in groups:
         name = group.relative_to(conf).as_posix()
-        choices = sorted(group.glob("*.yaml"))
-        for choice in choices if len(choices) > 1 else ():
-            mark = " (default)" if defaults.get(name) == choice.stem else ""
-            rows.append([f"`{name}={choice.stem}`{mark}", _cell(_first_comment(choice))])
-    return _table(["choice", "what it is"], rows)
+        choices = sorted(sorted(p.stem for p in group.glob("*.yaml")), key=lambda c: c != defaults.get(name))
+        if len(choices) > 1:
+            shown = [f"`{c}` (default)" if c == defaults.get(name) else f"`{c}`" for c in choices]
+            rows.append([f"`{name}=`", ", ".join(shown), GROUP_PAGES.get(name, "")])
+    return _table(["group", "choices", "described in"], rows)
+
+
+#: where the docs describe a group's choices
+GROUP_PAGES = {"model": "[Model families](models.md)",
+               "norm": "[below](#the-general-block-and-the-norm-presets)",
+               "size": "[Using rankexp](usage.md#sweeps-experiments-and-sizes)",
+               "task": "[Probes](probes.md), [Training](training.md)",
+               "tracking": "[Tracking](tracking.md)",
+               "hydra/launcher": "[Running at scale](scale.md)",
+               "hydra/sweeper": "[Using rankexp](usage.md#contour-sweeps)"}
 
 
 def probe_table() -> str:
