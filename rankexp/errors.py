@@ -26,15 +26,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A config value outside what rankexp allows; the message names key, value and rule."""
-
-
-def bad(key: str, value: Any, rule: str) -> ConfigError:
-    """``invalid config: <key>=<value> — <rule>``: the one-line form of a refused value."""
-    return ConfigError(f"invalid config: {key}={value!r} — {rule}")
-
+from .config.schema import choices_with
+from .knobs import ConfigError, bad  # noqa: F401  (re-exported)
 
 #: how a leaf node's type reads in a message
 _TYPES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false",
@@ -137,8 +130,6 @@ def _not_a_key(cause: Any) -> str | None:
     kind = cause.object_type
     if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not dataclasses.is_dataclass(kind):
         return None
-    from .config.checks import choices_with
-
     key, field = cause.full_key, cause.key
     group = key.rsplit(".", 1)[0]
     names = {f.name: f.default for f in dataclasses.fields(kind)}

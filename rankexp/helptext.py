@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from .knobs import KNOBS, for_task
+from .probes import DEFAULT_PROBES, PROBES
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -95,8 +96,6 @@ def _value(v) -> str:
 
 def probes() -> str:
     """One entry per probe: its name (★ = default), summary, what it computes, its options."""
-    from .probes import DEFAULT_PROBES, PROBES
-
     lines = []
     for name, p in PROBES.items():
         doc = plain_text(p.doc)  # read from the source: --help imports no probe code

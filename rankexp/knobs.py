@@ -1,18 +1,9 @@
-"""The knob table: each config knob once — its key, default, run-name symbol, TeX label and help.
+"""The knob table: each config knob once — its key, default, run-name symbol, TeX label and help
+— and the one error a refused value raises (:class:`ConfigError`).
 
-One row per knob a user sets on the command line (``depth=96``, ``task.steps=300``).  The row is
-read by every place that names or defaults the knob:
-
-* the schema (:mod:`rankexp.config.schema`): the dataclass field's default is :func:`default`
-  (the YAML under ``conf/`` sets no knob to its default; tests/test_knobs.py checks the composed
-  default config against this table);
-* ``rankexp --help`` (:mod:`rankexp.helptext`): one line per knob, the help text below;
-* run names (:mod:`rankexp.naming`): ``symbol`` is the label prefix of a swept axis
-  (``alpha=2`` → ``α2``);
-* figure labels (:func:`analysis.core.style.name`): ``tex`` is the axis label (mathtext).
-
-Torch-free and import-free: ``--help``, run names and config checks read it without loading
-torch, mlflow or Hydra.
+The bottom of the config: the schema's defaults (:mod:`rankexp.config.schema`), ``--help``,
+run names (``symbol``: ``alpha=2`` → ``α2``) and figure labels (``tex``) all read it.  Imports
+nothing (no torch, mlflow or Hydra).
 """
 
 from __future__ import annotations
@@ -22,6 +13,17 @@ from typing import Any
 
 #: the value of a norm slot's default: the placement preset decides (``${rankexp_norm_slot:…}``)
 PRESET = "preset"
+#: images per split of CIFAR-10 (train, test): bounds ``task.batch_size`` and an epoch
+CIFAR10_COUNTS = (50_000, 10_000)
+
+
+class ConfigError(ValueError):
+    """A config value outside what rankexp allows; the message names key, value and rule."""
+
+
+def bad(key: str, value: Any, rule: str) -> ConfigError:
+    """``invalid config: <key>=<value> — <rule>``: the one-line form of a refused value."""
+    return ConfigError(f"invalid config: {key}={value!r} — {rule}")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    # --------------------------------------------------------------- the architecture (science.md §1)
+    # --------------------------------------------------------------- the architecture
     Knob("depth", 48, "L, number of blocks", "L", r"$L$"),
     Knob("width", 256, "d, residual stream width", "d", r"$d$"),
     Knob("expansion", 4.0, "m/d of the two-matrix branch W_down σ(W_up x)", "m/d", r"$m/d$"),

@@ -2,23 +2,25 @@
 
 The per-seed estimate (:func:`seed_bytes`: the weights plus the largest working set of the
 chosen probes, :mod:`rankexp.probes.catalog`) decides the seed chunks of ``task=measure``
-within the job's budget (:func:`chunking`, :func:`memory_budget`) and, before any run exists, refuses a config
-whose single seed cannot fit the device at all (:func:`check_fits`) — and a training run whose
-probes during training (every learning rate at once, :func:`probe_bytes`) cannot.  It is measured against
-the process's peak RSS on the CPU (and CUDA's allocator on a GPU) in tests/test_memory.py.
+within the job's budget (:func:`chunking`, :func:`memory_budget`); before any run exists,
+:func:`rankexp.config.checks.check_fits` refuses a config whose single seed cannot fit the device
+at all, and a training run whose probes (every learning rate at once, :func:`probe_bytes`)
+cannot.  It is measured against the process's peak RSS on the CPU (and CUDA's allocator on a
+GPU) in tests/test_memory.py.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from .models.families import family_of
 from .probes import PROBES
 from .probes.catalog import ConvShape, ModelShape
 
-if TYPE_CHECKING:
-    from .config import RankexpConfig
+#: a typed config (:class:`rankexp.config.RankexpConfig`)
+RankexpConfig = Any
 
 #: bytes per number of the config's ``dtype``
 ITEMSIZE = {"float32": 4, "float64": 8}
@@ -45,8 +47,6 @@ def model_shape(s: RankexpConfig, device: str | None = None) -> ModelShape | Con
     """One seed's network as the probes' memory estimates see it (the family's declared
     ``memory_shape``: a ConvNet's own shape, the MLP's widths); ``device`` (default: the
     config's) decides whether the sweep defers its spectra (CUDA)."""
-    from .models.families import family_of
-
     return family_of(s).memory_shape(s, ITEMSIZE[s.dtype.value],
                                      device_type(device or s.device) == "cuda")
 
@@ -58,8 +58,6 @@ def streams_weights(s: RankexpConfig) -> bool:
     inside the sweep), its family streams (:attr:`~rankexp.models.families.base.Family.streams`)
     and every probe reads the weights only through that one sweep
     (:attr:`~rankexp.probes.catalog.Probe.streams`)."""
-    from .models.families import family_of
-
     return (s.task.name == "measure" and device_type(s.device) == "cpu" and family_of(s).streams
             and all(PROBES[p].streams for p in s.task.probes))
 
@@ -168,40 +166,6 @@ def probe_memory_line(s: RankexpConfig, members: int, device: str) -> str:
     line = (f"≈ {gigabytes(need)} per probed step ({members} × {gigabytes(need / max(members, 1))}), "
             f"{FREE_FRACTION:.0%} of free memory {gigabytes(free)}")
     return line + ("; MORE than free: the probes may run out of memory" if need > free else "")
-
-
-def check_fits(s: RankexpConfig) -> None:
-    """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
-    down to one, never below): the estimate against the device's whole memory — and a training
-    run with probes during training whose learning rates, probed at once (:func:`probe_bytes`),
-    cannot.
-
-    Raises:
-        ConfigError: the estimate, what it is made of and the limit.
-    """
-    from .config import ConfigError, MeasureTask, TrainTask
-    from .models.families import family_of
-
-    if isinstance(s.task, TrainTask) and s.task.probe_schedule() and family_of(s).checks_fit:
-        members = 1 if s.lr is not None else len(s.task.lrs)
-        need, (total, what) = probe_bytes(s, members), total_memory_bytes(s.device)
-        if need > total:
-            raise ConfigError(
-                f"invalid config: the probes of task.probe_every/probe_steps need ≈ {gigabytes(need)} "
-                f"at each probed step ({members} learning rates × {gigabytes(need / members)}; "
-                f"estimate), more than {what} has: {gigabytes(total)} — fewer learning rates, "
-                "smaller width/depth, or lighter task.probes")
-        return
-    if not isinstance(s.task, MeasureTask) or not family_of(s).checks_fit:
-        return
-    need = seed_bytes(s)
-    total, what = total_memory_bytes(s.device)
-    if need > total:
-        raise ConfigError(
-            f"invalid config: one seed of this measurement needs ≈ {gigabytes(need)} (weights "
-            f"{gigabytes(weight_bytes(s, streamed=streams_weights(s)))} + the largest probe working set; estimate), more than "
-            f"{what} has: {gigabytes(total)} — make width/depth/expansion smaller or use a device "
-            "with more memory (seeds already run one at a time when they must)")
 
 
 def gigabytes(n: float) -> str:

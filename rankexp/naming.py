@@ -5,7 +5,7 @@ A job's name is built from the axes its sweep varies (the keys of Hydra's sweep 
 lines of an MLflow chart legend differ exactly where their configs do; a ``model=``, ``norm=``
 or ``task=`` choice given on the command line leads (``norm=post alpha=1,2 depth=48,96`` →
 ``post·α1·L48``).  A single run (nothing
-swept) is named by :func:`base_name` from its config.  The parent run of a sweep is named by
+swept) is named by :func:`config_name` from its config.  The parent run of a sweep is named by
 experiment and start time (:func:`sweep_name`).
 """
 
@@ -15,6 +15,7 @@ import datetime
 from collections.abc import Iterable, Sequence
 
 from .knobs import KNOBS
+from .models.families import family_of
 
 #: swept key → label prefix (the value follows); ``""``: the value alone (a choice's name): the
 #: knobs' symbols (:data:`rankexp.knobs.KNOBS`) and the config groups a sweep can choose
@@ -71,7 +72,7 @@ def job_name(overrides: Sequence[str], swept: Iterable[str]) -> str:
 def job_names(jobs: Sequence[Sequence[str]], swept: Iterable[str], fallback: Sequence[str]) -> list[str]:
     """Names of every job of a sweep, made distinct: a name shared by two jobs (values that read
     the same, e.g. ``alpha=1`` and ``alpha=1.0``) gets ``#<job number>``; a job with no swept
-    axis takes its ``fallback`` (:func:`base_name`)."""
+    axis takes its ``fallback`` (:func:`config_name`)."""
     swept = list(swept)
     names = [job_name(o, swept) or fallback[i] for i, o in enumerate(jobs)]
     seen: dict[str, int] = {}
@@ -80,23 +81,11 @@ def job_names(jobs: Sequence[Sequence[str]], swept: Iterable[str], fallback: Seq
     return [f"{n}{SEP}#{i}" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
-def base_name(placement: str, alpha: float, beta: float, beta_scaling: str, depth: int,
-              width: int, task: str, lr: float | None) -> str:
-    """A single run's name from its config: ``post·α1·β1·L48·d256`` (``·train`` for training)."""
-    beta_s = f"{beta:g}" + {"const": "", "inv_sqrt_depth": "/√L", "inv_depth": "/L"}[beta_scaling]
-    name = f"{placement}·α{alpha:g}·β{beta_s}·L{depth}·d{width}"
-    if task == "train":
-        name += "·train" if lr is None else f"·lr{lr:g}"
-    return name
-
-
 def config_name(s) -> str:
     """A single run's name from its typed config (``rankexp.config.RankexpConfig``), as its
     model family declares it: ``post·α1·β1·L48·d256`` (a sweep's jobs are named by the axes it
     varies instead); ``model=gpt2``: ``gpt2·L12·d768``; ``model=cifar_resnet``:
     ``resnet·L110·train``."""
-    from .models.families import family_of
-
     return family_of(s).run_name(s)
 
 

@@ -1,4 +1,4 @@
-"""The plain result object every task returns and tracking logs (design.md §3)."""
+"""The plain result object every task returns and tracking logs."""
 
 from __future__ import annotations
 

@@ -74,17 +74,17 @@ def test_multi_lr_probes_accepted_and_memory_checked(monkeypatch):
     """Every learning rate is probed (the one-rate rule is gone); the probes' memory — all
     rates at once — is refused before any run when the device could never hold it."""
     from rankexp import memory
-    from rankexp.config import validate
+    from rankexp.config import check_fits, validate
 
     s = validate(compose("task=train", "task.probe_every=100", "task.probes=[io_jacobian]"))
-    memory.check_fits(s)  # 6 rates × d = 256: small
+    check_fits(s)  # 6 rates × d = 256: small
     need = memory.probe_bytes(s, 6)
     assert need == 6 * memory.seed_bytes(s)
     monkeypatch.setattr(memory, "total_memory_bytes", lambda device: (need * 0.99, "a tiny device"))
     with pytest.raises(ConfigError, match="6 learning rates"):
-        memory.check_fits(s)
+        check_fits(s)
     monkeypatch.setattr(memory, "total_memory_bytes", lambda device: (need * 1.01, "a device"))
-    memory.check_fits(s)
+    check_fits(s)
 
 
 # --------------------------------------------------------------------------- the engine

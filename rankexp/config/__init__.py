@@ -1,10 +1,11 @@
-"""The config: its schema (:mod:`.schema`), its hash (:mod:`.hashing`) and the checks before a
-run (:mod:`.checks`); every public name is re-exported here (``from rankexp.config import X``).
+"""The config: its schema (:mod:`.schema`, built from the declarations in :mod:`rankexp.knobs`,
+:mod:`rankexp.models.families` and :mod:`rankexp.probes`), its hash (:mod:`.hashing`) and every
+check before a run (:mod:`.checks`); the public names are re-exported here.
 """
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..knobs import ConfigError
 from ..models.families.convnet import CifarResNetModel
 from ..models.families.gpt2 import Gpt2Model
 from ..models.families.mlp import MlpModel
@@ -13,6 +14,8 @@ from .checks import (
     CHECKED_JOBS,
     CheckedJob,
     check_device,
+    check_family,
+    check_fits,
     check_job,
     check_keys,
     check_override_keys,
@@ -21,6 +24,7 @@ from .checks import (
     check_slurm_limits,
     check_task,
     check_used_overrides,
+    check_values,
     checked_job,
     config_groups,
     quote_unicode,
@@ -55,6 +59,7 @@ from .schema import (
     Size,
     TrackingConfig,
     TrainTask,
+    choices_with,
     given_options,
     hydra_subdir,
     options_schema,
@@ -72,6 +77,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "Dtype",
+    "choices_with",
     "given_options",
     "Gpt2Model",
     "hydra_subdir",
@@ -101,6 +107,8 @@ __all__ = [
     "resolved_container",
     "CHECKED_JOBS",
     "check_device",
+    "check_family",
+    "check_fits",
     "check_job",
     "check_keys",
     "check_override_keys",
@@ -109,6 +117,7 @@ __all__ = [
     "check_slurm_limits",
     "check_task",
     "check_used_overrides",
+    "check_values",
     "checked_job",
     "CheckedJob",
     "config_groups",

@@ -1,9 +1,11 @@
-"""Checks before a run: everything that can be known about a job before its MLflow run exists.
+"""Every check before a run: what can be known about a job before its MLflow run exists.
 
 Keys (:func:`check_override_keys` on the command line, :func:`check_keys` on the composed
-config), values (:func:`validate`, which runs the schema's ``__post_init__`` rules), input paths,
-the device, the memory of one seed and whether each override is used (:func:`check_job`); the
-sweeper checks each job once (:data:`CHECKED_JOBS`, :func:`checked_job`).
+config); values and every rule across them — ranges, the model family's rules, which probes
+run on which family and task, and the family-only knobs (:func:`validate`); input paths
+(:func:`check_paths`); the device and whether one seed fits its memory (:func:`check_fits`);
+whether each override is used.  :func:`check_job` runs them all; the sweeper checks each job
+once (:data:`CHECKED_JOBS`, :func:`checked_job`).  The schema holds no rule of its own.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import re
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,36 +22,37 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
-from ..errors import ConfigError
+from .. import memory
+from ..knobs import CIFAR10_COUNTS, ConfigError, bad
+from ..locations import resolve_path
 from ..models.families import family_of
-from ..models.families.gpt2 import check_pretrained  # noqa: F401  (re-exported)
-from ..models.spec import (
-    ShapeError,
-)
+from ..models.spec import LM_SHAPES, ShapeError, checkpoint_shape, expanded_width
+from ..probes import PROBES
+from ..tracking import experiment_name_problem, user_tag_problem
 from .hashing import config_hash, resolved_container
 from .schema import (
+    FREE,
     MODEL_SCHEMAS,
     MeasureTask,
+    Optimizer,
     RankexpConfig,
     TrainTask,
+    _preset_slot,
+    children,
     slurm_signal_delay,
 )
 
 
 def validate(cfg: DictConfig) -> RankexpConfig:
-    """Resolve ``cfg`` and check every value; returns typed objects.
+    """Resolve ``cfg`` into typed objects and check every value (:func:`check_values`).
 
     Raises:
         ConfigError: a value outside the allowed range (names key, value, rule).
     """
     try:
         obj = OmegaConf.to_object(cfg)
-    except ConfigError:
-        raise
-    except Exception as e:  # OmegaConf wraps errors raised in __post_init__
-        cause = e.__cause__ or e.__context__
-        if isinstance(cause, ConfigError):
-            raise cause from None
+    except Exception as e:
+        cause = e
         while cause is not None:  # the rankexp_lm_shape resolver (model=gpt2), wrapped twice
             if isinstance(cause, ShapeError):
                 raise ConfigError(f"invalid config: {cause}") from None
@@ -57,44 +60,326 @@ def validate(cfg: DictConfig) -> RankexpConfig:
         raise
     if not isinstance(obj, RankexpConfig):
         raise ConfigError("the composed config does not extend rankexp_schema")
+    if isinstance(obj.task, (MeasureTask, TrainTask)):  # probes read plain mappings
+        if dataclasses.is_dataclass(obj.task.options):
+            obj.task.options = dataclasses.asdict(obj.task.options)
+        if isinstance(obj.task, TrainTask) and not isinstance(obj.task.probe_steps, (str, type(None))):
+            obj.task.probe_steps = list(obj.task.probe_steps)  # a ListConfig from the YAML
+    check_values(obj)
     return obj
 
 
-# --------------------------------------------------------------------------- checks before a run
-#: fields of the root whose node type depends on a config group choice
-_CHOSEN_NODES: dict[str, tuple[type, ...]] = {
-    "model": tuple(MODEL_SCHEMAS.values()),
-    "task": (MeasureTask, TrainTask),
-}
-_FREE = "free-form"  # a dict field: any key is allowed (e.g. task.options)
+def _integer(key: str, v: Any, low: int, what: str = "") -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise bad(key, v, f"{what + ' ' if what else ''}must be an integer ≥ {low}")
 
 
-def choices_with(group: str, key: str) -> list[str]:
-    """The choices of the config group ``group`` (``task``, ``model``) whose schema has the
-    field ``key``: ``choices_with("task", "steps") == ["train"]``; [] for another group."""
-    return sorted(f.default for t in _CHOSEN_NODES.get(group, ()) if key in _children((t,), False)
-                  for f in dataclasses.fields(t) if f.name == "name")
+def _positive(key: str, v: Any, rule: str = "must be a finite number > 0") -> None:
+    if not (math.isfinite(v) and v > 0):
+        raise bad(key, v, rule)
 
 
-def _children(types: tuple[type, ...], root: bool) -> dict[str, Any]:
-    """Field name → node types (dataclass fields), ``_FREE`` (dict fields) or ``None`` (leaves),
-    over every schema in ``types``."""
-    out: dict[str, Any] = {}
-    for t in types:
-        hints = typing.get_type_hints(t)
-        for f in dataclasses.fields(t):
-            hint = hints[f.name]
-            if root and f.name in _CHOSEN_NODES:
-                out[f.name] = _CHOSEN_NODES[f.name]
-            elif dataclasses.is_dataclass(hint):
-                out[f.name] = (hint,)
-            elif typing.get_origin(hint) is dict:
-                out[f.name] = _FREE
-            else:
-                out.setdefault(f.name, None)
+def check_values(s: RankexpConfig) -> None:
+    """Every rule on the values of a typed config: the model family's fields, the task's, the
+    data source, the tracking names, the top-level knobs, then :func:`check_family`.
+
+    Raises:
+        ConfigError: the first rule broken, naming key, value and what is allowed.
+    """
+    if not isinstance(s.model, tuple(MODEL_SCHEMAS.values())):
+        raise bad("model", type(s.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
+    if not isinstance(s.task, (MeasureTask, TrainTask)):
+        raise bad("task", type(s.task).__name__, "choose task=measure or task=train")
+    _check_model(s.model)
+    if isinstance(s.task, MeasureTask):
+        _check_measure(s.task)
+    else:
+        _check_train(s.task)
+    allowed = ("auto", "torchvision", "imagefolder", "archive")
+    if s.data.source not in allowed:
+        raise bad("data.source", s.data.source, f"allowed: {', '.join(allowed)}")
+    _check_tracking(s.tracking)
+    _integer("depth", s.depth, 1, "depth (L)")
+    _integer("width", s.width, 1, "width (d)")
+    _integer("seeds", s.seeds, 1, "the number of seeds")
+    _integer("skip_every", s.skip_every, 0, "skip_every (0 = plain MLP, 1 = every block)")
+    _integer("seed", s.seed, 0, "the base seed")
+    if s.matrices not in (1, 2):
+        raise bad("matrices", s.matrices, "a branch has M = 1 or M = 2 weight matrices")
+    for key in ("alpha", "beta", "expansion"):
+        _positive(key, getattr(s, key))
+    if s.matrices == 2 and expanded_width(s.width, s.expansion) < 1:
+        raise bad("expansion", s.expansion, f"m = expansion·width must be ≥ 1 (width={s.width})")
+    if s.activation.value == "swiglu" and s.matrices != 2:
+        raise bad("activation", "swiglu", "the gated unit needs matrices=2")
+    if s.lr is not None:
+        _positive("lr", s.lr, "must be a number > 0 (or null for the task's LR sweep)")
+    dev = s.device
+    if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+    if not (math.isfinite(s.bias) and s.bias >= 0):
+        raise bad("bias", s.bias, "σ_b must be a finite number ≥ 0")
+    check_family(s)
+
+
+def _check_model(m: Any) -> None:
+    """The fields of the ``model`` node of a family that has its own."""
+    if m.name == "cifar_resnet":
+        _integer("model.base_width", m.base_width, 1)
+        return
+    if m.name != "gpt2":
+        return
+    if m.config not in LM_SHAPES:
+        raise bad("model.config", m.config, f"allowed: {', '.join(LM_SHAPES)}")
+    if m.n_head is not None and m.n_head < 1:
+        raise bad("model.n_head", m.n_head, "must be an integer ≥ 1 (or null)")
+    if m.prompt is None:
+        ids = list(m.prompt_ids)
+        if not ids or min(ids) < 0:
+            raise bad("model.prompt_ids", ids, "need at least one token id ≥ 0")
+        if not -len(ids) <= m.position < len(ids):
+            raise bad("model.position", m.position, f"outside the prompt of {len(ids)} tokens")
+    elif not (m.tokenizer or m.pretrained):
+        raise bad("model.prompt", m.prompt, "a text prompt needs a tokenizer: set "
+                  "model.tokenizer or model.pretrained (a local directory or hub id), or "
+                  "give model.prompt_ids")
+
+
+def _check_probes(probes: Sequence[str]) -> None:
+    for p in probes:
+        if p not in PROBES:
+            raise bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+
+
+def _check_measure(t: MeasureTask) -> None:
+    if not t.probes:
+        raise bad("task.probes", t.probes, "list at least one probe")
+    _check_probes(t.probes)
+    if t.max_memory_gb is not None and not (math.isfinite(t.max_memory_gb) and t.max_memory_gb > 0):
+        raise bad("task.max_memory_gb", t.max_memory_gb, "must be a number of GB > 0 (or null)")
+
+
+def _check_train(t: TrainTask) -> None:
+    if (t.steps is None) == (t.epochs is None):
+        raise bad("task.steps/task.epochs", (t.steps, t.epochs),
+                  "set exactly one: task.steps (optimizer steps) or task.epochs "
+                  "(e.g. task.epochs=null task.steps=300)")
+    for key in ("steps", "epochs"):
+        v = getattr(t, key)
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise bad(f"task.{key}", v, "must be an integer ≥ 1 (or null)")
+    for key in ("batch_size", "eval_every", "log_every", "checkpoint_every"):
+        v = getattr(t, key)
+        if not (isinstance(v, int) and v >= 1):
+            raise bad(f"task.{key}", v, "must be an integer ≥ 1")
+    if t.batch_size > CIFAR10_COUNTS[0]:
+        raise bad("task.batch_size", t.batch_size, f"a batch is drawn from CIFAR-10's "
+                  f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
+    if t.clean_train_images > CIFAR10_COUNTS[0]:
+        raise bad("task.clean_train_images", t.clean_train_images,
+                  f"CIFAR-10 has {CIFAR10_COUNTS[0]} training images")
+    for key in ("warmup_steps", "warmup_min_depth", "pad", "clean_train_images"):
+        _integer(f"task.{key}", getattr(t, key), 0)
+    if not 0 <= t.momentum < 1:
+        raise bad("task.momentum", t.momentum, "must be in [0, 1)")
+    if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
+        raise bad("task.weight_decay", t.weight_decay, "must be a finite number ≥ 0")
+    if t.weight_decay and t.optimizer is not Optimizer.sgd:
+        raise bad("task.weight_decay", t.weight_decay, "applies to task.optimizer=sgd only")
+    if any(not 0 < m < 1 for m in t.milestones) or list(t.milestones) != sorted(t.milestones):
+        raise bad("task.milestones", list(t.milestones),
+                  "must be increasing fractions of training in (0, 1), e.g. [0.5, 0.75]")
+    for key in ("gamma", "warmup_factor"):
+        _positive(f"task.{key}", getattr(t, key))
+    _check_probes(t.probes)
+    if not t.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in t.lrs):
+        raise bad("task.lrs", list(t.lrs), "must be a non-empty list of positive numbers")
+    if not t.divergence_factor > 1:
+        raise bad("task.divergence_factor", t.divergence_factor,
+                  "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
+    t.probe_schedule()  # refuses a bad probe_every / probe_steps
+    if (t.probe_every is not None or t.probe_steps is not None) and not t.probes:
+        raise bad("task.probe_every/task.probe_steps", (t.probe_every, t.probe_steps),
+                  "schedules task.probes, which is empty: list them, e.g. "
+                  "'task.probes=[io_jacobian,branch_ratio]'")
+
+
+def _check_tracking(t: Any) -> None:
+    problem = experiment_name_problem(t.experiment)
+    if problem:
+        raise bad("tracking.experiment", t.experiment, problem)
+    if t.run_name is not None and not str(t.run_name).strip():
+        raise bad("tracking.run_name", t.run_name, "must be a non-empty name (or null)")
+    for key in t.tags:
+        problem = user_tag_problem(str(key))
+        if problem:
+            raise bad(f"tracking.tags.{key}", t.tags[key], problem)
+    for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
+                     ("heartbeat_s", 1), ("stale_after_s", 1)):
+        _integer(f"tracking.{key}", getattr(t, key), low)
+    if t.stale_after_s < 2 * t.heartbeat_s:
+        raise bad("tracking.stale_after_s", t.stale_after_s,
+                  f"must be at least twice tracking.heartbeat_s={t.heartbeat_s}")
+
+
+# --------------------------------------------------------------------------- family × probe × task
+_VERB = {"train": "train", "measure": "measure"}
+
+
+def check_family(s: RankexpConfig) -> None:
+    """A config against its model family and its probes: each probe accepts the task
+    (``lesion``: a trained network) and the family; the family accepts the task; the family's
+    own rules (cifar_resnet: depth 6n+2; gpt2: heads, one pretrained network of its shape;
+    plain: its norm, one matrix, a batch for batchnorm); no setting only ``model=plain`` has
+    (σ_b, orthogonal init, batchnorm) under another family.
+
+    Raises:
+        ConfigError: the first rule broken, naming key, value and what is allowed.
+    """
+    fam, task, probes = family_of(s), s.task.name, list(s.task.probes)
+    for p in probes:
+        if task not in PROBES[p].tasks:
+            raise bad("task.probes", p, "measures a trained network: use it with task=train"
+                      if PROBES[p].tasks == frozenset({"train"}) else
+                      f"runs with task={'|'.join(sorted(PROBES[p].tasks))}")
+    if task not in fam.tasks:
+        raise bad("task", task, f"model={fam.name} runs {', '.join('task=' + t for t in fam.tasks)} "
+                  f"only; it does not {_VERB.get(task, 'run task=' + task)}")
+    foreign = [p for p in probes if fam.name not in PROBES[p].families]
+    if foreign:
+        needs = sorted({f for p in foreign for f in PROBES[p].families})
+        own = [p for p in fam.probes if task in PROBES[p].tasks]
+        raise bad("task.probes", foreign, f"not probes of model={fam.name}: they need "
+                  f"model={'|'.join(needs)}; model={fam.name} runs {', '.join(fam.probes)} "
+                  f"(task={task}: task.probes=[{','.join(own)}])")
+    if fam.name == "cifar_resnet" and (s.depth < 8 or (s.depth - 2) % 6):
+        raise bad("depth", s.depth, "model=cifar_resnet needs depth = 6n+2, n ≥ 1 (He et al.: "
+                  "20, 32, 44, 56, 110; smoke: 8)")
+    if fam.name == "gpt2":
+        _check_gpt2(s)
+    if fam.name == "plain":
+        _check_plain(s, probes)
+    else:
+        for key, value, rule in _plain_only(s):
+            raise bad(key, value, rule)
+
+
+def _check_gpt2(s: RankexpConfig) -> None:
+    m = s.model
+    if m.pretrained:
+        if s.seeds != 1:
+            raise bad("seeds", s.seeds, "pretrained weights are one network: use seeds=1")
+        shape = checkpoint_shape(m.pretrained)
+        if shape and (shape.get("n_embd"), shape.get("n_layer")) != (s.width, s.depth):
+            raise bad("width/depth", (s.width, s.depth),
+                      f"model.pretrained={m.pretrained!r} has d = {shape.get('n_embd')}, "
+                      f"L = {shape.get('n_layer')} (leave width/depth unset)")
+    elif m.n_head is not None and s.width % m.n_head:
+        raise bad("model.n_head", m.n_head, f"must divide width={s.width}")
+
+
+def _check_plain(s: RankexpConfig, probes: list[str]) -> None:
+    """Its norm is N before φ (``norm=none|pre``, slots from the preset), one matrix per layer
+    (no gated unit), and a batchnorm needs a batch (no probe of one input per seed)."""
+    placement, op = s.norm.placement.value, s.norm.op.value
+    if placement not in ("none", "pre"):
+        raise bad("norm", placement, "model=plain supports norm=none or norm=pre (N before φ)")
+    if s.activation.value == "swiglu":
+        raise bad("activation", "swiglu", "model=plain has one matrix per layer; "
+                  "the gated unit needs model=mlp matrices=2")
+    for slot in ("pre", "out", "post"):
+        got = getattr(s.norm, slot).value
+        if got != _preset_slot(slot, placement, op):
+            raise bad(f"norm.{slot}", got, "model=plain takes its norm from norm= and "
+                      "norm.op (the slots P, B, R of Eq. 17 are model=mlp's)")
+    single = [p for p in probes if PROBES[p].inputs == "one"]
+    if op == "batchnorm" and placement == "pre" and single:
+        raise bad("task.probes", single, "these differentiate one input per seed and a "
+                  "batchnorm needs a batch; use correlation, gradient_norms, shattered")
+
+
+def _plain_only(s: RankexpConfig) -> list[tuple[str, Any, str]]:
+    """The settings only a plain net has, where ``s`` uses them: σ_b, orthogonal init, batchnorm."""
+    out = []
+    if s.bias != 0:
+        out.append(("bias", s.bias, "biases (σ_b) exist only in model=plain (add model=plain)"))
+    if s.init.value != "gaussian":
+        out.append(("init", s.init.value, "orthogonal weights exist only in model=plain "
+                    "(add model=plain)"))
+    if s.norm.op.value == "batchnorm":
+        out.append(("norm.op", "batchnorm", "batch normalization exists only in model=plain "
+                    "(add model=plain norm=pre)"))
+    for slot in ("pre", "out", "post"):
+        if getattr(s.norm, slot).value == "batchnorm":
+            out.append((f"norm.{slot}", "batchnorm", "batch normalization exists only in "
+                        "model=plain (add model=plain norm=pre norm.op=batchnorm)"))
     return out
 
 
+#: a Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def check_pretrained(pretrained: str) -> None:
+    """``model.pretrained`` names a local checkpoint directory (``save_pretrained``'s, with its
+    ``config.json``) or a hub id (``gpt2``, ``openai-community/gpt2-medium``); a path that is
+    neither is refused before any run exists (not as a Hugging Face traceback after one).
+
+    Raises:
+        ConfigError: the value, what was found there and what belongs there.
+    """
+    path = Path(pretrained).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise bad("model.pretrained", pretrained, f"{path} holds no config.json: a local "
+                      "checkpoint is a directory written by save_pretrained")
+        return
+    if path.exists():
+        raise bad("model.pretrained", pretrained, f"{path} is a file; a local checkpoint is a "
+                  "directory written by save_pretrained (config.json + weights)")
+    looks_like_path = pretrained.startswith(("/", ".", "~")) or "\\" in pretrained
+    if looks_like_path or not _HUB_ID.fullmatch(pretrained) or ".." in pretrained:
+        raise bad("model.pretrained", pretrained, f"no such directory ({path.absolute()}); give "
+                  "a local checkpoint directory (config.json + weights) or a hub id such as "
+                  "gpt2 or openai-community/gpt2-medium")
+
+
+# --------------------------------------------------------------------------- memory
+def check_fits(s: RankexpConfig) -> None:
+    """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
+    down to one, never below): the estimate (:func:`rankexp.memory.seed_bytes`) against the
+    device's whole memory — and a training run with probes during training whose learning
+    rates, probed at once (:func:`rankexp.memory.probe_bytes`), cannot.
+
+    Raises:
+        ConfigError: the estimate, what it is made of and the limit.
+    """
+    gb = memory.gigabytes
+    if not family_of(s).checks_fit:
+        return
+    if isinstance(s.task, TrainTask) and s.task.probe_schedule():
+        members = 1 if s.lr is not None else len(s.task.lrs)
+        need, (total, what) = memory.probe_bytes(s, members), memory.total_memory_bytes(s.device)
+        if need > total:
+            raise ConfigError(
+                f"invalid config: the probes of task.probe_every/probe_steps need ≈ {gb(need)} "
+                f"at each probed step ({members} learning rates × {gb(need / members)}; "
+                f"estimate), more than {what} has: {gb(total)} — fewer learning rates, "
+                "smaller width/depth, or lighter task.probes")
+        return
+    if not isinstance(s.task, MeasureTask):
+        return
+    need, (total, what) = memory.seed_bytes(s), memory.total_memory_bytes(s.device)
+    if need > total:
+        weights = memory.weight_bytes(s, streamed=memory.streams_weights(s))
+        raise ConfigError(
+            f"invalid config: one seed of this measurement needs ≈ {gb(need)} (weights "
+            f"{gb(weights)} + the largest probe working set; estimate), more than "
+            f"{what} has: {gb(total)} — make width/depth/expansion smaller or use a device "
+            "with more memory (seeds already run one at a time when they must)")
+
+
+# --------------------------------------------------------------------------- checks before a run
 def _unknown(key: str, where: str, allowed: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], allowed, n=1, cutoff=0.6)
     hint = f"did you mean '{where}{close[0]}'? " if close else ""
@@ -145,15 +430,15 @@ def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None
             continue
         node: Any = (RankexpConfig,)
         for depth, part in enumerate(parts):
-            if node is _FREE:
+            if node is FREE:
                 break
             if node is None:  # below a leaf
                 raise ConfigError(f"invalid config: '{'.'.join(parts[:depth])}' is a value, "
                                   f"it has no key '{part}' (override {o.input_line!r})")
-            kids = _children(node, root=depth == 0)
+            kids = children(node, root=depth == 0)
             if part not in kids and not (depth == 0 and part in groups):
                 raise _unknown(part, "".join(p + "." for p in parts[:depth]), list(kids))
-            node = kids.get(part, _FREE)
+            node = kids.get(part, FREE)
 
 
 _PLAIN_VALUE = re.compile(r"[^\s'\"\[\](){},=:\\]+")
@@ -221,11 +506,9 @@ def check_device(name: str) -> None:
     """
     if not name.startswith("cuda"):
         return
-    from ..memory import cuda_possible
-
     index = int(name[5:]) if name.startswith("cuda:") else 0
     present = False
-    if cuda_possible():
+    if memory.cuda_possible():
         import torch
 
         present = torch.cuda.is_available() and index < torch.cuda.device_count()
@@ -242,11 +525,8 @@ def check_paths(s: RankexpConfig) -> None:
     Raises:
         ConfigError: the path, where it was looked for, and what belongs there.
     """
-    from ..locations import resolve_path
-
-    family = family_of(s)
-    if family.check_paths is not None:
-        family.check_paths(s)
+    if s.model.name == "gpt2" and s.model.pretrained:
+        check_pretrained(s.model.pretrained)
     if not isinstance(s.task, TrainTask) or (s.data.download and s.data.source in ("auto", "torchvision")):
         return
     root = resolve_path(s.data.root)
@@ -305,7 +585,7 @@ def check_job(cfg: DictConfig, *, device: bool = True,
               overrides: Sequence[str] | None = None) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: schema keys, values,
     input paths, (``device``: jobs that run on this machine) the device and whether one seed
-    of a measurement fits its memory (:func:`rankexp.memory.check_fits`), and that each
+    of a measurement fits its memory (:func:`check_fits`), and that each
     command-line override is used (:func:`check_used_overrides`).
 
     Raises:
@@ -317,8 +597,6 @@ def check_job(cfg: DictConfig, *, device: bool = True,
     if overrides:
         check_used_overrides(overrides, s)
     if device:
-        from ..memory import check_fits
-
         check_device(s.device)
         check_fits(s)
     return s

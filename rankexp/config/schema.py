@@ -1,19 +1,17 @@
-"""Structured-config schema (Hydra ConfigStore): the dataclasses, their defaults and enums.
+"""Structured-config schema (Hydra ConfigStore): the dataclasses, their defaults and enums, built
+from the declarations below them — the knob table (:mod:`rankexp.knobs`), the model families
+(:data:`rankexp.models.families.FAMILIES`) and the probe catalog (:data:`rankexp.probes.PROBES`).
 
-The YAML tree under ``conf/`` is the user's surface; these dataclasses give it
-types and allowed values.  Enum fields are checked by OmegaConf while Hydra
-composes (``activation=foo`` fails there, listing the allowed values); ranges
-and cross-field rules are checked in ``__post_init__``, which runs when
-:func:`rankexp.config.checks.validate` turns the composed config into objects — before the
-task creates any MLflow run.  :func:`register_configs` puts the schema and the resolvers the
-YAML reads into Hydra.
+Enum and type errors are OmegaConf's while Hydra composes (``activation=foo`` lists the allowed
+values); ranges and cross-field rules are :mod:`rankexp.config.checks`'.  :func:`register_configs`
+puts the schema and the resolvers the YAML reads into Hydra.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -21,23 +19,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from ..errors import bad
-from ..knobs import default
-from ..models.families import FAMILIES, check_family
-from ..models.spec import (
-    PRESET_SLOTS,
-    expanded_width,
-    lm_shape,
-)
-from ..probes import (
-    DEFAULT_PROBES,
-    default_probes,
-)
-
-_bad = bad
-
-#: Images per split of the real data set (train, test).
-CIFAR10_COUNTS = (50_000, 10_000)
+from ..helptext import section
+from ..knobs import CIFAR10_COUNTS, bad, default
+from ..models.families import FAMILIES
+from ..models.spec import PRESET_SLOTS, lm_shape
+from ..probes import DEFAULT_PROBES, PROBES
 
 
 class Placement(Enum):
@@ -170,7 +156,6 @@ def options_schema() -> type:
     keys and defaults those the probe declares (``Probe.options``) — so every documented option
     overrides as typed (``task.options.representation.n=512``) and an unknown one is refused
     with the allowed keys."""
-    from ..probes import PROBES
 
     def named(cls: type) -> type:  # importable by name, so configs pickle (submitit ships them)
         cls.__module__, cls.__qualname__ = __name__, cls.__name__
@@ -191,8 +176,6 @@ ProbeOptions = options_schema()
 def given_options(options: Any) -> dict[str, dict[str, Any]]:
     """``task.options`` (the schema node, a dict, or its dataclass) as ``{probe: {key: value}}``
     without the values equal to the probe's declared default: what the user chose."""
-    from ..probes import PROBES
-
     if dataclasses.is_dataclass(options):
         options = dataclasses.asdict(options)
     out = {}
@@ -215,20 +198,6 @@ class MeasureTask:
     options: ProbeOptions = field(default_factory=ProbeOptions)  # type: ignore[valid-type]
     #: memory budget for the seeds batched in one network (GB); null = 80 % of the device's free memory
     max_memory_gb: float | None = default("task.max_memory_gb")
-
-    def __post_init__(self) -> None:
-        from ..probes import PROBES
-
-        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
-            self.options = dataclasses.asdict(self.options)
-        if not self.probes:
-            raise _bad("task.probes", self.probes, "list at least one probe")
-        for p in self.probes:
-            if p not in PROBES:
-                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
-        if self.max_memory_gb is not None and not (math.isfinite(self.max_memory_gb) and self.max_memory_gb > 0):
-            raise _bad("task.max_memory_gb", self.max_memory_gb, "must be a number of GB > 0 (or null)")
-
 
 @dataclass
 class TrainTask:
@@ -307,62 +276,6 @@ class TrainTask:
         """The optimizer steps at which ``probes`` run (:func:`probe_schedule`)."""
         return probe_schedule(self.total_steps(), self.probe_every, self.probe_steps)
 
-    def __post_init__(self) -> None:
-        if dataclasses.is_dataclass(self.options):  # probes read plain mappings
-            self.options = dataclasses.asdict(self.options)
-        if not isinstance(self.probe_steps, (str, type(None))):  # a ListConfig from the YAML
-            self.probe_steps = list(self.probe_steps)
-        if (self.steps is None) == (self.epochs is None):
-            raise _bad("task.steps/task.epochs", (self.steps, self.epochs),
-                       "set exactly one: task.steps (optimizer steps) or task.epochs "
-                       "(e.g. task.epochs=null task.steps=300)")
-        for key in ("steps", "epochs"):
-            v = getattr(self, key)
-            if v is not None and not (isinstance(v, int) and v >= 1):
-                raise _bad(f"task.{key}", v, "must be an integer ≥ 1 (or null)")
-        for key in ("batch_size", "eval_every", "log_every", "checkpoint_every"):
-            v = getattr(self, key)
-            if not (isinstance(v, int) and v >= 1):
-                raise _bad(f"task.{key}", v, "must be an integer ≥ 1")
-        if self.batch_size > CIFAR10_COUNTS[0]:
-            raise _bad("task.batch_size", self.batch_size, f"a batch is drawn from CIFAR-10's "
-                       f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
-        if self.clean_train_images > CIFAR10_COUNTS[0]:
-            raise _bad("task.clean_train_images", self.clean_train_images,
-                       f"CIFAR-10 has {CIFAR10_COUNTS[0]} training images")
-        for key in ("warmup_steps", "warmup_min_depth", "pad", "clean_train_images"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not (isinstance(v, int) and v >= 0):
-                raise _bad(f"task.{key}", v, "must be an integer ≥ 0")
-        if not 0 <= self.momentum < 1:
-            raise _bad("task.momentum", self.momentum, "must be in [0, 1)")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise _bad("task.weight_decay", self.weight_decay, "must be a finite number ≥ 0")
-        if self.weight_decay and self.optimizer is not Optimizer.sgd:
-            raise _bad("task.weight_decay", self.weight_decay, "applies to task.optimizer=sgd only")
-        if any(not 0 < m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
-            raise _bad("task.milestones", list(self.milestones),
-                       "must be increasing fractions of training in (0, 1), e.g. [0.5, 0.75]")
-        for key in ("gamma", "warmup_factor"):
-            v = getattr(self, key)
-            if not (math.isfinite(v) and v > 0):
-                raise _bad(f"task.{key}", v, "must be a finite number > 0")
-        from ..probes import PROBES
-
-        for p in self.probes:
-            if p not in PROBES:
-                raise _bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
-        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
-            raise _bad("task.lrs", list(self.lrs), "must be a non-empty list of positive numbers")
-        if not self.divergence_factor > 1:
-            raise _bad("task.divergence_factor", self.divergence_factor,
-                       "must be > 1 (a multiple of the initial loss; inf: non-finite only)")
-        self.probe_schedule()  # refuses a bad probe_every / probe_steps
-        if (self.probe_every is not None or self.probe_steps is not None) and not self.probes:
-            raise _bad("task.probe_every/task.probe_steps", (self.probe_every, self.probe_steps),
-                       "schedules task.probes, which is empty: list them, e.g. "
-                       "'task.probes=[io_jacobian,branch_ratio]'")
-
 
 #: mantissas of ``task.probe_steps=log``: steps m·10^k (1, 2, 5, 10, 20, 50, …)
 LOG_PROBE_MANTISSAS = (1, 2, 5)
@@ -384,23 +297,23 @@ def probe_schedule(steps: int, every: int | None, at: Any) -> list[int]:
             0 … ``steps``, an empty list, or a string other than ``log``.
     """
     if every is not None and at is not None:
-        raise _bad("task.probe_every/task.probe_steps", (every, at),
+        raise bad("task.probe_every/task.probe_steps", (every, at),
                    "set one of them (probe_every=N: every N steps; probe_steps=[…] or log)")
     if every is not None:
         if isinstance(every, bool) or not (isinstance(every, int) and every >= 1):
-            raise _bad("task.probe_every", every, "must be an integer ≥ 1 (or null)")
+            raise bad("task.probe_every", every, "must be an integer ≥ 1 (or null)")
         return sorted({*range(0, steps + 1, every), steps})
     if at is None:
         return []
     if isinstance(at, str):
         if at != "log":
-            raise _bad("task.probe_steps", at, "a list of steps [0,100,…], log, or null")
+            raise bad("task.probe_steps", at, "a list of steps [0,100,…], log, or null")
         decades = range(len(str(steps)))
         return sorted({0, steps} | {m * 10**k for k in decades for m in LOG_PROBE_MANTISSAS
                                     if m * 10**k <= steps})
     bad_steps = [v for v in at if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= steps]
     if not at or bad_steps:
-        raise _bad("task.probe_steps", list(at), f"must be a non-empty list of integer steps in "
+        raise bad("task.probe_steps", list(at), f"must be a non-empty list of integer steps in "
                    f"0 … {steps} (task.steps), or log")
     return sorted(set(at))
 
@@ -413,11 +326,6 @@ class DataConfig:
     source: str = "auto"
     cache_dir: str = ".cache"
     download: bool = False
-
-    def __post_init__(self) -> None:
-        allowed = ("auto", "torchvision", "imagefolder", "archive")
-        if self.source not in allowed:
-            raise _bad("data.source", self.source, f"allowed: {', '.join(allowed)}")
 
 
 @dataclass
@@ -464,31 +372,10 @@ class TrackingConfig:
     note: str | None = None
     description: str | None = None
 
-    def __post_init__(self) -> None:
-        from ..tracking import experiment_name_problem, user_tag_problem
-
-        problem = experiment_name_problem(self.experiment)
-        if problem:
-            raise _bad("tracking.experiment", self.experiment, problem)
-        if self.run_name is not None and not str(self.run_name).strip():
-            raise _bad("tracking.run_name", self.run_name, "must be a non-empty name (or null)")
-        for key in self.tags:
-            problem = user_tag_problem(str(key))
-            if problem:
-                raise _bad(f"tracking.tags.{key}", self.tags[key], problem)
-        for key, low in (("http_retries", 0), ("http_timeout_s", 1), ("http_backoff", 0),
-                         ("heartbeat_s", 1), ("stale_after_s", 1)):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise _bad(f"tracking.{key}", v, f"must be an integer ≥ {low}")
-        if self.stale_after_s < 2 * self.heartbeat_s:
-            raise _bad("tracking.stale_after_s", self.stale_after_s,
-                       f"must be at least twice tracking.heartbeat_s={self.heartbeat_s}")
-
 
 @dataclass
 class RankexpConfig:
-    """The whole composed config; top-level keys are the architectural knobs (design.md §1).
+    """The whole composed config; top-level keys are the architectural knobs.
 
     Defaults are the study's: d=256, L=48, m/d=4, M=2, ReLU, Pre-RMSNorm, α=β=1 — each read
     from its row of the knob table (:data:`rankexp.knobs.KNOBS`), the one place it is written.
@@ -517,39 +404,47 @@ class RankexpConfig:
     data: DataConfig = field(default_factory=DataConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
-    def __post_init__(self) -> None:
-        def integer(key: str, low: int, what: str) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise _bad(key, v, f"{what} must be an integer ≥ {low}")
 
-        integer("depth", 1, "depth (L)")
-        integer("width", 1, "width (d)")
-        integer("seeds", 1, "the number of seeds")
-        integer("skip_every", 0, "skip_every (0 = plain MLP, 1 = every block)")
-        integer("seed", 0, "the base seed")
-        if self.matrices not in (1, 2):
-            raise _bad("matrices", self.matrices, "a branch has M = 1 or M = 2 weight matrices")
-        for key in ("alpha", "beta", "expansion"):
-            v = getattr(self, key)
-            if not (math.isfinite(v) and v > 0):
-                raise _bad(key, v, "must be a finite number > 0")
-        if self.matrices == 2 and expanded_width(self.width, self.expansion) < 1:
-            raise _bad("expansion", self.expansion, f"m = expansion·width must be ≥ 1 (width={self.width})")
-        if self.activation is Activation.swiglu and self.matrices != 2:
-            raise _bad("activation", "swiglu", "the gated unit needs matrices=2")
-        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
-            raise _bad("lr", self.lr, "must be a number > 0 (or null for the task's LR sweep)")
-        dev = self.device
-        if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-            raise _bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
-        if not isinstance(self.model, tuple(MODEL_SCHEMAS.values())):
-            raise _bad("model", type(self.model).__name__, f"choose model={'|'.join(MODEL_SCHEMAS)}")
-        if not isinstance(self.task, (MeasureTask, TrainTask)):
-            raise _bad("task", type(self.task).__name__, "choose task=measure or task=train")
-        if not (math.isfinite(self.bias) and self.bias >= 0):
-            raise _bad("bias", self.bias, "σ_b must be a finite number ≥ 0")
-        check_family(self)
+def default_probes(family: str) -> list[str]:
+    """Resolver ``rankexp_default_probes``: the ``task.probes`` of ``conf/task/measure.yaml`` for
+    model family ``family`` (its declared default, else :data:`rankexp.probes.DEFAULT_PROBES`)."""
+    fam = FAMILIES.get(str(family))
+    return list(fam.default_probes if fam and fam.default_probes else DEFAULT_PROBES)
+
+
+#: fields of the root whose node type depends on a config group choice
+CHOSEN_NODES: dict[str, tuple[type, ...]] = {
+    "model": tuple(MODEL_SCHEMAS.values()),
+    "task": (MeasureTask, TrainTask),
+}
+#: a dict field: any key is allowed (e.g. ``tracking.tags``)
+FREE = "free-form"
+
+
+def children(types: tuple[type, ...], root: bool) -> dict[str, Any]:
+    """Field name → node types (dataclass fields), :data:`FREE` (dict fields) or ``None``
+    (leaves), over every schema in ``types``."""
+    out: dict[str, Any] = {}
+    for t in types:
+        hints = typing.get_type_hints(t)
+        for f in dataclasses.fields(t):
+            hint = hints[f.name]
+            if root and f.name in CHOSEN_NODES:
+                out[f.name] = CHOSEN_NODES[f.name]
+            elif dataclasses.is_dataclass(hint):
+                out[f.name] = (hint,)
+            elif typing.get_origin(hint) is dict:
+                out[f.name] = FREE
+            else:
+                out.setdefault(f.name, None)
+    return out
+
+
+def choices_with(group: str, key: str) -> list[str]:
+    """The choices of the config group ``group`` (``task``, ``model``) whose schema has the
+    field ``key``: ``choices_with("task", "steps") == ["train"]``; [] for another group."""
+    return sorted(f.default for t in CHOSEN_NODES.get(group, ()) if key in children((t,), False)
+                  for f in dataclasses.fields(t) if f.name == "name")
 
 
 def sweep_stamp() -> str:
@@ -595,8 +490,6 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
         OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
     if not OmegaConf.has_resolver("rankexp_help"):
-        from ..helptext import section
-
         OmegaConf.register_new_resolver("rankexp_help", section)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)

@@ -1,16 +1,10 @@
 """Model families, chosen by the ``model=`` config group (``conf/model/``).
 
-Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
-mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
-and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
-when built) and one builder in :mod:`.build`; each is declared once, torch-free, in
-:mod:`.families` (schema, builder, tasks, run name, derived params, memory shape, rules), and
-:data:`FAMILIES` maps the group's ``model.name`` to its builder.  Models never import probes.
-
-This package imports nothing heavy itself: :mod:`.spec` (names, Eq. 17's slots, GPT-2's
-shapes) is torch-free, so composing and checking a config never loads torch; the builders and
-the torch dtypes (``build_model``, ``FAMILIES``, ``DTYPES``, ``build_mlp`` …) are loaded on first
-use (PEP 562).
+Each family is one network module (``mlp.py``, ``plain.py``, ``convnet.py``, ``gpt2.py``: the
+last imports ``transformers`` only when built), one builder in :mod:`.build`, and one torch-free
+declaration in :mod:`.families`.  Models never import probes.  This package imports nothing
+itself; the builders and torch dtypes (``build_model``, ``DTYPES``, ``build_mlp`` …) load on
+first use (PEP 562), so composing and checking a config never loads torch.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 
 def effective_beta(beta: float, depth: int, scaling: str) -> float:
     """Branch scale after depth scaling: β, β/√L or β/L for ``const``,
-    ``inv_sqrt_depth``, ``inv_depth`` (science.md §1)."""
+    ``inv_sqrt_depth``, ``inv_depth``."""
     if scaling == "const":
         return float(beta)
     if scaling == "inv_sqrt_depth":

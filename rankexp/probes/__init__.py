@@ -1,25 +1,16 @@
-"""Probes: the measurements a ``task=measure`` job can run (``task.probes``).
+"""Probes: the measurements a job can run (``task.probes``), declared once in :data:`PROBES`.
 
-The registry is explicit here — probe modules never import it, so there is no import circle
-and no registration by side effect.  Each entry is a :class:`~rankexp.probes.catalog.Probe`:
-the function ``fn(ctx: ProbeContext) -> Measurement`` (named ``"module:function"``, imported on
-first use), the intermediates it *needs* (the task computes exactly their union: see
-:mod:`rankexp.probes.base`), how it pools seeds (``reduce``), its per-seed working memory (for
-seed chunking and the checks before any run) and its options.  Importing this package imports
-no torch: the options and memory estimates live in the torch-free
-:mod:`~rankexp.probes.catalog`, so composing and checking a config (``rankexp.config``) never
-loads torch.
+Each entry is a :class:`~rankexp.probes.catalog.Probe`: the function ``fn(ctx) -> Measurement``
+(named ``"module:function"``, imported on first use), the intermediates it *needs* (the task
+computes their union: :mod:`rankexp.probes.base`), how it pools seeds (``reduce``), its per-seed
+working memory, its options, and the families and tasks it runs on.  This package imports only
+the torch-free :mod:`~rankexp.probes.catalog` (probe modules never import it: no circle, no
+registration by side effect); the config schema of ``task.options.<probe>`` is built from the
+declared options, so ``task.options.representation.n=512`` overrides as typed.
 
-To add a probe: write ``fn`` in a module of its family, declare its needs (a sweep need of
-:data:`~rankexp.probes.catalog.SWEEP_NEEDS`, a fold registered in :data:`FOLDS`, or none), its
-options and memory in :mod:`~rankexp.probes.catalog`, and add one line below.  Its options are
-the ``options`` it declares (their defaults): the config
-schema of ``task.options.<probe>`` is built from them (:func:`rankexp.config.options_schema`), so
-``task.options.representation.n=512`` overrides as typed and an unknown key is refused, listing
-the allowed ones, before any run exists.
-The CIFAR ConvNets' probes (``convnet.py``, :data:`CIFAR_PROBES`) take an
-:class:`~rankexp.probes.convnet.ImageProbeContext` (the network and CIFAR-10 on its device)
-instead; they need no sweep and declare their memory on a
+To add a probe: write ``fn`` in a module of its family, declare its needs, options and memory in
+:mod:`~rankexp.probes.catalog`, and add one line below.  The CIFAR ConvNets' probes take an
+:class:`~rankexp.probes.convnet.ImageProbeContext` and declare memory on a
 :class:`~rankexp.probes.catalog.ConvShape`.
 """
 
@@ -81,7 +72,7 @@ PROBES: dict[str, Probe] = {
                            inputs="one"),
     "projection_walk": Probe(Ref("walk:probe_projection_walk"), memory=c.projection_walk_memory,
                              options=c.WALK_DEFAULTS),
-    # the textbook chapter's mean-field lab (model=plain; science.md §5): they pool over all
+    # the textbook chapter's mean-field lab (model=plain): they pool over all
     # seeds at once (fits, histograms), so their seeds are never split into memory chunks
     "correlation": Probe(Ref("meanfield:probe_correlation"), splits_seeds=False,
                          options=c.CORRELATION_DEFAULTS,
@@ -107,7 +98,7 @@ PROBES: dict[str, Probe] = {
     "ffn_jacobian": Probe(Ref("ffn:probe_ffn_jacobian"), memory=c.ffn_memory,
                           options=c.FFN_JACOBIAN_OPTIONS,
                           families=c.LM),
-    # He et al.'s degradation replication (model=cifar_resnet; science.md §5): per member on
+    # He et al.'s degradation replication (model=cifar_resnet): per member on
     # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
     "layer_response": Probe(Ref("convnet:probe_layer_response"), memory=c.layer_response_memory,
                             options=c.LAYER_RESPONSE_OPTIONS,
@@ -134,15 +125,8 @@ TRAINED_PROBES = tuple(n for n, p in PROBES.items() if p.tasks == c.TRAINED)
 #: ConvNet's gradient norms and the zero-cost proxies
 INIT_PROBES = ("init_gradient_norms", "grad_norm_proxy", "jacob_cov", "synflow")
 
-#: what ``task=measure`` runs when ``task.probes`` is not given
+#: what ``task=measure`` runs when ``task.probes`` is not given (a family may declare its own)
 DEFAULT_PROBES = ("io_jacobian", "profile", "stream", "branch_ratio")
-def default_probes(family: str) -> list[str]:
-    """Resolver ``rankexp_default_probes``: the ``task.probes`` of ``conf/task/measure.yaml`` for
-    model family ``family`` (its declared default, else :data:`DEFAULT_PROBES`)."""
-    from ..models.families import FAMILIES
-
-    fam = FAMILIES.get(str(family))
-    return list(fam.default_probes if fam and fam.default_probes else DEFAULT_PROBES)
 
 
 def __getattr__(name: str) -> Any:
@@ -164,6 +148,6 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FAMILY_DEFAULT_PROBES", "FOLDS", "INIT_PROBES",
-           "LM_PROBES", "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "TRAINED_PROBES",
-           "ImageProbeContext", "Probe", "ProbeContext", "default_probes", "needs_of"]
+__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FOLDS", "INIT_PROBES", "LM_PROBES",
+           "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "TRAINED_PROBES", "ImageProbeContext",
+           "Probe", "ProbeContext", "needs_of"]

@@ -373,7 +373,7 @@ class Probe:
             :meth:`~rankexp.probes.base.ProbeContext.probe_options`, and the config schema and
             ``--help`` are built from them.
         families: the model families (``model.name``) it runs on; a config of another is
-            refused before any run (:func:`rankexp.models.families.check_family`).
+            refused before any run (:func:`rankexp.config.checks.check_family`).
         tasks: the tasks it runs under (``lesion``: ``train`` only, on the trained network).
         inputs: ``batch`` (it sees the batch of inputs together) or ``one`` (it differentiates
             one input per seed, so a batchnorm has no batch to normalize over).

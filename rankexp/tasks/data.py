@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config.schema import CIFAR10_COUNTS  # noqa: F401 — re-exported (checked before a run)
+from ..knobs import CIFAR10_COUNTS
 from ..locations import REPO_ROOT, cache_path, resolve_path
 from ..seeding import STREAM_DATA
 

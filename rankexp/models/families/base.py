@@ -2,20 +2,21 @@
 
 A family (``model=<name>``) is one :class:`Family`: its config schema, its builder (imported on
 first use), the params derived from its config (βα^M), its run name, the shape its memory
-estimate sees, the tasks it accepts, the inputs its probes see and its own config rules.  The
-probes it accepts are the probes that declare it (:attr:`rankexp.probes.catalog.Probe.families`).
-Nothing outside :mod:`rankexp.models.families` switches on ``model.name``.
+estimate sees, the tasks it accepts and the inputs its probes see.  The probes it accepts are
+the probes that declare it (:attr:`rankexp.probes.catalog.Probe.families`); its config rules
+live with every other rule in :mod:`rankexp.config.checks`.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from ...config import RankexpConfig
+from ...probes import PROBES
+from ...probes.catalog import ModelShape
+from ..spec import effective_beta, hidden_width, nominal_ratio
 
 #: the inputs a family's probes see: Gaussian vectors drawn per seed, or CIFAR-10 images
 GAUSSIAN = "gaussian"
@@ -24,28 +25,23 @@ CIFAR10 = "cifar10"
 
 @dataclass(frozen=True)
 class Family:
-    """One model family.
+    """One model family; every ``settings`` below is a typed ``RankexpConfig``.
 
     Attributes:
         name: ``model.name`` (the ``model=`` choice, ``conf/model/<name>.yaml``).
-        schema: the dataclass of the ``model`` node (Hydra ConfigStore ``rankexp_schema_model_<name>``).
+        schema: the dataclass of the ``model`` node (ConfigStore ``rankexp_schema_model_<name>``).
         builder: ``"module:function"`` of ``fn(settings, device, seeds=None, dtype=None) ->
             nn.Module`` (imported on first use: declaring costs no torch).
         tasks: the tasks it accepts (``measure``, ``train``).
         run_name: a single run's name from its typed config (``post·α1·β1·L48·d256``).
+        memory_shape: ``fn(settings, itemsize, deferred_spectra) -> ModelShape | ConvShape``,
+            what the probes' memory estimates see of one seed.
         derived: params derived from the config and logged with the run (``nominal_ratio``
             βα^M, …); None: none.
-        memory_shape: ``fn(settings, deferred_spectra) -> ModelShape | ConvShape``, what the
-            probes' memory estimates see of one seed.
         checks_fit: whether one seed is checked against the device's memory before the run.
         inputs: what its probes measure on (:data:`GAUSSIAN` or :data:`CIFAR10`).
         default_probes: ``task.probes`` of ``task=measure`` when not given (None: the
             study's :data:`rankexp.probes.DEFAULT_PROBES`).
-        check: ``fn(settings, probes)``: the family's own config rules (raises ConfigError).
-        check_paths: ``fn(settings)``: the family's own inputs exist (before the run; raises
-            ConfigError).
-        exclusive: ``fn(settings) -> [(key, value, rule)]``: settings only this family has,
-            refused (with ``rule``) under every other family.
         streams: its builder takes ``streamed=True`` (weights drawn block by block as a walk
             reaches them; :class:`rankexp.models.mlp.ResidualMLP`).
     """
@@ -54,19 +50,15 @@ class Family:
     schema: type
     builder: str
     tasks: tuple[str, ...]
-    run_name: Callable[[RankexpConfig], str]
-    memory_shape: Callable[[RankexpConfig, bool], Any]
-    derived: Callable[[RankexpConfig], Mapping[str, float]] | None = None
+    run_name: Callable[[Any], str]
+    memory_shape: Callable[[Any, int, bool], Any]
+    derived: Callable[[Any], Mapping[str, float]] | None = None
     checks_fit: bool = True
     inputs: str = GAUSSIAN
     default_probes: tuple[str, ...] | None = None
-    check: Callable[[RankexpConfig, list[str]], None] | None = None
-    check_paths: Callable[[RankexpConfig], None] | None = None
-    exclusive: Callable[[RankexpConfig], list[tuple[str, Any, str]]] = field(
-        default=lambda s: [])
     streams: bool = False
 
-    def build(self, s: RankexpConfig, device: Any = "cpu", seeds=None, dtype=None,
+    def build(self, s: Any, device: Any = "cpu", seeds=None, dtype=None,
               streamed: bool = False) -> Any:
         """The network ``s`` describes, on ``device`` (the builder imported now); ``streamed``
         only where the family :attr:`streams`.
@@ -83,26 +75,19 @@ class Family:
     @property
     def probes(self) -> tuple[str, ...]:
         """The probes that declare this family, in the registry's order."""
-        from ...probes import PROBES
-
         return tuple(n for n, p in PROBES.items() if self.name in p.families)
 
 
-def branch_params(s: RankexpConfig, matrices: int) -> dict[str, float]:
+def branch_params(s: Any, matrices: int) -> dict[str, float]:
     """``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M (Eq. 21) with a branch of
     ``matrices`` weight matrices, and ``depth_factor`` βα^M√L."""
-    from ..spec import effective_beta, nominal_ratio
-
     beta = effective_beta(s.beta, s.depth, s.beta_scaling.value)
     ratio = nominal_ratio(beta, s.alpha, matrices)
     return {"beta_eff": beta, "nominal_ratio": ratio, "depth_factor": ratio * s.depth**0.5}
 
 
-def mlp_shape(s: RankexpConfig, itemsize: int, deferred: bool) -> Any:
+def mlp_shape(s: Any, itemsize: int, deferred: bool) -> ModelShape:
     """One seed of a width-d, depth-L network of d×m branches, as the memory estimates see it
     (m: :func:`rankexp.models.spec.hidden_width`)."""
-    from ...probes.catalog import ModelShape
-    from ..spec import hidden_width
-
     return ModelShape(s.width, s.depth, hidden_width(s.width, s.expansion, s.matrices),
                       s.matrices, s.skip_every, itemsize, deferred)

@@ -1,11 +1,10 @@
-"""``model=cifar_resnet``: He et al.'s CIFAR-10 ResNets and plain ConvNets (science.md §5, the
-degradation replication; :mod:`rankexp.models.convnet`)."""
+"""``model=cifar_resnet``: He et al.'s CIFAR-10 ResNets and plain ConvNets (the degradation
+replication; :mod:`rankexp.models.convnet`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import bad as _bad
 from ...probes.catalog import ConvShape
 from .base import CIFAR10, Family
 
@@ -13,7 +12,7 @@ from .base import CIFAR10, Family
 @dataclass
 class CifarResNetModel:
     """``model=cifar_resnet``: He et al.'s (2016, §4.2) CIFAR-10 ConvNet of depth 6n+2
-    (:class:`rankexp.models.convnet.CifarResNet`; science.md §5, degradation replication).
+    (:class:`rankexp.models.convnet.CifarResNet`).
 
     The top-level ``depth`` (6n+2: 20, 32, 44, 56, 110), ``seed``/``seeds`` and ``dtype`` shape
     it; ``residual`` (option-A shortcuts every two convs, or the plain network) and
@@ -26,10 +25,6 @@ class CifarResNetModel:
     residual: bool = True
     base_width: int = 16
 
-    def __post_init__(self) -> None:
-        if isinstance(self.base_width, bool) or not isinstance(self.base_width, int) or self.base_width < 1:
-            raise _bad("model.base_width", self.base_width, "must be an integer ≥ 1 (He et al.: 16)")
-
 
 def run_name(s) -> str:
     """``resnet·L110·train`` / ``plain·L56·lr0.1`` (``·w32`` at another base width)."""
@@ -39,20 +34,9 @@ def run_name(s) -> str:
     return name + ("·" + s.task.name if s.lr is None else f"·lr{s.lr:g}")
 
 
-def check(s, probes: list[str]) -> None:
-    """Depth 6n+2.
-
-    Raises:
-        ConfigError: another depth.
-    """
-    if s.depth < 8 or (s.depth - 2) % 6:
-        raise _bad("depth", s.depth, "model=cifar_resnet needs depth = 6n+2, n ≥ 1 (He et al.: "
-                   "20, 32, 44, 56, 110; smoke: 8)")
-
-
 FAMILY = Family(
     name="cifar_resnet", schema=CifarResNetModel, builder="rankexp.models.build:build_cifar_resnet",
     tasks=("measure", "train"), run_name=run_name,
     memory_shape=lambda s, itemsize, deferred: ConvShape(s.depth, s.model.base_width, itemsize),
-    inputs=CIFAR10, check=check,
+    inputs=CIFAR10,
 )
