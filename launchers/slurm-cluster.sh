@@ -25,8 +25,9 @@
 #   RANKEXP_SLURM_DIR        state dir                       (/tmp/rankexp-slurm)
 #   RANKEXP_SLURM_PORT       first of 4 loopback ports: slurmctld, slurmd, slurmdbd, mariadb
 #                                                             (6817 -> 6817..6820)
-#   RANKEXP_SLURM_CPUS       CPUs the node advertises         ($(nproc)); more than nproc
-#                            oversubscribes the machine (slurmd told to trust the config)
+#   RANKEXP_SLURM_CPUS       CPUs the node advertises         (the machine's, whatever
+#                            OMP_NUM_THREADS says); more oversubscribes the machine
+#                            (slurmd told to trust the config)
 #   RANKEXP_SLURM_FAKE_GPUS  if > 0: declare that many count-only `gpu` GRES and a `gpu`
 #                            partition, so GPU launcher configs can be exercised (0). No
 #                            device is bound; jobs see no CUDA device.
@@ -35,7 +36,8 @@ set -euo pipefail
 
 DIR=${RANKEXP_SLURM_DIR:-/tmp/rankexp-slurm}
 PORT=${RANKEXP_SLURM_PORT:-6817}
-CPUS=${RANKEXP_SLURM_CPUS:-$(nproc)}
+REAL_CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone obeys OMP_NUM_THREADS
+CPUS=${RANKEXP_SLURM_CPUS:-$REAL_CPUS}
 FAKE_GPUS=${RANKEXP_SLURM_FAKE_GPUS:-0}
 TIMEOUT=${RANKEXP_SLURM_TIMEOUT:-120}
 CLUSTER=rankexp
@@ -130,7 +132,7 @@ write_slurm_conf() {
   local mem gres_line="" node_gres="" gpu_part="" slurmd_params=""
   # Advertise 90% of physical memory so `--mem` requests are checked against something real.
   mem=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
-  ((CPUS > $(nproc))) && slurmd_params="SlurmdParameters=config_overrides"
+  ((CPUS > REAL_CPUS)) && slurmd_params="SlurmdParameters=config_overrides"
   if ((FAKE_GPUS > 0)); then
     gres_line="GresTypes=gpu
 AccountingStorageTRES=gres/gpu"
