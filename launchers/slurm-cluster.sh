@@ -8,18 +8,9 @@
 #   launchers/slurm-cluster.sh stop     # cancel jobs, stop every daemon this script started
 #   launchers/slurm-cluster.sh purge    # stop, then delete the state dir
 #
-# Accounting (slurmdbd + MariaDB) is not optional: without a working `sacct`, submitit
-# cannot see a job that died before writing its result and waits forever.
-#
-# Everything lives in one state dir (RANKEXP_SLURM_DIR, default /tmp/rankexp-slurm): config,
-# munge key and socket, MariaDB datadir and socket, Slurm state/spool, logs, pid files.
-# Nothing is written to /etc, /run or /var. Needs root (daemons switch to munge/mysql).
-#
-# Loopback only: MariaDB binds 127.0.0.1 itself; Debian's Slurm daemons listen on every
-# interface whatever slurm.conf says, so they run with launchers/bind-loopback.c preloaded
-# (compiled into the state dir), which turns their wildcard binds into loopback binds, and
-# `start` fails if any of the four ports listens elsewhere. The database password lives in
-# etc/dbpass and etc/slurmdbd.conf (mode 600) and reaches MariaDB on stdin, never in argv.
+# Accounting (slurmdbd + MariaDB) is required: submitit learns from sacct that a job died.
+# Everything lives in RANKEXP_SLURM_DIR; the daemons stay on loopback (bind-loopback.c
+# preloaded); the database password never appears in argv.  See launchers/README.md.
 #
 # Environment knobs:
 #   RANKEXP_SLURM_DIR        state dir                       (/tmp/rankexp-slurm)

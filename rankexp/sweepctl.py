@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import submitit
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -164,8 +165,6 @@ def _unknown_options(launcher: Any) -> list[str]:
 # --------------------------------------------------------------------------- detach
 def detach(argv: list[str], out=sys.stdout) -> int:
     """``rankexp detach [--partition P] [--timeout-min N] [--cpus N] [--mem-gb G] OVERRIDES -m``."""
-    import submitit
-
     ap = argparse.ArgumentParser(prog="rankexp detach", description=(
         "Run `rankexp OVERRIDES -m` as one Slurm job (the driver) and return; the options are "
         "the driver's own resources (its sweep's jobs get hydra.launcher.*)."))
@@ -179,18 +178,21 @@ def detach(argv: list[str], out=sys.stdout) -> int:
     request = {"partition": args.partition, "timeout_min": args.timeout_min,
                "cpus_per_task": args.cpus, "mem_gb": args.mem_gb}
     errors = "; ".join(check_cluster(OmegaConf.create(request), who="rankexp detach"))
-    for key, option in (("cpus_per_task", "cpus"), ("mem_gb", "mem-gb"), ("timeout_min", "timeout-min")):
-        errors = errors.replace(f"hydra.launcher.{key}", f"--{option}")
+    for key in request:  # the driver's options, not a launcher's keys
+        errors = errors.replace(f"hydra.launcher.{key}", f"--{key.replace('_per_task', '').replace('_', '-')}")
     if errors:
-        raise ConfigError(errors.replace("hydra.launcher.", "--"))
+        raise ConfigError(errors)
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
     sweep = Path(given[-1] if given else f"multirun/{sweep_stamp()}").resolve()  # the job inherits RANKEXP_STAMP
-    sweep.mkdir(parents=True, exist_ok=True)
     executor = submitit.AutoExecutor(folder=sweep / ".submitit" / "%j", cluster="slurm")
     executor.update_parameters(name="rankexp-detach", slurm_partition=args.partition, **{
         k: v for k, v in request.items() if k != "partition"})
     command = [sys.executable, "-m", "rankexp", *overrides, "-m"]
-    job = executor.submit(submitit.helpers.CommandFunction(command, cwd=os.getcwd()))
+    try:
+        job = executor.submit(submitit.helpers.CommandFunction(command, cwd=os.getcwd()))
+    except Exception as e:  # sbatch refused it (account, QOS, …): submitit's message, one line
+        print(f"error: Slurm did not take the driver: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     tracking.write_json(sweep / DETACHED_FILE, {"job_id": job.job_id, "command": command[3:],
                                                 "cwd": os.getcwd(), "submitted": time.time()})
     print(f"detached: the sweep runs in Slurm job {job.job_id} (rankexp {' '.join(overrides)} -m); its "
@@ -238,8 +240,6 @@ def _read(path: Path) -> dict:
 
 def _jobs(sweep: Path, doc: dict) -> tuple[Any, list]:
     """submitit's view of the driver and of every array task its sweep submitted."""
-    import submitit
-
     folder = sweep / ".submitit" / "%j"
     tasks = sorted((d.name for d in (sweep / ".submitit").glob("*_*") if re.fullmatch(r"\d+_\d+", d.name)),
                    key=lambda t: tuple(map(int, t.split("_"))))

@@ -37,6 +37,8 @@ def test_a_detached_sweep_is_one_driver_job_that_runs_the_sweep_and_its_array(sl
     """The command returns once the driver is queued; the driver runs the sweep, which submits
     its array and owns the parent run; ``status`` (by job id, then by directory) follows it."""
     env = slurm_cluster.env()
+    p = _ctl("detach", "--partition", "nope", "alpha=1,2", "-m", cwd=tmp_path, env=env)
+    assert p.returncode == 2 and p.stderr.startswith("error: --partition='nope': Slurm has no such partition"), p.stderr
     p = _ctl("detach", *DRIVER, "alpha=1,2", *SMALL, *SLURM, "-m", cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     sweep, job = _detached(tmp_path)
