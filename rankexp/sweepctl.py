@@ -13,8 +13,9 @@
   names it.
 * ``rankexp status DIR|JOBID``: the driver's and the array tasks' Slurm states, the jobs done
   (their ``status.json``) and an ETA; the driver's last log lines once it failed.
-* ``rankexp cancel DIR|JOBID``: ``scancel`` the driver (its sweep closes the parent run KILLED)
-  and the arrays it submitted (their jobs close their runs KILLED), then waits for Slurm.
+* ``rankexp cancel DIR|JOBID``: SIGTERM to the driver (its sweep closes the parent run KILLED),
+  then to the arrays it submitted (each job closes its run KILLED; pending tasks cancelled),
+  ``scancel`` after :data:`WAIT_S` at the latest.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def check_cluster(launcher: Any, who: str = "hydra/launcher=slurm") -> list[str]
     ``timeout_min`` fit its largest node and its limit, and every ``additional_parameters``
     key is an sbatch option (``sbatch --help``).  Returns one message per problem."""
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        local = ", or drop it for a local sweep" if who.startswith("hydra/") else ""
         return [f"{who} needs Slurm, and sbatch/sinfo are not on PATH: this machine is not a Slurm "
-                f"submit host (run it where sbatch works{', or drop it for a local sweep' * (who != 'rankexp detach')})"]
+                f"submit host (run it where sbatch works{local})"]
     part = launcher.get("partition")
     rows = _sinfo(["-p", str(part)] if part else [])
     if isinstance(rows, str):
@@ -85,7 +87,8 @@ def check_cluster(launcher: Any, who: str = "hydra/launcher=slurm") -> list[str]
         rows = [r for r in rows if r["partition"].endswith("*")] or rows
     if not rows:
         names = _sinfo([])
-        known = ", ".join(sorted({r["partition"].rstrip("*") for r in names})) if isinstance(names, list) else "?"
+        known = ", ".join(sorted({r["partition"].rstrip("*") for r in names})
+                          ) if isinstance(names, list) else "?"
         return [f"hydra.launcher.partition={part!r}: Slurm has no such partition (it has: {known})"]
     return _fits(launcher, rows) + _unknown_options(launcher)
 
@@ -136,7 +139,8 @@ def _fits(launcher: Any, rows: list[dict[str, str]]) -> list[str]:
                       f"{mem / 1024:.1f} GB ({mem:g} MB)")
     limit = max(_minutes(r["timelimit"]) for r in rows)
     if launcher.get("timeout_min") and float(launcher.timeout_min) > limit:
-        errors.append(f"hydra.launcher.timeout_min={launcher.timeout_min} — {where} allows at most {limit:g} min")
+        errors.append(f"hydra.launcher.timeout_min={launcher.timeout_min} — {where} allows at most "
+                      f"{limit:g} min")
     nodes = sum(int(_number(r["nodes"])) for r in rows)
     if int(launcher.get("nodes") or 1) > nodes:
         errors.append(f"hydra.launcher.nodes={launcher.nodes} — {where} has {nodes} nodes")
@@ -157,9 +161,13 @@ def _unknown_options(launcher: Any) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     known = sorted(set(re.findall(r"--([a-z][a-z0-9-]*)", text)))
-    return [f"hydra.launcher.additional_parameters.{k}: sbatch has no option --{k}"
-            + (f" (did you mean --{close[0]}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
-            for k in extra if known and k not in known]
+    errors = []
+    for k in extra if known else []:
+        if k not in known:
+            close = difflib.get_close_matches(k, known, n=1)
+            errors.append(f"hydra.launcher.additional_parameters.{k}: sbatch has no option --{k}"
+                          + (f" (did you mean --{close[0]}?)" if close else ""))
+    return errors
 
 
 # --------------------------------------------------------------------------- detach
@@ -170,7 +178,8 @@ def detach(argv: list[str], out=sys.stdout) -> int:
         "the driver's own resources (its sweep's jobs get hydra.launcher.*)."))
     ap.add_argument("--partition", help="the driver's partition (default: the cluster's)")
     ap.add_argument("--timeout-min", type=int, default=1440, help="the driver's time limit (1440)")
-    ap.add_argument("--cpus", type=int, default=1, help="the driver's CPUs (1; more for hydra/launcher=local)")
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="the driver's CPUs (1; more for hydra/launcher=local)")
     ap.add_argument("--mem-gb", type=float, default=4, help="the driver's memory (4 GB)")
     args, rest = ap.parse_known_args(argv)
     overrides = [a for a in rest if a not in ("-m", "--multirun")]
@@ -179,11 +188,13 @@ def detach(argv: list[str], out=sys.stdout) -> int:
                "cpus_per_task": args.cpus, "mem_gb": args.mem_gb}
     errors = "; ".join(check_cluster(OmegaConf.create(request), who="rankexp detach"))
     for key in request:  # the driver's options, not a launcher's keys
-        errors = errors.replace(f"hydra.launcher.{key}", f"--{key.replace('_per_task', '').replace('_', '-')}")
+        option = key.replace("_per_task", "").replace("_", "-")
+        errors = errors.replace(f"hydra.launcher.{key}", f"--{option}")
     if errors:
         raise ConfigError(errors)
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
-    sweep = Path(given[-1] if given else f"multirun/{sweep_stamp()}").resolve()  # the job inherits RANKEXP_STAMP
+    # the default sweep directory's stamp: set here, inherited by the driver (RANKEXP_STAMP)
+    sweep = Path(given[-1] if given else f"multirun/{sweep_stamp()}").resolve()
     executor = submitit.AutoExecutor(folder=sweep / ".submitit" / "%j", cluster="slurm")
     executor.update_parameters(name="rankexp-detach", slurm_partition=args.partition, **{
         k: v for k, v in request.items() if k != "partition"})
@@ -218,10 +229,10 @@ def locate(target: str) -> tuple[Path, dict]:
         return path.resolve(), doc
     if target.isdigit():
         roots = [Path.cwd()]
-        with_sacct = subprocess.run(["sacct", "-j", target, "-X", "-n", "-P", "-o", "WorkDir"],
-                                    capture_output=True, text=True, timeout=30) if shutil.which("sacct") else None
-        if with_sacct and with_sacct.stdout.strip():
-            roots.insert(0, Path(with_sacct.stdout.split()[0]))
+        if shutil.which("sacct"):
+            where = subprocess.run(["sacct", "-j", target, "-X", "-n", "-P", "-o", "WorkDir"],
+                                   capture_output=True, text=True, timeout=30).stdout.split()
+            roots = [Path(w) for w in where[:1]] + roots
         for root in roots:
             for f in root.glob(f"multirun/*/*/{DETACHED_FILE}"):
                 doc = _read(f)
@@ -267,11 +278,10 @@ def status(target: str, out=sys.stdout) -> int:
     driver, tasks = _jobs(sweep, doc)
     print(f"driver {driver.job_id}: {driver.state}  (rankexp {' '.join(doc.get('command', []))})", file=out)
     if tasks:
-        states: dict[str, int] = {}
-        for t in tasks:
-            states[t.state] = states.get(t.state, 0) + 1
+        states = Counter(t.state for t in tasks)
         arrays = sorted({t.job_id.split("_")[0] for t in tasks})
-        print(f"array {','.join(arrays)}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())), file=out)
+        print(f"array {','.join(arrays)}: "
+              + ", ".join(f"{n} {s}" for s, n in sorted(states.items())), file=out)
     plan = _read(sweep / tracking.NAMES_FILE)
     docs = [_read(Path(d) / "status.json") for d in plan.get("job_dirs") or []]
     if docs:
@@ -283,8 +293,8 @@ def status(target: str, out=sys.stdout) -> int:
     else:
         print(f"{sweep}: the sweep has not started", file=out)
     if driver.state not in LIVE and driver.state not in ("COMPLETED", "UNKNOWN"):
-        log = "".join(t for t in (driver.stderr(), driver.stdout()) if t).strip().splitlines()
-        print(f"the driver ended {driver.state}; its log ({driver.paths.stdout}) ends:\n  "
+        log = (driver.stderr() or driver.stdout() or "").strip().splitlines()
+        print(f"the driver ended {driver.state}; its log ({driver.paths.stderr}) ends:\n  "
               + "\n  ".join(log[-8:]), file=out)
     return 0
 

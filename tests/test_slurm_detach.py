@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import services
-from services import rankexp, sweep_runs
+from services import sweep_runs
 
 from rankexp import sweepctl
 
