@@ -8,25 +8,17 @@
 #   launchers/slurm-cluster.sh stop     # cancel jobs, stop every daemon this script started
 #   launchers/slurm-cluster.sh purge    # stop, then delete the state dir
 #
-# Accounting (slurmdbd + MariaDB) is not optional: without a working `sacct`, submitit
-# cannot see a job that died before writing its result and waits forever.
-#
-# Everything lives in one state dir (RANKEXP_SLURM_DIR, default /tmp/rankexp-slurm): config,
-# munge key and socket, MariaDB datadir and socket, Slurm state/spool, logs, pid files.
-# Nothing is written to /etc, /run or /var. Needs root (daemons switch to munge/mysql).
-#
-# Loopback only: MariaDB binds 127.0.0.1 itself; Debian's Slurm daemons listen on every
-# interface whatever slurm.conf says, so they run with launchers/bind-loopback.c preloaded
-# (compiled into the state dir), which turns their wildcard binds into loopback binds, and
-# `start` fails if any of the four ports listens elsewhere. The database password lives in
-# etc/dbpass and etc/slurmdbd.conf (mode 600) and reaches MariaDB on stdin, never in argv.
+# Accounting (slurmdbd + MariaDB) is required: submitit learns from sacct that a job died.
+# Everything lives in RANKEXP_SLURM_DIR; the daemons stay on loopback (bind-loopback.c
+# preloaded); the database password never appears in argv.  See launchers/README.md.
 #
 # Environment knobs:
 #   RANKEXP_SLURM_DIR        state dir                       (/tmp/rankexp-slurm)
 #   RANKEXP_SLURM_PORT       first of 4 loopback ports: slurmctld, slurmd, slurmdbd, mariadb
 #                                                             (6817 -> 6817..6820)
-#   RANKEXP_SLURM_CPUS       CPUs the node advertises         ($(nproc)); more than nproc
-#                            oversubscribes the machine (slurmd told to trust the config)
+#   RANKEXP_SLURM_CPUS       CPUs the node advertises         (the machine's, whatever
+#                            OMP_NUM_THREADS says); more oversubscribes the machine
+#                            (slurmd told to trust the config)
 #   RANKEXP_SLURM_FAKE_GPUS  if > 0: declare that many count-only `gpu` GRES and a `gpu`
 #                            partition, so GPU launcher configs can be exercised (0). No
 #                            device is bound; jobs see no CUDA device.
@@ -35,7 +27,8 @@ set -euo pipefail
 
 DIR=${RANKEXP_SLURM_DIR:-/tmp/rankexp-slurm}
 PORT=${RANKEXP_SLURM_PORT:-6817}
-CPUS=${RANKEXP_SLURM_CPUS:-$(nproc)}
+REAL_CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone obeys OMP_NUM_THREADS
+CPUS=${RANKEXP_SLURM_CPUS:-$REAL_CPUS}
 FAKE_GPUS=${RANKEXP_SLURM_FAKE_GPUS:-0}
 TIMEOUT=${RANKEXP_SLURM_TIMEOUT:-120}
 CLUSTER=rankexp
@@ -130,7 +123,7 @@ write_slurm_conf() {
   local mem gres_line="" node_gres="" gpu_part="" slurmd_params=""
   # Advertise 90% of physical memory so `--mem` requests are checked against something real.
   mem=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
-  ((CPUS > $(nproc))) && slurmd_params="SlurmdParameters=config_overrides"
+  ((CPUS > REAL_CPUS)) && slurmd_params="SlurmdParameters=config_overrides"
   if ((FAKE_GPUS > 0)); then
     gres_line="GresTypes=gpu
 AccountingStorageTRES=gres/gpu"

@@ -201,7 +201,7 @@ def cli() -> None:
 
     from . import startup
 
-    if sys.argv[1:2] in (["status"], ["cancel"]):  # a detached Slurm sweep: rankexp.sweepctl
+    if sys.argv[1:2] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep: rankexp.sweepctl
         from .sweepctl import main as sweepctl
 
         raise SystemExit(sweepctl(sys.argv[1:]))

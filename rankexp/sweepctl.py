@@ -1,275 +1,268 @@
-"""Detached Slurm sweeps: the plan, the jobs' own accounting, ``rankexp status`` and ``cancel``.
+"""Slurm around the stock submitit launcher: the cluster pre-check, ``rankexp detach``,
+``rankexp status`` and ``rankexp cancel``.
 
-``hydra.launcher.detach=true`` (``hydra/launcher=slurm``): the sweeper checks the whole sweep
-and opens its parent run as usual, the launcher submits the array and writes the plan
-(:data:`PLAN_FILE` in the sweep directory: the Slurm array and task ids, which jobs each task
-runs, the store and the parent run), and the command returns.  From then on the sweep has no
-foreground process:
-
-* each array task keeps the parent run's heartbeat fresh while it runs
-  (:func:`parent_heartbeat`), and after each of its jobs counts the sweep into the parent run
-  (``jobs_finished``, ``jobs_failed``, …, ``jobs_running``) under an exclusive lock on
-  :data:`LOCK_FILE` in the shared sweep directory (POSIX ``lockf``, which NFS supports);
-  the job that finds every job of the plan ended closes the parent with the true status
-  (:class:`rankexp.tracking.SweepRun`'s close: stale children reconciled first, FINISHED only
-  if every job finished or was skipped) — several jobs ending at once take turns on the lock,
-  so the counts are never lost or double-counted and a re-close after a requeue is the truth;
-* ``rankexp status DIR|SWEEP_ID`` prints each job's state from the store, its ``status.json``
-  and ``sacct``, done/total and an ETA; when ``sacct`` says no task of the array is alive but
-  the parent is still RUNNING (a task killed before it could count: OOM, SIGKILL, a node
-  lost), it closes the parent with the true counts;
-* ``rankexp cancel DIR|SWEEP_ID`` cancels the array (``scancel``), waits for Slurm to end its
-  tasks, closes every run left RUNNING (KILLED, from ``sacct``) and the parent KILLED.
-
-``SWEEP_ID`` is the sweep directory (the ``sweep_id`` tag of every run of the sweep), the parent
-run's id, or the Slurm array id.  The parent run of a detached sweep has no owning process: its
-liveness is its heartbeat (``tracking.stale_after_s``); an array left pending longer than that
-may be closed by another sweep's stale-run check, and the last job then closes it again with
-the truth.
+* :class:`SlurmCheck` (``hydra.callbacks.slurm_check`` of ``hydra/launcher=slurm*``): before the
+  sweeper starts, the launcher's request is checked against the cluster (:func:`check_cluster`)
+  and its time-limit signal against its limit (:func:`rankexp.config.check_slurm_limits`);
+  any problem: one line each, exit 2, nothing submitted.
+* ``rankexp detach OVERRIDES -m``: the whole sweep as one small Slurm job, the *driver*
+  (``submitit``), which runs ``rankexp OVERRIDES -m`` on a compute node — the normal sweep:
+  its check, its parent run, its array (``hydra/launcher=slurm``) or its jobs in the driver
+  itself (the default launcher, or ``hydra/launcher=local`` on the driver's CPUs).  The
+  command returns once the driver is queued; :data:`DETACHED_FILE` in the sweep directory
+  names it.
+* ``rankexp status DIR|JOBID``: the driver's and the array tasks' Slurm states, the jobs done
+  (their ``status.json``) and an ETA; the driver's last log lines once it failed.
+* ``rankexp cancel DIR|JOBID``: SIGTERM to the driver (its sweep closes the parent run KILLED),
+  then to the arrays it submitted (each job closes its run KILLED; pending tasks cancelled),
+  ``scancel`` after :data:`WAIT_S` at the latest.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import logging
+import difflib
+import json
+import math
+import os
+import re
+import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import submitit
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
 from . import tracking
+from .config import ConfigError, check_override_keys, check_slurm_limits, config_groups, sweep_stamp
 
-log = logging.getLogger(__name__)
-
-PLAN_FILE = "detached.json"  #: the plan of a detached sweep, in its sweep directory
-LOCK_FILE = ".detached.lock"  #: the lock the jobs, ``status`` and ``cancel`` take turns on
-CANCEL_FILE = "cancelled.json"  #: written by ``rankexp cancel`` before ``scancel``
-CLOSED_FILE = "closed.json"  #: the status and counts the parent was last closed with
-TAG_DETACHED = "rankexp.slurm_arrays"  #: on the parent run: the sweep's Slurm array ids
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DETACHED_FILE = "detached.json"  #: in a detached sweep's directory: the driver job
 ENDED = ("FINISHED", "SKIPPED", "FAILED", "KILLED")  #: a job's ``status.json`` once it is over
-CANCEL_WAIT_S = 60.0  # how long `cancel` waits for Slurm to end the tasks it cancelled
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+WAIT_S = 60.0  # how long `cancel` waits for Slurm to end what it cancelled
 
 
-# --------------------------------------------------------------------------- the plan
-def write_plan(sweep_dir: Path, tasks: list, packs: list, params: dict[str, Any]) -> dict:
-    """Record the submitted array tasks (``tasks``: submitit jobs, one per pack) in
-    :data:`PLAN_FILE`, adding to the plan of an earlier batch of the same sweep; returns it."""
-    plan = tracking.read_json(sweep_dir / PLAN_FILE) or {
-        "sweep_dir": str(sweep_dir), "submitted": time.time(), "arrays": [], "tasks": {},
-        "jobs_per_task": None, "array_parallelism": params.get("array_parallelism")}
-    for job, pack in zip(tasks, packs, strict=True):
-        plan["tasks"][str(job.job_id)] = pack.numbers
-        array = str(job.job_id).split("_")[0]
-        if array not in plan["arrays"]:
-            plan["arrays"].append(array)
-    plan["jobs_per_task"] = max(len(p.jobs) for p in packs)
-    plan["heartbeat_s"], plan["stale_after_s"] = params.get("heartbeat_s"), params.get("stale_after_s")
-    plan["parent"] = tracking.read_parent(sweep_dir)
-    plan["jobs_total"] = len(tracking.planned_job_dirs(sweep_dir))
-    tracking.write_json(sweep_dir / PLAN_FILE, plan)
-    return plan
+class SweepNotFound(ValueError):
+    """``DIR|JOBID`` names no detached sweep this machine can see."""
 
 
-def read_plan(sweep_dir: Path) -> dict | None:
-    return tracking.read_json(Path(sweep_dir) / PLAN_FILE)
+# --------------------------------------------------------------------------- the pre-check
+class SlurmCheck(Callback):
+    """Refuse a Slurm sweep the cluster cannot run, before anything exists (exit 2)."""
 
-
-def detach(parent: tracking.SweepRun | None, plan: dict, heartbeat_s: float, stale_after_s: float) -> str:
-    """The sweeper's end of a detached sweep: the parent run is handed to the jobs (its owner
-    tags now name the array, its heartbeat theirs) and the user is told how to follow it."""
-    sweep_dir = Path(plan["sweep_dir"])
-    if plan.get("heartbeat_s") is None:  # a launcher that did not know the tracking settings
-        plan.update(heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
-        with _locked(sweep_dir):
-            tracking.write_json(sweep_dir / PLAN_FILE, {**(read_plan(sweep_dir) or plan), **{
-                k: plan[k] for k in ("heartbeat_s", "stale_after_s")}})
-    arrays = ",".join(plan["arrays"])
-    if parent is not None:
-        if parent._heartbeat is not None:
-            parent._heartbeat.__exit__()
-        tracking.log_now(parent.client, parent.run_id, tags={
-            tracking.TAG_PID: "detached", tracking.TAG_SLURM: plan["arrays"][0],
-            TAG_DETACHED: arrays, tracking.TAG_HEARTBEAT: str(int(time.time()))})
-    total, ntasks = plan["jobs_total"], len(plan["tasks"])
-    print(f"detached: {total} jobs in {ntasks} Slurm array task{'s' * (ntasks != 1)} (array "
-          f"{arrays}); plan in {sweep_dir / PLAN_FILE}\n"
-          f"  follow: rankexp status {sweep_dir}\n  stop:   rankexp cancel {sweep_dir}", flush=True)
-    return "DETACHED"
-
-
-@contextlib.contextmanager
-def _locked(sweep_dir: Path) -> Iterator[None]:
-    """An exclusive POSIX lock on the sweep directory's :data:`LOCK_FILE` while inside."""
-    with open(Path(sweep_dir) / LOCK_FILE, "a+") as fh:
-        fcntl.lockf(fh, fcntl.LOCK_EX)
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        launcher = config.hydra.launcher
+        errors = check_cluster(launcher)
         try:
-            yield
-        finally:
-            fcntl.lockf(fh, fcntl.LOCK_UN)
+            check_slurm_limits(launcher)
+        except ValueError as e:
+            errors.append(str(e))
+        if errors:
+            print("error: invalid sweep — nothing was started:\n"
+                  + "\n".join(f"  launcher: {m}" for m in errors), file=sys.stderr)
+            raise SystemExit(2)
 
 
-# --------------------------------------------------------------------------- in the jobs
-@contextlib.contextmanager
-def parent_heartbeat(sweep_dir: Path) -> Iterator[None]:
-    """While an array task runs: the detached parent run's heartbeat, refreshed now and every
-    ``tracking.heartbeat_s`` (the parent has no process of its own)."""
-    plan, parent = read_plan(sweep_dir) or {}, tracking.read_parent(sweep_dir)
-    if not parent:
-        yield
-        return
-    with contextlib.suppress(Exception):
-        tracking._client(parent["uri"]).set_tag(parent["run_id"], tracking.TAG_HEARTBEAT,
-                                                str(int(time.time())))
-    with tracking.Heartbeat(parent["uri"], parent["run_id"], float(plan.get("heartbeat_s") or 30)):
-        yield
+def check_cluster(launcher: Any, who: str = "hydra/launcher=slurm") -> list[str]:
+    """What the cluster says about a launcher request (``hydra.launcher``): Slurm answers
+    (``sinfo``), the partition exists and is up, one job's CPUs (``cpus_per_task`` ×
+    ``tasks_per_node``), memory (``mem_gb``), GPUs (``gpus_per_node``), nodes and
+    ``timeout_min`` fit its largest node and its limit, and every ``additional_parameters``
+    key is an sbatch option (``sbatch --help``).  Returns one message per problem."""
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        local = ", or drop it for a local sweep" if who.startswith("hydra/") else ""
+        return [f"{who} needs Slurm, and sbatch/sinfo are not on PATH: this machine is not a Slurm "
+                f"submit host (run it where sbatch works{local})"]
+    part = launcher.get("partition")
+    rows = _sinfo(["-p", str(part)] if part else [])
+    if isinstance(rows, str):
+        return [rows]
+    if not part:
+        rows = [r for r in rows if r["partition"].endswith("*")] or rows
+    if not rows:
+        names = _sinfo([])
+        known = ", ".join(sorted({r["partition"].rstrip("*") for r in names})
+                          ) if isinstance(names, list) else "?"
+        return [f"hydra.launcher.partition={part!r}: Slurm has no such partition (it has: {known})"]
+    return _fits(launcher, rows) + _unknown_options(launcher)
 
 
-def job_ended(sweep_dir: Path) -> None:
-    """After each job of a detached sweep: count the sweep into its parent run, and close the
-    parent if every job of the plan has ended (see the module docstring).  Never raises: a
-    store that does not answer leaves the closing to the next job or ``rankexp status``."""
+def _sinfo(args: list[str]) -> list[dict[str, str]] | str:
+    fields = ("partition", "avail", "cpus", "memory", "timelimit", "gres", "nodes")
     try:
-        with _locked(sweep_dir):
-            if not (Path(sweep_dir) / CANCEL_FILE).exists():
-                _count_or_close(Path(sweep_dir))
-    except Exception as e:
-        log.error("could not count the sweep %s into its parent run (%s); `rankexp status %s` "
-                  "does it later", sweep_dir, tracking._first_line(e), sweep_dir)
+        p = subprocess.run(["sinfo", "-h", "-o", "%P|%a|%c|%m|%l|%G|%D", *args],
+                           capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError) as e:
+        p = subprocess.CompletedProcess([], 1, "", f"{type(e).__name__}, after at most 15 s")
+    if p.returncode != 0:
+        line = next((x for x in p.stderr.splitlines() if x.strip()), f"exit {p.returncode}")
+        return f"Slurm does not answer (sinfo: {line.strip()}); is slurmctld up, SLURM_CONF right?"
+    return [dict(zip(fields, line.split("|"), strict=True)) for line in p.stdout.splitlines()
+            if line.count("|") == len(fields) - 1]
 
 
-def _job_states(sweep_dir: Path) -> list[dict]:
-    return [tracking.read_json(d / tracking.STATUS_FILE) or {}
-            for d in tracking.planned_job_dirs(sweep_dir)]
+def _number(text: str) -> float:
+    """``"2"``, ``"2+"``, ``"21695"`` → the number; anything else (``n/a``) → infinity."""
+    m = re.match(r"\d+", text.strip())
+    return float(m[0]) if m else math.inf
 
 
-def _count_or_close(sweep_dir: Path, *, force: bool = False) -> str | None:
-    """Under the lock: the parent's running counts, or its close once every job ended (or
-    ``force``: no task of the array is alive); returns the status it was closed with."""
-    parent, plan = tracking.read_parent(sweep_dir), read_plan(sweep_dir) or {}
-    if not parent:
-        return None
-    states = _job_states(sweep_dir)
-    if force or all(s.get("status") in ENDED for s in states):
-        return _close_parent(sweep_dir, parent, plan)
-    dirs = tracking.planned_job_dirs(sweep_dir)
-    counts = tracking.count_jobs([d for d, s in zip(dirs, states, strict=True) if s.get("status") in ENDED])
-    running = sum(s.get("status") == "RUNNING" for s in states)
-    counts["not_run"] += len(states) - sum(counts.values()) - running  # not started yet
-    _log_progress(tracking._client(parent["uri"]), parent["run_id"], counts, running)
-    return None
+def _minutes(limit: str) -> float:
+    """A Slurm time limit (``infinite``, ``1-00:00:00``, ``2:00:00``, ``30:00``) in minutes."""
+    limit = limit.strip().lower()
+    if not limit or limit in ("infinite", "unlimited", "n/a", "none"):
+        return math.inf
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    h, m, sec = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+    return int(days or 0) * 1440 + h * 60 + m + sec / 60
 
 
-def _log_progress(client, run_id: str, counts: Counter, running: int) -> None:
-    """The parent's counts while the sweep runs: ``jobs_<outcome>`` of the ended jobs,
-    ``jobs_running``, ``jobs_not_run`` (not started yet) and ``jobs_total``."""
-    metrics = {f"jobs_{k}": counts[k] for k in tracking.JOB_STATES}
-    metrics.update(jobs_running=running, jobs_total=sum(counts.values()) + running)
-    tracking.log_now(client, run_id, metrics=metrics)
+def _fits(launcher: Any, rows: list[dict[str, str]]) -> list[str]:
+    where = f"partition {rows[0]['partition'].rstrip('*')}"
+    if all(r["avail"] != "up" for r in rows):
+        return [f"{where} is {rows[0]['avail']} (sinfo): no job would start there"]
+    errors = []
+    cpus, mem = max(_number(r["cpus"]) for r in rows), max(_number(r["memory"]) for r in rows)
+    tasks = launcher.get("tasks_per_node") or 1
+    if int(launcher.get("cpus_per_task") or 1) * int(tasks) > cpus:
+        errors.append(f"hydra.launcher.cpus_per_task={launcher.get('cpus_per_task')} (× tasks_per_node="
+                      f"{tasks}) — {where}'s largest node has {cpus:g} CPUs")
+    if launcher.get("mem_gb") and float(launcher.mem_gb) * 1024 > mem:
+        errors.append(f"hydra.launcher.mem_gb={launcher.mem_gb} — {where}'s largest node has "
+                      f"{mem / 1024:.1f} GB ({mem:g} MB)")
+    limit = max(_minutes(r["timelimit"]) for r in rows)
+    if launcher.get("timeout_min") and float(launcher.timeout_min) > limit:
+        errors.append(f"hydra.launcher.timeout_min={launcher.timeout_min} — {where} allows at most "
+                      f"{limit:g} min")
+    nodes = sum(int(_number(r["nodes"])) for r in rows)
+    if int(launcher.get("nodes") or 1) > nodes:
+        errors.append(f"hydra.launcher.nodes={launcher.nodes} — {where} has {nodes} nodes")
+    gpus = max((_number(g.split(":")[-1].split("(")[0]) for r in rows for g in r["gres"].split(",")
+                if g.startswith("gpu")), default=0)
+    if int(launcher.get("gpus_per_node") or 0) > gpus:
+        errors.append(f"hydra.launcher.gpus_per_node={launcher.gpus_per_node} — {where}'s nodes "
+                      f"have {gpus:g} GPUs (gres {rows[0]['gres']})")
+    return errors
 
 
-def _close_parent(sweep_dir: Path, parent: dict, plan: dict, interrupted: str | None = None,
-                  grace_s: float = 0.0) -> str:
-    """Close the parent run with the true counts (:meth:`tracking.SweepRun.close`), once per
-    outcome: a second closer that finds the same counts does nothing."""
-    run = tracking.SweepRun(parent["uri"], parent["experiment"], sweep_dir,
-                            tracking.planned_job_dirs(sweep_dir), "", float(plan.get("heartbeat_s") or 30),
-                            float(plan.get("stale_after_s") or 600))
-    run.experiment_id, run.run_id = parent["experiment_id"], parent["run_id"]
-    run.t0 = float(plan.get("submitted") or run.t0)
-    before = tracking.read_json(sweep_dir / CLOSED_FILE) or {}
-    counts = tracking.count_jobs(run.job_dirs)
-    if not interrupted and before.get("counts") == dict(counts) and before.get("status"):
-        return before["status"]
-    status, counts = run.close(interrupted, grace_s)
-    tracking.write_json(sweep_dir / CLOSED_FILE, {"status": status, "counts": dict(counts),
-                                                  "time": time.time()})
-    log.info("sweep %s closed %s: %s", sweep_dir, status, tracking.summary(counts))
-    return status
+def _unknown_options(launcher: Any) -> list[str]:
+    extra = [str(k).replace("_", "-") for k in (launcher.get("additional_parameters") or {})]
+    if not extra:
+        return []
+    try:
+        text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    known = sorted(set(re.findall(r"--([a-z][a-z0-9-]*)", text)))
+    errors = []
+    for k in extra if known else []:
+        if k not in known:
+            close = difflib.get_close_matches(k, known, n=1)
+            errors.append(f"hydra.launcher.additional_parameters.{k}: sbatch has no option --{k}"
+                          + (f" (did you mean --{close[0]}?)" if close else ""))
+    return errors
+
+
+# --------------------------------------------------------------------------- detach
+def detach(argv: list[str], out=sys.stdout) -> int:
+    """``rankexp detach [--partition P] [--timeout-min N] [--cpus N] [--mem-gb G] OVERRIDES -m``."""
+    ap = argparse.ArgumentParser(prog="rankexp detach", description=(
+        "Run `rankexp OVERRIDES -m` as one Slurm job (the driver) and return; the options are "
+        "the driver's own resources (its sweep's jobs get hydra.launcher.*)."))
+    ap.add_argument("--partition", help="the driver's partition (default: the cluster's)")
+    ap.add_argument("--timeout-min", type=int, default=1440, help="the driver's time limit (1440)")
+    ap.add_argument("--cpus", type=int, default=1,
+                    help="the driver's CPUs (1; more for hydra/launcher=local)")
+    ap.add_argument("--mem-gb", type=float, default=4, help="the driver's memory (4 GB)")
+    args, rest = ap.parse_known_args(argv)
+    overrides = [a for a in rest if a not in ("-m", "--multirun")]
+    check_override_keys(overrides, config_groups(CONF_DIR))
+    request = {"partition": args.partition, "timeout_min": args.timeout_min,
+               "cpus_per_task": args.cpus, "mem_gb": args.mem_gb}
+    errors = "; ".join(check_cluster(OmegaConf.create(request), who="rankexp detach"))
+    for key in request:  # the driver's options, not a launcher's keys
+        option = key.replace("_per_task", "").replace("_", "-")
+        errors = errors.replace(f"hydra.launcher.{key}", f"--{option}")
+    if errors:
+        raise ConfigError(errors)
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
+    # the default sweep directory's stamp: set here, inherited by the driver (RANKEXP_STAMP)
+    sweep = Path(given[-1] if given else f"multirun/{sweep_stamp()}").resolve()
+    executor = submitit.AutoExecutor(folder=sweep / ".submitit" / "%j", cluster="slurm")
+    executor.update_parameters(name="rankexp-detach", slurm_partition=args.partition, **{
+        k: v for k, v in request.items() if k != "partition"})
+    command = [sys.executable, "-m", "rankexp", *overrides, "-m"]
+    try:
+        job = executor.submit(submitit.helpers.CommandFunction(command, cwd=os.getcwd()))
+    except Exception as e:  # sbatch refused it (account, QOS, …): submitit's message, one line
+        print(f"error: Slurm did not take the driver: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    tracking.write_json(sweep / DETACHED_FILE, {"job_id": job.job_id, "command": command[3:],
+                                                "cwd": os.getcwd(), "submitted": time.time()})
+    print(f"detached: the sweep runs in Slurm job {job.job_id} (rankexp {' '.join(overrides)} -m); its "
+          f"directory {sweep}\n  follow: rankexp status {job.job_id}\n  stop:   rankexp cancel {job.job_id}",
+          file=out, flush=True)
+    return 0
 
 
 # --------------------------------------------------------------------------- status, cancel
-class SweepNotFound(ValueError):
-    """``DIR|SWEEP_ID`` names no sweep this machine can see."""
-
-
-def resolve(target: str) -> Path:
-    """The sweep directory named by ``target``: a directory, or the parent run's id or the Slurm
-    array id of a sweep in the store (``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``).
+def locate(target: str) -> tuple[Path, dict]:
+    """The sweep directory and :data:`DETACHED_FILE` named by ``target``: a directory, or the
+    driver's Slurm job id (looked for under ``multirun/`` where it was submitted, else here).
 
     Raises:
         SweepNotFound: nothing matches (the message says what was tried).
     """
     path = Path(target).expanduser()
     if path.is_dir():
-        if not (path / tracking.NAMES_FILE).exists():
-            raise SweepNotFound(f"{path} is no sweep directory (it has no {tracking.NAMES_FILE})")
-        return path.resolve()
-    uri = tracking.resolve_uri(None)
-    sqlite = tracking._sqlite_path(uri)
-    if sqlite is not None and not sqlite.exists():
-        raise SweepNotFound(f"{target!r} is no directory, and there is no store {uri} to look it up in")
-    client = tracking._client(uri)
-    with contextlib.suppress(Exception):
-        return Path(client.get_run(target).data.tags["sweep_id"])
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments, max_results=2, filter_string=(
-        f"tags.`{tracking.TAG_ROLE}` = 'sweep' and tags.`{TAG_DETACHED}` LIKE '%{target}%'")
-        ) if experiments and target.isdigit() else []
-    if not runs:
-        raise SweepNotFound(f"{target!r} is no sweep directory, sweep run id or Slurm array id "
-                            f"of a detached sweep in {tracking.redact(uri)}")
-    return Path(runs[0].data.tags["sweep_id"])
+        doc = _read(path / DETACHED_FILE)
+        if not doc:
+            raise SweepNotFound(f"{path} is no detached sweep (it has no {DETACHED_FILE}); a sweep "
+                                "in the foreground stops with Ctrl-C")
+        return path.resolve(), doc
+    if target.isdigit():
+        roots = [Path.cwd()]
+        if shutil.which("sacct"):
+            where = subprocess.run(["sacct", "-j", target, "-X", "-n", "-P", "-o", "WorkDir"],
+                                   capture_output=True, text=True, timeout=30).stdout.split()
+            roots = [Path(w) for w in where[:1]] + roots
+        for root in roots:
+            for f in root.glob(f"multirun/*/*/{DETACHED_FILE}"):
+                doc = _read(f)
+                if str(doc.get("job_id")) == target:
+                    return f.parent, doc
+    raise SweepNotFound(f"{target!r} is no directory, nor the Slurm job id of a sweep detached "
+                        "here or in its submit directory (rankexp detach); give its directory")
 
 
-def _store_runs(parent: dict | None) -> dict[str, Any]:
-    """``{run_id: run}`` of the parent's children and the parent itself ({} without a store)."""
-    if not parent:
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
         return {}
-    client = tracking._client(parent["uri"])
-    runs = client.search_runs([parent["experiment_id"]], max_results=50_000,
-                              filter_string=f"tags.mlflow.parentRunId = '{parent['run_id']}'")
-    out = {r.info.run_id: r for r in runs}
-    with contextlib.suppress(Exception):
-        out[parent["run_id"]] = client.get_run(parent["run_id"])
-    return out
 
 
-def _rows(sweep_dir: Path, plan: dict, sacct: dict[str, str], runs: dict[str, Any]) -> list[dict]:
-    """One row per job of the plan: its Slurm task and state, status.json, store status, times."""
-    task_of = {int(j): t for t, jobs in plan.get("tasks", {}).items() for j in jobs}
-    names = (tracking.read_json(sweep_dir / tracking.NAMES_FILE) or {}).get("names") or []
-    rows = []
-    for i, d in enumerate(tracking.planned_job_dirs(sweep_dir)):
-        doc = tracking.read_json(d / tracking.STATUS_FILE) or {}
-        task = task_of.get(i, "")
-        array = task.split("_")[0]
-        state = sacct.get(task) or next((v for k, v in sacct.items() if k.startswith(f"{array}_[")), "")
-        run = runs.get(doc.get("run_id") or "")
-        start = run.info.start_time / 1000 if run else None
-        end = run.info.end_time / 1000 if run and run.info.end_time else None
-        rows.append({"job": i, "task": task, "slurm": state or ("" if not task else "?"),
-                     "status": doc.get("status") or "", "run": doc.get("run_id") or "",
-                     "store": run.info.status if run else "", "start": start, "end": end,
-                     "name": names[i] if i < len(names) else d.name})
-    return rows
+def _jobs(sweep: Path, doc: dict) -> tuple[Any, list]:
+    """submitit's view of the driver and of every array task its sweep submitted."""
+    folder = sweep / ".submitit" / "%j"
+    tasks = sorted((d.name for d in (sweep / ".submitit").glob("*_*") if re.fullmatch(r"\d+_\d+", d.name)),
+                   key=lambda t: tuple(map(int, t.split("_"))))
+    return submitit.SlurmJob(folder, str(doc["job_id"])), [submitit.SlurmJob(folder, t) for t in tasks]
 
 
-def eta_seconds(rows: list[dict], now: float) -> float | None:
-    """Seconds until every job has ended at the rate jobs have ended so far (jobs ended per
-    second since the first one started), or None before the first ends; 0 once all did."""
-    done = [r for r in rows if r["status"] in ENDED]
-    left = len(rows) - len(done)
-    if not left:
+def eta_seconds(done: int, total: int, elapsed: float) -> float | None:
+    """Seconds until every job has ended at the rate jobs ended so far; None before the first
+    ended, 0 once all did."""
+    if done >= total:
         return 0.0
-    starts = [r["start"] for r in rows if r["start"]]
-    if not done or not starts:
-        return None
-    return left * (now - min(starts)) / len(done)
+    return (total - done) * elapsed / done if done else None
 
 
 def _eta(seconds: float | None) -> str:
@@ -280,83 +273,75 @@ def _eta(seconds: float | None) -> str:
 
 
 def status(target: str, out=sys.stdout) -> int:
-    """``rankexp status DIR|SWEEP_ID``: print the table and the summary; returns 0."""
-    sweep_dir = resolve(target)
-    plan, parent = read_plan(sweep_dir) or {}, tracking.read_parent(sweep_dir)
-    tasks = list(plan.get("tasks", {}))
-    sacct = tracking.slurm_states([*tasks, *plan.get("arrays", [])])
-    runs = _store_runs(parent)
-    alive = [t for t in tasks if sacct.get(t) in tracking.SLURM_LIVE] + [
-        k for k, v in sacct.items() if "[" in k and v in tracking.SLURM_LIVE]
-    top = runs.get(parent["run_id"]) if parent else None
-    if plan and top is not None and top.info.status == "RUNNING" and sacct and not alive:
-        with _locked(sweep_dir):  # every task is over, yet nobody closed the parent
-            closed = _count_or_close(sweep_dir, force=True)
-        print(f"no task of array {','.join(plan['arrays'])} is alive (sacct): closed the sweep "
-              f"run {parent['run_id']} {closed}", file=out)
-        runs = _store_runs(parent)
-        top = runs.get(parent["run_id"])
-    rows = _rows(sweep_dir, plan, sacct, runs)
-    print(f"{'job':>4}  {'slurm task':<12} {'sacct':<10} {'status.json':<11} {'store':<9} "
-          f"{'seconds':>8}  {'run':<32}  name", file=out)
-    now = time.time()
-    for r in rows:
-        secs = f"{(r['end'] or now) - r['start']:.1f}" if r["start"] else ""
-        print(f"{r['job']:>4}  {r['task']:<12} {r['slurm']:<10} {r['status']:<11} {r['store']:<9} "
-              f"{secs:>8}  {r['run']:<32}  {r['name']}", file=out)
-    counts = Counter(r["status"] or "not started" for r in rows)
-    done = sum(counts[s] for s in ENDED)
-    parts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
-    where = f"sweep run {parent['run_id']} {top.info.status if top else '?'}" if parent else "no store"
-    print(f"{sweep_dir}: {done}/{len(rows)} done ({parts}); {where}; {_eta(eta_seconds(rows, now))}",
-          file=out)
+    """``rankexp status DIR|JOBID``: the driver, the array tasks, the jobs done; returns 0."""
+    sweep, doc = locate(target)
+    driver, tasks = _jobs(sweep, doc)
+    print(f"driver {driver.job_id}: {driver.state}  (rankexp {' '.join(doc.get('command', []))})", file=out)
+    if tasks:
+        states = Counter(t.state for t in tasks)
+        arrays = sorted({t.job_id.split("_")[0] for t in tasks})
+        print(f"array {','.join(arrays)}: "
+              + ", ".join(f"{n} {s}" for s, n in sorted(states.items())), file=out)
+    plan = _read(sweep / tracking.NAMES_FILE)
+    docs = [_read(Path(d) / "status.json") for d in plan.get("job_dirs") or []]
+    if docs:
+        counts = Counter((d.get("status") or "not started").lower() for d in docs)
+        done = sum(counts[s.lower()] for s in ENDED)
+        eta = eta_seconds(done, len(docs), time.time() - float(plan.get("started") or time.time()))
+        print(f"{sweep}: {done}/{len(docs)} done (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+              + f"); {_eta(eta)}", file=out)
+    else:
+        print(f"{sweep}: the sweep has not started", file=out)
+    if driver.state not in LIVE and driver.state not in ("COMPLETED", "UNKNOWN"):
+        log = (driver.stderr() or driver.stdout() or "").strip().splitlines()
+        print(f"the driver ended {driver.state}; its log ({driver.paths.stderr}) ends:\n  "
+              + "\n  ".join(log[-8:]), file=out)
     return 0
 
 
 def cancel(target: str, out=sys.stdout) -> int:
-    """``rankexp cancel DIR|SWEEP_ID``: ``scancel`` the sweep's arrays, wait for Slurm to end
-    them, close what is left RUNNING (KILLED) and the parent KILLED; returns 0, or 1 if
-    ``scancel`` failed."""
-    sweep_dir = resolve(target)
-    plan = read_plan(sweep_dir)
-    if not plan:
-        raise SweepNotFound(f"{sweep_dir} is no detached sweep (no {PLAN_FILE}); a foreground "
-                            "sweep stops with Ctrl-C or SIGTERM to its process")
-    with _locked(sweep_dir):
-        tracking.write_json(sweep_dir / CANCEL_FILE, {"time": time.time()})
-    p = subprocess.run(["scancel", *plan["arrays"]], capture_output=True, text=True, timeout=60)
-    if p.returncode:
-        print(f"error: scancel {' '.join(plan['arrays'])}: {p.stderr.strip()}", file=sys.stderr)
-        return 1
-    tasks, end = list(plan["tasks"]), time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < end:
-        sacct = tracking.slurm_states([*tasks, *plan["arrays"]])
-        if sacct and not any(v in tracking.SLURM_LIVE for v in sacct.values()):
-            break
-        time.sleep(1)
-    parent = tracking.read_parent(sweep_dir)
-    if parent:
-        with _locked(sweep_dir):
-            closed = _close_parent(sweep_dir, parent, plan, interrupted="scancel", grace_s=30)
-        print(f"cancelled array {','.join(plan['arrays'])}; sweep run {parent['run_id']} {closed}: "
-              f"{tracking.summary(tracking.count_jobs(tracking.planned_job_dirs(sweep_dir)))}", file=out)
-    else:
-        print(f"cancelled array {','.join(plan['arrays'])}", file=out)
+    """``rankexp cancel DIR|JOBID``: stop the driver (its sweep closes the parent run KILLED),
+    then the arrays it submitted (each job closes its run KILLED); returns 0."""
+    sweep, doc = locate(target)
+    driver, _ = _jobs(sweep, doc)
+    _stop([driver.job_id], [driver])
+    _, tasks = _jobs(sweep, doc)  # every array it submitted, now that it submits no more
+    _stop(sorted({t.job_id.split("_")[0] for t in tasks}), tasks)
+    dirs = [Path(d) for d in _read(sweep / tracking.NAMES_FILE).get("job_dirs") or []]
+    print(f"cancelled Slurm job {driver.job_id} and its {len(tasks)} array tasks; {sweep}: "
+          f"{tracking.summary(tracking.count_jobs(dirs))}", file=out)
     return 0
 
 
+def _stop(ids: list[str], jobs: list) -> None:
+    """Pending jobs cancelled; running ones sent SIGTERM and given :data:`WAIT_S` to close their
+    runs and exit (a plain ``scancel`` kills them ``KillWait`` seconds after it), then cancelled."""
+    if not ids:
+        return
+    for how in ("--state=PENDING", "--signal=TERM"):
+        subprocess.run(["scancel", how, *ids], capture_output=True, timeout=60)
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end and not all(j.done(force_check=True) for j in jobs):
+        time.sleep(1)
+    subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+
+
 def main(argv: list[str]) -> int:
-    """``rankexp status DIR|SWEEP_ID`` / ``rankexp cancel DIR|SWEEP_ID``."""
-    ap = argparse.ArgumentParser(prog=f"rankexp {argv[0] if argv else ''}".strip(), description=(
-        "Follow or stop a detached Slurm sweep (hydra.launcher.detach=true): its directory "
-        "(multirun/DATE/TIME), its sweep run's id or its Slurm array id."))
-    ap.add_argument("command", choices=("status", "cancel"))
-    ap.add_argument("sweep", metavar="DIR|SWEEP_ID")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    tracking.quiet_store_logs()
+    """``rankexp detach …`` / ``rankexp status DIR|JOBID`` / ``rankexp cancel DIR|JOBID``."""
     try:
+        if argv[:1] == ["detach"]:
+            return detach(argv[1:])
+        ap = argparse.ArgumentParser(prog="rankexp", description=(
+            "Follow or stop a sweep detached with `rankexp detach`: its directory "
+            "(multirun/DATE/TIME) or its driver's Slurm job id."))
+        ap.add_argument("command", choices=("status", "cancel"))
+        ap.add_argument("sweep", metavar="DIR|JOBID")
+        args = ap.parse_args(argv)
         return (status if args.command == "status" else cancel)(args.sweep)
-    except (SweepNotFound, tracking.TrackingError) as e:
+    except (SweepNotFound, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
