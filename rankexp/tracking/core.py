@@ -27,31 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import jobdir
+
 log = logging.getLogger(__name__)
-__all__ = ["PARENT_FILE", "NAMES_FILE", "STATUS_FILE", "RUN_FILE", "JOURNAL_FILE", "RESULT_DIR",
-           "MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "PARAM_VALUE_LIMIT", "TAG_ROLE",
-           "ROLE_MEMBER", "TAG_LR", "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_HOST",
-           "TAG_PID", "TAG_PID_START", "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM",
-           "TAG_REASON", "RUN_TAGS", "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost",
-           "redact", "_first_line", "configure_http", "quiet_store_logs", "resolve_uri",
-           "_client", "check_store", "experiment_name_problem", "prepare_experiment",
-           "MAX_KEY_LENGTH", "metric_key", "user_tag_problem", "split_seed_std", "git_commit",
-           "command_line", "slurm_job_id", "system_tags", "owner_tags", "write_atomic",
-           "write_json", "read_json", "write_status", "read_parent", "planned_job_dirs",
-           "JOB_STATES", "count_jobs", "summary", "Sink", "RunLogger", "Journal", "read_journal",
-           "read_member_journal", "find_finished", "expired", "close_run", "reconcile",
-           "supersede", "Claim", "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat",
-           "log_counts", "SweepRun", "extend_sweep", "log_tables", "attach_files",
-           "active_run_sink", "log_active_text"]
+__all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
+           "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_HOST", "TAG_PID", "TAG_PID_START",
+           "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM", "TAG_REASON", "RUN_TAGS",
+           "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost", "redact", "_first_line",
+           "configure_http", "quiet_store_logs", "resolve_uri", "_client", "check_store",
+           "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
+           "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
+           "owner_tags", "Sink", "RunLogger", "Journal", "read_journal", "read_member_journal",
+           "find_finished", "expired", "close_run", "reconcile", "supersede", "Claim",
+           "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
+           "attach_files", "active_run_sink", "log_active_text"]
 
 
-# files of a sweep directory (written by the sweeper) and of a job directory (by the job)
-PARENT_FILE = "mlflow_parent.json"  # {"uri", "experiment", "experiment_id", "run_id", "sweep_id"}
-NAMES_FILE = "run_names.json"  # {"started", "names": [job i's run name], "job_dirs": [...]}
-STATUS_FILE, RUN_FILE, JOURNAL_FILE, RESULT_DIR = "status.json", "run.json", "metrics.jsonl", "result"
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
-PARAM_VALUE_LIMIT = 6000
-
 TAG_ROLE, ROLE_MEMBER, TAG_LR = "rankexp.role", "member", "rankexp.lr"
 FIGURES_DIR = "figures"  # a sweep parent's artifact folder of the analysis' figures
 SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
@@ -84,29 +76,30 @@ def _first_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     text = str(e).strip() or type(e).__name__
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), text)
-    return redact(line[:300])
+    for gist in ("Connection refused", "Read timed out", "Name or service not known",
+                 "database or disk is full", "attempt to write a readonly database"):
+        if gist in text:
+            return gist.lower()
+    if "unsupported URI" in text:
+        return "MLflow knows no store for this URI scheme"
+    return redact(next((ln.strip() for ln in text.splitlines() if ln.strip()), text)[:300])
 
 
 def configure_http(retries: int, timeout_s: int, backoff: int) -> None:
-    """Bound MLflow's clients in this process: its ``MLFLOW_HTTP_REQUEST_*`` settings for a
-    server (MLflow's defaults spend minutes per request on a dead one); for a database URI
-    as many connection attempts (MLflow's ``MAX_RETRY_COUNT``, default 10) each bounded by
-    libpq's ``PGCONNECT_TIMEOUT``."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(retries)
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
-    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(backoff)
+    """Bound MLflow's clients: its ``MLFLOW_HTTP_REQUEST_*`` settings (its defaults spend
+    minutes on a dead server) and, for a database URI, its ``MAX_RETRY_COUNT`` connection
+    attempts, each bounded by libpq's ``PGCONNECT_TIMEOUT``."""
+    for key, value in (("MAX_RETRIES", retries), ("TIMEOUT", timeout_s), ("BACKOFF_FACTOR", backoff)):
+        os.environ[f"MLFLOW_HTTP_REQUEST_{key}"] = str(value)
     os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(2, timeout_s)))
     with contextlib.suppress(ImportError, AttributeError):
         from mlflow.store.db import utils as db_utils
-
         db_utils.MAX_RETRY_COUNT = retries + 1
     quiet_store_logs()
 
 
 def quiet_store_logs() -> None:
-    """One message per store problem (ours) instead of a warning per HTTP retry and MLflow's
-    logged traceback of each SQL error it re-raises."""
+    """Our one message per store problem, not a warning per retry and MLflow's tracebacks."""
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
@@ -135,14 +128,12 @@ def _sqlite_path(uri: str) -> Path | None:
 
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
-
     return MlflowClient(tracking_uri=uri)
 
 
 def check_store(uri: str) -> None:
-    """Make sure the store at ``uri`` answers before any run exists (a new SQLite file is
-    created by MLflow and switched to SQLite's write-ahead log on a local disk, so readers
-    never block writers).
+    """Make sure the store answers before any run exists; a new SQLite file is created by
+    MLflow, and on a local disk switched to SQLite's write-ahead log (readers never block).
 
     Raises:
         TrackingError: one line naming the store (password masked), what is wrong, what to do.
@@ -161,20 +152,22 @@ def check_store(uri: str) -> None:
     try:
         _client(uri).search_experiments(max_results=1)
     except Exception as e:
-        what = "does not answer" if not db else "cannot be used"
-        raise TrackingError(
-            f"tracking store {redact(uri)} {what} ({_first_line(e)}); start it or fix it, point "
-            "tracking.uri / $MLFLOW_TRACKING_URI at another store, or use tracking=off") from None
+        if db is not None:
+            raise TrackingError(f"tracking store {uri}: {db} cannot be used as an MLflow store "
+                                f"({_first_line(e)}); move it aside, or point tracking.uri at "
+                                "another store") from None
+        raise TrackingError(f"tracking store {redact(uri)} does not answer ({_first_line(e)}); "
+                            "start it, fix tracking.uri / $MLFLOW_TRACKING_URI, or use tracking=off"
+                            ) from None
     if db is not None and _filesystem(db) not in ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs",
                                                   "beegfs", "fuse.sshfs"):
         import sqlite3  # WAL needs shared memory on one host: not on a network file system
-
         with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(db, timeout=20)) as c:
             c.execute("PRAGMA journal_mode=WAL")
 
 
 def _filesystem(path: Path) -> str:
-    """The type of the file system holding ``path`` (from ``/proc/mounts``; '' if unknown)."""
+    """The type of the file system holding ``path`` ('' if unknown)."""
     target, best, kind = str(path.resolve()), "", ""
     with contextlib.suppress(OSError):
         for fields in (ln.split() for ln in Path("/proc/mounts").read_text().splitlines()):
@@ -200,15 +193,13 @@ def experiment_name_problem(name: str) -> str | None:
 
 def prepare_experiment(uri: str, name: str, description: str | None = None) -> str:
     """The id of experiment ``name`` (created, or restored if deleted); ``description`` becomes
-    its ``mlflow.note.content`` (what the UI shows above its runs).  A lost creation race is
-    resolved by reading the winner's id.
+    its ``mlflow.note.content`` (the UI shows it above its runs).
 
     Raises:
         TrackingError: ``name`` is no experiment name, or its artifacts would leave the store's
             artifact root.
     """
     from mlflow.exceptions import MlflowException
-
     problem = experiment_name_problem(name)
     if problem:
         raise TrackingError(f"experiment name {name!r} {problem}")
@@ -236,7 +227,6 @@ def prepare_experiment(uri: str, name: str, description: str | None = None) -> s
 
 
 _ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")  # what MLflow allows in metric and tag names
-MAX_KEY_LENGTH = 250
 
 
 @functools.lru_cache(maxsize=4096)
@@ -250,7 +240,7 @@ def metric_key(name: str) -> str:
     norm = posixpath.normpath(key)
     if norm != key or norm == "." or norm.startswith(("..", "/")):
         key = re.sub(r"^\.+", lambda m: "_" * len(m[0]), key.replace("/", "_"))
-    return key[:MAX_KEY_LENGTH]
+    return key[:250]
 
 
 def user_tag_problem(key: str) -> str | None:
@@ -258,7 +248,7 @@ def user_tag_problem(key: str) -> str | None:
     unchanged (:func:`metric_key`) that rankexp does not write itself."""
     if not key or metric_key(key) != key:
         return (f"is not a tag name MLflow accepts (letters, digits, '_-.:/ ', at most "
-                f"{MAX_KEY_LENGTH} characters; e.g. {metric_key(key or '_')!r})")
+                f"250 characters; e.g. {metric_key(key or '_')!r})")
     if key in RUN_TAGS or key.startswith(RESERVED_TAG_PREFIXES):
         return ("is a tag rankexp writes itself (config_hash, sweep_id, mlflow.*, rankexp.*, …): "
                 "choose another name")
@@ -276,8 +266,7 @@ def split_seed_std(scalars: dict[str, float]) -> tuple[dict[str, float], dict[st
 # --------------------------------------------------------------------------- provenance
 @functools.lru_cache(maxsize=1)
 def _git_state() -> tuple[str, str]:
-    """``(HEAD sha or "", "true"/"false"/"")`` of the checkout holding rankexp; ``git
-    --no-optional-locks`` so no process takes the index lock."""
+    """``(HEAD, "true"/"false" dirty)`` of rankexp's checkout (no process takes git's lock)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "--no-optional-locks", "-C", str(Path(__file__).parents[2]),
                                *args], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -320,11 +309,7 @@ def _pid_start(pid: int) -> str | None:
 def system_tags() -> dict[str, str]:
     """MLflow's own tags (the UI's Source, Created by, commit) and ``rankexp.git_dirty``."""
     sha, dirty = _git_state()
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    tags = {"mlflow.source.name": "rankexp", "mlflow.user": user,
+    tags = {"mlflow.source.name": "rankexp", "mlflow.user": getpass.getuser(),
             "mlflow.source.type": "JOB" if slurm_job_id() else "LOCAL"}
     return {**tags, "mlflow.source.git.commit": sha, TAG_DIRTY: dirty} if sha else tags
 
@@ -337,87 +322,6 @@ def owner_tags() -> dict[str, str]:
     return {**tags, TAG_SLURM: slurm_job_id()} if slurm_job_id() else tags
 
 
-# --------------------------------------------------------------------------- job directory
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename: a reader sees the old
-    file or the new one, and a failed write (a full disk) leaves nothing behind.
-
-    Raises:
-        OSError: the write failed (``path`` is unchanged).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def write_json(path: Path, doc: dict) -> None:
-    write_atomic(Path(path), json.dumps(doc, indent=1, default=str).encode())
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_status(job_dir: Path, status: str, **extra: Any) -> None:
-    """A job's state (RUNNING, FINISHED, SKIPPED, FAILED, KILLED) in ``status.json``."""
-    write_json(Path(job_dir) / STATUS_FILE, {"status": status, "time": time.time(), **extra})
-
-
-def read_parent(sweep_dir: Path) -> dict[str, str] | None:
-    """The parent-run record a :class:`~rankexp.tracking.SweepRun` left in the sweep directory."""
-    return read_json(Path(sweep_dir) / PARENT_FILE)
-
-
-def planned_job_dirs(sweep_dir: str | os.PathLike | None) -> list[Path]:
-    """Every job directory of a sweep's plan (the sweeper's :data:`NAMES_FILE`), those of jobs
-    that never started included; else the directories holding a job's files."""
-    if not sweep_dir:
-        return []
-    sweep = Path(sweep_dir)
-    planned = (read_json(sweep / NAMES_FILE) or {}).get("job_dirs")
-    if planned:
-        return [Path(d) for d in planned]
-    return sorted({p.parent for n in (STATUS_FILE, RUN_FILE) for p in sweep.glob(f"*/{n}")})
-
-
-#: job outcomes a sweep counts (``held``: another live run held the config, it was not run here)
-JOB_STATES = ("finished", "skipped", "failed", "killed", "not_run", "held")
-
-
-def count_jobs(job_dirs: Iterable[Path], run_status: dict[str, str] | None = None) -> Counter:
-    """Outcome counts from the jobs' ``status.json``; the store's word wins for a run in
-    ``run_status`` (closed as expired); a job still RUNNING counts as killed, one with no file
-    as ``not_run``."""
-    counts = Counter({k: 0 for k in JOB_STATES})
-    for d in job_dirs:
-        doc = read_json(Path(d) / STATUS_FILE)
-        status = (doc or {}).get("status")
-        if doc and doc.get("run_id") in (run_status or {}):
-            status = run_status[doc["run_id"]]
-        elif status == "RUNNING":
-            status = "KILLED"
-        elif status == "SKIPPED" and doc.get("reason") == "held":
-            status = "HELD"
-        key = "not_run" if doc is None else (status or "").lower()
-        counts[key if key in JOB_STATES else "failed"] += 1
-    return counts
-
-
-def summary(counts: Counter) -> str:
-    held = f", {counts['held']} held by another live run" if counts["held"] else ""
-    return (f"{counts['finished']} finished, {counts['skipped']} skipped (already FINISHED), "
-            f"{counts['failed']} failed, {counts['killed']} killed, {counts['not_run']} not run{held}")
-
-
 # --------------------------------------------------------------------------- runs
 #: ``log(metrics, step)``: where a checkpoint's numbers go (:func:`active_run_sink`)
 Sink = Callable[[Mapping[str, float], int], None]
@@ -427,7 +331,7 @@ _JOB_ONLY_TAGS = ("config_hash", "job_dir", TAG_HOST, TAG_PID, TAG_PID_START, TA
 
 
 def _param(v: Any) -> str:
-    return (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:PARAM_VALUE_LIMIT]
+    return (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:6000]
 
 
 def _points(scalars: Mapping[str, float], series: Mapping[str, tuple] | None = None) -> list[list]:
@@ -442,7 +346,6 @@ def _member_points(steps: Any, metrics: Mapping[str, Any], members: int) -> list
     """Member ``i``'s points of ``metrics`` (values ``(members,)`` at one step or
     ``(k, members)`` at ``k`` steps)."""
     import numpy as np
-
     if not members:
         raise ValueError("log_member_series before open_members: no members to log to")
     one = np.ndim(steps) == 0
@@ -460,14 +363,11 @@ def _member_points(steps: Any, metrics: Mapping[str, Any], members: int) -> list
 
 
 class RunLogger:
-    """One job's run: every point first appended to the job directory's journal
-    (``metrics.jsonl``: lines ``{"t", "points"}``, ``{"t", "members": [lr, …]}``, ``{"t",
-    "member": i, "points"}``, what :mod:`rankexp.sync` replays), then sent to MLflow in few
-    requests: ``create_run`` with every tag, ``log_batch`` calls carrying what is pending (the
-    params ride on the first), one ``log_artifacts``, ``set_terminated``.  After a failed
-    request nothing more is sent (``lost`` says why) and :meth:`finish` raises
-    :class:`TrackingLost`.  A training run's learning rates (:meth:`open_members`) are member
-    runs nested under it (``rankexp.role=member``, ``rankexp.lr``) that end with it."""
+    """One job's run: each point appended to the job directory's journal (``metrics.jsonl``,
+    what :mod:`rankexp.sync` replays), then sent in few requests (``create_run`` with every
+    tag, ``log_batch`` with what is pending, params on the first, one ``log_artifacts``).
+    After a failed request nothing more is sent (``lost`` says why) and :meth:`finish` raises
+    :class:`TrackingLost`.  A training run's learning rates are member runs nested under it."""
 
     def __init__(self, uri: str | None, experiment_id: str | None, run_name: str,
                  params: dict[str, Any], tags: dict[str, str], journal: Path | None = None):
@@ -502,8 +402,8 @@ class RunLogger:
                 fh.write(json.dumps({"t": int(time.time() * 1000), **doc}) + "\n")
 
     def _guard(self, what: str, send: Callable[[], Any]) -> bool:
-        """``send()`` unless there is no run or the store failed before; a failure stops the
-        run's logging.  Returns whether it was sent."""
+        """``send()`` unless there is no run or the store failed before (a failure stops the
+        run's logging); whether it was sent."""
         if self.lost is not None or self.run_id is None:
             return False
         try:
@@ -527,7 +427,6 @@ class RunLogger:
         """One member run per learning rate (in the model's member order), named
         ``<run name>·lr1e-3``, with this run's params plus ``lr``."""
         from ..naming import member_name
-
         self.member_lrs = [float(lr) for lr in lrs]
         self._write({"members": self.member_lrs})
 
@@ -543,12 +442,8 @@ class RunLogger:
         self._guard("creating the learning-rate runs", create)
 
     def log_member_series(self, steps: int | Sequence[int], metrics: Mapping[str, Any]) -> int:
-        """Per-member values under plain names (``train_loss``, ``test_acc``): ``steps`` one
-        step with values ``(members,)``, or ``k`` steps with ``(k, members)``.
-
-        Raises:
-            ValueError: before :meth:`open_members`, or values of another shape.
-        """
+        """Per-member values under plain names (``train_loss``): one step with values
+        ``(members,)``, or ``k`` steps with ``(k, members)``; ValueError for other shapes."""
         per_member = _member_points(steps, metrics, len(self.member_lrs))
         for i, points in enumerate(per_member):
             if points:
@@ -562,11 +457,9 @@ class RunLogger:
                                               zip(self.members, per_member, strict=True) if p])
 
     def log_dataset(self, name: str, sha256: str, source: str, profile: dict, context: str = "train") -> bool:
-        """A data set the job reads, as the run's MLflow dataset input: digest = the first 32
-        hex digits of ``sha256`` (MLflow keeps ≤ 36 characters), the whole in the profile.
-        Returns whether the store took it."""
+        """A data set the job reads as the run's dataset input (digest: 32 hex digits of
+        ``sha256``, MLflow keeps ≤ 36; the whole in the profile); whether the store took it."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
-
         dataset = Dataset(name=name, digest=sha256[:32], source_type="local", source=json.dumps(
             {"uri": str(source)}), profile=json.dumps({**profile, "sha256": sha256}))
         return self._guard("the dataset input", lambda: self.client.log_inputs(self.run_id, [
@@ -577,17 +470,15 @@ class RunLogger:
         """MLflow's own system metrics (``system/…``: CPU, memory, GPU with nvidia-ml-py) every
         ``every_s`` seconds (default 10; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` wins)."""
         monitor = None
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         if self.run_id is not None and self.lost is None:
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
             try:
                 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
                 monitor = SystemMetricsMonitor(self.run_id, sampling_interval=every_s or 10.0,
                                                tracking_uri=self.uri)
                 monitor.start()
             except Exception as e:  # psutil missing, an outage: the job goes on without them
                 log.warning("no system metrics for run %s (%s)", self.run_id, _first_line(e))
-                monitor = None
         try:
             yield
         finally:
@@ -597,7 +488,6 @@ class RunLogger:
     def _send(self, points: list[list], tags: dict[str, str], timestamp: int | None = None) -> None:
         """``points``, ``tags`` and the params not sent yet, in as few ``log_batch`` as fit."""
         from mlflow.entities import Metric, Param, RunTag
-
         now = timestamp or int(time.time() * 1000)
         metrics = [Metric(k, v, now, s) for k, s, v in points]
         tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
@@ -611,12 +501,8 @@ class RunLogger:
 
     def finish(self, scalars: dict[str, float], series: dict[str, tuple], artifact_dir: Path | None,
                tags: dict[str, str] | None = None, end_time: int | None = None) -> None:
-        """The final metrics (a scalar's seed spread as a tag), the artifact folder, then
-        FINISHED, the members first.
-
-        Raises:
-            TrackingLost: the store failed a request (now, or earlier in the job).
-        """
+        """The final metrics (seed spreads as tags), the artifact folder, then FINISHED, the
+        members first; TrackingLost if the store failed a request (now or earlier)."""
         def send() -> None:
             metrics, spread = split_seed_std(scalars)
             self._send(_points(metrics, series), {**spread, **(tags or {})})
@@ -630,8 +516,8 @@ class RunLogger:
             raise TrackingLost(f"tracking store {redact(self.uri)} failed a request ({self.lost})")
 
     def end(self, status: str, reason: str, message: str = "") -> bool:
-        """End the run (its members first) as ``status`` with ``rankexp.end_reason`` and
-        ``error`` (and its params if no batch took them); False if it could not."""
+        """End the run and its members as ``status`` (tags ``rankexp.end_reason``, ``error``,
+        the params if no batch took them); False if it could not."""
         if self.run_id is None:
             return False
         for member in self.members:
@@ -647,11 +533,9 @@ class RunLogger:
         return True
 
 
-class Journal(RunLogger):
+def Journal(path: Path | None) -> RunLogger:  # noqa: N802 — a run object, like RunLogger
     """The run object of a job without a store: its journal only."""
-
-    def __init__(self, path: Path | None):
-        super().__init__(None, None, "", {}, {}, path)
+    return RunLogger(None, None, "", {}, {}, path)
 
 
 def _journal_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -686,9 +570,8 @@ def find_finished(uri: str, experiment_id: str, config_hash: str) -> str | None:
 
 
 def expired(run, stale_after_s: float) -> tuple[str, str] | None:
-    """``(reason, message)`` when the owner of RUNNING ``run`` is gone, else ``None``: its
-    process (host, pid, start time) no longer runs on this host, or its heartbeat is older
-    than ``stale_after_s``."""
+    """``(reason, message)`` when the owner of RUNNING ``run`` is gone — its process no longer
+    runs on this host, or its heartbeat is older than ``stale_after_s`` — else ``None``."""
     t = run.data.tags
     host, pid = t.get(TAG_HOST), t.get(TAG_PID, "")
     if host == socket.gethostname() and pid.isdigit():
@@ -707,15 +590,9 @@ def close_run(client, run_id: str, status: str, reason: str, message: str = "",
     """End a run that will not finish (``rankexp.end_reason``, ``error``, the ``params`` its
     owner never sent), and its learning-rate member runs with it."""
     from mlflow.entities import Param, RunTag
-
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
-    pending = [Param(k, _param(v)) for k, v in sorted((params or {}).items())][:MAX_PARAMS]
-    try:
-        client.log_batch(run_id, tags=tags, params=pending)
-    except Exception:
-        if not pending:
-            raise
-        client.log_batch(run_id, tags=tags)  # a param it had after all: the reason alone
+    client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
+        (params or {}).items())][:MAX_PARAMS])
     client.set_terminated(run_id, status)
     if members:
         exp = client.get_run(run_id).info.experiment_id
@@ -749,9 +626,9 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
         elif (verdict := expired(r, stale_after_s)) is None:
             continue
         if tags.get(TAG_ROLE) == "sweep":
-            log_counts(client, r.info.run_id, count_jobs(planned_job_dirs(tags.get("sweep_id"))))
+            log_counts(client, r.info.run_id, jobdir.count_jobs(jobdir.planned_job_dirs(tags.get("sweep_id"))))
         params = {} if r.data.params or not tags.get("job_dir") else (
-            read_json(Path(tags["job_dir"]) / RUN_FILE) or {}).get("params")
+            jobdir.read_json(Path(tags["job_dir"]) / jobdir.RUN_FILE) or {}).get("params")
         close_run(client, r.info.run_id, status, *verdict, params=params)
         closed[r.info.run_id] = (status, verdict[0])
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
@@ -760,9 +637,8 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
 
 
 def supersede(uri: str, old_run_id: str, new_run_id: str) -> None:
-    """``new_run_id`` is a later attempt of the job of ``old_run_id`` (a requeue): the old run,
-    unless FINISHED, is closed KILLED ``superseded`` and soft-deleted with its members, so the
-    config keeps one live run."""
+    """``new_run_id`` is a later attempt of ``old_run_id``'s job (a requeue): the old run, unless
+    FINISHED, is closed KILLED ``superseded`` and soft-deleted with its members."""
     client = _client(uri)
     old = client.get_run(old_run_id)
     if old.info.status == "FINISHED" or old.info.lifecycle_stage == "deleted":
@@ -777,8 +653,7 @@ def supersede(uri: str, old_run_id: str, new_run_id: str) -> None:
 
 @dataclass
 class Claim:
-    """:func:`claim`'s verdict: ``won``, or the ``holder`` run (``status`` FINISHED or RUNNING)
-    and ``where`` it runs, for the message."""
+    """:func:`claim`'s verdict: ``won``, or the ``holder`` run, its ``status``, ``where``."""
 
     won: bool
     holder: str | None = None
@@ -846,7 +721,6 @@ def stand_down(uri: str, run_id: str, held: Claim) -> None:
     """The run of a claimant that lost: KILLED ``stood_down`` (tag ``rankexp.stood_down_for``)
     and soft-deleted: it never computed."""
     from mlflow.entities import RunTag
-
     client = _client(uri)
     client.log_batch(run_id, tags=[RunTag("rankexp.stood_down_for", held.holder or ""),
                                    RunTag(TAG_REASON, "stood_down"),
@@ -855,36 +729,31 @@ def stand_down(uri: str, run_id: str, held: Claim) -> None:
     client.delete_run(run_id)
 
 
-class Heartbeat:
-    """Refresh a run's ``rankexp.heartbeat`` every ``every_s`` s from a daemon thread (failures
-    are skipped: a run whose heartbeat stops expires after ``tracking.stale_after_s``)."""
+@contextlib.contextmanager
+def Heartbeat(uri: str, run_id: str, every_s: float) -> Iterator[None]:  # noqa: N802 — a context
+    """While inside, a daemon thread refreshes the run's ``rankexp.heartbeat`` every ``every_s``
+    seconds (failures skipped: a run whose heartbeat stops expires after ``stale_after_s``)."""
+    stop = threading.Event()
 
-    def __init__(self, uri: str, run_id: str, every_s: float):
-        self.uri, self.run_id, self.every_s, self._stop = uri, run_id, every_s, threading.Event()
-
-    def _beat(self) -> None:
-        client = _client(self.uri)
-        while not self._stop.wait(self.every_s):
+    def beat() -> None:
+        client = _client(uri)
+        while not stop.wait(every_s):
             with contextlib.suppress(Exception):
-                client.set_tag(self.run_id, TAG_HEARTBEAT, str(int(time.time())))
-
-    def __enter__(self) -> Heartbeat:
-        threading.Thread(target=self._beat, daemon=True, name="rankexp-heartbeat").start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
+                client.set_tag(run_id, TAG_HEARTBEAT, str(int(time.time())))
+    threading.Thread(target=beat, daemon=True, name="rankexp-heartbeat").start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 # --------------------------------------------------------------------------- the sweep
 def log_counts(client, run_id: str, counts: Counter, seconds: float | None = None) -> None:
     """A sweep parent's ``jobs_<outcome>``, ``jobs_total`` (and ``sweep_seconds``) metrics."""
     from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
     metrics = {f"jobs_{k}": v for k, v in counts.items()} | {"jobs_total": sum(counts.values())}
     metrics |= {"sweep_seconds": seconds} if seconds is not None else {}
-    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+    client.log_batch(run_id, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in metrics.items()])
 
 
 class SweepRun:
@@ -899,12 +768,12 @@ class SweepRun:
         self.description, self.job_dirs, self.overrides = description, list(job_dirs), overrides
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.client, self.experiment_id, self.run_id = _client(uri), None, None
-        self._heartbeat: Heartbeat | None = None
+        self._heartbeat = contextlib.ExitStack()
         self.t0 = time.time()
 
     def open(self, config_hashes: Iterable[str] = (), resume: bool = True) -> None:
         """Prepare the experiment, close its runs whose owners are gone, create the parent run
-        and record it in the sweep directory (:data:`PARENT_FILE`) for the jobs."""
+        and record it in the sweep directory (:data:`~rankexp.jobdir.PARENT_FILE`) for the jobs."""
         self.experiment_id = prepare_experiment(self.uri, self.experiment, self.description)
         reconcile(self.uri, self.experiment_id, self.stale_after_s)
         tags = {**self.user_tags, "sweep_id": str(self.sweep_dir), TAG_ROLE: "sweep",
@@ -913,10 +782,10 @@ class SweepRun:
                 **({TAG_NOTE: redact(self.note)} if self.note else {})}
         self.run_id = self.client.create_run(self.experiment_id, run_name=self.name, tags=tags).info.run_id
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_json(self.sweep_dir / PARENT_FILE, {
+        jobdir.write_json(self.sweep_dir / jobdir.PARENT_FILE, {
             "uri": redact(self.uri), "experiment": self.experiment, "experiment_id": self.experiment_id,
             "run_id": self.run_id, "sweep_id": str(self.sweep_dir)})
-        self._heartbeat = Heartbeat(self.uri, self.run_id, self.heartbeat_s).__enter__()
+        self._heartbeat.enter_context(Heartbeat(self.uri, self.run_id, self.heartbeat_s))
         log.info("MLflow: %s, experiment %r (id %s), sweep run %s", redact(self.uri), self.experiment,
                  self.experiment_id, self.run_id)
 
@@ -924,8 +793,7 @@ class SweepRun:
         """Close the children whose owners are gone (an interrupted sweep waits ``grace_s``
         for live ones to close themselves), count the jobs and end the parent: KILLED if
         interrupted, FAILED if a job failed, was killed or did not run, else FINISHED."""
-        if self._heartbeat is not None:
-            self._heartbeat.__exit__()
+        self._heartbeat.close()
         closed: dict[str, tuple[str, str]] = {}
         end = time.monotonic() + (grace_s if interrupted else 0)
         try:
@@ -938,53 +806,23 @@ class SweepRun:
                 time.sleep(0.5)
         except Exception as e:
             log.error("could not check the sweep's runs in %s (%s)", redact(self.uri), _first_line(e))
-        counts = count_jobs(self.job_dirs, {r: s for r, (s, _) in closed.items()})
+        counts = jobdir.count_jobs(self.job_dirs, {r: s for r, (s, _) in closed.items()})
         status = "KILLED" if interrupted else (
             "FAILED" if counts["failed"] or counts["killed"] or counts["not_run"] else "FINISHED")
-        log.info("sweep %s: %s%s", self.sweep_dir, summary(counts),
-                 f"; interrupted by {interrupted}: rerun the same command to resume (FINISHED "
-                 "configs are skipped)" if interrupted else "")
+        message = jobdir.summary(counts) + (f"; interrupted by {interrupted}: rerun the same command "
+                                            "to resume (FINISHED configs are skipped)" if interrupted else "")
+        log.info("sweep %s: %s", self.sweep_dir, message)
         try:
             log_counts(self.client, self.run_id, counts, time.time() - self.t0)
             if status == "FINISHED":
                 self.client.set_terminated(self.run_id, "FINISHED")
             else:
-                message = summary(counts) + (f"; interrupted by {interrupted}: rerun the same "
-                                             "command to resume" if interrupted else "")
-                close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message,
-                          members=False)
+                close_run(self.client, self.run_id, status, interrupted or "jobs_failed", message, members=False)
         except Exception as e:
             log.error("could not close the sweep run %s in %s (%s); `python -m rankexp.sync %s` "
                       "closes it once the store answers", self.run_id, redact(self.uri),
                       _first_line(e), self.sweep_dir)
         return status, counts
-
-
-def extend_sweep(run: SweepRun, job_dirs: list[Path], names: list[str],
-                 config_hashes: Iterable[str] = (), resume: bool = True) -> None:
-    """A sweep that learns its jobs round by round records every job so far: the plan
-    (:data:`NAMES_FILE`) and the parent's ``jobs_total``."""
-    record = read_json(run.sweep_dir / NAMES_FILE) or {}
-    write_json(run.sweep_dir / NAMES_FILE, {"started": record.get("started", time.time()),
-                                            "names": list(names),
-                                            "job_dirs": [str(Path(d).resolve()) for d in job_dirs]})
-    run.job_dirs = list(job_dirs)
-    run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
-
-
-def log_tables(run: SweepRun, tables: dict[str, Any], scalars: dict[str, float],
-               folder: str = "contour") -> None:
-    """pandas tables as artifacts ``<folder>/<name>.csv`` and ``.json`` of the parent run,
-    ``scalars`` as its metrics."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, df in tables.items():
-            df.to_csv(Path(tmp) / f"{name}.csv", index=False)
-            df.to_json(Path(tmp) / f"{name}.json", orient="records", indent=1)
-        run.client.log_artifacts(run.run_id, tmp, folder)
-    for k, v in scalars.items():
-        run.client.log_metric(run.run_id, metric_key(k), float(v), step=0)
 
 
 def attach_files(uri: str, run_ids: Sequence[str], paths: Sequence[Path], folder: str = FIGURES_DIR) -> int:
@@ -999,14 +837,9 @@ def attach_files(uri: str, run_ids: Sequence[str], paths: Sequence[Path], folder
 
 # --------------------------------------------------------------------------- the user's own run
 def active_run_sink(required: bool, who: str = "rankexp") -> Sink | None:
-    """``log(metrics, step)`` into the active MLflow run (``with mlflow.start_run():``), or
-    ``None`` when there is none and not ``required``.
-
-    Raises:
-        RuntimeError: ``required`` and no active run (the message names ``who``).
-    """
+    """``log(metrics, step)`` into the active MLflow run (``with mlflow.start_run():``); without
+    one ``None``, or RuntimeError naming ``who`` when ``required``."""
     import mlflow
-
     if mlflow.active_run() is None:
         if required:
             raise RuntimeError(f"{who}: no active MLflow run (wrap training in `with mlflow.start_run():`)")
@@ -1022,5 +855,4 @@ def active_run_sink(required: bool, who: str = "rankexp") -> Sink | None:
 def log_active_text(text: str, artifact_file: str) -> None:
     """``text`` as the artifact ``artifact_file`` of the active MLflow run."""
     import mlflow
-
     mlflow.log_text(text, artifact_file)

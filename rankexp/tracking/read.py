@@ -12,7 +12,6 @@ __all__ = ["MEMBERS_ATTR", "runs_table", "member_runs", "experiment_names", "met
 
 #: ``DataFrame.attrs`` key of :func:`runs_table`: ``{training run id: {lr tag: member run id}}``
 MEMBERS_ATTR = "members"
-_BULK_RUNS_SQL = 500  # runs per SQL query: well under SQLite's bound-variable limit
 
 
 def runs_table(experiments: list[str], uri: str | None = None, filter_string: str = "",
@@ -21,14 +20,10 @@ def runs_table(experiments: list[str], uri: str | None = None, filter_string: st
     ``start_time``, ``end_time``, ``params.<k>``, ``metrics.<k>`` (last value), ``tags.<k>``;
     newest first), sweep parents and learning-rate member runs left out: the members of the
     table's training runs are in ``df.attrs[MEMBERS_ATTR]`` (``{run id: {f"{lr:g}": member
-    run id}}``).
-
-    Raises:
-        TrackingError: none of the experiments exists in the store.
+    run id}}``).  TrackingError if none of the experiments exists.
     """
     import mlflow
     import pandas as pd
-
     uri = resolve_uri(uri)
     client = _client(uri)
     ids = [e.experiment_id for n in experiments if (e := client.get_experiment_by_name(n))]
@@ -76,13 +71,9 @@ def member_runs(uri: str | None, run_ids: list[str], bulk: bool = True) -> dict[
 
 
 def experiment_names(uri: str | None = None) -> list[str]:
-    """Names of the store's experiments that hold at least one run, oldest first.
-
-    Raises:
-        TrackingError: the store cannot be read.
-    """
+    """Names of the store's experiments that hold a run, oldest first (TrackingError if the
+    store cannot be read)."""
     from mlflow.exceptions import MlflowException
-
     client = _client(resolve_uri(uri))
     try:
         return [e.name for e in sorted(client.search_experiments(), key=lambda e: int(e.experiment_id))
@@ -94,54 +85,30 @@ def experiment_names(uri: str | None = None) -> list[str]:
 def metric_history(uri: str | None, run_id: str, key: str):
     """``(steps, values)`` of one metric series of one run, sorted by step."""
     import numpy as np
-
     hist = sorted(_client(resolve_uri(uri)).get_metric_history(run_id, key), key=lambda m: m.step)
     return np.array([m.step for m in hist]), np.array([m.value for m in hist])
 
 
 def metric_histories(uri: str | None, run_ids: list[str], keys: list[str]):
     """``{(run_id, key): (steps, values)}`` for every run and key that logged points, each
-    sorted by step (then time).  On a database store one SQL query per 500 runs (MLflow's
-    ``metrics`` table model); elsewhere one ``get_metric_history`` per run and key."""
+    sorted by step (then time); asked in parallel (MLflow's ``get_metric_history``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
-
     client = _client(resolve_uri(uri))
-    store = client._tracking_client.store  # the SQL store behind the client, if it is one
-    run_ids, keys = list(dict.fromkeys(run_ids)), list(dict.fromkeys(keys))
-    points: dict[tuple[str, str], list[tuple[int, int, float]]] = {}
-    if hasattr(store, "engine"):
-        from mlflow.store.tracking.dbmodels.models import SqlMetric as M
-        from sqlalchemy import select
-
-        with store.engine.connect() as conn:
-            for i in range(0, len(run_ids), _BULK_RUNS_SQL):
-                query = select(M.run_uuid, M.key, M.step, M.timestamp, M.value, M.is_nan).where(
-                    M.key.in_(keys), M.run_uuid.in_(run_ids[i:i + _BULK_RUNS_SQL]))
-                for run_id, key, step, ts, value, nan in conn.execute(query):
-                    points.setdefault((run_id, key), []).append(
-                        (int(step), int(ts), float("nan") if nan else float(value)))
-    else:
-        for run_id in run_ids:
-            for key in keys:
-                pts = [(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)]
-                if pts:
-                    points[(run_id, key)] = pts
-    out = {}
-    for k, pts in points.items():
-        pts.sort(key=lambda p: (p[0], p[1]))
-        out[k] = (np.array([p[0] for p in pts], dtype=np.int64), np.array([p[2] for p in pts], dtype=np.float64))
-    return out
+    pairs = [(r, k) for r in dict.fromkeys(run_ids) for k in dict.fromkeys(keys)]
+    with ThreadPoolExecutor(8) as pool:
+        got = pool.map(lambda rk: sorted((m.step, m.timestamp, m.value)
+                                         for m in client.get_metric_history(*rk)), pairs)
+        return {rk: (np.array([p[0] for p in pts], dtype=np.int64),
+                     np.array([p[2] for p in pts], dtype=np.float64))
+                for rk, pts in zip(pairs, got, strict=True) if pts}
 
 
 def download_artifact(uri: str | None, run_id: str, path: str, dst: str | None = None) -> Path:
-    """Local path of the artifact ``path`` (e.g. ``arrays.npz``) of run ``run_id``, downloaded
-    into the folder ``dst`` (default: a new temporary folder).
-
-    Raises:
-        TrackingError: the run has no such artifact (e.g. ``tracking.log_arrays=false``).
-    """
+    """Local path of run ``run_id``'s artifact ``path`` (e.g. ``arrays.npz``), downloaded into
+    the folder ``dst`` (default: a new temporary one); TrackingError if it has none."""
     from mlflow.exceptions import MlflowException
-
     try:
         local = Path(_client(resolve_uri(uri)).download_artifacts(run_id, path, dst))
     except (MlflowException, OSError) as e:
