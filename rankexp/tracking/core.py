@@ -7,6 +7,7 @@ own active run (:func:`active_run_sink`)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import getpass
 import json
@@ -149,8 +150,11 @@ def check_store(uri: str) -> None:
             if fh.read(16) != b"SQLite format 3\x00":
                 raise TrackingError(f"tracking store {uri}: {db} is not an SQLite database; move "
                                     "it aside to start a new store, or point tracking.uri elsewhere")
-    try:
-        _client(uri).search_experiments(max_results=1)
+    try:  # a new SQLite store is made under a lock: MLflow's migrations cannot race each other
+        with open(f"{db}.lock", "a") if db else contextlib.nullcontext() as lock:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            _client(uri).search_experiments(max_results=1)
     except Exception as e:
         if db is not None:
             raise TrackingError(f"tracking store {uri}: {db} cannot be used as an MLflow store "
