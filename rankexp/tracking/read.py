@@ -39,11 +39,8 @@ def runs_table(experiments: list[str], uri: str | None = None, filter_string: st
     members: dict[str, dict[str, str]] = {}
     role = f"tags.{TAG_ROLE}"
     if role in df:
-        is_member = df[role] == ROLE_MEMBER
-        for parent, lr, rid in zip(df.loc[is_member, "tags.mlflow.parentRunId"],
-                                   df.loc[is_member, f"tags.{TAG_LR}"], df.loc[is_member, "run_id"],
-                                   strict=True):
-            members.setdefault(parent, {})[lr] = rid
+        for _, m in df[df[role] == ROLE_MEMBER].iterrows():
+            members.setdefault(m["tags.mlflow.parentRunId"], {})[m[f"tags.{TAG_LR}"]] = m["run_id"]
         df = df[~df[role].isin(["sweep", ROLE_MEMBER])]
     df = df.reset_index(drop=True)
     df.attrs[MEMBERS_ATTR] = members
@@ -63,7 +60,7 @@ def member_runs(uri: str | None, run_ids: list[str], bulk: bool = True) -> dict[
         queries = [(client.get_run(r).info.experiment_id, f"{role} and tags.mlflow.parentRunId = '{r}'")
                    for r in run_ids]
     for exp, filt in queries:
-        for m in client.search_runs([exp], filter_string=filt, max_results=100_000):
+        for m in client.search_runs([exp], filter_string=filt, max_results=50_000):
             parent = m.data.tags.get("mlflow.parentRunId")
             if parent in wanted:
                 out.setdefault(parent, {})[m.data.tags.get(TAG_LR, "")] = m.info.run_id
