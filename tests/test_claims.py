@@ -6,7 +6,7 @@ syncs of one directory — on SQLite and on the PostgreSQL-backed ``mlflow serve
 claim, each of them computed or logged every config (8 FINISHED runs for 4 configs); now each
 config claims its hash in the store (:func:`rankexp.tracking.claim`) and every trial ends with
 each config FINISHED exactly once, nothing RUNNING, and the stood-down claimants closed,
-tagged and hidden.  The default run has 2 trials of two sweeps and of two syncs on each store;
+tagged and hidden.  The default run has 1 trial of two sweeps and of two syncs on each store;
 ``-m slow`` has the issue's 10 of each race, a sweep beside a sync too.
 """
 
@@ -37,7 +37,7 @@ GRIDS = {"light": ("width=8", "seeds=1", "depth=2,3,4", "alpha=1,2", "task.probe
                    "task.probes=[io_jacobian,profile]")}
 GRID_OF = {"sweep+sweep": "light", "sweep+sync": "heavy", "sync+sync": "light"}
 CONFIGS = 6
-DEFAULT_TRIALS, SLOW_TRIALS = 2, 10
+DEFAULT_TRIALS, SLOW_TRIALS = 1, 10
 KINDS = ("sweep+sweep", "sweep+sync", "sync+sync")
 DEFAULT_KINDS = ("sweep+sweep", "sync+sync")  # the sweep beside a sync: -m slow
 
