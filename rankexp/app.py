@@ -1,38 +1,22 @@
-"""One Hydra job: check → claim → compute → job directory → MLflow.
+"""One Hydra job: check → skip or claim → compute → job directory → MLflow.
 
-Data flow (design.md §3) and what a job promises (issue 8):
-
-* The composed config is checked before anything else (:func:`rankexp.config.check_job`:
-  unknown keys, values, input paths, device), so a mistake never creates a run — once: a job
-  of a sweep run in the sweeper's process takes the whole-sweep check's result
-  (:func:`rankexp.config.checked_job`).
-* A single run checks its store (:func:`rankexp.tracking.check_store`) and closes stale runs
-  of its experiment before its own run exists; a job of a sweep leaves that to the sweeper
-  (hydra_plugins/rankexp_plugins) and only asks whether the store answers *now*
-  (:func:`rankexp.tracking.unreachable`, bounded by ``tracking.http_*``).  A job that cannot
-  reach the store still computes, writes everything to its job directory and fails clearly;
-  ``python -m rankexp.sync`` logs it later with the same params, tags, metrics and artifacts.
-* The job creates its run and claims its config in the store
-  (:func:`rankexp.tracking.claim`) before computing: when a FINISHED run or an earlier live
-  claimant holds it, the job stands down (its run closed ``stood_down`` and hidden; the job
-  SKIPPED, naming the holder), so many writers never compute or log a config twice.
-* A store that refuses a request (permission, full disk, validation) is not an outage: the
-  result stays in the job directory and the run ends FAILED with reason ``store_error``.  An
-  outage found by one job of a sweep is known to the others (``store_down.json``).
+* The composed config is checked first (:func:`rankexp.config.checked_job`), so a mistake
+  never creates a run.  A single run checks its store and closes its experiment's runs whose
+  owners are gone before its own exists; a job of a sweep takes the sweeper's parent run.
+* A config with a FINISHED run is skipped (``tracking.force`` reruns it).  Otherwise the job
+  creates its run and claims the config (:func:`rankexp.tracking.claim`): when an earlier
+  live claimant holds it, the job stands down (SKIPPED, naming the holder).
+* Everything is written to the job directory first; a store that fails the job (down, or
+  refusing) does not stop it: the result stays there, the job fails with exit status 1, and
+  ``python -m rankexp.sync`` logs it later.
 * Every run ends FINISHED, FAILED or KILLED: SIGTERM/SIGINT/SIGHUP end it KILLED (reason: the
-  signal); a Slurm time limit ends it FAILED with reason ``TIMEOUT``; submitit's SIGUSR2 (time
-  limit near) makes a training job requeue itself from its checkpoint, while a measurement,
-  which has nothing to checkpoint, goes on.
-* A requeued attempt *supersedes* the run of the attempt before it
-  (:func:`rankexp.tracking.supersede`): MLflow's params are write-once and its metric
-  histories append-only, so a new run holding the whole series (the training task backfills
-  the points from before its checkpoint) is exact where reopening the old one would duplicate
-  points; the old run is closed, tagged and soft-deleted — one config, one live run.
+  signal); a Slurm time limit FAILED (``TIMEOUT``); submitit's SIGUSR2 makes a training job
+  checkpoint and requeue, whose next attempt supersedes this run.
 
-The job directory (``multirun/<date>/<time>-<pid>/<n>/`` or ``outputs/…``)::
+The job directory::
 
     result/          config.yaml, result.json, arrays.npz — the run's artifacts, one upload
-    run.json         the run as logged (or to be logged): URI, experiment, name, params, tags
+    run.json         the run as logged (or to be logged): store, experiment, name, params, tags
     metrics.jsonl    points the task logged while running (training curves)
     status.json      RUNNING, then FINISHED / SKIPPED / FAILED / KILLED, run id, reason, error
 """
@@ -54,7 +38,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from . import interrupt, naming, startup, tracking
+from . import interrupt, naming, tracking
 from .config import (
     CheckedJob,
     RankexpConfig,
@@ -70,9 +54,6 @@ log = logging.getLogger("rankexp")
 
 #: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
 RESUMABLE_TASKS = {"train"}
-#: a store another job of the sweep found unreachable this recently is not asked again (older
-#: news: asked once, with one-second bounds, whether it is back)
-RECHECK_DOWN_S = 30.0
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
@@ -273,41 +254,30 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 class Job:
     """The state of one job while it runs (see the module docstring for its steps)."""
 
-    def __init__(self, checked: CheckedJob, ctx: JobContext, limit: _TimeLimit,
-                 requeue_handler: Any):
-        s = checked.settings
-        self.s, self.ctx, self.limit = s, ctx, limit
+    def __init__(self, checked: CheckedJob, ctx: JobContext, limit: _TimeLimit, requeue_handler: Any):
+        self.s, self.ctx, self.limit, self.job_dir = checked.settings, ctx, limit, ctx.job_dir
         # submitit's own USR2 handler (checkpoint + requeue) when running as a submitit job
         self.requeue_handler = requeue_handler if callable(requeue_handler) else None
         self.container, self.chash = checked.container, checked.config_hash
-        self.device = resolve_device(s.device)
-        self.job_dir = ctx.job_dir
+        self.device = resolve_device(self.s.device)
         self.uri = self.exp_id = self.run_id = None
-        self.offline: str | None = None  # why the store cannot be reached (or refused the run)
-        self.refused = False  # … the store answered, refusing: not an outage
-        self.logger: tracking.Journal | None = None
-        self.name = run_name(s, ctx)
+        self.offline: str | None = None  # why the store failed this job
+        self.logger: tracking.RunLogger | None = None
+        self.name = run_name(self.s, ctx)
 
-    # ------------------------------------------------------------------ steps
     def run(self) -> dict[str, Any]:
-        s, job_dir = self.s, self.job_dir
+        s, job_dir, t = self.s, self.job_dir, self.s.tracking
         line = sweep_progress(self.ctx, self.name)
         if line:
             log.info("%s", line)
         tags = self._tags()
         previous = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
-        if previous.get("config_hash") != self.chash:
-            previous = {}
-        if s.tracking.enabled:
-            done = self._prepare_tracking(tags)
-            again = s.tracking.resume and not s.tracking.force
-            if (again and done is None and previous.get("status") == "FINISHED"
-                    and previous.get("run_id") and self._store_status(previous["run_id"]) == "FINISHED"):
-                # an earlier attempt of this very job finished (a Slurm requeue after the end):
-                # the job stays FINISHED, counted once — not "skipped" as done by another sweep
-                log.info("this job already FINISHED as run %s (an earlier attempt); nothing to do",
-                         previous["run_id"])
-                return {"status": "FINISHED", "run_id": previous["run_id"], "scalars": {}}
+        earlier = previous.get("run_id") if previous.get("config_hash") == self.chash else None
+        if t.enabled:
+            done = self._connect(tags)
+            if done and done == earlier and previous.get("status") == "FINISHED":
+                log.info("this job already FINISHED as run %s (an earlier attempt)", done)
+                return {"status": "FINISHED", "run_id": done, "scalars": {}}
             if done:
                 log.info("skipping: this config (hash %s) already FINISHED as run %s "
                          "(tracking.force=true reruns it)", self.chash, done)
@@ -315,38 +285,35 @@ class Job:
                 return {"status": "SKIPPED", "run_id": done, "scalars": {}}
         out = job_dir / tracking.RESULT_DIR
         out.mkdir(parents=True, exist_ok=True)
-        tracking.write_atomic(out / "config.yaml",
-                              yaml.safe_dump(self.container, sort_keys=False).encode())
+        text = tracking.redact(yaml.safe_dump(self.container, sort_keys=False))
+        tracking.write_atomic(out / "config.yaml", text.encode())
         params = run_params(self.container, s)
         tracking.write_json(job_dir / tracking.RUN_FILE, {
-            "uri": self.uri, "experiment": s.tracking.experiment, "experiment_id": self.exp_id,
-            "run_name": self.name, "params": params, "tags": tags, "config_hash": self.chash,
-            "start_time": int(time.time() * 1000), "log_arrays": s.tracking.log_arrays})
+            "uri": tracking.redact(self.uri or ""), "experiment": t.experiment, "run_name": self.name,
+            "params": params, "tags": tags, "config_hash": self.chash,
+            "start_time": int(time.time() * 1000), "log_arrays": t.log_arrays})
         journal = job_dir / tracking.JOURNAL_FILE
         journal.unlink(missing_ok=True)
         try:
-            if s.tracking.enabled and self.offline is None:
-                stood_down = self._start_run(params, tags, journal, previous)
+            self.logger = tracking.Journal(journal)
+            if t.enabled and self.offline is None:
+                stood_down = self._start_run(params, tags, journal, earlier if previous.get(
+                    "status") in ("RUNNING", "FAILED", "KILLED") else None)
                 if stood_down is not None:
                     return stood_down
-            run_id = self.run_id
-            if self.offline is not None or not s.tracking.enabled:
-                self.logger = tracking.Journal(journal)
-            startup.end()  # imports and the store are ready: the collector back for the work
-            tracking.write_status(job_dir, "RUNNING", run_id=run_id, config_hash=self.chash,
-                                  uri=self.uri, **tracking.owner_tags())
-            result = self._compute(run_id, out)
+            tracking.write_status(job_dir, "RUNNING", run_id=self.run_id, config_hash=self.chash,
+                                  **tracking.owner_tags())
+            result = self._compute(out)
         except BaseException as e:
             with interrupt.deferred():  # a second signal must not cut the bookkeeping short
                 self._failed(e)
             raise
-        tracking.write_status(job_dir, "FINISHED", run_id=run_id, config_hash=self.chash,
-                              uri=self.uri)
+        tracking.write_status(job_dir, "FINISHED", run_id=self.run_id, config_hash=self.chash)
         headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
                     if k in result.scalars}
-        log.info("%s finished%s: %s", self.name, f" (run {run_id})" if run_id else "",
+        log.info("%s finished%s: %s", self.name, f" (run {self.run_id})" if self.run_id else "",
                  ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
-        return {"status": "FINISHED", "run_id": run_id, "scalars": result.scalars}
+        return {"status": "FINISHED", "run_id": self.run_id, "scalars": result.scalars}
 
     def _tags(self) -> dict[str, str]:
         dev = self.device
@@ -354,7 +321,7 @@ class Job:
             **{str(k): str(v) for k, v in self.s.tracking.tags.items()},  # tracking.tags first
             "config_hash": self.chash,
             "git_commit": tracking.git_commit(),
-            "overrides": self.ctx.overrides,
+            "overrides": tracking.redact(self.ctx.overrides),
             "device": str(dev) + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""),
             "task": self.s.task.name,
             "torch_threads": str(torch.get_num_threads()),
@@ -364,70 +331,43 @@ class Job:
             **({tracking.TAG_NOTE: self.s.tracking.note} if self.s.tracking.note else {}),
         }
 
-    def _prepare_tracking(self, tags: dict[str, str]) -> str | None:
-        """Find the store and experiment (the sweep's parent, else our own checks); returns the
-        run id of a FINISHED run of this config to skip to, else None."""
+    def _connect(self, tags: dict[str, str]) -> str | None:
+        """The store and experiment (the sweep's parent's, else checked here); returns a
+        FINISHED run of this config to skip to (unless ``tracking.force``)."""
         t = self.s.tracking
         tracking.configure_http(t.http_retries, t.http_timeout_s, t.http_backoff)
         self.uri = tracking.resolve_uri(t.uri)
-        resume = t.resume and not t.force
         parent = tracking.read_parent(self.ctx.sweep_dir) if self.ctx.sweep_dir else None
-        if parent and parent["uri"] == self.uri and parent["experiment"] == t.experiment:
+        if parent and parent["uri"] == tracking.redact(self.uri) and parent["experiment"] == t.experiment:
             self.exp_id = parent["experiment_id"]
-            tags["mlflow.parentRunId"] = parent["run_id"]
-            tags["sweep_id"] = parent["sweep_id"]
-            known = tracking.store_known_down(self.ctx.sweep_dir, self.uri)
-            if known and known[1] < RECHECK_DOWN_S:  # another job just found it down: trust that
-                self.offline = f"{known[0]}, found {known[1]:.0f} s ago by another job of the sweep"
-            else:
-                with tracking.quick_bounds() if known else contextlib.nullcontext():
-                    self.offline = tracking.unreachable(self.uri)  # known down: asked briefly
-                if known and self.offline is None:
-                    tracking.clear_store_down(self.ctx.sweep_dir)
-                if self.offline:
-                    tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
-            if self.offline:
-                log.error("tracking store %s does not answer (%s): computing anyway; the result "
-                          "goes to %s — log it later with `python -m rankexp.sync %s`",
-                          self.uri, self.offline, self.job_dir, self.ctx.sweep_dir)
-                return None
-            finished = tracking.read_json(self.ctx.sweep_dir / tracking.FINISHED_FILE) or {}
-            return finished.get(self.chash) if resume else None
-        # a single run (or a sweep without rankexp's sweeper): check everything here
-        tracking.check_store(self.uri)
-        self.exp_id = tracking.prepare_experiment(self.uri, t.experiment)
-        if t.description:
-            tracking.describe_experiment(self.uri, self.exp_id, t.description)
-        tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
-        tags["sweep_id"] = str(self.ctx.sweep_dir) if self.ctx.sweep_dir else ""
-        return tracking.find_finished(self.uri, self.exp_id, self.chash) if resume else None
-
-    def _start_run(self, params: dict[str, Any], tags: dict[str, str], journal: Path,
-                   previous: dict[str, Any]) -> dict[str, Any] | None:
-        """Create the job's run, supersede an earlier attempt's, claim the config
-        (:func:`rankexp.tracking.claim`).  Returns the job's outcome if it stands down for a
-        run that holds the config (SKIPPED), else None — also when the store is lost
-        (``self.offline``: the job computes into its job directory)."""
-        t = self.s.tracking
-        self.logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params,
-                                         tags, journal)  # the claim is stamped by tracking.claim
+            tags.update({"mlflow.parentRunId": parent["run_id"], "sweep_id": parent["sweep_id"]})
+        else:  # a single run (or a sweep without rankexp's sweeper): check everything here
+            tracking.check_store(self.uri)
+            self.exp_id = tracking.prepare_experiment(self.uri, t.experiment, t.description)
+            tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
+            tags["sweep_id"] = str(self.ctx.sweep_dir or "")
+        if not t.resume or t.force:
+            return None
         try:
-            self.run_id = self.logger.start()
-        except Exception as e:  # the store went away (or refuses) just now: compute offline
+            return tracking.find_finished(self.uri, self.exp_id, self.chash)
+        except Exception as e:  # the store went away: compute into the job directory
             self._offline(e)
             return None
-        # the earlier attempt's own run (a SKIPPED job's run id is the run that held its config)
-        earlier = previous.get("run_id") if previous.get("status") in tracking.OWN_RUN_STATES else None
-        if earlier:
-            self._supersede(earlier, self.run_id)
+
+    def _start_run(self, params: dict[str, Any], tags: dict[str, str], journal: Path,
+                   earlier: str | None) -> dict[str, Any] | None:
+        """Create the job's run, supersede this job's earlier attempt, claim the config.
+        Returns the job's outcome (SKIPPED) if it stands down, else None."""
+        t = self.s.tracking
+        logger = tracking.RunLogger(self.uri, self.exp_id, self.name, params, tags, journal)
         try:
+            self.run_id = logger.start()
+            self.logger = logger
+            if earlier:
+                tracking.supersede(self.uri, earlier, self.run_id)
             held = tracking.claim(self.uri, self.exp_id, self.chash, self.run_id, t.stale_after_s,
-                                  finished_counts=t.resume and not t.force,
-                                  ignore=[earlier] if earlier else [])
-        except Exception as e:
-            if not tracking.is_outage(e):
-                raise tracking.StoreRefused(f"tracking store {tracking.redact(self.uri)} refused "
-                                            f"a request ({tracking._first_line(e)})") from None
+                                  finished_counts=t.resume and not t.force, ignore=[earlier or ""])
+        except Exception as e:  # the store went away, or refuses: compute into the job directory
             self._offline(e)
             return None
         if held.won:
@@ -436,87 +376,63 @@ class Job:
             tracking.stand_down(self.uri, self.run_id, held)
         reason = "finished" if held.status == "FINISHED" else "held"
         tracking.write_status(self.job_dir, "SKIPPED", run_id=held.holder, config_hash=self.chash,
-                              uri=self.uri, reason=reason, stood_down=self.run_id,
-                              held_by=held.where)
+                              reason=reason, stood_down=self.run_id, held_by=held.where)
         log.info("skipping: this config (hash %s) is %s %s", self.chash,
                  "already FINISHED as" if reason == "finished" else "being computed by", held.where)
         return {"status": "SKIPPED", "run_id": held.holder, "scalars": {}}
 
     def _offline(self, e: BaseException) -> None:
-        """The store failed this job's request: compute anyway, into the job directory.  An
-        outage is told to the sweep's other jobs (:func:`rankexp.tracking.mark_store_down`)."""
-        self.offline, self.refused = tracking._first_line(e), not tracking.is_outage(e)
-        if not self.refused:
-            tracking.mark_store_down(self.ctx.sweep_dir, self.uri, self.offline)
-        log.error("tracking store %s %s (%s): computing anyway", tracking.redact(self.uri),
-                  "refused the run" if self.refused else "stopped answering", self.offline)
+        self.offline = tracking._first_line(e)
+        if self.logger is not None:
+            self.logger.lost = self.offline
+        log.error("tracking store %s failed (%s): computing anyway, into %s", tracking.redact(self.uri),
+                  self.offline, self.job_dir)
 
-    def _store_status(self, run_id: str) -> str | None:
-        try:
-            return tracking._client(self.uri).get_run(run_id).info.status
-        except Exception:
-            return None
-
-    def _supersede(self, old: str, new: str) -> None:
-        try:
-            tracking.supersede(self.uri, old, new)
-        except Exception as e:  # the new run is what matters; the old one is reconciled later
-            log.warning("could not supersede the earlier run %s (%s)", old, tracking._first_line(e))
-
-    def _compute(self, run_id: str | None, out: Path) -> Measurement:
-        """Run the task, save its result, log it (or fail clearly when offline)."""
+    def _compute(self, out: Path) -> Measurement:
+        """Run the task, save its result, log it (or fail clearly when the store failed)."""
         s, logger = self.s, self.logger
-        beat = (tracking.Heartbeat(self.uri, run_id, s.tracking.heartbeat_s) if run_id
-                else contextlib.nullcontext())
-        # a training run's CPU/memory (GPU with nvidia-ml-py) as MLflow system metrics; a
-        # measurement lasts seconds, less than one sample
-        system = (logger.system_metrics() if logger is not None and s.task.name == "train"
-                  else contextlib.nullcontext())
+        beat = (tracking.Heartbeat(self.uri, self.run_id, s.tracking.heartbeat_s)
+                if self.run_id and self.offline is None else contextlib.nullcontext())
+        # a training run's CPU/memory (GPU with nvidia-ml-py) as MLflow system metrics
+        system = logger.system_metrics() if s.task.name == "train" else contextlib.nullcontext()
         with beat, system:
             _fault_injection(self.ctx.overrides)
             result = TASKS[s.task.name](s, self.device, self.job_dir, logger, self.chash)
-        save_result(out, result, {"config_hash": self.chash, "run_id": run_id},
+        save_result(out, result, {"config_hash": self.chash, "run_id": self.run_id},
                     None if s.tracking.log_arrays else self.job_dir)
-        hint = (f"the result is in {self.job_dir}: log it with `python -m rankexp.sync "
-                f"{self.ctx.sweep_dir or self.job_dir}` once the store is back")
-        if isinstance(logger, tracking.RunLogger):
-            try:
-                logger.finish(result.scalars, result.series, out)
-            except tracking.TrackingError as e:
-                raise type(e)(f"{e}; {hint}") from None
-        elif s.tracking.enabled and self.refused:
-            raise tracking.StoreRefused(
-                f"tracking store {tracking.redact(self.uri)} refused the run ({self.offline}); {hint}")
-        elif s.tracking.enabled:
-            raise tracking.TrackingLost(
-                f"tracking store {tracking.redact(self.uri)} did not answer ({self.offline}); {hint}")
+        if not s.tracking.enabled:
+            return result
+        try:
+            if self.offline is not None:
+                raise tracking.TrackingLost(f"tracking store {tracking.redact(self.uri)} failed "
+                                            f"({self.offline})")
+            logger.finish(result.scalars, result.series, out)
+        except tracking.TrackingLost as e:
+            raise tracking.TrackingLost(f"{e}; the result is in {self.job_dir}: log it with "
+                                        f"`python -m rankexp.sync {self.ctx.sweep_dir or self.job_dir}`"
+                                        " once the store is back") from None
         return result
 
-    # ------------------------------------------------------------------ endings
     def _failed(self, e: BaseException) -> None:
         """Close the run and the job's status for whatever stopped the job."""
-        run_id = self.run_id
         if isinstance(e, interrupt.JobInterrupted):
             status, reason, message = self._interrupted(e.signal_name)
         elif isinstance(e, KeyboardInterrupt):
             status, reason, message = "KILLED", "SIGINT", "interrupted (KeyboardInterrupt)"
         elif isinstance(e, SystemExit):
             status, reason, message = "KILLED", "requeued", "checkpointed and requeued by submitit"
-        elif isinstance(e, tracking.StoreRefused):
-            status, reason, message = "FAILED", "store_error", str(e)
         elif isinstance(e, tracking.TrackingError):
-            reason = "tracking_unreachable" if self.offline else "tracking_lost"
-            status, message = "FAILED", str(e)
-            tracking.mark_store_down(self.ctx.sweep_dir, self.uri, str(e)[:300])
+            status, reason, message = "FAILED", "store_error", str(e)
         else:
             status, reason, message = "FAILED", "exception", f"{type(e).__name__}: {e}"
             log.error("job failed: %s", message, exc_info=e)
-        if isinstance(self.logger, tracking.RunLogger):
+        if self.logger is not None and self.logger.run_id is not None:
+            self.logger.lost = None  # a refusal may not stop the closing request
             self.logger.end(status, reason, message)
-        tracking.write_status(self.job_dir, status, run_id=run_id, config_hash=self.chash,
-                              uri=self.uri, reason=reason, error=message[:2000])
+        tracking.write_status(self.job_dir, status, run_id=self.run_id, config_hash=self.chash,
+                              reason=reason, error=message[:2000])
         if status == "KILLED":
-            log.warning("job stopped (%s): run %s is KILLED", reason, run_id)
+            log.warning("job stopped (%s): run %s is KILLED", reason, self.run_id)
 
     def _interrupted(self, name: str) -> tuple[str, str, str]:
         """(status, reason, message) for a stop request; at a Slurm time-limit warning a
@@ -527,7 +443,6 @@ class Job:
                 self.requeue_handler(signal.SIGUSR2, None)
             except SystemExit:
                 log.warning("time limit near: checkpointed, requeued by submitit")
-                return "KILLED", "requeued", "time limit near: checkpointed and requeued"
             except Exception as e:  # submitit's UncompletedJobError: no requeue left
                 return "FAILED", "TIMEOUT", f"time limit reached, not requeued: {e}"
             return "KILLED", "requeued", "time limit near: checkpointed and requeued"

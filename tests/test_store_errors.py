@@ -5,9 +5,8 @@ tmpfs mounted over it), a full disk (a small tmpfs filled to the last byte), a n
 refuses.  Each job keeps its result in its job directory and ends its run FAILED with
 ``rankexp.end_reason=store_error`` and the real reason; the parent closes after its
 children; nothing is left RUNNING or half-written, and ``rankexp.sync`` logs the results once
-the store accepts them.  A store that hangs (a SIGSTOPped server) or cannot be reached
-(PostgreSQL on a closed port) costs the sweep seconds once, not per job; and the parent of a
-``kill -9``'ed sweep counts every job of its plan.
+the store accepts them.  A PostgreSQL store on a closed port is refused in seconds (its
+password masked), and the parent of a ``kill -9``'ed sweep counts every job of its plan.
 
 The tmpfs tests need to mount (root): elsewhere they skip, saying so.
 """
@@ -27,7 +26,6 @@ import pytest
 from conftest import member_history
 from mlflow.entities import ViewType
 from services import (
-    MlflowServer,
     clean_env,
     client,
     finish,
@@ -131,56 +129,6 @@ def test_a_read_only_artifact_root_fails_each_run_with_the_reason(tmp_path):
 
 
 @NEEDS_ROOT
-def test_an_artifact_root_on_a_full_disk_fails_each_run_with_the_reason(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracking.prepare_experiment(uri, "rankexp")
-    with tmpfs(tmp_path / "mlartifacts" / "rankexp", "3m") as disk:
-        fill(disk)
-        res = rankexp(*SMALL, "depth=2,3", "-m", cwd=tmp_path, env=clean_env(), timeout=300)
-        sweep = assert_refused_then_synced(tmp_path, res, "No space left on device")
-        (disk / "ballast").unlink()
-        out = sync(str(sweep), cwd=tmp_path)
-    assert out.returncode == 0, out.stdout + out.stderr
-    runs = [r for r in all_runs(uri) if r.info.lifecycle_stage == "active"]
-    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3  # two jobs + their parent
-
-
-@NEEDS_ROOT
-def test_a_store_on_a_disk_that_fills_mid_sweep_leaves_nothing_running(tmp_path):
-    """The store itself on a 8 MB tmpfs that fills while the sweep runs (jobs idle 1 s each):
-    SQLite refuses every write ("database or disk is full").  The jobs keep their results, the
-    sweep says so in a line each and leaves its parent open for sync; once there is room,
-    sync logs each config once and closes every run."""
-    with tmpfs(tmp_path / "store", "8m") as disk:
-        uri = f"sqlite:///{disk / 'mlflow.db'}"
-        tracking.prepare_experiment(uri, "rankexp")
-        proc = start_rankexp(*SMALL, "depth=2,3,4", f"tracking.uri={uri}", "-m", cwd=tmp_path,
-                             env=clean_env(RANKEXP_FAULT_SLEEP="1"))
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(f"multirun/*/*/{tracking.PARENT_FILE}")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        fill(disk)
-        res = finish(proc, timeout=300)
-        assert res.returncode == 1, res.output[-3000:]
-        assert "Traceback" not in res.output and "--- Logging error ---" not in res.output
-        assert "database or disk is full" in res.output, res.output[-3000:]
-        (sweep,) = [p for p in tmp_path.glob("multirun/*/*") if p.is_dir()]
-        statuses = [json.loads((d / "status.json").read_text()) for d in sorted(sweep.glob("[0-9]*"))]
-        assert [s["status"] for s in statuses] == ["FAILED"] * 3, statuses
-        assert {s["reason"] for s in statuses} == {"store_error"}, statuses
-        assert not half_written(sweep)
-        (disk / "ballast").unlink()
-        out = sync(str(sweep), cwd=tmp_path)
-        assert out.returncode == 0, out.stdout + out.stderr
-        runs = all_runs(uri)
-        live = [r for r in runs if r.info.lifecycle_stage == "active"]
-        assert not [r for r in runs if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in runs]
-        jobs = [r for r in live if r.data.tags.get("rankexp.role") != "sweep"]
-        assert sorted(r.info.status for r in jobs) == ["FINISHED"] * 3
-        assert len({r.data.tags["config_hash"] for r in jobs}) == 3
-
-
-@NEEDS_ROOT
 def test_a_job_directory_on_a_full_disk_fails_cleanly(tmp_path):
     """Before: "--- Logging error ---" tracebacks and 0-byte ``.status.json.<pid>`` files.  Now a
     job that cannot write its directory fails in one line and leaves no half-written file; its
@@ -249,55 +197,6 @@ def test_sync_of_a_job_the_store_refuses_says_so_in_a_line_and_closes_its_run(tm
     assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"], [r.info.status for r in runs]
     (bad,) = [r for r in runs if r.info.status == "FAILED"]
     assert bad.data.tags[tracking.TAG_REASON] == "store_error"
-
-
-# --------------------------------------------------------------------------- outages
-@pytest.fixture
-def server():
-    s = MlflowServer("sqlite", workers=1)
-    try:
-        s.start()
-        yield s
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
-            os.killpg(int((s.dir / "server.pid").read_text()), signal.SIGCONT)
-        s.stop()
-
-
-def test_a_hung_server_costs_the_sweep_one_timeout_not_one_per_job(server, tmp_path):
-    """Row 7: the tracking server SIGSTOPped once the sweep's parent run exists (it accepts
-    connections, answers nothing).  Before: every job waited out the HTTP bounds in its own
-    check (≈ 32 s each at the defaults).  Now the first job that finds it down tells the sweep;
-    the others do not wait again (for 30 s; then they ask once, for a second), compute, keep
-    their results and end in < 1.5 s each; sync logs them all once the server is back."""
-    bounds = ("tracking.http_timeout_s=3", "tracking.http_retries=1", "tracking.http_backoff=0")
-    proc = start_rankexp(*SMALL, "depth=2,3,4,5", f"tracking.uri={server.uri}", *bounds, "-m",
-                         cwd=tmp_path, env=clean_env())
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(f"multirun/*/*/{tracking.PARENT_FILE}")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    pgid = int((server.dir / "server.pid").read_text())
-    os.killpg(pgid, signal.SIGSTOP)
-    res = finish(proc, timeout=300)
-    os.killpg(pgid, signal.SIGCONT)
-    assert res.returncode == 1, res.output[-3000:]
-    (sweep,) = [p for p in tmp_path.glob("multirun/*/*") if p.is_dir()]
-    ended = []  # the basic launcher runs the jobs one after another: a job's time is the gap
-    for d in sorted(sweep.glob("[0-9]*"), key=lambda p: int(p.name)):
-        status = json.loads((d / "status.json").read_text())
-        assert status["status"] == "FAILED", status
-        assert json.loads((d / "result" / "result.json").read_text())["scalars"]["erank_io"] > 0
-        ended.append(status["time"])
-    seconds = [b - a for a, b in zip(ended, ended[1:], strict=False)]
-    assert seconds and all(t < 1.5 for t in seconds), seconds  # main: ≈ 6 s each (3 s × 2 tries)
-    assert res.seconds < 90, res.seconds
-    out = sync(str(sweep), cwd=tmp_path)
-    assert out.returncode == 0, out.stdout + out.stderr
-    parents, jobs = sweep_runs(server.uri)
-    finished = [r for r in jobs if r.info.status == "FINISHED"]
-    assert len(finished) == 4 and len({r.data.tags["config_hash"] for r in finished}) == 4
-    assert not [r for r in parents + jobs if r.info.status == "RUNNING"]
-    print(f"sweep {res.seconds:.0f} s; seconds per job after the first: {seconds}")
 
 
 def test_an_unreachable_postgres_uri_is_refused_in_seconds(tmp_path):
