@@ -12,10 +12,7 @@ import pytest
 
 from analysis.core import claims as core
 from analysis.core.registry import default
-from analysis.study import fig3
-from analysis.study import fig5
-from analysis.study import fig6_train
-from analysis.study import fig8
+from analysis.study import fig3, fig5, fig6_train, fig8
 
 CLAIMS = {c.id: c for c in default().claims()}
 

@@ -13,8 +13,7 @@ import pytest
 from analysis.core import claims as core
 from analysis.core.registry import default
 from analysis.core.select import PLACEMENT
-from analysis.study import fig6_train
-from analysis.study import tab5_boundary
+from analysis.study import fig6_train, tab5_boundary
 
 CLAIMS = {c.id: c for c in default().claims()}
 RATES = [10 ** (-4.5 + 0.5 * k) for k in range(6)]  # 3e-5 … 1e-2, half a decade apart

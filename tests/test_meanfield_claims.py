@@ -14,9 +14,15 @@ import pytest
 
 from analysis.core import claims as core
 from analysis.core.registry import default
-from analysis.meanfield import deep_linear
-from analysis.meanfield import mf_phase
-from analysis.meanfield import mf_trainability
+from analysis.meanfield import (
+    FUNCTIONS,
+    deep_linear,
+    mf_bn,
+    mf_phase,
+    mf_relu_collapse,
+    mf_spectrum,
+    mf_trainability,
+)
 from rankexp import theory
 
 CLAIMS = {c.id: c for e in default() if e.part == "meanfield" for c in e.claims}
@@ -24,13 +30,13 @@ CLAIMS = {c.id: c for e in default() if e.part == "meanfield" for c in e.claims}
 
 def verdict(cid: str, table: pd.DataFrame) -> tuple[str, core.Measured]:
     """The claim's verdict on ``table`` (through its own pure function and check)."""
-    _, fn = mf_phase.FUNCTIONS[cid]
+    _, fn = FUNCTIONS[cid]
     m = fn(table)
     return CLAIMS[cid].check.verdict(m.value, m.spread), m
 
 
 def test_every_chapter_claim_is_listed_by_its_entry_and_tested_here():
-    assert set(CLAIMS) == set(mf_phase.FUNCTIONS)
+    assert set(CLAIMS) == set(FUNCTIONS)
     for e in default():
         if e.part == "meanfield":
             assert e.claims, f"{e.id} lists no claims"
@@ -51,7 +57,7 @@ def spectrum(k: float, act: str, init: str) -> pd.DataFrame:
             rows.append({"activation": a, "init": i, "depth": depth, "width": 400, "seeds": SEEDS,
                          "lambda_var": th + (k if (a, i) == (act, init) else 0) * allow,
                          "lambda_var_std": SE * math.sqrt(SEEDS), "lambda_var_theory": th})
-    return mf_phase.spectrum_rows(pd.DataFrame(rows))
+    return mf_spectrum.spectrum_rows(pd.DataFrame(rows))
 
 
 def critical(k: float) -> pd.DataFrame:
@@ -103,7 +109,7 @@ def relu(k: float, which: str) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     t["ratio_exact"] = t["gap_exact"] / t["gap_asymptote"]
     t["ratio_measured"] = t["gap"] / t["gap_asymptote"]
-    return mf_phase.relu_rows(t, SEEDS)
+    return mf_relu_collapse.relu_rows(t, SEEDS)
 
 
 def bn(k: float, which: str) -> pd.DataFrame:
@@ -125,7 +131,7 @@ def bn(k: float, which: str) -> pd.DataFrame:
             shift = k * (3 * SE + 1 / math.sqrt(points)) if (skip, norm) == target and depth == 8 else 0
             r["shattered_autocorr_final"] = ref + shift
             rows.append(r)
-    return mf_phase.bn_rows(pd.DataFrame(rows))
+    return mf_bn.bn_rows(pd.DataFrame(rows))
 
 
 def residual(k: float, which: str) -> pd.DataFrame:
@@ -234,7 +240,7 @@ def test_the_shattered_claims_say_why_they_miss():
 def test_one_seed_is_not_run_not_a_verdict():
     t = spectrum(0, "relu", "gaussian").assign(se=np.nan)
     with pytest.raises(core.NotRun, match="one seed"):
-        mf_phase.FUNCTIONS["mf_spectrum.var_relu_gaussian"][1](t)
+        FUNCTIONS["mf_spectrum.var_relu_gaussian"][1](t)
 
 
 def test_the_deep_linear_bound_holds_for_the_quadrature():

@@ -13,13 +13,40 @@ import pandas as pd
 from rankexp.probes.meanfield import DEEP_LINEAR_DEFAULTS
 
 from ..core import style
-from ..core.claims import Measured, NotRun, at_most
+from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import load
+from ..core.select import load, series
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
-from .mf_phase import S_KEY, _claim, _common, deep_linear_table, worst
+from . import claim, common_arguments, newest, worst
+
+S_KEY = "task.options.deep_linear.s"
+
+
+def deep_linear_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
+    """Long table per (s, a₀, N): quadrature, asymptote (N > 2, a₀ < 1), simulation where run."""
+    rows = []
+    for _, r in newest(df, [S_KEY]).iterrows():
+        s = float(r[S_KEY])
+        a0s = sorted(float(c[len("T_quad_a"):]) for c in df.columns if c.startswith("T_quad_a")
+                     and pd.notna(r[c]))
+        for a0 in a0s:
+            steps, quad = series(uri, r["run_id"], f"T_quad_a{a0:g}")
+            asym = np.full_like(quad, np.nan)
+            if a0 < 1:
+                st, v = series(uri, r["run_id"], f"T_asym_a{a0:g}")
+                asym[np.isin(steps, st)] = v
+            sim = [r.get(f"T_sim_N{int(n)}_a{a0:g}", np.nan) for n in steps]
+            rows.append(pd.DataFrame({"s": s, "a0": a0, "N": steps, "T_quad": quad,
+                                      "T_asymptote": asym, "T_sim": sim}))
+    t = pd.concat(rows, ignore_index=True)
+    t["asymptote_ratio"] = t["T_asymptote"] / t["T_quad"]
+    return t
+
+
+def _deep_linear(runs: Runs) -> pd.DataFrame:
+    return deep_linear_table(runs("deep_linear"), runs.uri)
 
 
 def draw_deep_linear(t: pd.DataFrame):
@@ -44,7 +71,7 @@ def draw_deep_linear(t: pd.DataFrame):
 
 
 def _deep_linear_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p, "deep_linear")
+    common_arguments(p, "deep_linear")
 
 
 def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
@@ -96,11 +123,16 @@ def deep_linear_asymptote(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"s = {r['s']:g}, a₀ = {r['a0']:g}, N = {r['N']:g}")
 
 
+
+def _deep_linear_runs(runs: Runs) -> pd.DataFrame:
+    return runs("deep_linear")
+
+
 DEEP_LINEAR = (
-    _claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
+    claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
            "T(N, a₀) of the quadrature 215.8", "science.md §5 (215.8)", "0",
-           "deep_linear_runs", deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
-    _claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
+           _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
+    claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
            "science.md §5 (215.9)", "ratio 1", "deep_linear", deep_linear_asymptote, size="smoke"),
 )
 

@@ -13,18 +13,41 @@ import pandas as pd
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun
+from ..core.claims import Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
-from ..core.style import plt, save
+from ..core.style import plain_log_ticks, plt, save
 from ..core.tables import to_markdown, write_text
-from .mf_phase import _claim, _common, _newest, architecture, worst
-from .mf_relu_collapse import _plain_log_ticks
+from . import claim, common_arguments, newest, standard_error, worst
+
+
+def architecture(r) -> str:
+    """``plain``, ``plain + BN``, ``residual (β = 1)``, ``residual + BN (β = 1/√L)`` …"""
+    bn = r.get("norm.placement", "none") != "none" and r.get("norm.op") == "batchnorm"
+    name = "plain" if int(r["skip_every"]) == 0 else "residual"
+    if name == "residual":
+        beta = {"const": f"{r.get('beta', 1):g}", "inv_sqrt_depth": "1/√L",
+                "inv_depth": "1/L"}.get(r.get("beta_scaling", "const"), "?")
+        return f"{name}{' + BN' if bn else ''} (β = {beta})"
+    return name + (" + BN" if bn else "")
+
+
+def bn_rows(df: pd.DataFrame) -> pd.DataFrame:
+    d = newest(df.assign(arch=[architecture(r) for _, r in df.iterrows()]), ["arch", "depth"])
+    return pd.DataFrame({"arch": d["arch"], "depth": d["depth"].astype(int),
+                         "grad_growth": d["grad_growth"],
+                         "grad_growth_se": standard_error(d["grad_growth_std"], d["seeds"]),
+                         "autocorr": d["shattered_autocorr_final"],
+                         "autocorr_se": standard_error(d["shattered_autocorr_final_std"], d["seeds"]),
+                         "points": d["task.options.shattered.points"].astype(float)
+                         if "task.options.shattered.points" in d else 256.0,
+                         "width": d["width"].astype(float), "beta": d["beta_eff"].astype(float)
+                         if "beta_eff" in d else 1.0})
 
 
 def bn_table(df: pd.DataFrame) -> pd.DataFrame:
-    d = _newest(df.assign(arch=[architecture(r) for _, r in df.iterrows()]), ["arch", "depth"])
+    d = newest(df.assign(arch=[architecture(r) for _, r in df.iterrows()]), ["arch", "depth"])
     cols = [c for c in ("grad_ratio", "grad_ratio_std", "grad_growth", "shattered_autocorr_final",
                         "shattered_autocorr_final_std") if c in d]
     return d.set_index(["arch", "depth"])[cols + ["run_id"]].sort_index()
@@ -72,7 +95,7 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     ax.plot(lay, 0.75**lay, "k-.", lw=0.8, label=r"$(3/4)^L$")
     ax.plot(lay, 1 / np.sqrt(lay), "k:", lw=0.8, label=r"$1/\sqrt{L}$")
     ax.set_xscale("log")
-    _plain_log_ticks(ax)
+    plain_log_ticks(ax, "x")
     ax.set_ylim(-0.2, 1.05)
     ax.set_xlabel("depth $L$ (lines: every layer of the deepest run; markers: each run)")
     ax.set_ylabel("lag-1 autocorrelation of $d(v^\\top h_L)/dx$")
@@ -92,7 +115,7 @@ def bn_spread_note(t: pd.DataFrame) -> str:
 
 
 def _bn_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p, "mf_bn")
+    common_arguments(p, "mf_bn")
 
 
 def _bn_main(args: argparse.Namespace) -> list[Path]:
@@ -104,6 +127,11 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", bn_spread_note(t)])
     return save(fig, out, "mf_bn",
                 t.drop(columns="run_id"))
+
+
+
+def _bn(runs: Runs) -> pd.DataFrame:
+    return bn_rows(runs("mf_bn"))
 
 
 MF_BN_COMMAND = Command(_bn_arguments, _bn_main,
@@ -151,17 +179,17 @@ def shattered_decay(archs: tuple[str, ...], reference: Callable[[pd.Series], flo
 
 
 MF_BN = (
-    _claim("mf_bn.bn_growth", "Batch-normalized plain ReLU nets: weight-gradient norms grow "
+    claim("mf_bn.bn_growth", "Batch-normalized plain ReLU nets: weight-gradient norms grow "
            "geometrically toward the input, by √(π/(π−1)) ≈ 1.209 per layer",
            "science.md §5 (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
            "bn", bn_growth),
-    _claim("mf_bn.shattered_plain", "Shattered gradients: plain (BN) nets' lag-1 "
+    claim("mf_bn.shattered_plain", "Shattered gradients: plain (BN) nets' lag-1 "
            "autocorrelation decays like 1/2^L", "science.md §5 (shattered gradients)", "2^{−L}",
            "bn", shattered_decay(("plain + BN",), lambda r: 0.5 ** r["depth"])),
-    _claim("mf_bn.shattered_residual", "Shattered gradients: residual nets without BN decay "
+    claim("mf_bn.shattered_residual", "Shattered gradients: residual nets without BN decay "
            "like (3/4)^L", "science.md §5 (shattered gradients)", "(3/4)^L",
            "bn", shattered_decay(("residual (β = 1)",), lambda r: 0.75 ** r["depth"])),
-    _claim("mf_bn.shattered_residual_bn", "Shattered gradients: residual nets with BN and "
+    claim("mf_bn.shattered_residual_bn", "Shattered gradients: residual nets with BN and "
            "branch gain β decay like 1/(β√L) (capped at 1)", "science.md §5 (shattered gradients)",
            "min(1, 1/(β√L))", "bn",
            shattered_decay(("residual + BN (β = 1)", "residual + BN (β = 1/√L)"), lambda r: min(1.0, 1 / (r["beta"] * math.sqrt(r["depth"]))))),

@@ -8,24 +8,45 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
 
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured
+from ..core.claims import Measured, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import load
-from ..core.style import save
-from .mf_phase import C0, _claim, _common, relu_collapse_table, worst
+from ..core.select import load, series
+from ..core.style import plain_log_ticks, save
+from . import claim, common_arguments, newest, standard_error, worst
+
+C0 = "task.options.correlation.c0"
 
 
-def _plain_log_ticks(ax, which: str = "x") -> None:
-    """Plain numbers (1, 10, 100 …) instead of 2×10⁰ on a short log axis (layers, depths)."""
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(ticker.NullFormatter())
+def relu_collapse_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
+    """Long table per (c_0, l): measured 1 − c_l (seed mean, std), the exact critical ReLU map
+    iterated from c_0 (:func:`rankexp.theory.relu_correlation_iterates`) and 9π²/(2l²)."""
+    rows = []
+    for _, r in newest(df, [C0, "width", "depth"]).iterrows():
+        steps, c = series(uri, r["run_id"], "mf_c")
+        _, sd = series(uri, r["run_id"], "mf_c_std") if r.get("seeds", 1) > 1 else (steps, 0 * c)
+        exact = theory.relu_correlation_iterates(float(r[C0]), int(steps.max()))[steps]
+        rows.append(pd.DataFrame({"c0": r[C0], "width": r["width"], "layer": steps,
+                                  "gap": 1 - c, "gap_std": sd, "gap_exact": 1 - exact,
+                                  "gap_asymptote": theory.relu_correlation_gap(np.maximum(steps, 1))}))
+    t = pd.concat(rows, ignore_index=True)
+    t["ratio_exact"] = t["gap_exact"] / t["gap_asymptote"]
+    t["ratio_measured"] = t["gap"] / t["gap_asymptote"]
+    return t[t["layer"] >= 1]
+
+
+def relu_rows(t: pd.DataFrame, seeds: int) -> pd.DataFrame:
+    """:func:`~analysis.meanfield.figures.relu_collapse_table` with the s.e. of 1 − c_l."""
+    return t.assign(se=standard_error(t["gap_std"], np.full(len(t), seeds)))
+
+
+def _relu(runs: Runs) -> pd.DataFrame:
+    df = runs("mf_relu_collapse")
+    return relu_rows(relu_collapse_table(df, runs.uri), int(df["seeds"].min()))
 
 
 def draw_relu_collapse(t: pd.DataFrame):
@@ -55,13 +76,13 @@ def draw_relu_collapse(t: pd.DataFrame):
     axes[1].set_title("ratio to the asymptote (→ 1; markers: measured)", fontsize=9)
     axes[1].legend(fontsize=7)
     for ax in axes:
-        _plain_log_ticks(ax)
+        plain_log_ticks(ax, "x")
     fig.suptitle("Polynomial collapse of the correlation in critical ReLU networks")
     return fig
 
 
 def _relu_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p, "mf_relu_collapse")
+    common_arguments(p, "mf_relu_collapse")
 
 
 def _relu_main(args: argparse.Namespace) -> list[Path]:
@@ -94,12 +115,12 @@ def relu_asymptote(t: pd.DataFrame) -> Measured:
 
 
 MF_RELU_COLLAPSE = (
-    _claim("mf_relu_collapse.exact_map", "Critical ReLU (σ_w² = 2): c_l follows the map f(c) = "
+    claim("mf_relu_collapse.exact_map", "Critical ReLU (σ_w² = 2): c_l follows the map f(c) = "
            "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "science.md §5 (critical ReLU)",
            "f^l(c_0)", "relu", relu_exact_map),
-    _claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
+    claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
            "exponential, collapse)", "science.md §5 (critical ReLU)", "ratio 1",
-           "relu", relu_asymptote),
+           _relu, relu_asymptote),
 )
 
 

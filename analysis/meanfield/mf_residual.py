@@ -13,19 +13,42 @@ import pandas as pd
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun
+from ..core.claims import Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import save
-from .mf_phase import _claim, _common, _newest, worst
+from . import claim, common_arguments, newest, standard_error, worst
+
+
+def residual_rows(runs: Runs, df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and layer: q_l, c_l, their s.e., (1+β²)^l q_0, the residual map, its
+    ODE at t = l/L (τ = β²L) and n."""
+    out = []
+    for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
+        depth, beta, seeds = int(r["depth"]), float(r["beta_eff"]), int(r["seeds"])
+        steps, q = runs.series(r["run_id"], "mf_q")
+        _, c = runs.series(r["run_id"], "mf_c")
+        qs = runs.series(r["run_id"], "mf_q_std")[1] if seeds > 1 else np.full_like(q, np.nan)
+        cs = runs.series(r["run_id"], "mf_c_std")[1] if seeds > 1 else np.full_like(c, np.nan)
+        out.append(pd.DataFrame({
+            "beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
+            "width": float(r["width"]), "q0": float(q[0]), "q": q, "q_se": standard_error(qs, np.full(len(q), seeds)),
+            "q_theory": q[0] * (1 + beta**2) ** steps, "c": c, "c_se": standard_error(cs, np.full(len(c), seeds)),
+            "c_map": theory.residual_relu_correlation(float(c[0]), depth, beta)[steps],
+            "c_ode": theory.residual_relu_correlation_ode(float(c[0]), steps / depth, beta**2 * depth)}))
+    return pd.concat(out, ignore_index=True)
+
+
+def _residual(runs: Runs) -> pd.DataFrame:
+    return residual_rows(runs, runs("mf_residual"))
 
 
 def residual_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     """Long table per (β scaling, L, l): measured q_l, c_l; (1+β²)^l q_0; the residual map;
     the ODE limit at t = l/L with τ = β²L."""
     rows = []
-    for _, r in _newest(df, ["beta_scaling", "depth", "width"]).iterrows():
+    for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
         depth = int(r["depth"])
         beta = float(r["beta_eff"])
         steps, q = series(uri, r["run_id"], "mf_q")
@@ -76,7 +99,7 @@ def draw_residual(t: pd.DataFrame):
 
 
 def _residual_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p, "mf_residual")
+    common_arguments(p, "mf_residual")
 
 
 def _residual_main(args: argparse.Namespace) -> list[Path]:
@@ -137,18 +160,18 @@ def residual_ode(t: pd.DataFrame) -> Measured:
 
 
 MF_RESIDUAL = (
-    _claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
+    claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
            "(1 + β²)^L", "science.md §5 (residual networks)", "(1 + β²)^L",
-           "residual", residual_variance),
-    _claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
+           _residual, residual_variance),
+    claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
            "variance ratio → e", "science.md §5 (residual networks)", "e",
-           "residual", residual_variance_e),
-    _claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
+           _residual, residual_variance_e),
+    claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
            "c ↦ (c + β² f(c))/(1 + β²)", "science.md §5 (residual networks)", "residual map",
            "residual", residual_correlation),
-    _claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
+    claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
            "dc/dt = f(c) − c", "science.md §5 (residual networks)", "ODE at t = 1",
-           "residual", residual_ode),
+           _residual, residual_ode),
 )
 
 

@@ -14,20 +14,27 @@ from matplotlib import ticker
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun, at_most
+from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import load
 from ..core.style import save
-from .mf_phase import _claim, _common, _edges, trainability_table
+from . import claim, common_arguments, edges, values_text
 
 
-def _values(df: pd.DataFrame, key: str) -> str:
-    if key not in df:
-        return "?"
-    vals = sorted(df[key].dropna().unique().tolist())
-    fmt = [f"{v:g}" if isinstance(v, float) else str(v) for v in vals]
-    return fmt[0] if len(fmt) == 1 else "{" + ", ".join(fmt) + "}"
+def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = df.assign(sigma_w2=(df["alpha"] ** 2).round(12), sigma_b2=(df["bias"] ** 2).round(12))
+    t = d.groupby(["sigma_b2", "sigma_w2", "depth"])[["best_test_accuracy"]].max()
+    xi = {(b, w): theory.correlation_depth_scale(d["activation"].iloc[0], w, b).xi_c
+          for b, w in {(b, w) for b, w, _ in t.index}}
+    t["xi_c_theory"] = [xi[(b, w)] for b, w, _ in t.index]
+    t["six_xi_c"] = 6 * t["xi_c_theory"]
+    return t
+
+
+def _trainability(runs: Runs) -> pd.DataFrame:
+
+    return trainability_table(runs("mf_trainability"))
 
 
 def draw_trainability(t: pd.DataFrame, activation: str):
@@ -36,8 +43,8 @@ def draw_trainability(t: pd.DataFrame, activation: str):
     for ax, sb2 in zip(axes[0], sb2s, strict=True):
         g = t.loc[sb2]["best_test_accuracy"].unstack("sigma_w2")
         sw2, depths = g.columns.to_numpy(float), g.index.to_numpy(float)
-        ye = np.exp(_edges(np.log(depths)))
-        mesh = ax.pcolormesh(np.clip(_edges(sw2), 0, None), ye, g.to_numpy(), cmap="magma",
+        ye = np.exp(edges(np.log(depths)))
+        mesh = ax.pcolormesh(np.clip(edges(sw2), 0, None), ye, g.to_numpy(), cmap="magma",
                              vmin=0.1, shading="flat")
         fig.colorbar(mesh, ax=ax, label="best test accuracy")
         fine = np.linspace(sw2.min(), sw2.max(), 60)
@@ -60,14 +67,14 @@ def draw_trainability(t: pd.DataFrame, activation: str):
 
 
 def _trainability_arguments(p: argparse.ArgumentParser) -> None:
-    _common(p, "mf_trainability")
+    common_arguments(p, "mf_trainability")
 
 
 def _trainability_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["alpha", "bias", "depth", "activation", "best_test_accuracy"])
     t = trainability_table(df)
-    steps = _values(df, "task.steps")
-    lrs = _values(df, "task.lrs")
+    steps = values_text(df, "task.steps")
+    lrs = values_text(df, "task.lrs")
     fig = draw_trainability(t, str(df["activation"].iloc[0]))
     style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
     return save(fig, out_dir(args),
@@ -107,9 +114,9 @@ def trainability(t: pd.DataFrame) -> Measured:
 
 
 MF_TRAINABILITY = (
-    _claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
+    claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
            "(cells within a factor 2 of the boundary not judged)",
-           "science.md §5 (Schoenholz et al. 2017)", "0 cells", "trainability", trainability,
+           "science.md §5 (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
            at_most(0), size="full"),
 )
 
