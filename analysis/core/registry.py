@@ -23,7 +23,8 @@ from types import ModuleType
 
 import yaml
 
-from rankexp.locations import REPO_ROOT
+from hydra_plugins.rankexp_plugins.grids import sweep_plan
+from rankexp.locations import REPO_ROOT, resolve_path
 
 from .claims import Claim
 
@@ -66,7 +67,6 @@ class Needs:
 
 
 def _have_cifar10() -> bool:
-    from rankexp.locations import resolve_path
     from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
 
     root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
@@ -214,8 +214,6 @@ def markdown(reg: Registry | None = None, plan=None, documents_only: bool = Fals
     commands that draw it.  ``documents_only``: the entries whose source is the documents
     (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
     (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
-    from hydra_plugins.rankexp_plugins.grids import sweep_plan
-
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
