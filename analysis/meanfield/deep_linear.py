@@ -133,7 +133,7 @@ DEEP_LINEAR = (
            "T(N, a₀) of the quadrature 215.8", "science.md §5 (215.8)", "0",
            _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
-           "science.md §5 (215.9)", "ratio 1", "deep_linear", deep_linear_asymptote, size="smoke"),
+           "science.md §5 (215.9)", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
 )
 
 

@@ -176,12 +176,12 @@ def phase_xi(t: pd.DataFrame) -> Measured:
 MF_PHASE = (
     claim("mf_phase.chi1", "χ₁ = σ_w² E[φ′(√q* z)²] is the mean squared singular value of a "
            "layer Jacobian (tanh, every (σ_w², σ_b²))", "science.md §5 (215.3)", "χ₁ theory",
-           "phase", phase_chi1),
+           _phase, phase_chi1),
     claim("mf_phase.sides", "Ordered where χ₁ < 1, chaotic where χ₁ > 1: every cell is on the "
            "side of the critical line the theory puts it", "science.md §5 (215.3)", "0 cells",
            _phase, phase_sides, at_most(0)),
     claim("mf_phase.xi_c", "The depth scale ξ_c = −1/ln χ_c (tanh, cells with ξ_c ≤ L/(2 ln 50))",
-           "science.md §5 (215.4)", "ξ_c theory", "phase", phase_xi),
+           "science.md §5 (215.4)", "ξ_c theory", _phase, phase_xi),
 )
 
 

@@ -168,7 +168,7 @@ MF_RESIDUAL = (
            _residual, residual_variance_e),
     claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
            "c ↦ (c + β² f(c))/(1 + β²)", "science.md §5 (residual networks)", "residual map",
-           "residual", residual_correlation),
+           _residual, residual_correlation),
     claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
            "dc/dt = f(c) − c", "science.md §5 (residual networks)", "ODE at t = 1",
            _residual, residual_ode),

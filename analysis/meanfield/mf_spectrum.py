@@ -169,7 +169,7 @@ MF_SPECTRUM = tuple(
 ) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
            "χ₁ = 1 and q* the length map's fixed point", "science.md §5 (215.3, 215.7)",
-           "χ₁ = 1, q* = 1/64", "spectrum_runs", critical_tanh,
+           "χ₁ = 1, q* = 1/64", _spectrum_runs, critical_tanh,
            Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),
 )
 
