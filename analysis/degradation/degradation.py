@@ -639,11 +639,11 @@ DEGRADATION: tuple[Claim, ...] = (
 
 
 COMMANDS = {
-    'init-gradients': INIT_GRADIENTS_COMMAND,
-    'responses': RESPONSES_COMMAND,
-    'error-curves': ERROR_CURVES_COMMAND,
-    'error-table': ERROR_TABLE_COMMAND,
-    'lesion': LESION_COMMAND,
+    "init-gradients": INIT_GRADIENTS_COMMAND,
+    "responses": RESPONSES_COMMAND,
+    "error-curves": ERROR_CURVES_COMMAND,
+    "error-table": ERROR_TABLE_COMMAND,
+    "lesion": LESION_COMMAND,
 }
 
 

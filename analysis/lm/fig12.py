@@ -245,9 +245,7 @@ FIG12_TRAINED = tuple(
 )
 
 
-COMMANDS = {
-    'ffn': FFN_COMMAND,
-}
+COMMANDS = {"ffn": FFN_COMMAND}
 
 
 EXPERIMENTS = (
@@ -255,9 +253,7 @@ EXPERIMENTS = (
         "fig12",
         "Figure 12: GPT-2's FFN branch along the residual stream",
         "science.md §4 fig12",
-        analyses=(
-            "ffn --experiment fig12",
-        ),
+        analyses=("ffn --experiment fig12",),
         claims=FIG12 + FIG12_TRAINED,
         needs=Needs(packages=("transformers",)),
     ),

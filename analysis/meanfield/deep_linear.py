@@ -137,9 +137,7 @@ DEEP_LINEAR = (
 )
 
 
-COMMANDS = {
-    'deep_linear': DEEP_LINEAR_COMMAND,
-}
+COMMANDS = {"deep_linear": DEEP_LINEAR_COMMAND}
 
 
 EXPERIMENTS = (
@@ -147,9 +145,7 @@ EXPERIMENTS = (
         "deep_linear",
         "The deep-linear plateau T(N, a₀)",
         "science.md §5 (215.8/215.9)",
-        analyses=(
-            "deep_linear -e deep_linear",
-        ),
+        analyses=("deep_linear -e deep_linear",),
         claims=DEEP_LINEAR,
     ),
 )

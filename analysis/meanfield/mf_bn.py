@@ -196,9 +196,7 @@ MF_BN = (
 )
 
 
-COMMANDS = {
-    'mf_bn': MF_BN_COMMAND,
-}
+COMMANDS = {"mf_bn": MF_BN_COMMAND}
 
 
 EXPERIMENTS = (
@@ -206,9 +204,7 @@ EXPERIMENTS = (
         "mf_bn",
         "Batch normalization at initialization",
         "science.md §5 (BN paradox, shattered gradients)",
-        analyses=(
-            "mf_bn -e mf_bn",
-        ),
+        analyses=("mf_bn -e mf_bn",),
         claims=MF_BN,
     ),
 )

@@ -185,9 +185,7 @@ MF_PHASE = (
 )
 
 
-COMMANDS = {
-    'mf_phase': MF_PHASE_COMMAND,
-}
+COMMANDS = {"mf_phase": MF_PHASE_COMMAND}
 
 
 EXPERIMENTS = (
@@ -195,9 +193,7 @@ EXPERIMENTS = (
         "mf_phase",
         "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
         "science.md §5 (215.1–215.4)",
-        analyses=(
-            "mf_phase -e mf_phase",
-        ),
+        analyses=("mf_phase -e mf_phase",),
         claims=MF_PHASE,
         needs=Needs(gpu_full=True),
     ),

@@ -124,9 +124,7 @@ MF_RELU_COLLAPSE = (
 )
 
 
-COMMANDS = {
-    'mf_relu_collapse': MF_RELU_COLLAPSE_COMMAND,
-}
+COMMANDS = {"mf_relu_collapse": MF_RELU_COLLAPSE_COMMAND}
 
 
 EXPERIMENTS = (
@@ -134,9 +132,7 @@ EXPERIMENTS = (
         "mf_relu_collapse",
         "Critical ReLU: polynomial correlation collapse",
         "science.md §5 (critical ReLU)",
-        analyses=(
-            "mf_relu_collapse -e mf_relu_collapse",
-        ),
+        analyses=("mf_relu_collapse -e mf_relu_collapse",),
         claims=MF_RELU_COLLAPSE,
     ),
 )

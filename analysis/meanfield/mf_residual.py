@@ -175,9 +175,7 @@ MF_RESIDUAL = (
 )
 
 
-COMMANDS = {
-    'mf_residual': MF_RESIDUAL_COMMAND,
-}
+COMMANDS = {"mf_residual": MF_RESIDUAL_COMMAND}
 
 
 EXPERIMENTS = (
@@ -185,9 +183,7 @@ EXPERIMENTS = (
         "mf_residual",
         "Residual ReLU networks: variance and correlation",
         "science.md §5 (residual networks)",
-        analyses=(
-            "mf_residual -e mf_residual",
-        ),
+        analyses=("mf_residual -e mf_residual",),
         claims=MF_RESIDUAL,
     ),
 )

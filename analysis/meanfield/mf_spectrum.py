@@ -174,9 +174,7 @@ MF_SPECTRUM = tuple(
 )
 
 
-COMMANDS = {
-    'mf_spectrum': MF_SPECTRUM_COMMAND,
-}
+COMMANDS = {"mf_spectrum": MF_SPECTRUM_COMMAND}
 
 
 EXPERIMENTS = (
@@ -184,9 +182,7 @@ EXPERIMENTS = (
         "mf_spectrum",
         "Jacobian spectrum: Var(λ) = L(v_W + v_D)",
         "science.md §5 (215.7)",
-        analyses=(
-            "mf_spectrum -e mf_spectrum",
-        ),
+        analyses=("mf_spectrum -e mf_spectrum",),
         claims=MF_SPECTRUM,
     ),
 )

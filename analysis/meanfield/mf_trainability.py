@@ -121,9 +121,7 @@ MF_TRAINABILITY = (
 )
 
 
-COMMANDS = {
-    'mf_trainability': MF_TRAINABILITY_COMMAND,
-}
+COMMANDS = {"mf_trainability": MF_TRAINABILITY_COMMAND}
 
 
 EXPERIMENTS = (
@@ -131,9 +129,7 @@ EXPERIMENTS = (
         "mf_trainability",
         "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
         "science.md §5 (Schoenholz et al. 2017)",
-        analyses=(
-            "mf_trainability -e mf_trainability",
-        ),
+        analyses=("mf_trainability -e mf_trainability",),
         claims=MF_TRAINABILITY,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
     ),

@@ -181,9 +181,7 @@ FIG10 = (
 )
 
 
-COMMANDS = {
-    'post_ops': POST_OPS_COMMAND,
-}
+COMMANDS = {"post_ops": POST_OPS_COMMAND}
 
 
 EXPERIMENTS = (
@@ -191,9 +189,7 @@ EXPERIMENTS = (
         "fig10",
         "Figure 10: the post-residual op without the Pre-RMSNorm control",
         "science.md §4 fig10",
-        analyses=(
-            "post_ops --experiment fig10",
-        ),
+        analyses=("post_ops --experiment fig10",),
         claims=FIG10,
     ),
 )

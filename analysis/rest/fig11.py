@@ -36,9 +36,7 @@ EXPERIMENTS = (
         "fig11",
         "Figure 11: Pre-Norm stream growth",
         "science.md §4 fig11",
-        analyses=(
-            "stream --experiment fig11",
-        ),
+        analyses=("stream --experiment fig11",),
         claims=FIG11,
     ),
 )

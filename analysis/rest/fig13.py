@@ -29,9 +29,7 @@ EXPERIMENTS = (
         "fig13",
         "Figure 13 (ranks): branch-output norm on the fig6 grid",
         "science.md §4 fig13",
-        analyses=(
-            "heatmap --experiment fig13",
-        ),
+        analyses=("heatmap --experiment fig13",),
         claims=FIG13,
     ),
 )

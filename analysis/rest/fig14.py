@@ -166,9 +166,7 @@ FIG14 = (
 )
 
 
-COMMANDS = {
-    'cos_field': COS_FIELD_COMMAND,
-}
+COMMANDS = {"cos_field": COS_FIELD_COMMAND}
 
 
 EXPERIMENTS = (
@@ -176,9 +174,7 @@ EXPERIMENTS = (
         "fig14",
         "Figure 14: the pairwise cosine field of the branch means",
         "science.md §4 fig14",
-        analyses=(
-            "cos_field --experiment fig14",
-        ),
+        analyses=("cos_field --experiment fig14",),
         claims=FIG14,
     ),
 )

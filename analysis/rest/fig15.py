@@ -128,9 +128,7 @@ FIG15 = tuple(
 )
 
 
-COMMANDS = {
-    'centring': CENTRING_COMMAND,
-}
+COMMANDS = {"centring": CENTRING_COMMAND}
 
 
 EXPERIMENTS = (
@@ -138,9 +136,7 @@ EXPERIMENTS = (
         "fig15",
         "Figure 15: centring, not rescaling, keeps M = 1 rank",
         "science.md §4 fig15",
-        analyses=(
-            "centring --experiment fig15",
-        ),
+        analyses=("centring --experiment fig15",),
         claims=FIG15,
     ),
 )

@@ -41,9 +41,7 @@ EXPERIMENTS = (
         "fig17",
         "Figure 17: Marchenko–Pastur per activation",
         "science.md §4 fig17",
-        analyses=(
-            "mp --experiment fig17",
-        ),
+        analyses=("mp --experiment fig17",),
         claims=FIG17,
     ),
 )

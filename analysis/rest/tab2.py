@@ -99,9 +99,7 @@ TAB2 = (
 )
 
 
-COMMANDS = {
-    'table2': TABLE2_COMMAND,
-}
+COMMANDS = {"table2": TABLE2_COMMAND}
 
 
 EXPERIMENTS = (
@@ -109,9 +107,7 @@ EXPERIMENTS = (
         "tab2",
         "Table 2: the post-residual ops' Jacobians",
         "science.md §4 tab2",
-        analyses=(
-            "table2 --experiment tab2",
-        ),
+        analyses=("table2 --experiment tab2",),
         claims=TAB2,
     ),
 )

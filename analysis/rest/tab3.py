@@ -143,9 +143,7 @@ TAB3 = (
 )
 
 
-COMMANDS = {
-    'table3': TABLE3_COMMAND,
-}
+COMMANDS = {"table3": TABLE3_COMMAND}
 
 
 EXPERIMENTS = (
@@ -153,9 +151,7 @@ EXPERIMENTS = (
         "tab3",
         "Table 3: rank-one projections along a random walk",
         "science.md §4 tab3",
-        analyses=(
-            "table3 --experiment tab3",
-        ),
+        analyses=("table3 --experiment tab3",),
         claims=TAB3,
     ),
 )

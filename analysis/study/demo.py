@@ -9,9 +9,7 @@ EXPERIMENTS = (
         "demo",
         "Demo: Pre- vs Post-Norm erank across α and depth",
         "science.md §3 fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
-        analyses=(
-            "heatmap --experiment demo",
-        ),
+        analyses=("heatmap --experiment demo",),
         reproduce=False,
     ),
 )

@@ -291,9 +291,7 @@ FIG1 = (
 )
 
 
-COMMANDS = {
-    'profiles': PROFILES_COMMAND,
-}
+COMMANDS = {"profiles": PROFILES_COMMAND}
 
 
 EXPERIMENTS = (
@@ -301,9 +299,7 @@ EXPERIMENTS = (
         "fig1",
         "Figure 1: the per-layer rank profile with and without skips",
         "science.md §3 fig1",
-        analyses=(
-            "profiles --experiment fig1",
-        ),
+        analyses=("profiles --experiment fig1",),
         claims=FIG1,
         needs=Needs(gpu_full=True),
     ),

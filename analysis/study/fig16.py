@@ -96,9 +96,7 @@ FIG16 = (
 )
 
 
-COMMANDS = {
-    'fig16': FIG16_COMMAND,
-}
+COMMANDS = {"fig16": FIG16_COMMAND}
 
 
 EXPERIMENTS = (
@@ -106,9 +104,7 @@ EXPERIMENTS = (
         "fig16",
         "Figure 16: how deep a network trains without normalization",
         "science.md §3 fig16",
-        analyses=(
-            "fig16",
-        ),
+        analyses=("fig16",),
         claims=FIG16,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
     ),

@@ -297,9 +297,7 @@ FIG3 = (
 )
 
 
-COMMANDS = {
-    'paths': PATHS_COMMAND,
-}
+COMMANDS = {"paths": PATHS_COMMAND}
 
 
 EXPERIMENTS = (
@@ -307,9 +305,7 @@ EXPERIMENTS = (
         "fig3",
         "Figure 3: path-order decomposition of the Jacobian",
         "science.md §3 fig3",
-        analyses=(
-            "paths --experiment fig3",
-        ),
+        analyses=("paths --experiment fig3",),
         claims=FIG3,
         needs=Needs(gpu_full=True),
     ),

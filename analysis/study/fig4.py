@@ -391,9 +391,7 @@ FIG4B = (
 )
 
 
-COMMANDS = {
-    'placements': PLACEMENTS_COMMAND,
-}
+COMMANDS = {"placements": PLACEMENTS_COMMAND}
 
 
 EXPERIMENTS = (
@@ -401,9 +399,7 @@ EXPERIMENTS = (
         "fig4",
         "Figure 4: where the norm sits and what it does",
         "science.md §3 fig4, §4",
-        analyses=(
-            "placements --experiment fig4",
-        ),
+        analyses=("placements --experiment fig4",),
         claims=FIG4 + FIG4B,
         needs=Needs(gpu_full=True),
     ),

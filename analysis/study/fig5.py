@@ -732,9 +732,9 @@ FIG5_STREAM = (
 
 
 COMMANDS = {
-    'isorank': ISORANK_COMMAND,
-    'stream': STREAM_COMMAND,
-    'accumulated': ACCUMULATED_COMMAND,
+    "isorank": ISORANK_COMMAND,
+    "stream": STREAM_COMMAND,
+    "accumulated": ACCUMULATED_COMMAND,
 }
 
 

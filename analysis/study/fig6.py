@@ -9,8 +9,6 @@ EXPERIMENTS = (
         "fig6",
         "Figure 6 (ranks): the α × L grid",
         "science.md §3 fig6",
-        analyses=(
-            "heatmap --experiment fig6",
-        ),
+        analyses=("heatmap --experiment fig6",),
     ),
 )

@@ -516,11 +516,7 @@ FIG6_TRAIN = (
 )
 
 
-COMMANDS = {
-    'fig6': FIG6_COMMAND,
-    'table5': TABLE5_COMMAND,
-    'curves': CURVES_COMMAND,
-}
+COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "curves": CURVES_COMMAND}
 
 
 EXPERIMENTS = (

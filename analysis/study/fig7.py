@@ -238,9 +238,7 @@ FIG7 = (
 )
 
 
-COMMANDS = {
-    'spike': SPIKE_COMMAND,
-}
+COMMANDS = {"spike": SPIKE_COMMAND}
 
 
 EXPERIMENTS = (
@@ -248,9 +246,7 @@ EXPERIMENTS = (
         "fig7",
         "Figure 7: the mean spike",
         "science.md §3 fig7",
-        analyses=(
-            "spike --experiment fig7",
-        ),
+        analyses=("spike --experiment fig7",),
         claims=FIG7,
         needs=Needs(gpu_full=True),
     ),

@@ -339,9 +339,7 @@ FIG8 = (
 )
 
 
-COMMANDS = {
-    'mp': MP_COMMAND,
-}
+COMMANDS = {"mp": MP_COMMAND}
 
 
 EXPERIMENTS = (
@@ -349,9 +347,7 @@ EXPERIMENTS = (
         "fig8",
         "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
         "science.md §3 fig8/9",
-        analyses=(
-            "mp --experiment fig8",
-        ),
+        analyses=("mp --experiment fig8",),
         claims=FIG8,
     ),
 )

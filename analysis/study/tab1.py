@@ -154,9 +154,7 @@ TAB1 = (
 )
 
 
-COMMANDS = {
-    'table1': TABLE1_COMMAND,
-}
+COMMANDS = {"table1": TABLE1_COMMAND}
 
 
 EXPERIMENTS = (
@@ -164,9 +162,7 @@ EXPERIMENTS = (
         "tab1",
         "Table 1: activation constants beside the measured stable rank",
         "science.md §3 tab1",
-        analyses=(
-            "table1 --experiment tab1",
-        ),
+        analyses=("table1 --experiment tab1",),
         claims=TAB1,
     ),
 )

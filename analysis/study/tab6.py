@@ -134,9 +134,7 @@ TAB6 = (
 )
 
 
-COMMANDS = {
-    'table6': TABLE6_COMMAND,
-}
+COMMANDS = {"table6": TABLE6_COMMAND}
 
 
 EXPERIMENTS = (
@@ -144,9 +142,7 @@ EXPERIMENTS = (
         "tab6",
         "Table 6: M = 1 representation collapse at every width",
         "science.md §3 tab6",
-        analyses=(
-            "table6 --experiment tab6",
-        ),
+        analyses=("table6 --experiment tab6",),
         claims=TAB6,
         needs=Needs(gpu_full=True),
     ),
