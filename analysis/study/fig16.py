@@ -17,7 +17,7 @@ from ..core.runner import Command, set_experiment_default
 from ..core.seeds import pooled
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, warn_mixed
 from ..core.style import save
-from .fig6_train import CHANCE, CONTEXT, _depth_axis
+from .fig6_train import CHANCE, CONTEXT, depth_axis
 
 
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
@@ -55,7 +55,7 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
                 label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
             )
     ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
-    _depth_axis(ax, table.index.get_level_values(2))
+    depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))
     ax.legend()
     fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")

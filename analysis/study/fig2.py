@@ -129,7 +129,7 @@ INGREDIENTS = {
 }
 
 
-def _panels(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+def collapse_panels(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
     """``[(values, runs)]`` per combination of ``keys``; placements in the study's order."""
     if not keys:
         return [((), df)]
@@ -224,7 +224,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     warn_mixed(df, [*keys, *INGREDIENTS[args.x]], args.experiment)
     spread = collapse_spread(df, args.metric, args.x, args.match_rtol)
     xname = style.name(args.x)
-    panels = _panels(df, args.panel)
+    panels = collapse_panels(df, args.panel)
     fig, axes = style.panels(len(panels), max_cols=2, aspect=0.75, sharey=True)
     numeric = pd.api.types.is_numeric_dtype(df[args.color])
     if numeric:

@@ -44,7 +44,7 @@ from ..core.select import (
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 from .fig1 import branch_ratio_theory, kappa_theory
-from .fig2 import _panels, match_values
+from .fig2 import collapse_panels, match_values
 
 log = logging.getLogger("analysis")
 
@@ -200,7 +200,7 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [args.metric, "alpha", "depth", *args.panel])
     warn_mixed(df, ["alpha", "depth", *args.panel], args.experiment)
     slopes, points = isorank_table(df, args.metric, args.levels, args.panel)
-    groups = _panels(df, args.panel)
+    groups = collapse_panels(df, args.panel)
     flat = slopes.reset_index()
     fig, axes = style.panels(len(groups), max_cols=2, aspect=0.8)
     level_colors, _ = style.value_colors(args.levels, "autumn", stop=0.8)
@@ -590,7 +590,7 @@ def _slopes(df: pd.DataFrame) -> pd.DataFrame:
     return isorank_table(df, "erank_io", list(TABLE4_LEVELS), [PLACEMENT, "expansion"])[0]
 
 
-def _iso_slope(placement: str | None, expansion: float | None, level: float | None,
+def iso_slope(placement: str | None, expansion: float | None, level: float | None,
                experiment: str = "fig5"):
     def measure(runs: Runs) -> Measured:
         df = runs(experiment)
@@ -619,9 +619,9 @@ def _iso_slope(placement: str | None, expansion: float | None, level: float | No
 FIG5_ISORANK = (
     Claim("fig5.post_isorank_slope", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
           "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
-          "−0.50", near(-0.50, 0.05), _iso_slope("post", None, None)),
+          "−0.50", near(-0.50, 0.05), iso_slope("post", None, None)),
     *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
-            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), _iso_slope(pl, e, lv),
+            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
             size="cpu")
       for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
 )

@@ -64,7 +64,7 @@ CONTEXT = (
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 
-def _depth_axis(ax, depths) -> None:
+def depth_axis(ax, depths) -> None:
     """Logarithmic depth axis ticked at the depths that were run."""
     depths = sorted({int(d) for d in depths})
     ax.set_xscale("log")
@@ -305,7 +305,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
         s = table.loc[p, "max over alpha"]
         ax.plot(s.index, s.values, "o-", label=style.value_label(PLACEMENT, p))
-    _depth_axis(ax, table.index.get_level_values(1))
+    depth_axis(ax, table.index.get_level_values(1))
     if table["max over alpha"].notna().any():
         ax.set_yscale("log")
     else:

@@ -30,7 +30,7 @@ from ..core.style import save
 TABLE1_ORDER = ("abs", "relu", "gelu", "silu", "tanh", "leaky_relu", "swiglu", "linear")
 
 
-def _activations(values) -> list[str]:
+def activation_order(values) -> list[str]:
     values = list(dict.fromkeys(values))
     return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
 
@@ -68,7 +68,7 @@ def mp_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
     """erank(J_f)/d vs m/d and vs γ (with the Gaussian-product curve), rank(D W_up)/d vs m/d."""
-    acts = _activations(table.index.get_level_values("activation"))
+    acts = activation_order(table.index.get_level_values("activation"))
     widths = sorted(table.index.get_level_values("width").unique())
     colors = {a: f"C{k % 10}" for k, a in enumerate(acts)}
     styles = dict(zip(reversed(widths), ["-", "--", ":", "-."] * 4, strict=False))
@@ -154,7 +154,7 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
 
 def draw_mp_histograms(hist: pd.DataFrame, width: int):
     """Rows = activation, columns = m/d; measured histogram (steps) and MP density (line)."""
-    acts = _activations(hist["activation"])
+    acts = activation_order(hist["activation"])
     exps = sorted(hist["expansion"].unique())
     fig, axes = style.grid(len(acts), len(exps), aspect=0.62)
     for i, act in enumerate(acts):

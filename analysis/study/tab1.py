@@ -20,7 +20,7 @@ from ..core.runner import Command, out_dir, set_experiment_default
 from ..core.select import PLACEMENT, load, need, warn_mixed
 from ..core.style import save
 from ..core.tables import write_markdown
-from .fig8 import _activations
+from .fig8 import activation_order
 
 log = logging.getLogger("analysis")
 
@@ -34,7 +34,7 @@ def table1(df: pd.DataFrame) -> pd.DataFrame:
     ``stable_rank/(1/c)`` (NaN when c = 0), ``runs``.  Index: activation, Table 1 order.
     """
     rows = []
-    for act in _activations(df["activation"]):
+    for act in activation_order(df["activation"]):
         g = df[df["activation"] == act]
         k = activation_constants(act, 1.0)
         sr = float(g["hidden_stable_rank"].mean())
