@@ -75,7 +75,7 @@ def equal_precision_rates(lo: float, hi: float, reading: float) -> int:
 def grid_midpoints(runs: pd.DataFrame, rates: list[float]) -> pd.Series:
     """Each grid cell's boundary read as the geometric midpoint of its largest stable rate and
     the next rate of the grid (the largest stable rate when it is the grid's top)."""
-    from analysis.study.training import table5
+    from analysis.study.fig6_train import table5
 
     top = table5(runs)
     nxt = {a: b for a, b in zip(rates, rates[1:], strict=False)}
@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--size", default="cpu", choices=["cpu", "full"])
     p.add_argument("--store", type=Path, default=None, help="folder of the store (default: a new temporary one)")
     args = p.parse_args()
-    from analysis.study.training import table5
+    from analysis.study.fig6_train import table5
     from rankexp.tracking import runs_table
 
     where = args.store or Path(tempfile.mkdtemp(prefix="bench-boundary-"))

@@ -116,7 +116,7 @@ def contour_exponents(exp: dict, runs: Runs, tol: float | None, s_tol: float | N
 
 def grid_exponents(exp: dict, runs: Runs, n: int) -> tuple[pd.Series, int]:
     """s per (norm, expansion, level) from an ``n``-point α log-grid (isorank's grid method)."""
-    from analysis.study.isorank import isorank_table
+    from analysis.study.fig5 import isorank_table
 
     lo, hi = exp["contour"]["bracket"]
     alphas = [float(f"{a:.10g}") for a in np.geomspace(lo, hi, n)]

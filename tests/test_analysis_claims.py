@@ -12,7 +12,7 @@ import pytest
 
 from analysis.core import claims as core
 from analysis.core.registry import default
-from analysis.study import claims as study
+from analysis.study import fig3, fig5, fig6_train, fig8
 
 CLAIMS = {c.id: c for c in default().claims()}
 
@@ -40,27 +40,27 @@ def test_post_chance_fails_above_and_below_chance():
     def cells(*acc):
         return pd.DataFrame({"erank_io": [0.01] * len(acc) + [0.3], "best_test_accuracy": [*acc, 0.5]})
 
-    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.1, 0.12)).value) == core.HOLDS
-    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.1, 0.3)).value) == core.FAILS  # trains
-    assert judged("fig6.post_chance", study.fig6_chance_gap(cells(0.02, 0.1)).value) == core.FAILS  # broken
+    assert judged("fig6.post_chance", fig6_train.fig6_chance_gap(cells(0.1, 0.12)).value) == core.HOLDS
+    assert judged("fig6.post_chance", fig6_train.fig6_chance_gap(cells(0.1, 0.3)).value) == core.FAILS  # trains
+    assert judged("fig6.post_chance", fig6_train.fig6_chance_gap(cells(0.02, 0.1)).value) == core.FAILS  # broken
     with pytest.raises(core.NotRun):
-        study.fig6_chance_gap(pd.DataFrame({"erank_io": [0.3], "best_test_accuracy": [0.5]}))
+        fig6_train.fig6_chance_gap(pd.DataFrame({"erank_io": [0.3], "best_test_accuracy": [0.5]}))
 
 
 def test_post_lr_shrinks_reads_table5_and_fails_too_steep_too_flat_or_none():
     def lr(**by_depth):
         return pd.Series({int(k[1:]): v for k, v in by_depth.items()}).sort_index()
 
-    table = study.TABLE5_POST
+    table = fig6_train.TABLE5_POST
     as_table = lr(**{f"L{d}": 10 ** table[d] for d in (12, 48, 192)})
-    assert judged("tab5.post_lr_shrinks", study.post_lr_shrink_error(as_table).value) == core.HOLDS
+    assert judged("tab5.post_lr_shrinks", fig6_train.post_lr_shrink_error(as_table).value) == core.HOLDS
     flat = lr(L12=1e-2, L192=1e-2)       # no fall: Table 5 falls 1.5 decades
     steep = lr(L12=1e-2, L192=1e-5)      # 3 decades
     none = lr(L12=1e-2, L192=math.nan)   # nothing stable at the deepest
     for series in (flat, steep, none):
-        assert judged("tab5.post_lr_shrinks", study.post_lr_shrink_error(series).value) == core.FAILS
+        assert judged("tab5.post_lr_shrinks", fig6_train.post_lr_shrink_error(series).value) == core.FAILS
     with pytest.raises(core.NotRun):
-        study.post_lr_shrink_error(lr(L4=1e-2, L16=1e-3))  # no depth of Table 5
+        fig6_train.post_lr_shrink_error(lr(L4=1e-2, L16=1e-3))  # no depth of Table 5
 
 
 def test_an_interval_straddling_a_restored_threshold_is_inconclusive():
@@ -75,7 +75,7 @@ def test_the_fig3_peak_is_the_peak_of_the_mean_profile_and_fails_at_2_and_4():
     orders = np.arange(49)
     for peak, verdict in ((3, core.HOLDS), (2, core.FAILS), (4, core.FAILS)):
         profile = np.exp(-0.5 * (orders - peak) ** 2)
-        assert judged("fig3.peak_order_3", study.profile_peak(orders, profile)) == verdict
+        assert judged("fig3.peak_order_3", fig3.profile_peak(orders, profile)) == verdict
 
 
 def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
@@ -88,8 +88,8 @@ def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
     from rankexp.theory import marchenko_pastur_ks
 
     for d in (16, 64, 256):  # E max(0, d − k)/d → √(d/2)·φ(0)/d = 1/(2√(πd)) ≈ 0.28/√d
-        assert study.mp_atom_allowance(d, 2.0, 0.5) == pytest.approx(1 / (2 * np.sqrt(np.pi * d)), rel=0.02)
-    assert study.mp_atom_allowance(64, 2.0, 1.0) == 0.0  # abs: every unit active, no atom
+        assert fig8.mp_atom_allowance(d, 2.0, 0.5) == pytest.approx(1 / (2 * np.sqrt(np.pi * d)), rel=0.02)
+    assert fig8.mp_atom_allowance(64, 2.0, 1.0) == 0.0  # abs: every unit active, no atom
     rng = np.random.default_rng(0)
     for d, seeds in ((32, 8), (128, 4)):
         m = 2 * d
@@ -103,11 +103,11 @@ def test_the_mp_ks_allowance_admits_exact_mp_samples_and_fails_a_wrong_law():
         ks = marchenko_pastur_ks(np.concatenate(ev), 1.0)
         ks_wrong = marchenko_pastur_ks(np.concatenate(ev), 2.0)
         row = pd.DataFrame({"width": [d], "seeds": [seeds], "expansion": [2.0], "activation": ["relu"]})
-        z = float(study.mp_ks_ratio(row.assign(mp_ks=ks)).iloc[0])
+        z = float(fig8.mp_ks_ratio(row.assign(mp_ks=ks)).iloc[0])
         assert judged("fig9.mp_exact", z) == core.HOLDS, (d, ks, z)
         assert judged("fig17.mp_exact", z) == core.HOLDS
-        assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=ks_wrong)).iloc[0])) == core.FAILS
-        assert judged("fig9.mp_exact", float(study.mp_ks_ratio(row.assign(mp_ks=2 * ks / z)).iloc[0])) == core.FAILS
+        assert judged("fig9.mp_exact", float(fig8.mp_ks_ratio(row.assign(mp_ks=ks_wrong)).iloc[0])) == core.FAILS
+        assert judged("fig9.mp_exact", float(fig8.mp_ks_ratio(row.assign(mp_ks=2 * ks / z)).iloc[0])) == core.FAILS
 
 
 def test_depth_factor_collapse_holds_for_a_function_of_the_depth_factor_and_fails_otherwise():
@@ -120,13 +120,13 @@ def test_depth_factor_collapse_holds_for_a_function_of_the_depth_factor_and_fail
     of_factor = grid.assign(erank_io=1 / (1 + grid["depth_factor"]))
     of_ratio = grid.assign(erank_io=1 / (1 + grid["nominal_ratio"]))     # no depth dependence
     of_depth = grid.assign(erank_io=1 / (1 + grid["depth"] / 10.0))      # depth alone
-    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_factor).value) == core.HOLDS
-    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_ratio).value) == core.FAILS
-    assert judged("fig5.depth_factor_collapse", study.depth_factor_collapse(of_depth).value) == core.FAILS
+    assert judged("fig5.depth_factor_collapse", fig5.depth_factor_collapse(of_factor).value) == core.HOLDS
+    assert judged("fig5.depth_factor_collapse", fig5.depth_factor_collapse(of_ratio).value) == core.FAILS
+    assert judged("fig5.depth_factor_collapse", fig5.depth_factor_collapse(of_depth).value) == core.FAILS
 
 
 def test_fig10_control_coincides_within_seed_noise_and_fails_beyond():
-    from analysis.rest import claims as rest
+    from analysis.rest import fig10
 
     def runs(e_rms, e_ln):
         return pd.DataFrame({"norm.post": ["rmsnorm", "layernorm"], "erank_io": [e_rms, e_ln],
@@ -134,9 +134,9 @@ def test_fig10_control_coincides_within_seed_noise_and_fails_beyond():
 
     se = math.sqrt(2 * 0.02**2 / 4)  # 0.0141
     free = runs(0.10, 0.12)
-    inside = rest.control_gap(free, runs(0.10 + 2 * se, 0.12 - 2 * se)).value
-    above, below = (rest.control_gap(free, runs(0.10 + 4 * se, 0.12)).value,
-                    rest.control_gap(free, runs(0.10, 0.12 - 4 * se)).value)
+    inside = fig10.control_gap_measured(free, runs(0.10 + 2 * se, 0.12 - 2 * se)).value
+    above, below = (fig10.control_gap_measured(free, runs(0.10 + 4 * se, 0.12)).value,
+                    fig10.control_gap_measured(free, runs(0.10, 0.12 - 4 * se)).value)
     assert judged("fig10.control_coincides", inside) == core.HOLDS
     assert judged("fig10.control_coincides", above) == core.FAILS
     assert judged("fig10.control_coincides", below) == core.FAILS

@@ -27,8 +27,9 @@ from analysis import figures
 from analysis.core.registry import default
 from analysis.core.runner import commands
 from analysis.core.runner import main as analysis_main
-from analysis.study.isorank import collapse_spread, contour_points, fit_power_law, match_values
-from analysis.study.profiles import kappa_theory, uncorrelated_theory
+from analysis.study.fig1 import kappa_theory
+from analysis.study.fig2 import collapse_spread, match_values
+from analysis.study.fig5 import contour_points, fit_power_law, uncorrelated_theory
 from rankexp.theory import gaussian_expectation
 
 

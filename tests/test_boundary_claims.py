@@ -13,7 +13,7 @@ import pytest
 from analysis.core import claims as core
 from analysis.core.registry import default
 from analysis.core.select import PLACEMENT
-from analysis.study import claims as study
+from analysis.study import fig6_train, tab5_boundary
 
 CLAIMS = {c.id: c for c in default().claims()}
 RATES = [10 ** (-4.5 + 0.5 * k) for k in range(6)]  # 3e-5 … 1e-2, half a decade apart
@@ -39,12 +39,12 @@ def table(pre: float | None, post: dict) -> dict:
     return {**{("pre", d, a): pre for d, a in post}, **{("post", d, a): b for (d, a), b in post.items()}}
 
 
-TABLE5 = {(d, 0.5): v for d, v in study.TABLE5_POST.items() if d <= 192}
+TABLE5 = {(d, 0.5): v for d, v in fig6_train.TABLE5_POST.items() if d <= 192}
 
 
 def test_the_tab5_boundary_claims_are_registered_on_its_runs():
     ids = {c.id for c in CLAIMS.values() if c.experiment == "tab5_boundary"}
-    assert ids == {c.id for c in study.TAB5_BOUNDARY} and len(ids) == 5
+    assert ids == {c.id for c in tab5_boundary.TAB5_BOUNDARY} and len(ids) == 5
 
 
 def test_pre_top_holds_at_1e_2_and_fails_below_or_with_nothing_stable():

@@ -295,7 +295,7 @@ def test_table5_from_one_rate_runs_is_each_cells_boundary():
     boundary), the largest stable rate where none above it failed, — where none was stable;
     runs of a grid (task.lrs, no ``lr``) keep their logged max_stable_lr."""
     from analysis.core.select import PLACEMENT
-    from analysis.study.training import one_rate, table5
+    from analysis.study.fig6_train import one_rate, table5
 
     nan = math.nan
     rows = [("post", 12, 1e-4, 1e-4), ("post", 12, 1e-3, 1e-3), ("post", 12, 3e-3, nan),

@@ -117,7 +117,7 @@ def test_heatmap_refuses_to_average_runs_whose_params_differ():
     """Row 9: a sweep plus one extra run with another width (and other probes) in one cell."""
     import pandas as pd
 
-    from analysis.study.heatmap import heatmap_table
+    from analysis.study.fig2 import heatmap_table
 
     grid = [(a, L) for a in (1.0, 2.0) for L in (4, 8)]
     rows = [{"alpha": a, "depth": L, "width": 16, "task.probes": "[io_jacobian]", "seed": 0,

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from analysis.core import claims as core
-from analysis.degradation import claims as dc
-from analysis.degradation.figures import conv_steps, gradient_ratio_table
+from analysis.degradation import degradation
+from analysis.degradation.degradation import conv_steps, gradient_ratio_table
 from rankexp import theory
 
-CLAIM = next(c for c in dc.DEGRADATION if c.id == "degradation.plain_grad_ratio_grows")
+CLAIM = next(c for c in degradation.DEGRADATION if c.id == "degradation.plain_grad_ratio_grows")
 DEPTHS = (20, 32, 44, 56, 110)
 
 
@@ -33,22 +33,22 @@ def runs(growth: float, rel_spread: float = 0.5, depths=DEPTHS, offset: float = 
 
 
 def verdict(table: pd.DataFrame) -> tuple[str, core.Measured]:
-    m = dc.plain_growth_per_conv(gradient_ratio_table(table))
+    m = degradation.plain_growth_per_conv(gradient_ratio_table(table))
     return CLAIM.check.verdict(m.value, m.spread), m
 
 
 def test_the_fit_is_the_growth_of_geometric_data_whatever_the_stage_changes():
     for growth in (1.05, 1.13, 1.211):
         for offset in (0.1, 3.0):
-            m = dc.plain_growth_per_conv(gradient_ratio_table(runs(growth, offset=offset)))
+            m = degradation.plain_growth_per_conv(gradient_ratio_table(runs(growth, offset=offset)))
             assert m.value == pytest.approx(growth, rel=1e-12)
     # the seed spread of a two-point line: Var k = (σ₁² + σ₂²)/(x₂ − x₁)² in ln units
-    m = dc.plain_growth_per_conv(gradient_ratio_table(runs(1.13, 0.3, depths=(20, 56))))
+    m = degradation.plain_growth_per_conv(gradient_ratio_table(runs(1.13, 0.3, depths=(20, 56))))
     dx = float(conv_steps(56) - conv_steps(20))
     assert m.spread == pytest.approx(1.13 * math.sqrt(2 * 0.3**2) / dx, rel=1e-9)
     # no seed spread logged: an unweighted fit, no spread
     bare = gradient_ratio_table(runs(1.13)).drop(columns=["plain_std"])
-    m = dc.plain_growth_per_conv(bare)
+    m = degradation.plain_growth_per_conv(bare)
     assert m.value == pytest.approx(1.13, rel=1e-12) and math.isnan(m.spread)
 
 
@@ -77,5 +77,5 @@ def test_a_seed_interval_across_the_edge_is_inconclusive_and_one_depth_is_not_ru
     got, m = verdict(runs(1.13 + 0.04, rel_spread=1.0, depths=(20, 32)))
     assert got == core.INCONCLUSIVE and m.spread > 0.01, m
     with pytest.raises(core.NotRun):
-        dc.plain_growth_per_conv(gradient_ratio_table(runs(1.13, depths=(8,))))
+        degradation.plain_growth_per_conv(gradient_ratio_table(runs(1.13, depths=(8,))))
     assert CLAIM.size == "cpu" and CLAIM.check.region == pytest.approx((1.09, 1.17))

@@ -214,7 +214,7 @@ def test_fig4_sweeps_and_the_control_panel(tmp_path):
 def test_figure4_bars_leave_out_the_figure_4b_runs():
     """Figure 4's bars (and its claims) read the preset runs at the main depth only: a Pre-RMSNorm
     run with R = rmsnorm, or one at another depth, must not count as a 'pre' bar."""
-    from analysis.study.placements import figure4_runs
+    from analysis.study.fig4 import figure4_runs
 
     rows = [  # placement, op, pre, out, post, depth, erank_io
         ("pre", "rmsnorm", "rmsnorm", "none", "none", 96, 0.30),

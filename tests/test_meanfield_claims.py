@@ -14,7 +14,15 @@ import pytest
 
 from analysis.core import claims as core
 from analysis.core.registry import default
-from analysis.meanfield import claims as mf
+from analysis.meanfield import (
+    FUNCTIONS,
+    deep_linear,
+    mf_bn,
+    mf_phase,
+    mf_relu_collapse,
+    mf_spectrum,
+    mf_trainability,
+)
 from rankexp import theory
 
 CLAIMS = {c.id: c for e in default() if e.part == "meanfield" for c in e.claims}
@@ -22,13 +30,13 @@ CLAIMS = {c.id: c for e in default() if e.part == "meanfield" for c in e.claims}
 
 def verdict(cid: str, table: pd.DataFrame) -> tuple[str, core.Measured]:
     """The claim's verdict on ``table`` (through its own pure function and check)."""
-    _, fn = mf.FUNCTIONS[cid]
+    _, fn = FUNCTIONS[cid]
     m = fn(table)
     return CLAIMS[cid].check.verdict(m.value, m.spread), m
 
 
 def test_every_chapter_claim_is_listed_by_its_entry_and_tested_here():
-    assert set(CLAIMS) == set(mf.FUNCTIONS)
+    assert set(CLAIMS) == set(FUNCTIONS)
     for e in default():
         if e.part == "meanfield":
             assert e.claims, f"{e.id} lists no claims"
@@ -49,7 +57,7 @@ def spectrum(k: float, act: str, init: str) -> pd.DataFrame:
             rows.append({"activation": a, "init": i, "depth": depth, "width": 400, "seeds": SEEDS,
                          "lambda_var": th + (k if (a, i) == (act, init) else 0) * allow,
                          "lambda_var_std": SE * math.sqrt(SEEDS), "lambda_var_theory": th})
-    return mf.spectrum_rows(pd.DataFrame(rows))
+    return mf_spectrum.spectrum_rows(pd.DataFrame(rows))
 
 
 def critical(k: float) -> pd.DataFrame:
@@ -72,7 +80,7 @@ def phase(k: float, which: str) -> pd.DataFrame:
                      "chi1_std": chi_se * math.sqrt(SEEDS), "chi1_theory": ds.chi_1, "chi_c": ds.chi_c,
                      "chi_c_std": chi_se * math.sqrt(SEEDS), "xi_c": xi, "xi_c_theory": ds.xi_c,
                      "seeds": SEEDS, "width": width, "depth": depth})
-    return mf.phase_rows(pd.DataFrame(rows))
+    return mf_phase.phase_rows(pd.DataFrame(rows))
 
 
 def sides(wrong: int) -> pd.DataFrame:
@@ -101,7 +109,7 @@ def relu(k: float, which: str) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     t["ratio_exact"] = t["gap_exact"] / t["gap_asymptote"]
     t["ratio_measured"] = t["gap"] / t["gap_asymptote"]
-    return mf.relu_rows(t, SEEDS)
+    return mf_relu_collapse.relu_rows(t, SEEDS)
 
 
 def bn(k: float, which: str) -> pd.DataFrame:
@@ -123,7 +131,7 @@ def bn(k: float, which: str) -> pd.DataFrame:
             shift = k * (3 * SE + 1 / math.sqrt(points)) if (skip, norm) == target and depth == 8 else 0
             r["shattered_autocorr_final"] = ref + shift
             rows.append(r)
-    return mf.bn_rows(pd.DataFrame(rows))
+    return mf_bn.bn_rows(pd.DataFrame(rows))
 
 
 def residual(k: float, which: str) -> pd.DataFrame:
@@ -160,7 +168,7 @@ def trainability(wrong: int) -> pd.DataFrame:
     if wrong > 0:  # a deep cell far past 6 ξ_c that trains
         t.iloc[1, 0] = 0.4
     if wrong < 0:  # a shallow cell well inside 6 ξ_c at chance
-        t.iloc[0, 0] = mf.TRAINED
+        t.iloc[0, 0] = mf_trainability.TRAINED
     return t
 
 
@@ -178,7 +186,7 @@ def asymptote(k: float) -> pd.DataFrame:
                     continue
                 asym = theory.deep_linear_time_asymptote(N, a0, s)
                 if s == 1.0 and a0 == 0.5 and N == 16:
-                    quad = asym * (1 + k * float(mf.asymptote_bound(N, a0, s)))
+                    quad = asym * (1 + k * float(deep_linear.asymptote_bound(N, a0, s)))
                 rows.append({"s": s, "a0": a0, "N": N, "T_quad": quad, "T_asymptote": asym})
     return pd.DataFrame(rows)
 
@@ -232,7 +240,7 @@ def test_the_shattered_claims_say_why_they_miss():
 def test_one_seed_is_not_run_not_a_verdict():
     t = spectrum(0, "relu", "gaussian").assign(se=np.nan)
     with pytest.raises(core.NotRun, match="one seed"):
-        mf.FUNCTIONS["mf_spectrum.var_relu_gaussian"][1](t)
+        FUNCTIONS["mf_spectrum.var_relu_gaussian"][1](t)
 
 
 def test_the_deep_linear_bound_holds_for_the_quadrature():
@@ -242,7 +250,7 @@ def test_the_deep_linear_bound_holds_for_the_quadrature():
             for N in range(3, 25):
                 quad = theory.deep_linear_time(N, a0, s)
                 if quad > 0:
-                    assert abs(quad / theory.deep_linear_time_asymptote(N, a0, s) - 1) <= mf.asymptote_bound(N, a0, s)
+                    assert abs(quad / theory.deep_linear_time_asymptote(N, a0, s) - 1) <= deep_linear.asymptote_bound(N, a0, s)
 
 
 # --------------------------------------------------------------------------- interval verdicts

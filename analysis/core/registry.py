@@ -1,18 +1,11 @@
-"""The experiment registry: one typed entry per experiment id, the only list of experiments.
+"""The experiment registry: one :class:`Experiment` per ``conf/experiment/<id>.yaml``, the only
+list of experiments (the docs' experiment table, ``make figures``, the report and the
+every-experiment test read :func:`default`).
 
-An :class:`Experiment` names what the analysis side knows about ``conf/experiment/<id>.yaml``:
-its title and source in the documents, what it shows, the ``python -m analysis`` commands that
-draw it, the claims it decides and what it needs (CIFAR-10, an optional package, training, a
-GPU at full size).  Its sweeps are not here: they are the config's grids (``rankexp
-experiment=<id> -m`` runs them all; :func:`hydra_plugins.rankexp_plugins.grids.sweep_plan`
-lists them).  The README's experiment table, ``make figures`` / ``make reproduce``
-(:mod:`analysis.figures`), the report and the every-experiment test all read :func:`default`.
-
-Entries live with their document part — ``analysis/<part>/`` for each of :data:`PARTS`, the
-module that holds the figures and claims — as a module-level ``EXPERIMENTS`` tuple, and each
-module's commands as a ``COMMANDS`` mapping; :func:`modules` finds every module of every part
-(no hand-kept list, nothing registered by importing: the registry reads those two names).
-A new experiment is one module in a part (or an entry added to a part's ``experiments.py``).
+Each experiment is one module ``analysis/<part>/<id>.py`` holding its figure commands
+(``COMMANDS``), its claims and its entry (``EXPERIMENTS``); :func:`modules` finds them.  What an
+experiment shows is written once, in its config's ``tracking.description``
+(:attr:`Experiment.shows`); its sweeps are the config's grids.
 """
 
 from __future__ import annotations
@@ -22,16 +15,21 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 
+import yaml
+
+from hydra_plugins.rankexp_plugins.grids import sweep_plan
+from rankexp.locations import REPO_ROOT, resolve_path
+
 from .claims import Claim
 
-#: the document parts, in the documents' order: the study's core figures (science.md §3), the
-#: rest of the study (§4), the mean-field chapter (§5, plain nets), the degradation
-#: replication (§5, last item), language models (Figure 12)
+#: the document parts, in the documents' order: the study's core figures (§3), the rest of the
+#: study (§4), the mean-field chapter (§5), the degradation replication, language models
 PARTS = ("study", "rest", "meanfield", "degradation", "lm")
 
 
@@ -69,7 +67,6 @@ class Needs:
 
 
 def _have_cifar10() -> bool:
-    from rankexp.locations import resolve_path
     from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
 
     root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
@@ -84,7 +81,6 @@ class Experiment:
         id: the config's name and its MLflow experiment.
         title: one line, ``Figure 4: where the norm sits and what it does``.
         source: where the documents state it (``science.md §3 fig4``).
-        shows: what it shows, for the report.
         analyses: its ``python -m analysis`` command lines (without ``--uri``/``--out``).
         claims: the claims it decides (:class:`~analysis.core.claims.Claim`; judged on its runs).
         needs: what it needs (:class:`Needs`).
@@ -96,13 +92,18 @@ class Experiment:
     id: str
     title: str
     source: str
-    shows: str
     analyses: tuple[str, ...]
     claims: tuple[Claim, ...] = ()
     needs: Needs = field(default_factory=Needs)
     reads: tuple[str, ...] = ()
     reproduce: bool = True
     part: str = ""
+
+    @property
+    def shows(self) -> str:
+        """What it shows: its config's ``tracking.description`` as one paragraph, without the
+        example command lines ("" without a config or a description)."""
+        return description(self.id)
 
     def argvs(self) -> list[list[str]]:
         """Each analysis command as argv (``["heatmap", "--experiment", "fig2", …]``)."""
@@ -115,9 +116,24 @@ class Experiment:
         return tuple(replace(c, experiment=self.id, requires=missing) for c in self.claims)
 
 
+def _natural(experiment_id: str) -> tuple:
+    """``fig2`` < ``fig10`` < ``tab1`` < ``train_spectra``: figures, tables, the rest; by number."""
+    kind = next((i for i, p in enumerate(("fig", "tab")) if experiment_id.startswith(p)), 2)
+    return kind, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", experiment_id)]
+
+
+@functools.cache
+def description(experiment_id: str) -> str:
+    path = REPO_ROOT / "conf" / "experiment" / f"{experiment_id}.yaml"
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    text = ((config or {}).get("tracking") or {}).get("description") or ""
+    return " ".join(line.strip() for line in text.splitlines()
+                    if line.strip() and not line.lstrip().startswith(("python -m", "rankexp ")))
+
+
 class Registry:
-    """The experiments in document order: by part (:data:`PARTS`), within a part in the order
-    its modules declare them (the demo, not a figure, last).
+    """The experiments in document order: by part (:data:`PARTS`), within a part figures, then
+    tables, then the rest, by number (the demo, not a figure, last).
 
     Raises:
         ValueError: two entries with one id, two claims with one id, a ``reads`` naming no
@@ -126,7 +142,8 @@ class Registry:
 
     def __init__(self, entries: Iterable[Experiment]):
         order = {p: i for i, p in enumerate(PARTS)}
-        self.entries = sorted(entries, key=lambda e: (order.get(e.part, len(PARTS)), not e.reproduce))
+        self.entries = sorted(entries, key=lambda e: (order.get(e.part, len(PARTS)), not e.reproduce,
+                                                      _natural(e.id)))
         ids = [e.id for e in self.entries]
         if len(ids) != len(set(ids)):
             raise ValueError(f"experiments registered twice: {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -197,8 +214,6 @@ def markdown(reg: Registry | None = None, plan=None, documents_only: bool = Fals
     commands that draw it.  ``documents_only``: the entries whose source is the documents
     (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
     (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
-    from hydra_plugins.rankexp_plugins.grids import sweep_plan
-
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "

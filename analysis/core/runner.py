@@ -30,6 +30,8 @@ from pathlib import Path
 
 from rankexp.tracking import TrackingError
 
+from .registry import modules
+
 log = logging.getLogger("analysis")
 
 
@@ -51,8 +53,6 @@ def commands() -> dict[str, Command]:
     Raises:
         ValueError: two modules declare the same command name.
     """
-    from .registry import modules
-
     table: dict[str, Command] = {}
     where: dict[str, str] = {}
     for module in modules():

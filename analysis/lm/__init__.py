@@ -1,2 +1,1 @@
-"""Language models (science.md §4 fig12): GPT-2's FFN branch along the residual stream — its
-figure, claims and registry entry."""
+"""Language models: GPT-2's FFN branch along the residual stream (the study, Figure 12)."""

@@ -1,2 +1,106 @@
-"""The textbook chapter "Why Deeper Is Not Always Better" on plain (and residual) nets
-(science.md §5): the mean-field lab's figures, its claims and registry entries."""
+"""The mean-field chapter (the chapter, 215.1–215.9): what its experiments share."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from rankexp.tracking import download_artifact
+
+from ..core.claims import Check, Claim, Measured, NotRun, Runs
+from ..core.runner import add_where, set_experiment_default
+
+
+def newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One run per combination of ``keys``: the newest (a rerun supersedes)."""
+    if "start_time" in df:
+        df = df.sort_values("start_time", ascending=False)
+    return df.drop_duplicates(keys).reset_index(drop=True)
+
+
+def edges(centers) -> np.ndarray:
+    """Cell edges around sorted ``centers`` (midpoints; end cells mirrored)."""
+    c = np.asarray(centers, dtype=float)
+    if c.size == 1:
+        return np.array([c[0] - 0.5, c[0] + 0.5]) if c[0] else np.array([-0.5, 0.5])
+    mid = 0.5 * (c[1:] + c[:-1])
+    return np.concatenate([[c[0] - (mid[0] - c[0])], mid, [c[-1] + (c[-1] - mid[-1])]])
+
+
+def common_arguments(p: argparse.ArgumentParser, experiment: str) -> None:
+    set_experiment_default(p, [experiment], f"MLflow experiment(s) (default: {experiment})")
+    add_where(p)
+
+
+def arrays(uri: str | None, run_id: str) -> dict[str, np.ndarray]:
+    """The run's ``arrays.npz`` artifact as a dict of arrays."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
+            return {k: z[k] for k in z.files}
+
+
+def values_text(df: pd.DataFrame, key: str) -> str:
+    if key not in df:
+        return "?"
+    vals = sorted(df[key].dropna().unique().tolist())
+    fmt = [f"{v:g}" if isinstance(v, float) else str(v) for v in vals]
+    return fmt[0] if len(fmt) == 1 else "{" + ", ".join(fmt) + "}"
+
+
+#: a deviation in units of its allowance (3 s.e. + the stated bias) holds at ≤ 1
+WITHIN = Check("≤ 1 (|Δ| ≤ 3 s.e. + bias)", lambda v: v <= 1.0)
+
+
+def standard_error(std, seeds):
+    """Standard error of a seed mean: s.d. / √seeds (NaN with one seed)."""
+    seeds = np.asarray(seeds, dtype=float)
+    return np.where(seeds > 1, np.asarray(std, dtype=float) / np.sqrt(np.maximum(seeds, 1)), np.nan)
+
+
+def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "") -> Measured:
+    """The row of ``rows`` (columns ``measured``, ``theory``, ``se``, ``bias``) with the largest
+    deviation |measured − theory| / (3 se + bias), as :class:`Measured` naming it.
+
+    Raises:
+        NotRun: no rows, or no seed spread (one seed: no standard error).
+    """
+    if rows.empty:
+        raise NotRun("the runs hold none of the rows this claim reads")
+    allowance = 3 * rows["se"].astype(float) + rows["bias"].astype(float)
+    if allowance.isna().any():
+        raise NotRun("these runs have one seed each, so the seed spread the tolerance needs is unknown")
+    gap = (rows["measured"] - rows["theory"]).abs()
+    dev = pd.Series(np.where(allowance > 0, gap / allowance.where(allowance > 0, 1.0),
+                             np.where(gap > 0, np.inf, 0.0)), index=rows.index)
+    r = rows.loc[dev.idxmax()]
+    return Measured(float(dev.max()), math.nan,
+                    f"worst: {label(r)}: {r['measured']:.4g}{unit} vs theory {r['theory']:.4g}{unit} "
+                    f"(allowance ±{3 * r['se'] + r['bias']:.2g} = 3 s.e. + bias {r['bias']:.2g}); "
+                    f"{len(rows)} row(s)")
+
+
+#: claim id → (table name, pure function of that table)
+#: claim id → (the table it reads, a pure function of that table → Measured)
+FUNCTIONS: dict[str, tuple[Callable[[Runs], pd.DataFrame], Callable[[pd.DataFrame], Measured]]] = {}
+
+
+def claim(cid: str, statement: str, source: str, study: str, table: Callable[[Runs], pd.DataFrame],
+          fn: Callable[[pd.DataFrame], Measured], check: Check = WITHIN, size: str = "cpu") -> Claim:
+    """A chapter claim: ``fn`` of ``table(runs)`` (built once per store, ``Runs.cache``); a
+    column the runs lack is *not run*."""
+    FUNCTIONS[cid] = (table, fn)
+
+    def measure(runs: Runs) -> Measured:
+        if table not in runs.cache:
+            try:
+                runs.cache[table] = table(runs)
+            except KeyError as e:
+                raise NotRun(f"the runs lack the column {e}") from e
+        return fn(runs.cache[table])
+
+    return Claim(cid, statement, source, study, check, measure, size=size)

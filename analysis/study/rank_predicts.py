@@ -1,34 +1,5 @@
-"""Does rank at initialization predict trainability?  Spearman ρ and ROC-AUC of init quantities.
-
-The study's central claim (science.md §1, §9; issue 21 item 4) as a number: over every trained
-grid in the store — the experiments whose registry entry trains (:attr:`Needs.train`: fig6_train,
-fig13_train, fig16, mf_trainability, and any later one) — each trained config is joined with its
-quantities at initialization and each quantity is ranked against the trained outcome:
-
-* init quantities (:data:`QUANTITIES`): ``erank_io``, ``stable_rank_io``, ``log_gain_io``
-  (probe ``io_jacobian``), ``mean_path_order`` ⟨k⟩ (``path_order``), and the zero-cost proxies of
-  the NAS literature ``grad_norm_proxy``, ``jacob_cov``, ``log_synflow``
-  (:mod:`rankexp.probes.proxies`);
-* targets (:data:`TARGETS`): ``max_stable_lr`` (the largest LR whose final test accuracy reaches
-  ``task.stable_accuracy``; a config no LR trains counts as 0, below every LR) and
-  ``best_test_accuracy``; and the classification *trainable* = ``max_stable_lr`` logged (not NaN),
-  scored by ROC-AUC;
-* statistics: Spearman ρ (:func:`spearman`, ties averaged) and ROC-AUC = Mann–Whitney U/(n₁n₀)
-  (:func:`roc_auc`), each with a percentile bootstrap 95 % interval over configs
-  (:func:`bootstrap_interval`: :data:`RESAMPLES` paired resamples, seed :data:`SEED`).
-
-**The join.**  A trained run carries an init quantity itself when its ``task.probes`` listed the
-probe (the proxies are :data:`rankexp.probes.INIT_PROBES`: measured before the first step).  The
-trained grids' configs list no probes, and adding them would change their config hashes (resume
-keys on them; ``task.probes`` is hashed), so the quantities come instead from ``task=measure``
-runs of the same network — the runs of :data:`INIT_EXPERIMENT` (this analysis' own grid, which
-measures every quantity) and of what each trained entry ``reads`` (fig6 for fig6_train) — matched
-on the architecture knobs (:data:`ARCH_KEYS`: every key both runs log among them), the mean
-over matching runs (seeds).  A trained config without a match is left out (counted in the log).
-
-Command ``rank-predicts``: the table (markdown + CSV, :func:`prediction_table`) and a figure
-(ρ and AUC with their intervals per quantity, one panel per statistic).
-"""
+"""Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid: the command
+``rank_predicts``, the claims and the registry entry."""
 
 from __future__ import annotations
 
@@ -54,6 +25,7 @@ from ..core.tables import write_markdown
 
 log = logging.getLogger("analysis")
 
+
 #: init quantity → the probe that logs it
 QUANTITIES = {
     "erank_io": "io_jacobian",
@@ -64,16 +36,28 @@ QUANTITIES = {
     "jacob_cov": "jacob_cov",
     "log_synflow": "synflow",
 }
+
+
 #: the trained outcomes ρ is taken against
 TARGETS = ("max_stable_lr", "best_test_accuracy")
+
+
 #: the statistics of the table, in its order: ρ against each target, AUC of "trainable"
 STATISTICS = tuple(f"rho:{t}" for t in TARGETS) + ("auc:trainable",)
+
+
 #: this analysis' own task=measure grid: every quantity on the trained grids' networks
 INIT_EXPERIMENT = "rank_predicts"
+
+
 #: bootstrap resamples and seed (stated in the table and the figure)
 RESAMPLES, SEED = 2000, 0
+
+
 #: fewer joined configs than this: no statistic (NaN), the claims are not judged
 MIN_CONFIGS = 6
+
+
 #: the knobs that define the network (rankexp/knobs.py's rows of the architecture and the
 #: general block: not the task's, the seeds', the precision or where it runs), and the model
 ARCH_KEYS = ("model.name",) + tuple(
@@ -82,7 +66,6 @@ ARCH_KEYS = ("model.name",) + tuple(
     and k.key not in ("seeds", "seed", "device", "dtype", "lr"))
 
 
-# --------------------------------------------------------------------------- statistics
 def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman ρ of the last axis of ``x`` against ``y`` (same shape ``(…, n)``): the Pearson
     correlation of their average ranks (ties share the mean rank; ±∞ rank at the ends).  NaN
@@ -121,7 +104,6 @@ def bootstrap_interval(stat, x: np.ndarray, y: np.ndarray, *, resamples: int = R
     return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
 
 
-# --------------------------------------------------------------------------- the join
 def trained_experiments() -> list[str]:
     """The registry's experiments that train (:attr:`Needs.train`), in document order."""
     return [e.id for e in default() if e.needs.train]
@@ -194,7 +176,6 @@ def joined_configs(uri: str | None, experiments: list[str] | None = None) -> pd.
     return pd.concat(frames, ignore_index=True)
 
 
-# --------------------------------------------------------------------------- the table
 def _columns(df: pd.DataFrame, quantity: str, statistic: str) -> tuple[np.ndarray, np.ndarray]:
     """The paired (init value, outcome) of the configs that have the quantity."""
     kind, target = statistic.split(":")
@@ -238,7 +219,6 @@ def prediction_table(df: pd.DataFrame, *, resamples: int = RESAMPLES, seed: int 
     return pd.DataFrame(rows).set_index(["grid", "quantity", "statistic"])
 
 
-# --------------------------------------------------------------------------- the figure
 #: each statistic's panel: title, x label, the no-information line
 PANELS = {"rho:max_stable_lr": ("vs max stable learning rate", "Spearman ρ", 0.0),
           "rho:best_test_accuracy": ("vs best test accuracy", "Spearman ρ", 0.0),
@@ -307,12 +287,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return [md, *style.save(fig, out, "rank_predicts", table)]
 
 
-COMMANDS = {"rank_predicts": Command(_arguments, _main, "Spearman ρ and ROC-AUC of each init "
-                                     "quantity against max stable LR and best test accuracy, "
-                                     "over every trained grid")}
-
-
-# --------------------------------------------------------------------------- claims
 def measured(df: pd.DataFrame, quantity: str, statistic: str, *, none: float = 0.0,
              resamples: int = RESAMPLES, min_configs: int = MIN_CONFIGS) -> Measured:
     """ρ or AUC (``statistic`` of :data:`STATISTICS`) of ``quantity`` over the joined configs
@@ -359,19 +333,19 @@ RANK_PREDICTS = (
           size="cpu"),
 )
 
+
+COMMANDS = {
+    'rank_predicts': Command(_arguments, _main, "Spearman ρ and ROC-AUC of each init "
+                                     "quantity against max stable LR and best test accuracy, "
+                                     "over every trained grid"),
+}
+
+
 EXPERIMENTS = (
     Experiment(
         INIT_EXPERIMENT,
         "Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid",
         "science.md §1, §9; issue 21 item 4",
-        ("The study's central claim as a number: over every trained grid in the store (the "
-         "registry's experiments that train: fig6_train, fig13_train, fig16, mf_trainability, …), "
-         "each trained config is joined on its architecture knobs with task=measure runs of the "
-         "same network — this experiment's grids, which measure erank/d, stable rank and log gain "
-         "of ∂h_L/∂h_0, the mean path order ⟨k⟩ and the zero-cost proxies grad_norm, jacob_cov "
-         "(Mellor et al. 2021) and synflow (Tanaka et al. 2020) at init — and Spearman ρ against "
-         "the max stable learning rate and the best test accuracy, and ROC-AUC of trainable (a "
-         "stable LR exists), are computed with bootstrap 95 % intervals (B = 2000, seed 0)."),
         analyses=("rank_predicts",),
         claims=RANK_PREDICTS,
         needs=Needs(gpu_full=True),

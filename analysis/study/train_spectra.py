@@ -1,23 +1,9 @@
-"""Spectra during training (science.md §6; the study's §9 future work): experiment
-``train_spectra`` — the fig6 grid trained with the init probes at log-spaced optimizer steps on
-every learning rate (``task.probe_steps=log``, :mod:`rankexp.tasks.probing`).
-
-Command ``train-spectra`` (``python -m analysis train-spectra --help``): one figure per (α, L)
-cell — rows = the quantities of :data:`QUANTITIES` against optimizer step (log x; step 0, the
-initial network, drawn as a dashed level), columns = Pre- vs Post-Norm, one line per learning
-rate (colour, legend); the erank panels mark the collapse level :data:`COLLAPSE` (science.md §3
-fig6: Post-Norm fails where erank/d ≤ 1–2 %).  Series are read per member,
-``<quantity>_lr<lr>`` (:func:`analysis.core.select.series`).
-
-Claims (:data:`CLAIMS`), on every (run, learning rate) that did not diverge: whether Post-Norm's
-collapsed rank recovers, whether Pre-Norm keeps its floor through training, and whether ⟨k⟩
-moves toward longer paths as the network learns (the §9 conjecture).
-"""
+"""Spectra during training: the fig6 grid probed at log-spaced optimizer steps: the command
+``train-spectra``, the claims and the registry entry."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -29,22 +15,27 @@ from ..core.registry import Experiment, Needs
 from ..core.runner import Command, add_where, set_experiment_default
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, ordered, series
 from ..core.style import save
-from .training import run_lrs
-
-log = logging.getLogger("analysis")
+from .fig6_train import run_lrs
 
 EXPERIMENT = "train_spectra"
+
+
 #: the probed quantities drawn, in row order (per-member scalars of the probes)
 QUANTITIES = ("erank_io", "branch_ratio_last", "mean_path_order", "rep_erank_final")
+
+
 #: erank/d at or below which a network counts as collapsed (science.md §3 fig6: Post-Norm
 #: trains at chance where its rank ≤ 1–2 % of width)
 COLLAPSE = 0.02
+
+
 #: the Pre-Norm floor of erank/d (science.md §3 reference magnitudes: ≈ 0.2 across the grid)
 PRE_FLOOR = 0.2
+
+
 CELL = ("alpha", "depth")
 
 
-# --------------------------------------------------------------------------- the table
 def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) -> pd.DataFrame:
     """Long table, one row per (run, lr, quantity, step): ``run_id``, ``norm.placement``,
     ``alpha``, ``depth``, ``lr``, ``diverged``, ``quantity``, ``step``, ``value``.
@@ -85,7 +76,6 @@ def init_and_final(table: pd.DataFrame, quantity: str) -> pd.DataFrame:
     return out.reset_index()
 
 
-# --------------------------------------------------------------------------- claims
 def post_recovery(table: pd.DataFrame) -> Measured:
     """The largest final erank/d among Post-Norm members collapsed at step 0 (erank/d ≤
     :data:`COLLAPSE`): at most :data:`COLLAPSE` = the collapse persists.
@@ -157,7 +147,6 @@ CLAIMS = (
 )
 
 
-# --------------------------------------------------------------------------- the figure
 def draw_cell(cell: pd.DataFrame):
     """One (α, L) cell: rows = quantities, columns = placements; lines = learning rates."""
     placements = ordered(cell[PLACEMENT], PLACEMENT_ORDER)
@@ -209,21 +198,17 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-COMMANDS = {"train-spectra": Command(_arguments, _main, "probed spectra vs optimizer step, per "
-                                     "learning rate, Pre vs Post (experiment train_spectra)")}
+COMMANDS = {
+    'train-spectra': Command(_arguments, _main, "probed spectra vs optimizer step, per "
+                                     "learning rate, Pre vs Post (experiment train_spectra)"),
+}
+
 
 EXPERIMENTS = (
     Experiment(
         EXPERIMENT,
         "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
         "science.md §6 train_spectra (the study's §9 future work)",
-        ("The fig6 grid (Pre/Post-Norm × α × L, β = 1, m/d = 1, d = 256) trained on CIFAR-10 "
-         "with the Adam LR sweep (3e-5 … 1e-2, 5000 steps), probed at task.probe_steps=log "
-         "(0, 1, 2, 5, 10, …, 5000) on every learning rate: erank(∂h_L/∂h_0)/d, the last "
-         "block's branch ratio r_L, the mean path order ⟨k⟩ and the representation erank(Z_L)/d "
-         "against optimizer step, with the init value and the collapse level (erank/d = 0.02) "
-         "marked.  Questions: does Post-Norm's collapsed rank recover at a stable rate; does "
-         "Pre-Norm keep its floor; does ⟨k⟩ move toward longer paths as the network learns."),
         analyses=("train-spectra",),
         claims=CLAIMS,
         needs=Needs(cifar10=True, train=True, gpu_full=True),

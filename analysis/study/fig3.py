@@ -1,30 +1,11 @@
-"""Path orders (Figure 3) and the mean spike (Figure 7) from logged ``task=measure`` runs.
-
-Commands (``python -m analysis <command> --help``):
-
-* ``paths`` (experiment ``fig3``, probe ``path_order``) — the normalized path-order profile
-  ``μ_k / Σ_j μ_j``, ``μ_k = ‖β^k S_k‖_F`` (Eq. 5/11/12), one panel per β scaling and one
-  line per α; and the mean path order ``⟨k⟩`` against βα^M, which is one curve whatever
-  β and α are.  Overlay: the *uncorrelated* prediction of :mod:`rankexp.theory` — the energy
-  profile ``μ_k² / Σ μ_j²`` is Poisson-binomial with success probabilities ``ρ_l/(1+ρ_l)``,
-  ``ρ_l = p r̃_l²`` (Eq. 22 for Pre-Norm, ``r̃ = βα^M`` for Post-Norm; p, κ of the activation
-  at unit variance), i.e. Binomial(L, ρ/(1+ρ)) at constant ρ; the μ profile is its square root,
-  renormalized.  Exact in law for positively homogeneous σ (relu, abs, leaky_relu, linear).
-* ``spike`` (experiment ``fig7``, probe ``representation``) — per M (rows): the cross-layer
-  cosines against the coherence c of Table 1 (per input ``cos(b_l(x), b_k(x))`` and of the
-  branch means ``cos(m_l, m_k)``; M = 1 predicts c, 1/π for ReLU, M = 2 predicts 0),
-  ``‖Σ_{k≤l} m_k‖`` against l on log–log axes with ∝ l and ∝ √l guides, and ``erank(Z_l)/d``
-  against l; one colour per σ, one line style per probe count n.
-
-Series (step = path order or layer) are read with :func:`analysis.core.select.series`.
-An experiment without finished runs, or runs without the probe's metrics, raise
-:class:`~analysis.core.select.SelectionError`: ``python -m analysis`` prints it, exit status 2.
-"""
+"""Figure 3: path-order decomposition of the Jacobian: the command ``paths``, the claims and the
+registry entry."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -33,19 +14,21 @@ import pandas as pd
 from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrelated_path_profile
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
+from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir, set_experiment_default
-from ..core.select import PLACEMENT, load, series, warn_mixed
+from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
 from ..core.style import save
 
 log = logging.getLogger("analysis")
 
+
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
+
+
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
-PROBE_N = "task.options.representation.n"
-DEFAULT_N = 1024  # the representation probe's default number of probe inputs
 
 
-# --------------------------------------------------------------------------- paths (Figure 3)
 def uncorrelated_orders(ratio: float, depth: int, activation: str, placement: str) -> np.ndarray:
     """Energy profile ``μ_k² / Σ_j μ_j²`` over k = 0…L if paths were uncorrelated, ``(L+1,)``.
 
@@ -268,141 +251,62 @@ PATHS_COMMAND = Command(_paths_arguments, _paths_main, "Figure 3: path-order pro
                         "vs βα^M with the uncorrelated prediction")
 
 
-# --------------------------------------------------------------------------- spike (Figure 7)
-def spike_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Scalars of the mean spike per (M, σ, n), mean over runs.
-
-    Columns: ``branch_input_cos_cross`` (per-input cross-layer cosine), ``branch_mean_cos_cross``
-    (cosine between branch means), ``c_prediction`` (the coherence c at the measured
-    preactivation variance for M = 1, 0 for M = 2), ``branch_mean_sum_exponent`` (log–log slope
-    of ‖Σ m_k‖: 1 aligned, ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``,
-    ``runs``.
-    """
-    cols = [
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-        "rep_erank_min",
-        "branch_mean_snr",
-        "branch_input_cos_cross_std",
-        "branch_mean_cos_cross_std",
-    ]
-    cols = [c for c in cols if c in df]
-    t = df.groupby(["matrices", "activation", "n"])[cols].mean()
-    t["runs"] = df.groupby(["matrices", "activation", "n"]).size()
-    m = t.index.get_level_values("matrices").to_numpy()
-    t.insert(2, "c_prediction", np.where(m == 1, t["coherence_theory"], 0.0))
-    return t
+def profile_peak(orders: np.ndarray, profile: np.ndarray) -> float:
+    """The order k at which the (seed-mean) profile μ_k peaks."""
+    return float(np.asarray(orders)[int(np.argmax(profile))])
 
 
-def _activation_order(values) -> list[str]:
-    order = ["relu", "gelu", "tanh", "swiglu", "silu", "abs", "leaky_relu", "linear"]
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda a: (order.index(a) if a in order else 99, a))
+def _fig3_peak(runs: Runs) -> Measured:
+    """The peak of the seed-mean profile μ_k (an order, an integer): the mean of the seeds'
+    argmax (2.5 when seeds split between 2 and 3) is not a peak of anything."""
+    df = only(runs("fig3"), beta_scaling="const", beta=1.0, alpha=1.0, depth=48)
+    need(df, "path_order_peak")
+    peaks = []
+    for rid in df["run_id"]:
+        orders, profile = runs.series(rid, "path_profile")
+        peaks.append(profile_peak(orders, profile))
+    per_seed = runs.per_seed(df, "path_order_peak")
+    seeds = "" if per_seed is None else ", ".join(f"{v:g}" for v in per_seed.ravel())
+    return Measured(max(peaks, key=lambda k: abs(k - 3.0)), math.nan,
+                    "argmax_k of the seed-mean profile" + (f" (per-seed peaks: {seeds})" if seeds else ""))
 
 
-def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
-    """Rows = M; columns = cosines vs c, ‖Σ m_k‖ vs l (log–log), erank(Z_l)/d vs l."""
-    ms = sorted(df["matrices"].unique())
-    acts = _activation_order(df["activation"])
-    ns = sorted(df["n"].unique())
-    colors = {a: f"C{k % 10}" for k, a in enumerate(acts)}
-    styles = dict(zip(reversed(ns), ["-", "--", ":", "-."] * 4, strict=False))
-    fig, axes = style.grid(len(ms), 3, aspect=0.8)
-    cos = table[["branch_input_cos_cross", "branch_mean_cos_cross", "c_prediction"]].to_numpy()
-    # headroom above the bars for the legend
-    cos_lim = (min(-0.02, np.nanmin(cos) - 0.02), max(0.05, 1.7 * np.nanmax(cos) + 0.05))
-    for i, m in enumerate(ms):
-        ax = axes[i, 0]
-        # per activation, the row of the largest n it was run with (the least noisy means)
-        sub = table.xs(m, level="matrices").reset_index().sort_values("n")
-        sub = sub.groupby("activation").last()
-        sub = sub.reindex([a for a in acts if a in sub.index])
-        x = np.arange(len(sub))
-        ax.bar(x - 0.2, sub["branch_input_cos_cross"], 0.4, color="C0",
-               yerr=sub.get("branch_input_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"per input {style.name('branch_input_cos_cross')}")
-        ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
-               yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"branch means {style.name('branch_mean_cos_cross')}")
-        ax.plot(
-            x,
-            sub["c_prediction"],
-            "k_",
-            ms=16,
-            mew=1.5,
-            label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0",
-        )
-        if m == 1:
-            ax.axhline(1 / np.pi, **style.THEORY, label=r"$1/\pi$ (ReLU)")
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.set_xticks(x, [style.value_label("activation", a) for a in sub.index])
-        ax.grid(axis="x", visible=False)
-        ax.set_ylim(*cos_lim)  # the same scale in every row: M = 2's ≈ 0 beside M = 1's c
-        ax.set_ylabel("cross-layer cosine")
-        ax.set_title(f"$M = {m}$: cross-layer cosines")
-        ax.legend(loc="upper right", fontsize=5.5)
-        first = []
-        for _, rec in df[df["matrices"] == m].iterrows():
-            c, ls = colors[rec["activation"]], styles[rec["n"]]
-            steps, v = series(uri, rec["run_id"], "branch_mean_sum_norm")
-            axes[i, 1].loglog(steps, v, ls, color=c, lw=1.1)
-            first.append(v[0])
-            steps, v = series(uri, rec["run_id"], "rep_erank")
-            axes[i, 2].plot(steps, v, ls, color=c, lw=1.1)
-        if first:
-            l = np.geomspace(1, df["depth"].max(), 50)
-            a = float(np.median(first))
-            axes[i, 1].loglog(l, a * l, **style.THEORY, label=r"coherent $\propto \ell$")
-            axes[i, 1].loglog(l, a * np.sqrt(l), color="k", ls=":", lw=0.9,
-                              label=r"uncorrelated $\propto \sqrt{\ell}$")
-        axes[i, 1].set_xlabel(style.name("layer"))
-        axes[i, 1].set_ylabel(style.name("branch_mean_sum_norm"))
-        axes[i, 1].set_title(f"$M = {m}$: accumulated branch mean")
-        axes[i, 1].legend(fontsize=5.5, loc="lower right")
-        axes[i, 2].set_xlabel(style.name("layer"))
-        axes[i, 2].set_ylabel(style.name("rep_erank"))
-        axes[i, 2].set_ylim(0, 1.02)
-        axes[i, 2].set_title(f"$M = {m}$: representation rank")
-    # one key for colour (σ) and line style (n) instead of an entry per line
-    for a in acts:
-        axes[0, 2].plot([], [], color=colors[a], label=style.value_label("activation", a))
-    for n in sorted(ns):
-        axes[0, 2].plot([], [], styles[n], color="0.3", label=f"$n = {int(n)}$")
-    axes[0, 2].legend(fontsize=5.5, ncol=2, loc="upper right")
-    return fig
+def _fig3_binomial(runs: Runs) -> Measured:
+    df = runs("fig3")
+    need(df, "mean_path_order_energy", "mean_path_order_uncorrelated")
+    df = df[df["mean_path_order_uncorrelated"] >= 0.05].reset_index(drop=True)  # not 0/0
+    if df.empty:
+        raise NotRun("no run with ⟨k⟩ ≥ 0.05")
+
+    def worst(d):
+        dev = (d["mean_path_order_energy"] / d["mean_path_order_uncorrelated"] - 1).abs()
+        return float(dev.max())
+
+    return Measured(worst(df), seedwise(runs, df, ["mean_path_order_energy"], worst),
+                    "max relative deviation of ⟨k⟩ under μ² from the Poisson-binomial law of the "
+                    f"measured r_l, over {len(df)} runs")
 
 
-def _spike_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig7")
+FIG3 = (
+    Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
+          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
+    # near(3, 0.5) on an integer order: exactly 3 holds, 2 or 4 do not
+    Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
+          "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
+          at_most(0.1), _fig3_binomial),
+)
 
 
-def _spike_main(args: argparse.Namespace) -> list[Path]:
-    needs = [
-        "matrices",
-        "activation",
-        "depth",
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-    ]
-    df = load(args, needs, probe="representation")
-    df = df.assign(n=df[PROBE_N].astype(float) if PROBE_N in df else float(DEFAULT_N))
-    df["n"] = df["n"].fillna(DEFAULT_N).astype(int)
-    warn_mixed(df, (), args.experiment, keys=("width", "depth", "expansion", PLACEMENT, "alpha", "beta"))
-    table = spike_table(df)
-    fig = draw_spike(df, table, args.uri)
-    fig.suptitle("Figure 7: the mean spike")
-    style.caption(fig, df, args.experiment, [
-        f"$n \\in \\{{{', '.join(str(int(n)) for n in sorted(df['n'].unique()))}\\}}$ probe inputs",
-        "bars: largest $n$, ±1 s.d. over seeds"])
-    return save(fig, out_dir(args), "spike", table)
+COMMANDS = {"paths": PATHS_COMMAND}
 
 
-SPIKE_COMMAND = Command(_spike_arguments, _spike_main, "Figure 7: mean spike — cross-layer cosines vs c, "
-                        "‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ")
-COMMANDS = {"paths": PATHS_COMMAND, "spike": SPIKE_COMMAND}
+EXPERIMENTS = (
+    Experiment(
+        "fig3",
+        "Figure 3: path-order decomposition of the Jacobian",
+        "science.md §3 fig3",
+        analyses=("paths --experiment fig3",),
+        claims=FIG3,
+        needs=Needs(gpu_full=True),
+    ),
+)

@@ -1,28 +1,11 @@
-"""Trainability from ``task=train`` runs: Figure 6 (rank beside accuracy), Table 5, Figure 16, curves.
-
-Commands (``python -m analysis <command> --help``):
-
-* ``fig6``   — rank heatmap (``erank_io`` of ``--rank-experiment``, default ``fig6``) beside
-  best-accuracy heatmap (``best_test_accuracy`` of ``--train-experiment``, default
-  ``fig6_train``), one row per norm placement, the same α × L axes.  The study: Post-Norm
-  stays at chance (≈ 0.1) where its rank has collapsed to ≤ 1–2 % of width.
-* ``table5`` — max stable learning rate (largest LR whose final test accuracy reaches
-  ``task.stable_accuracy``, 0.4 in the study) per (placement, depth): one column per α and
-  a last column with the max over α.  The study: it shrinks with depth for Post-Norm.
-* ``fig16``  — best test accuracy vs depth, one line per (M, norm placement), log depth.
-* ``curves`` — test accuracy and train loss vs optimizer step, one line per LR, of one run.
-
-Runs are read with :func:`analysis.core.runs.load_runs` (per-step series with
-:func:`analysis.core.runs.cached_series`: a member run's, or the run's own); a cell holding
-several runs (seeds) shows their mean.  An unknown experiment, an experiment without finished runs, or a missing
-param/metric raises :class:`~analysis.core.select.SelectionError`, which ``python -m
-analysis`` turns into a message and exit status 2.
-"""
+"""Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10: the commands ``fig6``,
+``table5``, ``curves``, the claims and the registry entry."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -30,25 +13,31 @@ import numpy as np
 import pandas as pd
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near
+from ..core.registry import Experiment, Needs
 from ..core.runner import Command, set_experiment_default
 from ..core.runs import cached_series
-from ..core.seeds import pooled
 from ..core.select import (
     PLACEMENT,
     PLACEMENT_ORDER,
     SelectionError,
     load,
+    need,
+    only,
     ordered,
     require,
     warn_mixed,
 )
 from ..core.style import save
 from ..core.tables import to_markdown
-from .heatmap import draw_panel, heatmap_table
+from .fig2 import draw_panel, heatmap_table
 
 log = logging.getLogger("analysis")
 
+
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
+
+
 # config keys that should be equal across the runs one figure compares, unless they are its
 # axes (seed may vary: cells average over it)
 CONTEXT = (
@@ -69,12 +58,13 @@ CONTEXT = (
     "task.dtype",
     "task.stable_accuracy",
 )
+
+
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
 
-# --------------------------------------------------------------------------- shared
-def _depth_axis(ax, depths) -> None:
+def depth_axis(ax, depths) -> None:
     """Logarithmic depth axis ticked at the depths that were run."""
     depths = sorted({int(d) for d in depths})
     ax.set_xscale("log")
@@ -87,7 +77,6 @@ def _lr_label(lr: float) -> str:
     return f"{lr:.2g}"  # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
 
 
-# --------------------------------------------------------------------------- fig6
 def fig6_table(
     rank: pd.DataFrame,
     train: pd.DataFrame,
@@ -198,7 +187,6 @@ FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap besi
                        "one row per placement")
 
 
-# --------------------------------------------------------------------------- table5
 def run_lrs(df: pd.DataFrame) -> dict[str, float]:
     """``{suffix: lr}`` of the per-LR columns ``final_test_acc_lr<suffix>`` the runs logged."""
     return {m.group(1): float(m.group(1)) for c in df.columns if (m := LR_COLUMN.match(str(c)))}
@@ -295,10 +283,10 @@ def _table5_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
-    need = ["alpha", "depth", PLACEMENT] + (
+    columns = ["alpha", "depth", PLACEMENT] + (
         ["max_stable_lr"] if args.stable_accuracy is None else []
     )
-    df = load(args, need)
+    df = load(args, columns)
     warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment, keys=CONTEXT)
     table = table5(df, args.stable_accuracy)
     thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
@@ -317,7 +305,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
         s = table.loc[p, "max over alpha"]
         ax.plot(s.index, s.values, "o-", label=style.value_label(PLACEMENT, p))
-    _depth_axis(ax, table.index.get_level_values(1))
+    depth_axis(ax, table.index.get_level_values(1))
     if table["max over alpha"].notna().any():
         ax.set_yscale("log")
     else:
@@ -340,57 +328,6 @@ TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable l
                          "depth), per α and max over α")
 
 
-# --------------------------------------------------------------------------- fig16
-def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
-    """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
-
-    ``std`` is the seed spread (:func:`analysis.core.seeds.pooled`: a train run is one seed, so
-    it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
-    ``count`` = runs.
-    """
-    t = pooled(df, metric, ["matrices", PLACEMENT, "depth"])
-    return t.rename(columns={"runs": "count"})[["mean", "std", "count", "seeds"]]
-
-
-def _fig16_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
-    p.add_argument(
-        "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
-    )
-
-
-def _fig16_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, ["matrices", PLACEMENT, "depth", args.metric])
-    warn_mixed(df, ["matrices", PLACEMENT, "depth"], args.experiment, keys=CONTEXT)
-    table = fig16_table(df, args.metric)
-    fig, (ax,) = style.panels(1)
-    for m in sorted(table.index.get_level_values(0).unique()):
-        for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
-            s = table.loc[(m, p)]
-            ax.errorbar(
-                s.index,
-                s["mean"],
-                yerr=s["std"].fillna(0),
-                marker="o",
-                linestyle="-" if m == 2 else "--",
-                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
-            )
-    ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
-    _depth_axis(ax, table.index.get_level_values(2))
-    ax.set_ylabel(style.name(args.metric))
-    ax.legend()
-    fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
-    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    return save(
-        fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
-    )
-
-
-FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
-                        "(M, norm placement)")
-
-
-# --------------------------------------------------------------------------- curves
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
     """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
 
@@ -483,4 +420,116 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
 
 CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
                          "LR, of one train run")
-COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "fig16": FIG16_COMMAND, "curves": CURVES_COMMAND}
+
+
+def fig6_chance_gap(cells: pd.DataFrame) -> Measured:
+    """Largest |best test accuracy − chance| over the Post-Norm cells (columns ``erank_io``,
+    ``best_test_accuracy``) whose erank/d ≤ 0.02: "fails (≈ 10 %)" is two-sided — above
+    chance it trains, below chance it is broken."""
+    low = cells[cells["erank_io"] <= 0.02]
+    if low.empty:
+        raise NotRun(f"no Post-Norm cell with erank/d ≤ 0.02 (lowest: {cells['erank_io'].min():.3g})")
+    gap = (low["best_test_accuracy"] - CHANCE).abs()
+    return Measured(float(gap.max()), math.nan,
+                    f"max |best accuracy − {CHANCE:g}| over {len(low)} Post-Norm cells with erank/d ≤ 0.02 "
+                    f"(accuracies {low['best_test_accuracy'].min():.3g} … {low['best_test_accuracy'].max():.3g})")
+
+
+def _fig6_chance(runs: Runs) -> Measured:
+    rank = only(runs("fig6"), norm_placement="post")
+    train = only(runs("fig6_train"), norm_placement="post")
+    need(train, "best_test_accuracy")
+    r = rank.groupby(["alpha", "depth"])["erank_io"].mean()
+    t = train.groupby(["alpha", "depth"])["best_test_accuracy"].mean()
+    return fig6_chance_gap(pd.concat([r, t], axis=1, join="inner").dropna())
+
+
+def _lr_by_depth(df: pd.DataFrame) -> pd.Series:
+    need(df, "max_stable_lr")
+    cells = df.groupby(["depth", "alpha"])["max_stable_lr"].min()  # every seed stable
+    return cells.groupby("depth").max().sort_index()
+
+
+def post_lr_shrink_error(lr: pd.Series) -> Measured:
+    """Measured minus Table 5's fall of log10 max stable LR (Post-Norm, α = 0.5) from the
+    shallowest to the deepest depth of Table 5 that ``lr`` (max stable LR by depth) holds;
+    −∞ when the deepest depth has no stable LR at all (a fall past every LR of the grid)."""
+    lr = lr[[int(d) in TABLE5_POST for d in lr.index]]
+    if len(lr) < 2:
+        raise NotRun("needs Post-Norm α = 0.5 runs at two depths of Table 5")
+    (d0, first), (d1, last) = (lr.index[0], lr.iloc[0]), (lr.index[-1], lr.iloc[-1])
+    if not (np.isfinite(first) and first > 0):
+        raise NotRun(f"no stable learning rate even at L = {d0}")
+    table = TABLE5_POST[int(d1)] - TABLE5_POST[int(d0)]
+    measured = -math.inf if not (np.isfinite(last) and last > 0) else math.log10(last / first)
+    return Measured(measured - table, math.nan,
+                    f"Δ log10 max stable LR from L = {d0} to L = {d1}: {measured:.3g} vs Table 5's {table:g}")
+
+
+def _post_lr_shrinks(runs: Runs) -> Measured:
+    return post_lr_shrink_error(_lr_by_depth(only(runs("fig6_train"), norm_placement="post", alpha=0.5)))
+
+
+def _pre_lr(runs: Runs) -> Measured:
+    lr = _lr_by_depth(only(runs("fig6_train"), norm_placement="pre"))
+    return Measured(float(lr.fillna(0.0).min()), math.nan,
+                    f"min over L ∈ {[int(d) for d in lr.index]} of the max over α")
+
+
+TABLE5_POST = {12: -2.0, 24: -2.0, 48: -2.5, 96: -3.0, 192: -3.5, 384: -4.5}
+
+
+def _post_lr_table5(runs: Runs) -> Measured:
+    df = only(runs("fig6_train"), norm_placement="post", alpha=0.5)
+    lr = _lr_by_depth(df)
+    lr = lr[[d in TABLE5_POST for d in lr.index]]
+    if lr.empty:
+        raise NotRun("no Post-Norm α = 0.5 run at a depth of Table 5")
+    dev = [abs(math.log10(v) - TABLE5_POST[int(d)]) if v > 0 else math.inf
+           for d, v in lr.fillna(0.0).items()]
+    return Measured(float(max(dev)), math.nan, f"max |Δ log10 LR| over L ∈ {list(lr.index)}")
+
+
+def _cifar55(runs: Runs) -> Measured:
+    df = only(runs("fig6_train"), norm_placement="pre")
+    need(df, "best_test_accuracy", "task.steps")
+    df = df[df["task.steps"] >= 5000]
+    if df.empty:
+        raise NotRun("needs the study's 5000 training steps (size=full)")
+    return Measured(float(df["best_test_accuracy"].max()), math.nan, "best over Pre-Norm runs")
+
+
+FIG6_TRAIN = (
+    Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
+          "science.md §3 fig6", "≈ 0.1", at_most(0.05), _fig6_chance, size="full"),
+    Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with depth for "
+          "Post-Norm as Table 5 says (α = 0.5; measured − Table 5 fall, ± half a decade: the "
+          "LR grid's spacing)", "science.md §3 fig6, Table 5", "Table 5's fall", near(0.0, 0.5),
+          _post_lr_shrinks, size="full"),
+    Claim("tab5.pre_lr", "Pre-Norm: max stable LR 1e-2 at every depth",
+          "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr),
+    Claim("tab5.post_alpha_half", "Post-Norm α = 0.5: max stable LR "
+          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
+          "Table 5", at_most(0.5), _post_lr_table5, size="full"),
+    Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
+          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
+)
+
+
+COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "curves": CURVES_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig6_train",
+        "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
+        "science.md §3 fig6, §4 tab5",
+        analyses=(
+            "fig6",
+            "table5",
+        ),
+        claims=FIG6_TRAIN,
+        needs=Needs(cifar10=True, train=True, gpu_full=True),
+        reads=('fig6',),
+    ),
+)

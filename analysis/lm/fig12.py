@@ -1,19 +1,5 @@
-"""Figure 12: the FFN branch of GPT-2 along its residual stream (``python -m analysis ffn``).
-
-One row per network (random init or pretrained × GPT-2 Small / Medium / a reduced shape; the
-newest run of each), four panels, blocks from the probe's ``first_block`` (2: block 1 omitted
-as the study does):
-
-* (a) the pairwise cosines ``⟨J_i, J_j⟩/‖J_i‖‖J_j‖`` (mean over seeds, diagonal blanked), with
-  the off-diagonal mean beside the ``1/d`` baseline;
-* (b) the accumulated ``‖Σ_{l≤k} J_l‖_F/√d`` vs k against the uncorrelated
-  ``(Σ‖J_l‖²)^{1/2}/√d`` and the fully coherent ``Σ‖J_l‖/√d``;
-* (c) the stream ``rms(h_l)`` and (d) the branch-to-skip ratio ``r_l = ‖J_l‖_F/√d`` vs l.
-
-Also a table (``ffn_summary.md`` and the figure's CSV): per network the off-diagonal cosine
-statistics, accumulated / uncorrelated and coherent / uncorrelated at k = L, beside the study's
-values (science.md §4 fig12) where it states them.
-"""
+"""Figure 12: GPT-2's FFN branch along the residual stream: the command ``ffn``, the claims and the
+registry entry."""
 
 from __future__ import annotations
 
@@ -29,8 +15,10 @@ from matplotlib.ticker import MaxNLocator
 from rankexp.tracking import download_artifact
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
+from ..core.registry import Experiment, Needs
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.select import SelectionError, load, series
+from ..core.select import SelectionError, load, need, series
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 
@@ -42,6 +30,8 @@ STUDY = {
     (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
     (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59},
 }
+
+
 METRICS = ["ffn_accumulated_ratio", "ffn_coherent_ratio", "ffn_cos_offdiag_mean",
            "ffn_cos_offdiag_abs_mean", "ffn_cos_offdiag_rms", "width", "depth", "seeds",
            "model.config"]
@@ -184,4 +174,87 @@ def _main(args: argparse.Namespace) -> list[Path]:
 FFN_COMMAND = Command(_arguments, _main,
                       "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l")
 
+
+#: what the trained half needs: checkpoints no grid of this checkout makes (offline)
+PRETRAINED = ("pretrained GPT-2 checkpoints: python -m rankexp experiment=fig12 "
+              "model.pretrained=gpt2,gpt2-medium seeds=1 -m (a hub or local copies)")
+
+
+#: GPT-2 Small and Medium widths (the study's two networks)
+SMALL, MEDIUM = 768, 1024
+
+
+def _runs(runs: Runs, pretrained: bool, width: int | None = None) -> pd.DataFrame:
+    df = with_pretrained(runs("fig12"))
+    need(df, "ffn_accumulated_ratio", "ffn_cos_offdiag_rms", "width")
+    df = df[trained(df) == pretrained]
+    if width is not None:
+        df = df[df["width"] == width]
+    if df.empty:
+        what = "pretrained" if pretrained else "random-init"
+        raise NotRun(f"no {what} fig12 run" + (f" with d = {width}" if width else ""))
+    return df
+
+
+def _cos_init(runs: Runs) -> Measured:
+    df = _runs(runs, False)
+    worst = df.loc[(df["ffn_cos_offdiag_rms"] * df["width"]).idxmax()]
+    return Measured(float(worst["ffn_cos_offdiag_rms"] * worst["width"]), math.nan,
+                    f"largest over {len(df)} random-init run(s) of rms(off-diagonal cos) × d "
+                    f"(d = {int(worst['width'])})")
+
+
+def _accumulated_init(runs: Runs) -> Measured:
+    df = _runs(runs, False)
+    return Measured(float(df["ffn_accumulated_ratio"].mean()),
+                    seed_std(df, "ffn_accumulated_ratio"),
+                    f"‖Σ J_l‖_F / (Σ‖J_l‖²)^½ at k = L, mean over {len(df)} random-init run(s)")
+
+
+def _trained(metric: str, width: int):
+    def measure(runs: Runs) -> Measured:
+        df = _runs(runs, True, width)
+        return Measured(float(df[metric].mean()), math.nan,
+                        f"pretrained {', '.join(sorted(df['model.pretrained'].astype(str).unique()))}")
+    return measure
+
+
+FIG12 = (
+    Claim("fig12.cos_init", "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
+          "science.md §4 fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
+    Claim("fig12.accumulated_init", "At initialization accumulated / uncorrelated = 1.00 at k = L",
+          "science.md §4 fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
+)
+
+
+FIG12_TRAINED = tuple(
+    claim
+    for width, name, cos, acc, coherent in ((SMALL, "small", 0.18, 1.78, 3.26),
+                                            (MEDIUM, "medium", 0.15, 2.23, 4.59))
+    for claim in (
+        Claim(f"fig12.cos_trained_{name}",
+              f"Trained GPT-2 {name.title()}: off-diagonal mean cosine of the FFN Jacobians",
+              "science.md §4 fig12a", f"{cos:g}", near(cos, 0.05),
+              _trained("ffn_cos_offdiag_mean", width), needs=PRETRAINED),
+        Claim(f"fig12.accumulated_trained_{name}",
+              f"Trained GPT-2 {name.title()}: accumulated / uncorrelated at k = L "
+              f"(fully coherent: {coherent:g}×)",
+              "science.md §4 fig12b", f"{acc:g}×", near(acc, 0.25),
+              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED),
+    )
+)
+
+
 COMMANDS = {"ffn": FFN_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig12",
+        "Figure 12: GPT-2's FFN branch along the residual stream",
+        "science.md §4 fig12",
+        analyses=("ffn --experiment fig12",),
+        claims=FIG12 + FIG12_TRAINED,
+        needs=Needs(packages=("transformers",)),
+    ),
+)

@@ -1,18 +1,10 @@
-"""Tables 2 and 3: the post-residual ops' Jacobians, and rank-one projections along a random walk.
-
-* ``table2`` (experiment ``tab2``, probe ``norm_jacobian``) — one row per op R: the closed-form
-  Jacobian's distance from autograd, the directions it removes (``‖J x̂‖/‖J‖₂``,
-  ``‖J x̂_c‖/‖J‖₂``, ``‖J 1̂‖/‖J‖₂``: 0 = removed), how many (d − rank), its scale against
-  Table 2's c, and whether it rescales (c·rms(x) = 1) — beside the study's reading: rmsnorm
-  removes x̂, detached removes nothing, meansub removes 1 (no rescale), layernorm both.
-* ``table3`` (experiment ``tab3``, probe ``projection_walk``) — erank/d of
-  ``Π_l (I − x_l x_lᵀ)`` per step angle ε (rows) and length L (columns), mean ± s.d. over
-  seeds, beside the study's values, and a figure of erank/d against L per ε.
-"""
+"""Table 3: rank-one projections along a random walk: the command ``table3``, the claims and the
+registry entry."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -20,69 +12,28 @@ import numpy as np
 import pandas as pd
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most
+from ..core.registry import Experiment
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.runs import attach_to_parents
 from ..core.seeds import pooled
-from ..core.select import SelectionError, load
+from ..core.select import SelectionError, load, need
 from ..core.style import save
 from ..core.tables import write_markdown
 
-OP = "norm.op"
-OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
-#: Table 2's reading of each op: (what J removes, whether it rescales)
-TABLE2 = {
-    "rmsnorm": ("x̂", "√d/‖x‖"),
-    "detached": ("nothing", "√d/‖x‖"),
-    "meansub": ("1", "none"),
-    "layernorm": ("x̂_c and 1", "√d/‖x−μ‖"),
-}
-T2_COLUMNS = ("jac_autograd_error", "jac_removes_xhat", "jac_removes_xhat_c", "jac_removes_ones",
-              "jac_rank_deficit", "jac_scale", "jac_scale_theory", "jac_sv_spread", "jac_scale_rms")
 EPS = "task.options.projection_walk.step_angle"
+
+
 #: the study's Table 3: ε → erank/d at L = 48, 96, 192, 384
 TABLE3 = {0.01: (0.996,) * 4, 0.15: (0.996,) * 4, 0.30: (0.996, 0.996, 0.995, 0.995),
           0.60: (0.994, 0.992, 0.988, 0.980)}
+
+
 TABLE3_DEPTHS = (48, 96, 192, 384)
+
+
 _WALK = re.compile(r"^walk_erank_L(\d+)$")
 
 
-# --------------------------------------------------------------------------- Table 2
-def table2(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per op (Table 2's order): the mean over every seed of each measured column,
-    the worst seed's autograd error, and the study's reading."""
-    cols = [c for c in T2_COLUMNS if c in df]
-    rows = {}
-    for op, g in df.groupby(OP):
-        row = {c: float(pooled(g, c, []).iloc[0]["mean"]) for c in cols}
-        row["removes (Table 2)"], row["rescale (Table 2)"] = TABLE2.get(op, ("?", "?"))
-        rows[op] = row
-    t = pd.DataFrame.from_dict(rows, orient="index")
-    return t.reindex([o for o in OPS if o in t.index] + [o for o in t.index if o not in OPS]).rename_axis("op")
-
-
-def _table2_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["tab2"], "MLflow experiment(s) (default: tab2)")
-    add_where(p)
-
-
-def _table2_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [OP, "jac_autograd_error", "jac_rank_deficit"])
-    t = table2(df)
-    out = out_dir(args)
-    d = sorted(df["width"].unique().tolist()) if "width" in df else []
-    head = (f"Table 2: Jacobians of the post-residual ops at gain 1 ({', '.join(args.experiment)}; "
-            f"d = {'/'.join(str(int(v)) for v in d)}; removes_*: ‖J v̂‖/‖J‖₂, 0 = removed)")
-    paths = [write_markdown(out / "table2.md", head, t, ".3g", runs=df), out / "table2.csv"]
-    t.to_csv(paths[1])
-    attach_to_parents(paths[1:], df)
-    return paths
-
-
-TABLE2_COMMAND = Command(_table2_arguments, _table2_main,
-                         "Table 2: the post-residual ops' Jacobians (closed form vs autograd, removed directions, scale)")
-
-
-# --------------------------------------------------------------------------- Table 3
 def table3(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and seed s.d. of erank/d per (ε, L) from the runs' ``walk_erank_L<L>`` scalars, with
     the study's value where it states one (``study``)."""
@@ -154,4 +105,53 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
 TABLE3_COMMAND = Command(_table3_arguments, _table3_main,
                          "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L")
 
-COMMANDS = {"table2": TABLE2_COMMAND, "table3": TABLE3_COMMAND}
+
+def _tab3(runs: Runs) -> pd.DataFrame:
+    df = runs("tab3")
+    eps = "task.options.projection_walk.step_angle"
+    need(df, eps)
+    rows = []
+    for e, values in TABLE3.items():
+        g = df[np.isclose(df[eps].astype(float), e)]
+        for L, v in zip(TABLE3_DEPTHS, values, strict=True):
+            col = f"walk_erank_L{L}"
+            if len(g) and col in g:
+                rows.append((e, L, float(g[col].mean()), v))
+    if not rows:
+        raise NotRun("no tab3 run at the study's ε and L")
+    return pd.DataFrame(rows, columns=["epsilon", "L", "measured", "study"])
+
+
+def _tab3_match(runs: Runs) -> Measured:
+    t = _tab3(runs)
+    i = (t["measured"] - t["study"]).abs().idxmax()
+    return Measured(float(abs(t.loc[i, "measured"] - t.loc[i, "study"])), math.nan,
+                    f"max |measured − study| over {len(t)} cells (worst ε = {t.loc[i, 'epsilon']:g}, "
+                    f"L = {int(t.loc[i, 'L'])})")
+
+
+def _tab3_floor(runs: Runs) -> Measured:
+    t = _tab3(runs)
+    return Measured(float(t["measured"].min()), math.nan, "lowest erank/d over ε and L")
+
+
+TAB3 = (
+    Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
+          "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
+    Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
+          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"),
+)
+
+
+COMMANDS = {"table3": TABLE3_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "tab3",
+        "Table 3: rank-one projections along a random walk",
+        "science.md §4 tab3",
+        analyses=("table3 --experiment tab3",),
+        claims=TAB3,
+    ),
+)

@@ -1,17 +1,5 @@
-"""Figure 15: what keeps the representation rank of one-matrix branches — centring, not rescaling.
-
-``python -m analysis centring --experiment fig15`` draws ``erank(Z_l)/d`` (probe
-``representation``, series ``rep_erank``) against the layer l for M = 1 ReLU runs:
-
-* (a) the pre-branch op P ∈ {layernorm, rmsnorm}, no branch-output op — both collapse (the
-  study at l = 512: 0.078 vs 0.009);
-* (b) Pre-RMSNorm fixed, the branch-output op B (``norm.out``) ∈ {meansub, layernorm, rmsnorm,
-  none} of the general block (Eq. 17) — meansub and layernorm keep ≈ 0.745, rmsnorm 0.008,
-  none 0.009.
-
-Shaded bands: ±1 s.d. over seeds.  The table gives ``rep_erank_final`` (l = L) per (P, B),
-mean ± s.d. over every seed (:func:`analysis.core.seeds.pooled`).
-"""
+"""Figure 15: centring, not rescaling, keeps M = 1 rank: the command ``centring``, the claims and
+the registry entry."""
 
 from __future__ import annotations
 
@@ -22,14 +10,20 @@ import numpy as np
 import pandas as pd
 
 from ..core import style
+from ..core.claims import Claim, Measured, Runs, near, seed_std
+from ..core.registry import Experiment
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import load, series
+from ..core.select import load, need, only, series
 from ..core.style import save
 from ..core.tables import write_markdown
 
 PRE, OUT = "norm.pre", "norm.out"
+
+
 B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
+
+
 STUDY = {("layernorm", "none"): 0.078, ("rmsnorm", "none"): 0.009, ("rmsnorm", "meansub"): 0.745,
          ("rmsnorm", "layernorm"): 0.745, ("rmsnorm", "rmsnorm"): 0.008}
 
@@ -107,4 +101,42 @@ def _main(args: argparse.Namespace) -> list[Path]:
 CENTRING_COMMAND = Command(_arguments, _main,
                            "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B")
 
+
+def _fig15(pre: str, out: str):
+    def measure(runs: Runs) -> Measured:
+        df = only(runs("fig15"), norm__pre=pre, norm__out=out)
+        need(df, "rep_erank_final")
+        return Measured(float(df["rep_erank_final"].mean()), seed_std(df, "rep_erank_final"),
+                        f"erank(Z_L)/d at L = {int(df['depth'].max())}")
+
+    return measure
+
+
+FIG15 = tuple(
+    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"science.md §4 fig15({cid[0]})",
+          f"{value} (d = 256, L = 512)", near(value, tol), _fig15(pre, out))
+    for cid, pre, out, what, value, tol in (
+        ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
+        ("a_pre_rmsnorm", "rmsnorm", "none", "pre-RMSNorm collapses", 0.009, 0.005),
+        ("b_out_meansub", "rmsnorm", "meansub", "Pre-RMSNorm + branch-output meansub keeps the rank",
+         0.745, 0.05),
+        ("b_out_layernorm", "rmsnorm", "layernorm", "Pre-RMSNorm + branch-output layernorm keeps the "
+         "rank", 0.745, 0.05),
+        ("b_out_rmsnorm", "rmsnorm", "rmsnorm", "Pre-RMSNorm + branch-output rmsnorm collapses (the "
+         "rescaling does not help)", 0.008, 0.005),
+    )
+)
+
+
 COMMANDS = {"centring": CENTRING_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig15",
+        "Figure 15: centring, not rescaling, keeps M = 1 rank",
+        "science.md §4 fig15",
+        analyses=("centring --experiment fig15",),
+        claims=FIG15,
+    ),
+)

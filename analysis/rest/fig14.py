@@ -1,17 +1,5 @@
-"""Figure 14: the full pairwise matrix cos(m_l, m_l′) of the branch means.
-
-``python -m analysis cos_field --experiment fig14`` reads each run's per-seed matrix
-``branch_mean_cos_matrix`` (probe ``representation``, from its ``arrays.npz``), averages it
-over seeds and draws it at every ``--every``-th layer, one heatmap per (M, σ) on one colour
-scale [−1, 1]: (a) M = 1 ReLU — a uniform field at the coherence c = 1/π (the study's
-off-diagonal mean 0.320), no decay with separation; (b) M = 2 — ≈ 0 (0.002); (c) a centred σ
-(E[σ] = 0) — ≈ 0 (−0.000).  A second figure gives the off-diagonal mean against the layer
-separation |l − l′| (flat where the field is uniform).  The table: off-diagonal mean ± s.d. over
-seeds (``branch_mean_cos_cross``) per configuration beside the prediction (``predicted``:
-Table 1's c at the measured preactivation variance for M = 1, 0 for M = 2) and the per-input
-cross-layer cosine
-(``branch_input_cos_cross``).
-"""
+"""Figure 14: the pairwise cosine field of the branch means: the command ``cos_field``, the claims
+and the registry entry."""
 
 from __future__ import annotations
 
@@ -26,14 +14,20 @@ import pandas as pd
 from rankexp.tracking import download_artifact
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, near, seed_std
+from ..core.registry import Experiment
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import SelectionError, load
+from ..core.select import SelectionError, load, need, only
 from ..core.style import save
 from ..core.tables import write_markdown
 
 log = logging.getLogger("analysis")
+
+
 KEYS = ["matrices", "activation"]
+
+
 MATRIX = "branch_mean_cos_matrix"
 
 
@@ -147,4 +141,40 @@ def _main(args: argparse.Namespace) -> list[Path]:
 COS_FIELD_COMMAND = Command(_arguments, _main,
                             "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ")
 
+
+def _fig14(matrices: int, centred: bool):
+    def measure(runs: Runs) -> Measured:
+        df = only(runs("fig14"), matrices=matrices)
+        need(df, "branch_mean_cos_cross", "activation")
+        df = df[df["activation"].isin(("tanh",) if centred else ("relu",))]
+        if df.empty:
+            raise NotRun(f"no fig14 run with M = {matrices}, σ = {'tanh' if centred else 'relu'}")
+        return Measured(float(df["branch_mean_cos_cross"].mean()), seed_std(df, "branch_mean_cos_cross"),
+                        "off-diagonal mean of cos(m_l, m_l′)")
+
+    return measure
+
+
+FIG14 = (
+    Claim("fig14.a_uniform_c", "M = 1 ReLU: the branch means form a uniform field at "
+          "c = 1/π", "science.md §4 fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
+          _fig14(1, False)),
+    Claim("fig14.b_m2_zero", "M = 2: the branch means are uncorrelated across layers",
+          "science.md §4 fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
+    Claim("fig14.c_centred_zero", "A centred activation (tanh, M = 1): no mean field",
+          "science.md §4 fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
+)
+
+
 COMMANDS = {"cos_field": COS_FIELD_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig14",
+        "Figure 14: the pairwise cosine field of the branch means",
+        "science.md §4 fig14",
+        analyses=("cos_field --experiment fig14",),
+        claims=FIG14,
+    ),
+)

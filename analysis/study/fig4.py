@@ -1,31 +1,11 @@
-"""Figure 4: rank by norm placement and operation, the post-residual op under a Pre-RMSNorm,
-and the post-norm projection split.
-
-``python -m analysis placements --experiment fig4`` draws ``erank_io`` (erank(∂h_L/∂h_0)/d)
-as grouped bars, one group per (placement, op) and one bar per α (Figure 4a; runs whose
-``norm.pre/out/post`` are their preset's), and prints:
-
-* Figure 4b: the runs with the Pre-RMSNorm control (``norm.pre=rmsnorm``, no branch-output op),
-  one line per post-residual op R (``norm.post``) across depth — the study: detached ≈ rmsnorm
-  (collapse), meansub and none keep a floor;
-
-* the detached-vs-rmsnorm gap of Post-Norm per α in units of d (the study: ≤ 0.4 % of width,
-  i.e. ≤ 0.004 — both ops have the same forward, only detached's Jacobian lacks the
-  projection);
-* the projection split of the post runs (probe ``projection_split``, Figure 4c / Table 3):
-  ``erank_post`` (the network), ``erank_post_noproj`` (its Jacobian without the norm's
-  projection), ``erank_prenorm`` (same weights, the op moved to Pre-Norm), and the rank the
-  post-residual norm removes through its projection vs its rescaling.
-
-By default the bars show what the figure compares: every placement with rmsnorm and every op
-for Post-Norm (``norm=none`` ignores the op, its runs are pooled); ``--all`` shows every
-(placement, op) that was run.
-"""
+"""Figure 4: where the norm sits and what it does: the command ``placements``, the claims and the
+registry entry."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,17 +14,26 @@ import pandas as pd
 from rankexp.models.norms import PRESET_SLOTS
 
 from ..core import style
+from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seedwise
+from ..core.registry import Experiment, Needs
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
 from ..core.seeds import pooled
-from ..core.select import OP_ORDER, PLACEMENT, load, warn_mixed
+from ..core.select import OP_ORDER, PLACEMENT, load, need, only, warn_mixed
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
+
 OP = "norm.op"
+
+
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
+
+
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
+
+
 SPLIT = (
     "erank_post",
     "erank_post_noproj",
@@ -282,4 +271,136 @@ def _main(args: argparse.Namespace) -> list[Path]:
 PLACEMENTS_COMMAND = Command(_arguments, _main,
                              "Figure 4: erank by norm placement/op and α, and the projection split")
 
+
+def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.DataFrame:
+    return only(df, norm_placement=placement, norm_op=op, alpha=alpha)
+
+
+def _fig4_post_like_none(runs: Runs) -> Measured:
+    df = _fig4_runs(runs)
+    post, none = _fig4_cell(df, "post", "rmsnorm", 1.0), only(df, norm_placement="none", alpha=1.0)
+    both = pd.concat([post.assign(_g="post"), none.assign(_g="none")], ignore_index=True)
+
+    def ratio(d):
+        return d[d["_g"] == "post"]["erank_io"].mean() / d[d["_g"] == "none"]["erank_io"].mean()
+
+    return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),
+                    "erank/d Post-RMSNorm ÷ no norm, α = 1")
+
+
+def _fig4_runs(runs: Runs) -> pd.DataFrame:
+    """Figure 4's bars (the Figure 4b also-sweep's runs at other depths and R left out)."""
+    return figure4_runs(runs("fig4"))
+
+
+def _fig4_floor(runs: Runs) -> Measured:
+    df = _fig4_runs(runs)
+    keep = df[df[PLACEMENT].isin(["pre", "output"]) & (df["norm.op"] == "rmsnorm")]
+    if keep.empty:
+        raise NotRun("no pre/output RMSNorm runs")
+    i = keep["erank_io"].idxmin()
+    r = keep.loc[i]
+    return Measured(float(r["erank_io"]), float(r.get("erank_io_std", math.nan)),
+                    f"lowest: {r[PLACEMENT]}, α = {r['alpha']:g}")
+
+
+def _fig4_detached(runs: Runs) -> Measured:
+    df = only(_fig4_runs(runs), norm_placement="post")
+    det, rms = only(df, norm_op="detached"), only(df, norm_op="rmsnorm")
+    worst, spread = -1.0, math.nan
+    for a in sorted(set(det["alpha"]) & set(rms["alpha"])):
+        pair = pd.concat([_fig4_cell(df, "post", "detached", a).head(1),
+                          _fig4_cell(df, "post", "rmsnorm", a).head(1)], ignore_index=True)
+        gap = abs(pair["erank_io"].iloc[0] - pair["erank_io"].iloc[1])
+        if gap > worst:
+            per = runs.per_seed(pair, "erank_io")
+            # same seeds → same weights and forward: the per-seed differences are the spread
+            spread = float(np.std(per[0] - per[1], ddof=1)) if per is not None else math.nan
+            worst = gap
+    if worst < 0:
+        raise NotRun("no α with both post/detached and post/rmsnorm runs")
+    return Measured(worst, spread, "max over α of |erank(detached) − erank(rmsnorm)|/d, Post-Norm")
+
+
+def _fig4_projection(runs: Runs) -> Measured:
+    df = only(_fig4_runs(runs), norm_placement="post", norm_op="rmsnorm")
+    need(df, "rank_removed_by_projection")
+    i = df["rank_removed_by_projection"].abs().idxmax()
+    return Measured(float(abs(df.loc[i, "rank_removed_by_projection"])),
+                    float(df.loc[i].get("rank_removed_by_projection_std", math.nan)),
+                    f"max over α (at α = {df.loc[i, 'alpha']:g})")
+
+
+FIG4 = (
+    Claim("fig4.post_like_none", "Post-Norm collapses at the rate of no norm",
+          "science.md §3 fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
+    Claim("fig4.pre_output_floor", "Pre- and output-norm keep a rank floor "
+          "(Pre-Norm above ≈ 0.2 of width)", "science.md §3 fig4(a), reference magnitudes",
+          "≥ 0.2", at_least(0.2), _fig4_floor),
+    Claim("fig4.detached_gap", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
+          "width)", "science.md §3 fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
+    Claim("fig4.projection_share", "The post-norm projection removes ≤ 0.4 % of "
+          "full rank", "science.md §3 fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
+)
+
+
+def deepest(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs at the largest depth."""
+    need(df, "depth")
+    return df[df["depth"] == df["depth"].max()]
+
+
+def by_post(df: pd.DataFrame) -> pd.Series:
+    """Mean erank(∂h_L/∂h_0)/d per post-residual op R."""
+    need(df, "erank_io", "norm.post")
+    return df.groupby("norm.post")["erank_io"].mean()
+
+
+def _fig4b(runs: Runs) -> pd.Series:
+    df = only(runs("fig4"), norm__pre="rmsnorm", norm__out="none")
+    e = by_post(deepest(df))
+    if not {"rmsnorm", "detached"} <= set(e.index):
+        raise NotRun("no Figure 4b runs (norm=pre norm.post=rmsnorm,detached,…) in fig4")
+    return e
+
+
+def _fig4b_detached(runs: Runs) -> Measured:
+    e = _fig4b(runs)
+    L = int(deepest(only(runs("fig4"), norm__pre="rmsnorm"))["depth"].iloc[0])
+    return Measured(abs(e["detached"] - e["rmsnorm"]), math.nan,
+                    f"|erank(R = detached) − erank(R = rmsnorm)|/d with a Pre-RMSNorm, L = {L}")
+
+
+def _fig4b_floor(runs: Runs) -> Measured:
+    e = _fig4b(runs)
+    floors = [e[o] for o in ("none", "meansub") if o in e]
+    collapse = [e[o] for o in ("rmsnorm", "detached", "layernorm") if o in e]
+    if not floors:
+        raise NotRun("no Figure 4b run with R = none or meansub")
+    return Measured(min(floors) / max(collapse), math.nan,
+                    "min over R ∈ {none, meansub} ÷ max over the rescaling R, deepest L")
+
+
+FIG4B = (
+    Claim("fig4.b_detached_rmsnorm", "With a Pre-RMSNorm, post-residual detached ≈ "
+          "rmsnorm (collapse; within 0.4 % of width)", "science.md §3 fig4(b)",
+          "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached),
+    Claim("fig4.b_centring_floor", "With a Pre-RMSNorm, R = meansub and none keep a "
+          "floor while the rescaling R collapse", "science.md §3 fig4(b)", "floor ≫ collapse",
+          at_least(2.0), _fig4b_floor),
+)
+
+
 COMMANDS = {"placements": PLACEMENTS_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig4",
+        "Figure 4: where the norm sits and what it does",
+        "science.md §3 fig4, §4",
+        analyses=("placements --experiment fig4",),
+        claims=FIG4 + FIG4B,
+        needs=Needs(gpu_full=True),
+    ),
+)

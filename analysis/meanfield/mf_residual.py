@@ -1,0 +1,189 @@
+"""Residual ReLU networks: variance and correlation: the command ``mf_residual``, the claims and
+the registry entry."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rankexp import theory
+
+from ..core import style
+from ..core.claims import Measured, NotRun, Runs
+from ..core.registry import Experiment
+from ..core.runner import Command, out_dir
+from ..core.select import load, series
+from ..core.style import save
+from . import claim, common_arguments, newest, standard_error, worst
+
+
+def residual_rows(runs: Runs, df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and layer: q_l, c_l, their s.e., (1+β²)^l q_0, the residual map, its
+    ODE at t = l/L (τ = β²L) and n."""
+    out = []
+    for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
+        depth, beta, seeds = int(r["depth"]), float(r["beta_eff"]), int(r["seeds"])
+        steps, q = runs.series(r["run_id"], "mf_q")
+        _, c = runs.series(r["run_id"], "mf_c")
+        qs = runs.series(r["run_id"], "mf_q_std")[1] if seeds > 1 else np.full_like(q, np.nan)
+        cs = runs.series(r["run_id"], "mf_c_std")[1] if seeds > 1 else np.full_like(c, np.nan)
+        out.append(pd.DataFrame({
+            "beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
+            "width": float(r["width"]), "q0": float(q[0]), "q": q, "q_se": standard_error(qs, np.full(len(q), seeds)),
+            "q_theory": q[0] * (1 + beta**2) ** steps, "c": c, "c_se": standard_error(cs, np.full(len(c), seeds)),
+            "c_map": theory.residual_relu_correlation(float(c[0]), depth, beta)[steps],
+            "c_ode": theory.residual_relu_correlation_ode(float(c[0]), steps / depth, beta**2 * depth)}))
+    return pd.concat(out, ignore_index=True)
+
+
+def _residual(runs: Runs) -> pd.DataFrame:
+    return residual_rows(runs, runs("mf_residual"))
+
+
+def residual_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
+    """Long table per (β scaling, L, l): measured q_l, c_l; (1+β²)^l q_0; the residual map;
+    the ODE limit at t = l/L with τ = β²L."""
+    rows = []
+    for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
+        depth = int(r["depth"])
+        beta = float(r["beta_eff"])
+        steps, q = series(uri, r["run_id"], "mf_q")
+        _, c = series(uri, r["run_id"], "mf_c")
+        c0 = float(c[0])
+        tau = beta**2 * depth
+        rows.append(pd.DataFrame({
+            "beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
+            "t": steps / depth, "q": q, "q_theory": q[0] * (1 + beta**2) ** steps,
+            "q_ode": q[0] * np.exp(tau * steps / depth), "c": c,
+            "c_map": theory.residual_relu_correlation(c0, depth, beta)[steps],
+            "c_ode": theory.residual_relu_correlation_ode(c0, steps / depth, tau)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def draw_residual(t: pd.DataFrame):
+    fig, axes = style.panels(3, aspect=0.95)
+    for k, ((scaling, depth), g) in enumerate(t.groupby(["beta_scaling", "depth"])):
+        col = f"C{k}"
+        lab = rf"$\beta$ = {'1' if scaling == 'const' else '1/√L'}, $L$ = {depth}"
+        axes[0].semilogy(g["layer"], g["q"], "o", ms=2.5, color=col, label=lab)
+        axes[0].semilogy(g["layer"], g["q_theory"], "-", color=col, lw=0.8)
+        if scaling == "inv_sqrt_depth":
+            axes[1].plot(g["t"], g["q"], "o", ms=2.5, color=col, label=lab)
+        axes[2].plot(g["t"], g["c"], "o", ms=2.5, color=col, label=lab)
+        axes[2].plot(g["t"], g["c_map"], "-", color=col, lw=0.8)
+    tt = np.linspace(0, 1, 200)
+    q0 = float(t["q"].iloc[0]) if len(t) else 1.0
+    axes[1].plot(tt, q0 * np.exp(tt), "k--", lw=1, label=r"ODE limit $q_0 e^{t}$")
+    inv = t[t["beta_scaling"] == "inv_sqrt_depth"]
+    if len(inv):
+        c0 = float(inv["c"].iloc[0])
+        axes[2].plot(tt, theory.residual_relu_correlation_ode(c0, tt, 1.0), "k--", lw=1.2,
+                     label=r"ODE $\dot c = f(c)-c$ ($\beta^2 L$ = 1)")
+    axes[0].set_xlabel(r"layer $\ell$")
+    axes[0].set_ylabel(r"stream variance $q_\ell$")
+    axes[0].set_title(r"lines: $q_0(1+\beta^2)^\ell$", fontsize=9)
+    axes[1].set_xlabel(r"$t = \ell/L$")
+    axes[1].set_ylabel(r"$q_\ell$")
+    axes[1].set_title(r"$\beta = 1/\sqrt{L}$: $(1+1/L)^{tL} \to e^{t}$", fontsize=9)
+    axes[2].set_xlabel(r"$t = \ell/L$")
+    axes[2].set_ylabel(r"correlation $c_\ell$")
+    axes[2].set_title(r"lines: residual map $c \mapsto (c + \beta^2 f(c))/(1+\beta^2)$", fontsize=9)
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(r"Residual ReLU networks: variance $(1+\beta^2)^L$ and the depth limit $\beta^2 L = O(1)$")
+    return fig
+
+
+def _residual_arguments(p: argparse.ArgumentParser) -> None:
+    common_arguments(p, "mf_residual")
+
+
+def _residual_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
+    t = residual_table(df, args.uri)
+    fig = draw_residual(t)
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
+    return save(fig,
+                out_dir(args), "mf_residual", t)
+
+
+MF_RESIDUAL_COMMAND = Command(_residual_arguments, _residual_main,
+                              "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit")
+
+
+def _run(r) -> str:
+    return f"β = {'1' if r['beta_scaling'] == 'const' else '1/√L'}, L = {r['depth']:g}, l = {r['layer']:g}"
+
+
+def residual_variance(t: pd.DataFrame) -> Measured:
+    """q_L/q_0 vs (1 + β²)^L (every run, last layer): exact in expectation for ReLU at σ_w² = 2
+    (E relu(h)² = q/2), so seed noise only."""
+    last = t[t["layer"] == t["depth"]]
+    rows = last.assign(measured=last["q"] / last["q0"], theory=(1 + last["beta"] ** 2) ** last["layer"],
+                       se=last["q_se"] / last["q0"], bias=0.0)
+    return worst(rows, _run)
+
+
+def residual_variance_e(t: pd.DataFrame) -> Measured:
+    """β = 1/√L, deepest L: q_L/q_0 → e; bias |(1 + 1/L)^L − e| (≈ e/(2L), the finite-L term)."""
+    inv = t[(t["beta_scaling"] == "inv_sqrt_depth") & (t["layer"] == t["depth"])]
+    if inv.empty:
+        raise NotRun("no β = 1/√L runs")
+    deep = inv[inv["depth"] == inv["depth"].max()]
+    rows = deep.assign(measured=deep["q"] / deep["q0"], theory=math.e, se=deep["q_se"] / deep["q0"],
+                       bias=((1 + deep["beta"] ** 2) ** deep["layer"] - math.e).abs())
+    return worst(rows, _run)
+
+
+def residual_correlation(t: pd.DataFrame) -> Measured:
+    """c_l vs the residual map c ↦ (c + β² f(c))/(1 + β²), every run and layer; bias 1/n (the
+    cosine of two n-vectors is biased at O(1/n))."""
+    rows = t[t["layer"] > 0]
+    rows = rows.assign(measured=rows["c"], theory=rows["c_map"], se=rows["c_se"], bias=1 / rows["width"])
+    return worst(rows, _run)
+
+
+def residual_ode(t: pd.DataFrame) -> Measured:
+    """β = 1/√L, deepest L, l = L: c_L vs the ODE dc/dt = β²L (f(c) − c) at t = 1; bias = the
+    map's own distance from the ODE there (O(1/L)) + 1/n."""
+    inv = t[(t["beta_scaling"] == "inv_sqrt_depth") & (t["layer"] == t["depth"])]
+    if inv.empty:
+        raise NotRun("no β = 1/√L runs")
+    deep = inv[inv["depth"] == inv["depth"].max()]
+    rows = deep.assign(measured=deep["c"], theory=deep["c_ode"], se=deep["c_se"],
+                       bias=(deep["c_map"] - deep["c_ode"]).abs() + 1 / deep["width"])
+    return worst(rows, _run)
+
+
+MF_RESIDUAL = (
+    claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
+           "(1 + β²)^L", "science.md §5 (residual networks)", "(1 + β²)^L",
+           _residual, residual_variance),
+    claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
+           "variance ratio → e", "science.md §5 (residual networks)", "e",
+           _residual, residual_variance_e),
+    claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
+           "c ↦ (c + β² f(c))/(1 + β²)", "science.md §5 (residual networks)", "residual map",
+           _residual, residual_correlation),
+    claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
+           "dc/dt = f(c) − c", "science.md §5 (residual networks)", "ODE at t = 1",
+           _residual, residual_ode),
+)
+
+
+COMMANDS = {"mf_residual": MF_RESIDUAL_COMMAND}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "mf_residual",
+        "Residual ReLU networks: variance and correlation",
+        "science.md §5 (residual networks)",
+        analyses=("mf_residual -e mf_residual",),
+        claims=MF_RESIDUAL,
+    ),
+)

@@ -1,0 +1,756 @@
+"""Figure 5 / Table 4: depth against init scale: the commands ``isorank``, ``stream``,
+``accumulated``, the claims and the registry entry."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from rankexp.levelset import fit_exponent
+from rankexp.theory import prenorm_stream_rms
+
+from ..core import style
+from ..core.claims import (
+    Claim,
+    Measured,
+    NotRun,
+    Runs,
+    at_least,
+    below,
+    between,
+    near,
+    seed_std,
+    seedwise,
+)
+from ..core.registry import Experiment, Needs
+from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.select import (
+    PLACEMENT,
+    PLACEMENT_ORDER,
+    SelectionError,
+    load,
+    need,
+    only,
+    ordered,
+    series,
+    warn_mixed,
+)
+from ..core.style import save
+from ..core.tables import to_markdown, write_text
+from .fig1 import branch_ratio_theory, kappa_theory
+from .fig2 import collapse_panels, match_values
+
+log = logging.getLogger("analysis")
+
+
+def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
+    """Where each row of ``grid`` first crosses ``level``, interpolated linearly in log x.
+
+    Args:
+        grid: rows = y values (e.g. depth L), columns = ascending x values (e.g. α > 0),
+            cells = the metric (NaN allowed).
+        level: the contour level.
+
+    Returns:
+        ``x`` at the crossing per row (index = y); rows that never cross are left out.
+        The first crossing from small x is taken, where the metric first reaches the
+        level (rank falls with α; noise can make it cross again at large α).
+    """
+    xs = np.log(np.asarray(grid.columns, dtype=float))
+    out = {}
+    for y, row in grid.iterrows():
+        v = row.to_numpy(dtype=float)
+        ok = np.isfinite(v)
+        lx, v = xs[ok], v[ok] - level
+        for j in range(len(v) - 1):
+            if v[j] == 0:
+                out[y] = float(np.exp(lx[j]))
+                break
+            if v[j] * v[j + 1] <= 0:
+                t = v[j] / (v[j] - v[j + 1])
+                out[y] = float(np.exp(lx[j] + t * (lx[j + 1] - lx[j])))
+                break
+    return pd.Series(out, dtype=float, name=level)
+
+
+def sparse_grid(grid: pd.DataFrame) -> bool:
+    """Whether a (y × x) table of runs is a contour sweep's, not a grid's: most cells empty
+    (each depth measured at its own α values, :mod:`hydra_plugins.rankexp_plugins.contour`)."""
+    return bool(grid.isna().to_numpy().mean() > 0.5)
+
+
+def fit_power_law(y, x) -> tuple[float, float, float]:
+    """Least-squares fit of ``log x = s log y + c`` (x ∝ y^s).
+
+    Returns:
+        ``(s, c, r²)``; NaN when fewer than two points.  ``r²`` is 1 for two points.
+    """
+    ly, lx = np.log(np.asarray(y, dtype=float)), np.log(np.asarray(x, dtype=float))
+    if ly.size < 2:
+        return float("nan"), float("nan"), float("nan")
+    s, c = np.polyfit(ly, lx, 1)
+    resid = lx - (s * ly + c)
+    tot = ((lx - lx.mean()) ** 2).sum()
+    return float(s), float(c), float(1 - (resid**2).sum() / tot) if tot > 0 else 1.0
+
+
+def isorank_table(
+    df: pd.DataFrame,
+    metric: str,
+    levels: list[float],
+    panel: list[str],
+    x: str = "alpha",
+    y: str = "depth",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Iso-rank contours and their power-law slopes (Table 4).
+
+    For each panel (combination of ``panel`` keys) the mean of ``metric`` over runs per
+    (y, x) cell forms a grid; for each level, :func:`contour_points` gives x at the level in
+    each row and :func:`fit_power_law` the slope d log x / d log y.  ``slope_ratio`` is the
+    same fit for the nominal ratio at the crossing, ``β_eff(L) · x^M`` (x = α), i.e.
+    d log(βα^M) / d log L.
+
+    Returns:
+        ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
+        ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
+        ``slope_ratio_hi`` (:func:`rankexp.levelset.fit_exponent`; NaN below 3 points),
+        ``r2``, ``depth_min``, ``depth_max``;
+        points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
+    """
+    rows, pts = [], []
+    groups = df.groupby(panel, sort=True) if panel else [((), df)]
+    for pv, sub in groups:
+        pv = pv if isinstance(pv, tuple) else (pv,)
+        grid = sub.groupby([y, x])[metric].mean().unstack(x).sort_index()
+        grid = grid.reindex(sorted(grid.columns), axis=1)
+        beta = sub.groupby(y)["beta_eff"].agg(["min", "max"]) if "beta_eff" in sub else None
+        m = sub["matrices"].iloc[0] if "matrices" in sub else np.nan
+        if "matrices" in sub and sub["matrices"].nunique() > 1:
+            raise SelectionError(
+                f"panel {dict(zip(panel, pv, strict=True))} mixes matrices "
+                f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel"
+            )
+        for level in levels:
+            c = contour_points(grid, level)
+            ratio = pd.Series(np.nan, index=c.index)
+            if beta is not None and len(c):
+                b = beta.loc[c.index]
+                if not np.allclose(b["min"], b["max"], rtol=1e-12):
+                    raise SelectionError(
+                        "runs of one depth have different beta_eff; select one β "
+                        "with --where beta=VALUE"
+                    )
+                ratio = b["min"] * c**m
+            s, _, r2 = fit_power_law(c.index, c.values)
+            fit = fit_exponent(c.index, ratio.values) if ratio.notna().all() and len(c) else None
+            sr = fit.s if fit is not None else np.nan
+            key = dict(zip(panel, pv, strict=True))
+            rows.append(
+                {
+                    **key,
+                    "level": level,
+                    "points": len(c),
+                    "slope_alpha": s,
+                    "slope_ratio": sr,
+                    "slope_ratio_lo": fit.lo if fit is not None else np.nan,
+                    "slope_ratio_hi": fit.hi if fit is not None else np.nan,
+                    "r2": r2,
+                    "depth_min": c.index.min() if len(c) else np.nan,
+                    "depth_max": c.index.max() if len(c) else np.nan,
+                }
+            )
+            pts += [
+                {**key, "level": level, y: yy, x: xx, "ratio": rr}
+                for yy, xx, rr in zip(c.index, c.values, ratio.values, strict=True)
+            ]
+    slopes = pd.DataFrame(rows).set_index([*panel, "level"])
+    points = pd.DataFrame(pts, columns=[*panel, "level", y, x, "ratio"])
+    return slopes, points
+
+
+def _isorank_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
+    p.add_argument(
+        "--metric",
+        default="erank_io",
+        help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)",
+    )
+    p.add_argument(
+        "--levels",
+        type=lambda s: [float(v) for v in s.split(",")],
+        default=[0.05, 0.1, 0.2, 0.3, 0.5],
+        help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)",
+    )
+    p.add_argument(
+        "--panel",
+        nargs="*",
+        default=[PLACEMENT, "expansion"],
+        help=f"one panel per combination (default: {PLACEMENT} expansion)",
+    )
+    add_where(p)
+
+
+def _isorank_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [args.metric, "alpha", "depth", *args.panel])
+    warn_mixed(df, ["alpha", "depth", *args.panel], args.experiment)
+    slopes, points = isorank_table(df, args.metric, args.levels, args.panel)
+    groups = collapse_panels(df, args.panel)
+    flat = slopes.reset_index()
+    fig, axes = style.panels(len(groups), max_cols=2, aspect=0.8)
+    level_colors, _ = style.value_colors(args.levels, "autumn", stop=0.8)
+    for ax, (pv, sub) in zip(axes, groups, strict=True):
+        pv = pv if isinstance(pv, tuple) else (pv,)
+        grid = sub.groupby(["depth", "alpha"])[args.metric].mean().unstack("alpha").sort_index()
+        grid = grid.reindex(sorted(grid.columns), axis=1)
+        sparse = sparse_grid(grid)
+        if sparse:  # a contour sweep (hydra/sweeper=contour): each run where it was measured
+            cells = grid.stack().reset_index(name="v")
+            im = ax.scatter(cells["alpha"], cells["depth"], c=cells["v"], s=5, cmap="Greys_r",
+                            vmin=0, vmax=1, edgecolors="none")
+        else:
+            a, L = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
+            im = ax.pcolormesh(
+                a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r", vmin=0, vmax=1
+            )
+        key = dict(zip(args.panel, pv, strict=True))
+        sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
+        for k, v in key.items():
+            sel &= (points[k] == v).to_numpy()
+            sel_s &= (flat[k] == v).to_numpy()
+        m = float(sub["matrices"].iloc[0]) if "matrices" in sub else 2.0
+        for level in args.levels:
+            pt = points[sel & (points["level"] == level).to_numpy()]
+            color = level_colors[level]
+            s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_ratio"].iloc[0]
+            if pt.empty:
+                continue
+            ax.plot(pt["alpha"], pt["depth"], "o-", color=color, ms=2.5, lw=1.0,
+                    label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
+            if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
+                L = np.geomspace(pt["depth"].min(), pt["depth"].max(), 20)
+                a0 = np.exp(np.log(pt["alpha"]).mean())
+                L0 = np.exp(np.log(pt["depth"]).mean())
+                ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="0.55", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
+        alphas = grid.columns.to_numpy(float)
+        every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
+        if not sparse:  # a grid: its α values as ticks (a contour sweep keeps the log ticks)
+            ax.set_xticks(alphas, [style.number(a) if i % every == 0 else ""
+                                   for i, a in enumerate(alphas)])
+        ax.minorticks_off()
+        ax.grid(False)
+        ax.set_xlabel(style.name("alpha"))
+        ax.set_ylabel(style.name("depth"))
+        ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
+        if ax is axes[0]:
+            ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
+        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+                  frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
+                  title_fontsize=5)
+    style.colorbar(fig, im, axes, args.metric)
+    fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
+    style.caption(fig, df, args.experiment, [
+        "grey: mean over seeds",
+        r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+        r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
+    md = to_markdown(slopes)
+    print(
+        f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
+        "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
+        "(study, Table 4: ≈ −0.50 for post)\n"
+    )
+    print(md)
+    out = out_dir(args)
+    paths = save(fig, out, f"isorank_{args.metric}", slopes)
+    points.to_csv(out / f"isorank_{args.metric}_points.csv", index=False)
+    paths += [
+        out / f"isorank_{args.metric}_points.csv",
+        write_text(out / f"isorank_{args.metric}.md", md + "\n"),
+    ]
+    return paths
+
+
+ISORANK_COMMAND = Command(_isorank_arguments, _isorank_main,
+                          "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes")
+
+
+def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-run κ table and the long series table of Figure 11.
+
+    Per run: ``kappa_fit`` (the logged ``stream_kappa``: per-seed least squares of
+    ``rms² − rms_0²`` on ``(βα^M)² l`` through 0, mean over seeds), ``kappa_fit_mean``
+    (the same fit on the seed-mean rms series), ``kappa_theory`` (:func:`kappa_theory`),
+    ``rms_final`` (logged) and ``rms_final_theory`` (:func:`rankexp.theory.prenorm_stream_rms`
+    at L, κ theory).  Series rows: run_id, layer l, ``x`` = (βα^M)² l, ``y`` = rms_l² − rms_0²
+    of the seed-mean rms, ``y_theory`` = κ_theory x.
+    """
+    runs, rows = [], []
+    for _, r in tqdm(df.iterrows(), total=len(df), desc="rms series", disable=None, leave=False):
+        steps, rms = series(uri, r["run_id"], "rms")
+        x = r["nominal_ratio"] ** 2 * steps
+        y = rms**2 - rms[0] ** 2
+        kt = kappa_theory(str(r["activation"]), float(r["alpha"]))
+        runs.append(
+            {
+                "run_id": r["run_id"],
+                PLACEMENT: r[PLACEMENT],
+                "expansion": r["expansion"],
+                "alpha": r["alpha"],
+                "depth": int(r["depth"]),
+                "nominal_ratio": r["nominal_ratio"],
+                "kappa_fit": r["stream_kappa"],
+                "kappa_fit_std": r.get("stream_kappa_std", np.nan),
+                "kappa_fit_mean": float((x * y).sum() / (x * x).sum()),
+                "kappa_theory": kt,
+                "rms_final": r["rms_final"],
+                "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt)),
+            }
+        )
+        rows.append(
+            pd.DataFrame(
+                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}
+            )
+        )
+    return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
+
+
+def _stream_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
+    p.add_argument(
+        "--placement",
+        default="pre",
+        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)",
+    )
+    add_where(p)
+
+
+def _stream_main(args: argparse.Namespace) -> list[Path]:
+    if args.placement:
+        args.where = [*args.where, f"{PLACEMENT}={args.placement}"]
+    df = load(
+        args,
+        [
+            "rms_final",
+            "stream_kappa",
+            "nominal_ratio",
+            "alpha",
+            "depth",
+            "activation",
+            "expansion",
+            PLACEMENT,
+        ],
+    )
+    warn_mixed(
+        df,
+        ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
+        args.experiment,
+    )
+    per_run, long = stream_tables(df, args.uri)
+    fig, (ax, bx) = style.panels(2, aspect=0.8)
+    colors, sm = style.value_colors(per_run["alpha"], "plasma")
+    for _, r in per_run.iterrows():
+        s = long[long["run_id"] == r["run_id"]].iloc[1:]  # l = 0 has x = 0 (log axes)
+        ax.plot(s["x"], s["y"], color=colors[r["alpha"]], lw=0.7, alpha=0.7)
+    xs = np.geomspace(long["x"][long["x"] > 0].min(), long["x"].max(), 50)
+    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
+        ax.plot(xs, kt * xs, **style.THEORY, label=rf"$\kappa = \mathrm{{E}}[\sigma^2] = {kt:.3g}$")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(r"$(\beta\alpha^M)^2\,\ell$")
+    ax.set_ylabel(r"$\mathrm{rms}(h_\ell)^2 - \mathrm{rms}(h_0)^2$")
+    ax.legend()
+    ax.set_title("stream growth")
+    style.colorbar(fig, sm, ax, "alpha")
+    markers = dict(zip(sorted(per_run["expansion"].unique()), "os^Dv", strict=False))
+    for (e, a), sub in per_run.groupby(["expansion", "alpha"]):
+        bx.errorbar(
+            sub["nominal_ratio"] * np.sqrt(sub["depth"]),
+            sub["kappa_fit"],
+            yerr=sub["kappa_fit_std"],
+            fmt=markers[e],
+            color=colors[a],
+            mfc="none",
+            ms=3,
+            lw=0.6,
+        )
+    for e, m in markers.items():
+        bx.plot([], [], m, color="0.3", mfc="none", label=style.value_label("expansion", e))
+    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
+        bx.axhline(kt, **style.THEORY)
+    bx.set_xscale("log")
+    bx.set_xlabel(style.name("depth_factor"))
+    bx.set_ylabel(style.name("stream_kappa"))
+    bx.legend()
+    bx.set_title(r"$\kappa$ per run (±1 s.d. over seeds)")
+    fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
+    style.caption(fig, df, args.experiment, ["dashed: theory κ"])
+    summary = per_run.groupby("nominal_ratio").agg(
+        runs=("kappa_fit", "size"),
+        kappa_fit=("kappa_fit", "mean"),
+        kappa_fit_std=("kappa_fit", "std"),
+        kappa_theory=("kappa_theory", "mean"),
+    )
+    print(
+        f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
+        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n"
+    )
+    print(to_markdown(summary))
+    out = out_dir(args)
+    paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
+    long.to_csv(out / "stream_series.csv", index=False)
+    paths.append(out / "stream_series.csv")
+    log.info("wrote %s", paths[-1])
+    return paths
+
+
+STREAM_COMMAND = Command(_stream_arguments, _stream_main,
+                         "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ")
+
+
+def uncorrelated_theory(
+    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
+) -> np.ndarray:
+    """Closed-form uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``.
+
+    ``r_l = √p · r̃_l`` (p = E[σ′(αz)²], :func:`rankexp.theory.activation_constants`):
+    Pre-Norm ``r̃_l`` decays as Eq. 22 (:func:`rankexp.theory.prenorm_branch_ratio`, κ of
+    :func:`kappa_theory`); every other placement here holds ``r̃_l = βα^M`` (Eq. 21 at unit
+    rms; exact for post), so the sum grows as ``√(p k) βα^M``.
+    """
+    k = np.asarray(layers, dtype=float)
+    full = np.arange(1, int(k.max()) + 1)
+    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
+    return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
+
+
+def coherent_theory(
+    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
+) -> np.ndarray:
+    """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
+    with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
+    only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
+    k = np.asarray(layers, dtype=float)
+    full = np.arange(1, int(k.max()) + 1)
+    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
+    return np.cumsum(r)[k.astype(int) - 1]
+
+
+def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
+    """Long table, one row per (run, k): ``accumulated`` (logged ``accumulated_branch``),
+    ``uncorrelated`` (logged ``accumulated_branch_uncorrelated``, from the measured r_l),
+    ``theory`` (:func:`uncorrelated_theory`) and ``coherent`` (:func:`coherent_theory`), with
+    the run's placement, m/d, α, L."""
+    rows = []
+    for _, r in tqdm(
+        df.iterrows(), total=len(df), desc="accumulated series", disable=None, leave=False
+    ):
+        k, acc = series(uri, r["run_id"], "accumulated_branch")
+        _, unc = series(uri, r["run_id"], "accumulated_branch_uncorrelated")
+        ctx = (r[PLACEMENT], r["nominal_ratio"], str(r["activation"]), float(r["alpha"]))
+        th = uncorrelated_theory(k, *ctx)
+        rows.append(
+            pd.DataFrame(
+                {
+                    "run_id": r["run_id"],
+                    PLACEMENT: r[PLACEMENT],
+                    "expansion": r["expansion"],
+                    "alpha": r["alpha"],
+                    "depth": int(r["depth"]),
+                    "k": k,
+                    "accumulated": acc,
+                    "uncorrelated": unc,
+                    "theory": th,
+                    "coherent": coherent_theory(k, *ctx),
+                }
+            )
+        )
+    return pd.concat(rows, ignore_index=True)
+
+
+def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
+    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=1.0,
+        help="α of the curves vs k in the left column (default: 1)",
+    )
+    add_where(p)
+
+
+def _accumulated_main(args: argparse.Namespace) -> list[Path]:
+    df = load(
+        args,
+        [
+            "accumulated_branch_final",
+            "nominal_ratio",
+            "alpha",
+            "depth",
+            "expansion",
+            "activation",
+            PLACEMENT,
+        ],
+    )
+    warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
+    table = accumulated_table(df, args.uri)
+    final = table.sort_values("k").groupby("run_id").tail(1).set_index("run_id")
+    placements = ordered(table[PLACEMENT], PLACEMENT_ORDER)
+    alphas = sorted(table["alpha"].unique())
+    a0 = min(alphas, key=lambda a: abs(np.log(a / args.alpha)))
+    expansions = sorted(table["expansion"].unique())
+    styles = dict(zip(expansions, style.VALUE_STYLES * 4, strict=False))  # dashed: theory
+    fig, axes = style.grid(len(placements), 2, aspect=0.72)
+    depths = sorted(table["depth"].unique())
+    dcolors, dsm = style.value_colors(depths, "viridis")
+    acolors, asm = style.value_colors(alphas, "plasma")
+    for i, pl in enumerate(placements):
+        ax, bx = axes[i]
+        sub = table[(table[PLACEMENT] == pl) & np.isclose(table["alpha"], a0)]
+        for (L, e), s in sub.groupby(["depth", "expansion"]):
+            ax.plot(s["k"], s["accumulated"], color=dcolors[L], ls=styles[e], lw=1.1)
+            ax.plot(s["k"], s["uncorrelated"], color=dcolors[L], ls=styles[e], lw=0.5, alpha=0.6)
+        if len(sub):
+            longest = sub[sub["depth"] == sub["depth"].max()].drop_duplicates("k")
+            ax.plot(longest["k"], longest["theory"], **style.THEORY,
+                    label=r"uncorrelated $(\Sigma_l r_l^2)^{1/2}$")
+            ax.plot(longest["k"], longest["coherent"], color="0.45", ls=":", lw=0.9,
+                    label=r"coherent $\Sigma_l r_l$")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(r"$k$ (blocks summed)")
+        ax.set_ylabel(style.name("accumulated_branch"))
+        ax.set_title(f"{style.value_label(PLACEMENT, pl)}, {style.value_label('alpha', a0)}")
+        ax.legend()
+        fin = final[final[PLACEMENT] == pl]
+        for (a, e), s in fin.groupby(["alpha", "expansion"]):
+            s = s.sort_values("depth")
+            bx.plot(s["depth"], s["accumulated"], "o", color=acolors[a], ls=styles[e], ms=2.5,
+                    lw=0.8)
+            bx.plot(s["depth"], s["theory"], color=acolors[a], ls="--", lw=0.6)
+        bx.set_xscale("log")
+        bx.set_yscale("log")
+        bx.set_xticks(depths, [str(d) for d in depths])
+        bx.minorticks_off()
+        bx.set_xlabel(style.name("depth"))
+        bx.set_ylabel(style.name("accumulated_branch_final"))
+        bx.set_title(f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
+        if i == 0:
+            for e in expansions:
+                bx.plot([], [], color="0.3", ls=styles[e], label=style.value_label("expansion", e))
+            bx.legend()
+    style.colorbar(fig, dsm, axes[:, 0].tolist(), "depth", location="left")
+    style.colorbar(fig, asm, axes[:, 1].tolist(), "alpha")
+    fig.suptitle("Figure 5b/12: accumulated branch")
+    style.caption(fig, df, args.experiment, [
+        r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"])
+    slope = []
+    for (pl, e, a), s in final.groupby([PLACEMENT, "expansion", "alpha"]):
+        if s["depth"].nunique() >= 2:
+            b = np.polyfit(np.log(s["depth"]), np.log(s["accumulated"]), 1)[0]
+            slope.append({PLACEMENT: pl, "expansion": e, "alpha": a, "slope_log_L": b})
+    if slope:
+        st = (
+            pd.DataFrame(slope)
+            .groupby([PLACEMENT, "expansion"])["slope_log_L"]
+            .agg(["mean", "min", "max"])
+        )
+        print(
+            "d log(accumulated branch at L) / d log L, over α "
+            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n"
+        )
+        print(to_markdown(st))
+        write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
+    return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
+
+
+ACCUMULATED_COMMAND = Command(_accumulated_arguments, _accumulated_main,
+                              "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction")
+
+
+TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
+    ("pre", 1): (-0.46, -0.50, -0.52),
+    ("pre", 4): (-0.57, -0.47, -0.48),
+    ("post", 1): (-0.51, -0.50, -0.49),
+    ("post", 4): (-0.52, -0.50, -0.50),
+}
+
+
+TABLE4_LEVELS = (0.4, 0.5, 0.6)
+
+
+def _slopes(df: pd.DataFrame) -> pd.DataFrame:
+    return isorank_table(df, "erank_io", list(TABLE4_LEVELS), [PLACEMENT, "expansion"])[0]
+
+
+def iso_slope(placement: str | None, expansion: float | None, level: float | None,
+               experiment: str = "fig5"):
+    def measure(runs: Runs) -> Measured:
+        df = runs(experiment)
+        need(df, "erank_io", "alpha", "depth", "beta_eff", "expansion")
+        if placement:
+            df = only(df, norm_placement=placement)
+        if expansion:
+            df = only(df, expansion=float(expansion))
+
+        def stat(d):
+            s = _slopes(d).reset_index()
+            if level is not None:
+                s = s[np.isclose(s["level"], level)]
+            s = s["slope_ratio"].dropna()
+            if s.empty:
+                raise NotRun("no contour crosses the level at two depths")
+            return float(s.mean())
+
+        return Measured(stat(df), seedwise(runs, df, ["erank_io"], stat),
+                        "d log(βα^M)/d log L along the contour" + (
+                            "" if level else f", mean over r* ∈ {list(TABLE4_LEVELS)} and m/d"))
+
+    return measure
+
+
+FIG5_ISORANK = (
+    Claim("fig5.post_isorank_slope", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
+          "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
+          "−0.50", near(-0.50, 0.05), iso_slope("post", None, None)),
+    *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
+            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
+            size="cpu")
+      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
+)
+
+
+def _kappa(runs: Runs) -> Measured:
+    df = only(runs("fig5"), norm_placement="pre")
+    need(df, "stream_kappa", "nominal_ratio")
+    # the fit is noise where the branch adds little: keep runs whose stream at least doubles
+    df = df[df["nominal_ratio"] ** 2 * df["depth"] >= 2]
+    if df.empty:
+        raise NotRun("no Pre-Norm run with (βα^M)² L ≥ 2")
+    return Measured(float(df["stream_kappa"].mean()), seed_std(df, "stream_kappa"),
+                    f"{len(df)} Pre-Norm runs with (βα^M)² L ≥ 2")
+
+
+def _rms384(runs: Runs) -> Measured:
+    df = only(runs("fig5"), norm_placement="pre", depth=384, alpha=1.0, nominal_ratio=1.0)
+    need(df, "rms_final")
+    return Measured(float(df["rms_final"].mean()), seed_std(df, "rms_final"))
+
+
+def _acc_slope(placement: str):
+    def measure(runs: Runs) -> Measured:
+        df = only(runs("fig5"), norm_placement=placement)
+        need(df, "accumulated_branch_final")
+
+        def stat(d):
+            slopes = [np.polyfit(np.log(g["depth"]), np.log(g["accumulated_branch_final"]), 1)[0]
+                      for _, g in d.groupby(["alpha", "expansion"]) if g["depth"].nunique() >= 2]
+            if not slopes:
+                raise NotRun("needs ≥ 2 depths")
+            return float(np.mean(slopes))
+
+        return Measured(stat(df), seedwise(runs, df, ["accumulated_branch_final"], stat),
+                        "d log(accumulated branch at L)/d log L, mean over α and m/d")
+
+    return measure
+
+
+def depth_spread(df: pd.DataFrame, x: str, rtol: float = 0.01) -> float:
+    """Largest spread (max − min) of erank/d among runs of one m/d that share ``x`` (to
+    ``rtol``) at two or more depths; NaN when no such group exists."""
+
+    spreads = []
+    for _, g in df.assign(_x=match_values(df[x], rtol)).groupby(["expansion", "_x"]):
+        if g["depth"].nunique() >= 2:
+            spreads.append(float(g["erank_io"].max() - g["erank_io"].min()))
+    return max(spreads) if spreads else math.nan
+
+
+def depth_factor_collapse(df: pd.DataFrame) -> Measured:
+    """How much better βα^M√L collapses the Post-Norm rank across depths than βα^M alone:
+    the largest spread of erank/d among runs sharing βα^M√L over that among runs sharing βα^M
+    (< 1: the depth factor is the better variable — Figure 5d's collapse, which is only
+    approximate at the study's depths; a perfect collapse gives 0)."""
+    shared = depth_spread(df, "depth_factor")
+    alone = depth_spread(df, "nominal_ratio")
+    if not (np.isfinite(shared) and np.isfinite(alone)):
+        raise NotRun("no two Post-Norm runs at different depths share βα^M√L and βα^M")
+    value = shared / alone if alone > 0 else (math.inf if shared > 0 else 0.0)
+    return Measured(value, math.nan,
+                    f"largest spread of erank/d: {shared:.3g} sharing βα^M√L, {alone:.3g} sharing βα^M (across depths)")
+
+
+def _depth_factor_collapse(runs: Runs) -> Measured:
+    df = only(runs("fig5"), norm_placement="post")
+    need(df, "erank_io", "depth_factor", "nominal_ratio", "expansion")
+    return depth_factor_collapse(df)
+
+
+def _pre_floor(runs: Runs) -> Measured:
+    df = only(runs("fig5"), norm_placement="pre")
+    i = df["erank_io"].idxmin()
+    return Measured(float(df.loc[i, "erank_io"]), float(df.loc[i].get("erank_io_std", math.nan)),
+                    f"min over the grid (α = {df.loc[i, 'alpha']:g}, L = {int(df.loc[i, 'depth'])})")
+
+
+def _post_floor(runs: Runs) -> Measured:
+    df = only(runs("fig5"), norm_placement="post")
+    corner = df[(df["alpha"] == df["alpha"].max()) & (df["depth"] == df["depth"].max())]
+    return Measured(float(corner["erank_io"].mean()), seed_std(corner, "erank_io"),
+                    f"α = {corner['alpha'].iloc[0]:g}, L = {int(corner['depth'].iloc[0])}")
+
+
+FIG5_STREAM = (
+    Claim("fig5.kappa", "Pre-Norm stream: rms(h_l)² = 1 + κ(βα^M)² l with "
+          "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
+          near(0.51, 0.05), _kappa),
+    Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
+          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
+    Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
+          "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
+          _acc_slope("post")),
+    Claim("fig5.accumulated_pre_flat", "Accumulated branch stays flat for "
+          "Pre-Norm", "science.md §3 fig5, Figure 5b/12", "≈ 0 (slope)", near(0.0, 0.2),
+          _acc_slope("pre")),
+    Claim("fig5.depth_factor_collapse", "Post-Norm rank collapses (approximately) onto one "
+          "curve of βα^M√L: across depths it is a function of βα^M√L rather than of βα^M",
+          "science.md §3 fig5 (Figure 5d)", "approximate collapse", below(1.0),
+          _depth_factor_collapse, size="cpu"),
+    Claim("fig5.pre_floor", "Pre-Norm rank stays above ≈ 0.2 of width across its "
+          "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
+    Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
+          "large α and depth", "science.md §3 reference magnitudes", "0.01–0.02 (d = 256)",
+          between(0.01, 0.02), _post_floor, size="full"),
+)
+
+
+COMMANDS = {
+    "isorank": ISORANK_COMMAND,
+    "stream": STREAM_COMMAND,
+    "accumulated": ACCUMULATED_COMMAND,
+}
+
+
+EXPERIMENTS = (
+    Experiment(
+        "fig5",
+        "Figure 5 / Table 4: depth against init scale",
+        "science.md §3 fig5, §4 tab4",
+        analyses=(
+            "stream --experiment fig5",
+            "accumulated --experiment fig5",
+            "profiles --experiment fig5 --metric branch_ratio --rows norm.placement --cols expansion --hue alpha",
+            "isorank --experiment fig5",
+            "collapse --experiment fig5 --x depth_factor --color depth --panel norm.placement expansion --match-rtol 0.01",
+        ),
+        claims=FIG5_ISORANK + FIG5_STREAM,
+        needs=Needs(gpu_full=True),
+    ),
+)
