@@ -248,7 +248,7 @@ def _composition_error(*overrides: str) -> BaseException:
     (["task.probes=abc"], "invalid config: task.probes='abc' — allowed: a list in brackets, "
                           "task.probes=[a,b]"),
     (["hydra/launcher=lcoal"], "invalid config: hydra/launcher='lcoal' — did you mean 'local'? "
-                               "allowed: basic, example_gpu_cluster, joblib, local, rankexp_slurm, "
+                               "allowed: basic, example_gpu_cluster, joblib, local, "
                                "slurm, slurm_gpu, submitit_local, submitit_slurm"),
     # a key of the group's other choice (the key check before Hydra knows every choice's keys)
     (["task.steps=5"], "invalid config: task.steps — task=measure has no key 'steps', task=train "

@@ -108,23 +108,3 @@ def test_plain_text_drops_sphinx_roles():
     assert helptext.plain_text("see :class:`~rankexp.models.mlp.ResidualMLP` and "
                                ":func:`rankexp.probes.x` on ``h_0``") == \
         "see ResidualMLP and rankexp.probes.x on h_0"
-
-
-def test_the_readme_knob_table_states_the_tables_defaults():
-    """README's "Knobs" table repeats each default for the reader; it must be the row's."""
-    readme = (CONF.parent / "README.md").read_text()
-    table = readme[readme.index("### Knobs"):].split("\n\n", 2)[1]
-    checked = 0
-    for line in table.splitlines()[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        keys = re.findall(r"`([a-z_.]+)`", cells[0])
-        if not keys or not all(k in BY_KEY for k in keys) or "=" in cells[0]:
-            continue
-        for key, shown in zip(keys, [v.strip() for v in cells[-1].split(",")], strict=False):
-            want = BY_KEY[key].default
-            if want == PRESET:
-                continue
-            same = (float(shown) == float(want)) if isinstance(want, (int, float)) else shown == str(want)
-            assert same, (key, shown, want)
-            checked += 1
-    assert checked >= 14
