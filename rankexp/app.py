@@ -54,7 +54,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from . import interrupt, naming, startup, tracking
+from . import interrupt, naming, tracking
 from .config import (
     CheckedJob,
     RankexpConfig,
@@ -332,7 +332,6 @@ class Job:
             run_id = self.run_id
             if self.offline is not None or not s.tracking.enabled:
                 self.logger = tracking.Journal(journal)
-            startup.end()  # imports and the store are ready: the collector back for the work
             tracking.write_status(job_dir, "RUNNING", run_id=run_id, config_hash=self.chash,
                                   uri=self.uri, **tracking.owner_tags())
             result = self._compute(run_id, out)

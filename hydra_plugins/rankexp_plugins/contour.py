@@ -117,6 +117,9 @@ class ContourSweeper(RankexpSweeper):
 
         overrides = state.overrides(jobs)
         checked = self._check_all(overrides, self.swept, first=len(self.jobs))
+        if len(checked.pop("keys")) != len(checked["hashes"]):
+            self._refuse(len(jobs), ["  two trace points compose to one config: give each its "
+                                     "own values (hydra.sweeper.params / grids)"])
         if not checked["settings"][0].tracking.enabled:
             self._refuse(len(jobs), ["  hydra/sweeper=contour reads each round back from the "
                                      "store: tracking.enabled=false cannot be contoured"])
@@ -139,10 +142,7 @@ class ContourSweeper(RankexpSweeper):
         while jobs:
             first = len(self.jobs) - len(jobs)
             log.info("contour round %d: %d jobs", state.rounds + 1, len(jobs))
-            self.overrides = [self.jobs[first:]] if self.max_batch_size is None else \
-                list(self.split_overrides_to_chunks(self.jobs[first:], self.max_batch_size))
-            self.batch_index = 0
-            returns += self._launch_all(first)
+            returns += self._launch(self.jobs[first:], first)
             state.record(jobs, self._read_back(parent, self.hashes[first:]))
             jobs = state.next_round()
             if state.rounds >= state.spec.max_rounds:

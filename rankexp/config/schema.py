@@ -594,10 +594,6 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
     if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
         OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
-    if not OmegaConf.has_resolver("rankexp_help"):
-        from ..helptext import section
-
-        OmegaConf.register_new_resolver("rankexp_help", section)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     if not OmegaConf.has_resolver("rankexp_default_probes"):
