@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.levelset import fit_exponent
+from hydra_plugins.rankexp_plugins.contour import fit_exponent
 
 from ..core import style
 from ..core.runner import Command, add_where, out_dir, set_experiment_default
@@ -290,7 +290,7 @@ def isorank_table(
     Returns:
         ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
         ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
-        ``slope_ratio_hi`` (:func:`rankexp.levelset.fit_exponent`; NaN below 3 points),
+        ``slope_ratio_hi`` (:func:`hydra_plugins.rankexp_plugins.contour.fit_exponent`; NaN below 3 points),
         ``r2``, ``depth_min``, ``depth_max``;
         points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
     """
