@@ -379,7 +379,7 @@ def test_each_job_of_a_sweep_is_checked_once(tmp_path):
                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "CHECKS 3", out.stdout[-2000:] + out.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
-    assert "left out alpha=2.0" in out.stderr
+    assert "left out alpha=2.0" in out.stdout
 
 
 def test_make_help_lists_every_target_in_plain_words():

@@ -50,6 +50,11 @@ def _message(e: BaseException) -> str:
     return " — ".join(lines) or type(e).__name__
 
 
+def _label(job: list[str], swept: Any) -> str:
+    """A job by its swept overrides (all of them when it sweeps nothing)."""
+    return " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept) or " ".join(job)
+
+
 class RankexpSweeper(Sweeper):
     """See the module docstring."""
 
@@ -76,7 +81,7 @@ class RankexpSweeper(Sweeper):
                 checked = self._check_all(plan.jobs, set(plan.swept))
                 plan = plan.drop(checked.pop("keys"))
                 for job, twin in plan.dropped:
-                    log.info("left out %s: the same config as a job%s", " ".join(job),
+                    log.info("left out %s: the same config as a job%s", _label(job, plan.swept),
                              f" of grid {twin!r}" if twin else "")
                 checked["names"] = plan.names(checked["names"])
                 parent = self._open_parent(checked)
@@ -127,14 +132,14 @@ class RankexpSweeper(Sweeper):
         original = HydraConfig.instance().cfg
         try:
             for i, overrides in enumerate(jobs):
-                label = " ".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept)
+                label = _label(overrides, swept)
                 try:
                     cfg = loader.load_sweep_config(self.config, overrides)
                     with open_dict(cfg.hydra.job):
                         cfg.hydra.job.num = cfg.hydra.job.id = first + len(hashes)
                     checked = check_task(cfg, device=local, overrides=overrides)
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
-                    errors.append(f"  #{first + i} {label or ' '.join(overrides)}: {_message(e)}")
+                    errors.append(f"  #{first + i} {label}: {_message(e)}")
                     continue
                 if checked.config_hash in hashes:
                     keys.append(checked.config_hash)
@@ -233,8 +238,7 @@ class RankexpSweeper(Sweeper):
 
         for idx, r in enumerate(r for batch in returns for r in batch):
             if isinstance(r, JobReturn) and r.status == JobStatus.FAILED:
-                label = " ".join(o for o in jobs[idx] if o.split("=", 1)[0].lstrip("+~") in swept)
-                log.error("job #%d (%s) failed: %s (job dir %s)", idx, label,
+                log.error("job #%d (%s) failed: %s (job dir %s)", idx, _label(jobs[idx], swept),
                           _message(r._return_value), job_dirs[idx])
         if parent is not None:
             status, _ = parent.close(interrupted)
