@@ -115,8 +115,8 @@ class RankexpSweeper(Sweeper):
 
     def _check_all(self, jobs: list[list[str]], swept: set[str], first: int = 0) -> dict[str, Any]:
         """Compose and check every job (numbered from ``first``) and every store; exit 2 listing
-        every problem.  ``keys``: each job's config hash, None for a twin of an earlier job (it
-        is left out: the others keep their numbers)."""
+        every problem.  ``keys``: each job's (config hash, store, experiment); a job whose key
+        an earlier job has is left out (and not numbered)."""
         from rankexp import tracking
         from rankexp.config import CHECKED_JOBS, check_task
         from rankexp.naming import config_name
@@ -129,6 +129,7 @@ class RankexpSweeper(Sweeper):
         loader = self.hydra_context.config_loader
         CHECKED_JOBS.clear()
         errors, keys, job_dirs, hashes, settings, names = [], [], [], [], [], []
+        seen: set[tuple] = set()
         original = HydraConfig.instance().cfg
         try:
             for i, overrides in enumerate(jobs):
@@ -141,10 +142,11 @@ class RankexpSweeper(Sweeper):
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
                     errors.append(f"  #{first + i} {label}: {_message(e)}")
                     continue
-                if checked.config_hash in hashes:
-                    keys.append(checked.config_hash)
+                t = checked.settings.tracking  # a config hash names a run within its store
+                keys.append((checked.config_hash, t.enabled and t.uri, t.experiment))
+                if keys[-1] in seen:
                     continue
-                keys.append(checked.config_hash)
+                seen.add(keys[-1])
                 CHECKED_JOBS[tuple(cfg.hydra.overrides.task)] = checked
                 job_dirs.append(self._job_dir(cfg))
                 hashes.append(checked.config_hash)
