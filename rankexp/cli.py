@@ -150,6 +150,20 @@ def _overrides(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def app_help(overrides: list[str]) -> None:
+    """``rankexp --help``: the template of conf/hydra/help/rankexp.yaml with the command line's
+    overrides, composed through Hydra's compose API.  (Hydra's own ``--help`` also lists every
+    config group — ~50 with the per-experiment ``size/`` folders, a copy of the ConfigStore each,
+    4–5 s here — for placeholders this template does not use.)"""
+    import string
+
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides, return_hydra_config=True)
+        print(string.Template(cfg.hydra.help.template).safe_substitute())
+
+
 def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     argv = sys.argv[1:]
@@ -168,7 +182,10 @@ def cli() -> None:
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it finds: reported below
     try:
-        main()
+        if {"--help", "-h"} & set(argv):
+            app_help(_overrides(argv))
+        else:
+            main()
     except Exception as e:
         if _State.composed:  # the job's own failure, after composing: its traceback
             traceback.print_exception(e)
