@@ -41,8 +41,8 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
-from rankexp.cli import CONF_DIR
 from hydra_plugins.rankexp_plugins.contour import Contour, parse_spec
+from rankexp.cli import CONF_DIR
 from rankexp.models.mlp import ResidualMLP
 from rankexp.tasks.measure import run_probes
 
