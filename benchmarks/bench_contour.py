@@ -9,7 +9,7 @@ m/d) is the job's own measurement — ``erank_io`` of :func:`rankexp.tasks.measu
 the experiment's network and seeds — computed once per distinct config in this process (one
 torch thread) and counted as one run, as a sweep counts its jobs.
 
-* **Reference**: the contour sweep's algorithm (:class:`rankexp.levelset.Contour`, the rounds
+* **Reference**: the contour sweep's algorithm (:class:`hydra_plugins.rankexp_plugins.contour.Contour`, the rounds
   ``hydra/sweeper=contour`` runs) bracketing every crossing to ``--ref-tol`` from every
   depth's start points (no warm start, no exponent budget).
 * **Contour**: the experiment's own sweep (warm starts along depth and across m/d —
@@ -41,8 +41,8 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
+from hydra_plugins.rankexp_plugins.contour import Contour, parse_spec
 from rankexp.cli import CONF_DIR
-from rankexp.levelset import Contour, parse_spec
 from rankexp.models.mlp import ResidualMLP
 from rankexp.tasks.measure import run_probes
 

@@ -1,45 +1,61 @@
-"""The command line: ``python -m rankexp [overrides] [-m]`` (design.md §1).
+"""The command line: ``python -m rankexp [overrides] [-m]`` and ``rankexp status|cancel|detach …``.
 
 Exit status: 0 done; 1 a job failed (or, for a single run, its result could not be logged: it
 is in the job directory for ``python -m rankexp.sync``); 2 a config or store error, before any
 run exists; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM), the runs then KILLED.
+
+Errors: a key typo is refused before Hydra runs (:func:`rankexp.config.check_override_keys`,
+with a did-you-mean).  The rest of what a user can mistype — a group choice that does not exist
+(``norm=psot``), a value OmegaConf cannot convert (``alpha=abc``) — Hydra finds while composing;
+:func:`cli` runs Hydra with its documented ``HYDRA_FULL_ERROR=1``, so that Hydra raises instead
+of printing, and :func:`one_line` turns what it raises into one line: key, value, what is
+allowed (from Hydra's exception: the options it listed, the node type OmegaConf refused) and
+the closest allowed name.  A user's own ``HYDRA_FULL_ERROR=1`` keeps Hydra's stack trace.
 """
 
 from __future__ import annotations
 
-import gc
+import dataclasses
+import difflib
+import enum
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from . import helptext
 from .config import ConfigError, check_override_keys, config_groups, quote_unicode, register_configs
-from .errors import one_line
+from .config import choices_with
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rankexp")
 
 register_configs()
+if not OmegaConf.has_resolver("rankexp_help"):  # conf/hydra/help/rankexp.yaml
+    OmegaConf.register_new_resolver("rankexp_help", helptext.section)
 
-
-#: third-party progress bars kept out of a job's console, by their libraries' own switches
-#: (MLflow's artifact transfers, Hugging Face's downloads and checkpoint loading); rankexp's
-#: bars and log lines say how far a job is.  A value the user set wins; workers the job starts
-#: (joblib, Slurm) inherit them.
+#: third-party progress bars and MLflow's telemetry thread off by their libraries' own switches
+#: (a value the user set wins; workers the job starts inherit them)
 QUIET = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-         # MLflow 3's usage telemetry: a thread in every process, posting to a server a cluster
-         # node cannot reach (set it to false to allow it)
          "MLFLOW_DISABLE_TELEMETRY": "true"}
+#: Hydra's flags that take a value (the word after them is not an override)
+VALUED = {"-c", "--cfg", "-p", "--package", "-sc", "--shell-completion", "-cp", "--config-path",
+          "-cn", "--config-name", "-cd", "--config-dir", "--experimental-rerun", "-i", "--info"}
 
 
 class _State:
-    composed = False  # Hydra composed a config: its exit status 1 is no longer a config error
+    composed = False  # Hydra composed a config: a failure is no longer a config error
     run_dir: Path | None = None  # a single run's directory, where this process made it …
     made: Path | None = None  # … and the topmost folder of it that did not exist before
 
@@ -55,15 +71,9 @@ def _fail(message: str, code: int) -> None:
 
 
 class CheckFirst(Callback):
-    """A single run's config is checked before Hydra makes its run directory
-    (``conf/config.yaml``: ``hydra.callbacks.check_first``).  Hydra's ``run_job`` creates
-    ``outputs/<date>/<time>`` with its ``.hydra/`` and ``rankexp.log`` before the task starts,
-    so a value refused by the task's check (``width=-3``, ``task.probes=[nope]``) left that
-    directory behind.  Here :func:`rankexp.config.check_task` runs in ``on_run_start`` —
-    after composing, before ``run_job`` — and its result waits for the job in
-    :data:`rankexp.config.CHECKED_JOBS` (checked once).  A sweep's jobs are checked by the
-    sweeper before any directory exists; a worker's single job (joblib, Slurm) starts no run
-    of Hydra's and is not seen here.
+    """A single run's config checked before Hydra makes its run directory
+    (``conf/config.yaml``: ``hydra.callbacks.check_first``), in ``on_run_start``; the result
+    waits for the job in :data:`rankexp.config.CHECKED_JOBS` (checked once).
 
     Raises:
         SystemExit: 2 with the one-line message when the check refuses the config.
@@ -83,9 +93,8 @@ class CheckFirst(Callback):
 
 
 def _discard_run_dir() -> None:
-    """Remove the single run's directory this process made (and the empty folders above it
-    that it made: ``outputs/<date>``), when the job is refused before its run exists (a store
-    that cannot be used): only what Hydra wrote can be in it then."""
+    """Remove the single run's directory this process made (and the empty folders above it that
+    it made), when the job is refused before its run exists: only Hydra's files are in it."""
     run_dir, made = _State.run_dir, _State.made
     _State.run_dir = _State.made = None
     if run_dir is None or not run_dir.is_dir() \
@@ -128,107 +137,171 @@ def main(cfg: DictConfig) -> dict:
               "resume)", 128 + signal.Signals[e.signal_name].value)
 
 
-def _sets_mode(overrides: list[str]) -> bool:
-    """Whether a command line sets ``hydra.mode`` (``hydra.mode=MULTIRUN``, ``+hydra.mode=…``)."""
-    return any(o.split("=", 1)[0].lstrip("+~") == "hydra.mode" for o in overrides)
+def _overrides(argv: Sequence[str]) -> list[str]:
+    """The overrides of a command line: the words that are neither a flag nor a flag's value."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = a in VALUED
+        else:
+            out.append(a)
+    return out
 
 
-def compose_once() -> None:
-    """Compose a job's config once, not twice: before it runs, Hydra composes the whole config
-    only to read ``hydra.mode`` (``Hydra.get_mode``), then composes it again to run it.  No file
-    of ``conf/`` sets ``hydra.mode`` (tests/test_compose_once.py checks every experiment), so
-    when the command line does not set it either the answer is known without composing: None,
-    and ``-m`` decides, as Hydra decides then."""
-    from hydra._internal.hydra import Hydra
+def app_help(overrides: list[str]) -> None:
+    """``rankexp --help``: the template of conf/hydra/help/rankexp.yaml with the command line's
+    overrides, composed through Hydra's compose API.  (Hydra's own ``--help`` also lists every
+    config group — ~50 with the per-experiment ``size/`` folders, a copy of the ConfigStore each,
+    4–5 s here — for placeholders this template does not use.)"""
+    import string
 
-    if getattr(Hydra.get_mode, "_rankexp", False):
-        return
-    composing = Hydra.get_mode
+    from hydra import compose, initialize_config_dir
 
-    def get_mode(self, config_name, overrides):
-        return composing(self, config_name, overrides) if _sets_mode(list(overrides)) else None
-
-    get_mode._rankexp = True  # type: ignore[attr-defined]
-    Hydra.get_mode = get_mode
-
-
-def _full_error() -> bool:
-    """``HYDRA_FULL_ERROR=1``: Hydra's own report with the stack trace, as Hydra documents."""
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
-
-
-def _reported(e: Exception) -> None:
-    """Exit 2 with the one-line message for a composition error Hydra raised
-    (:func:`rankexp.errors.one_line`; with ``HYDRA_FULL_ERROR=1`` its stack trace instead);
-    return for anything else (Hydra reports it)."""
-    message = one_line(e)
-    if message is None:
-        return
-    if _full_error():
-        traceback.print_exception(e)
-        raise SystemExit(2)
-    _fail(message, 2)
-
-
-def one_error_style() -> None:
-    """Report composition errors in rankexp's one line, not Hydra's several
-    (:mod:`rankexp.errors`): Hydra's ``run_and_report`` — which runs the composition of a run,
-    a sweep's master config, ``--cfg`` and shell completion, and prints what they raise — gets
-    the one-line message first.  ``--help`` composes outside it: :func:`cli` catches that."""
-    from hydra._internal import utils
-
-    if getattr(utils.run_and_report, "_rankexp", False):
-        return
-    report = utils.run_and_report
-
-    def run_and_report(func):
-        def composing():
-            try:
-                return func()
-            except Exception as e:
-                _reported(e)
-                raise
-
-        return report(composing)
-
-    run_and_report._rankexp = True  # type: ignore[attr-defined]
-    utils.run_and_report = run_and_report
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides, return_hydra_config=True)
+        print(string.Template(cfg.hydra.help.template).safe_substitute())
 
 
 def cli() -> None:
-    """Check the command line's keys against the schema, then let Hydra run (composing once)."""
-    from hydra._internal.utils import get_args_parser
-
-    from . import startup
-
-    if sys.argv[1:2] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep: rankexp.sweepctl
+    """Check the command line's keys against the schema, then let Hydra run."""
+    argv = sys.argv[1:]
+    if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
         from .sweepctl import main as sweepctl
 
-        raise SystemExit(sweepctl(sys.argv[1:]))
-    sys.argv[1:] = [quote_unicode(a) for a in sys.argv[1:]]  # unicode values work unquoted
-    args, _ = get_args_parser().parse_known_args(sys.argv[1:])
-    try:
-        if not args.shell_completion:  # `-sc install=bash` / `query=bash` are Hydra's, not keys
-            check_override_keys(args.overrides, config_groups(CONF_DIR))
-    except ConfigError as e:
-        _fail(str(e), 2)
+        raise SystemExit(sweepctl(argv))
+    sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted
+    if not {"-sc", "--shell-completion"} & set(argv):  # completion's `install=bash` is no key
+        try:
+            check_override_keys(_overrides(argv), config_groups(CONF_DIR))
+        except ConfigError as e:
+            _fail(str(e), 2)
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
-    compose_once()
-    one_error_style()
-    startup.begin()  # until the job computes or the sweep launches (rankexp.startup)
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it finds: reported below
     try:
-        main()
-    except SystemExit as e:
-        if e.code == 1 and not _State.composed:
-            raise SystemExit(2) from None  # Hydra could not compose the config (its message is out)
-        raise
-    except Exception as e:  # `--help` / `--hydra-help` compose outside Hydra's reporting
-        _reported(e)
-        raise
+        if {"--help", "-h"} & set(argv):
+            app_help(_overrides(argv))
+        else:
+            main()
+    except Exception as e:
+        if _State.composed:  # the job's own failure, after composing: its traceback
+            traceback.print_exception(e)
+            raise SystemExit(1) from None
+        message = one_line(e)
+        if full or message is None:
+            traceback.print_exception(e)
+            raise SystemExit(2) from None
+        _fail(message, 2)
     finally:
-        # the interpreter's last garbage collection walks every object MLflow, SQLAlchemy,
-        # Hydra (and torch) made — seconds under load, for nothing at exit (a detached Slurm
-        # submit spent 4.6 of its seconds there); frozen, they are left to the OS
-        gc.freeze()
-        startup.end()  # an in-process caller gets its collector back
+        if not full:
+            del os.environ["HYDRA_FULL_ERROR"]
+
+
+# --------------------------------------------------------------------------- one-line errors
+#: how a leaf node's type reads in a message
+_TYPES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "true or false",
+          "StringNode": "a string", "BytesNode": "bytes", "PathNode": "a path"}
+
+
+def one_line(e: BaseException) -> str | None:
+    """The one-line message for a composition error Hydra raised, or None when ``e`` is not one.
+
+    Args:
+        e: what Hydra raised while composing: ``MissingConfigException`` (a group choice that
+            does not exist), ``ConfigCompositionException`` caused by OmegaConf's
+            ``ValidationError`` (a value of the wrong type), ``OverrideParseException``.
+
+    Returns:
+        ``invalid config: <key>=<value> — did you mean '<closest>'? allowed: …``; None else.
+    """
+    if isinstance(e, MissingConfigException):
+        return _missing_choice(e)
+    if isinstance(e, OverrideParseException):
+        return _lines(f"invalid override {e.override!r}", str(e)) + \
+            " (the override grammar: https://hydra.cc/docs/advanced/override_grammar/basic)"
+    if isinstance(e, ConfigCompositionException):
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            return _mistyped(cause) or _not_a_key(cause) or _lines("invalid config", str(e), str(cause))
+        return _lines("invalid config", str(e), str(cause or ""))
+    return None
+
+
+def _lines(what: str, *messages: str) -> str:
+    """Hydra's message in one line, without the search path, node details and advice."""
+    skip = ("Config search path", "provider=", "full_key:", "object_type=", "reference_type=",
+            "Set the environment variable", "See https://hydra.cc")
+    lines = [ln.strip().rstrip(":") for m in messages for ln in m.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(skip)]
+    return f"{what}: " + " — ".join(dict.fromkeys(lines))
+
+
+def _missing_choice(e: Any) -> str:
+    """``norm=psot``: Hydra names the missing ``group/choice`` and lists the group's options."""
+    group, _, value = (e.missing_cfg_file or "").rpartition("/")
+    if not group or e.options is None:
+        return _lines("invalid config", str(e))
+    parent = re.match(r"In '([^']+)':", str(e))
+    asked = "" if parent is None or parent[1] in ("config", "hydra/config") else \
+        f" (asked for by conf/{parent[1]}.yaml)"
+    return _message(group, value, sorted(e.options)) + asked
+
+
+def _mistyped(cause: Any) -> str | None:
+    """``alpha=abc``: OmegaConf could not convert the value to the node's type."""
+    key, value, node, parent = cause.full_key, cause.value, cause.child_node, cause.parent_node
+    if node is None and isinstance(parent, ListConfig):  # task.lrs=[a]: an element
+        element = getattr(parent._metadata.element_type, "__name__", "")
+        what = {"int": "integers", "float": "numbers", "str": "strings", "bool": "true/false"}
+        return (f"invalid config: {key}={value!r} — allowed in {key.rsplit('[', 1)[0]}: "
+                f"{what.get(element, element or 'values')}")
+    if node is None:
+        return None
+    optional = node._is_optional()
+    if isinstance(node, ListConfig):
+        return f"invalid config: {key}={value!r} — allowed: a list in brackets, {key}=[a,b]"
+    ref = node._metadata.ref_type
+    if isinstance(ref, type) and issubclass(ref, enum.Enum):
+        return _message(key, value, [m.name for m in ref] + (["null"] if optional else []))
+    kind = _TYPES.get(type(node).__name__)
+    if kind is None:
+        return None
+    if value is None and not optional:
+        return f"invalid config: {key}=null — allowed: {kind}, not null{_example(key, node)}"
+    if kind == "true or false":
+        return _message(key, value, ["true", "false"] + (["null"] if optional else []))
+    return _message(key, value, ["null"] if optional else [],
+                    f"{kind}{' or null' if optional else ''}{_example(key, node)}")
+
+
+def _not_a_key(cause: Any) -> str | None:
+    """``task.steps=5`` with task=measure: a key of the group's other choice."""
+    kind = cause.object_type
+    if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not dataclasses.is_dataclass(kind):
+        return None
+    key, field = cause.full_key, cause.key
+    group = key.rsplit(".", 1)[0]
+    chosen = {f.name: f.default for f in dataclasses.fields(kind)}.get("name")
+    others = choices_with(group, field)
+    if not isinstance(chosen, str) or not others:
+        return None
+    return (f"invalid config: {key} — {group}={chosen} has no key '{field}', "
+            f"{' and '.join(f'{group}={o}' for o in others)} has: add {group}={others[0]}")
+
+
+def _example(key: str, node: Any) -> str:
+    """``, e.g. alpha=1.0``: the value as composed (the default, or the experiment's)."""
+    v = node._value()
+    if v is None or (isinstance(v, str) and "${" in v):  # unset, or an interpolation
+        return ""
+    return f", e.g. {key}={str(v).lower() if isinstance(v, bool) else v}"
+
+
+def _message(key: str, value: Any, names: Sequence[str], kind: str = "") -> str:
+    """``invalid config: key='value' — did you mean 'x'? allowed: a, b, c``."""
+    close = difflib.get_close_matches(str(value), list(names), n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"invalid config: {key}={value!r} — {hint}allowed: {kind or ', '.join(names)}"

@@ -252,69 +252,6 @@ def test_a_tab_press_offers_no_internal_config_group():
             {"norm=", "task=", "model=", "experiment=", "size=", "depth="} <= set(words), (line, words)
 
 
-def _groups(loader, parent: str = "") -> list[str]:
-    from hydra.core.object_type import ObjectType
-
-    out = []
-    for g in loader.get_group_options(parent, ObjectType.GROUP):
-        name = f"{parent}/{g}" if parent else g
-        out += [name, *_groups(loader, name)]
-    return out
-
-
-def test_group_listing_is_hydras_own():
-    """The listing that --help and completion ask 269 times (hydra_plugins/rankexp_plugins/
-    backports.py: one repository per command line, each answer once) equals what Hydra's own
-    ``get_group_options`` — a fresh deep-copied repository per call — answers, for every group of
-    the tree, every result filter, with and without a config and overrides."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.object_type import ObjectType
-    from hydra.core.plugins import Plugins
-
-    from rankexp.cli import CONF_DIR
-
-    Plugins.instance()
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
-    groups = ["", *_groups(loader)]
-    assert {"norm", "experiment", "size", "hydra/launcher", "size/fig6"} <= set(groups)
-    for config_name, overrides in ((None, []), ("config", ["norm=post", "alpha=2"])):
-        for g in groups:
-            for kind in (ObjectType.CONFIG, ObjectType.GROUP, None):
-                hydra = loader._parse_overrides_and_create_caching_repo(config_name, overrides)[1]
-                assert loader.get_group_options(g, kind, config_name, overrides) == \
-                    hydra.get_group_options(g, kind), (g, kind)
-    assert loader.get_group_options("norm") == ["none", "output", "peri", "post", "pre"]
-
-
-def test_a_copied_repository_reads_the_live_config_store():
-    """The backport of Hydra PR #2928 (and its regression test, PR #3301): a repository copied
-    before a structured config is registered finds it — the copy shares the one ConfigStore
-    instead of deep-copying it (~40 ms a copy, once per composition and per listing)."""
-    import copy
-
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_repository import CachingConfigRepository
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.plugins import Plugins
-
-    from rankexp.cli import CONF_DIR
-
-    Plugins.instance()
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(CONF_DIR))
-    repo = CachingConfigRepository(loader.repository)
-    source = repo.delegate.get_schema_source()
-    assert source.store is ConfigStore.instance() and copy.deepcopy(source).store is source.store
-    store = ConfigStore.instance()
-    store.store(name="rankexp_late_registration", node={"answer": 42})
-    try:
-        found = repo.load_config("rankexp_late_registration")
-        assert found is not None and found.config.answer == 42
-    finally:
-        store.repo.pop("rankexp_late_registration.yaml")
-
-
 QUIET_PROBE = """
 import sys
 sys.argv = ["rankexp", "--cfg", "job"]
@@ -357,23 +294,92 @@ def _probe_line(code: str, given: dict[str, str | None], unset: tuple[str, ...] 
 
 
 EXIT_PROBE = """
-import gc, os, sys
+import os, sys
 sys.argv = ["rankexp", "--cfg", "job"]
 from rankexp.cli import cli
 try:
     cli()
 except SystemExit:
     pass
-print("EXIT", gc.get_freeze_count() > 0, os.environ.get("MLFLOW_DISABLE_TELEMETRY"))
+print("EXIT", os.environ.get("MLFLOW_DISABLE_TELEMETRY"), os.environ.get("HYDRA_FULL_ERROR"))
 """
 
 
 @pytest.mark.parametrize("user", [None, "false"])
-def test_a_rankexp_process_leaves_its_objects_to_the_os_and_mlflow_telemetry_off(user):
-    """Issue 20: a detached submit spent 4.6 of its seconds after sbatch in the interpreter's
-    last garbage collection (every MLflow/SQLAlchemy/Hydra object); the CLI freezes them as it
-    ends.  MLflow 3's telemetry thread is off unless the user turns it on."""
-    assert _probe_line(EXIT_PROBE, {"MLFLOW_DISABLE_TELEMETRY": user}) == f"EXIT True {user or 'true'}"
+def test_mlflow_telemetry_is_off_unless_the_user_turns_it_on(user):
+    """MLflow 3's telemetry thread is off unless the user turns it on; the command leaves
+    ``HYDRA_FULL_ERROR`` as it found it (rankexp.cli sets it while Hydra runs)."""
+    assert _probe_line(EXIT_PROBE, {"MLFLOW_DISABLE_TELEMETRY": user}) == f"EXIT {user or 'true'} None"
+
+
+LIGHT = """
+import sys
+from hydra import compose, initialize_config_dir
+from rankexp import cli, helptext
+from rankexp.config import check_override_keys, check_task, config_groups
+from rankexp.memory import seed_bytes
+from rankexp.naming import config_name
+check_override_keys(["depth=4", "norm=post"], config_groups(cli.CONF_DIR))
+for overrides in (["experiment=fig5", "size=smoke"], ["model=gpt2", "width=64", "depth=2"],
+                  ["model=cifar_resnet", "depth=8", "task.probes=[init_gradient_norms]"],
+                  ["task=train", "data.download=true"]):
+    with initialize_config_dir(config_dir=cli.CONF_DIR, version_base="1.3"):
+        cfg = compose("config", [*overrides, "device=auto"], return_hydra_config=True)
+    checked = check_task(cfg)
+    config_name(checked.settings)
+    if checked.settings.task.name == "measure":
+        seed_bytes(checked.settings)
+helptext.probes()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mlflow", "transformers",
+               "torchvision", "sqlalchemy") or m.startswith(("rankexp.models.", "rankexp.probes.base",
+               "rankexp.tasks", "rankexp.app"))
+         and not m.startswith(("rankexp.models.spec", "rankexp.models.families")))
+print("HEAVY", heavy)
+"""
+
+
+def test_composing_and_checking_a_config_imports_no_torch_mlflow_or_model():
+    """The schema, the checks (keys, values, paths, device, memory estimate), run names and the
+    probes' help read torch-free modules only: a sweep's check, `--help` and a tab press never
+    import torch (the job imports it once, when it builds its network)."""
+    assert _probe_line(LIGHT, {}) == "HEAVY []"
+
+
+COUNTER = """
+import sys
+import rankexp.config.checks as checks
+calls = []
+check = checks.check_job
+def counted(*a, **k):
+    calls.append(1)
+    return check(*a, **k)
+checks.check_job = counted
+from rankexp import cli
+sys.argv = ["rankexp", *sys.argv[1:]]
+try:
+    cli.cli()
+except SystemExit as e:
+    print("EXIT", e.code)
+print("CHECKS", len(calls))
+"""
+
+
+def test_each_job_of_a_sweep_is_checked_once(tmp_path):
+    """The sweeper checks every job before the first runs; a job of the basic launcher takes
+    that check (rankexp.config.CHECKED_JOBS) instead of checking again; a job whose config an
+    earlier job has (``alpha=2`` and ``alpha=2.0``) is left out."""
+    import subprocess
+    import sys
+
+    from services import clean_env
+
+    out = subprocess.run([sys.executable, "-c", COUNTER, "width=8", "depth=2", "seeds=1",
+                          "tracking=off", "task.probes=[io_jacobian]", "alpha=1,2,2.0",
+                          f"hydra.sweep.dir={tmp_path}/sweep", "-m"],
+                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "CHECKS 3", out.stdout[-2000:] + out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
+    assert "left out alpha=2.0" in out.stdout
 
 
 def test_make_help_lists_every_target_in_plain_words():

@@ -260,14 +260,14 @@ def test_one_line_reads_hydras_own_exception(overrides, line):
     """Every kind of node OmegaConf refuses a value for (bool, enum, optional float, int, list
     element, list) and a group choice Hydra cannot find, in-process: the allowed names are
     OmegaConf's (the enum's members) and Hydra's (the options it listed)."""
-    from rankexp.errors import one_line
+    from rankexp.cli import one_line
 
     assert one_line(_composition_error(*overrides)) == line
 
 
 def test_one_line_leaves_other_errors_to_hydra():
     """Not a composition error → None (Hydra reports it); a valid override composes."""
-    from rankexp.errors import one_line
+    from rankexp.cli import one_line
 
     assert one_line(ValueError("boom")) is None and one_line(KeyError("norm")) is None
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -1,4 +1,4 @@
-"""``hydra/sweeper=contour`` and its math (:mod:`rankexp.levelset`): crossings against closed forms,
+"""``hydra/sweeper=contour`` and its math (hydra_plugins/rankexp_plugins/contour.py): crossings against closed forms,
 cells it must report instead of guessing, and a real contour sweep — killed after its first
 round, then resumed from the store — whose crossings and exponent are known exactly."""
 
@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, runs_in
 
-from rankexp.levelset import Axis, Contour, fit_exponent, parse_spec, solve
+from hydra_plugins.rankexp_plugins.contour import Axis, Contour, fit_exponent, parse_spec, solve
 
 AXIS = Axis("alpha", 0.1, 10.0, "log")
 

@@ -9,7 +9,6 @@ import itertools
 
 import pytest
 from conftest import runs_in
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hydra_plugins.rankexp_plugins.grids import expand, named_grids, sweep_plan
@@ -30,12 +29,15 @@ def jobs(plan) -> set[tuple[str, ...]]:
 
 
 def test_without_grids_it_is_the_basic_sweepers_product():
-    params = {"norm": "pre,post", "alpha": "1,2"}
-    plan = expand(params, None, ["depth=4,8", "width=16"], PARSER)
-    basic = BasicSweeper.split_arguments(
-        PARSER.parse_overrides(["norm=pre,post", "alpha=1,2", "depth=4,8", "width=16"]), None)[0]
-    assert plan.jobs == basic  # same jobs, same order
+    """Hydra's basic sweeper's jobs and order: the product over the keys in order of
+    appearance, the last key varying fastest; a plain override in every job; a range swept."""
+    plan = expand({"norm": "pre,post", "alpha": "1,2"}, None, ["depth=range(4,12,4)", "width=16"],
+                  PARSER)
+    assert plan.jobs == [[f"norm={n}", f"alpha={a}", f"depth={d}", "width=16"]
+                         for n in ("pre", "post") for a in (1, 2) for d in (4, 8)]
     assert plan.swept == ["norm", "alpha", "depth"] and set(plan.grid) == {""}
+    with pytest.raises(ValueError, match="not an interval"):
+        expand(None, None, ["alpha=interval(0,1)"], PARSER)
 
 
 def test_each_grid_lays_its_keys_over_the_shared_params_and_the_command_line_over_both():

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from rankexp.levelset import fit_exponent
+from hydra_plugins.rankexp_plugins.contour import fit_exponent
 from rankexp.theory import prenorm_stream_rms
 
 from ..core import style
@@ -119,7 +119,7 @@ def isorank_table(
     Returns:
         ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
         ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
-        ``slope_ratio_hi`` (:func:`rankexp.levelset.fit_exponent`; NaN below 3 points),
+        ``slope_ratio_hi`` (:func:`hydra_plugins.rankexp_plugins.contour.fit_exponent`; NaN below 3 points),
         ``r2``, ``depth_min``, ``depth_max``;
         points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
     """

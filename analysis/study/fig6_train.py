@@ -229,7 +229,7 @@ def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Da
     """One-rate runs (:func:`one_rate`) as one row per (placement, depth, α[, seed]) whose
     ``max_stable_lr`` is the stability boundary: the geometric midpoint of the largest stable
     rate and the smallest unstable one above it (the estimate of ``hydra/sweeper=contour``'s
-    boolean target, :func:`rankexp.levelset.solve`); the largest stable rate where none above
+    boolean target, :func:`hydra_plugins.rankexp_plugins.contour.solve`); the largest stable rate where none above
     it failed; NaN where none was stable.  Stability as in :func:`max_stable_lr`."""
     stable = max_stable_lr(df, stable_accuracy).notna()
     keys = [PLACEMENT, "depth", "alpha"] + (["seed"] if "seed" in df else [])

@@ -1,61 +1,733 @@
-"""``hydra/sweeper=contour``: a sweep that finds a level set (or a boundary) itself.
+"""``hydra/sweeper=contour``: a sweep that finds a level set (or a boundary) itself, and its math.
 
 A grid spends most of its runs far from the contour it is there to locate (Table 4's iso-rank
 exponents from fig5's α × L grid; Table 5's max stable LR from a fixed LR grid).  This sweeper
-traces the contour directly (science.md §6 ``tab4_contour``):
+traces the contour directly, in rounds: each round is one batch of ordinary jobs through the
+configured launcher (each a normal run: config hash, resume, the sweep's parent run); after a
+round the metric of every job is read back from the store by config hash and each (trace
+point, level) cell is narrowed until its crossing is bracketed to ``tol``; non-monotone and
+unbracketed cells are reported, never guessed.  Every round is checked as a whole before it
+runs (:class:`~.sweeper.RankexpSweeper`).  The proposals are a deterministic function of the
+values read back, so a rerun proposes the same jobs and resume-by-config-hash skips the
+finished ones.
 
-* ``hydra.sweeper.params`` / ``grids`` are the **trace points** (``depth=12,…,384``, ``norm``,
-  ``expansion`` …): the union of grids of :class:`~.sweeper.RankexpSweeper`, minus the solved
-  axis;
-* ``hydra.sweeper.contour`` says what to solve: ``metric`` (a logged metric, or a derived
-  param such as ``depth_factor``), ``levels`` (``[0.4, 0.5, 0.6]``), the ``axis`` (any numeric
-  config key: ``alpha``, ``beta``, ``lr``) with its ``bracket`` and ``scale`` (log/linear),
-  ``start`` points of the first round, the ``tol``\\ erance (bracket width in ``log x`` on a log
-  axis), ``method`` (``secant``: safeguarded; ``bisect``), ``boolean`` (the target is
-  ``metric ≥ level`` or not — a missing value is *not*; Table 5's boundary), ``max_rounds``,
-  ``fit_over`` (the trace axis of the power law ``βα^M ∝ L^s``, ``depth``), ``warm`` (only
-  the ends of each ``fit_over`` line start from ``start`` points; each other depth is measured
-  around the crossings its settled neighbours' power law predicts, stepping outwards when
-  they miss), ``warm_across`` (trace axes such as ``expansion`` whose later values start each
-  depth around the first value's crossing there, shifted by the lines' mean offset:
-  :meth:`rankexp.levelset.Contour.predict`) and ``s_tol`` (the exponent's tolerance: each cell
-  stops once its secant step, or the gap between its cubic and linear interpolants, is within
-  the share of ``s_tol`` its weight in the fit allows, :meth:`rankexp.levelset.Contour.allowed`).
+* ``hydra.sweeper.params`` / ``grids``: the **trace points** (``depth=12,…,384``, ``norm`` …).
+* ``hydra.sweeper.contour``: ``metric`` (a logged metric or a param such as ``depth_factor``),
+  ``levels``, the ``axis`` (a numeric config key) with its ``bracket`` and ``scale``
+  (log/linear: the coordinate ``u = log x`` or ``x``; ``tol`` is a bracket width in ``u``),
+  ``start`` points of the first round, ``method`` (``secant``: regula falsi with a PCHIP
+  curvature correction, measured at ``û ± 0.45·tol``, bisecting whenever a round did not halve
+  the bracket — Brent's safeguard, Brent 1973 ch. 4; ``bisect``), ``boolean`` (the target is
+  ``metric ≥ level``, a missing value counting as not — Table 5's boundary; failing below a
+  holding stretch is a floor, not the boundary), ``max_rounds``, ``fit_over`` (the trace axis
+  ``L`` of the power law ``βα^M ∝ L^s``), ``warm`` (only the ends of each ``fit_over`` line
+  start from ``start`` points; the others around the crossing their settled neighbours'
+  power law predicts, stepping outwards when they miss), ``warm_across`` (trace axes whose
+  later values start around the first value's crossing at the same depth, shifted by the
+  lines' mean offset) and ``s_tol`` (each cell stops at the error the fitted exponent ``s``
+  can take from it, by its least-squares weight).
 
-It runs rounds.  Each round is one batch of ordinary jobs through the configured launcher
-(basic, joblib, Slurm): each job is a normal run (config hash, resume, the sweep's parent
-run).  After a round the metric of every job is read back from the store by config hash and
-each (trace point, level) cell is narrowed (:func:`rankexp.levelset.solve`; the bookkeeping:
-:class:`rankexp.levelset.Contour`) until its crossing
-is bracketed to ``tol``; non-monotone and unbracketed cells are reported, never guessed.  The
-first round (every trace point at ``start`` values spanning the bracket, its ends included) is
-checked as a whole before anything starts, like any rankexp sweep (exit 2, nothing created);
-each later round's jobs are composed and checked the same way before they run.
-
-Resume: the proposals are a deterministic function of the values read back, so a rerun of an
-interrupted contour sweep proposes the same jobs, round by round, and the existing
-resume-by-config-hash skips every finished one — only the missing work runs.
-
-The parent run holds the contour (``contour/contour.csv`` and ``.json``: one row per cell) and
-the fitted exponents (``contour/exponents.csv``/``.json``: ``s`` of ``βα*^M ∝ L^s`` per level
-and fixed trace values, its 95 % interval and the contour's own resolution,
-:func:`rankexp.levelset.fit_exponent`), and the metrics ``contour_rounds``,
-``contour_cells``, ``contour_converged``.
+The parent run holds ``contour/contour.csv`` (one row per cell) and ``contour/exponents.csv``
+(``s`` per level and fixed trace values with its 95 % Student-t interval and the contour's own
+resolution, :func:`fit_exponent`) and the metrics ``contour_rounds``, ``contour_cells``,
+``contour_converged``.
 """
 
 import logging
 import math
 import signal
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rankexp.levelset import Contour, parse_spec
+import numpy as np
+
+from rankexp import jobdir
 
 from .sweeper import RankexpSweeper
 
 log = logging.getLogger(__name__)
 
+#: significant digits of a proposed axis value (its Hydra override, hence its config hash)
+DIGITS = 10
+#: the secant's two points sit at û ± SECANT_HALF·tol (a final bracket of 0.9·tol)
+SECANT_HALF = 0.45
+#: the widest bracket (in u) whose interpolants' disagreement counts as its error
+LOCAL = 0.5
+#: a budgeted secant step under this fraction of the bracket takes no bisection point
+SETTLING = 0.25
+STATUSES = ("converged", "open", "unbracketed", "non_monotone")
 
+
+@dataclass(frozen=True)
+class Axis:
+    """The axis solved along: config key, bracket ``[lo, hi]`` and scale (``log``/``linear``).
+
+    Raises:
+        ValueError: ``lo ≥ hi``, a non-positive bound on a log axis, or an unknown scale.
+    """
+
+    key: str
+    lo: float
+    hi: float
+    scale: str = "log"
+
+    def __post_init__(self) -> None:
+        if self.scale not in ("log", "linear"):
+            raise ValueError(f"contour axis {self.key}: scale must be log or linear, got {self.scale!r}")
+        if not self.lo < self.hi:
+            raise ValueError(f"contour axis {self.key}: bracket [{self.lo}, {self.hi}] needs lo < hi")
+        if self.scale == "log" and self.lo <= 0:
+            raise ValueError(f"contour axis {self.key}: a log axis needs lo > 0, got {self.lo}")
+
+    def u(self, x: float) -> float:
+        """The solving coordinate of ``x``: ``log x`` (log axis) or ``x``."""
+        return math.log(x) if self.scale == "log" else float(x)
+
+    def x(self, u: float) -> float:
+        """The axis value at coordinate ``u``, rounded to :data:`DIGITS` significant digits
+        (so that a rerun proposes the very same override, hence config hash)."""
+        return float(f"{math.exp(u) if self.scale == 'log' else u:.{DIGITS}g}")
+
+    def start(self, n: int) -> list[float]:
+        """``n ≥ 2`` points evenly spaced in ``u`` from ``lo`` to ``hi`` (the first round)."""
+        if n < 2:
+            raise ValueError(f"contour: at least 2 starting points (the bracket's ends), got {n}")
+        return [self.x(u) for u in np.linspace(self.u(self.lo), self.u(self.hi), n)]
+
+
+@dataclass
+class Cell:
+    """One (trace point, level): where the metric crosses the level.
+
+    ``status`` ∈ :data:`STATUSES`; ``lo``/``hi`` the bracket (axis values, NaN if none),
+    ``f_lo``/``f_hi`` the metric there, ``crossing`` the estimate (NaN unless converged or
+    open with a bracket), ``width`` the bracket width in ``u``, ``error`` the crossing's
+    uncertainty in ``u`` (half the bracket, or the last secant step under ``s_tol``),
+    ``note`` why a cell is not converged."""
+
+    level: float
+    status: str
+    lo: float = math.nan
+    hi: float = math.nan
+    f_lo: float = math.nan
+    f_hi: float = math.nan
+    crossing: float = math.nan
+    width: float = math.nan
+    points: int = 0
+    note: str = ""
+    error: float = math.nan
+    proposals: list[float] = field(default_factory=list)
+
+
+def _signs(f: np.ndarray, level: float, boolean: bool) -> np.ndarray:
+    """``+1`` above the level, ``−1`` below, ``0`` on it (level mode); boolean: ``+1`` when
+    ``f ≥ level`` (a NaN — diverged — is ``−1``)."""
+    if boolean:
+        return np.where(np.nan_to_num(f, nan=-np.inf) >= level, 1.0, -1.0)
+    return np.sign(f - level)
+
+
+def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
+          boolean: bool = False, method: str = "secant", previous_width: float = math.inf,
+          prior: float | None = None, allowed: float | None = None, expand: bool = False) -> Cell:
+    """The state of one cell from the points measured so far, and the points to measure next.
+
+    Args:
+        points: ``{x: f(x)}`` measured at one trace point (NaN: the run has no value).
+        level: the level ``r*`` (boolean: the threshold of ``f ≥ r*``).
+        axis: the solved axis; ``tol``: the bracket width (in ``u``) that ends the search.
+        method: ``secant`` (safeguarded, see the module docstring) or ``bisect``; a boolean
+            target always bisects.
+        previous_width: this cell's bracket width one round earlier (the safeguard).
+        prior: the cell's crossing estimate (in ``u``) before this round's points — the last
+            round's, or the prediction a warm start measured around; with ``allowed`` (the
+            error in ``u`` the fitted exponent can take from this cell, :meth:`Contour.allowed`)
+            a bracketed level cell converges once the new estimate moved by ≤ ``allowed``
+            (the secant's own stopping rule: its error is second order in that step), its
+            half-width is ≤ ``allowed``, or — a bracket at most :data:`LOCAL` wide — its cubic
+            (PCHIP) and linear interpolants agree to ``allowed`` (the linear one's error
+            estimate); ``tol`` then ends nothing, and an open one proposes one point, the
+            estimate itself (the bisection safeguard stays, unless the estimate moved by less
+            than :data:`SETTLING` of the bracket: a secant settling inside it).
+        expand: a cell whose points never cross the level, but whose bracket end on the side
+            the crossing lies (by the points' slope) is unmeasured, stays open and proposes a
+            point outwards (a warm start measured only near its predicted crossing).
+
+    Returns:
+        The :class:`Cell`; ``proposals`` (axis values) is empty unless ``status == "open"``.
+    """
+    xs = np.array(sorted(points), dtype=float)
+    f = np.array([points[x] for x in xs], dtype=float)
+    if not boolean:  # a run without the metric says nothing about the level
+        keep = np.isfinite(f)
+        xs, f = xs[keep], f[keep]
+    cell = Cell(level, "unbracketed", points=len(xs))
+    if len(xs) < 2:
+        cell.note = f"{len(xs)} point(s) with a value"
+        if boolean and expand and len(xs) == 1:
+            _one_end(cell, axis.u(xs[0]), float(_signs(f, level, True)[0]), axis)
+        return cell
+    u = np.array([axis.u(x) for x in xs])
+    s = _signs(f, level, boolean)
+    on = np.flatnonzero(s == 0)
+    nz = np.flatnonzero(s != 0)
+    changes = [i for i, j in zip(nz[:-1], nz[1:], strict=True) if s[i] != s[j]]
+    if boolean and len(changes) == 2 and s[changes[0]] < 0:  # fails, holds, fails going up
+        cell.note = f"f < level up to {xs[changes[0]]:.4g} too (a floor below the boundary)"
+        changes = changes[1:]
+    if len(changes) + len(on) == 0:
+        cell.note = (f"{'f ≥ level' if s[0] > 0 else 'f < level'} over the bracket"
+                     if boolean else f"f in [{np.nanmin(f):.4g}, {np.nanmax(f):.4g}]")
+        if expand:
+            _expand(cell, u, f, s, axis, tol, boolean)
+        return cell
+    nxt = {int(a): int(b) for a, b in zip(nz[:-1], nz[1:], strict=True)}
+    inside = [k for k in on if changes and changes[0] < k < nxt[changes[0]]]
+    at_end = [k for k in on if not changes and k in (0, len(xs) - 1)]
+    if len(changes) > 1 or len(on) > 1 or len(on) != len(inside) + len(at_end):
+        cell.status = "non_monotone"
+        cut = [f"{xs[i]:.4g}…{xs[nxt[i]]:.4g}" for i in changes] + [f"{xs[k]:.4g}" for k in on]
+        cell.note = f"meets the level {len(changes) + len(on)} times ({', '.join(cut)})"
+        return cell
+    if on.size:  # measured exactly on the level
+        return _on_level(cell, xs, f, int(on[0]))
+    i = changes[0]
+    j = nxt[i]
+    if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
+        return _floor(cell, xs, i, j, axis, expand)
+    a, b = u[i], u[j]
+    cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
+    budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
+    narrow = cell.width <= tol * (1 + 1e-9) and not budget
+    if boolean:
+        uhat = 0.5 * (a + b)
+    elif narrow:  # the final estimate: linear across the bracket
+        uhat = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+    else:
+        uhat = _interpolate(u, f, i, j, level)
+    cell.crossing = axis.x(uhat)
+    cell.error = 0.5 * cell.width
+    if narrow or (boolean and cell.width <= tol * (1 + 1e-9)):
+        cell.status = "converged"
+        return cell
+    cell.status = "open"
+    bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
+    if budget:
+        step = abs(uhat - prior) if prior is not None else math.inf
+        linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+        gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
+        if min(step, cell.error, gap) <= allowed:
+            cell.status, cell.error = "converged", min(step, cell.error, gap)
+            return cell
+        bisect = bisect and step > SETTLING * cell.width  # a secant settling inside: no midpoint
+        cell.proposals = [axis.x(v) for v in ([uhat] if not bisect or prior is None else
+                                              [uhat, 0.5 * (a + b)]) if a < v < b]
+        cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
+        return cell
+    cell.proposals = _next(a, b, uhat, tol, bisect, axis)
+    return cell
+
+
+def _on_level(cell: Cell, xs: np.ndarray, f: np.ndarray, i: int) -> Cell:
+    """A cell measured exactly on the level at ``xs[i]``: converged there, width 0."""
+    cell.status, cell.lo = "converged", xs[i]
+    cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
+    cell.error = 0.0
+    return cell
+
+
+def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool) -> Cell:
+    """A boolean cell failing up to ``xs[i]`` and holding from ``xs[j]`` on (rates too small to
+    reach the accuracy in the steps given): holds at the top, unbracketed; warm (``expand``),
+    open at the bracket's top until it is measured."""
+    cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
+                 "holds at the top; the crossing is the wrong way (a floor), not the boundary")
+    if expand and axis.u(axis.hi) - axis.u(xs[-1]) > 1e-9 * max(1.0, abs(axis.u(xs[-1]))):
+        cell.status, cell.proposals = "open", [axis.hi]
+    return cell
+
+
+def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
+    """A boolean cell measured at one end of the bracket only (a warm start whose donor held,
+    or failed, over the whole bracket): holding at the top, or failing at the bottom, it is
+    unbracketed like its donor (stable below the boundary: every lower rate holds too, every
+    higher one fails — the monotonicity bisection assumes); otherwise open, at the bracket's
+    midpoint and other end."""
+    top = abs(u0 - axis.u(axis.hi)) <= 1e-9 * max(1.0, abs(u0))
+    bottom = abs(u0 - axis.u(axis.lo)) <= 1e-9 * max(1.0, abs(u0))
+    if (top and sign > 0) or (bottom and sign < 0):
+        cell.note = "f ≥ level at the bracket's top" if top else "f < level at the bracket's bottom"
+        return
+    cell.status = "open"
+    cell.proposals = [axis.x(0.5 * (axis.u(axis.lo) + axis.u(axis.hi))), axis.lo if top else axis.hi]
+
+
+def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis, tol: float,
+            boolean: bool) -> None:
+    """An unbracketed cell's step outwards, towards the side its crossing lies on (level: by the
+    points' slope; boolean: up when every point holds, down when none does — Table 5's rates
+    are stable below the boundary): twice the measured span (at least ``4·tol``) past the
+    outermost point, clipped to the bracket end; none once that end is measured (then it is
+    unbracketed for good)."""
+    if boolean:  # stable (+1) at small rates: a crossing lies above when all are stable
+        right = s[0] > 0
+    else:
+        finite = np.isfinite(f)
+        slope = f[finite][-1] - f[finite][0]
+        if slope == 0:
+            return
+        right = (slope > 0) == (s[np.flatnonzero(finite)[0]] < 0)
+    end = axis.u(axis.hi if right else axis.lo)
+    edge = u[-1] if right else u[0]
+    if abs(edge - end) <= 1e-12 * max(1.0, abs(end)):
+        return
+    step = max(2 * (u[-1] - u[0]), 4 * tol)
+    nxt = min(edge + step, end) if right else max(edge - step, end)
+    cell.status, cell.proposals = "open", [axis.x(nxt)]
+    cell.note += f"; stepping {'up' if right else 'down'} to {axis.x(nxt):.4g}"
+
+
+def _interpolate(u: np.ndarray, f: np.ndarray, i: int, j: int, level: float) -> float:
+    """Where the monotone cubic (PCHIP, Fritsch & Carlson 1980) through the bracket's ends
+    ``i < j`` and their neighbours on the same monotone stretch crosses ``level`` (the
+    secant step, with curvature: regula falsi stalls on a curve like ``e^u``)."""
+    from scipy.interpolate import PchipInterpolator
+    from scipy.optimize import brentq
+
+    up = f[j] > f[i]
+    lo, hi = i, j
+    while lo > 0 and np.isfinite(f[lo - 1]) and (f[lo] > f[lo - 1]) == up and f[lo] != f[lo - 1]:
+        lo -= 1
+    while hi < len(f) - 1 and np.isfinite(f[hi + 1]) and (f[hi + 1] > f[hi]) == up \
+            and f[hi + 1] != f[hi]:
+        hi += 1
+    lo, hi = max(lo, i - 1), min(hi, j + 1)  # one neighbour each side: a local estimate
+    if hi - lo < 2:
+        return u[i] + (f[i] - level) / (f[i] - f[j]) * (u[j] - u[i])
+    curve = PchipInterpolator(u[lo:hi + 1], f[lo:hi + 1])
+    return float(brentq(lambda v: float(curve(v)) - level, u[i], u[j]))
+
+
+def _next(a: float, b: float, uhat: float, tol: float, bisect: bool, axis: Axis) -> list[float]:
+    """The next axis values inside ``(a, b)``: the midpoint, or ``û ± 0.45·tol`` (clipped to
+    the bracket's inside; one point when the other would fall outside)."""
+    if bisect:
+        return [axis.x(0.5 * (a + b))]
+    h = SECANT_HALF * tol
+    return [axis.x(v) for v in (uhat - h, uhat + h) if a < v < b] or [axis.x(0.5 * (a + b))]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``log y = s log L + c`` by least squares: slope ``s``, its 95 % Student-t interval
+    ``[lo, hi]`` (NaN with fewer than three points), ``n`` points, and ``resolution``: the
+    largest change of ``s`` the points' own uncertainties (``±err`` in log y) can make."""
+
+    s: float
+    lo: float
+    hi: float
+    n: int
+    resolution: float
+
+
+def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
+    """The exponent ``s`` of ``y ∝ L^s`` (Table 4: ``y = βα*^M`` at the crossing, ``L`` depth).
+
+    Args:
+        L, y: positive arrays of equal length ``n``.
+        err: half-widths of ``log y`` (the crossings' resolution), or None.
+        confidence: of the interval ``s ± t_{n−2} · SE(s)``.
+
+    Returns:
+        :class:`Fit`; all NaN with fewer than two points.
+    """
+    from scipy import stats
+
+    lx, ly = np.log(np.asarray(L, dtype=float)), np.log(np.asarray(y, dtype=float))
+    n = int(lx.size)
+    if n < 2 or np.ptp(lx) == 0:
+        return Fit(math.nan, math.nan, math.nan, n, math.nan)
+    dx = lx - lx.mean()
+    sxx = float(dx @ dx)
+    s = float(dx @ (ly - ly.mean()) / sxx)
+    resolution = float(np.abs(dx / sxx) @ np.asarray(err, dtype=float)) if err is not None else math.nan
+    if n < 3:
+        return Fit(s, math.nan, math.nan, n, resolution)
+    resid = ly - ly.mean() - s * dx
+    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
+    q = float(stats.t.ppf(0.5 + confidence / 2, n - 2)) * se
+    return Fit(s, s - q, s + q, n, resolution)
+
+
+# --------------------------------------------------------------------------- a contour sweep
+def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
+    """The warm-start stage of each trace point of a line sorted along ``fit_over``: its two
+    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order); a
+    boolean line of two points starts its second from its first (a boundary's prediction
+    from one neighbour is its own value, measured ±tol/2)."""
+    n = len(group)
+    if boolean and n == 2:
+        return {group[0]: 0, group[1]: 1}
+    stage, spans, k = {group[0]: 0, group[-1]: 0}, [(0, n - 1)], 1
+    while spans:
+        nxt = []
+        for i, j in spans:
+            if j - i > 1:
+                m = (i + j) // 2
+                stage[group[m]] = k
+                nxt += [(i, m), (m, j)]
+        spans, k = nxt, k + 1
+    return stage
+
+
+@dataclass(frozen=True)
+class Spec:
+    """``hydra.sweeper.contour``, checked (see the module docstring)."""
+
+    metric: str
+    levels: tuple
+    axis: Axis
+    start: int
+    tol: float
+    method: str
+    boolean: bool
+    max_rounds: int
+    fit_over: str | None
+    s_tol: float | None = None
+    warm: bool = False
+    warm_across: tuple = ()
+
+
+def parse_spec(node: Any) -> Spec:
+    """:class:`Spec` of ``hydra.sweeper.contour``.
+
+    Raises:
+        ValueError: a missing or malformed field (one line naming it).
+    """
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
+    known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
+             "max_rounds", "fit_over", "s_tol", "warm", "warm_across"}
+    if unknown := sorted(set(c) - known):
+        raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
+    if not c.get("metric") or not c.get("axis"):
+        raise ValueError("hydra.sweeper.contour: give metric (e.g. erank_io) and axis (e.g. alpha)")
+    levels = c.get("levels")
+    levels = [levels] if isinstance(levels, int | float) else levels
+    if not levels or not all(isinstance(v, int | float) for v in levels):
+        raise ValueError(f"hydra.sweeper.contour.levels: a list of numbers, got {c.get('levels')!r}")
+    bracket = c.get("bracket")
+    if not isinstance(bracket, list) or len(bracket) != 2:
+        raise ValueError(f"hydra.sweeper.contour.bracket: [lo, hi], got {bracket!r}")
+    method = c.get("method", "secant")
+    if method not in ("secant", "bisect"):
+        raise ValueError(f"hydra.sweeper.contour.method: secant or bisect, got {method!r}")
+    tol, start, rounds = float(c.get("tol", 0.02)), int(c.get("start", 5)), int(c.get("max_rounds", 12))
+    if not (tol > 0 and start >= 2 and rounds >= 1):
+        raise ValueError("hydra.sweeper.contour: tol > 0, start ≥ 2 and max_rounds ≥ 1, got "
+                         f"tol={tol}, start={start}, max_rounds={rounds}")
+    s_tol = c.get("s_tol")
+    if s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and c.get("fit_over")):
+        raise ValueError(f"hydra.sweeper.contour.s_tol: the exponent's tolerance, a number > 0 with "
+                         f"fit_over set, got s_tol={s_tol!r}, fit_over={c.get('fit_over')!r}")
+    warm = c.get("warm", False)
+    if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
+        raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
+                         f"(the axis it warm-starts along), got warm={warm!r}")
+    across = c.get("warm_across") or []
+    across = [across] if isinstance(across, str) else across
+    if not isinstance(across, list) or not all(isinstance(k, str) for k in across) or \
+            (across and not warm) or c.get("fit_over") in across or c["axis"] in across:
+        raise ValueError(f"hydra.sweeper.contour.warm_across: a list of trace axes (not fit_over, "
+                         f"not the axis), only with warm: true, got {c.get('warm_across')!r}")
+    axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
+    return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
+                bool(c.get("boolean", False)), rounds, c.get("fit_over"),
+                None if s_tol is None else float(s_tol), warm, tuple(across))
+
+
+class Contour:
+    """The state of a contour sweep: trace points, measured values, cells (pure bookkeeping;
+    the sweeper launches and reads back)."""
+
+    def __init__(self, spec: Spec, trace: list[list[str]], swept: list[str]):
+        self.spec, self.trace = spec, trace
+        self.labels = [{k: v for k, v in (o.lstrip("+~").split("=", 1) for o in job) if k in swept}
+                       for job in trace]
+        self.values: list[dict[float, float]] = [{} for _ in trace]
+        self.ratios: list[dict[float, float]] = [{} for _ in trace]
+        self.width: dict[tuple[int, float], float] = {}
+        self.cells: dict[tuple[int, float], Any] = {}
+        self.estimate: dict[tuple[int, float], float] = {}  # a cell's last crossing (in u)
+        self.solved: dict[int, int] = {}  # points of each trace point when last solved
+        self.rounds = 0
+        fo = spec.fit_over
+        self.depth = [math.log(float(lab[fo])) if fo in lab else math.nan for lab in self.labels]
+        groups: dict[tuple, list[int]] = {}
+        for t, lab in enumerate(self.labels):
+            groups.setdefault(tuple((k, v) for k, v in lab.items() if k != fo), []).append(t)
+        self.groups = [sorted(g, key=lambda t: self.depth[t]) for g in groups.values()]
+        self.group = {t: g for g in self.groups for t in g}
+        self.stage = {t: k for g in self.groups for t, k in _stages(g, spec.boolean).items()}
+        self.donor = self._donors()
+
+    def _donors(self) -> dict[int, int]:
+        """``warm_across``: each trace point of a line whose labels differ from an earlier line's
+        only in the ``warm_across`` axes (m/d, α …) → that first line's point at the same
+        ``fit_over`` value (its donor: the crossing there predicts this one's)."""
+        fo, across, first, out = self.spec.fit_over, self.spec.warm_across, {}, {}
+        for t, lab in enumerate(self.labels):
+            key = tuple((k, v) for k, v in lab.items() if k not in across)  # fit_over kept
+            if not across or not set(across) <= set(lab) or fo not in lab:
+                continue
+            leader = first.setdefault(tuple(p for p in key if p[0] != fo), self.group[t])
+            if self.group[t] is not leader:
+                out[t] = next((t2 for t2 in leader if self.labels[t2][fo] == lab[fo]), None)
+        return {t: d for t, d in out.items() if d is not None}
+
+    def first_round(self) -> list[tuple[int, float]]:
+        """Every trace point at ``start`` values spanning the bracket (warm: only the ends of
+        each trace line, e.g. the smallest and largest depth; the others start from them)."""
+        xs = self.spec.axis.start(self.spec.start)
+        return [(t, x) for t in range(len(self.trace)) for x in xs
+                if not self.spec.warm or (self.stage[t] == 0 and t not in self.donor)]
+
+    def overrides(self, jobs: list[tuple[int, float]]) -> list[list[str]]:
+        """Each job's Hydra overrides: its trace point's, then the solved axis."""
+        return [[*self.trace[t], f"{self.spec.axis.key}={x!r}"] for t, x in jobs]
+
+    def record(self, jobs: list[tuple[int, float]], read: list[tuple[float, float]]) -> None:
+        """Store the (metric, nominal ratio) read back for each job of a round."""
+        for (t, x), (v, r) in zip(jobs, read, strict=True):
+            self.values[t][x], self.ratios[t][x] = v, r
+        self.rounds += 1
+
+    def next_round(self) -> list[tuple[int, float]]:
+        """Solve every cell on the values so far; the new (trace point, x) jobs they ask for,
+        and (warm) the first points of each trace point whose earlier stages are settled."""
+        s, new = self.spec, []
+        for t in range(len(self.trace)):
+            if not self.values[t] or self.solved.get(t) == len(self.values[t]):
+                continue  # not started, or nothing new since its cells were solved
+            self.solved[t] = len(self.values[t])
+            wanted: list[float] = []
+            for level in s.levels:
+                key = (t, level)
+                cell = solve(self.values[t], level, s.axis, s.tol, boolean=s.boolean, method=s.method,
+                             previous_width=self.width.get(key, math.inf), prior=self.estimate.get(key),
+                             allowed=self.allowed(t, level), expand=s.warm)
+                self.cells[key] = cell
+                if math.isfinite(cell.width):
+                    self.width[key] = cell.width
+                if math.isfinite(cell.crossing):
+                    self.estimate[key] = s.axis.u(cell.crossing)
+                wanted += [x for x in cell.proposals if x not in self.values[t] and x not in wanted]
+            new += [(t, x) for x in sorted(wanted)]
+        if s.warm:
+            new += self._warm_starts()
+        return new
+
+    def _settled(self, t: int) -> bool:
+        return bool(self.values[t]) and all(
+            (t, lv) in self.cells and self.cells[(t, lv)].status != "open" for lv in self.spec.levels)
+
+    def _warm_starts(self) -> list[tuple[int, float]]:
+        """The first points of each unstarted trace point whose group's earlier stages are all
+        settled: around each level's crossing predicted from the settled neighbours
+        (:meth:`predict`); the ``start`` points where no neighbour has one."""
+        s, out = self.spec, []
+        for t in range(len(self.trace)):
+            g = self.group[t]
+            if self.values[t] or any(t2 != t and self.stage[t2] < self.stage[t] and not self._settled(t2)
+                                     for t2 in g) or (t in self.donor and not self._settled(self.donor[t])):
+                continue
+            guess = {lv: self.predict(t, lv) for lv in s.levels}
+            if (end := self._end_hint(t, any(p is None for p in guess.values()))) is not None:
+                out.append((t, end))
+                continue
+            if any(p is None for p in guess.values()):
+                out += [(t, x) for x in s.axis.start(s.start)]
+                continue
+            order = sorted(s.levels, key=lambda lv: guess[lv][0])
+            us: list[float] = []
+            for i, lv in enumerate(order):
+                u, delta = guess[lv]
+                self.estimate[(t, lv)] = u
+                if len(order) == 1 or s.boolean:
+                    us += [u - delta, u + delta]
+                else:
+                    us.append(u - delta if i == 0 else u + delta if i == len(order) - 1 else u)
+            lo, hi = s.axis.u(s.axis.lo), s.axis.u(s.axis.hi)
+            xs = sorted({s.axis.x(min(max(u, lo), hi)) for u in us})
+            out += [(t, x) for x in xs]
+        return out
+
+    def _end_hint(self, t: int, unpredicted: bool) -> float | None:
+        """A boolean target's bracket end to measure ``t`` at first, from a settled neighbour
+        that is unbracketed at that end: its nearest depth on the same line, else (when nothing
+        predicts a crossing) its ``warm_across`` donor — holding at the top (every rate, or
+        above a floor), ``t`` is measured at the top; failing everywhere, at the bottom.  One
+        run tells whether ``t`` does the same (:func:`_one_end`); None otherwise."""
+        s = self.spec
+        if not s.boolean or len(s.levels) != 1:
+            return None
+        line = sorted((t2 for t2 in self.group[t] if t2 != t and self._settled(t2)),
+                      key=lambda t2: abs(self.depth[t2] - self.depth[t]))
+        for src in line[:1] + ([self.donor[t]] if unpredicted and t in self.donor else []):
+            if self.cells[(src, s.levels[0])].status != "unbracketed":
+                continue
+            v = self.values[src]
+            held = {x: bool(_signs(np.array([v[x]], dtype=float), s.levels[0], True)[0] > 0) for x in v}
+            if held.get(s.axis.hi):
+                return s.axis.hi
+            if not any(held.values()) and s.axis.lo in v:
+                return s.axis.lo
+        return None
+
+    def predict(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing of ``level`` at trace point ``t`` (in u) from the power law through the
+        settled neighbours along ``fit_over`` (linear in log L: between the nearest below and
+        above, else through the two nearest), and the half-width to measure around it:
+        twice its gap to the least-squares law over every settled depth (≥ 3 of them), at
+        least ``tol`` (boolean: ``tol``/2, so two points bracket it to ``tol``).  None when
+        no neighbour has a converged crossing.  With a donor (``warm_across``,
+        :meth:`_across`) its crossing, shifted by the lines' mean offset, comes first."""
+        s = self.spec
+        if (across := self._across(t, level)) is not None:
+            return across
+        known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
+                 if t2 != t and self._converged(t2, level)]
+        if not known:
+            return None
+        x0 = self.depth[t]
+        below = sorted((p for p in known if p[0] < x0), reverse=True)
+        above = sorted(p for p in known if p[0] > x0)
+        pair = [below[0], above[0]] if below and above else sorted(known, key=lambda p: abs(p[0] - x0))[:2]
+        if len(pair) == 1 or pair[0][0] == pair[1][0]:
+            u = pair[0][1]
+        else:
+            (xa, ua), (xb, ub) = pair
+            u = ua + (ub - ua) * (x0 - xa) / (xb - xa)
+        if s.boolean:
+            return u, 0.499 * s.tol
+        gap = 0.0
+        if len(known) >= 3:
+            k = np.array(known)
+            slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
+            gap = abs(slope * x0 + icpt - u)
+        return u, max(s.tol, 2 * gap)
+
+    def _converged(self, t: int, level: float) -> bool:
+        """Trace point ``t`` is settled and its ``level`` cell converged."""
+        return self._settled(t) and self.cells[(t, level)].status == "converged"
+
+    def _across(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing at ``t`` predicted by its donor's (the same ``fit_over`` value on the
+        leading line, :meth:`_donors`) plus the mean offset of the two lines over the depths
+        converged on both (0 before any), and the half-width around it: twice the offsets'
+        range, at least ``tol`` (boolean: ``tol``/2).  None without a converged donor."""
+        d = self.donor.get(t)
+        if d is None or not self._converged(d, level):
+            return None
+        offsets = [self.estimate[(t2, level)] - self.estimate[(self.donor[t2], level)]
+                   for t2 in self.group[t] if t2 != t and self._converged(t2, level)
+                   and t2 in self.donor and self._converged(self.donor[t2], level)]
+        u = self.estimate[(d, level)] + (float(np.mean(offsets)) if offsets else 0.0)
+        if self.spec.boolean:
+            return u, 0.499 * self.spec.tol
+        return u, max(self.spec.tol, 2 * float(np.ptp(offsets)) if offsets else 0.0)
+
+    def allowed(self, t: int, level: float) -> float | None:
+        """The error (in u) the cell ``(t, level)`` may leave in the fitted exponent's budget
+        ``s_tol``: the slope's worst case ``Σ_i |w_i| · M · e_i ≤ s_tol`` (``w_i`` the
+        least-squares weights ``(log L_i − mean)/Sxx`` of the depths whose cell is not
+        unsolvable, ``M = d log(βα^M)/du`` from the runs' nominal ratios, 1 without) split
+        evenly over the depths that weigh; ``inf`` for a depth of weight 0; None without
+        ``s_tol``."""
+        s = self.spec
+        if s.s_tol is None or not math.isfinite(self.depth[t]):
+            return None
+        xs = np.array([self.depth[t2] for t2 in self.group[t] if self.cells.get((t2, level)) is None
+                       or self.cells[(t2, level)].status not in ("unbracketed", "non_monotone")])
+        if xs.size < 2 or np.ptp(xs) == 0:
+            return None
+        w = (xs - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean()))
+        wt = abs((self.depth[t] - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean())))
+        n = int((np.abs(w) > 1e-12).sum())
+        if wt <= 1e-12:
+            return math.inf
+        return s.s_tol / (n * self._slope(t) * wt)
+
+    def _slope(self, t: int) -> float:
+        """``|d log(nominal ratio)/du|`` from trace point ``t``'s runs (M for α, 1 for β); 1
+        when they logged none."""
+        pts = [(self.spec.axis.u(x), r) for x, r in self.ratios[t].items() if r > 0]
+        if len(pts) < 2:
+            return 1.0
+        (ua, ra), (ub, rb) = min(pts), max(pts)
+        return abs(math.log(rb / ra) / (ub - ua)) if ub != ua and rb != ra else 1.0
+
+    def run_in_process(self, evaluate) -> int:
+        """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of
+        jobs (benchmarks, tests); returns the number of evaluations."""
+        jobs, n = self.first_round(), 0
+        while jobs:
+            self.record(jobs, [evaluate(t, x) for t, x in jobs])
+            n += len(jobs)
+            jobs = self.next_round()
+            if self.rounds >= self.spec.max_rounds:
+                break
+        return n
+
+    def _ratio(self, t: int, cell) -> tuple[float, float]:
+        """βα^M at the crossing (log-linear in u between the bracket's runs: exact when the
+        axis is α or β on a log axis) and its uncertainty in log; NaN and the crossing's own
+        when the axis leaves βα^M alone (a learning rate: the exponent is then the
+        crossing's)."""
+        r = self.ratios[t]
+        ra, rb = r.get(cell.lo, math.nan), r.get(cell.hi, math.nan)
+        if not (ra > 0 and rb > 0) or all(abs(v / ra - 1) < 1e-12 for v in r.values() if v > 0):
+            return math.nan, cell.error
+        ax = self.spec.axis
+        ua, ub = ax.u(cell.lo), ax.u(cell.hi)
+        w = 0.0 if ub == ua else (ax.u(cell.crossing) - ua) / (ub - ua)
+        slope = 0.0 if ub == ua else abs(math.log(rb / ra)) / (ub - ua)
+        return math.exp((1 - w) * math.log(ra) + w * math.log(rb)), slope * cell.error
+
+    def tables(self):
+        """``(contour, exponents)`` pandas tables (see the module docstring)."""
+        import pandas as pd
+
+        rows = []
+        for (t, level), c in sorted(self.cells.items()):  # trace order, levels in order
+            ratio, err = self._ratio(t, c) if c.status == "converged" else (math.nan, math.nan)
+            rows.append({**self.labels[t], "level": level, "status": c.status, "crossing": c.crossing,
+                         "lo": c.lo, "hi": c.hi, "f_lo": c.f_lo, "f_hi": c.f_hi, "width": c.width,
+                         "error": c.error, "nominal_ratio": ratio, "log_ratio_err": err, "points": c.points,
+                         "note": c.note})
+        contour = pd.DataFrame(rows)
+        fit_over = self.spec.fit_over
+        if contour.empty or not fit_over or fit_over not in contour:
+            return contour, pd.DataFrame()
+        keys = [k for k in self.labels[0] if k != fit_over]
+        fits = []
+        for values, g in contour.groupby([*keys, "level"], sort=False):
+            values = values if isinstance(values, tuple) else (values,)
+            ok = g[g["status"] == "converged"]
+            y = ok["nominal_ratio"].where(ok["nominal_ratio"].notna(), ok["crossing"])
+            err = ok["log_ratio_err"].fillna(0.0)
+            f = fit_exponent(ok[fit_over].astype(float), y, err)
+            fits.append({**dict(zip([*keys, "level"], values, strict=True)), "s": f.s, "s_lo": f.lo,
+                         "s_hi": f.hi, "resolution": f.resolution, "points": f.n,
+                         "cells": len(g), f"{fit_over}_min": ok[fit_over].astype(float).min(),
+                         f"{fit_over}_max": ok[fit_over].astype(float).max()})
+        return contour, pd.DataFrame(fits)
+
+
+# --------------------------------------------------------------------------- the sweeper
 class ContourSweeper(RankexpSweeper):
     """See the module docstring."""
 
@@ -68,7 +740,7 @@ class ContourSweeper(RankexpSweeper):
         from rankexp import cli, interrupt
 
         cli.mark_composed()
-        # the rounds' steps and the exponent's interval (rankexp.levelset) use SciPy: imported
+        # the rounds' steps and the exponent's interval use SciPy: imported
         # here, before any job, so a signal between two rounds never lands inside its import
         # (a half-imported scipy.stats then fails to load again in Hydra's error report: exit 1)
         import scipy.interpolate  # noqa: F401
@@ -117,6 +789,9 @@ class ContourSweeper(RankexpSweeper):
 
         overrides = state.overrides(jobs)
         checked = self._check_all(overrides, self.swept, first=len(self.jobs))
+        if len(checked.pop("keys")) != len(checked["hashes"]):
+            self._refuse(len(jobs), ["  two trace points compose to one config: give each its "
+                                     "own values (hydra.sweeper.params / grids)"])
         if not checked["settings"][0].tracking.enabled:
             self._refuse(len(jobs), ["  hydra/sweeper=contour reads each round back from the "
                                      "store: tracking.enabled=false cannot be contoured"])
@@ -139,10 +814,7 @@ class ContourSweeper(RankexpSweeper):
         while jobs:
             first = len(self.jobs) - len(jobs)
             log.info("contour round %d: %d jobs", state.rounds + 1, len(jobs))
-            self.overrides = [self.jobs[first:]] if self.max_batch_size is None else \
-                list(self.split_overrides_to_chunks(self.jobs[first:], self.max_batch_size))
-            self.batch_index = 0
-            returns += self._launch_all(first)
+            returns += self._launch(self.jobs[first:], first)
             state.record(jobs, self._read_back(parent, self.hashes[first:]))
             jobs = state.next_round()
             if state.rounds >= state.spec.max_rounds:
@@ -152,7 +824,7 @@ class ContourSweeper(RankexpSweeper):
                 break
             if jobs:
                 self._check_round(state, jobs)
-                tracking.extend_sweep(parent, self.dirs, self.names, self.hashes, self.resume)
+                _extend_sweep(parent, self.dirs, self.names)
 
     def _read_back(self, parent, hashes: list[str]) -> list[tuple[float, float]]:
         """(metric, nominal_ratio) of each config hash's FINISHED run in the store (NaN when
@@ -193,7 +865,7 @@ class ContourSweeper(RankexpSweeper):
         if parent is None or parent.run_id is None:
             return
         try:
-            tracking.log_tables(parent, {"contour": contour, "exponents": fits}, {
+            _log_tables(parent, {"contour": contour, "exponents": fits}, {
                 "contour_rounds": state.rounds, "contour_cells": len(contour),
                 "contour_converged": int((contour["status"] == "converged").sum())})
         except Exception as e:  # noqa: BLE001 — the runs are safe; the table can be redrawn (isorank)
@@ -206,3 +878,34 @@ def with_pd_options(fn) -> None:
 
     with pd.option_context("display.max_columns", None, "display.width", 200):
         fn()
+
+
+def _extend_sweep(run, job_dirs: list, names: list[str]) -> None:
+    """Tell the parent and the jobs of every job so far (a sweep that learns its jobs round by
+    round): the plan file (names and job dirs) and the parent's ``jobs_total`` tag."""
+    import time
+
+    if run is None:
+        return
+    record = jobdir.read_json(run.sweep_dir / jobdir.NAMES_FILE) or {}
+    jobdir.write_json(run.sweep_dir / jobdir.NAMES_FILE, {
+        "started": record.get("started", time.time()), "names": list(names),
+        "job_dirs": [str(Path(d).resolve()) for d in job_dirs]})
+    run.job_dirs = list(job_dirs)
+    if run.run_id is not None:
+        run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
+
+
+def _log_tables(run, tables: dict, scalars: dict[str, float], folder: str = "contour") -> None:
+    """``<folder>/<name>.csv|json`` artifacts and ``scalars`` as metrics of the parent run."""
+    import tempfile
+
+    from rankexp import tracking
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, df in tables.items():
+            df.to_csv(Path(tmp) / f"{name}.csv", index=False)
+            df.to_json(Path(tmp) / f"{name}.json", orient="records", indent=1)
+        run.client.log_artifacts(run.run_id, tmp, folder)
+    for k, v in scalars.items():
+        run.client.log_metric(run.run_id, tracking.metric_key(k), float(v))

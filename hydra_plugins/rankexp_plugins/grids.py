@@ -1,8 +1,7 @@
 """A sweep as a union of grids: the job list of :class:`~.sweeper.RankexpSweeper`.
 
-An experiment whose figures need configurations no single Cartesian product holds (Figure 4's
-placements × ops × α at one depth *and* its Pre-RMSNorm + R sweep across depth; the mean-field
-spectrum's three activations, each at its own critical σ_w) declares them as named grids:
+An experiment whose figures need configurations no single Cartesian product holds declares
+them as named grids:
 
 .. code-block:: yaml
 
@@ -14,19 +13,14 @@ spectrum's three activations, each at its own critical σ_w) declares them as na
           placements: {norm: "pre,post", norm.op: "rmsnorm,detached"}
           control: {norm: pre, norm.post: "none,rmsnorm,detached"}
 
-Each grid is ``params`` with the grid's keys laid over them (a key the grid sets replaces the
-shared one), then the command line's own overrides over both (``depth=4,8`` replaces ``depth`` in
-every grid); its jobs are their Cartesian product, as Hydra's basic sweeper builds it.  The
-sweep is the union of the grids' jobs, in grid order: one sweep, checked as a whole, one
-parent run.  A job two grids both produce (the same overrides) is kept once; jobs with other
-overrides that compose to the same config (``norm.post=none`` beside a Pre-Norm preset that
-already puts ``none`` there) are dropped by the sweeper after hashing them
-(:meth:`Plan.drop`).  Grids are a mapping so that a size overlay can shrink one of them
-(``hydra.sweeper.grids.control.depth: "8"``); a list is taken too (named ``0``, ``1``, …);
-``~hydra.sweeper.grids.control`` on the command line leaves a grid out.  A grid's dotted keys
-(``norm.op``) are single YAML keys, which an overlay file can reach but a command-line path
-cannot (OmegaConf reads its dots as nesting): on the command line give the axis itself
-(``norm.op=rmsnorm``), which goes to every grid.
+Each grid is ``params`` with the grid's keys laid over them, then the command line's overrides
+over both (``depth=4,8`` replaces ``depth`` in every grid); its jobs are their Cartesian product
+(``itertools.product`` of each override's ``sweep_string_iterator``, as Hydra's basic sweeper
+builds it).  The sweep is the union of the grids' jobs in grid order; a job two grids both
+produce is kept once, and the sweeper leaves out a job whose config hash an earlier job has.
+A list of grids is taken too (named ``0``, ``1``, …); ``~hydra.sweeper.grids.control`` on the
+command line leaves a grid out.  A grid's dotted keys (``norm.op``) are single YAML keys that
+an overlay file can reach but a command-line path cannot: give the axis itself there.
 
 Run names: with several grids a job's name starts with its grid's name, then the labels of the
 axes that grid sweeps (:func:`rankexp.naming.job_names`): ``control·pre·R:rmsnorm·L48``.
@@ -37,12 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 class GridError(ValueError):
-    """``hydra.sweeper.grids`` is not a mapping (or list) of override mappings."""
+    """``hydra.sweeper.grids`` is not a mapping (or list) of override mappings, or an axis is
+    not a list (an interval sweep)."""
 
 
 def _plain(value: Any) -> Any:
@@ -52,8 +47,7 @@ def _plain(value: Any) -> Any:
 
 
 def override(key: str, value: Any) -> str:
-    """One Hydra override ``key=value`` for a config value, as Hydra's basic sweeper writes a
-    ``hydra.sweeper.params`` entry (``None`` → ``null``)."""
+    """One Hydra override ``key=value`` for a config value (``None`` → ``null``)."""
     return f"{key}=null" if value is None else f"{key}={value}"
 
 
@@ -98,12 +92,6 @@ class Plan:  # without registering it in sys.modules, which string-annotated dat
         """Every key some grid sweeps, in order of first appearance."""
         return list(dict.fromkeys(k for keys in self.axes.values() for k in keys))
 
-    def batches(self, max_batch_size: int | None) -> list[list[list[str]]]:
-        """The jobs in launcher batches, as Hydra's basic sweeper splits them."""
-        if max_batch_size is None:
-            return [self.jobs]
-        return list(BasicSweeper.split_overrides_to_chunks(self.jobs, max_batch_size))
-
     def drop(self, keys: Sequence[str | None]) -> "Plan":
         """The plan without the jobs whose ``keys[i]`` (a config hash; ``None``: unknown) an
         earlier job already has."""
@@ -136,30 +124,41 @@ class Plan:  # without registering it in sys.modules, which string-annotated dat
         return [f"{n}{naming.SEP}#{i}" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
-def expand(params: Mapping[str, Any] | None, grids: Any, arguments: Sequence[str],
-           parser) -> Plan:
-    """The union of the grids' jobs (see the module docstring); without grids, Hydra's basic
-    sweep of ``params`` and ``arguments``.
+def product(parsed: Sequence[Any]) -> list[list[str]]:
+    """The Cartesian product of parsed overrides (a sweep's values, a plain override once), in
+    the order Hydra's basic sweeper builds it; a key given twice keeps its last value.
 
-    Args:
-        params: ``hydra.sweeper.params`` (shared by every grid).
-        grids: ``hydra.sweeper.grids``.
-        arguments: the command line's overrides.
-        parser: a Hydra ``OverridesParser``.
+    Raises:
+        GridError: an interval sweep (``interval(0,1)``), which has no list of values.
+    """
+    axes: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise GridError(f"{o.input_line}: a sweep of this sweeper lists its values (a,b or "
+                            "range(…)), not an interval")
+        axes[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                     else [f"{key}={o.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+def expand(params: Mapping[str, Any] | None, grids: Any, arguments: Sequence[str],
+           parser: OverridesParser) -> Plan:
+    """The union of the grids' jobs (see the module docstring); without grids, the product of
+    ``params`` and ``arguments``.
 
     Raises:
         GridError: a malformed ``hydra.sweeper.grids``.
         hydra.errors.OverrideParseException: an override Hydra cannot parse.
     """
     shared = [override(k, v) for k, v in (_plain(params) or {}).items()]
-    named = named_grids(grids) or {"": {}}
     jobs, grid_of, axes, dropped = [], [], {}, []
     seen: dict[tuple[str, ...], str] = {}
-    for name, grid in named.items():
+    for name, grid in (named_grids(grids) or {"": {}}).items():
         parsed = parser.parse_overrides(
             shared + [override(k, v) for k, v in grid.items()] + list(arguments))
         axes[name] = list(dict.fromkeys(o.get_key_element() for o in parsed if o.is_sweep_override()))
-        for job in BasicSweeper.split_arguments(parsed, None)[0]:
+        for job in product(parsed):
             key = tuple(sorted(job))
             if key in seen:
                 dropped.append((job, seen[key]))
@@ -170,30 +169,9 @@ def expand(params: Mapping[str, Any] | None, grids: Any, arguments: Sequence[str
     return Plan(jobs, grid_of, axes, dropped)
 
 
-def job_hash(loader, master: DictConfig, overrides: Sequence[str]) -> str | None:
-    """The config hash of one job (:func:`rankexp.config.config_hash`), or None if it does not
-    compose (the sweeper's whole-sweep check reports that, with every other problem)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    from rankexp.config import config_hash, resolved_container
-
-    original = HydraConfig.instance().cfg
-    try:
-        cfg = loader.load_sweep_config(master, list(overrides))
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return config_hash(resolved_container(cfg))
-    except Exception:  # noqa: BLE001 — a bad job is reported by the sweep's check, not here
-        return None
-    finally:
-        HydraConfig.instance().cfg = original
-
-
 def twin_candidates(plan: Plan) -> set[int]:
     """The jobs that could have a twin in another grid: those agreeing with some job of another
-    grid on every key both set (the others differ in a value both give, so never compose to
-    one config) — only these are composed and hashed."""
+    grid on every key both set (only these need composing to find the twins)."""
     given = [dict(o.lstrip("+~").split("=", 1) for o in job) for job in plan.jobs]
     out: set[int] = set()
     for i, j in itertools.combinations(range(len(given)), 2):
@@ -203,31 +181,38 @@ def twin_candidates(plan: Plan) -> set[int]:
     return out
 
 
-def drop_repeats(plan: Plan, loader, master: DictConfig) -> Plan:
-    """``plan`` without the jobs whose config an earlier job of another grid already has."""
-    maybe = twin_candidates(plan)
-    return plan.drop([job_hash(loader, master, job) if i in maybe else None
-                      for i, job in enumerate(plan.jobs)])
-
-
 def sweep_plan(*overrides: str) -> Plan:
     """The jobs ``rankexp <overrides> -m`` would run (no store, no job started), e.g.
-    ``sweep_plan("experiment=fig4", "size=smoke")``: the sweeper's own expansion, repeats dropped."""
+    ``sweep_plan("experiment=fig4", "size=smoke")``: the sweeper's expansion, twins left out."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
     from rankexp.cli import CONF_DIR
 
-    from .loader import TemplateConfigLoader
-
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        inner = GlobalHydra.instance().config_loader()
-        master = inner.load_configuration("config", list(overrides), RunMode.MULTIRUN)
-        task = [o for o in master.hydra.overrides.task]
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", list(overrides), RunMode.MULTIRUN)
         sweeper = master.hydra.sweeper
-        plan = expand(sweeper.params, sweeper.get("grids"), task, OverridesParser.create())
+        plan = expand(sweeper.params, sweeper.get("grids"), list(master.hydra.overrides.task),
+                      OverridesParser.create())
         if len(plan.axes) > 1:
-            plan = drop_repeats(plan, TemplateConfigLoader(inner), master)
+            maybe = twin_candidates(plan)
+            plan = plan.drop([_hash(loader, master, job) if i in maybe else None
+                              for i, job in enumerate(plan.jobs)])
     return plan
+
+
+def _hash(loader, master: DictConfig, job: list[str]) -> str | None:
+    """The config hash of one job, or None when it does not compose (the sweep reports that)."""
+    from omegaconf import open_dict
+
+    from rankexp.config import config_hash, resolved_container
+
+    try:
+        cfg = loader.load_sweep_config(master, job)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return config_hash(resolved_container(cfg))
+    except Exception:  # noqa: BLE001
+        return None

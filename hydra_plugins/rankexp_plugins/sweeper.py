@@ -1,27 +1,22 @@
-"""``hydra/sweeper=rankexp`` (the default): Hydra's basic sweeper, made trustworthy.
+"""``hydra/sweeper=rankexp`` (the default): a sweep checked as a whole, with its parent run.
 
-Same grid, batches and ``hydra.sweeper.params`` as Hydra's ``BasicSweeper``; what it adds:
+A Sweeper plugin on Hydra's public interface (the pattern of Hydra's example sweeper plugin:
+the launcher from ``Plugins.instance().instantiate_launcher``, jobs from ``OverridesParser``
+and ``itertools.product``, each job composed by the config loader's ``load_sweep_config``):
 
-0. **A sweep can be a union of grids** (``hydra.sweeper.grids``, :mod:`.grids`): an
-   experiment's every configuration in one sweep, one check, one parent run.
-
-1. **The whole sweep is checked before its first job starts.**  Every job is composed (once:
-   :class:`~hydra_plugins.rankexp_plugins.loader.TemplateConfigLoader`) and checked
-   (:func:`rankexp.config.check_job`: unknown keys, values, paths, the device for local
-   launchers), the launcher's time limits too, and each store the jobs log to
-   (:func:`rankexp.tracking.check_store`).  Any bad job: every bad combination is listed, the
-   command exits 2, nothing is created — no run, no sweep directory.
-2. **It owns the sweep's parent run** (:class:`rankexp.tracking.SweepRun`): opened once the
-   sweep is valid, after closing stale runs of the experiment whose owners are gone; closed
-   with the true outcome of every job, whatever stopped the sweep.
-3. **Signals stop it cleanly.**  SIGTERM/SIGINT/SIGHUP in the sweeping process close the
-   in-flight run KILLED (the basic launcher runs jobs in this process) and the parent KILLED
-   with true counts; the exit status is 128+N.
-4. **Exit status agrees with MLflow**: 0 when every job FINISHED or was skipped, 1 when a job
-   failed, was killed or did not run (one line per failed job), 2 for an invalid sweep.
+0. **A sweep can be a union of grids** (``hydra.sweeper.grids``, :mod:`.grids`).
+1. **The whole sweep is checked before its first job starts**: every job composed and checked
+   (:func:`rankexp.config.check_task`: keys, values, paths, the device for local launchers)
+   and each store the jobs log to (:func:`rankexp.tracking.check_store`).  Any bad job: every
+   bad combination is listed, the command exits 2, nothing is created.  A job whose config
+   hash an earlier job has is left out.  A job the basic launcher runs in this process takes
+   the check's composition (:class:`ComposedOnce`) and result
+   (:data:`rankexp.config.CHECKED_JOBS`) instead of composing and checking again.
+2. **It owns the sweep's parent run** (:class:`rankexp.tracking.SweepRun`), closed with the
+   true outcome of every job, whatever stopped the sweep.
+3. **Exit status**: 0 when every job FINISHED or was skipped, 1 when a job failed, was killed
+   or did not run, 2 for an invalid sweep, 128+N when signal N stopped it (its runs KILLED).
 """
-
-from __future__ import annotations
 
 import logging
 import signal
@@ -30,136 +25,175 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import grids
-from .loader import TemplateConfigLoader
 
 log = logging.getLogger(__name__)
 
 
 def _message(e: BaseException) -> str:
-    """One line for a composition or config error: rankexp's (:func:`rankexp.errors.one_line`:
-    key, value, what is allowed, a suggestion), else Hydra's message and its cause's."""
-    from rankexp.errors import one_line
+    """One line for a composition or config error: rankexp's (:func:`rankexp.cli.one_line`),
+    else the first lines of Hydra's message and its cause's."""
+    from rankexp.cli import one_line
 
     line = one_line(e)
     if line is not None:
         return line
-    parts = [str(e).strip()]
-    if e.__cause__ is not None and str(e.__cause__).strip():
-        parts.append(str(e.__cause__).strip())
-    lines = [line.strip() for p in parts for line in p.splitlines()[:2] if line.strip()]
+    parts = [str(e).strip()] + ([str(e.__cause__).strip()] if e.__cause__ is not None else [])
+    lines = [ln.strip() for p in parts for ln in p.splitlines()[:2] if ln.strip()]
     return " — ".join(lines) or type(e).__name__
 
 
-class RankexpSweeper(BasicSweeper):
+def _label(job: list[str], swept: Any) -> str:
+    """A job by its swept overrides (all of them when it sweeps nothing)."""
+    return " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept) or " ".join(job)
+
+
+class ComposedOnce(ConfigLoader):
+    """Hydra's config loader (the public :class:`~hydra.core.config_loader.ConfigLoader`
+    interface) whose ``load_sweep_config`` hands the in-process basic launcher the config the
+    whole-sweep check composed for that job, so that each job is composed once (~0.1 s each)."""
+
+    def __init__(self, inner: ConfigLoader) -> None:
+        self.inner, self.composed = inner, {}
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        cfg = self.composed.pop(tuple(sweep_overrides), None)
+        if cfg is None:
+            return self.inner.load_sweep_config(master_config, sweep_overrides)
+        OmegaConf.set_readonly(cfg.hydra, None)  # resolving the job dir may have locked it
+        return cfg
+
+    def load_configuration(self, *args, **kwargs):
+        return self.inner.load_configuration(*args, **kwargs)
+
+    def get_search_path(self):
+        return self.inner.get_search_path()
+
+    def get_sources(self):
+        return self.inner.get_sources()
+
+    def list_groups(self, parent_name: str):
+        return self.inner.list_groups(parent_name)
+
+    def get_group_options(self, *args, **kwargs):
+        return self.inner.get_group_options(*args, **kwargs)
+
+    def compute_defaults_list(self, *args, **kwargs):
+        return self.inner.compute_defaults_list(*args, **kwargs)
+
+
+class RankexpSweeper(Sweeper):
     """See the module docstring."""
 
-    def __init__(self, max_batch_size: int | None, params: dict[str, str] | None = None,
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  grids: Any = None) -> None:
-        super().__init__(max_batch_size=max_batch_size, params=params)
-        self.grids = grids
+        self.max_batch_size, self.params, self.grids = max_batch_size, params, grids
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
+        self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        self.loader = TemplateConfigLoader(hydra_context.config_loader)
-        context = HydraContext(config_loader=self.loader, callbacks=hydra_context.callbacks)
-        super().setup(hydra_context=context, task_function=task_function, config=config)
+        self.hydra_context, self.config = hydra_context, config
+        self.once = None
+        if str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
+            self.once = ComposedOnce(hydra_context.config_loader)  # jobs run in this process
+            hydra_context = HydraContext(config_loader=self.once, callbacks=hydra_context.callbacks)
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
 
-    # ------------------------------------------------------------------ the sweep
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt, startup
+        from rankexp import cli, interrupt
 
         cli.mark_composed()
         plan = self._plan(arguments)
-        jobs, swept = plan.jobs, set(plan.swept)
         with interrupt.installed():
             try:
-                checked = self._check_all(jobs, swept)
+                checked = self._check_all(plan.jobs, set(plan.swept))
+                plan = plan.drop(checked.pop("keys"))
+                for job, twin in plan.dropped:
+                    log.info("left out %s: the same config as a job%s", _label(job, plan.swept),
+                             f" of grid {twin!r}" if twin else "")
                 checked["names"] = plan.names(checked["names"])
                 parent = self._open_parent(checked)
             except interrupt.JobInterrupted as e:
                 raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
             interrupted, returns = None, []
-            startup.end()  # the sweep is checked and its parent open (rankexp.startup)
             try:
-                returns = self._launch_all()
+                returns = self._launch(plan.jobs)
             except interrupt.JobInterrupted as e:
                 interrupted = e.signal_name
             except KeyboardInterrupt:
                 interrupted = "SIGINT"
             finally:
                 with interrupt.deferred():
-                    detached = None if interrupted else getattr(self.launcher, "detached", None)
-                    status = (self._detach(parent, detached, checked) if detached else
-                              self._close(parent, checked["job_dirs"], interrupted, returns, jobs, swept))
+                    status = self._close(parent, checked["job_dirs"], interrupted, returns,
+                                         plan.jobs, set(plan.swept))
         if interrupted:
             raise SystemExit(128 + signal.Signals[interrupted].value)
-        if status not in ("FINISHED", "DETACHED"):
+        if status != "FINISHED":
             raise SystemExit(1)
         return returns
 
     def _plan(self, arguments: list[str]) -> grids.Plan:
-        """The sweep's jobs: the union of ``hydra.sweeper.grids`` (:mod:`.grids`; without grids
-        the basic sweeper's product), a job whose config another job already has left out, in
-        launcher batches (``self.overrides``).  Exits 2 on malformed grids."""
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        """The union of ``hydra.sweeper.grids`` (without grids the product of ``params`` and
+        the command line).  Exits 2 on malformed grids."""
         try:
-            plan = grids.expand(self.params, self.grids, arguments, parser)
+            return grids.expand(self.params, self.grids, arguments, OverridesParser.create())
         except grids.GridError as e:
             print(f"error: invalid sweep — nothing was started: {e}", file=sys.stderr)
             raise SystemExit(2) from None
-        if len(plan.axes) > 1:
-            plan = grids.drop_repeats(plan, self.loader, self.config)
-        for job, twin in plan.dropped:
-            log.info("left out %s: the same config as a job of grid %r", " ".join(job), twin)
-        self.overrides = plan.batches(self.max_batch_size)
-        return plan
 
     def _check_all(self, jobs: list[list[str]], swept: set[str], first: int = 0) -> dict[str, Any]:
-        """Compose and check every job and every store; exit 2 listing every problem.  The jobs
-        are numbered from ``first`` (a later round of :class:`~.contour.ContourSweeper`)."""
+        """Compose and check every job (numbered from ``first``) and every store; exit 2 listing
+        every problem.  ``keys``: each job's (config hash, store, experiment); a job whose key
+        an earlier job has is left out (and not numbered)."""
         from rankexp import tracking
-        from rankexp.config import check_slurm_limits
-        from rankexp.naming import config_name  # torch-free: the check never loads torch
+        from rankexp.config import CHECKED_JOBS, check_task
+        from rankexp.naming import config_name
 
-        target = str(self.config.hydra.launcher.get("_target_", ""))
-        local = "submitit" not in target
         if not jobs:
             self._refuse(0, ["  the sweep has no jobs: "
                              f"{' '.join(self.config.hydra.overrides.task)} expands to nothing "
                              "(an empty range or list?)"])
-        errors, job_dirs, hashes, settings, names = [], [], [], [], []
-        try:
-            check_slurm_limits(self.config.hydra.launcher)
-        except ValueError as e:
-            errors.append(f"  launcher: {e}")
-        if "Slurm" in target:
-            from .slurm import check_cluster
-
-            errors += [f"  launcher: {m}" for m in check_cluster(self.config.hydra.launcher)]
+        local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
+        loader = self.hydra_context.config_loader
+        CHECKED_JOBS.clear()
+        errors, keys, job_dirs, hashes, settings, names = [], [], [], [], [], []
+        seen: set[tuple] = set()
         original = HydraConfig.instance().cfg
         try:
-            for idx, overrides in enumerate(jobs, start=first):
-                label = " ".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept)
+            for i, overrides in enumerate(jobs):
+                label = _label(overrides, swept)
                 try:
-                    cfg = self.loader.load_sweep_config(self.config, overrides)
+                    cfg = loader.load_sweep_config(self.config, overrides)
                     with open_dict(cfg.hydra.job):
-                        cfg.hydra.job.num = cfg.hydra.job.id = idx
-                    job_dirs.append(self._job_dir(cfg))
-                    checked = self.loader.check(cfg, device=local, overrides=overrides)  # once
-                    s = checked.settings
-                    hashes.append(checked.config_hash)
-                    settings.append(s)
-                    names.append(config_name(s))
+                        cfg.hydra.job.num = cfg.hydra.job.id = first + len(hashes)
+                    checked = check_task(cfg, device=local, overrides=overrides)
                 except Exception as e:  # composition (Hydra/OmegaConf) or config errors
-                    errors.append(f"  #{idx} {label or ' '.join(overrides)}: {_message(e)}")
+                    errors.append(f"  #{first + i} {label}: {_message(e)}")
+                    continue
+                t = checked.settings.tracking  # a config hash names a run within its store
+                keys.append((checked.config_hash, t.enabled and t.uri, t.experiment))
+                if keys[-1] in seen:
+                    continue
+                seen.add(keys[-1])
+                CHECKED_JOBS[tuple(cfg.hydra.overrides.task)] = checked
+                if self.once is not None:
+                    self.once.composed[tuple(overrides)] = cfg
+                job_dirs.append(self._job_dir(cfg))
+                hashes.append(checked.config_hash)
+                settings.append(checked.settings)
+                names.append(config_name(checked.settings))
         finally:
             HydraConfig.instance().cfg = original
         stores: set[str] = set()
@@ -170,16 +204,19 @@ class RankexpSweeper(BasicSweeper):
             tracking.configure_http(t.http_retries, t.http_timeout_s, t.http_backoff)
             try:
                 uri = tracking.resolve_uri(t.uri)
-                if uri in stores:  # each store once, answering or not
-                    continue
-                stores.add(uri)
-                tracking.check_store(uri)
+                if uri not in stores:
+                    stores.add(uri)
+                    tracking.check_store(uri)
             except tracking.TrackingError as e:
                 if f"  {e}" not in errors:
                     errors.append(f"  {e}")
         if errors:
+            CHECKED_JOBS.clear()
+            if self.once is not None:
+                self.once.composed.clear()
             self._refuse(len(jobs), errors)
-        return {"job_dirs": job_dirs, "hashes": hashes, "settings": settings, "names": names}
+        return {"keys": keys, "job_dirs": job_dirs, "hashes": hashes, "settings": settings,
+                "names": names}
 
     @staticmethod
     def _refuse(count: int, errors: list[str]) -> None:
@@ -189,14 +226,12 @@ class RankexpSweeper(BasicSweeper):
 
     @staticmethod
     def _job_dir(cfg: DictConfig) -> Path:
-        """``hydra.sweep.dir / hydra.sweep.subdir`` of one job, as its launcher will resolve it
-        (through Hydra's ``${hydra:…}`` resolver only when the pattern needs it: that copy
-        costs more than the rest of the check)."""
+        """``hydra.sweep.dir / hydra.sweep.subdir`` of one job, as its launcher resolves it."""
         from omegaconf.errors import InterpolationResolutionError
 
         try:
             return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-        except InterpolationResolutionError:
+        except InterpolationResolutionError:  # a ${hydra:…} in the pattern
             HydraConfig.instance().set_config(cfg)
             return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
 
@@ -210,46 +245,37 @@ class RankexpSweeper(BasicSweeper):
         tracking.write_json(sweep_dir / tracking.NAMES_FILE, {  # the plan: every job's name and dir
             "started": time.time(), "names": checked["names"],
             "job_dirs": [str(d.resolve()) for d in checked["job_dirs"]]})
-        first = checked["settings"][0].tracking
-        if not first.enabled:
+        first = checked["settings"][0]
+        t = first.tracking
+        if not t.enabled:
             return None
-        choices = self.config.hydra.runtime.choices
         command = tracking.command_line()
         note = (f"```\n{command}\n```\n\n{len(checked['job_dirs'])} jobs in `{sweep_dir}`"
-                f" (size={checked['settings'][0].size.value}).")
+                f" (size={first.size.value}).")
+        experiment = self.config.hydra.runtime.choices.get("experiment") or t.experiment
         parent = tracking.SweepRun(
-            tracking.resolve_uri(first.uri), first.experiment, sweep_dir, checked["job_dirs"],
-            " ".join(self.config.hydra.overrides.task), first.heartbeat_s, first.stale_after_s,
-            name=first.run_name or naming.sweep_name(choices.get("experiment") or first.experiment,
-                                                     checked["settings"][0].size.value),
-            note=f"{first.note}\n\n{note}" if first.note else note,
-            tags={str(k): str(v) for k, v in first.tags.items()}, description=first.description)
+            tracking.resolve_uri(t.uri), t.experiment, sweep_dir, checked["job_dirs"],
+            " ".join(self.config.hydra.overrides.task), t.heartbeat_s, t.stale_after_s,
+            name=t.run_name or naming.sweep_name(experiment, first.size.value),
+            note=f"{t.note}\n\n{note}" if t.note else note,
+            tags={str(k): str(v) for k, v in t.tags.items()}, description=t.description)
         try:
-            parent.open(checked["hashes"], resume=first.resume and not first.force)
-        except Exception as e:
+            parent.open(checked["hashes"], resume=t.resume and not t.force)
+        except Exception as e:  # noqa: BLE001 — any store failure: nothing has run
             print(f"error: could not open the sweep's run in {parent.uri}: "
-                  f"{tracking._first_line(e)}", file=sys.stderr)
+                  f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                  file=sys.stderr)
             raise SystemExit(2) from None
         return parent
 
-    def _launch_all(self, first: int = 0) -> list:
-        """Hydra's batch loop, without its re-validation and without stopping at a failed job;
-        the jobs are numbered from ``first``."""
+    def _launch(self, jobs: list[list[str]], first: int = 0) -> list:
+        """The jobs in batches of ``max_batch_size`` through the launcher, numbered from
+        ``first``; a failed job does not stop the sweep."""
+        n = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else len(jobs)
         returns = []
-        while not self.is_done():
-            batch = self.get_job_batch()
-            results = self.launcher.launch(batch, initial_job_idx=first)
-            first += len(batch)
-            returns.append(results)
+        for i in range(0, len(jobs), n):
+            returns.append(self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i))
         return returns
-
-    @staticmethod
-    def _detach(parent, plan: dict, checked: dict[str, Any]) -> str:
-        """A detached Slurm sweep (``hydra.launcher.detach=true``): the jobs close the parent."""
-        from rankexp import sweepctl
-
-        t = checked["settings"][0].tracking
-        return sweepctl.detach(parent, plan, t.heartbeat_s, t.stale_after_s)
 
     def _close(self, parent, job_dirs: list[Path], interrupted: str | None, returns: list,
                jobs: list[list[str]], swept: set[str]) -> str:
@@ -258,9 +284,8 @@ class RankexpSweeper(BasicSweeper):
 
         for idx, r in enumerate(r for batch in returns for r in batch):
             if isinstance(r, JobReturn) and r.status == JobStatus.FAILED:
-                label = " ".join(o for o in jobs[idx] if o.split("=", 1)[0].lstrip("+~") in swept)
-                log.error("job #%d (%s) failed: %s (job dir %s)", idx, label, _message(r._return_value),
-                          job_dirs[idx])
+                log.error("job #%d (%s) failed: %s (job dir %s)", idx, _label(jobs[idx], swept),
+                          _message(r._return_value), job_dirs[idx])
         if parent is not None:
             status, _ = parent.close(interrupted)
             return status
@@ -268,4 +293,3 @@ class RankexpSweeper(BasicSweeper):
         log.info("sweep %s: %s", self.config.hydra.sweep.dir, tracking.summary(counts))
         bad = counts["failed"] or counts["killed"] or counts["not_run"]
         return "KILLED" if interrupted else "FAILED" if bad else "FINISHED"
-

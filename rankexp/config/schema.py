@@ -19,7 +19,6 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from ..helptext import section
 from ..knobs import CIFAR10_COUNTS, bad, default
 from ..models.families import FAMILIES
 from ..models.spec import PRESET_SLOTS, lm_shape
@@ -489,8 +488,6 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
     if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
         OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
-    if not OmegaConf.has_resolver("rankexp_help"):
-        OmegaConf.register_new_resolver("rankexp_help", section)
     if not OmegaConf.has_resolver("rankexp_norm_slot"):
         OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
     if not OmegaConf.has_resolver("rankexp_default_probes"):
