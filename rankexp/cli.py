@@ -34,9 +34,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from . import helptext
-from .config import ConfigError, check_override_keys, config_groups, quote_unicode, register_configs
-from .config import choices_with
+from . import helptext, interrupt, sweepctl
+from .config import (
+    ConfigError,
+    check_override_keys,
+    choices_with,
+    config_groups,
+    quote_unicode,
+    register_configs,
+)
+from .tracking import TrackingError, TrackingLost
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rankexp")
@@ -118,9 +125,7 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from . import interrupt
     from .app import run
-    from .tracking import TrackingError, TrackingLost
 
     mark_composed()
     if HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -168,9 +173,8 @@ def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     argv = sys.argv[1:]
     if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
-        from .sweepctl import main as sweepctl
 
-        raise SystemExit(sweepctl(argv))
+        raise SystemExit(sweepctl.main(argv))
     sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted
     if not {"-sc", "--shell-completion"} & set(argv):  # completion's `install=bash` is no key
         try:

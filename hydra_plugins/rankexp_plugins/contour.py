@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from rankexp import jobdir
+from rankexp import cli, interrupt, jobdir, naming, tracking
 
 from .sweeper import RankexpSweeper
 
@@ -737,7 +737,6 @@ class ContourSweeper(RankexpSweeper):
         self.contour = contour
 
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt
 
         cli.mark_composed()
         # the rounds' steps and the exponent's interval use SciPy: imported
@@ -785,7 +784,6 @@ class ContourSweeper(RankexpSweeper):
     def _check_round(self, state: Contour, jobs: list[tuple[int, float]]) -> dict[str, Any]:
         """Compose and check a round's jobs (numbered after the earlier rounds'); exit 2 on any
         problem, or when the jobs do not log to a store (the contour is read back from it)."""
-        from rankexp import naming
 
         overrides = state.overrides(jobs)
         checked = self._check_all(overrides, self.swept, first=len(self.jobs))
@@ -809,7 +807,6 @@ class ContourSweeper(RankexpSweeper):
 
     def _rounds(self, state: Contour, jobs: list[tuple[int, float]], parent, returns: list) -> None:
         """Launch round after round until every cell is settled or ``max_rounds`` ran."""
-        from rankexp import tracking
 
         while jobs:
             first = len(self.jobs) - len(jobs)
@@ -829,7 +826,6 @@ class ContourSweeper(RankexpSweeper):
     def _read_back(self, parent, hashes: list[str]) -> list[tuple[float, float]]:
         """(metric, nominal_ratio) of each config hash's FINISHED run in the store (NaN when
         there is none: the job failed or logged offline)."""
-        from rankexp import tracking
 
         spec = self.spec
         df = tracking.runs_table([parent.experiment], parent.uri)
@@ -848,7 +844,6 @@ class ContourSweeper(RankexpSweeper):
     def _report(self, state: Contour, parent) -> None:
         """Log the contour and its exponents (and the unsettled cells) and attach them to the
         parent run."""
-        from rankexp import tracking
 
         if not state.cells:
             return
@@ -900,7 +895,6 @@ def _log_tables(run, tables: dict, scalars: dict[str, float], folder: str = "con
     """``<folder>/<name>.csv|json`` artifacts and ``scalars`` as metrics of the parent run."""
     import tempfile
 
-    from rankexp import tracking
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, df in tables.items():

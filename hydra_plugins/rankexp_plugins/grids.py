@@ -34,6 +34,10 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rankexp import naming
+from rankexp.cli import CONF_DIR
+from rankexp.config import config_hash, resolved_container
+
 
 class GridError(ValueError):
     """``hydra.sweeper.grids`` is not a mapping (or list) of override mappings, or an axis is
@@ -110,7 +114,6 @@ class Plan:  # without registering it in sys.modules, which string-annotated dat
     def names(self, fallback: Sequence[str]) -> list[str]:
         """Distinct run names: per grid :func:`rankexp.naming.job_names` over the axes that grid
         sweeps, prefixed by the grid's name when there are several grids."""
-        from rankexp import naming
 
         names = [""] * len(self.jobs)
         for g, axes in self.axes.items():
@@ -188,7 +191,6 @@ def sweep_plan(*overrides: str) -> Plan:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from rankexp.cli import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
@@ -207,7 +209,6 @@ def _hash(loader, master: DictConfig, job: list[str]) -> str | None:
     """The config hash of one job, or None when it does not compose (the sweep reports that)."""
     from omegaconf import open_dict
 
-    from rankexp.config import config_hash, resolved_container
 
     try:
         cfg = loader.load_sweep_config(master, job)

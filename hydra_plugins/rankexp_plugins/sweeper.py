@@ -34,6 +34,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rankexp import cli, interrupt, tracking
+from rankexp.cli import one_line
+from rankexp.config import CHECKED_JOBS, check_task
+from rankexp.naming import config_name
+
 from . import grids
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,6 @@ log = logging.getLogger(__name__)
 def _message(e: BaseException) -> str:
     """One line for a composition or config error: rankexp's (:func:`rankexp.cli.one_line`),
     else the first lines of Hydra's message and its cause's."""
-    from rankexp.cli import one_line
 
     line = one_line(e)
     if line is not None:
@@ -112,7 +116,6 @@ class RankexpSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from rankexp import cli, interrupt
 
         cli.mark_composed()
         plan = self._plan(arguments)
@@ -157,9 +160,6 @@ class RankexpSweeper(Sweeper):
         """Compose and check every job (numbered from ``first``) and every store; exit 2 listing
         every problem.  ``keys``: each job's (config hash, store, experiment); a job whose key
         an earlier job has is left out (and not numbered)."""
-        from rankexp import tracking
-        from rankexp.config import CHECKED_JOBS, check_task
-        from rankexp.naming import config_name
 
         if not jobs:
             self._refuse(0, ["  the sweep has no jobs: "

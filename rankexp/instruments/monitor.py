@@ -29,6 +29,8 @@ from collections.abc import Callable, Collection, Mapping
 
 from torch import nn
 
+from rankexp import tracking
+
 from .core import analyze, resolve_probes
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,6 @@ def _mlflow_sink(required: bool) -> Sink | None:
     Raises:
         RuntimeError: ``required`` and no active run.
     """
-    from rankexp import tracking
 
     return tracking.active_run_sink(required, who="SpectralMonitor(log='mlflow')")
 

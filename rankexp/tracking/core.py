@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import jobdir
+from ..naming import member_name
 
 log = logging.getLogger(__name__)
 __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
@@ -430,7 +431,6 @@ class RunLogger:
     def open_members(self, lrs: Sequence[float]) -> None:
         """One member run per learning rate (in the model's member order), named
         ``<run name>·lr1e-3``, with this run's params plus ``lr``."""
-        from ..naming import member_name
         self.member_lrs = [float(lr) for lr in lrs]
         self._write({"members": self.member_lrs})
 
