@@ -1,0 +1,133 @@
+"""The whole job a user runs, as fresh ``python -m rankexp`` processes, against another commit.
+
+    python -m benchmarks.job --rev cd9a9b7                 # every row, this tree vs cd9a9b7
+    python -m benchmarks.job --rev HEAD --rows job sweep   # some rows
+    python -m benchmarks.job --rows sweep --launcher local # the sweep row through joblib
+
+``--rev`` is checked out with ``git worktree add`` (removed afterwards); both trees run with
+this interpreter, one torch thread, in alternating rounds after one untimed job of each (disk
+caches, compiled code).  Printed: min and median of the rounds, the load.
+
+* ``job``: the benchmark job, d=256, L=96, m/d=4, one seed, ``task.probes=[io_jacobian]``,
+  tracking off: the whole process's wall seconds (and its CPU seconds, user + system), beside a
+  bare ``python -c "import torch"``.  The target: at most 1.3× ``--rev``'s.
+* ``seeds``: the same job with 8 seeds, against one sweep process running the 8 one-seed jobs
+  (``seed=0,…,7 -m``) and against 8 fresh processes of one seed (this tree).
+* ``sweep``: a sweep's overhead per job, ``(T(n jobs) − T(1 job)) / (n − 1)`` of tiny jobs
+  (d=8, L=2) logging to a fresh SQLite store (``--launcher``: ``hydra/launcher=…``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from .common import ROOT, alternate, checkout, commit, env, header, load, rankexp, ratio, spread
+
+JOB = ["width=256", "depth=96", "expansion=4", "task.probes=[io_jacobian]", "tracking=off"]
+TINY = ["width=8", "depth=2", "seeds=1"]
+
+
+def wall(args: list[str], tree: Path, cpu: list[float] | None = None, **kw) -> float:
+    """Wall seconds of a fresh job in a temporary folder (its CPU seconds appended to ``cpu``)."""
+    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
+        w, c = rankexp(args, tree, Path(tmp), **kw)
+    if cpu is not None:
+        cpu.append(c)
+    return w
+
+
+def import_torch() -> float:
+    import subprocess
+    import time
+
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], env=env(ROOT), check=True)
+    return time.perf_counter() - t0
+
+
+def row_job(trees: dict[str, Path], rounds: int) -> None:
+    cpu: dict[str, list[float]] = {v: [] for v in trees}
+    contenders = {"import torch": import_torch}
+    for v, tree in trees.items():
+        contenders[v] = lambda v=v, tree=tree: wall([*JOB, "seeds=1"], tree, cpu[v])
+    t = alternate(contenders, rounds, warm=False)
+    print(f"job: d=256 L=96 m/d=4, one seed, io_jacobian, tracking off, fresh process ({rounds} rounds):")
+    for name, ts in t.items():
+        print(f"  {name:28s} wall {spread(ts, fmt='.2f')}"
+              + (f"; CPU {spread(cpu[name], fmt='.2f')}" if name in cpu else ""))
+    if len(trees) == 2:
+        (b, bt), (a, at) = list(t.items())[1:]
+        r = statistics.median(at) / statistics.median(bt)
+        print(f"  {a} / {b}: wall {ratio(at, bt)}, CPU {ratio(cpu[a], cpu[b])} "
+              f"[target ≤ 1.3×: {'met' if r <= 1.3 else 'NOT met'}]")
+    print(f"  ({load()})", flush=True)
+
+
+def row_seeds(tree: Path, rounds: int) -> None:
+    seeds = ",".join(map(str, range(8)))
+    t = alternate({
+        "one job, 8 seeds": lambda: wall([*JOB, "seeds=8"], tree),
+        "one sweep, 8 jobs": lambda: wall([*JOB, "seeds=1", f"seed={seeds}", "-m"], tree),
+        "8 processes": lambda: sum(wall([*JOB, "seeds=1", f"seed={s}"], tree) for s in range(8)),
+    }, rounds, warm=False)
+    print(f"seeds: 8 seeds of the job above, this tree ({rounds} rounds):")
+    one = t["one job, 8 seeds"]
+    for name, ts in t.items():
+        print(f"  {name:28s} wall {spread(ts, fmt='.2f')}" + ("" if ts is one else f" → {ratio(ts, one)} one job"))
+    print(f"  ({load()})", flush=True)
+
+
+def row_sweep(trees: dict[str, Path], rounds: int, jobs: int, launcher: str | None) -> None:
+    extra = [*TINY, "-m"] + ([f"hydra/launcher={launcher}"] if launcher else [])
+
+    def sweep(tree: Path, n: int) -> float:  # a fresh SQLite store in the job's own folder
+        return wall([*extra, "alpha=" + ",".join(f"{1 + i / 100:g}" for i in range(n))], tree)
+
+    contenders = {}
+    for v, tree in trees.items():
+        contenders[f"{v} 1"] = lambda tree=tree: sweep(tree, 1)
+        contenders[f"{v} {jobs}"] = lambda tree=tree: sweep(tree, jobs)
+    t = alternate(contenders, rounds, warm=False)
+    print(f"sweep: overhead per job, (T({jobs} tiny jobs) − T(1)) / {jobs - 1}, SQLite store, "
+          f"launcher {launcher or 'the default'} ({rounds} rounds):")
+    for v in trees:
+        one, many = t[f"{v} 1"], t[f"{v} {jobs}"]
+        med = (statistics.median(many) - statistics.median(one)) / (jobs - 1)
+        low = (min(many) - min(one)) / (jobs - 1)
+        noise = (max(one) - min(one)) / (jobs - 1)  # T(1)'s own spread, per job
+        print(f"  {v:28s} 1 job {spread(one, fmt='.2f')}; {jobs} jobs {spread(many, fmt='.2f')} → "
+              f"{med:.3f} s per job (of minima {low:.3f} s; T(1)'s spread alone ±{noise:.3f} s per job) "
+              f"[target ≤ 0.25 s: {'met' if med <= 0.25 else 'NOT met'}]")
+    print(f"  ({load()})", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rev", help="the commit to compare with (a git worktree of it); none: this tree alone")
+    p.add_argument("--rows", nargs="+", choices=("job", "seeds", "sweep"), default=["job", "seeds", "sweep"])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=20, help="jobs of the sweep row")
+    p.add_argument("--launcher", help="hydra/launcher of the sweep row (local, slurm …)")
+    args = p.parse_args(argv)
+    header("benchmarks.job")
+    with checkout(args.rev) if args.rev else tempfile.TemporaryDirectory() as before:
+        trees = {f"this tree ({commit()})": ROOT}
+        if args.rev:
+            trees = {f"{args.rev} ({commit(Path(before))})": Path(before), **trees}
+        for tree in trees.values():  # untimed: disk caches, anything a tree compiles on first use
+            wall([*TINY, "tracking=off"], tree)
+        for row in args.rows:
+            if row == "job":
+                row_job(trees, args.rounds)
+            elif row == "seeds":
+                row_seeds(ROOT, max(1, args.rounds // 2))
+            else:
+                row_sweep(trees, args.rounds, args.jobs, args.launcher)
+
+
+if __name__ == "__main__":
+    main()
