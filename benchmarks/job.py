@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     with checkout(args.rev) if args.rev else tempfile.TemporaryDirectory() as before:
         trees = {f"this tree ({commit()})": ROOT}
         if args.rev:
-            trees = {f"{args.rev} ({commit(Path(before))})": Path(before), **trees}
+            c = commit(Path(before))
+            trees = {args.rev if c.startswith(args.rev) else f"{args.rev} ({c})": Path(before), **trees}
         for tree in trees.values():  # untimed: disk caches, anything a tree compiles on first use
             wall([*TINY, "tracking=off"], tree)
         for row in args.rows:
