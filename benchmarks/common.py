@@ -88,18 +88,24 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def rankexp(args: Sequence[str], tree: Path, cwd: Path, threads: int = 1) -> tuple[float, float]:
-    """``(wall, cpu)`` seconds of a fresh ``python -m rankexp <args>`` process of ``tree``'s code,
-    started in ``cwd``, its outputs under it; raises when it fails."""
-    out = cwd / f"out{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "rankexp", *(a for a in args if a != "-m"), "device=cpu",
-           f"hydra.run.dir={out}", f"hydra.sweep.dir={out}", *(["-m"] if "-m" in args else [])]
+def run(argv: Sequence[str], tree: Path = ROOT, cwd: Path | None = None, threads: int = 1,
+        **extra: str) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of a fresh ``python <argv>`` of ``tree``'s code (``extra``: more
+    environment); raises when it fails."""
     t0, c0 = time.perf_counter(), children_cpu()
-    p = subprocess.run(cmd, cwd=cwd, env=env(tree, threads), capture_output=True, text=True)
+    p = subprocess.run([sys.executable, *argv], cwd=cwd, env={**env(tree, threads), **extra},
+                       capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, children_cpu() - c0
     if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} ({tree}) exited {p.returncode}:\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"python {' '.join(argv)} ({tree}) exited {p.returncode}:\n{p.stderr[-2000:]}")
     return wall, cpu
+
+
+def rankexp(args: Sequence[str], tree: Path, cwd: Path, threads: int = 1) -> tuple[float, float]:
+    """:func:`run` of ``python -m rankexp <args>`` on the CPU, started in ``cwd``, its outputs under it."""
+    out = cwd / f"out{time.monotonic_ns()}"
+    return run(["-m", "rankexp", *(a for a in args if a != "-m"), "device=cpu", f"hydra.run.dir={out}",
+                f"hydra.sweep.dir={out}", *(["-m"] if "-m" in args else [])], tree, cwd, threads)
 
 
 @contextmanager

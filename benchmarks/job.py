@@ -11,24 +11,26 @@ caches, compiled code).  Printed: min and median of the rounds, the load.
 * ``job``: the benchmark job, d=256, L=96, m/d=4, one seed, ``task.probes=[io_jacobian]``,
   tracking off: the whole process's wall seconds (and its CPU seconds, user + system), beside a
   bare ``python -c "import torch"``.  The target: at most 1.3× ``--rev``'s.
-* ``seeds``: the same job with 8 seeds, against one sweep process running the 8 one-seed jobs
-  (``seed=0,…,7 -m``) and against 8 fresh processes of one seed (this tree).
+* ``cli``: ``rankexp --help`` and a tab press (Hydra's completion query), beside a bare
+  ``python -c "import torch"``: the target is at most its time.
 * ``sweep``: a sweep's overhead per job, ``(T(n jobs) − T(1 job)) / (n − 1)`` of tiny jobs
   (d=8, L=2) logging to a fresh SQLite store (``--launcher``: ``hydra/launcher=…``).
+* ``seeds``: the same job with 8 seeds, against one sweep process running the 8 one-seed jobs
+  (``seed=0,…,7 -m``) and against 8 fresh processes of one seed (this tree).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from .common import ROOT, alternate, checkout, commit, env, header, load, rankexp, ratio, spread
+from .common import ROOT, alternate, checkout, commit, header, load, rankexp, ratio, run, spread
 
 JOB = ["width=256", "depth=96", "expansion=4", "task.probes=[io_jacobian]", "tracking=off"]
 TINY = ["width=8", "depth=2", "seeds=1"]
+ROWS = ["job", "cli", "sweep", "seeds"]
 
 
 def wall(args: list[str], tree: Path, cpu: list[float] | None = None, **kw) -> float:
@@ -41,12 +43,22 @@ def wall(args: list[str], tree: Path, cpu: list[float] | None = None, **kw) -> f
 
 
 def import_torch() -> float:
-    import subprocess
-    import time
+    return run(["-c", "import torch"])[0]
 
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], env=env(ROOT), check=True)
-    return time.perf_counter() - t0
+
+def row_cli(trees: dict[str, Path], rounds: int) -> None:
+    line = "rankexp norm="  # a tab press: Hydra's bash completion query for this line
+    contenders = {"import torch": import_torch}
+    for v, tree in trees.items():
+        contenders[f"{v} --help"] = lambda tree=tree: run(["-m", "rankexp", "--help"], tree)[0]
+        contenders[f"{v} tab"] = lambda tree=tree: run(["-m", "rankexp", "-sc", "query=bash"], tree,
+                                                       COMP_LINE=line, COMP_POINT=str(len(line)))[0]
+    t = alternate(contenders, rounds, warm=False)
+    print(f"cli: `rankexp --help` and a tab press after {line!r}, fresh processes ({rounds} rounds):")
+    for name, ts in t.items():
+        print(f"  {name:40s} wall {spread(ts, fmt='.2f')}"
+              + ("" if name == "import torch" else f" → {ratio(ts, t['import torch'])} import torch [target ≤ 1×]"))
+    print(f"  ({load()})", flush=True)
 
 
 def row_job(trees: dict[str, Path], rounds: int) -> None:
@@ -108,7 +120,7 @@ def row_sweep(trees: dict[str, Path], rounds: int, jobs: int, launcher: str | No
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", help="the commit to compare with (a git worktree of it); none: this tree alone")
-    p.add_argument("--rows", nargs="+", choices=("job", "seeds", "sweep"), default=["job", "seeds", "sweep"])
+    p.add_argument("--rows", nargs="+", choices=ROWS, default=ROWS)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--jobs", type=int, default=20, help="jobs of the sweep row")
     p.add_argument("--launcher", help="hydra/launcher of the sweep row (local, slurm …)")
@@ -124,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         for row in args.rows:
             if row == "job":
                 row_job(trees, args.rounds)
+            elif row == "cli":
+                row_cli(trees, args.rounds)
             elif row == "seeds":
                 row_seeds(ROOT, max(1, args.rounds // 2))
             else:
