@@ -1,6 +1,6 @@
 """The engine's profile against automatic differentiation, warm, in one process.
 
-    python -m benchmarks.engine                # d=256, L=96, m/d=4, float64 (≈ 6 min, idle 2 cores)
+    python -m benchmarks.engine                # d=256, L=96, m/d=4, float64 (minutes: reverse mode)
     python -m benchmarks.engine --depth 24 --rounds 5
 
 The profile is every ``∂h_l/∂h_0``, l = 1…L, and its effective rank (Eq. 3), for one seed of
