@@ -10,7 +10,8 @@ caches, compiled code).  Printed: min and median of the rounds, the load.
 
 * ``job``: the benchmark job, d=256, L=96, m/d=4, one seed, ``task.probes=[io_jacobian]``,
   tracking off: the whole process's wall seconds (and its CPU seconds, user + system), beside a
-  bare ``python -c "import torch"``.  The target: at most 1.3× ``--rev``'s.
+  bare ``python -c "import torch"``, and the drawing and measurement seconds its
+  ``result.json`` reports.  The targets: at most 1.3× ``--rev``'s; drawing ≤ the measurement.
 * ``cli``: ``rankexp --help`` and a tab press (Hydra's completion query), beside a bare
   ``python -c "import torch"``: the target is at most its time.
 * ``sweep``: a sweep's overhead per job, ``(T(n jobs) − T(1 job)) / (n − 1)`` of tiny jobs
@@ -22,6 +23,7 @@ caches, compiled code).  Printed: min and median of the rounds, the load.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,10 +35,15 @@ TINY = ["width=8", "depth=2", "seeds=1"]
 ROWS = ["job", "cli", "sweep", "seeds"]
 
 
-def wall(args: list[str], tree: Path, cpu: list[float] | None = None, **kw) -> float:
-    """Wall seconds of a fresh job in a temporary folder (its CPU seconds appended to ``cpu``)."""
+def wall(args: list[str], tree: Path, cpu: list[float] | None = None, parts: list[tuple] | None = None) -> float:
+    """Wall seconds of a fresh job in a temporary folder; its CPU seconds appended to ``cpu``, and
+    to ``parts`` the (drawing, measurement) seconds its ``result.json`` reports, where it has one."""
     with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
-        w, c = rankexp(args, tree, Path(tmp), **kw)
+        w, c = rankexp(args, tree, Path(tmp))
+        for result in Path(tmp).rglob("result.json") if parts is not None else ():
+            sc = json.loads(result.read_text()).get("scalars", {})
+            if "measure_seconds" in sc:
+                parts.append((sc.get("build_seconds", 0.0), sc["measure_seconds"]))
     if cpu is not None:
         cpu.append(c)
     return w
@@ -63,14 +70,19 @@ def row_cli(trees: dict[str, Path], rounds: int) -> None:
 
 def row_job(trees: dict[str, Path], rounds: int) -> None:
     cpu: dict[str, list[float]] = {v: [] for v in trees}
+    parts: dict[str, list[tuple]] = {v: [] for v in trees}
     contenders = {"import torch": import_torch}
     for v, tree in trees.items():
-        contenders[v] = lambda v=v, tree=tree: wall([*JOB, "seeds=1"], tree, cpu[v])
+        contenders[v] = lambda v=v, tree=tree: wall([*JOB, "seeds=1"], tree, cpu[v], parts[v])
     t = alternate(contenders, rounds, warm=False)
     print(f"job: d=256 L=96 m/d=4, one seed, io_jacobian, tracking off, fresh process ({rounds} rounds):")
     for name, ts in t.items():
         print(f"  {name:28s} wall {spread(ts, fmt='.2f')}"
               + (f"; CPU {spread(cpu[name], fmt='.2f')}" if name in cpu else ""))
+        if parts.get(name):  # as the job reports them
+            draw, measure = zip(*parts[name], strict=True)
+            print(f"  {'':28s} of which drawing the weights {spread(draw, fmt='.2f')}, the measurement "
+                  f"{spread(measure, fmt='.2f')} → drawing / measurement {ratio(draw, measure)}")
     if len(trees) == 2:
         (b, bt), (a, at) = list(t.items())[1:]
         r = statistics.median(at) / statistics.median(bt)
