@@ -107,25 +107,30 @@ def row_seeds(tree: Path, rounds: int) -> None:
 
 def row_sweep(trees: dict[str, Path], rounds: int, jobs: int, launcher: str | None) -> None:
     extra = [*TINY, "-m"] + ([f"hydra/launcher={launcher}"] if launcher else [])
+    cpu: dict[str, list[float]] = {}
 
-    def sweep(tree: Path, n: int) -> float:  # a fresh SQLite store in the job's own folder
-        return wall([*extra, "alpha=" + ",".join(f"{1 + i / 100:g}" for i in range(n))], tree)
+    def sweep(name: str, tree: Path, n: int) -> float:  # a fresh SQLite store in the job's own folder
+        return wall([*extra, "alpha=" + ",".join(f"{1 + i / 100:g}" for i in range(n))], tree,
+                    cpu.setdefault(name, []))
 
     contenders = {}
     for v, tree in trees.items():
-        contenders[f"{v} 1"] = lambda tree=tree: sweep(tree, 1)
-        contenders[f"{v} {jobs}"] = lambda tree=tree: sweep(tree, jobs)
+        for n in (1, jobs):
+            contenders[f"{v} {n}"] = lambda name=f"{v} {n}", tree=tree, n=n: sweep(name, tree, n)
     t = alternate(contenders, rounds, warm=False)
     print(f"sweep: overhead per job, (T({jobs} tiny jobs) − T(1)) / {jobs - 1}, SQLite store, "
           f"launcher {launcher or 'the default'} ({rounds} rounds):")
+
+    def per_job(x: dict[str, list[float]], v: str, f=statistics.median) -> float:
+        return (f(x[f"{v} {jobs}"]) - f(x[f"{v} 1"])) / (jobs - 1)
+
     for v in trees:
-        one, many = t[f"{v} 1"], t[f"{v} {jobs}"]
-        med = (statistics.median(many) - statistics.median(one)) / (jobs - 1)
-        low = (min(many) - min(one)) / (jobs - 1)
-        noise = (max(one) - min(one)) / (jobs - 1)  # T(1)'s own spread, per job
+        one, many, med = t[f"{v} 1"], t[f"{v} {jobs}"], per_job(t, v)
         print(f"  {v:28s} 1 job {spread(one, fmt='.2f')}; {jobs} jobs {spread(many, fmt='.2f')} → "
-              f"{med:.3f} s per job (of minima {low:.3f} s; T(1)'s spread alone ±{noise:.3f} s per job) "
-              f"[target ≤ 0.25 s: {'met' if med <= 0.25 else 'NOT met'}]")
+              f"{med:.3f} s per job (of minima {per_job(t, v, min):.3f} s; T(1)'s spread alone "
+              f"±{(max(one) - min(one)) / (jobs - 1):.3f} s per job) [target ≤ 0.25 s: {'met' if med <= 0.25 else 'NOT met'}]")
+        if launcher in (None, "basic"):  # the jobs run in the sweep's process: its CPU seconds are theirs
+            print(f"  {'':28s} in CPU seconds {per_job(cpu, v):.3f} s per job (of minima {per_job(cpu, v, min):.3f} s)")
     print(f"  ({load()})", flush=True)
 
 
