@@ -6,11 +6,11 @@ STAMP  := $(VENV)/.installed
 # torch/torchvision pinned to the versions the package registry serves this machine class
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup test-deps demo sweep test test-slow bench gpu-check bench-services figures reproduce ui lint clean
+.PHONY: help setup test-deps demo sweep test test-slow loc bench gpu-check bench-services figures reproduce ui lint clean
 
 help:  ## list targets (variables as this make sees them: make help REPRODUCE=out)
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -e 's/:.*##/\t/' \
-	  -e 's|$$(REPRODUCE)|$(REPRODUCE)|g' -e 's|$$(UI_PORT)|$(UI_PORT)|g'
+	  -e 's|$$(REPRODUCE)|$(REPRODUCE)|g' -e 's|$$(UI_PORT)|$(UI_PORT)|g' -e 's|$$(BEFORE)|$(BEFORE)|g'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,23 +39,23 @@ test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm
 test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow
 
-bench: setup  ## benchmarks (1 torch thread): Jacobian engine, per-job overhead, training step, analysis loader, ConvNet FLOPs + projected GPU time, rankexp.analyze / SpectralMonitor, --help and tab completion, runs of a contour sweep vs a grid (Table 4) and of the LR boundary vs the LR grid (Table 5, trains on CIFAR-10)
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_cli
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_loader
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_convnet
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_analyze
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_contour
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_boundary
+# main before issue 31: the commit `make loc` and `make bench` compare with (BEFORE=<rev> to change)
+BEFORE ?= cd9a9b7
+loc:  ## product lines (rankexp, analysis, hydra_plugins, benchmarks, launchers) per folder: $(BEFORE) → working tree
+	$(PYTHON) -m benchmarks.loc --at $(BEFORE)
+
+bench: setup  ## benchmarks, 1 torch thread, alternating rounds: the engine vs jacfwd/jacrev, the job and a sweep's per-job overhead vs $(BEFORE), train() vs a minimal loop
+	$(PY) -m benchmarks.engine
+	$(PY) -m benchmarks.job --rev $(BEFORE)
+	$(PY) -m benchmarks.train
 
 gpu-check: setup  ## GPU claims in one script (< 8 min on one GPU): CUDA vs CPU measure, training modes, grid wall times
 	$(PY) -m benchmarks.gpu_check
 
-bench-services: setup test-deps  ## Slurm vs local per-job overhead; tracking-server runs/s from 8 writers
+bench-services: setup test-deps  ## a sweep's per-job overhead through the joblib and the Slurm launcher (a local Slurm cluster)
 	launchers/slurm-cluster.sh start
-	eval "$$(launchers/slurm-cluster.sh env)" && $(PY) launchers/bench_launchers.py --rankexp --jobs 20 --launchers basic local slurm slurm-packed slurm-detached; \
-	  rc=$$?; launchers/slurm-cluster.sh stop; exit $$rc
-	$(PY) launchers/bench_tracking.py
+	eval "$$(launchers/slurm-cluster.sh env)" && $(PY) -m benchmarks.job --rows sweep --launcher local \
+	  && $(PY) -m benchmarks.job --rows sweep --launcher slurm; rc=$$?; launchers/slurm-cluster.sh stop; exit $$rc
 
 figures: setup  ## every experiment at size=cpu into figures/cpu/, then every figure (CPU, < 1 h)
 	$(PY) -m analysis.figures
