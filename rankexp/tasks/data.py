@@ -1,25 +1,12 @@
-"""CIFAR-10 for the `train` task: decode once, cache, keep the whole set on the device.
+"""CIFAR-10 for the ``train`` task: decode once, cache, keep the whole set on the device.
 
-Three sources give the same tensors (science.md §1 trains on CIFAR-10):
-
-* ``torchvision``: the original binary batches (``<root>/cifar-10-batches-py``),
-  read with :class:`torchvision.datasets.CIFAR10` (``download=True`` fetches them
-  where there is internet);
-* ``imagefolder``: an image-folder tree ``<root>/cifar10-jpeg/{train,test}/<class>/*.jpg``
-  (or ``<root>/{train,test}/…``), read with :class:`torchvision.datasets.ImageFolder`;
-* ``archive``: the tarball of that tree (``cifar10-jpeg.tar.gz``, shipped read-only
-  at ``../shared/data``), extracted once into the cache folder.
-
-The decoded uint8 tensors are written once to ``<cache_dir>/cifar10-<key>.pt``;
-the key hashes the source's path, sizes and modification times, so a changed
-source is decoded again and a cached load takes a fraction of a second. The file
-also carries the SHA-256 of its tensors, checked on every load (~0.2 s): a cache
-that does not match (a flipped bit, a partial copy, an older version without a
-checksum) is reported and decoded again, never used.
-
-Training then works from a :class:`DeviceDataset` (normalized, flattened, on the
-training device) and a :class:`BatchSampler` that draws index batches on that
-device, so a training step never goes through the host (airbench's habit).
+Sources giving the same tensors: ``torchvision`` (``<root>/cifar-10-batches-py``, optional
+download), ``imagefolder`` (``<root>/cifar10-jpeg/{train,test}/<class>/*.jpg`` or
+``<root>/{train,test}/…``) and ``archive`` (``cifar10-jpeg.tar.gz``, extracted once). The
+decoded uint8 tensors are cached in ``<cache_dir>/cifar10-<key>.pt`` (key: the source's path,
+sizes and mtimes) with the SHA-256 of their tensors, checked on every load: a mismatching
+cache is reported and decoded again. Training uses a :class:`DeviceDataset` and a
+:class:`BatchSampler` drawing index batches on the device.
 """
 
 from __future__ import annotations
@@ -48,18 +35,8 @@ from ..seeding import STREAM_DATA
 log = logging.getLogger(__name__)
 
 #: Standard CIFAR-10 label order (= class folders sorted by name = torchvision's order).
-CLASSES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+           "truck")
 IMAGE_SHAPE = (3, 32, 32)
 IN_FEATURES = 3 * 32 * 32
 SOURCES = ("auto", "torchvision", "imagefolder", "archive")
@@ -91,21 +68,14 @@ class MissingDataError(DataError, FileNotFoundError):
 
 
 class CorruptDataError(DataError, ValueError):
-    """A CIFAR-10 source exists but is unreadable or not CIFAR-10 (bad archive, image,
-    class folders or counts)."""
+    """A CIFAR-10 source exists but is unreadable or not CIFAR-10."""
 
 
 # --------------------------------------------------------------------------- loading
 @dataclass(frozen=True)
 class DataSource:
-    """Where a loaded CIFAR-10 came from, for the runs that train on it (an MLflow dataset
-    input, :meth:`rankexp.tracking.RunLogger.log_dataset`).
-
-    Attributes:
-        kind: the source's kind (``torchvision``, ``imagefolder``, ``archive``); path: it.
-        cache_file: the decoded cache; sha256: the SHA-256 of its tensors (hex, 64 digits:
-            :func:`tensors_sha256`, the checksum the cache is verified against).
-        train_rows, test_rows: the splits' sizes.
+    """Where a loaded CIFAR-10 came from (an MLflow dataset input): ``kind``, ``path``,
+    ``cache_file``, ``sha256`` (hex, :func:`tensors_sha256`) and the splits' row counts.
     """
 
     kind: str
@@ -125,8 +95,7 @@ def load_cifar10(
     expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
     progress: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """CIFAR-10 as uint8 tensors, decoded once and cached (:func:`load_cifar10_source` without
-    the :class:`DataSource`; same arguments and errors)."""
+    """CIFAR-10 as uint8 tensors: :func:`load_cifar10_source` without the :class:`DataSource`."""
     return load_cifar10_source(root, cache_dir, source, download, expect_counts=expect_counts,
                                progress=progress)[0]
 
@@ -143,29 +112,20 @@ def load_cifar10_source(
     """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
     Args:
-        root: a folder holding one of the sources (see the module docstring), the
-            image-folder tree itself, or the ``.tar.gz`` archive file.
-        cache_dir: where the decoded tensors (and an extracted archive) are kept.
-        source: ``auto`` (first found of torchvision, imagefolder, archive; then
-            ``download`` if asked) or one of those three explicitly.
-        download: let torchvision download the original into ``root`` (needs internet).
-        expect_counts: required (train, test) sizes; ``None`` accepts any size
-            (small test fixtures).
-        progress: show a tqdm bar while decoding (on a terminal: none when stderr is a file
-            or a pipe, where a log line per split says what was decoded).
+        root: a folder holding a source, the image-folder tree itself, or the ``.tar.gz``.
+        cache_dir: where decoded tensors (and an extracted archive) are kept.
+        source: ``auto`` (first of torchvision, imagefolder, archive; then ``download``) or one.
+        download: let torchvision download into ``root``.
+        expect_counts: required (train, test) sizes; ``None`` accepts any.
+        progress: a tqdm bar while decoding (terminals only).
 
     Returns:
-        ``((x_train, y_train, x_test, y_test), source)``: images uint8 ``(N, 3, 32, 32)``
-        (channels R, G, B; 0–255), labels int64 ``(N,)`` in :data:`CLASSES` order.
-        N = 50,000 / 10,000 for the real data set. The image tensors of a cached
-        load are memory-mapped from the cache file (read-only use). ``source``: the
-        :class:`DataSource` (the cache's SHA-256 is the one already checked or written: no
-        second pass over the bytes).
+        ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
+        (memory-mapped when cached), int64 ``(N,)`` labels in :data:`CLASSES` order.
 
     Raises:
-        MissingDataError: no source at ``root`` (message says how to get one).
-        CorruptDataError: the source is unreadable, or its class folders, image
-            shapes or counts are not CIFAR-10's.
+        MissingDataError: no source at ``root``.
+        CorruptDataError: unreadable, or not CIFAR-10's classes, shapes or counts.
         ValueError: unknown ``source``.
     """
     if source not in SOURCES:
@@ -200,7 +160,7 @@ def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Te
 
 
 def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
-    """The source kind and the concrete path (torchvision root, tree with train/test, archive)."""
+    """The source kind and its concrete path."""
     found: dict[str, Path] = {}
     if root.is_file():
         if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
@@ -264,8 +224,7 @@ _SPLITS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
-    """SHA-256 of CPU tensors' dtypes, shapes and bytes, in order (hex). Reads the memory in
-    place (no copy), so a memory-mapped cache is hashed straight from the page cache."""
+    """SHA-256 (hex) of CPU tensors' dtypes, shapes and bytes, in order, read in place."""
     h = hashlib.sha256()
     for t in tensors:
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
@@ -274,7 +233,7 @@ def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
 
 
 def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] | None:
-    """``(tensors, their SHA-256)`` of a cache file that matches ``key`` and its checksum."""
+    """``(tensors, SHA-256)`` of a cache file matching ``key`` and its checksum, else None."""
     if not cache_file.is_file():
         return None
     try:
@@ -339,7 +298,7 @@ def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Ten
 
 
 def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in batches."""
+    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in chunks."""
     from torchvision.datasets import ImageFolder
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
@@ -356,8 +315,6 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             )
         paths = [p for p, _ in folder.samples]
         images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
-        # a bar on a terminal only: redirected to a file or a pipe it would write a \r frame per
-        # update (tqdm's disable=None); the log line below says what was decoded either way
         bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
                    disable=None if progress else True)
         started = time.perf_counter()
@@ -399,7 +356,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
 def _decode_archive(
     archive: Path, cache_dir: Path, key: dict, progress: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Extract ``archive`` once into ``cache_dir`` (atomically, via a temporary folder), decode it."""
+    """Extract ``archive`` once into ``cache_dir`` (atomically), then decode it."""
     dest = cache_dir / f"{FOLDER_NAME}-{_digest(key)}"
     if not dest.is_dir():
         tmp = cache_dir / f"{dest.name}.tmp{os.getpid()}"
@@ -416,7 +373,7 @@ def _decode_archive(
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
                 f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is "
-                f"damaged (the shipped copy's sha256 is in ../shared/data/README.md). {HOW_TO_GET}"
+                f"damaged. {HOW_TO_GET}"
             ) from err
         if not (tmp / FOLDER_NAME / "train").is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -433,15 +390,7 @@ def _decode_archive(
 
 # --------------------------------------------------------------------------- on device
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact per-channel mean and standard deviation of uint8 images on the 0–1 scale.
-
-    Args:
-        images: uint8 ``(N, 3, H, W)``.
-
-    Returns:
-        ``(mean, std)``, float64 ``(3,)`` each (population std), from 256-bin
-        histograms, so no float copy of the data is made.
-    """
+    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8 ``(N, 3, H, W)``, from histograms."""
     levels = torch.arange(256, dtype=torch.float64) / 255.0
     means, stds = [], []
     for c in range(images.shape[1]):
@@ -455,14 +404,8 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class DeviceDataset:
-    """The whole data set on the training device, normalized and flattened.
-
-    Attributes:
-        x_train, x_test: float ``(N, 3072)``, per-channel standardized with the
-            train split's statistics (channel-major flattening, C·H·W).
-        y_train, y_test: int64 ``(N,)``.
-        mean, std: float64 ``(3,)`` train-split channel statistics on the 0–1 scale.
-        source: where the images came from (:class:`DataSource`), if loaded from CIFAR-10.
+    """The whole data set on the training device: ``x_*`` float ``(N, 3072)`` standardized
+    per channel with the train split's ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``.
     """
 
     x_train: Tensor
@@ -484,7 +427,7 @@ class DeviceDataset:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> DeviceDataset:
-        """Move uint8 images ``(N, 3, 32, 32)`` to ``device`` once, then convert there.
+        """Move uint8 images ``(N, 3, H, W)`` to ``device`` once, then convert there.
 
         Raises:
             ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch.
@@ -532,8 +475,7 @@ def load_device_dataset(
     download: bool = False,
     progress: bool = True,
 ) -> DeviceDataset:
-    """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8` (same errors), with its
-    :class:`DataSource`."""
+    """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8`, with its :class:`DataSource`."""
     tensors, where = load_cifar10_source(root, cache_dir, source=source, download=download,
                                          progress=progress)
     return dataclasses.replace(DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype),
@@ -541,8 +483,7 @@ def load_device_dataset(
 
 
 def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceDataset:
-    """The data set a validated config names (``data.root``, ``cache_dir``, ``source``,
-    ``download``; relative paths as :mod:`rankexp.locations` resolves them) on ``device``."""
+    """The data set a validated config names (``data.*``), on ``device``."""
     return load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir),
                                device=device, dtype=dtype, source=s.data.source,
                                download=s.data.download)
@@ -551,16 +492,9 @@ def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceData
 class BatchSampler:
     """Shuffled index batches drawn on the device, a pure function of ``(seed, step)``.
 
-    Epoch ``k`` is a permutation of ``range(n)`` drawn with a device
-    :class:`torch.Generator` seeded from ``(seed, STREAM_DATA, k)``; step ``t``
-    takes batch ``t mod (n // batch_size)`` of epoch ``t // (n // batch_size)``
-    (the last partial batch of an epoch is dropped). Because nothing but the
-    step number is state, a resumed run draws exactly the batches an
-    uninterrupted one would.
-
-    Args:
-        n: data set size. batch_size: B ≤ n. seed: sampling seed.
-        device: where the indices live (the data's device).
+    Epoch k is a permutation seeded from ``(seed, STREAM_DATA, k)``; step t takes batch
+    ``t mod (n // B)`` of epoch ``t // (n // B)`` (the partial batch is dropped), so a resumed
+    run draws the batches an uninterrupted one would.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):
@@ -585,5 +519,5 @@ class BatchSampler:
         return self._perm[k * self.batch_size : (k + 1) * self.batch_size]
 
     def state_dict(self) -> dict:
-        """What a checkpoint needs to check that a resumed run samples the same way."""
+        """What a checkpoint checks to know a resumed run samples the same way."""
         return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed}
