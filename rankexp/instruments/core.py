@@ -1,32 +1,17 @@
 """``rankexp.analyze``: the study's instruments on any PyTorch network, one row per block.
 
-For every block l (a shape-preserving map of the stream, :mod:`rankexp.instruments.blocks`) at
-one unit of the stream (input ``point``; token ``position`` of a token model):
+Per block l (:mod:`rankexp.instruments.blocks`) at one input ``point`` (and token ``position``):
+**branch** — erank/D and stable rank of ``J_f = ∂f_l/∂h`` and ``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4);
+**prefix** — erank/D, stable rank and ``ln ‖·‖_F`` of ``∂h_l/∂h_0`` (Eq. 2/10, Figure 1);
+**representation** — ``erank(Z_l)/D`` over every input, rows uncentred (Figure 7), and
+``rms(h_l)`` (Figure 11).
 
-* **branch**: erank/D and stable rank of the branch Jacobian ``J_f = ∂f_l/∂h`` and the
-  branch-to-skip ratio ``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4; science.md §2 items 2 and 7);
-* **prefix**: erank/D, stable rank and log gain ``ln ‖·‖_F`` of the stream's prefix Jacobian
-  ``∂h_l/∂h_0 = J_l ⋯ J_1`` (Eq. 2/10; the per-layer profile of Figure 1), h_0 the input of
-  the block's stage;
-* **representation**: ``erank(Z_l)/D`` of the block outputs over every input (and token), rows
-  uncentred (Figure 7), and ``rms(h_l)`` over the same (Figure 11).
-
-How (column ``method``): ``closed_form`` — rankexp's :class:`~rankexp.models.mlp.ResidualMLP`
-through the engine's closed-form block Jacobians and one forward sweep
-(:func:`rankexp.probes.jacobian.forward_sweep`: the numbers of the ``profile`` /
-``branch_ratio`` probes); ``dense`` — the D×D Jacobians by forward-mode ``torch.func``
-(``vmap`` of ``jvp`` over the basis, in memory-bounded chunks), spectra from their singular
-values; ``matrix_free`` — estimates from Jacobian–vector products only
-(:func:`rankexp.instruments.matfree.slq_spectrum`: Hutchinson, Lanczos, stochastic Lanczos
-quadrature), each value with its standard error in the ``*_err`` column (0 where exact).
-``method="auto"`` is exact while a dense D×D stage fits ``max_dense_bytes`` and ``max_bytes``,
-matrix-free above.
-
-Spectra are as precise as the model's dtype allows (Jacobians in it, singular values in
-float64): cast a copy to float64 for the last digits.  Attention runs on PyTorch's math SDPA
-kernel during the analysis (the fused kernels have no forward-mode derivative); blocks run in
-eval mode; nothing is left on the model (hooks removed, training flags restored) and the global
-RNG is not touched (probe vectors come from their own seeded generator).
+``method``: ``closed_form`` (rankexp's ResidualMLP through
+:func:`rankexp.probes.jacobian.forward_sweep`), ``dense`` (D×D Jacobians by ``vmap`` of ``jvp``
+in memory-bounded chunks) or ``matrix_free`` (:func:`rankexp.instruments.matfree.slq_spectrum`,
+with standard errors in ``*_err``); ``auto`` is exact while a dense stage fits the bounds.
+Attention runs on the math SDPA kernel, blocks in eval mode; nothing is left on the model and
+the global RNG is untouched.
 """
 
 from __future__ import annotations
@@ -70,15 +55,10 @@ class SizeError(ValueError):
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """The instruments on one block (one member): what :func:`analyze` puts in a row.
+    """The instruments on one block (one member): one row of :func:`analyze`.
 
-    Attributes:
-        index, name, member, stage, dim (D), method, label: see :func:`analyze`'s columns.
-        branch: :class:`Spectrum` of ``J_f`` (``None`` unless ``branch`` was asked for).
-        prefix: :class:`Spectrum` of ``∂h_l/∂h_0 / ‖∂h_l/∂h_0‖_F`` (scale-free: its
-            ``frobenius_sq`` is 1; the scale is ``log_gain``).
-        log_gain, log_gain_err: ``ln ‖∂h_l/∂h_0‖_F`` and its standard error.
-        representation, rms, rows: see :class:`~rankexp.instruments.blocks.UnitBlock`.
+    ``prefix`` is the :class:`Spectrum` of ``∂h_l/∂h_0 / ‖∂h_l/∂h_0‖_F`` (its scale is
+    ``log_gain``); the other fields are :func:`analyze`'s columns.
     """
 
     index: int
@@ -119,7 +99,7 @@ def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     """``probes`` as a set of :data:`PROBES` (aliases of :data:`PROBE_ALIASES` mapped).
 
     Raises:
-        ValueError: an unknown name (lists the allowed ones), or none.
+        ValueError: an unknown name, or none.
     """
     if probes is None:
         return frozenset(PROBES)
@@ -147,8 +127,7 @@ def default_budget(device: torch.device) -> float:
 
 
 def working_bytes(fn: Callable[[Tensor], Tensor], x: Tensor, exclude: set[int]) -> int:
-    """Bytes one evaluation of ``fn`` at ``x`` keeps for differentiation (its saved activations,
-    parameters in ``exclude`` — storage pointers — not counted) plus its output."""
+    """Bytes one evaluation of ``fn`` at ``x`` saves for backward (storages in ``exclude`` not counted) plus its output."""
     seen: set[int] = set()
     total = 0
 
@@ -182,11 +161,9 @@ def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
                 ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
     """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``, one vector each (``vmap`` them).
 
-    ``keep``: one ``vjp`` is taken now and its graph kept, ``Jᵀu`` is its pullback and ``J v``
-    the pullback's own transpose (the vjp of the linear map u ↦ Jᵀu) — two backward passes per
-    product and no forward; PyTorch's forward mode copies every weight on each ``jvp`` (3–4×
-    slower on a d = 4096 MLP block).  Ops without a double backward fall back to ``jvp``.
-    ``keep=False``: nothing is kept; each product recomputes the forward (``jvp`` / ``vjp``).
+    ``keep``: one ``vjp`` graph is kept and ``J v`` is the vjp of its pullback (faster than
+    PyTorch's forward mode, which copies every weight per ``jvp``); ops without a double backward
+    fall back to ``jvp``. ``keep=False``: each product recomputes the forward.
     """
     if keep:
         y, pull = vjp(fn, x)
@@ -253,7 +230,7 @@ def _chains(units: Sequence[UnitBlock]) -> list[list[UnitBlock]]:
 
 
 def _method(plan: _Plan, chain: Sequence[UnitBlock]) -> str:
-    """``dense`` or ``matrix_free`` for a chain of dimension D (:data:`METHODS`, the bounds).
+    """``dense`` or ``matrix_free`` for a chain of dimension D.
 
     Raises:
         SizeError: the method asked for does not fit (names the block, D, bytes and the knobs).
@@ -321,10 +298,9 @@ def _dense_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockReco
 
 
 def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRecord]:
-    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix).
-
-    An operator keeps its graph (:func:`linear_maps`) when three times its working set fits the
-    budget beside the Lanczos basis, else it recomputes every product."""
+    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix);
+    an operator keeps its graph when 3× its working set fits beside the Lanczos basis.
+    """
     d, x0, s = chain[0].dim, chain[0].x, plan.settings
     itemsize = x0.element_size()
     basis = s.basis_bytes(d, itemsize)
@@ -354,10 +330,6 @@ def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRe
     return out
 
 
-def _representation_only(units: Sequence[UnitBlock]) -> list[BlockRecord]:
-    return [_record(u, FORWARD) for u in units]
-
-
 # --------------------------------------------------------------------------- the MLP's closed form
 def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
     d, itemsize = model.width, next(model.parameters()).element_size()
@@ -366,8 +338,7 @@ def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
 
 
 def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar) -> list[BlockRecord]:
-    """The engine's numbers for a :class:`~rankexp.models.mlp.ResidualMLP`: one forward sweep
-    (``partial_spectra`` for the prefix, ``branch_norms`` and every ``J_b`` for the branch)."""
+    """The engine's numbers for a :class:`~rankexp.models.mlp.ResidualMLP` from one forward sweep."""
     h, h0 = ensemble_inputs(model, inputs, point)
     members, depth, d = model.members, model.depth, model.width
     branch: list[list[Spectrum | None]] = [[None] * depth for _ in range(members)]
@@ -454,8 +425,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
                   method: str = "auto", point: int = 0, position: int | None = None,
                   matrix_free: MatrixFree | None = None, max_dense_bytes: float = 2**30,
                   max_bytes: float | None = None, progress: bool | None = None) -> list[BlockRecord]:
-    """The instruments block by block, as :class:`BlockRecord` s (what :func:`analyze` tabulates
-    and what a probe can wrap).  Arguments as :func:`analyze`."""
+    """The instruments as :class:`BlockRecord` s (what :func:`analyze` tabulates); arguments as :func:`analyze`."""
     wanted = resolve_probes(probes)
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: its original
     if method not in METHODS:
@@ -479,7 +449,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
                              f"{type(model).__name__} takes 'auto', 'dense' or 'matrix_free'")
         units = _units(model, inputs, blocks, point, position, "representation" in wanted)
         if not plan.jacobians():
-            return _representation_only(units)
+            return [_record(u, FORWARD) for u in units]
         records = []
         with tqdm(total=len(units), **bar_kw) as bar:
             for chain in _chains(units):
@@ -503,44 +473,30 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
     """The study's instruments on any network: a pandas DataFrame, one row per block (and member).
 
     Args:
-        model: any ``nn.Module`` whose blocks are found (module docstring of
-            :mod:`rankexp.instruments.blocks`) or given.
-        inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a mapping of
-            keyword arguments (a Hugging Face LM: token ids ``(B, T)`` or ``{"input_ids": …}``;
-            rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n — the probes' own inputs
-            (Jacobians at ``task=measure``'s h_0, representation over the probes' n inputs);
-            a ``CausalLM``: ``None`` for its prompt).  Floating tensors are cast to the model's
-            dtype and device.  The representation columns pool all inputs.
-        blocks: ``None`` (found), or a list of module names, modules or
-            :class:`~rankexp.instruments.blocks.BlockSpec`.
-        probes: instrument groups, any of ``branch``, ``prefix``, ``representation`` (default
-            all; the study's names ``io_jacobian``, ``profile``, ``branch_ratio``, ``stream`` …
-            select theirs).
-        method: ``auto`` (exact up to the size bound, matrix-free above), ``closed_form``
-            (ResidualMLP only), ``dense`` or ``matrix_free``.
-        point: the input (batch index) the Jacobians are taken at.
-        position: the token of a token model (Hugging Face LMs: default −1, the last).
-        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings (vectors, steps,
-            tol, seed).
-        max_dense_bytes: the size bound of the exact path: a stage of dimension D is dense when
-            its working set, 5·D² float64 numbers, fits (default 1 GiB: D ≤ 5,180).
-        max_bytes: the memory budget of any path (default half the device's free memory);
-            chunks of the Jacobian basis and of the probe vectors are sized to it.
+        model: any ``nn.Module`` whose blocks are found (:mod:`rankexp.instruments.blocks`) or given.
+        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (Hugging Face
+            LM: token ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a
+            ``CausalLM``: ``None`` for its prompt); floats cast to the model's dtype and device.
+        blocks: ``None`` (found), or module names, modules or
+            :class:`~rankexp.instruments.blocks.BlockSpec` s.
+        probes: any of ``branch``, ``prefix``, ``representation`` (default all) or study names.
+        method: ``auto``, ``closed_form`` (ResidualMLP only), ``dense`` or ``matrix_free``.
+        point, position: the input and the token (HF LMs: default −1) of the Jacobians.
+        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings.
+        max_dense_bytes: a stage is dense when 5·D² float64 numbers fit (default 1 GiB).
+        max_bytes: memory budget of any path (default half the device's free memory).
         progress: tqdm bar over blocks (``None``: only on a terminal).
 
     Returns:
-        DataFrame with columns ``block`` (1-based), ``name`` (module path), ``member``,
-        ``stage``, ``dim`` (D), ``method``, ``branch_kind``; for ``branch``:
-        ``branch_erank`` (erank(J_f)/D, Eq. 3), ``branch_stable_rank``, ``branch_ratio``
-        (r_l = ‖J_f‖_F/√D, Eq. 4); for ``prefix``: ``prefix_erank`` (erank(∂h_l/∂h_0)/D, Eq.
-        2/10), ``prefix_stable_rank``, ``prefix_log_gain`` (ln ‖∂h_l/∂h_0‖_F); each with a
-        ``*_err`` column (one standard error; 0 where exact); for ``representation``:
-        ``representation_erank`` (erank(Z_l)/D), ``rms`` (rms(h_l)), ``rows`` (rows of Z_l).
-        ``frame.attrs`` records point, position, probes and the matrix-free settings.
+        columns ``block`` (1-based), ``name``, ``member``, ``stage``, ``dim`` (D), ``method``,
+        ``branch_kind``; ``branch_erank`` (Eq. 3), ``branch_stable_rank``, ``branch_ratio``
+        (Eq. 4); ``prefix_erank`` (Eq. 2/10), ``prefix_stable_rank``, ``prefix_log_gain``; each
+        with ``*_err`` (one standard error, 0 where exact); ``representation_erank``, ``rms``,
+        ``rows``. ``frame.attrs`` records point, position, probes and matrix-free settings.
 
     Raises:
-        BlockError: no blocks found, a block that is not shape-preserving or not called once.
-        SizeError: the method's working set does not fit the bounds (says which knob to turn).
+        BlockError: no blocks found, or a block not shape-preserving or not called once.
+        SizeError: the working set does not fit the bounds (says which knob to turn).
         ValueError: unknown probes or method, inputs of the wrong shape.
     """
     settings = matrix_free or MatrixFree()
