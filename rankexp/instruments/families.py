@@ -1,16 +1,9 @@
 """rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s.
 
-Ensemble-native networks give one chain of units per member: member ``e``'s block is called
-with member ``e``'s slices of the weights (``torch.func.functional_call``), so a Jacobian is
-``D × D`` for that member alone, never ``E·D`` square.
-
-* :class:`~rankexp.models.mlp.ResidualMLP`, :class:`~rankexp.models.plain.PlainNet`: the block
-  ``x ↦ R(x + β B(f(P(x))))`` (no ``x +`` on a plain layer) and its branch ``β B(f(P(x)))``
-  (``part="branch"``, the engine's J_b), for ``skip_every`` 0 or 1 (with k > 1, block l adds
-  ``h_{l−k}``: the stream is no chain of blocks, and only the engine's closed form measures it).
-* :class:`~rankexp.models.convnet.CifarResNet`: the non-downsampling blocks, member by member;
-  the branch is F(x) = BN(conv(ReLU(BN(conv x)))), the block ReLU(F(x) + x) (plain: ReLU(F(x))).
-* :class:`~rankexp.models.gpt2.CausalLM`: every member as the Hugging Face LM it holds.
+One chain of units per member (``torch.func.functional_call`` on member ``e``'s weight slices,
+so a Jacobian is D × D for that member alone): ResidualMLP / PlainNet (block
+``x ↦ R(x + β B(f(P(x))))``, branch the engine's J_b; ``skip_every`` 0 or 1), CifarResNet (the
+non-downsampling blocks, branch F), CausalLM (each member as its Hugging Face LM).
 """
 
 from __future__ import annotations
@@ -41,13 +34,10 @@ FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 
 
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
-    """``(h, h0)``: the ``(E, n, d)`` inputs of a :class:`ResidualMLP` / :class:`PlainNet` and the
-    ``(E, 1, d)`` point its Jacobians are taken at.
+    """``(h, h0)``: the ``(E, n, d)`` inputs of a ResidualMLP / PlainNet and the ``(E, 1, d)`` Jacobian point.
 
-    ``inputs``: an int n — the probes' own inputs: Jacobians at ``task=measure``'s ``h_0`` and
-    the representation over the ``representation`` / ``stream`` probes' n Gaussian inputs
-    (``point`` must be 0); ``(n, d)`` (shared by every member) or ``(E, n, d)``: Jacobians at
-    input ``point``.
+    ``inputs``: an int n (the probes' own Gaussian inputs, Jacobians at ``task=measure``'s
+    ``h_0``; ``point`` must be 0), ``(n, d)`` or ``(E, n, d)``.
 
     Raises:
         ValueError: another shape, or a point outside the inputs.
@@ -84,7 +74,7 @@ def _stats(rows: Tensor, on: bool) -> dict:
 
 def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
                    representation: bool = True) -> list[UnitBlock]:
-    """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet` (module docstring).
+    """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet`.
 
     Raises:
         BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch).
@@ -135,10 +125,7 @@ def _cifar_member_fns(block: nn.Module, e: int, shape: torch.Size):
 
 
 def cifar_units(model: CifarResNet, inputs, *, point: int, representation: bool = True) -> list[UnitBlock]:
-    """Units of the non-downsampling blocks of every member of a :class:`CifarResNet`.
-
-    ``inputs``: images ``(B, 3072)`` or ``(B, 3, 32, 32)``.
-    """
+    """Units of the non-downsampling blocks of every member; ``inputs`` ``(B, 3072)`` or ``(B, 3, 32, 32)``."""
     p = next(model.parameters())
     x = torch.as_tensor(inputs).to(device=p.device, dtype=p.dtype)
     seen, stage, chained = [], 0, False
@@ -171,8 +158,7 @@ def cifar_units(model: CifarResNet, inputs, *, point: int, representation: bool 
 
 def causal_lm_units(lm: CausalLM, inputs, *, point: int, position: int | None,
                     representation: bool = True) -> list[UnitBlock]:
-    """Units of every member of a :class:`CausalLM`: ``inputs`` default to its prompt and
-    ``position`` to its traced position."""
+    """Units of every member of a :class:`CausalLM` (default: its prompt and traced position)."""
     inputs = {"input_ids": lm.prompt_ids} if inputs is None else inputs
     position = lm.position if position is None else position
     units = []
