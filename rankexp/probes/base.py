@@ -1,33 +1,12 @@
-"""What every probe shares: the network under test, and the intermediates probes *declare*.
+"""What every probe shares: the network under test, and the intermediates probes declare.
 
-A probe is a pure function ``fn(ctx: ProbeContext) -> Measurement`` (tensors in, numbers out),
-registered in :data:`rankexp.probes.PROBES` as a :class:`Probe` together with what it needs.
-
-**The "needs" mechanism.**  A probe never triggers work it did not declare.  Its
-:attr:`Probe.needs` names intermediates of two kinds:
-
-* *sweep needs* — what the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`)
-  can compute: ``io_jacobian``, ``partial_spectra``, ``branch_norms``, ``branch_sum``
-  (:data:`rankexp.probes.jacobian.SWEEP_NEEDS`); the probe reads them from ``ctx.sweep``;
-* *layer folds* — a per-layer accumulation fed each block's
-  :class:`~rankexp.probes.jacobian.LayerJacobian` during that same sweep (the path-order
-  dynamic program), registered by name in :data:`rankexp.probes.FOLDS` as a factory
-  ``factory(ctx) -> LayerFold``; the probe reads its result with ``ctx.fold(name)``.
-
-The task computes the union of the needs of the probes it runs (:func:`needs_of`) and hands it
-to :class:`ProbeContext`, which runs the sweep once, on first use, with exactly that union
-and every requested fold.  A probe with no needs (stream, representation, branch Jacobian,
-spike, projection split) walks the network itself and costs nothing when it is not run.
-A later probe family plugs in the same way: declare a new sweep need (extend the engine), or a
-fold (any per-layer consumer of block Jacobians — e.g. GPT-2 FFN Jacobians' pairwise cosines),
-or nothing.
-
-**Seeds.**  Every per-seed quantity is reduced to a mean (``name``) and a standard deviation
-over seeds (``name_std``) with the raw per-seed arrays kept (``Measurement.add_seed_*``).  A
-quantity pooled over seeds (a Marchenko–Pastur fit over every seed's eigenvalues, a theory
-value at the seeds' mean preactivation variance) is computed by the probe's :attr:`Probe.reduce`
-from per-seed arrays, after the seeds of all memory chunks are joined
-(:func:`rankexp.tasks.measure.measure_seeds`), so chunking seeds never changes a number.
+A probe is ``fn(ctx: ProbeContext) -> Measurement``. Its :attr:`Probe.needs` name *sweep needs*
+(:data:`rankexp.probes.jacobian.SWEEP_NEEDS`, read from ``ctx.sweep``) or *layer folds*
+(per-layer consumers of :class:`~rankexp.probes.jacobian.LayerJacobian`, factories in
+:data:`rankexp.probes.FOLDS`, read with ``ctx.fold(name)``). The context runs the sweep once,
+on first use, with the union of the needs. Per-seed quantities become ``name`` and
+``name_std``; pooled ones are computed by :attr:`Probe.reduce` after every seed chunk is
+joined, so chunking never changes a number.
 """
 
 from __future__ import annotations
@@ -53,8 +32,7 @@ from .jacobian import SWEEP_NEEDS, ForwardSweep, LayerJacobian, forward_sweep, l
 
 
 class LayerFold(Protocol):
-    """A per-layer consumer of the sweep: ``step`` is called with every block's Jacobian pieces
-    in order, ``result`` once after the last block."""
+    """A per-layer consumer of the sweep: ``step`` per block in order, ``result`` after the last."""
 
     def step(self, lj: LayerJacobian) -> None: ...
 
@@ -71,10 +49,9 @@ class ProbeContext:
     Args:
         model: the :class:`ResidualMLP` (E members = seeds).
         h0: Gaussian inputs ``(E, 1, d)``, one per seed.
-        options: the probe options from ``task.options`` (free-form mapping).
-        needs: the union of the probes' needs; ``None`` = every sweep need (a context built by
-            hand, e.g. in a test, behaves like v1's: the sweep computes everything).
-        folds: fold factories by name (:data:`rankexp.probes.FOLDS`).
+        options: ``task.options``.
+        needs: the union of the probes' needs; ``None``: every sweep need.
+        folds: fold factories by name.
 
     Raises:
         ValueError: a need that is neither a sweep need nor a known fold.
@@ -106,8 +83,7 @@ class ProbeContext:
         return sweep
 
     def fold(self, name: str) -> Any:
-        """The result of layer fold ``name``: from the shared sweep when it was declared, else
-        from a walk of its own (so a probe called outside the task still works).
+        """The result of layer fold ``name``: from the shared sweep when declared, else its own walk.
 
         Raises:
             KeyError: an unknown fold.
@@ -130,7 +106,7 @@ class ProbeContext:
         """``task.options.<name>`` merged over ``defaults``.
 
         Raises:
-            ValueError: a key the probe does not know (lists the allowed ones).
+            ValueError: a key the probe does not know.
         """
         return probe_options(self.options, name, defaults)
 
