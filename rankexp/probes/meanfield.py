@@ -20,14 +20,9 @@ from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
 from .catalog import CORRELATION_DEFAULTS, DEEP_LINEAR_DEFAULTS, SPECTRUM_DEFAULTS
+from .gradients import _where
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- shared pieces
-def _where(model) -> dict:
-    p = next(model.parameters())
-    return {"dtype": p.dtype, "device": p.device}
 
 
 def mean_field_point(model) -> tuple[str, float, float, float | None] | None:

@@ -27,8 +27,7 @@ from .catalog import (
     REPRESENTATION_OPTIONS,
 )
 
-#: Random stream (see :func:`rankexp.seeding.seeded_generator`) for the backward probe's
-#: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
+#: random stream of the backward probe's δ_L, head and labels (0–3 are the model's)
 STREAM_BACKWARD = 16
 
 
