@@ -1,15 +1,8 @@
 """Training checkpoints: written atomically, read back or moved aside, never half-trusted.
 
-A checkpoint is one ``torch.save`` file holding the run's identity (learning rates, seed,
-batch size, sampler, recipe, architecture), the step, the model, the optimizer and the loop's
-device state. Three outcomes when a run finds one:
-
-* it resumes from it (identity equal, file readable);
-* it refuses it with a :class:`ValueError` naming the differing key (a checkpoint of another
-  run at this path is the user's to sort out, never silently mixed in);
-* it moves it aside to ``<name>.corrupt`` with a warning naming both paths and why, and
-  trains from step 0 (a truncated or unreadable file, an older format): rerunning the same
-  command then works instead of failing the same way every time (issue 8, row 11).
+A run finding one resumes from it (identity equal, file readable), refuses it with a
+:class:`ValueError` naming the differing key, or moves it to ``<name>.corrupt`` with a warning
+and trains from step 0 (truncated, unreadable or an older format).
 """
 
 from __future__ import annotations
@@ -40,20 +33,14 @@ def save(path: Path, payload: dict) -> None:
 
 
 def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict | None:
-    """The checkpoint at ``path`` if this run can resume from it, else ``None``.
+    """The checkpoint at ``path`` if this run (``identity``, ``steps``) can resume from it, else ``None``.
 
-    Args:
-        identity: what the checkpoint must have been written with (``{key: value}``).
-        steps: the run's total steps (a checkpoint beyond them is refused).
-
-    Returns:
-        The payload (tensors on ``device``), or ``None`` when there is no file or it was
-        unusable and has been moved to ``<path>.corrupt``.
+    Returns the payload (tensors on ``device``), or ``None`` when there is no file or it was moved
+    to ``<path>.corrupt``.
 
     Raises:
-        ValueError: the checkpoint belongs to another run (an identity key differs) or is
-            past ``steps``.
-        OSError: the file cannot be read or moved for reasons of the file system.
+        ValueError: another run's checkpoint (an identity key differs) or past ``steps``.
+        OSError: the file cannot be read or moved.
     """
     if not path.exists():
         return None
