@@ -174,16 +174,9 @@ def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
     c = mean**2 / kappa if kappa > 0 else 0.0
     if c < 1e-14:  # symmetric σ: the quadrature's rounding is not a spike
         c = 0.0
-    return ActivationConstants(
-        name=name,
-        q=float(q),
-        mean=mean,
-        kappa=kappa,
-        coherence=c,
-        spike_bound=math.inf if c == 0 else 1.0 / c,
-        survival=p,
-        survival_rate=rate,
-    )
+    return ActivationConstants(name=name, q=float(q), mean=mean, kappa=kappa, coherence=c,
+                               spike_bound=math.inf if c == 0 else 1.0 / c, survival=p,
+                               survival_rate=rate)
 
 
 # --------------------------------------------------------------------------- Eq. 21/22
@@ -239,11 +232,9 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
     xt = 0.5 * (a + b) - 0.5 * (b - a) * np.cos(theta)
     half = 0.5 * (b - a)
     # density · dx/dθ = half² sin²θ γ / (2π x); at γ = 1 (a = 0) its limit at θ = 0 is half γ/π
-    integrand = np.where(
-        xt > 0,
-        (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
-        half * gamma / np.pi,
-    )
+    integrand = np.where(xt > 0,
+                         (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
+                         half * gamma / np.pi)
     cum = np.concatenate(
         [[0.0], np.cumsum(0.5 * (integrand[1:] + integrand[:-1]) * np.diff(theta))]
     )
@@ -325,15 +316,8 @@ def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     return out if np.ndim(q) else float(out[0])
 
 
-def length_fixed_point(
-    activation: str,
-    sigma_w2: float,
-    sigma_b2: float = 0.0,
-    *,
-    q0: float = 1.0,
-    iters: int = 10_000,
-    tol: float = 1e-13,
-) -> float:
+def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *, q0: float = 1.0,
+                       iters: int = 10_000, tol: float = 1e-13) -> float:
     """Fixed point ``q*`` of :func:`length_map` by iteration from ``q0``.
 
     Raises:

@@ -151,15 +151,11 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.scalars["erank_branch_reference"] = gaussian_product_erank(
         d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0
     )
-    m.scalars.update(
-        mp_gamma=gamma,
-        mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
-        mp_edge_lower=lo,
-        mp_edge_upper=hi,
-        mp_atom_theory=marchenko_pastur_atom(gamma),
-        masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
-        survival_theory=p,
-    )
+    m.scalars.update(mp_gamma=gamma, mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
+                     mp_edge_lower=lo, mp_edge_upper=hi,
+                     mp_atom_theory=marchenko_pastur_atom(gamma),
+                     masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
+                     survival_theory=p)
     top = max(hi, float(ev_np.max())) * 1.02
     counts, edges = np.histogram(ev_np[ev_np > tol * ev_np.max()], bins=80, range=(0.0, top))
     centers = 0.5 * (edges[1:] + edges[:-1])

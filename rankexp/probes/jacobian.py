@@ -333,18 +333,11 @@ def _rms(h: Tensor) -> Tensor:
     return h.square().mean((-2, -1)).sqrt()
 
 
-def forward_sweep(
-    model: ResidualMLP,
-    h0: Tensor,
-    *,
-    needs: Collection[str] | None = None,
-    keep_partials: bool = False,
-    on_layer: Callable[[LayerJacobian], None] | None = None,
-    progress: bool | None = False,
-    spectra: bool = True,
-    sync_free: bool | None = None,
-    spectra_method: str | None = None,
-) -> ForwardSweep:
+def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | None = None,
+                  keep_partials: bool = False,
+                  on_layer: Callable[[LayerJacobian], None] | None = None,
+                  progress: bool | None = False, spectra: bool = True,
+                  sync_free: bool | None = None, spectra_method: str | None = None) -> ForwardSweep:
     """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep.
 
     Args:

@@ -149,15 +149,10 @@ def representation(model: ResidualMLP, h0: Tensor) -> Representation:
         if L > 1
         else torch.full((e, n), math.nan, dtype=h0.dtype)
     )
-    return Representation(
-        erank=torch.stack(er, 1),
-        top_energy=torch.stack(top, 1),
-        branch_means=torch.stack(means, 1),
-        noise_floor=torch.stack(floor, 1),
-        input_cos_prev=torch.stack(cos_prev, 1),
-        input_cos_cross=cross.mean(1),
-        preact_var=torch.stack(q, 1).mean(1),
-    )
+    return Representation(erank=torch.stack(er, 1), top_energy=torch.stack(top, 1),
+                          branch_means=torch.stack(means, 1), noise_floor=torch.stack(floor, 1),
+                          input_cos_prev=torch.stack(cos_prev, 1), input_cos_cross=cross.mean(1),
+                          preact_var=torch.stack(q, 1).mean(1))
 
 
 # --------------------------------------------------------------------------- backward walk

@@ -86,28 +86,19 @@ class DataSource:
     test_rows: int
 
 
-def load_cifar10(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    source: str = "auto",
-    download: bool = False,
-    *,
-    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
-    progress: bool = True,
+def load_cifar10(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                 source: str = "auto", download: bool = False, *,
+                 expect_counts: tuple[int, int] | None = CIFAR10_COUNTS, progress: bool = True
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """CIFAR-10 as uint8 tensors: :func:`load_cifar10_source` without the :class:`DataSource`."""
     return load_cifar10_source(root, cache_dir, source, download, expect_counts=expect_counts,
                                progress=progress)[0]
 
 
-def load_cifar10_source(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    source: str = "auto",
-    download: bool = False,
-    *,
-    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
-    progress: bool = True,
+def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                        source: str = "auto", download: bool = False, *,
+                        expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
+                        progress: bool = True
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
     """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
@@ -417,15 +408,8 @@ class DeviceDataset:
     source: DataSource | None = None
 
     @classmethod
-    def from_uint8(
-        cls,
-        x_train: Tensor,
-        y_train: Tensor,
-        x_test: Tensor,
-        y_test: Tensor,
-        *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+    def from_uint8(cls, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, *,
+                   device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> DeviceDataset:
         """Move uint8 images ``(N, 3, H, W)`` to ``device`` once, then convert there.
 
@@ -447,14 +431,9 @@ class DeviceDataset:
             x.sub_((255.0 * mean).to(x).view(shape)).div_((255.0 * std).to(x).view(shape))
             return x.reshape(x.shape[0], -1)
 
-        return cls(
-            x_train=convert(x_train),
-            y_train=y_train.to(device=device, dtype=torch.int64),
-            x_test=convert(x_test),
-            y_test=y_test.to(device=device, dtype=torch.int64),
-            mean=mean,
-            std=std,
-        )
+        return cls(x_train=convert(x_train), y_train=y_train.to(device=device, dtype=torch.int64),
+                   x_test=convert(x_test), y_test=y_test.to(device=device, dtype=torch.int64),
+                   mean=mean, std=std)
 
     @property
     def device(self) -> torch.device:
@@ -465,15 +444,9 @@ class DeviceDataset:
         return self.x_train.shape[1]
 
 
-def load_device_dataset(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    source: str = "auto",
-    download: bool = False,
-    progress: bool = True,
+def load_device_dataset(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                        *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                        source: str = "auto", download: bool = False, progress: bool = True
 ) -> DeviceDataset:
     """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8`, with its :class:`DataSource`."""
     tensors, where = load_cifar10_source(root, cache_dir, source=source, download=download,

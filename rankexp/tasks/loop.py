@@ -61,14 +61,8 @@ def member_losses(logits: Tensor, y: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(
-    classifier: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    *,
-    batch_size: int = 2000,
-    autocast_bf16: bool = False,
-) -> Tensor:
+def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2000,
+             autocast_bf16: bool = False) -> Tensor:
     """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``, in eval mode."""
     was_training = classifier.training
     classifier.eval()  # (no-op for the MLP; batch norm of later families needs it)
@@ -135,20 +129,10 @@ class TrainResult:
     probe_seconds: float = 0.0
 
 
-def _summarize(
-    lrs: list[float],
-    steps_done: int,
-    completed: bool,
-    loss: np.ndarray,
-    train_error: np.ndarray,
-    diverged_step: np.ndarray,
-    eval_steps: list[int],
-    test_acc: list[np.ndarray],
-    wall_time_s: float,
-    steps_per_s: float,
-    loss_window: int,
-    stable_accuracy: float,
-) -> TrainResult:
+def _summarize(lrs: list[float], steps_done: int, completed: bool, loss: np.ndarray,
+               train_error: np.ndarray, diverged_step: np.ndarray, eval_steps: list[int],
+               test_acc: list[np.ndarray], wall_time_s: float, steps_per_s: float, loss_window: int,
+               stable_accuracy: float) -> TrainResult:
     members = len(lrs)
     acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
     final = acc[-1] if len(acc) else np.full(members, np.nan)
@@ -164,25 +148,14 @@ def _summarize(
     stable = [
         lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
     ]
-    return TrainResult(
-        lrs=list(lrs),
-        steps=steps_done,
-        completed=completed,
-        final_train_loss=window.astype(np.float64).mean(0),
-        final_test_acc=final,
-        best_test_acc=best,
-        diverged=diverged,
-        diverged_step=diverged_step,
-        loss=loss,
-        train_error=train_error,
-        eval_steps=np.asarray(eval_steps, dtype=np.int64),
-        test_acc=acc,
-        best_lr=best_lr,
-        best_acc=best_acc,
-        max_stable_lr=max(stable) if stable else None,
-        wall_time_s=wall_time_s,
-        steps_per_s=steps_per_s,
-    )
+    return TrainResult(lrs=list(lrs), steps=steps_done, completed=completed,
+                       final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
+                       best_test_acc=best, diverged=diverged, diverged_step=diverged_step,
+                       loss=loss, train_error=train_error,
+                       eval_steps=np.asarray(eval_steps, dtype=np.int64), test_acc=acc,
+                       best_lr=best_lr, best_acc=best_acc,
+                       max_stable_lr=max(stable) if stable else None, wall_time_s=wall_time_s,
+                       steps_per_s=steps_per_s)
 
 
 @dataclass
@@ -235,15 +208,9 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
     return state.alive
 
 
-def _step_body(
-    model: nn.Module,
-    optimizer: MemberOptimizer,
-    state: LoopState,
-    data: DeviceDataset,
-    loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
-    recipe: Recipe,
-    divergence_factor: float,
-) -> Callable[[Tensor, Tensor | float, int], None]:
+def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
+               loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
+               divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
     """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only (graph-safe)."""
     params = list(model.parameters())
 
@@ -303,32 +270,16 @@ class _GraphedStep:
         self.graph.replay()
 
 
-def train(
-    classifier: nn.Module,
-    data: DeviceDataset,
-    lrs: Sequence[float],
-    *,
-    steps: int = 5000,
-    batch_size: int = 256,
-    eval_every: int = 250,
-    seed: int = 0,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every: int = 500,
-    progress: bool = True,
-    autocast_bf16: bool = False,
-    compile: bool = False,
-    cuda_graphs: bool = False,
-    eval_batch_size: int = 2000,
-    loss_window: int = 100,
-    log_every: int | None = None,
-    on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
-    stable_accuracy: float = STABLE_ACCURACY,
-    divergence_factor: float = DIVERGENCE_FACTOR,
-    stop_after: int | None = None,
-    recipe: Recipe = ADAM,
-    probe_at: Sequence[int] = (),
-    on_probe: Callable[[int], dict[str, Tensor]] | None = None,
-) -> TrainResult:
+def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, steps: int = 5000,
+          batch_size: int = 256, eval_every: int = 250, seed: int = 0,
+          checkpoint_path: str | Path | None = None, checkpoint_every: int = 500,
+          progress: bool = True, autocast_bf16: bool = False, compile: bool = False,
+          cuda_graphs: bool = False, eval_batch_size: int = 2000, loss_window: int = 100,
+          log_every: int | None = None,
+          on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+          stable_accuracy: float = STABLE_ACCURACY, divergence_factor: float = DIVERGENCE_FACTOR,
+          stop_after: int | None = None, recipe: Recipe = ADAM, probe_at: Sequence[int] = (),
+          on_probe: Callable[[int], dict[str, Tensor]] | None = None) -> TrainResult:
     """Train every member of ``classifier`` at its own learning rate, as one model.
 
     Args:
