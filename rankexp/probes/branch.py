@@ -32,10 +32,7 @@ from ..theory import (
     random_walk_projection_product,
 )
 from .base import ProbeContext
-from .catalog import (
-    ACTIVATION_SPIKE_OPTIONS,
-    BRANCH_JACOBIAN_OPTIONS,
-)
+from .catalog import ACTIVATION_SPIKE_OPTIONS, BRANCH_JACOBIAN_OPTIONS
 from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,7 @@ from ..models.convnet import CifarResNet
 from ..result import Measurement
 from ..seeding import subset_indices
 from .base import probe_options
-from .catalog import (
-    INIT_GRADIENT_NORMS_OPTIONS,
-    LAYER_RESPONSE_OPTIONS,
-    LESION_OPTIONS,
-)
+from .catalog import INIT_GRADIENT_NORMS_OPTIONS, LAYER_RESPONSE_OPTIONS, LESION_OPTIONS
 
 if TYPE_CHECKING:
     from ..tasks.data import DeviceDataset

@@ -22,10 +22,7 @@ from ..seeding import seeded_generator
 from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import activation_constants
 from .base import ProbeContext
-from .catalog import (
-    BACKWARD_REPRESENTATION_OPTIONS,
-    REPRESENTATION_OPTIONS,
-)
+from .catalog import BACKWARD_REPRESENTATION_OPTIONS, REPRESENTATION_OPTIONS
 
 #: random stream of the backward probe's δ_L, head and labels (0–3 are the model's)
 STREAM_BACKWARD = 16
