@@ -20,7 +20,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
 from tqdm.auto import tqdm
 
+from ..memory import free_memory_bytes
 from ..probes.jacobian import BRANCH_NORMS, PARTIAL_SPECTRA, forward_sweep
 from ..probes.representation import stack_spectrum
 from .blocks import BRANCH_MLP, BlockError, UnitBlock, eval_mode, hooked_units, is_hf, resolve
@@ -114,18 +114,6 @@ def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
 
 
 # --------------------------------------------------------------------------- memory
-def default_budget(device: torch.device) -> float:
-    """Half the free memory of ``device`` (CUDA: ``mem_get_info``; CPU: ``MemAvailable``)."""
-    if device.type == "cuda":
-        return 0.5 * torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-        return 0.5 * kb * 1024
-    except (OSError, StopIteration):
-        return 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
 def working_bytes(fn: Callable[[Tensor], Tensor], x: Tensor, exclude: set[int]) -> int:
     """Bytes one evaluation of ``fn`` at ``x`` saves for backward (storages in ``exclude`` not counted) plus its output."""
     seen: set[int] = set()
@@ -433,7 +421,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
     plan = _Plan(wanted, method, matrix_free or MatrixFree(), float(max_dense_bytes),
-                 float(max_bytes) if max_bytes is not None else default_budget(device),
+                 float(max_bytes) if max_bytes is not None else 0.5 * free_memory_bytes(str(device)),
                  frozenset(t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())))
     from ..models.mlp import ResidualMLP
 
