@@ -16,7 +16,6 @@ the global RNG is untouched.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -26,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from ..memory import free_memory_bytes
@@ -368,18 +368,6 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
 
 
 # --------------------------------------------------------------------------- entry points
-@contextlib.contextmanager
-def _math_attention():
-    """PyTorch's math SDPA kernel: the fused ones have no forward-mode derivative."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # pragma: no cover — torch without the attention module
-        yield
-        return
-    with sdpa_kernel([SDPBackend.MATH]):
-        yield
-
-
 def _to_model(inputs, device: torch.device, dtype: torch.dtype):
     """Tensors of ``inputs`` on ``device``, floating ones in the model's ``dtype``."""
     if isinstance(inputs, Tensor):
@@ -427,7 +415,8 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
 
     bar_kw = {"desc": "analyze", "unit": "block", "leave": False,
               "disable": None if progress is None else not progress}
-    with torch.no_grad(), eval_mode(model), _math_attention():
+    # the math SDPA kernel: the fused ones have no forward-mode derivative
+    with torch.no_grad(), eval_mode(model), sdpa_kernel([SDPBackend.MATH]):
         if isinstance(model, ResidualMLP) and method in ("auto", CLOSED_FORM) and (
                 method == CLOSED_FORM or _closed_form_fits(model, plan)):
             with tqdm(total=model.depth * model.members, **bar_kw) as bar:
