@@ -130,7 +130,7 @@ def rms(x: Tensor) -> Tensor:
 
 
 def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
-    """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM`.
+    """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM` (``model=gpt2``).
 
     Option ``first_block``. Series ``ffn_ratio``, ``rms``, ``rms_ffn_input``, ``ffn_accumulated``,
     ``ffn_uncorrelated``, ``ffn_coherent``; scalars ``ffn_accumulated_ratio``,

@@ -137,10 +137,10 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
 
 
 def probe_correlation(ctx: ProbeContext) -> Measurement:
-    """q_l and c_l of n inputs through depth vs the iterated maps; χ₁, χ_c and ξ_c (215.1–215.4).
+    """q_l and c_l of n inputs through depth vs the iterated maps; χ₁, χ_c and ξ_c.
 
-    Options: ``n``, ``c0``, ``q0`` (:func:`correlated_inputs`), ``fit_from``, ``chi_from``
-    (default L/2), ``tangents``. Series: ``mf_q``, ``mf_c`` (+ ``_theory``,
+    The chapter, 215.1–215.4. Options: ``n``, ``c0``, ``q0`` (:func:`correlated_inputs`),
+    ``fit_from``, ``chi_from`` (default L/2), ``tangents``. Series: ``mf_q``, ``mf_c`` (+ ``_theory``,
     :func:`rankexp.theory.covariance_iterates`), ``mf_chi1``, ``mf_chi_c`` (:func:`layer_chi`),
     ``mf_chi1_theory``. Scalars: ``chi1``, ``chi_c``, ``xi_c`` (= −1/ln χ_c, capped at 1e6),
     ``xi_c_fit``, ``c_inf`` (:func:`fit_depth_scale`), ``xi_c_fit_theory`` and the

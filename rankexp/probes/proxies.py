@@ -27,7 +27,10 @@ def weight_matrices(model) -> list[Tensor]:
 
 
 def probe_grad_norm_proxy(ctx: ProbeContext) -> Measurement:
-    """``grad_norm_proxy``: Σ ‖∂ℓ/∂W‖_F at init for the ``gradient_norms`` loss (option ``batch``)."""
+    """Zero-cost proxy grad_norm: the sum over every weight matrix of ``‖∂ℓ/∂W‖_F`` at init.
+
+    The loss of the ``gradient_norms`` probe (option ``batch``; Abdelfattah et al. 2021).
+    """
     opt = ctx.probe_options("grad_norm_proxy", GRAD_NORM_PROXY_OPTIONS)
     model, b = ctx.model, int(opt["batch"])
     where = _where(model)
@@ -65,7 +68,10 @@ def input_jacobians(model, x: Tensor) -> Tensor:
 
 
 def probe_jacob_cov(ctx: ProbeContext) -> Measurement:
-    """``jacob_cov`` over ``batch`` Gaussian inputs (option ``k``); NaN for a dead network."""
+    """Zero-cost proxy jacob_cov: correlation of per-input Jacobians over a batch (Mellor et al. 2021).
+
+    Options ``batch``, ``k``; NaN for a dead network.
+    """
     opt = ctx.probe_options("jacob_cov", JACOB_COV_OPTIONS)
     model = ctx.model
     x = gaussian_input(model.seeds, model.width, batch=int(opt["batch"]), **_where(model))
@@ -90,7 +96,7 @@ def log_synflow(model) -> Tensor:
 
 
 def probe_synflow(ctx: ProbeContext) -> Measurement:
-    """Scalar ``log_synflow`` (:func:`log_synflow`)."""
+    """Zero-cost proxy synflow: log of Σ|θ ⊙ ∂R/∂θ| on |θ| and an all-ones input (Tanaka et al. 2020)."""
     m = Measurement()
     m.add_seed_stat("log_synflow", log_synflow(ctx.model).to(torch.float64))
     return m

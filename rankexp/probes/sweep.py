@@ -13,7 +13,7 @@ from .catalog import STREAM_OPTIONS
 
 
 def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
-    """Effective rank (Eq. 3) and stable rank of ``∂h_L/∂h_0`` (Eq. 2/10).
+    """Normalized effective rank (Eq. 3) and stable rank of ``∂h_L/∂h_0`` (Eq. 2/10).
 
     Scalars ``erank_io`` (erank/d), ``stable_rank_io``, ``log_gain_io`` (ln ‖·‖_F); array
     ``io_singular_values`` (E, d), unit-Frobenius scale.
@@ -27,8 +27,9 @@ def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
 
 
 def probe_profile(ctx: ProbeContext) -> Measurement:
-    """Per-layer ``erank(∂h_l/∂h_0)/d`` for l = 1…L (Figure 1): series ``erank_profile``,
-    ``stable_rank_profile``, ``log_gain_profile``; scalar ``erank_min``.
+    """Per-layer profile ``erank(∂h_l/∂h_0)/d`` and stable rank for l = 1…L (Figure 1).
+
+    Series ``erank_profile``, ``stable_rank_profile``, ``log_gain_profile``; scalar ``erank_min``.
     """
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("erank_profile", sw.erank / ctx.width, ctx.layers)
@@ -68,7 +69,10 @@ def _rms(h: torch.Tensor) -> torch.Tensor:
 
 
 def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
-    """Branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` per layer (Eq. 4); scalars ``branch_ratio_first``, ``branch_ratio_last``."""
+    """Branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` per layer (Eq. 4), step = l.
+
+    Scalars ``branch_ratio_first``, ``branch_ratio_last``.
+    """
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("branch_ratio", sw.branch_ratio, ctx.layers)
     m.add_seed_stat("branch_ratio_first", sw.branch_ratio[:, 0])
@@ -78,7 +82,9 @@ def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
 
 def probe_accumulated_branch(ctx: ProbeContext) -> Measurement:
     """Accumulated branch norm ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` against the uncorrelated
-    ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (Figure 5b/12); ``accumulated_branch_excess`` is their ratio at L.
+    prediction ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (Figure 5b/12).
+
+    ``accumulated_branch_excess`` is their ratio at L (1: uncorrelated, > 1: coherent).
     """
     sw, m = ctx.sweep, Measurement()
     uncorrelated = sw.branch_ratio.square().cumsum(1).sqrt()
