@@ -458,7 +458,8 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
             :class:`~rankexp.instruments.blocks.BlockSpec` s.
         probes: any of ``branch``, ``prefix``, ``representation`` (default all) or study names.
         method: ``auto``, ``closed_form`` (ResidualMLP only), ``dense`` or ``matrix_free``.
-        point, position: the input and the token (HF LMs: default −1) of the Jacobians.
+        point: the input (batch index) the Jacobians are taken at.
+        position: the token of a token model (HF LMs: default −1, the last).
         matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings.
         max_dense_bytes: a stage is dense when 5·D² float64 numbers fit (default 1 GiB).
         max_bytes: memory budget of any path (default half the device's free memory).

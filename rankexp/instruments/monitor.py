@@ -58,11 +58,13 @@ class SpectralMonitor:
         inputs: the fixed inputs of every checkpoint (as :func:`analyze` takes them).
         every: measure when ``step % every == 0``; ``None``: only at ``steps``.
         steps: explicit steps to measure at as well.
-        probes, blocks, **analyze_kwargs: as :func:`analyze`.
+        probes: instrument groups (default all), as :func:`analyze`.
+        blocks: as :func:`analyze`.
         log: ``"auto"`` (the active MLflow run if any), ``"mlflow"`` (required), ``None`` (frames
             only) or a callable ``log(metrics, step)``.
         artifacts: also log each table as ``spectra/step_<step>.csv`` (MLflow only).
         prefix: prepended to every metric name.
+        **analyze_kwargs: the rest of :func:`analyze`'s arguments.
 
     Raises:
         ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or a bad ``log``.
