@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ..instruments.blocks import eval_mode  # as tested: BN with running statistics
 from ..models.convnet import CifarResNet
 from ..result import Measurement
 from ..seeding import subset_indices
@@ -73,21 +74,6 @@ def training_mode_untouched(model: CifarResNet):
         model.train(was_training)
 
 
-@contextlib.contextmanager
-def as_tested(model: CifarResNet):
-    """Eval mode (BN with running statistics), restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
-def _member_view(r: Tensor, members: int) -> Tensor:
-    return r.reshape(r.shape[0], members, -1)
-
-
 @torch.no_grad()
 def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
@@ -104,12 +90,12 @@ def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     count = torch.zeros(layers, dtype=torch.float64, device=dev)
 
     def hook(layer: int, r: Tensor) -> None:
-        v = _member_view(r, members)
+        v = r.reshape(r.shape[0], members, -1)
         s1[:, layer - 1] += v.sum((0, 2), dtype=torch.float64)
         s2[:, layer - 1] += v.square().sum((0, 2), dtype=torch.float64)
         count[layer - 1] += v.shape[0] * v.shape[2]
 
-    mode = as_tested(model) if ctx.trained else training_mode_untouched(model)
+    mode = eval_mode(model) if ctx.trained else training_mode_untouched(model)
     with mode:
         for chunk in x.split(int(opts["batch"])):
             model(chunk, on_response=hook)
@@ -171,7 +157,7 @@ def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     blocks = list(model.blocks)
     x, y = ctx.images("test", int(opts["images"]))
     wrong = torch.zeros(members, len(blocks) + 1, dtype=torch.float64, device=x.device)
-    with as_tested(model):
+    with eval_mode(model):
         for xc, yc in zip(x.split(int(opts["batch"])), y.split(int(opts["batch"])), strict=True):
             h = model.stem_forward(xc)
             inputs = []
