@@ -105,10 +105,8 @@ def _gelu_prime(x):
 _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "relu": (lambda x: np.maximum(x, 0.0), lambda x: (x > 0).astype(float)),
     "abs": (np.abs, np.sign),
-    "leaky_relu": (
-        lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
-        lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE),
-    ),
+    "leaky_relu": (lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
+                   lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE),),
     "gelu": (_gelu, _gelu_prime),
     "silu": (_silu, _silu_prime),
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),

@@ -176,12 +176,10 @@ def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
         return source, found[source]
     elif source == "torchvision" and download:
         return "torchvision", root
-    wanted = {
-        "auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
-        "torchvision": f"{TORCHVISION_FOLDER}/",
-        "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
-        "archive": ARCHIVE_NAME,
-    }[source]
+    wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
+              "torchvision": f"{TORCHVISION_FOLDER}/",
+              "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
+              "archive": ARCHIVE_NAME}[source]
     state = "does not exist" if not root.exists() else f"holds no {wanted}"
     raise MissingDataError(f"CIFAR-10 not found: {root} {state} (source={source!r}). {HOW_TO_GET}")
 

@@ -402,15 +402,13 @@ class _Loop:
         self.history = _History()
         arch = model.architecture() if hasattr(model, "architecture") else {
             name: list(p.shape) for name, p in model.named_parameters()}
-        self.identity = {
-            "lrs": lrs,
-            "seed": seed,
-            "batch_size": plan.batch_size,
-            "sampler": self.sampler.state_dict(),
-            "recipe": plan.recipe.name,
-            "divergence_factor": plan.divergence_factor,
-            "architecture": arch,
-        }
+        self.identity = {"lrs": lrs,
+                         "seed": seed,
+                         "batch_size": plan.batch_size,
+                         "sampler": self.sampler.state_dict(),
+                         "recipe": plan.recipe.name,
+                         "divergence_factor": plan.divergence_factor,
+                         "architecture": arch}
 
     # ---------------------------------------------------------------- resume / checkpoint
     def resume(self) -> int:
