@@ -1,9 +1,5 @@
 """The study's instruments on any PyTorch network (:func:`analyze`, :func:`block_records`) and
 during anyone's training (:class:`SpectralMonitor`, ``SpectralCallback``).
-
-:mod:`.blocks` turns blocks into maps of one stream vector, :mod:`.families` does it for
-rankexp's families, :mod:`.matfree` is the linear algebra, :mod:`.core` differentiates and
-tabulates, :mod:`.monitor` logs.
 """
 
 from .blocks import BlockError, BlockSpec, UnitBlock, discover

@@ -1,18 +1,11 @@
 """Blocks of any network as maps of one stream vector to itself.
 
-A *block* is a shape-preserving map ``h_{l−1} ↦ h_l`` with, inside it, a *branch* ``f`` (for a
-residual block ``h ↦ R(h + f(h))``). A *unit* is one input's whole state (``D = ∏`` state
-shape) or, for token models, one token of one input (``D = d``, other tokens held; under
-causal masking the product of per-block same-token Jacobians is the same-token block of
-``∂h_l/∂h_0``).
-
-:func:`hooked_units` turns a network, its inputs and its blocks into :class:`UnitBlock` s that
-:mod:`rankexp.instruments.core` differentiates. Blocks are found for Hugging Face causal LMs
-(per-token units at ``position``; the branch is ``mlp(ln₂(x))``, Figure 12), torchvision
-ResNets (the non-downsampling blocks; the branch is the residual function F) and rankexp's
-families; otherwise pass ``blocks=``. Blocks run in eval mode. Consecutive blocks form one
-*stage* while each one's input is the previous one's output; the prefix Jacobian restarts
-(h_0 = the stage's input) where that chain breaks.
+A *block* maps ``h_{l−1} ↦ h_l`` (shape-preserving) around a *branch* ``f``; a *unit* is one
+input's state or, for token models, one token (other tokens held: under causal masking the
+product of same-token Jacobians is the same-token block of ``∂h_l/∂h_0``). Blocks are found
+in Hugging Face causal LMs (branch ``mlp(ln₂(x))``, Figure 12), torchvision ResNets (branch F)
+and rankexp's families, or given as ``blocks=``. Consecutive blocks chained output to input
+form a *stage*; the prefix Jacobian restarts where the chain breaks.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """``rankexp.analyze``: the study's instruments on any PyTorch network, one row per block.
 
-Per block l (:mod:`rankexp.instruments.blocks`) at one input ``point`` (and token ``position``):
-**branch** — erank/D and stable rank of ``J_f = ∂f_l/∂h`` and ``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4);
-**prefix** — erank/D, stable rank and ``ln ‖·‖_F`` of ``∂h_l/∂h_0`` (Eq. 2/10, Figure 1);
-**representation** — ``erank(Z_l)/D`` over every input, rows uncentred (Figure 7), and
-``rms(h_l)`` (Figure 11).
-
-``method``: ``closed_form`` (rankexp's ResidualMLP through
-:func:`rankexp.probes.jacobian.forward_sweep`), ``dense`` (D×D Jacobians by ``vmap`` of ``jvp``
-in memory-bounded chunks) or ``matrix_free`` (:func:`rankexp.instruments.matfree.slq_spectrum`,
-with standard errors in ``*_err``); ``auto`` is exact while a dense stage fits the bounds.
-Attention runs on the math SDPA kernel, blocks in eval mode; nothing is left on the model and
-the global RNG is untouched.
+Per block at input ``point`` (token ``position``): **branch** erank/D, stable rank and
+``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4); **prefix** erank/D, stable rank and ``ln ‖·‖_F`` of
+``∂h_l/∂h_0`` (Eq. 2/10); **representation** ``erank(Z_l)/D`` and ``rms(h_l)`` (Figure 7/11).
+``method``: ``closed_form`` (ResidualMLP, :func:`rankexp.probes.jacobian.forward_sweep`),
+``dense`` (``vmap`` of ``jvp``, memory-bounded chunks) or ``matrix_free``
+(:func:`~rankexp.instruments.matfree.slq_spectrum`, errors in ``*_err``); ``auto`` is exact
+while a dense stage fits. Nothing is left on the model; the global RNG is untouched.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s.
-
-One chain of units per member (``torch.func.functional_call`` on member ``e``'s weight slices,
-so a Jacobian is D × D for that member alone): ResidualMLP / PlainNet (block
-``x ↦ R(x + β B(f(P(x))))``, branch the engine's J_b; ``skip_every`` 0 or 1), CifarResNet (the
-non-downsampling blocks, branch F), CausalLM (each member as its Hugging Face LM).
+"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s: one chain per
+member (``functional_call`` on member ``e``'s weight slices, so a Jacobian is D × D).
 """
 
 from __future__ import annotations

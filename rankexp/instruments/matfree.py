@@ -1,21 +1,11 @@
-"""Spectral summaries of one Jacobian, exact or matrix-free.
+"""Spectral summaries of one Jacobian ``J`` (``D_out × D``), exact or matrix-free.
 
-A :class:`Spectrum` holds ``‖J‖_F²``, ``‖J‖₂²``, the effective rank (Eq. 3) and the stable rank
-of ``J`` (``D_out × D``), each with one standard error. :func:`dense_spectrum` takes them from
-the singular values (errors 0); :func:`slq_spectrum` estimates them from products with
-``A = JᵀJ`` alone, in ``O(vectors · steps)`` products and ``O(vectors · steps · D)`` memory:
-
-* ``‖J‖_F² = tr A`` by Hutchinson's estimator (Rademacher v; Hutchinson 1989);
-* ``‖J‖₂² = λ_max(A)``: the largest Ritz value of the same Lanczos runs, a lower bound with
-  the residual bound ``β_k |y_k|`` as error (Parlett 1998, Thm. 13.1.1);
-* ``erank = exp(ln S − tr g(A)/S)``, ``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ``, both traces by
-  stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017).
-
-Errors: the standard error across probe vectors (delta method through the ratios), combined in
-quadrature with the remaining quadrature error, extrapolated from the erank's change ``c`` over
-the last ``check`` steps as ``c·k/(2·check)`` (the tail of a ``k⁻²`` convergence, what a
-spectrum reaching 0 gives). Lanczos stops when that change is below ``tol`` or the Krylov space
-is exhausted, and reorthogonalizes fully (twice).
+:func:`slq_spectrum` estimates them from products with ``A = JᵀJ`` alone: ``‖J‖_F² = tr A``
+(Hutchinson 1989), ``‖J‖₂²`` the top Ritz value of the same Lanczos runs (a lower bound with
+its residual bound, Parlett 1998, Thm. 13.1.1), and ``erank = exp(ln S − tr g(A)/S)``,
+``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` by stochastic Lanczos quadrature (Ubaru, Chen & Saad
+2017). Errors: the spread over probe vectors (delta method) combined with the quadrature's,
+extrapolated from the erank's change over the last ``check`` steps as for a ``k⁻²`` tail.
 """
 
 from __future__ import annotations

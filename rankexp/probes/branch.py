@@ -1,11 +1,6 @@
-"""The branch Jacobian, its masked up-projection, the activation spike, and post-norm's split.
-
-* Branch Jacobian (Eq. 9/25) at ``x = P(h_{l−1})``: ``J_f = W_down D W_up``,
-  ``D = diag(σ′(W_up x))`` (M = 2), ``D W`` (M = 1), ``W_down [diag(σ′(g)⊙u) W_g + diag(σ(g)) W_up]``
-  (gated). The bracket is the *masked up-projection* ``A ∈ R^{m×d}``, whose Gram spectrum is
-  compared with Marchenko–Pastur at γ = p·m/d (Figure 8/9/17).
-* Activation spike (Table 1): the stable rank of ``σ(W P(h))`` over n inputs approaches ``1/c``.
-* Projection split (Figure 4c, Table 3): the rank a Post-Norm removes by rescaling vs projection.
+"""The branch Jacobian and its masked up-projection vs Marchenko–Pastur (Eq. 9/25, Figure
+8/9/17), the activation spike (Table 1), and the rank a Post-Norm removes by rescaling vs
+projection (Figure 4c, Table 3).
 """
 
 from __future__ import annotations

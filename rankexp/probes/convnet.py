@@ -1,11 +1,6 @@
-"""Probes of the CIFAR ConvNets (:class:`~rankexp.models.convnet.CifarResNet`).
-
-* ``layer_response`` — He et al. (2016) Fig. 7: std of each 3×3 conv layer's output after BN,
-  before the add and ReLU, on test images (trained: BN running statistics; untrained: batch
-  statistics, so each std is ≈ 1 by construction).
-* ``init_gradient_norms`` — the BN paradox (Yang et al. 2019): each conv's weight-gradient
-  norm on one fixed training batch at initialization, and ``grad_ratio`` ‖∇W₂‖/‖∇W_{6n+1}‖.
-* ``lesion`` — Veit et al. (2016): test error with one block at a time replaced by its shortcut.
+"""Probes of the CIFAR ConvNets (:class:`~rankexp.models.convnet.CifarResNet`): layer responses
+(He et al. 2016, Fig. 7), initial gradient norms (the BN paradox, Yang et al. 2019) and lesions
+(Veit et al. 2016).
 """
 
 from __future__ import annotations

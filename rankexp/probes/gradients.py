@@ -1,11 +1,6 @@
-"""Gradient probes of the chapter: the BN paradox and shattered gradients.
-
-* ``gradient_norms`` — per-layer ``‖∂ℓ/∂W_l‖_F`` at initialization for a random readout
-  (Yang et al. 2019: batch-normalized plain networks explode toward the input).
-* ``shattered`` — lag-1 autocorrelation of ``d(vᵀh_l)/dx`` along a grid of scalar inputs
-  (Balduzzi et al. 2017: plain nets decay like 2^{−L}, residual like ((1+β²/2)/(1+β²))^L).
-
-Readouts and loss weights come from each member's ``STREAM_HEAD``, inputs from its ``STREAM_INPUT``.
+"""Gradient probes of the chapter: the BN paradox (Yang et al. 2019) and shattered gradients
+(Balduzzi et al. 2017). Readouts and loss weights come from each member's ``STREAM_HEAD``,
+inputs from its ``STREAM_INPUT``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Zero-cost NAS proxies, measured at initialization beside the study's ranks.
-
-* ``grad_norm_proxy`` — ``Σ ‖∂ℓ/∂W‖_F`` over every weight matrix (Abdelfattah et al. 2021).
-* ``jacob_cov`` — Mellor et al. 2021 (v1): ``−Σ_i [log(σ_i + k) + 1/(σ_i + k)]`` of the
-  eigenvalues of the correlation of per-input Jacobians.
-* ``synflow`` — Tanaka et al. 2020: ``Σ_θ |θ ⊙ ∂R/∂θ|`` on ``|θ|`` and an all-ones input,
-  logged as its natural log in float64.
+"""Zero-cost NAS proxies at initialization beside the study's ranks: grad_norm (Abdelfattah et
+al. 2021), jacob_cov (Mellor et al. 2021, v1) and synflow (Tanaka et al. 2020, logged as its
+natural log in float64).
 """
 
 from __future__ import annotations

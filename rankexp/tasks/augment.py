@@ -1,10 +1,7 @@
-"""On-device batch augmentation: He et al.'s (2016, §4.2) pad-crop-flip for CIFAR-10.
-
-Per image and step: a crop offset uniform on ``{0, …, 2·pad}²`` and a flip with probability ½,
-black padding (``−mean/std`` after normalization). The whole run's draws are made once on the
-CPU from their own stream into a uint8 table ``(steps, B, 3)`` on the device; a step looks up
-its row by a device index, so the transform is a pure function of ``(batch, step)`` and can be
-captured into a CUDA graph.
+"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2): crop offsets uniform on
+``{0, …, 2·pad}²``, flips with probability ½, black padding. The run's draws are one uint8
+table ``(steps, B, 3)`` made on the CPU and indexed on the device, so the transform is a pure
+function of ``(batch, step)`` and CUDA-graph safe.
 """
 
 from __future__ import annotations

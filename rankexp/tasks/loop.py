@@ -1,15 +1,10 @@
-"""The training loop engine of the ``train`` task: pure PyTorch (the task glue is
-:mod:`rankexp.tasks.train`).
+"""The training loop engine of the ``train`` task: pure PyTorch (the glue is :mod:`rankexp.tasks.train`).
 
-A learning-rate sweep is one batched model: member ``e`` of the ensemble axis E is the same
-initial network trained at ``lrs[e]`` (per-member rates: :class:`~rankexp.tasks.optim.MemberAdam`),
-so a sweep step is one forward and one backward. The data live on the device, batches are
-index draws there and the host reads the device only at reports, checkpoints and the end; on
-CUDA a step can be replayed as one CUDA graph (``cuda_graphs``) and compiled (``compile``).
-
-A member *diverges* when its loss is non-finite or above ``divergence_factor`` × its initial
-loss; it is frozen from that step on, the others continue. The loop runs inside
-``interrupt.deferred()``: on a stop request it checkpoints and raises
+A learning-rate sweep is one batched model: member ``e`` is the same initial network trained at
+``lrs[e]``, so a sweep step is one forward and one backward. Data live on the device and the
+host reads it only at reports, checkpoints and the end (airbench's habit); on CUDA a step can
+be one CUDA graph. A member whose loss is non-finite or above ``divergence_factor`` × its
+initial loss is frozen; the others continue. On a stop request the loop checkpoints and raises
 :class:`~rankexp.interrupt.JobInterrupted`; the rerun resumes bit-identically on CPU.
 """
 
