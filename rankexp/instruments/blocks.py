@@ -41,15 +41,10 @@ class BlockError(ValueError):
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """One block as the user (or discovery) describes it.
-
-    Attributes:
-        branch: ``f`` on a stream-shaped tensor; ``None``: ``block − identity`` when ``residual``,
-            else the block itself.
-        branch_input: a submodule whose first input is where the branch reads the stream (a
-            Transformer's ``ln_2``); ``None``: the block's input.
-        label: the ``branch_kind`` column.
-        tokenwise: the branch acts on each token alone (evaluated on that token only).
+    """One block as the user (or discovery) describes it: ``branch`` ``f`` (``None``: block − identity
+    when ``residual``, else the block), ``branch_input`` (the submodule whose input is where ``f``
+    reads the stream, e.g. ``ln_2``), ``label`` (the ``branch_kind`` column), ``tokenwise`` (``f``
+    acts on each token alone).
     """
 
     module: nn.Module

@@ -44,14 +44,8 @@ FoldFactory = Callable[["ProbeContext"], LayerFold]
 
 
 class ProbeContext:
-    """The network under test plus the lazily computed intermediates its probes declared.
-
-    Args:
-        model: the :class:`ResidualMLP` (E members = seeds).
-        h0: Gaussian inputs ``(E, 1, d)``, one per seed.
-        options: ``task.options``.
-        needs: the union of the probes' needs; ``None``: every sweep need.
-        folds: fold factories by name.
+    """The network under test (``model``, E members = seeds, inputs ``h0`` ``(E, 1, d)``) plus the
+    lazily computed intermediates its probes declared (``needs``; ``None``: every sweep need).
 
     Raises:
         ValueError: a need that is neither a sweep need nor a known fold.

@@ -338,21 +338,13 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
                   on_layer: Callable[[LayerJacobian], None] | None = None,
                   progress: bool | None = False, spectra: bool = True,
                   sync_free: bool | None = None, spectra_method: str | None = None) -> ForwardSweep:
-    """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep.
+    """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep of ``h0`` ``(E, 1, d)``.
 
-    Args:
-        h0: inputs ``(E, 1, d)``, one per member.
-        needs: a subset of :data:`SWEEP_NEEDS` (see :func:`resolve_needs`).
-        keep_partials: also return every ``∂h_l/∂h_0`` (memory ``L·E·d²``).
-        on_layer: called with each block's :class:`LayerJacobian` (probes sharing the sweep).
-        progress: tqdm bar over blocks (``None``: only on a terminal).
-        sync_free: no host sync inside the loop (masked units as zeros, deferred spectra);
-            default: on an accelerator. Both paths agree to ≤ 1e-12.
-        spectra_method: ``gram`` or ``svd`` for the profile (default :data:`PROFILE_SPECTRA`).
-
-    Returns:
-        :class:`ForwardSweep`. Per masked M = 2 block with |a| active units: ``2|a|d²`` to form
-        ``J_b``, ``2d³`` for the product, plus a spectrum per layer only for ``partial_spectra``.
+    ``needs``: a subset of :data:`SWEEP_NEEDS` (:func:`resolve_needs`); ``keep_partials``: also
+    every ``∂h_l/∂h_0`` (memory ``L·E·d²``); ``on_layer``: gets each :class:`LayerJacobian`;
+    ``sync_free``: no host sync in the loop (default on an accelerator; both paths agree to
+    1e-12); ``spectra_method``: ``gram`` or ``svd``. Per masked M = 2 block with |a| active units:
+    ``2|a|d²`` to form ``J_b`` and ``2d³`` for the product.
 
     Raises:
         ValueError: unknown needs.

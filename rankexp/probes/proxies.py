@@ -97,6 +97,3 @@ def probe_synflow(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("log_synflow", log_synflow(ctx.model).to(torch.float64))
     return m
 
-
-__all__ = ["input_jacobians", "jacob_cov_score", "log_synflow", "probe_grad_norm_proxy",
-           "probe_jacob_cov", "probe_synflow", "weight_matrices"]

@@ -17,12 +17,8 @@ STREAM_AUGMENT = 4
 
 
 class PadCropFlip:
-    """Random pad-crop-flip of whole batches on their device.
-
-    Args:
-        steps: steps the table covers; batch_size: B; seed: of ``STREAM_AUGMENT``.
-        pad: pixels per side; fill: ``(C,)`` padding value in the data's units (None: 0).
-        image_shape: ``(C, H, W)`` (flattened inputs are reshaped to it).
+    """Random pad-crop-flip of whole batches on their device, ``steps`` × ``batch_size`` draws
+    from ``seed``'s ``STREAM_AUGMENT``; ``fill``: ``(C,)`` padding value (None: 0).
 
     Raises:
         ValueError: non-positive steps or batch size, negative pad.

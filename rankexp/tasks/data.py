@@ -102,17 +102,10 @@ def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path =
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
     """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
-    Args:
-        root: a folder holding a source, the image-folder tree itself, or the ``.tar.gz``.
-        cache_dir: where decoded tensors (and an extracted archive) are kept.
-        source: ``auto`` (first of torchvision, imagefolder, archive; then ``download``) or one.
-        download: let torchvision download into ``root``.
-        expect_counts: required (train, test) sizes; ``None`` accepts any.
-        progress: a tqdm bar while decoding (terminals only).
-
-    Returns:
-        ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
-        (memory-mapped when cached), int64 ``(N,)`` labels in :data:`CLASSES` order.
+    ``root``: a folder holding a source, the image-folder tree, or the ``.tar.gz``; ``source``:
+    ``auto`` or one kind; ``expect_counts``: required (train, test) sizes (``None``: any).
+    Returns ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
+    (memory-mapped when cached), int64 ``(N,)`` labels in :data:`CLASSES` order.
 
     Raises:
         MissingDataError: no source at ``root``.

@@ -90,17 +90,12 @@ def _autocast(device: torch.device, enabled: bool):
 class TrainResult:
     """What one learning-rate sweep produced; arrays are per member (= per learning rate).
 
-    Attributes:
-        steps, completed: optimizer steps done; False when stopped early (``stop_after``).
-        final_train_loss: ``(E,)`` mean train cross-entropy (nats) over the last ``loss_window`` steps.
-        final_test_acc, best_test_acc: ``(E,)`` test accuracy (0–1) at the last evaluation / best.
-        diverged, diverged_step: ``(E,)`` bool and the 1-based step of divergence (-1 if never).
-        loss, train_error: ``(steps, E)`` per-step train loss (before the update) and batch error.
-        eval_steps, test_acc: ``(n_evals,)`` steps and ``(n_evals, E)`` accuracies there.
-        best_lr, best_acc: highest final accuracy among non-diverged rates (all if all diverged).
-        max_stable_lr: largest non-diverged rate with final accuracy ≥ ``stable_accuracy`` (Table 5).
-        wall_time_s, steps_per_s: training seconds over all calls; sweep steps per second (this call).
-        probes, probe_seconds: step → ``on_probe``'s result; seconds spent in ``on_probe``.
+    ``loss``/``train_error`` ``(steps, E)`` per step (before its update); ``test_acc``
+    ``(n_evals, E)`` at ``eval_steps``; ``final_*``/``best_test_acc``/``diverged``/``diverged_step``
+    ``(E,)`` (step 1-based, -1 if never); ``best_lr`` ranks non-diverged rates by final accuracy;
+    ``max_stable_lr``: largest non-diverged rate with final accuracy ≥ ``stable_accuracy``
+    (Table 5); ``wall_time_s`` over all calls, ``steps_per_s`` this call; ``probes``: step →
+    ``on_probe``'s result.
     """
 
     lrs: list[float]
@@ -278,26 +273,21 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
     """Train every member of ``classifier`` at its own learning rate, as one model.
 
     Args:
-        classifier: maps ``(B, …)`` to ``(E, B, C)`` logits, every parameter with the leading
-            member axis E = ``len(lrs)``, on ``data``'s device; trained in place.
+        classifier: ``(B, …)`` → ``(E, B, C)`` logits, every parameter with the leading member
+            axis E = ``len(lrs)``, on ``data``'s device; trained in place.
         lrs: member e ↔ ``lrs[e]``; ``seed`` seeds the batch sampling (:class:`BatchSampler`).
         checkpoint_path: written atomically every ``checkpoint_every`` steps, at the end and on a
-            stop request; a run finding it resumes (an unusable one is moved to ``*.corrupt``).
-        autocast_bf16, compile, cuda_graphs: bf16 autocast, ``torch.compile`` of forward + loss,
-            whole-step CUDA graph (CUDA only).
-        log_every, on_log: report every this many steps (None: at evaluations only) as
-            ``on_log(step, {"train_loss", "train_error"[, "test_acc"]: (E,) host arrays})``.
+            stop request; a run finding it resumes (an unusable one goes to ``*.corrupt``).
+        log_every: report every this many steps (None: at evaluations) to ``on_log(step,
+            {"train_loss", "train_error"[, "test_acc"]: (E,) arrays})``.
         divergence_factor: > 1 (``math.inf``: only non-finite losses diverge).
-        stop_after: end after this many global steps without a checkpoint, as if killed (tests).
-        recipe: optimizer, schedule and batch transform (:class:`~rankexp.tasks.optim.Recipe`).
-        probe_at, on_probe: ``on_probe(step)`` after each step of ``probe_at`` (0: before the
-            first); its CPU tensors go to the checkpoint and :attr:`TrainResult.probes`. It must
-            leave model, optimizer and RNG as found (:mod:`rankexp.tasks.probing`).
+        stop_after: end after this many steps without a checkpoint, as if killed (tests).
+        probe_at: steps (0: before the first) after which ``on_probe(step)`` runs; it must leave
+            model, optimizer and RNG as found, and its CPU tensors are checkpointed.
 
     Raises:
-        ValueError: ``len(lrs)`` ≠ E, a bad learning rate, step count or ``divergence_factor``,
-            data/model on different devices or widths, ``cuda_graphs`` off CUDA, or a checkpoint
-            of a different run.
+        ValueError: ``len(lrs)`` ≠ E, a bad rate, step count or factor, data and model on
+            different devices or widths, ``cuda_graphs`` off CUDA, or another run's checkpoint.
         rankexp.interrupt.JobInterrupted: a stop was requested; the checkpoint is written.
     """
     plan = _Plan(

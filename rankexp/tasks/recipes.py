@@ -18,12 +18,9 @@ from .optim import ADAM, Recipe, constant, copy_in_place, member_adam, member_se
 
 
 class MemberSGD:
-    """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members::
-
-        d = g + λ·w;   v ← μ·v + d;   w ← w − lr_e·v
-
-    ``decay``: per parameter whether λ applies (default all). A frozen member gets ``d = 0`` and
-    rate 0: its weights stay, its velocity only decays.
+    """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members:
+    ``d = g + λ·w``, ``v ← μ·v + d``, ``w ← w − lr_e·v`` (λ where ``decay``; default all). A frozen
+    member gets ``d = 0`` and rate 0.
 
     Raises:
         ValueError: bad ``lrs``, ``momentum`` or ``weight_decay``, a parameter without the member
