@@ -46,12 +46,6 @@ _LEGENDRE_NODES = 160
 _TRUNCATION = 12.0
 
 
-def _hermite_rule(n: int = _HERMITE_NODES) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights with ``Σ w g(x) ≈ E_{z~N(0,1)} g(z)`` (weights sum to 1)."""
-    x, w = hermegauss(n)
-    return x, w / math.sqrt(2 * math.pi)
-
-
 @functools.cache
 def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Gauss–Legendre nodes and weights on [−1, 1], cached read-only per n."""
@@ -79,7 +73,11 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     """
     if rule not in ("split", "hermite"):
         raise ValueError(f"rule={rule!r} is not one of split, hermite")
-    x, w = _split_rule() if rule == "split" else _hermite_rule()
+    if rule == "split":
+        x, w = _split_rule()
+    else:
+        x, w = hermegauss(_HERMITE_NODES)
+        w = w / math.sqrt(2 * math.pi)
     return float(np.dot(w, g(x)))
 
 

@@ -204,10 +204,6 @@ class LayerJacobian:
                             else branch_jacobian(self.block, self.h_in))
         return self._branch
 
-    @property
-    def residual_norm(self) -> Tensor | None:
-        return None if self.residual is None else self.residual.dense(self.h_in.shape[-1])
-
     def branch_times(self, u: Tensor) -> Tensor:
         """``J_b u`` for ``u`` ``(E, d, n)``, the cheaper way unless ``J_b`` is already formed."""
         if self._branch is None and self.linear is not None and self.linear.apply_is_cheaper():

@@ -181,11 +181,6 @@ class LoopState:
         return [self.done, self.alive, self.diverged_step, self.loss, self.error]
 
 
-def _draw_batch(data: DeviceDataset, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """The batch of indices ``idx`` ``(B,)``, gathered on the device."""
-    return data.x_train[idx], data.y_train[idx]
-
-
 def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor:
     """Record this step's losses ``(E,)``, freeze diverged members; returns ``state.alive``."""
     row = losses.detach().to(state.loss.dtype)
@@ -205,7 +200,7 @@ def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, d
     params = list(model.parameters())
 
     def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
-        x, y = _draw_batch(data, idx)
+        x, y = data.x_train[idx], data.y_train[idx]  # a gather on the device
         if recipe.batch_transform is not None:
             x = recipe.batch_transform(x, state.done)
         losses, errors = loss_fn(x, y)  # (E,) each

@@ -44,12 +44,6 @@ RUN_FACTS = ("measure_seconds", "build_seconds", "measure_cpu_seconds", "build_c
 ContextFactory = Callable[[nn.Module], Any]
 
 
-def _check(probes: Sequence[str]) -> None:
-    unknown = [p for p in probes if p not in PROBES]
-    if unknown:
-        raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
-
-
 def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                 h0: Tensor | None = None, options: dict | None = None,
                 progress: Callable[[str], None] | None = None,
@@ -58,7 +52,9 @@ def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
 
     ``context`` builds the probes' context for ``model`` (default: a :class:`ProbeContext` on ``h0``).
     """
-    _check(probes)
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown:
+        raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
     if context is not None:
         ctx = context(model)
     else:
