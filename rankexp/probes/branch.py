@@ -251,15 +251,10 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         return _erank_or_nan(u, d)
 
     post, noproj, pre = er(uf), er(un), er(upre)
-    return {"erank_post": post,
-            "erank_post_noproj": noproj,
-            "erank_prenorm": pre,
-            "erank_unnormalized": er(uu),
-            "rank_removed_by_projection": noproj - post,
-            "rank_removed_by_rescaling": pre - noproj,
-            "rank_removed_total": pre - post,
-            "erank_projection_product": er(up),
-            "projection_step": step}
+    return {"erank_post": post, "erank_post_noproj": noproj, "erank_prenorm": pre,
+            "erank_unnormalized": er(uu), "rank_removed_by_projection": noproj - post,
+            "rank_removed_by_rescaling": pre - noproj, "rank_removed_total": pre - post,
+            "erank_projection_product": er(up), "projection_step": step}
 
 
 def _walk_post(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int

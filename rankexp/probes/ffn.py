@@ -40,10 +40,8 @@ def _gelu_erf_derivative(z: Tensor) -> Tensor:
 
 #: ``config.activation_function`` → its derivative in closed form
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu_new": _gelu_tanh_derivative,
-    "gelu_pytorch_tanh": _gelu_tanh_derivative,
-    "gelu_fast": _gelu_tanh_derivative,
-    "gelu": _gelu_erf_derivative,
+    "gelu_new": _gelu_tanh_derivative, "gelu_pytorch_tanh": _gelu_tanh_derivative,
+    "gelu_fast": _gelu_tanh_derivative, "gelu": _gelu_erf_derivative,
     "relu": lambda z: (z > 0).to(z.dtype),
 }
 

@@ -172,13 +172,9 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
         active = [torch.nonzero(g).squeeze(1) for g in deriv]
     up, down = (block.w, None) if block.matrices == 1 else (block.w_up, block.w_down)
     return branch, BranchLinearization(
-        scale=block.scale,
-        pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
-        out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None,
-        deriv=deriv,
-        up=up,
-        down=down,
-        active=active,
+        scale=block.scale, pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
+        out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None, deriv=deriv, up=up,
+        down=down, active=active,
     )
 
 

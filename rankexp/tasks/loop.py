@@ -382,13 +382,9 @@ class _Loop:
         self.history = _History()
         arch = model.architecture() if hasattr(model, "architecture") else {
             name: list(p.shape) for name, p in model.named_parameters()}
-        self.identity = {"lrs": lrs,
-                         "seed": seed,
-                         "batch_size": plan.batch_size,
-                         "sampler": self.sampler.state_dict(),
-                         "recipe": plan.recipe.name,
-                         "divergence_factor": plan.divergence_factor,
-                         "architecture": arch}
+        self.identity = {"lrs": lrs, "seed": seed, "batch_size": plan.batch_size,
+                         "sampler": self.sampler.state_dict(), "recipe": plan.recipe.name,
+                         "divergence_factor": plan.divergence_factor, "architecture": arch}
 
     # ---------------------------------------------------------------- resume / checkpoint
     def resume(self) -> int:
@@ -430,18 +426,12 @@ class _Loop:
     def save(self, done: int) -> None:
         s, h = self.state, self.history
         checkpoint.save(self.plan.checkpoint_path, {
-            **self.identity,
-            "step": done,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "alive": s.alive.cpu(),
-            "diverged_step": s.diverged_step.cpu(),
-            "loss": s.loss[:done].cpu(),
-            "error": s.error[:done].cpu(),
-            "eval_steps": list(h.eval_steps),
+            **self.identity, "step": done, "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "alive": s.alive.cpu(),
+            "diverged_step": s.diverged_step.cpu(), "loss": s.loss[:done].cpu(),
+            "error": s.error[:done].cpu(), "eval_steps": list(h.eval_steps),
             "test_acc": [a.tolist() for a in h.test_acc],
-            "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0,
-            "probes": h.probes,
+            "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0, "probes": h.probes,
             "probe_seconds": h.probe_seconds,
         })
 
