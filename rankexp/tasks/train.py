@@ -26,14 +26,11 @@ from ..tracking import RESULT_DIR
 from . import probing, recipes
 from .data import DeviceDataset, dataset_for
 from .loop import (  # noqa: F401  (re-exported: the loop's public names)
-    DIVERGENCE_FACTOR,
-    STABLE_ACCURACY,
     STUDY_LRS,
     TrainResult,
     _lr_key,
     duration,
     evaluate,
-    member_errors,
     member_losses,
     progress_line,
     train,
