@@ -217,8 +217,7 @@ def marchenko_pastur_density(x, gamma: float):
     inside = (x > a) & (x < b) & (x > 0)
     xs = np.where(inside, x, 1.0)
     return np.where(
-        inside, np.sqrt(np.clip((b - xs) * (xs - a), 0, None)) * gamma / (2 * np.pi * xs), 0.0
-    )
+        inside, np.sqrt(np.clip((b - xs) * (xs - a), 0, None)) * gamma / (2 * np.pi * xs), 0.0)
 
 
 def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
@@ -232,13 +231,11 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
                          (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
                          half * gamma / np.pi)
     cum = np.concatenate(
-        [[0.0], np.cumsum(0.5 * (integrand[1:] + integrand[:-1]) * np.diff(theta))]
-    )
+        [[0.0], np.cumsum(0.5 * (integrand[1:] + integrand[:-1]) * np.diff(theta))])
     cum *= (1.0 - marchenko_pastur_atom(gamma)) / cum[-1]  # exact total mass
     x = np.asarray(x, dtype=float)
     return np.where(
-        x < 0, 0.0, marchenko_pastur_atom(gamma) + np.interp(x, xt, cum, left=0.0, right=cum[-1])
-    )
+        x < 0, 0.0, marchenko_pastur_atom(gamma) + np.interp(x, xt, cum, left=0.0, right=cum[-1]))
 
 
 def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> float:
@@ -306,8 +303,7 @@ def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     sig, _ = sigma_numpy(activation)
     qs = np.atleast_1d(np.asarray(q, dtype=float))
     out = np.array(
-        [sigma_w2 * gaussian_expectation(lambda z, v=v: sig(math.sqrt(v) * z) ** 2) for v in qs]
-    )
+        [sigma_w2 * gaussian_expectation(lambda z, v=v: sig(math.sqrt(v) * z) ** 2) for v in qs])
     out = out + sigma_b2
     return out if np.ndim(q) else float(out[0])
 
@@ -324,14 +320,12 @@ def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, 
         nq = length_map(q, activation, sigma_w2, sigma_b2)
         if nq > 1e12 or not math.isfinite(nq):
             raise ValueError(
-                f"length map of {activation} at σ_w²={sigma_w2}, σ_b²={sigma_b2} diverges"
-            )
+                f"length map of {activation} at σ_w²={sigma_w2}, σ_b²={sigma_b2} diverges")
         if abs(nq - q) <= tol * max(1.0, abs(q)):
             return float(nq)
         q = nq
     raise ValueError(
-        f"length map of {activation} at σ_w²={sigma_w2} did not converge in {iters} steps"
-    )
+        f"length map of {activation} at σ_w²={sigma_w2} did not converge in {iters} steps")
 
 
 def chi_1(activation: str, sigma_w2: float, q_star: float) -> float:
@@ -351,8 +345,7 @@ def _polar_rule(
     s = math.sqrt(max(0.0, 1.0 - c * c))
     phi = math.atan2(s, c)
     cuts = np.sort(
-        np.mod([0.5 * np.pi, 1.5 * np.pi, phi + 0.5 * np.pi, phi - 0.5 * np.pi], 2 * np.pi)
-    )
+        np.mod([0.5 * np.pi, 1.5 * np.pi, phi + 0.5 * np.pi, phi - 0.5 * np.pi], 2 * np.pi))
     edges = np.concatenate([cuts, [cuts[0] + 2 * np.pi]])
     y, v = _legendre(n_angle)
     th, wt = [], []

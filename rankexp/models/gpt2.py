@@ -56,8 +56,7 @@ _LLAMA = Architecture(lambda m: m.model.layers, "post_attention_layernorm", "mlp
 #: ``config.model_type`` → where its FFN branch is (GPT-2 has a closed form in probes.ffn)
 ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture(lambda m: m.transformer.h, "ln_2", "mlp"), "llama": _LLAMA,
-    "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
-}
+    "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA}
 
 
 # --------------------------------------------------------------------------- building

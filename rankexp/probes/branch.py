@@ -82,8 +82,7 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
     chosen = set(
-        range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"])
-    )
+        range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"]))
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.branch_jacobian.layers: {bad} outside 1…{model.depth}")
@@ -141,8 +140,7 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     p, rate, gamma = _survival_gamma(model, float(m.arrays["mp_preact_var"].mean()))
     lo, hi = marchenko_pastur_edges(gamma)
     m.scalars["erank_branch_reference"] = gaussian_product_erank(
-        d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0
-    )
+        d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0)
     m.scalars.update(mp_gamma=gamma, mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
                      mp_edge_lower=lo, mp_edge_upper=hi,
                      mp_atom_theory=marchenko_pastur_atom(gamma),
@@ -348,8 +346,7 @@ def probe_projection_split(ctx: ProbeContext) -> Measurement:
     model = ctx.model
     if model.post_op is None:
         log.info(
-            "projection_split: placement=%s has no post-residual op R; skipped", model.placement
-        )
+            "projection_split: placement=%s has no post-residual op R; skipped", model.placement)
         return Measurement()
     out = projection_split(model, ctx.h0)
     m = Measurement()
@@ -363,8 +360,7 @@ def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
     if "projection_step" not in m.arrays:  # not a post-norm network: nothing was measured
         return
     sv = random_walk_projection_product(
-        ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0
-    )
+        ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0)
     p = sv / sv.sum()
     p = p[p > 0]
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width

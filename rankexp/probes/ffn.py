@@ -42,8 +42,7 @@ def _gelu_erf_derivative(z: Tensor) -> Tensor:
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": _gelu_tanh_derivative, "gelu_pytorch_tanh": _gelu_tanh_derivative,
     "gelu_fast": _gelu_tanh_derivative, "gelu": _gelu_erf_derivative,
-    "relu": lambda z: (z > 0).to(z.dtype),
-}
+    "relu": lambda z: (z > 0).to(z.dtype)}
 
 
 def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
@@ -118,8 +117,7 @@ def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
         "coherent": norms[first_block - 1:].cumsum(0) / root_d,
         "cos_offdiag_mean": off.mean() if off.numel() else nan,
         "cos_offdiag_abs_mean": off.abs().mean() if off.numel() else nan,
-        "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan,
-    }
+        "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan}
 
 
 def rms(x: Tensor) -> Tensor:

@@ -55,8 +55,7 @@ def branch_jacobian(block: Block, x: Tensor) -> Tensor:
 
     params = dict(block.named_parameters())
     return member_jacobian(
-        lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params
-    )
+        lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params)
 
 
 def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
@@ -174,8 +173,7 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
     return branch, BranchLinearization(
         scale=block.scale, pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
         out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None, deriv=deriv, up=up,
-        down=down, active=active,
-    )
+        down=down, active=active,)
 
 
 class LayerJacobian:

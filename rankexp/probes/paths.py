@@ -110,8 +110,7 @@ class PathOrderDP:
         scale = torch.where(ok, 1.0 / torch.where(ok, norm, 1), 0)
         self.terms[:, :, lo:hi, :] = acc * scale[:, None, :, None]
         self.log_mu[:, lo:hi] = torch.where(
-            ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf
-        )
+            ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf)
 
     def step(self, branch: Tensor, residual_norm: NormJacobian | Tensor | None = None) -> None:
         """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``.
@@ -222,8 +221,7 @@ def probe_path_order(ctx: ProbeContext) -> Measurement:
     k_axis = np.arange(model.depth + 1)
     m.add_seed_stat(
         "mean_path_order_uncorrelated",
-        torch.tensor([float((uncorrelated_path_profile(r) * k_axis).sum()) for r in rho]),
-    )
+        torch.tensor([float((uncorrelated_path_profile(r) * k_axis).sum()) for r in rho]))
     unit, log = po.reconstruct()
     io_log = sw.log_gain[:, -1]
     err = torch.linalg.matrix_norm(unit * torch.exp(log - io_log)[:, None, None] - sw.io_unit)

@@ -97,8 +97,7 @@ class Representation:
     def mean_cos_matrix(self) -> Tensor:
         """Pairwise ``cos(m_l, m_k)`` ``(E, L, L)``."""
         u = self.branch_means / self.branch_means.norm(dim=-1, keepdim=True).clamp(
-            min=_tiny(self.branch_means)
-        )
+            min=_tiny(self.branch_means))
         return u @ u.mT
 
     @property
@@ -179,8 +178,7 @@ def output_gradient(
         for i, s in enumerate(model.seeds):
             g = seeded_generator(s, STREAM_BACKWARD)
             w = (torch.randn(classes, d, generator=g, dtype=torch.float64) / math.sqrt(d)).to(
-                dtype=dt, device=dev
-            )
+                dtype=dt, device=dev)
             y = torch.randint(classes, (n,), generator=g).to(dev)
             p = torch.softmax(h_last[i] @ w.T, dim=-1)
             p[torch.arange(n, device=dev), y] -= 1.0

@@ -57,8 +57,7 @@ def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict |
         if ckpt.get(key) != want:
             raise ValueError(
                 f"checkpoint {path} was written with {key}={ckpt.get(key)!r}, this run has "
-                f"{key}={want!r}; delete it or point checkpoint_path elsewhere to start afresh"
-            )
+                f"{key}={want!r}; delete it or point checkpoint_path elsewhere to start afresh")
     if ckpt["step"] > steps:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']} > steps={steps}")
     return ckpt

@@ -149,8 +149,7 @@ def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
     if root.is_file():
         if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
             raise MissingDataError(
-                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}"
-            )
+                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}")
         return "archive", root
     if (root / TORCHVISION_FOLDER).is_dir():
         found["torchvision"] = root
@@ -252,15 +251,13 @@ def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, w
         if x.dtype != torch.uint8 or tuple(x.shape[1:]) != IMAGE_SHAPE or x.shape[0] != y.shape[0]:
             raise CorruptDataError(
                 f"{where}: {split} images have shape {tuple(x.shape)} {x.dtype} with "
-                f"{y.shape[0]} labels; expected (N, 3, 32, 32) uint8. {HOW_TO_GET}"
-            )
+                f"{y.shape[0]} labels; expected (N, 3, 32, 32) uint8. {HOW_TO_GET}")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= len(CLASSES)):
             raise CorruptDataError(f"{where}: {split} labels outside 0..9. {HOW_TO_GET}")
     if expect_counts is not None and (x_train.shape[0], x_test.shape[0]) != tuple(expect_counts):
         raise CorruptDataError(
             f"{where}: found {x_train.shape[0]} train / {x_test.shape[0]} test images, "
-            f"expected {expect_counts[0]} / {expect_counts[1]} (incomplete copy?). {HOW_TO_GET}"
-        )
+            f"expected {expect_counts[0]} / {expect_counts[1]} (incomplete copy?). {HOW_TO_GET}")
 
 
 def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -293,8 +290,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
         if list(folder.classes) != list(CLASSES):
             raise CorruptDataError(
                 f"{tree / split}: class folders {folder.classes} are not CIFAR-10's "
-                f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}"
-            )
+                f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}")
         paths = [p for p, _ in folder.samples]
         images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
         bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
@@ -308,8 +304,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             with warnings.catch_warnings():
                 # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
                 warnings.filterwarnings(
-                    "ignore", ".*TorchVision are deprecated", DeprecationWarning
-                )
+                    "ignore", ".*TorchVision are deprecated", DeprecationWarning)
                 try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
                     decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
                 except RuntimeError:
@@ -361,8 +356,7 @@ def _decode_archive(
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
                 f"{archive}: holds no {FOLDER_NAME}/train folder; not the CIFAR-10 image-folder "
-                f"archive. {HOW_TO_GET}"
-            )
+                f"archive. {HOW_TO_GET}")
         try:  # atomic: ``dest`` only ever holds a complete tree
             os.replace(tmp, dest)
         except OSError:  # another process got there first; use its tree
@@ -411,8 +405,7 @@ class DeviceDataset:
             if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[0] != y.shape[0]:
                 raise ValueError(
                     f"expected uint8 images (N, 3, H, W) with N labels, got {tuple(x.shape)} "
-                    f"{x.dtype} and {tuple(y.shape)} labels"
-                )
+                    f"{x.dtype} and {tuple(y.shape)} labels")
         mean, std = channel_stats(x_train)
 
         def convert(x: Tensor) -> Tensor:

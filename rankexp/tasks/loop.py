@@ -174,8 +174,7 @@ class LoopState:
             loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
                             device=device),
             error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                             device=device),
-        )
+                             device=device))
 
     def tensors(self) -> list[Tensor]:
         return [self.done, self.alive, self.diverged_step, self.loss, self.error]
@@ -329,8 +328,7 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
     members = params[0].shape[0]
     if len(lrs) != members:
         raise ValueError(
-            f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)"
-        )
+            f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)")
     if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
         raise ValueError(f"lrs={lrs}: every learning rate must be finite and > 0")
     for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size"):
@@ -418,8 +416,7 @@ class _Loop:
             test_acc=[np.asarray(a, dtype=np.float64) for a in ckpt["test_acc"]],
             elapsed_before=float(ckpt["elapsed_s"]),
             probes={int(k): v for k, v in ckpt.get("probes", {}).items()},
-            probe_seconds=float(ckpt.get("probe_seconds", 0.0)),
-        )
+            probe_seconds=float(ckpt.get("probe_seconds", 0.0)))
         log.info("resuming from %s at step %d/%d", path, start, self.plan.steps)
         return start
 
@@ -432,8 +429,7 @@ class _Loop:
             "error": s.error[:done].cpu(), "eval_steps": list(h.eval_steps),
             "test_acc": [a.tolist() for a in h.test_acc],
             "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0, "probes": h.probes,
-            "probe_seconds": h.probe_seconds,
-        })
+            "probe_seconds": h.probe_seconds})
 
     # ---------------------------------------------------------------- the steps
     def _loss_fn(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -561,8 +557,7 @@ class _Loop:
             self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
             self.history.elapsed_before + self.call_time,
             (done - start) / step_time if step_time > 0 and done > start else 0.0,
-            loss_window, stable_accuracy,
-        )
+            loss_window, stable_accuracy)
         out.probes, out.probe_seconds = dict(sorted(self.history.probes.items())), self.history.probe_seconds
         return out
 

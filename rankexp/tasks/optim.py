@@ -72,8 +72,7 @@ class MemberAdam:
         beta1, beta2 = self.betas
         dead = ~alive
         for p, m, v, d, shape in zip(
-            self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True
-        ):
+            self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True):
             g = p.grad
             if g is None:  # like torch.optim: a parameter without gradient is not stepped
                 continue
