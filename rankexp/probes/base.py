@@ -13,34 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
 from ..models.mlp import ResidualMLP
 from ..seeding import gaussian_input
-from .catalog import (  # noqa: F401 — the torch-free declarations, re-exported
-    MemoryEstimate,
-    ModelShape,
-    Probe,
-    needs_of,
-    probe_options,
-    sweep_memory,
-)
+from .catalog import probe_options
 from .jacobian import SWEEP_NEEDS, ForwardSweep, LayerJacobian, forward_sweep, layer_jacobians
 
-
-class LayerFold(Protocol):
-    """A per-layer consumer of the sweep: ``step`` per block in order, ``result`` after the last."""
-
-    def step(self, lj: LayerJacobian) -> None: ...
-
-    def result(self) -> Any: ...
-
-
-#: a fold's factory: builds the empty accumulator for a context (reads its options, shapes)
-FoldFactory = Callable[["ProbeContext"], LayerFold]
+#: a layer fold's factory: ``factory(ctx)`` is an accumulator whose ``step(lj)`` gets every block's
+#: :class:`LayerJacobian` in order and whose ``result()`` is read after the last
+FoldFactory = Callable[["ProbeContext"], Any]
 
 
 class ProbeContext:

@@ -125,7 +125,7 @@ def join_seeds(parts: Sequence[Measurement]) -> Measurement:
                 continue
             if not all(_same(value, getattr(p, kind)[key]) for p in parts[1:]):
                 raise ValueError(f"{kind[:-1]} {key!r} differs between seed chunks: it is pooled over "
-                                 "seeds, so its probe needs a reduce (rankexp.probes.base.Probe)")
+                                 "seeds, so its probe needs a reduce (rankexp.probes.catalog.Probe)")
             getattr(out, kind)[key] = value
     return out
 
