@@ -104,7 +104,7 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "relu": (lambda x: np.maximum(x, 0.0), lambda x: (x > 0).astype(float)),
     "abs": (np.abs, np.sign),
     "leaky_relu": (lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
-                   lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE),),
+                   lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE)),
     "gelu": (_gelu, _gelu_prime),
     "silu": (_silu, _silu_prime),
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
@@ -113,8 +113,7 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def sigma_numpy(
-    name: str,
+def sigma_numpy(name: str
 ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """NumPy ``(σ, σ′)`` for activation ``name`` (the scalar gate for ``swiglu``).
 
@@ -335,8 +334,7 @@ def chi_1(activation: str, sigma_w2: float, q_star: float) -> float:
     return sigma_w2 * gaussian_expectation(lambda z: dsig(s * z) ** 2)
 
 
-def _polar_rule(
-    c: float, n_angle: int = 48, n_radius: int = 96
+def _polar_rule(c: float, n_angle: int = 48, n_radius: int = 96
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nodes ``(z₁, z₂)`` and weights for ``E[g(z₁, z₂)]``, z standard 2-D normal.
 
@@ -417,8 +415,7 @@ def residual_variance(alpha: float, depth: int, q0: float = 1.0) -> float:
 
 
 # --------------------------------------------------------------------------- Table 3
-def random_walk_projection_product(
-    width: int, depth: int, step: float, *, seed: int = 0
+def random_walk_projection_product(width: int, depth: int, step: float, *, seed: int = 0
 ) -> np.ndarray:
     """Singular values ``(d,)`` of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), descending.
 

@@ -184,9 +184,8 @@ class LayerJacobian:
     :class:`NormJacobian` (``None``: R = identity); ``branch`` ``J_b`` ``(E, d, d)``, formed on first access.
     """
 
-    def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor,
-                 skip_from: int | None, linear: BranchLinearization | None,
-                 residual: NormJacobian | None):
+    def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor, skip_from: int | None,
+                 linear: BranchLinearization | None, residual: NormJacobian | None):
         self.layer, self.block, self.h_in, self.h_out = layer, block, h_in, h_out
         self.skip_from, self.linear, self.residual = skip_from, linear, residual
         self._branch: Tensor | None = None

@@ -55,8 +55,7 @@ def _loglog_slope(y: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- forward walk
-def _run_block(
-    model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
+def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
 ) -> tuple[Tensor, Tensor]:
     """Block l on the stored states: ``(β B(f(P(h_{l−1}))), h_l)``."""
     x = states[l - 1]
@@ -152,8 +151,7 @@ def representation(model: ResidualMLP, h0: Tensor) -> Representation:
 
 
 # --------------------------------------------------------------------------- backward walk
-def output_gradient(
-    model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
+def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
 ) -> Tensor:
     """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C), from each seed's :data:`STREAM_BACKWARD`.
 

@@ -330,8 +330,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
     return tuple(out)
 
 
-def _decode_archive(
-    archive: Path, cache_dir: Path, key: dict, progress: bool
+def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Extract ``archive`` once into ``cache_dir`` (atomically), then decode it."""
     dest = cache_dir / f"{FOLDER_NAME}-{_digest(key)}"
