@@ -73,11 +73,8 @@ def _survival_gamma(model: ResidualMLP, q: float) -> tuple[float, float, float]:
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     """Branch Jacobian rank and the masked up-projection vs Marchenko–Pastur (Figure 8/9/17).
 
-    At the forward activation of ``ctx.h0`` on option ``layers`` (1-based, default all);
-    ``reference_draws`` sizes the Monte Carlo reference. Scalars: ``erank_branch`` (mean
-    erank(J_f)/d), ``mp_eig_min``/``mp_eig_max``, ``mp_zero_fraction``, ``masked_rank``,
-    ``survival_measured``, and the pooled ones of :func:`reduce_branch_jacobian`. Series:
-    ``erank_branch_profile``. Arrays: ``mp_preact_var`` ``(E, layers)``.
+    Options ``layers`` (1-based, default all), ``reference_draws``; pooled values in
+    :func:`reduce_branch_jacobian`.
     """
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
@@ -167,10 +164,8 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """Stable rank of ``σ(W h)`` over n probe inputs vs the spike bound ``1/c`` (Table 1).
 
-    The mean ``E[σ]`` is a rank-one spike holding a fraction c of the energy, so the stable rank
-    → 1/c at the first layer (deeper layers share the stream's mean and drop below it). Options:
-    ``n``, ``layers`` (default ``[1]``). Scalars (shallowest listed layer): ``hidden_stable_rank``,
-    ``hidden_coherence``; series ``hidden_stable_rank_profile``, ``hidden_coherence_profile``.
+    The mean ``E[σ]`` is a rank-one spike holding a fraction c of the energy (deeper layers share
+    the stream's mean and drop below 1/c). Options ``n``, ``layers`` (default ``[1]``).
     """
     model = ctx.model
     opt = ctx.probe_options("activation_spike", ACTIVATION_SPIKE_OPTIONS)

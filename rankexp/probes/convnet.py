@@ -73,8 +73,7 @@ def training_mode_untouched(model: CifarResNet):
 def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
 
-    Options ``images``, ``batch``. Series ``response_std`` ``(E, 6n+1)`` (step = layer),
-    ``response_std_sorted`` (descending); scalar ``response_std_mean``.
+    Options ``images``, ``batch``.
     """
     opts = ctx.probe_options("layer_response", LAYER_RESPONSE_OPTIONS)
     model, members, layers = ctx.model, ctx.model.members, ctx.model.conv_layers
@@ -107,9 +106,8 @@ def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
 def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
     """Per-conv weight-gradient norms at initialization on one fixed batch of training images.
 
-    Options ``batch``, ``batch_seed``. Series ``grad_norm`` ``(E, 6n+1)`` = ‖∂ℓ/∂W_i‖_F (ℓ the mean
-    cross-entropy, nats); scalars ``grad_ratio`` = ‖∂ℓ/∂W₂‖_F / ‖∂ℓ/∂W_{6n+1}‖_F, ``log10_grad_ratio``.
-    The model is left as it was.
+    Options ``batch``, ``batch_seed``; ``grad_ratio`` = ‖∂ℓ/∂W₂‖_F / ‖∂ℓ/∂W_{6n+1}‖_F (ℓ the mean
+    cross-entropy). The model is left as it was.
 
     Raises:
         ValueError: the network is trained.
@@ -139,8 +137,7 @@ def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
 def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     """Test error of the trained network with each block in turn replaced by its shortcut.
 
-    Options ``images``, ``batch``. Series ``lesion_error`` ``(E, 3n)`` (fraction wrong, step =
-    block); scalars ``lesion_intact_error``, ``lesion_error_mean``; array ``lesion_downsampling_blocks``.
+    Options ``images``, ``batch``.
 
     Raises:
         ValueError: the network is not trained.

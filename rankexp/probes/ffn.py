@@ -128,11 +128,7 @@ def rms(x: Tensor) -> Tensor:
 def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM` (``model=gpt2``).
 
-    Option ``first_block``. Series ``ffn_ratio``, ``rms``, ``rms_ffn_input``, ``ffn_accumulated``,
-    ``ffn_uncorrelated``, ``ffn_coherent``; scalars ``ffn_accumulated_ratio``,
-    ``ffn_coherent_ratio``, ``ffn_cos_offdiag_mean``/``_abs_mean``/``_rms``,
-    ``ffn_cos_offdiag_rms_d`` (units of 1/d), ``ffn_ratio_decay``, ``rms_final``,
-    ``ffn_cos_baseline``; array ``ffn_cosines`` ``(E, L, L)``.
+    Option ``first_block``; ``ffn_cos_offdiag_rms_d`` is the rms cosine in units of 1/d.
 
     Raises:
         TypeError: the network is not a :class:`CausalLM`.

@@ -110,8 +110,7 @@ def input_gradients(model, x: Tensor, w: Tensor, b: Tensor, v: Tensor) -> Tensor
 def probe_shattered(ctx: ProbeContext) -> Measurement:
     """Shattered gradients: derivative of a random readout wrt a scalar input on a grid.
 
-    Options ``points``, ``lo``, ``hi`` (the grid is the batch). Series ``shattered_autocorr``
-    (step = l); scalar ``shattered_autocorr_final``; arrays ``shattered_grad`` ``(E, P)``, ``shattered_x``.
+    Options ``points``, ``lo``, ``hi`` (the grid is the batch).
     """
     opt = ctx.probe_options("shattered", SHATTERED_OPTIONS)
     model = ctx.model

@@ -139,12 +139,9 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
 def probe_correlation(ctx: ProbeContext) -> Measurement:
     """q_l and c_l of n inputs through depth vs the iterated maps; χ₁, χ_c and ξ_c.
 
-    The chapter, 215.1–215.4. Options: ``n``, ``c0``, ``q0`` (:func:`correlated_inputs`),
-    ``fit_from``, ``chi_from`` (default L/2), ``tangents``. Series: ``mf_q``, ``mf_c`` (+ ``_theory``,
-    :func:`rankexp.theory.covariance_iterates`), ``mf_chi1``, ``mf_chi_c`` (:func:`layer_chi`),
-    ``mf_chi1_theory``. Scalars: ``chi1``, ``chi_c``, ``xi_c`` (= −1/ln χ_c, capped at 1e6),
-    ``xi_c_fit``, ``c_inf`` (:func:`fit_depth_scale`), ``xi_c_fit_theory`` and the
-    :func:`rankexp.theory.correlation_depth_scale` values ``*_theory``, ``mf_q0``, ``mf_c0``.
+    The chapter, 215.1–215.4. Options ``n``, ``c0``, ``q0`` (:func:`correlated_inputs`), ``fit_from``,
+    ``chi_from`` (default L/2), ``tangents``. ``xi_c`` = −1/ln χ_c (capped at 1e6); ``xi_c_fit`` fits
+    ``c_l = c∞ + A e^{−l/ξ}`` (:func:`fit_depth_scale`) beside the same fit of the theory.
     """
     opt = ctx.probe_options("correlation", CORRELATION_DEFAULTS)
     model, L = ctx.model, ctx.model.depth
@@ -273,11 +270,8 @@ def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     """Spectrum of ``J Jᵀ``, J = ∂h_L/∂h_0, normalized to mean 1, vs free probability (215.7).
 
-    Input: Gaussian with ``‖h_0‖²/n = q0`` (``fixed_point``: q*). Scalars: ``lambda_var``,
-    ``lambda_m2``, ``log_lambda_mean``, ``v_d_measured``, ``lambda_zero_fraction``, ``spectrum_q0``
-    and theory ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})), ``v_w_theory``, ``v_d_theory``,
-    ``lambda_zero_fraction_theory`` = P(φ′ = 0). Arrays: ``lambda`` (E, n), ``log_lambda_hist``,
-    ``log_lambda_edges``.
+    Input ``‖h_0‖²/n = q0`` (``fixed_point``: q*); ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})),
+    ``lambda_zero_fraction_theory`` = P(φ′ = 0).
     """
     opt = ctx.probe_options("jacobian_spectrum", SPECTRUM_DEFAULTS)
     model = ctx.model
@@ -397,9 +391,8 @@ def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, see
 def probe_deep_linear(ctx: ProbeContext) -> Measurement:
     """Deep-linear learning time T(N, a₀, s) (215.8), its asymptote (215.9), simulated checks.
 
-    Options: ``depths``, ``a0``, ``s``, ``simulate`` (``[N, a₀]`` pairs), ``sim_width``; the
-    task's network is not used. Series (step = N): ``T_quad_a<a0>``, ``T_asym_a<a0>``. Scalars:
-    ``T_sim_N<N>_a<a0>``, ``T_quad_N<N>_a<a0>``, ``T_sim_rel_err``, ``deep_linear_s``.
+    Options ``depths``, ``a0``, ``s``, ``simulate`` (``[N, a₀]`` pairs), ``sim_width``; the task's
+    network is not used.
     """
     opt = ctx.probe_options("deep_linear", DEEP_LINEAR_DEFAULTS)
     s, depths = float(opt["s"]), [int(n) for n in opt["depths"]]

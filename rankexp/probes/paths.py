@@ -199,10 +199,8 @@ class PathOrderFold:
 def probe_path_order(ctx: ProbeContext) -> Measurement:
     """Path-order profile of ``∂h_L/∂h_0`` (Eq. 5/11/12; Figure 3), step = path order k.
 
-    Options ``max_order``, ``chunk``. Series: ``path_log_mu`` (ln μ_k, zeros at ``LOG_ZERO``),
-    ``path_profile`` μ_k/Σμ_j. Scalars: ``mean_path_order`` (μ), ``mean_path_order_energy`` (μ²),
-    ``path_order_peak``, ``mean_path_order_uncorrelated`` (Poisson-binomial with ρ_l = r_l²,
-    Eq. 4), ``path_reconstruction_error`` (relative, against the forward sweep).
+    Options ``max_order``, ``chunk``. ``mean_path_order_uncorrelated``: Poisson-binomial with
+    ρ_l = r_l² (Eq. 4); ``path_reconstruction_error``: relative, against the forward sweep.
     """
     ctx.probe_options("path_order", PATH_ORDER_OPTIONS)  # unknown keys fail before any work
     model = ctx.model

@@ -68,10 +68,9 @@ def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tenso
 class Representation:
     """Forward representation measures on n probe inputs (l = 0…L for the stream, 1…L for branches).
 
-    ``erank`` ``erank(Z_l)/d`` and ``top_energy`` ``s_1²/Σ s_k²`` ``(E, L+1)``; ``branch_means`` ``m_l``
-    ``(E, L, d)``; ``noise_floor`` ``sqrt(E_x‖b_l(x)‖²/n)`` ``(E, L)``; ``input_cos_prev`` per-input
-    ``cos(b_l, b_k)`` over k < l ``(E, L)`` (NaN at l = 1); ``input_cos_cross`` over all k ≠ l ``(E,)``;
-    ``preact_var`` ``q = α² rms(P(h_{l−1}))²`` averaged ``(E,)`` (the q of Table 1).
+    ``erank``/``top_energy`` ``(E, L+1)``; ``branch_means`` ``m_l`` ``(E, L, d)``; ``noise_floor``
+    ``sqrt(E_x‖b_l(x)‖²/n)`` ``(E, L)``; ``input_cos_prev``/``input_cos_cross`` per-input cosines of
+    branch outputs across layers; ``preact_var`` ``α² rms(P(h_{l−1}))²`` ``(E,)`` (Table 1's q).
     """
 
     erank: Tensor
@@ -273,13 +272,8 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
 def probe_representation(ctx: ProbeContext) -> Measurement:
     """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
 
-    Option ``n`` (probe inputs). Series: ``rep_erank``, ``rep_top_energy`` (l = 0…L),
-    ``branch_mean_norm``, ``branch_mean_noise_floor``, ``branch_mean_sum_norm``,
-    ``branch_mean_cos_ones``, ``branch_mean_cos_next``, ``branch_input_cos_prev``. Scalars:
-    ``rep_erank_final``, ``rep_erank_min``, ``rep_top_energy_final``, ``branch_input_cos_cross``
-    (Table 1: c for M = 1, 0 for M = 2), ``coherence_theory``, ``branch_mean_cos_cross``,
-    ``branch_mean_cos_consecutive``, ``branch_mean_cos_ones_mean``, ``branch_mean_sum_exponent``
-    (1 aligned, ½ random), ``branch_mean_snr``. Arrays: ``branch_mean_cos_matrix``, ``preact_var``.
+    Option ``n`` (probe inputs). ``branch_input_cos_cross``: Table 1 predicts c for M = 1, 0 for
+    M = 2; ``branch_mean_sum_exponent``: 1 for aligned means, ½ for random ones.
     """
     opt = ctx.probe_options("representation", REPRESENTATION_OPTIONS)
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
@@ -320,9 +314,7 @@ def reduce_representation(m: Measurement, ctx: ProbeContext) -> None:
 def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     """Per-input gradients ``δ_l = ∂ℓ/∂h_l`` as an n×d stack (Appendix C).
 
-    Options ``n``, ``delta`` (``random`` | ``cross_entropy``), ``classes``. Series (l = 0…L):
-    ``grad_erank``, ``grad_top_energy``, ``grad_log_rms``, ``grad_mean_snr``, ``grad_mean_cos_ones``.
-    Scalars: ``grad_erank_input``, ``grad_erank_min``, ``grad_top_energy_input``, ``grad_log_gain``.
+    Options ``n``, ``delta`` (``random`` | ``cross_entropy``), ``classes``.
     """
     opt = ctx.probe_options("backward_representation", BACKWARD_REPRESENTATION_OPTIONS)
     br = backward_representation(ctx.model, ctx.probe_inputs(int(opt["n"])),

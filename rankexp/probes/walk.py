@@ -68,8 +68,6 @@ def probe_projection_walk(ctx: ProbeContext) -> Measurement:
     """Table 3: erank/d of the random-walk projection product at the configured L's.
 
     Options ``step_angle`` ε, ``walk``, ``depths``; d = ``width``; the task's network is not used.
-    Series ``walk_erank`` (step = L); scalars ``walk_erank_L<L>``, ``walk_erank_final``,
-    ``walk_step_angle`` (mean turn), ``walk_span_angle`` (x_0 to x_L).
 
     Raises:
         ValueError: an L < 1, ε outside (0, π/2], or an unknown walk.
