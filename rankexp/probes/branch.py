@@ -124,11 +124,7 @@ _EIGENVALUES = "_mp_eigenvalues"
 
 
 def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
-    """Pooled over seeds: ``mp_gamma`` (γ at the mean preactivation variance), ``mp_ks``,
-    ``mp_edge_lower``/``mp_edge_upper``, ``mp_atom_theory``, ``masked_rank_theory``,
-    ``survival_theory``, ``erank_branch_reference`` (:func:`rankexp.theory.gaussian_product_erank`)
-    and the histogram arrays ``mp_hist_centers``, ``mp_hist_density``, ``mp_theory_density``.
-    """
+    """Pooled over seeds: γ at the mean preactivation variance, the MP fit (KS, edges, atom, histogram) and the Gaussian-product reference."""
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5

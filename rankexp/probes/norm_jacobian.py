@@ -41,10 +41,8 @@ def removed(j: Tensor, v: Tensor) -> Tensor:
 def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     """Table 2 for the op R (``norm.post``) of the first block.
 
-    At ``x = h_0 + μ·1`` (option ``input_mean``). Scalars: ``jac_autograd_error`` (relative
-    Frobenius), ``jac_removes_xhat``, ``jac_removes_xhat_c``, ``jac_removes_ones`` (0 = removed),
-    ``jac_rank_deficit``, ``jac_scale`` (top singular value) vs ``jac_scale_theory`` (c),
-    ``jac_sv_spread`` (0: c times a projection), ``jac_scale_rms`` (c·rms(x)).
+    At ``x = h_0 + μ·1`` (option ``input_mean``): the closed form against autograd, the directions
+    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c.
 
     Raises:
         ValueError: the first block has no post-residual op.

@@ -47,12 +47,9 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched model.
 
     The network is the config's family (an MLP stack inside a :class:`Classifier`, or a CIFAR
-    ConvNet). Each learning rate is a nested member run with series ``train_loss``,
-    ``train_error``, ``test_acc``, ``test_error`` (step = optimizer step or epoch) and final
-    scalars ``final_test_acc``, ``final_test_error``, ``best_test_acc``, ``final_train_loss``,
-    ``diverged``, ``clean_train_error``. The job's run keeps ``best_test_accuracy``, ``best_lr``,
-    ``max_stable_lr``, the per-LR finals ``<name>_lr<lr>``, ``train_seconds``, ``steps_per_epoch``,
-    the probes' metrics, and CIFAR-10 as its dataset input.
+    ConvNet). Each learning rate is a nested member run with its curves and finals; the job's run
+    keeps the sweep's summary (``best_test_accuracy``, ``best_lr``, ``max_stable_lr``, per-LR finals
+    ``<name>_lr<lr>``), the probes' metrics, and CIFAR-10 as its dataset input.
     """
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
