@@ -2,7 +2,7 @@
 
 Figure 12 follows the feedforward branch ``x ↦ mlp(ln₂(x))`` at the stream ``x_l`` where it
 reads it, at one token of a fixed prompt (:mod:`rankexp.probes.ffn`). Networks are GPT-2's own
-random initialization of a named shape (:data:`LM_SHAPES`, drawn from each member's seed) or
+random initialization of a named shape (:data:`rankexp.models.spec.LM_SHAPES`) or
 pretrained weights of any architecture of :data:`ARCHITECTURES` (one member).
 ``transformers`` is imported only when used (a missing extra gives :data:`EXTRA_HINT`).
 """
@@ -17,21 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from ..seeding import STREAM_WEIGHTS, seeded_generator
-from .spec import (  # noqa: F401 — the shapes are torch-free (config checks read them there)
-    DEFAULT_PROMPT_IDS,
-    HUB_IDS,
-    LM_SHAPES,
-    ShapeError,
-    checkpoint_config,
-    checkpoint_shape,
-    default_heads,
-    lm_shape,
-)
+from .spec import DEFAULT_PROMPT_IDS, default_heads  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 EXTRA_HINT = ("model=gpt2 needs the optional extra `transformers`: "
               "pip install -e '.[gpt2]' (make setup installs it)")
+
 
 def transformers_module():
     """``import transformers``, or an ImportError naming the extra (:data:`EXTRA_HINT`)."""
@@ -213,7 +205,3 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
              pretrained or f"random {config}", width, depth, len(members), len(prompt_ids), position)
     return CausalLM(members, seeds, prompt_ids, position).to(device)
 
-
-__all__ = ["ARCHITECTURES", "DEFAULT_PROMPT_IDS", "EXTRA_HINT", "LM_SHAPES", "Architecture",
-           "CausalLM", "ShapeError", "build_causal_lm", "checkpoint_shape", "default_heads", "lm_shape",
-           "load_pretrained", "random_gpt2", "tokenize", "transformers_module"]
