@@ -10,7 +10,6 @@ initial loss is frozen; the others continue. On a stop request the loop checkpoi
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
@@ -79,11 +78,10 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _autocast(device: torch.device, enabled: bool):
-    if not enabled:
-        return contextlib.nullcontext()
     # no weight-cast cache: each weight is cast once per step anyway, and CUDA graph capture
     # requires it off
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled,
+                          cache_enabled=False)
 
 
 @dataclass
