@@ -54,7 +54,6 @@ def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
         return ev
 
 
-# --------------------------------------------------------------------------- many spectra at once
 #: the erank error a Gram spectrum may carry (relative; erank = e^H, so also |δH|) before the
 #: batch falls back to an SVD for that matrix
 GRAM_TOLERANCE = 1e-10

@@ -82,7 +82,6 @@ class UnitBlock:
         return self.x.numel()
 
 
-# --------------------------------------------------------------------------- helpers
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """``model.eval()`` for the duration, every submodule's training flag restored after."""
@@ -144,7 +143,6 @@ def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     return float(erank_from_sv(ev.sqrt()) / d), float(rms), n
 
 
-# --------------------------------------------------------------------------- discovery
 def _hf_blocks(model: nn.Module) -> list[BlockSpec]:
     from ..models.gpt2 import ARCHITECTURES
 
@@ -234,7 +232,6 @@ def resolve(model: nn.Module, blocks) -> list[BlockSpec]:
     return out
 
 
-# --------------------------------------------------------------------------- capture
 @dataclass
 class _Seen:
     args: tuple = ()
@@ -322,7 +319,6 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
     return seen
 
 
-# --------------------------------------------------------------------------- units
 def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
     """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``: the whole input or token ``position``."""
     if position is None:

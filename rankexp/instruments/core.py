@@ -108,7 +108,6 @@ def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     return frozenset(PROBE_ALIASES.get(p, p) for p in names)
 
 
-# --------------------------------------------------------------------------- memory
 def working_bytes(fn: Callable[[Tensor], Tensor], x: Tensor, exclude: set[int]) -> int:
     """Bytes one evaluation of ``fn`` at ``x`` saves for backward (storages in ``exclude`` not counted) plus its output."""
     seen: set[int] = set()
@@ -131,7 +130,6 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-# --------------------------------------------------------------------------- Jacobians
 def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None = None) -> Tensor:
     """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)`` by forward mode: ``vmap`` of ``jvp`` over the
     basis vectors, ``chunk`` at a time (``None``: all at once)."""
@@ -186,7 +184,6 @@ def _unit_scale(s: Spectrum) -> Spectrum:
                    top_sq=s.top_sq / f, top_sq_err=s.top_sq_err / f)
 
 
-# --------------------------------------------------------------------------- chains of units
 @dataclass(frozen=True)
 class _Plan:
     """What one analysis computes and within which bounds."""
@@ -313,7 +310,6 @@ def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRe
     return out
 
 
-# --------------------------------------------------------------------------- the MLP's closed form
 def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
     d, itemsize = model.width, next(model.parameters()).element_size()
     engine = (max(model.skip_every, 1) + 6 + DENSE_WORDS) * d * d * max(itemsize, 8) * model.members
@@ -362,7 +358,6 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
     return out
 
 
-# --------------------------------------------------------------------------- entry points
 def _to_model(inputs, device: torch.device, dtype: torch.dtype):
     """Tensors of ``inputs`` on ``device``, floating ones in the model's ``dtype``."""
     if isinstance(inputs, Tensor):

@@ -34,7 +34,6 @@ def transformers_module():
     return transformers
 
 
-# --------------------------------------------------------------------------- architectures
 @dataclass(frozen=True)
 class Architecture:
     """Where a causal LM keeps its blocks (``blocks(model)``) and, on a block, ln₂ (``ffn_norm``) and the FFN (``ffn``)."""
@@ -51,7 +50,6 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA}
 
 
-# --------------------------------------------------------------------------- building
 def random_gpt2(width: int, depth: int, heads: int, seed: int, *, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> nn.Module:
     """A randomly initialized ``GPT2LMHeadModel`` (GPT-2's own init, dropout off, eval mode).

@@ -33,7 +33,6 @@ from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobia
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- J_f and D·W_up
 def _sigma_prime(block: Block, z: Tensor) -> Tensor:
     """σ′(z) elementwise: the closed form, or autograd on the block's σ (any other activation)."""
     if block.activation in ACTIVATION_DERIVATIVES:
@@ -147,7 +146,6 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
 
 
-# --------------------------------------------------------------------------- Table 1 spike
 def hidden_activations(block: Block, h: Tensor) -> Tensor:
     """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
     x = block.pre_norm(h)
@@ -201,7 +199,6 @@ def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
     m.scalars["spike_coherence_theory"] = c
 
 
-# --------------------------------------------------------------------------- Figure 4c / Table 3
 def _accumulate(unit: Tensor, log: Tensor, factor: Tensor | NormJacobian) -> tuple[Tensor, Tensor]:
     """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form."""
     acc = factor.left(unit) if isinstance(factor, NormJacobian) else factor @ unit

@@ -72,7 +72,6 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     return m
 
 
-# --------------------------------------------------------------------------- shattered
 def scalar_embedding(seeds, width: int, *, dtype=torch.float64, device="cpu") -> tuple[Tensor, Tensor]:
     """``(w, b)`` ``(E, n)`` of the input line ``h_0(x) = x w + b``, w, b ~ N(0, I_n) from ``STREAM_INPUT``
     (b ≠ 0: a bias-free ReLU network is homogeneous through the origin).

@@ -33,7 +33,6 @@ from ..spectra import (
 from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWEEP_NEEDS
 
 
-# --------------------------------------------------------------------------- torch.func (oracle, fallback)
 def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = None) -> Tensor:
     """Per-member Jacobian ``(E, d_out, d_in)`` by ``vmap`` of ``jacfwd`` of ``fn(params_e, x_e)``.
 
@@ -63,7 +62,6 @@ def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
     return member_jacobian(lambda _, se: block.res_norm(se), s)
 
 
-# --------------------------------------------------------------------------- closed forms
 @dataclass
 class BranchLinearization:
     """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25).
@@ -221,7 +219,6 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> I
             yield LayerJacobian(l, block, x, states[l], skip_from, linear, residual)
 
 
-# --------------------------------------------------------------------------- the sweep
 @dataclass
 class ForwardSweep:
     """Everything one forward sweep measured, per member; ``None`` where not asked for.

@@ -133,9 +133,6 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
     return float(min(1.0 / k, 1e4)), float(cinf)
 
 
-# --------------------------------------------------------------------------- correlation
-
-
 def probe_correlation(ctx: ProbeContext) -> Measurement:
     """q_l and c_l of n inputs through depth vs the iterated maps; χ₁, χ_c and ξ_c.
 
@@ -206,9 +203,6 @@ def _correlation_theory(model, q0: float, c0: float, depth: int, fit_from: int) 
     m.scalars.update(chi1_theory=ds.chi_1, xi_c_theory=min(ds.xi_c, 1e6), c_star_theory=ds.c_star,
                      chi_c_theory=ds.chi_c, q_star_theory=ds.q_star)
     return m
-
-
-# --------------------------------------------------------------------------- Jacobian spectrum
 
 
 def _input_variance(model, option) -> float:
@@ -334,9 +328,6 @@ def _spectrum_theory(model, q0: float) -> dict[str, float]:
     out.update(v_w_theory=v_w, v_d_theory=theory.activation_vd(act, q0),
                lambda_var_theory=float(sum(v_w + theory.activation_vd(act, v) for v in qs)))
     return out
-
-
-# --------------------------------------------------------------------------- deep linear
 
 
 def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, seed: int = 0,

@@ -28,7 +28,6 @@ from .catalog import BACKWARD_REPRESENTATION_OPTIONS, REPRESENTATION_OPTIONS
 STREAM_BACKWARD = 16
 
 
-# --------------------------------------------------------------------------- spectra of n×d stacks
 def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
     """``(erank(Z)/d, s_1²/Σ s_k²)`` of uncentered stacks ``Z`` ``(E, n, d)`` → two ``(E,)``, from the smaller Gram matrix."""
     d = z.shape[-1]
@@ -54,7 +53,6 @@ def _loglog_slope(y: Tensor) -> Tensor:
     return ((ly - ly.mean(1, keepdim=True)) * x).sum(1) / x.square().sum()
 
 
-# --------------------------------------------------------------------------- forward walk
 def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
 ) -> tuple[Tensor, Tensor]:
     """Block l on the stored states: ``(β B(f(P(h_{l−1}))), h_l)``."""
@@ -149,7 +147,6 @@ def representation(model: ResidualMLP, h0: Tensor) -> Representation:
                           preact_var=torch.stack(q, 1).mean(1))
 
 
-# --------------------------------------------------------------------------- backward walk
 def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
 ) -> Tensor:
     """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C), from each seed's :data:`STREAM_BACKWARD`.
@@ -264,9 +261,6 @@ def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
         if j in window:
             return window[j]
     raise KeyError(f"state h_{j} was not checkpointed")
-
-
-# --------------------------------------------------------------------------- probes
 
 
 def probe_representation(ctx: ProbeContext) -> Measurement:

@@ -71,7 +71,6 @@ class CorruptDataError(DataError, ValueError):
     """A CIFAR-10 source exists but is unreadable or not CIFAR-10."""
 
 
-# --------------------------------------------------------------------------- loading
 @dataclass(frozen=True)
 class DataSource:
     """Where a loaded CIFAR-10 came from (an MLflow dataset input): ``kind``, ``path``,
@@ -363,7 +362,6 @@ def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
     return _decode_imagefolder(dest / FOLDER_NAME, progress)
 
 
-# --------------------------------------------------------------------------- on device
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
     """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8 ``(N, 3, H, W)``, from histograms."""
     levels = torch.arange(256, dtype=torch.float64) / 255.0

@@ -382,7 +382,6 @@ class _Loop:
                          "sampler": self.sampler.state_dict(), "recipe": plan.recipe.name,
                          "divergence_factor": plan.divergence_factor, "architecture": arch}
 
-    # ---------------------------------------------------------------- resume / checkpoint
     def resume(self) -> int:
         """Restore from a usable checkpoint; returns the step to start at."""
         path = self.plan.checkpoint_path
@@ -429,7 +428,6 @@ class _Loop:
             "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0, "probes": h.probes,
             "probe_seconds": h.probe_seconds})
 
-    # ---------------------------------------------------------------- the steps
     def _loss_fn(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
         model, device, bf16 = self.model, self.device, self.plan.autocast_bf16
 
@@ -543,7 +541,6 @@ class _Loop:
                    f"loss {loss:.3g} > {self.plan.divergence_factor:g} × initial {initial:.3g}")
             log.warning("lr=%g diverged at step %d: %s (frozen from then on)", self.lrs[e], k, why)
 
-    # ---------------------------------------------------------------- the result
     def result(self, start: int, end: int, loss_window: int, stable_accuracy: float
                ) -> TrainResult:
         done = end

@@ -96,7 +96,6 @@ def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
     return _reduce(m, probes, ctx)
 
 
-# --------------------------------------------------------------------------- seed chunks
 def join_seeds(parts: Sequence[Measurement]) -> Measurement:
     """Join the per-seed results of disjoint seed chunks (in seed order) into one.
 
