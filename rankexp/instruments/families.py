@@ -106,14 +106,14 @@ def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
 
 
 def _cifar_member_fns(block: nn.Module, e: int, shape: torch.Size):
-    convs = [(block.conv1, _member_params(block.conv1, e)), (block.conv2, _member_params(block.conv2, e))]
-    bns = [(block.bn1, _member_params(block.bn1, e)), (block.bn2, _member_params(block.bn2, e))]
+    params = {m: _member_params(m, e) for m in (block.conv1, block.bn1, block.conv2, block.bn2)}
+
+    def call(m, y):
+        return functional_call(m, params[m], (y,))
 
     def residual(v):
-        y = v.reshape(shape)
-        y = functional_call(bns[0][0], bns[0][1], (functional_call(convs[0][0], convs[0][1], (y,)),))
-        y = functional_call(convs[1][0], convs[1][1], (F.relu(y),))
-        return functional_call(bns[1][0], bns[1][1], (y,)).reshape(-1)
+        y = F.relu(call(block.bn1, call(block.conv1, v.reshape(shape))))
+        return call(block.bn2, call(block.conv2, y)).reshape(-1)
 
     if block.residual:
         return residual, (lambda v: F.relu(residual(v) + v))

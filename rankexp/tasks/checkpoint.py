@@ -52,7 +52,7 @@ def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict |
         else:
             problem = _malformed(ckpt)
     if problem:
-        return _move_aside(path, problem)
+        return unusable(path, problem)
     for key, want in identity.items():
         if ckpt.get(key) != want:
             raise ValueError(
@@ -72,13 +72,8 @@ def _malformed(ckpt: object) -> str | None:
     return f"incomplete (no {', '.join(missing)})" if missing else None
 
 
-def _move_aside(path: Path, why: str) -> None:
+def unusable(path: Path, why: str) -> None:
+    """Move an unusable checkpoint aside to ``<path>.corrupt`` (training restarts from step 0)."""
     aside = path.with_name(path.name + ".corrupt")
     os.replace(path, aside)
     log.warning("checkpoint %s is %s; moved it to %s and training from step 0", path, why, aside)
-    return None
-
-
-def unusable(path: Path, why: str) -> None:
-    """Move a checkpoint that loaded but does not fit the model aside (see module docstring)."""
-    _move_aside(path, why)
