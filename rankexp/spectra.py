@@ -54,8 +54,7 @@ def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
         return ev
 
 
-#: the erank error a Gram spectrum may carry (relative; erank = e^H, so also |δH|) before the
-#: batch falls back to an SVD for that matrix
+#: the relative erank error a Gram spectrum may carry before that matrix gets an SVD
 GRAM_TOLERANCE = 1e-10
 
 

@@ -27,8 +27,7 @@ VectorMap = Callable[[Tensor], Tensor]
 #: where Hugging Face models keep their blocks (tried in order)
 HF_BLOCK_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers",
                   "transformer.blocks", "model.language_model.layers", "h", "layers")
-#: (norm in front of the FFN, FFN) attribute names of architectures without an entry in
-#: :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2's, then the Llama family's)
+#: (FFN norm, FFN) names to try outside :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2, Llama)
 HF_FFN_NAMES = (("ln_2", "mlp"), ("post_attention_layernorm", "mlp"))
 #: what the branch column says for each kind of branch
 BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USER = (

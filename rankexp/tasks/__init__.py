@@ -27,5 +27,4 @@ class _Tasks(Mapping[str, Callable[..., Measurement]]):
         return len(_TASKS)
 
 
-#: task name → ``fn(settings, device, job_dir, run_logger_or_None, config_hash) -> Measurement``
 TASKS: Mapping[str, Callable[..., Measurement]] = _Tasks()

@@ -35,8 +35,7 @@ log = logging.getLogger(__name__)
 STUDY_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 #: Final test accuracy at or above which a learning rate counts as stable (Table 5).
 STABLE_ACCURACY = 0.4
-#: A member whose train loss exceeds this multiple of its initial loss has diverged (healthy
-#: runs spike to ≤ 28×, a runaway rate reaches 10⁸×).
+#: a member whose loss exceeds this multiple of its initial loss diverged (healthy runs: ≤ 28×)
 DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 

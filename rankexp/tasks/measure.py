@@ -35,8 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: scalars a measure job adds about itself, not the science (:func:`task_measure`): they differ
-#: between devices and runs by design (benchmarks/gpu_check.py compares everything else)
+#: scalars about the job itself, not the science: they differ between devices and runs by design
 RUN_FACTS = ("measure_seconds", "build_seconds", "measure_cpu_seconds", "build_cpu_seconds",
              "peak_memory_gb", "seed_chunk")
 
