@@ -21,9 +21,12 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 
 from torch import nn
+
+from rankexp import tracking
+from rankexp.tracking import Sink
 
 from .core import analyze, resolve_probes
 
@@ -31,9 +34,6 @@ log = logging.getLogger(__name__)
 
 #: the frame's columns that name a row rather than measure something
 ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "branch_kind", "rows")
-
-#: ``log(metrics, step)``: where a checkpoint's numbers go (:data:`rankexp.tracking.Sink`)
-Sink = Callable[[Mapping[str, float], int], None]
 
 
 def metric_names(frame, prefix: str = "") -> dict[str, float]:
@@ -119,8 +119,6 @@ class SpectralMonitor:
             return None, False
         if callable(self.log):
             return self.log, False
-        from rankexp import tracking
-
         sink = tracking.active_run_sink(self.log == "mlflow", who="SpectralMonitor(log='mlflow')")
         if sink is None and not self._warned:
             log.warning("SpectralMonitor: no active MLflow run; keeping the frames only "
@@ -136,9 +134,7 @@ class SpectralMonitor:
         metrics[f"{self.prefix}spectra_seconds"] = seconds
         sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
         if is_mlflow and self.artifacts:
-            from rankexp import tracking
-
-            tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+                tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
 
     def callback(self):
         """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""
