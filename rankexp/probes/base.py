@@ -1,12 +1,8 @@
 """What every probe shares: the network under test, and the intermediates probes declare.
 
-A probe is ``fn(ctx: ProbeContext) -> Measurement``. Its :attr:`Probe.needs` name *sweep needs*
-(:data:`rankexp.probes.jacobian.SWEEP_NEEDS`, read from ``ctx.sweep``) or *layer folds*
-(per-layer consumers of :class:`~rankexp.probes.jacobian.LayerJacobian`, factories in
-:data:`rankexp.probes.FOLDS`, read with ``ctx.fold(name)``). The context runs the sweep once,
-on first use, with the union of the needs. Per-seed quantities become ``name`` and
-``name_std``; pooled ones are computed by :attr:`Probe.reduce` after every seed chunk is
-joined, so chunking never changes a number.
+A probe is ``fn(ctx: ProbeContext) -> Measurement``; its ``needs`` name sweep intermediates
+(``ctx.sweep``) or layer folds (``ctx.fold(name)``), computed once, on first use, for the union
+of the needs. Pooled quantities come from ``Probe.reduce`` after every seed chunk is joined.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Block Jacobians in closed form and the one forward sweep over all ``∂h_l/∂h_0``.
 
-Block l adds ``∂h_l/∂h_0 = J_R · (∂h_{l−k}/∂h_0 + J_b · ∂h_{l−1}/∂h_0)`` (Eq. 2/10/18), with
-``J_b = β J_B J_f J_P`` the scaled branch Jacobian at ``x = h_{l−1}`` (Eq. 17), ``J_R`` the
-post-residual op's, the skip term only on blocks with a skip. ``J_P``, ``J_B``, ``J_R`` are
-Table 2's ``c (I − V Vᵀ)`` (:class:`rankexp.models.norms.NormJacobian`); ``J_f = W_down
-diag(σ′(z)) W_up`` (M = 2, Eq. 9/25) or ``diag(σ′(z)) W`` (M = 1), over the active units only
-for a masked σ. ``torch.func`` is the fallback without a closed form (SwiGLU) and the test
-oracle. :func:`forward_sweep` computes only what its ``needs`` (:data:`SWEEP_NEEDS`) name; the
-running product is kept as a unit-Frobenius matrix plus its log-norm.
+Block l adds ``∂h_l/∂h_0 = J_R · (∂h_{l−k}/∂h_0 + J_b · ∂h_{l−1}/∂h_0)`` (Eq. 2/10/18) with
+``J_b = β J_B J_f J_P`` (Eq. 17), ``J_P``, ``J_B``, ``J_R`` Table 2's ``c (I − V Vᵀ)``, and
+``J_f = W_down diag(σ′(z)) W_up`` (Eq. 9/25) over the active units of a masked σ; ``torch.func``
+is the fallback (SwiGLU) and the test oracle. The running product is a unit-Frobenius matrix
+plus its log-norm.
 """
 
 from __future__ import annotations

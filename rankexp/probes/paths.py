@@ -1,11 +1,8 @@
 """Path-order decomposition of the input–output Jacobian (Eq. 5/11/12).
 
-With identity skips on every block ``∂h_L/∂h_0 = Π (I + β J_m) = Σ_k β^k S_k`` (Eq. 5/11), built
-by the dynamic program ``S_k^{(m)} = S_k^{(m−1)} + J_m S_{k−1}^{(m−1)}`` (Eq. 12) in O(L²)
-products. It runs on the scaled ``J_b = β J_m`` (norm ops included), so it yields
-``T_k = β^k S_k`` and works at β = 0. Post-Norm (Eq. 18) lets the skip path carry ``J_R``:
-``T_k^{(m)} = J_R (T_k^{(m−1)} + J_b T_{k−1}^{(m−1)})``, still summing to ``∂h_L/∂h_0``. Spaced
-skips are refused. Each ``T_k`` is a unit-Frobenius matrix plus its ln-norm.
+``∂h_L/∂h_0 = Π (I + β J_m) = Σ_k β^k S_k`` by the dynamic program of Eq. 12 on the scaled
+``J_b = β J_m`` (so ``T_k = β^k S_k``, also at β = 0); Post-Norm lets the skip path carry ``J_R``
+(Eq. 18), spaced skips are refused. Each ``T_k`` is a unit-Frobenius matrix plus its ln-norm.
 """
 
 from __future__ import annotations

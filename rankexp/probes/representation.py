@@ -1,10 +1,6 @@
-"""Residual representations of many probe inputs and their mean spike (Figure 7/14/15, Table 6).
-
-For n probe inputs the stream at depth l forms ``Z_l ∈ R^{n×d}`` (rows = inputs, uncentered).
-A branch whose output has a nonzero mean over inputs adds ``m_l`` to every row; aligned means
-(one-matrix branches, ``E[σ] ≠ 0``, cosine ``c = E[σ]²/E[σ²]``, Table 1) sum ∝ l and collapse
-``Z_l``; with M = 2 they point in random directions, sum ∝ √l and the rank survives. The
-backward analogue (Appendix C) measures the per-input gradients ``δ_l = ∂ℓ/∂h_l``.
+"""Residual representations of many probe inputs and their mean spike (Figure 7/14/15, Table 6),
+and the backward analogue on per-input gradients (Appendix C). Branch means aligned across
+layers (one-matrix branches, Table 1's c) sum ∝ l and collapse ``Z_l``; random ones sum ∝ √l.
 """
 
 from __future__ import annotations

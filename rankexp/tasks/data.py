@@ -1,12 +1,8 @@
 """CIFAR-10 for the ``train`` task: decode once, cache, keep the whole set on the device.
 
-Sources giving the same tensors: ``torchvision`` (``<root>/cifar-10-batches-py``, optional
-download), ``imagefolder`` (``<root>/cifar10-jpeg/{train,test}/<class>/*.jpg`` or
-``<root>/{train,test}/…``) and ``archive`` (``cifar10-jpeg.tar.gz``, extracted once). The
-decoded uint8 tensors are cached in ``<cache_dir>/cifar10-<key>.pt`` (key: the source's path,
-sizes and mtimes) with the SHA-256 of their tensors, checked on every load: a mismatching
-cache is reported and decoded again. Training uses a :class:`DeviceDataset` and a
-:class:`BatchSampler` drawing index batches on the device.
+Sources: ``torchvision`` (``cifar-10-batches-py``), ``imagefolder`` (``cifar10-jpeg/{train,test}/<class>/``)
+and ``archive`` (``cifar10-jpeg.tar.gz``). Decoded tensors are cached with their SHA-256, checked on
+every load (a mismatching cache is decoded again).
 """
 
 from __future__ import annotations

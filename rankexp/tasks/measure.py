@@ -1,10 +1,7 @@
 """The ``measure`` task: run the chosen probes on a freshly initialized network.
 
-:func:`measure_seeds` runs the seeds in chunks that fit the memory budget
-(:func:`rankexp.memory.chunking`), joins the chunks' per-seed results and lets each probe pool
-over all seeds (``Probe.reduce``): the result is the one a single batch gives, number for
-number. MLP families are probed on Gaussian inputs (:class:`~rankexp.probes.ProbeContext`),
-the CIFAR ConvNets on CIFAR-10 (:class:`~rankexp.probes.ImageProbeContext`).
+Seeds run in chunks that fit the memory budget (:func:`rankexp.memory.chunking`); the joined
+result is the one a single batch gives, number for number.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
 
-Every parameter carries the leading member axis E; every operation is elementwise or
-broadcasts an ``(E,)`` coefficient, so member ``e`` follows exactly the trajectory of a
-one-member model at ``lrs[e]``. A frozen member (``alive[e] = False``) stays bit-for-bit (its
-gradients are cleared with ``masked_fill``: ``0 · NaN`` is NaN). A :class:`Recipe` bundles
-optimizer, schedule and batch transform; Adam at a constant rate is the study's (Table 5).
+Every operation is elementwise or broadcasts an ``(E,)`` coefficient, so member ``e`` follows a
+one-member model at ``lrs[e]`` exactly; a frozen member stays bit-for-bit (gradients cleared with
+``masked_fill``: ``0 · NaN`` is NaN).
 """
 
 from __future__ import annotations

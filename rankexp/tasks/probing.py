@@ -1,9 +1,6 @@
-"""Probes during training: ``task.probes`` at the steps of ``task.probe_every``/``probe_steps``,
-on every learning-rate member.
-
-:func:`probe_members` measures a copy of the network (the MLP stack in the measurement dtype on
-Gaussian inputs, a ConvNet on its CIFAR-10 images) under a forked RNG, so training with probes
-is bit-identical to training without. Members play the role of seeds.
+"""Probes during training, at the steps of ``task.probe_every``/``probe_steps``, on every
+learning-rate member: a copy of the network is measured under a forked RNG, so training with
+probes is bit-identical to training without.
 """
 
 from __future__ import annotations
