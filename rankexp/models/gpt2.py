@@ -1,10 +1,6 @@
-"""Hugging Face causal LMs — GPT-2 and kin — as a model family (``model=gpt2``; Figure 12).
-
-Figure 12 follows the feedforward branch ``x ↦ mlp(ln₂(x))`` at the stream ``x_l`` where it
-reads it, at one token of a fixed prompt (:mod:`rankexp.probes.ffn`). Networks are GPT-2's own
-random initialization of a named shape (:data:`rankexp.models.spec.LM_SHAPES`) or
-pretrained weights of any architecture of :data:`ARCHITECTURES` (one member).
-``transformers`` is imported only when used (a missing extra gives :data:`EXTRA_HINT`).
+"""Hugging Face causal LMs — GPT-2 and kin — as a model family (``model=gpt2``; Figure 12):
+GPT-2's own random initialization of a named shape, or pretrained weights of any architecture
+of :data:`ARCHITECTURES` (one member); ``transformers`` is imported only when used.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """FFN-branch Jacobians along the residual stream of a causal LM (``model=gpt2``; Figure 12).
 
-At the stream ``x_l`` the branch reads (one token of a fixed prompt)::
-
-    J_l = ∂ mlp(ln₂(x))/∂x = W_projᵀ diag(gelu′(z)) W_fcᵀ J_ln(x_l),
-    J_ln = diag(γ) [(I − 11ᵀ/d)/s − u uᵀ/(d s³)],  u = x − mean(x) 1,  s = (‖u‖²/d + ε)^{1/2}
-
-one GEMM of ``m·d²`` per block; ``torch.func.jacrev`` is the oracle and the engine for other
-architectures. Figure 12 reads, over blocks ``first_block … L`` (default 2): (a) pairwise
-cosines ``⟨J_i, J_j⟩_F / (‖J_i‖_F ‖J_j‖_F)`` against the 1/d baseline; (b) ``‖Σ_{l≤k} J_l‖_F``
-against the uncorrelated and coherent sums; (c) ``rms(h_l)`` and ``r_l = ‖J_l‖_F/√d`` (Eq. 4).
+``J_l = ∂ mlp(ln₂(x))/∂x = W_projᵀ diag(gelu′(z)) W_fcᵀ J_ln(x_l)`` with the LayerNorm Jacobian
+``J_ln = diag(γ) [(I − 11ᵀ/d)/s − u uᵀ/(d s³)]``, ``u = x − mean(x)``, ``s = (‖u‖²/d + ε)^{1/2}``:
+one GEMM per block (``torch.func.jacrev`` for other architectures and as the oracle).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The training loop engine of the ``train`` task: pure PyTorch (the glue is :mod:`rankexp.tasks.train`).
 
-A learning-rate sweep is one batched model: member ``e`` is the same initial network trained at
-``lrs[e]``, so a sweep step is one forward and one backward. Data live on the device and the
-host reads it only at reports, checkpoints and the end (airbench's habit); on CUDA a step can
-be one CUDA graph. A member whose loss is non-finite or above ``divergence_factor`` × its
-initial loss is frozen; the others continue. On a stop request the loop checkpoints and raises
-:class:`~rankexp.interrupt.JobInterrupted`; the rerun resumes bit-identically on CPU.
+A learning-rate sweep is one batched model (member ``e`` at ``lrs[e]``): one forward and one
+backward per step, data on the device, host reads only at reports and checkpoints, optionally
+one CUDA graph per step. Diverged members are frozen; on a stop request the loop checkpoints and
+raises :class:`~rankexp.interrupt.JobInterrupted` (the rerun resumes bit-identically on CPU).
 """
 
 from __future__ import annotations
