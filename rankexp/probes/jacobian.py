@@ -218,13 +218,10 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> I
 
 @dataclass
 class ForwardSweep:
-    """Everything one forward sweep measured, per member; ``None`` where not asked for.
-
-    ``rms`` ``(E, L+1)``; ``erank`` (unnormalized), ``stable_rank``, ``log_gain`` (``ln ‖∂h_l/∂h_0‖_F``)
-    ``(E, L)`` for l = 1…L (ranks NaN before L without ``partial_spectra``); ``branch_ratio``
-    (Eq. 4) and ``accumulated_branch`` ``‖Σ_{l≤k} β J_l‖_F/‖I‖_F`` (Figure 5b/12) ``(E, L)``;
-    ``io_unit`` ``∂h_L/∂h_0`` at unit Frobenius norm ``(E, d, d)`` and its singular values ``(E, d)``;
-    ``partials`` every ``∂h_l/∂h_0`` at true scale if kept.
+    """Everything one forward sweep measured, per member; ``None`` where not asked for: ``rms``
+    ``(E, L+1)``; ``erank``, ``stable_rank``, ``log_gain`` ``(E, L)``; ``branch_ratio`` (Eq. 4) and
+    ``accumulated_branch`` (Figure 5b/12) ``(E, L)``; ``io_unit`` ``(E, d, d)`` (unit Frobenius)
+    and ``io_singular_values`` ``(E, d)``.
     """
 
     rms: Tensor

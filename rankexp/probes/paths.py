@@ -75,11 +75,9 @@ class PathOrders:
 
 
 class PathOrderDP:
-    """The dynamic program of Eq. 12 in log-norm form, fed one block at a time.
-
-    Orders above ``max_order`` K are not formed (the kept ones stay exact). Terms are stored as
-    ``(E, d, K+1, d)`` so ``J_b`` times ``chunk`` consecutive orders is one GEMM per member.
-    Memory: ``E·(K+1)·d²`` numbers.
+    """The dynamic program of Eq. 12 in log-norm form, fed one block at a time; orders above
+    ``max_order`` are not formed, ``chunk`` consecutive orders are one GEMM per member
+    (memory ``E·(K+1)·d²``).
     """
 
     def __init__(self, members: int, width: int, max_order: int, *, chunk: int = 64,
@@ -155,9 +153,6 @@ def _check_structure(model: ResidualMLP) -> None:
 def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64,
                 on_layer: Callable[[LayerJacobian], None] | None = None) -> PathOrders:
     """``∂h_L/∂h_0 = Σ_k β^k S_k`` (Eq. 11) by the dynamic program of Eq. 12, from ``h0`` ``(E, 1, d)``.
-
-    ``max_order`` K ≤ L (default L); ``on_layer`` also gets every :class:`LayerJacobian`. Cost
-    ≈ L·K d×d products per member (twice for post-norm).
 
     Raises:
         ValueError: ``skip_every ≠ 1`` or ``max_order < 0``.

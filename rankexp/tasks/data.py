@@ -97,10 +97,8 @@ def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path =
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
     """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
-    ``root``: a folder holding a source, the image-folder tree, or the ``.tar.gz``; ``source``:
-    ``auto`` or one kind; ``expect_counts``: required (train, test) sizes (``None``: any).
     Returns ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
-    (memory-mapped when cached), int64 ``(N,)`` labels in :data:`CLASSES` order.
+    (memory-mapped when cached) and int64 ``(N,)`` labels in :data:`CLASSES` order.
 
     Raises:
         MissingDataError: no source at ``root``.

@@ -83,14 +83,10 @@ def _autocast(device: torch.device, enabled: bool):
 
 @dataclass
 class TrainResult:
-    """What one learning-rate sweep produced; arrays are per member (= per learning rate).
-
-    ``loss``/``train_error`` ``(steps, E)`` per step (before its update); ``test_acc``
-    ``(n_evals, E)`` at ``eval_steps``; ``final_*``/``best_test_acc``/``diverged``/``diverged_step``
-    ``(E,)`` (step 1-based, -1 if never); ``best_lr`` ranks non-diverged rates by final accuracy;
-    ``max_stable_lr``: largest non-diverged rate with final accuracy ≥ ``stable_accuracy``
-    (Table 5); ``wall_time_s`` over all calls, ``steps_per_s`` this call; ``probes``: step →
-    ``on_probe``'s result.
+    """What one learning-rate sweep produced; arrays are per member (= per learning rate):
+    ``(steps, E)`` per-step ``loss``/``train_error``, ``(n_evals, E)`` ``test_acc`` at ``eval_steps``,
+    ``(E,)`` finals; ``max_stable_lr`` is the largest non-diverged rate with final accuracy ≥
+    ``stable_accuracy`` (Table 5).
     """
 
     lrs: list[float]
@@ -264,19 +260,16 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
     Args:
         classifier: ``(B, …)`` → ``(E, B, C)`` logits, every parameter with the leading member
             axis E = ``len(lrs)``, on ``data``'s device; trained in place.
-        lrs: member e ↔ ``lrs[e]``; ``seed`` seeds the batch sampling (:class:`BatchSampler`).
         checkpoint_path: written atomically every ``checkpoint_every`` steps, at the end and on a
             stop request; a run finding it resumes (an unusable one goes to ``*.corrupt``).
-        log_every: report every this many steps (None: at evaluations) to ``on_log(step,
-            {"train_loss", "train_error"[, "test_acc"]: (E,) arrays})``.
-        divergence_factor: > 1 (``math.inf``: only non-finite losses diverge).
+        log_every: report every this many steps (None: at evaluations) to ``on_log(step, metrics)``.
         stop_after: end after this many steps without a checkpoint, as if killed (tests).
         probe_at: steps (0: before the first) after which ``on_probe(step)`` runs; it must leave
-            model, optimizer and RNG as found, and its CPU tensors are checkpointed.
+            model, optimizer and RNG as found.
 
     Raises:
-        ValueError: ``len(lrs)`` ≠ E, a bad rate, step count or factor, data and model on
-            different devices or widths, ``cuda_graphs`` off CUDA, or another run's checkpoint.
+        ValueError: bad rates, step counts, factor, devices, widths, ``cuda_graphs`` off CUDA, or
+            another run's checkpoint.
         rankexp.interrupt.JobInterrupted: a stop was requested; the checkpoint is written.
     """
     plan = _Plan(

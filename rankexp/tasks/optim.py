@@ -147,14 +147,9 @@ def constant(step: int, steps: int) -> float:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How the members of a model are optimized — the seams of the training loop.
-
-    Attributes:
-        name: recorded in checkpoints (another recipe's checkpoint is not resumed).
-        optimizer: ``optimizer(model, lrs)`` → a :class:`MemberOptimizer`.
-        schedule: ``schedule(step, steps)`` → the factor on every rate at 0-based ``step`` (host).
-        batch_transform: ``batch_transform(x, step)`` (on-device augmentation) or None; ``step``
-            is the loop's 0-dim int64 device counter, so an index-only transform is graph-safe.
+    """How the members of a model are optimized: ``optimizer(model, lrs)``, ``schedule(step, steps)``
+    (the factor on every rate, host arithmetic) and ``batch_transform(x, step)`` (on-device, ``step``
+    a 0-dim device counter, so it is graph-safe); ``name`` identifies it in checkpoints.
     """
 
     name: str = "adam"
