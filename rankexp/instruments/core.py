@@ -140,11 +140,8 @@ def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None 
 
 def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
                 ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``, one vector each (``vmap`` them).
-
-    ``keep``: one ``vjp`` graph is kept and ``J v`` is the vjp of its pullback (faster than
-    PyTorch's forward mode, which copies every weight per ``jvp``); ops without a double backward
-    fall back to ``jvp``. ``keep=False``: each product recomputes the forward.
+    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``: with ``keep``, ``J v`` is the vjp of a kept
+    pullback (faster than forward mode; ``jvp`` without a double backward), else recomputed.
     """
     if keep:
         y, pull = vjp(fn, x)

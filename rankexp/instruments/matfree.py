@@ -99,11 +99,8 @@ class Lanczos:
 
 def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
             check: int = 8, converged: Callable[[Lanczos], bool] | None = None) -> Lanczos:
-    """Lanczos on the symmetric operator ``gram`` ``(p, D) → (p, D)`` from ``start`` ``(p, D)``.
-
-    At most ``steps`` steps; every ``check`` steps ``converged(partial)`` may stop it (as does an
-    invariant subspace in every run; such a run continues with zero vectors, nodes of weight 0).
-    Memory: the basis, ``p (steps + 1) D`` numbers.
+    """Lanczos with full reorthogonalization on ``gram`` ``(p, D) → (p, D)`` from ``start`` ``(p, D)``; every
+    ``check`` steps ``converged(partial)`` may stop it. Memory ``p (steps + 1) D`` numbers.
     """
     p, dim = start.shape
     steps = max(1, min(int(steps), dim))

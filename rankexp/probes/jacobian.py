@@ -61,11 +61,8 @@ def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
 
 @dataclass
 class BranchLinearization:
-    """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25).
-
-    ``pre``/``out``: Table 2 Jacobians of P and B (``None``: identity); ``deriv`` σ′(z) ``(E, m)``;
-    ``up`` ``(E, m, d)``; ``down`` ``(E, d, m)`` or ``None`` (M = 1); ``active``: per member the
-    units with σ′ ≠ 0 of a masked activation, else ``None``.
+    """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25);
+    ``down`` is ``None`` for M = 1, ``active`` lists the units with σ′ ≠ 0 of a masked activation.
     """
 
     scale: float
@@ -172,11 +169,9 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
 
 
 class LayerJacobian:
-    """The pieces of block ``layer``'s (1-based) Jacobian at the forward activation.
-
-    ``h_in``/``h_out`` ``(E, 1, d)``; ``skip_from`` the j of the added ``h_j`` (``None``: plain layer);
-    ``linear`` the :class:`BranchLinearization` (``None``: ``torch.func``); ``residual`` ``J_R`` as a
-    :class:`NormJacobian` (``None``: R = identity); ``branch`` ``J_b`` ``(E, d, d)``, formed on first access.
+    """The pieces of block ``layer``'s (1-based) Jacobian at the forward activation: ``h_in``/``h_out``
+    ``(E, 1, d)``, ``skip_from`` (``None``: plain layer), ``linear`` (``None``: ``torch.func``), ``residual``
+    ``J_R`` (``None``: identity) and ``branch`` ``J_b`` ``(E, d, d)``, formed on first access.
     """
 
     def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor, skip_from: int | None,
@@ -245,10 +240,8 @@ PROFILE_SPECTRA = "gram"
 
 
 class _Spectra:
-    """erank and stable rank of ``∂h_l/∂h_0`` for l = 1…L as the sweep produces them.
-
-    ``∂h_L/∂h_0``: an SVD. The others: in the loop (``gram`` where exact, else an SVD for this and
-    every later layer; or ``svd``), or kept and taken in one batched call after the last block.
+    """erank and stable rank of ``∂h_l/∂h_0`` for l = 1…L as the sweep produces them: in the loop
+    (``gram`` where exact, else SVDs from then on; or ``svd``), or deferred to one batched call.
     """
 
     def __init__(self, want: bool, depth: int, deferred: bool, method: str):

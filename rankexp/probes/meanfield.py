@@ -77,11 +77,8 @@ def _sigma_prime(layer, x: Tensor) -> Tensor:
 
 
 def layer_chi(layer, x: Tensor, tangents: Tensor | None = None) -> Tensor:
-    """``tr(J_aᵀ J_b)/n`` for every pair of inputs of ``x`` ``(E, B, n)`` → ``(E, B, B)``.
-
-    ``J_a`` is the layer Jacobian at input a: the diagonal is χ₁ (215.3), the off-diagonal χ_c
-    (215.4). Exact without a norm op (``J = g W diag(φ′(x))``), else estimated as
-    ``E_v[(J_a v)·(J_b v)]`` over ``tangents`` ``(K, E, 1, n)``.
+    """``tr(J_aᵀ J_b)/n`` ``(E, B, B)`` for every pair of inputs of ``x`` ``(E, B, n)``: χ₁ on the diagonal
+    (215.3), χ_c off it (215.4); exact without a norm op, else estimated over ``tangents``.
 
     Raises:
         ValueError: a batch-normalized layer, or a norm op without ``tangents``.
@@ -233,11 +230,8 @@ def layer_jacobian(layer, x: Tensor) -> Tensor:
 
 
 def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians (215.7).
-
-    Returns:
-        ``(unit, log_norm, vd)``: unit-Frobenius ``(E, n, n)``, ``ln‖·‖_F`` ``(E,)``, per-layer
-        v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
+    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians (215.7): ``(unit, log_norm,
+    vd)`` with the per-layer measured v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
 
     Raises:
         ValueError: skip_every > 1, or a batch-normalized network.
