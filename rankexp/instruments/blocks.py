@@ -289,8 +289,8 @@ def _hooks(specs, seen, point, token, stats):
 
 def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
             token: bool, stats: bool = True) -> list[_Seen]:
-    """One forward pass: each block's arguments at input ``point``, its output, the branch's
-    input and the representation statistics over every input.
+    """One forward pass recording each block's arguments at input ``point``, its output, the branch's
+    input and the representation statistics.
 
     Raises:
         BlockError: a block not called exactly once, or not shape-preserving.
@@ -359,10 +359,8 @@ def _stages(seen: Sequence[_Seen]) -> list[int]:
 
 def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
                  position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
-    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass of any ``nn.Module``.
-
-    ``point``: the input of the Jacobians; ``position``: the token of a ``(B, T, d)`` stream
-    (``None``: whole inputs); ``member``: the rows' member label.
+    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass of any ``nn.Module`` (``position``:
+    the token of a ``(B, T, d)`` stream, ``None``: whole inputs).
     """
     seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
     units = []

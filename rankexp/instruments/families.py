@@ -30,10 +30,8 @@ FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 
 
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
-    """``(h, h0)``: the ``(E, n, d)`` inputs of a ResidualMLP / PlainNet and the ``(E, 1, d)`` Jacobian point.
-
-    ``inputs``: an int n (the probes' own Gaussian inputs, Jacobians at ``task=measure``'s
-    ``h_0``; ``point`` must be 0), ``(n, d)`` or ``(E, n, d)``.
+    """``(h, h0)``: inputs ``(E, n, d)`` of a ResidualMLP / PlainNet and the Jacobian point ``(E, 1, d)``, from
+    an int n (the probes' own inputs; ``point`` 0), ``(n, d)`` or ``(E, n, d)``.
 
     Raises:
         ValueError: another shape, or a point outside the inputs.

@@ -83,10 +83,8 @@ def ffn_jacobians(lm: CausalLM, member: int, ffn_in: Tensor) -> Tensor:
 
 
 def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
-    """Figure 12's quantities from the Jacobians ``(L, d, d)`` of one network.
-
-    Returns ``ratio`` ``(L,)``, ``cosines`` ``(L, L)``, ``accumulated``/``uncorrelated``/``coherent``
-    ``(K,)`` at k = first…L (each /√d), ``cos_offdiag_mean``/``_abs_mean``/``_rms`` (NaN when K = 1).
+    """Figure 12's quantities from the Jacobians ``(L, d, d)`` of one network, over blocks
+    ``first_block … L``: ratios, cosines, accumulated/uncorrelated/coherent sums (/√d).
 
     Raises:
         ValueError: ``first_block`` outside 1…L.

@@ -326,11 +326,8 @@ def _spectrum_theory(model, q0: float) -> dict[str, float]:
 
 def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, seed: int = 0,
                          rtol: float = 1e-10) -> float:
-    """Gradient flow on a real deep linear chain (215.8): the time its product reaches s/2.
-
-    A linear orthogonal :class:`PlainNet` ``W_i = a₀ Q_i`` with target ``s Q_N⋯Q_1`` keeps
-    ``W_i = a(t) Q_i``; the flow (autograd gradients, DOP853 at ``rtol``) must reach s/2 at
-    T(N, a₀, s). 0 when already past halfway.
+    """Gradient flow on a real deep linear chain (a linear orthogonal :class:`PlainNet`): the time its
+    product reaches s/2, to compare with T(N, a₀, s) of 215.8 (0 when already past halfway).
     """
     from scipy.integrate import solve_ivp
 

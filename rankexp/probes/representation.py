@@ -145,10 +145,8 @@ def representation(model: ResidualMLP, h0: Tensor) -> Representation:
 
 def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
 ) -> Tensor:
-    """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C), from each seed's :data:`STREAM_BACKWARD`.
-
-    ``kind``: ``random`` (``N(0, I_d)``) or ``cross_entropy`` (``(softmax(h_L Wᵀ) − onehot(y)) W`` of a
-    random head ``W ~ N(0, 1/d)`` with C = ``classes`` and random labels).
+    """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C) from each seed's :data:`STREAM_BACKWARD`:
+    ``random`` ``N(0, I_d)``, or ``cross_entropy`` of a random head with random labels.
 
     Raises:
         ValueError: unknown ``kind`` or ``classes < 2``.

@@ -33,10 +33,8 @@ def save(path: Path, payload: dict) -> None:
 
 
 def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict | None:
-    """The checkpoint at ``path`` if this run (``identity``, ``steps``) can resume from it, else ``None``.
-
-    Returns the payload (tensors on ``device``), or ``None`` when there is no file or it was moved
-    to ``<path>.corrupt``.
+    """The checkpoint at ``path`` (tensors on ``device``) if this run can resume from it; ``None``
+    when there is none or it was moved to ``<path>.corrupt``.
 
     Raises:
         ValueError: another run's checkpoint (an identity key differs) or past ``steps``.

@@ -28,11 +28,9 @@ class MemberOptimizer(Protocol):
 
 
 class MemberAdam:
-    """Adam (``torch.optim.Adam``'s defaults, no weight decay) for E members at ``lrs`` ``(E,)``.
-
-    The step ``lr/c1 · m / (√v/√c2 + ε)`` is written ``m / (a_e √v + b_e)`` with
-    ``a_e = c1 / (lr_e √c2)``, ``b_e = ε c1 / lr_e``: one broadcast multiply-add on a preallocated
-    buffer. A frozen member gets ``a_e = 0, b_e = +inf``, a step of exactly 0.
+    """Adam (``torch.optim.Adam``'s defaults) for E members at ``lrs`` ``(E,)``: the step is
+    ``m / (a_e √v + b_e)`` with ``a_e = c1 / (lr_e √c2)``, ``b_e = ε c1 / lr_e`` (one broadcast
+    multiply-add); a frozen member gets ``a_e = 0, b_e = +inf``, a step of exactly 0.
 
     Raises:
         ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without the member axis.

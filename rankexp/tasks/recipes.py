@@ -114,12 +114,7 @@ class StepSchedule:
 
 def recipe(task, *, depth: int, steps: int, batch_size: int, seed: int,
            fill: Tensor | None, device: torch.device) -> Recipe:
-    """The :class:`Recipe` the ``task`` config asks for (:data:`ADAM` for the defaults).
-
-    ``task``: ``optimizer``, ``momentum``, ``weight_decay``, ``schedule``, ``milestones``,
-    ``gamma``, ``warmup_*``, ``augment``, ``pad``; ``depth`` gates the warm-up; ``steps``,
-    ``batch_size``, ``seed``: the augmentation's table; ``fill``: its padding per channel.
-    """
+    """The :class:`Recipe` the ``task`` config asks for (:data:`ADAM` itself for the defaults)."""
     optimizer = _value(task.optimizer)
     schedule_name = _value(task.schedule)
     augment = _value(task.augment)
