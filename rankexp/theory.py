@@ -40,7 +40,6 @@ def _lazy_module(name: str) -> ModuleType:
 special = _lazy_module("scipy.special")
 stats = _lazy_module("scipy.stats")
 
-# --------------------------------------------------------------------------- quadrature
 _HERMITE_NODES = 160
 _LEGENDRE_NODES = 160
 _TRUNCATION = 12.0
@@ -81,7 +80,6 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     return float(np.dot(w, g(x)))
 
 
-# --------------------------------------------------------------------------- activations
 def _silu(x):
     return x * special.expit(x)
 
@@ -174,7 +172,6 @@ def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
                                survival_rate=rate)
 
 
-# --------------------------------------------------------------------------- Eq. 21/22
 def prenorm_branch_ratio(layer, nominal_ratio: float, kappa: float):
     """Pre-Norm branch-to-skip ratio (Eq. 22): ``r̃_l = βα^M / sqrt(1 + κ(βα^M)²(l−1))``.
 
@@ -191,7 +188,6 @@ def prenorm_stream_rms(layer, nominal_ratio: float, kappa: float):
     return np.sqrt(1.0 + kappa * nominal_ratio**2 * l)
 
 
-# --------------------------------------------------------------------------- Marchenko–Pastur
 def marchenko_pastur_edges(gamma: float) -> tuple[float, float]:
     """Bulk edges ``((1−1/√γ)², (1+1/√γ)²)`` of ``G = (D W_up)ᵀ(D W_up)`` over ``tr(G)/d`` (Figure 9).
 
@@ -255,7 +251,6 @@ def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> fl
     return float(max(d0, np.max(j / n - f), np.max(f - (j - 1) / n)))
 
 
-# --------------------------------------------------------------------------- J_f reference
 def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int = 0) -> float:
     """Reference for ``erank(J_f)/d`` (Figure 8): erank/d of ``G₂ G₁``, ``G₁ ∈ R^{inner×d}``.
 
@@ -274,7 +269,6 @@ def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int 
     return float(np.mean(out))
 
 
-# --------------------------------------------------------------------------- path orders
 def uncorrelated_path_profile(rho) -> np.ndarray:
     """Energy profile over path order k = 0…L if paths are uncorrelated (Eq. 5/11).
 
@@ -296,7 +290,6 @@ def path_order_distribution(n: int, rho: float) -> np.ndarray:
     return stats.binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
 
 
-# --------------------------------------------------------------------------- mean field
 def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     """Mean-field length map ``q ↦ σ_w² E[φ(√q z)²] + σ_b²`` (scalar or array ``q > 0``)."""
     sig, _ = sigma_numpy(activation)
@@ -414,7 +407,6 @@ def residual_variance(alpha: float, depth: int, q0: float = 1.0) -> float:
     return q0 * (1.0 + alpha**2) ** depth
 
 
-# --------------------------------------------------------------------------- Table 3
 def random_walk_projection_product(width: int, depth: int, step: float, *, seed: int = 0
 ) -> np.ndarray:
     """Singular values ``(d,)`` of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), descending.
@@ -432,7 +424,6 @@ def random_walk_projection_product(width: int, depth: int, step: float, *, seed:
     return np.linalg.svd(q, compute_uv=False)
 
 
-# --------------------------------------------------------------------------- mean-field lab (the chapter, 215.1–215.9)
 def covariance_map(q_a: float, q_b: float, c: float, activation: str, sigma_w2: float,
                    sigma_b2: float = 0.0) -> tuple[float, float, float]:
     """One layer of the two-input mean-field maps (215.1/215.2): ``(q_a', q_b', c')``.

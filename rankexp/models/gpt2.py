@@ -169,10 +169,8 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
                     heads: int | None, seeds: Sequence[int], prompt_ids: Sequence[int],
                     prompt: str | None, tokenizer: str | None, position: int,
                     dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """The :class:`CausalLM` of a ``model=gpt2`` config (:class:`rankexp.config.Gpt2Model`).
-
-    Random init: one model per seed; pretrained: one, of shape width × depth. A text ``prompt``
-    is tokenized by ``tokenizer`` (default ``pretrained``).
+    """The :class:`CausalLM` of a ``model=gpt2`` config: one random model per seed, or one pretrained
+    of shape width × depth; a text ``prompt`` is tokenized by ``tokenizer`` (default ``pretrained``).
 
     Raises:
         ValueError: a checkpoint of another shape, a text prompt without tokenizer, or what

@@ -37,8 +37,7 @@ class ImageProbeContext:
         return probe_options(self.options, name, defaults)
 
     def images(self, split: str, n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-        """``n`` images of ``split`` (train | test) and labels: all in order when ``n`` ≥ the split's size,
-        else a fixed random subset of ``seed``.
+        """``n`` images of ``split`` (train | test) and labels: all in order, or a fixed random subset of ``seed``.
 
         Raises:
             ValueError: n < 1.

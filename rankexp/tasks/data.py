@@ -438,11 +438,9 @@ def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceData
 
 
 class BatchSampler:
-    """Shuffled index batches drawn on the device, a pure function of ``(seed, step)``.
-
-    Epoch k is a permutation seeded from ``(seed, STREAM_DATA, k)``; step t takes batch
-    ``t mod (n // B)`` of epoch ``t // (n // B)`` (the partial batch is dropped), so a resumed
-    run draws the batches an uninterrupted one would.
+    """Shuffled index batches on the device, a pure function of ``(seed, step)``: epoch k is a
+    permutation seeded from ``(seed, STREAM_DATA, k)`` (partial batch dropped), so a resumed run draws
+    the batches an uninterrupted one would.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):

@@ -80,10 +80,7 @@ def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                h0: Tensor | None = None, options: dict | None = None,
                progress: Callable[[str], None] | None = None,
                context: ContextFactory | None = None) -> Measurement:
-    """Run ``probes`` on ``model`` (members = seeds), all seeds as one batch, sweep needs computed once.
-
-    ``h0``: inputs ``(E, 1, d)`` (default: Gaussian from each seed); ``context``: as
-    :func:`probe_chunk` (``h0`` and ``options`` then unused).
+    """Run ``probes`` on ``model`` (members = seeds) as one batch; ``h0`` ``(E, 1, d)`` defaults to each seed's Gaussian.
 
     Raises:
         KeyError: an unknown probe name.

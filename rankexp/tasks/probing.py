@@ -33,10 +33,8 @@ def probes_at(step: int, probes: list[str]) -> list[str]:
 
 def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
                   trained: bool, dtype: torch.dtype | None = None) -> Measurement:
-    """``probes`` of every member of ``net``, on a copy, under a forked RNG.
-
-    ``trained``: a ConvNet's BN as tested; ``dtype``: the MLP copy's dtype. Per-member values are in
-    ``arrays`` (``seed_arrays``).
+    """``probes`` of every member of ``net`` on a copy under a forked RNG (``dtype``: the MLP copy's;
+    ``trained``: a ConvNet's BN as tested); per-member values in ``seed_arrays``.
     """
     p = next(net.parameters())
     devices = [p.device] if p.device.type == "cuda" else []

@@ -195,9 +195,7 @@ def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
 
 def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: list[int], run: Any,
                    result_dir: Path) -> None:
-    """The scheduled probes' record: ``probe_seconds``, ``probe_<name>`` ``(steps, E)`` at
-    ``probe_steps``, one ``.npz`` per step, and backfilled series of steps before a resume.
-    """
+    """The scheduled probes' record: cost, per-member scalars per step, one ``.npz`` per step, backfill."""
     steps = sorted(res.probes)
     share = res.probe_seconds / res.wall_time_s if res.wall_time_s > 0 else float("nan")
     log.info("probes: %.1f s at %d steps, %.0f %% of the training's %.1f s (%.2f s per step probed)",
