@@ -25,11 +25,8 @@ DENSE, MATRIX_FREE = "dense", "matrix_free"
 
 @dataclass(frozen=True)
 class Spectrum:
-    """What the study reads off one matrix ``J`` with ``D`` = ``dim`` columns, exact or estimated.
-
-    ``frobenius_sq`` ``‖J‖_F²``, ``top_sq`` ``‖J‖₂²``, ``erank`` (Eq. 3, in ``[1, D]``),
-    ``stable_rank`` ``‖J‖_F²/‖J‖₂²``; ``*_err`` one standard error each (0 when exact);
-    ``method`` :data:`DENSE` or :data:`MATRIX_FREE`; ``vectors``, ``steps`` used (0 when exact).
+    """What the study reads off one matrix ``J`` with ``dim`` = D columns, exact or estimated: ``‖J‖_F²``,
+    ``‖J‖₂²``, erank (Eq. 3) and stable rank, each with one standard error (0 when exact).
     """
 
     dim: int
@@ -191,10 +188,8 @@ class MatrixFree:
 def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: MatrixFree = MatrixFree(),
                  seed_offset: int = 0, dtype: torch.dtype = torch.float64,
                  device: torch.device | str = "cpu") -> Spectrum:
-    """Matrix-free :class:`Spectrum` of J from ``gram`` ``(p, D) → (p, D)``, row-wise ``v ↦ Jᵀ(J v)``.
-
-    ``seed_offset`` is added to ``settings.seed``; ``dtype``, ``device``: the probe vectors'. The
-    ‖J‖₂² estimate is a lower bound whose error is the Ritz residual bound.
+    """Matrix-free :class:`Spectrum` of J from ``gram`` ``(p, D) → (p, D)``, ``v ↦ Jᵀ(J v)`` (probes seeded
+    ``settings.seed + seed_offset``); ‖J‖₂² is a lower bound with the Ritz residual as its error.
     """
     v = rademacher(settings.vectors, dim, seed=settings.seed + seed_offset, dtype=dtype, device=device)
     state: dict[str, tuple[float, float]] = {}

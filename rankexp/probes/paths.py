@@ -36,10 +36,8 @@ def _weight(log_ratio: Tensor) -> Tensor:
 
 @dataclass
 class PathOrders:
-    """Path-order terms ``T_k = β^k S_k`` of ``∂h_L/∂h_0``, k = 0…K (Eq. 11).
-
-    ``units`` ``(E, K+1, d, d)`` unit-Frobenius (zeros where ``T_k = 0``); ``log_mu`` ``(E, K+1)``
-    ``ln ‖T_k‖_F`` (−inf where zero); ``complete``: K = L.
+    """Path-order terms ``T_k = β^k S_k`` of ``∂h_L/∂h_0`` (Eq. 11): ``units`` ``(E, K+1, d, d)`` unit-Frobenius,
+    ``log_mu`` ``(E, K+1)`` ``ln ‖T_k‖_F``; ``complete``: K = L.
     """
 
     units: Tensor
@@ -108,10 +106,8 @@ class PathOrderDP:
             ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf)
 
     def step(self, branch: Tensor, residual_norm: NormJacobian | Tensor | None = None) -> None:
-        """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``.
-
-        ``branch``: ``J_b`` ``(E, d, d)``; ``residual_norm``: ``J_R`` as a :class:`NormJacobian`, a dense
-        ``(E, d, d)`` or ``None`` (identity).
+        """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``
+        (``residual_norm`` ``J_R``: closed form, dense or ``None``).
         """
         self.layers_seen += 1
         e, d = self.terms.shape[:2]

@@ -60,11 +60,9 @@ def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tenso
 
 @dataclass
 class Representation:
-    """Forward representation measures on n probe inputs (l = 0…L for the stream, 1…L for branches).
-
-    ``erank``/``top_energy`` ``(E, L+1)``; ``branch_means`` ``m_l`` ``(E, L, d)``; ``noise_floor``
-    ``sqrt(E_x‖b_l(x)‖²/n)`` ``(E, L)``; ``input_cos_prev``/``input_cos_cross`` per-input cosines of
-    branch outputs across layers; ``preact_var`` ``α² rms(P(h_{l−1}))²`` ``(E,)`` (Table 1's q).
+    """Forward representation measures on n probe inputs: ``erank``/``top_energy`` of ``Z_l`` ``(E, L+1)``,
+    branch means ``(E, L, d)`` and their noise floor, per-input cosines of branch outputs across
+    layers, and ``preact_var`` (Table 1's q) ``(E,)``.
     """
 
     erank: Tensor
@@ -190,11 +188,7 @@ class BackwardRepresentation:
 
 def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "random",
                             classes: int = 10) -> BackwardRepresentation:
-    """Backpropagate ``δ_L`` (:func:`output_gradient`) through the stack and measure every ``δ_l``.
-
-    States are recomputed from checkpoints every ``⌈√L⌉`` blocks: memory ``O(√L·E·n·d)``, cost
-    about two forward passes and one backward.
-    """
+    """Backpropagate ``δ_L`` and measure every ``δ_l`` (states recomputed every ``⌈√L⌉`` blocks)."""
     L, keep = model.depth, max(model.skip_every, 1)
     seg = max(1, math.isqrt(L - 1) + 1)
     # forward pass keeping a window of `keep` states at every segment start

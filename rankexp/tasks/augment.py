@@ -17,8 +17,7 @@ STREAM_AUGMENT = 4
 
 
 class PadCropFlip:
-    """Random pad-crop-flip of whole batches on their device, ``steps`` × ``batch_size`` draws
-    from ``seed``'s ``STREAM_AUGMENT``; ``fill``: ``(C,)`` padding value (None: 0).
+    """Random pad-crop-flip of whole batches on their device from ``seed``'s ``STREAM_AUGMENT``.
 
     Raises:
         ValueError: non-positive steps or batch size, negative pad.
