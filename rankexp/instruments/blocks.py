@@ -57,9 +57,8 @@ class BlockSpec:
 
 @dataclass
 class UnitBlock:
-    """One block at one unit of the stream: ``x`` ``(D,)`` its input, ``step`` ``x ↦ h_l``,
-    ``branch`` ``f`` at ``branch_x`` (``None``: ``step − I`` or ``step``), and the representation
-    statistics ``representation``, ``rms``, ``rows`` over every input (``None``, ``None``, 0 when not measured).
+    """One block at one unit of the stream: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
+    (``None``: ``step − I`` or ``step``), and the representation statistics over every input.
     """
 
     index: int

@@ -163,9 +163,8 @@ def _quadrature(lz: Lanczos, dim: int, k: int | None = None) -> _Quadrature:
 
 @dataclass(frozen=True)
 class MatrixFree:
-    """Settings of :func:`slq_spectrum`: ``vectors`` Rademacher probes (errors ∝ 1/√vectors),
-    at most ``steps`` Lanczos steps, stop when erank and ``‖J‖₂²`` change by less than ``tol``
-    (relative) over ``check`` steps, probe ``seed``.
+    """Settings of :func:`slq_spectrum`: Rademacher ``vectors``, at most ``steps`` Lanczos steps, stop at
+    relative change < ``tol`` over ``check`` steps, probe ``seed``.
     """
 
     vectors: int = 16
