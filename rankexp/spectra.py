@@ -1,7 +1,5 @@
-"""Spectral measures of matrices: effective rank (the study, Eq. 3) and stable rank.
-
-All functions take a batch of matrices ``(..., N, K)`` or of singular values
-``(..., n)`` and reduce over the last axes, so seeds and layers stay batched.
+"""Spectral measures of matrices: effective rank (the study, Eq. 3) and stable rank, batched
+over ``(..., N, K)`` matrices or ``(..., n)`` singular values.
 """
 
 from __future__ import annotations
@@ -18,12 +16,7 @@ def singular_values(a: Tensor) -> Tensor:
 def erank_from_sv(s: Tensor) -> Tensor:
     """Effective rank ``exp(−Σ p_k ln p_k)``, ``p_k = s_k / Σ s_j`` (Eq. 3; Roy & Vetterli 2007).
 
-    Args:
-        s: singular values ``(..., n)``, non-negative.
-
-    Returns:
-        ``(...)`` in ``[1, n]`` (unnormalized; divide by d for ``erank/d``).
-        Scale invariant: ``erank(c·A) = erank(A)``. A zero matrix gives NaN.
+    ``s`` ``(..., n)`` → ``(...)`` in ``[1, n]``, unnormalized, scale invariant; NaN for a zero matrix.
     """
     p = s / s.sum(dim=-1, keepdim=True)
     return torch.exp(-torch.special.xlogy(p, p).sum(dim=-1))
@@ -46,12 +39,10 @@ def stable_rank(a: Tensor) -> Tensor:
 
 
 def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
-    """Eigenvalues of the Gram matrix of ``a`` ``(..., n, k)``, ascending, ≥ 0: of the smaller one
-    (``aᵀa`` when n ≥ k, else ``aaᵀ``: the min(n, k) squared singular values), or with
-    ``smaller=False`` of ``aᵀa`` (k of them), by a symmetric eigensolver.  LAPACK's solver can fail
-    to converge on a matrix with many (nearly) repeated eigenvalues — a collapsed
-    representation's — and the batch's values then come from an SVD of ``a`` instead (the same
-    numbers to rounding, slower)."""
+    """Eigenvalues ``(..., m)``, ascending, ≥ 0, of the smaller Gram matrix of ``a`` ``(..., n, k)``
+    (``smaller=False``: of ``aᵀa``). Where LAPACK does not converge (a collapsed representation)
+    they come from an SVD of ``a``.
+    """
     n, k = a.shape[-2:]
     right = n >= k or not smaller
     try:
@@ -63,26 +54,16 @@ def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
         return ev
 
 
-# --------------------------------------------------------------------------- many spectra at once
-#: the erank error a Gram spectrum may carry (relative; erank = e^H, so also |δH|) before the
-#: batch falls back to an SVD for that matrix
+#: the relative erank error a Gram spectrum may carry before that matrix gets an SVD
 GRAM_TOLERANCE = 1e-10
 
 
 def gram_error_estimate(lam: Tensor, frobenius_sq: Tensor) -> Tensor:
-    """First-order estimate of ``|δ erank| / erank`` when erank is taken from ``λ`` — the
-    eigenvalues of ``AᵀA`` computed in floating point — instead of the singular values of A.
+    """First-order estimate of ``|δ erank| / erank`` when erank is taken from the computed eigenvalues
+    ``lam`` ``(..., n)`` of ``AᵀA`` instead of the singular values of A (``frobenius_sq`` ``‖A‖_F²``).
 
-    Args:
-        lam: computed eigenvalues ``(..., n)`` of the Gram matrix, any order.
-        frobenius_sq: ``‖A‖_F²`` ``(...)``.
-
-    The Gram matrix's rounding moves every eigenvalue by ``η ≈ √n·ε·‖A‖_F²`` (the statistical
-    size of the error of forming ``AᵀA``; its worst case is n·ε), so a singular value s moves by
-    ``η/s``, and erank = exp H, H = −Σ p ln p, p_k = s_k/Σs, moves by ``Σ |ln p_k + H| δs_k / Σs``;
-    values at the noise floor (λ ≤ 4η) are bounded by the entropy a value √(5η) could add.
-    Measured on the study's Jacobians (tests/test_spectra_engine.py) the true error is ≤ 1e-3 of
-    this estimate where it is small, so ``≤ GRAM_TOLERANCE`` keeps erank to ≪ 1e-10.
+    Rounding moves each eigenvalue by ``η ≈ 2ε‖A‖_F²``, a singular value s by ``η/s``, and H by
+    ``Σ |ln p_k + H| δs_k / Σs``; values at the noise floor (λ ≤ 4η) add at most the entropy of √(5η).
     """
     eps = torch.finfo(lam.dtype).eps
     eta = (2 * eps) * frobenius_sq[..., None]
@@ -100,9 +81,9 @@ def gram_error_estimate(lam: Tensor, frobenius_sq: Tensor) -> Tensor:
 
 
 def gram_ranks(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(erank, stable rank, exact)`` of matrices ``a`` ``(..., n, k)`` from the eigenvalues of
-    ``aᵀa``; ``exact`` marks those whose :func:`gram_error_estimate` is ≤ :data:`GRAM_TOLERANCE`
-    (the others need an SVD).  No host sync."""
+    """``(erank, stable rank, exact)`` of ``a`` ``(..., n, k)`` from the eigenvalues of ``aᵀa``;
+    ``exact``: :func:`gram_error_estimate` ≤ :data:`GRAM_TOLERANCE`. No host sync.
+    """
     try:
         lam = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
     except torch.linalg.LinAlgError:  # no convergence (many repeated eigenvalues): SVDs for all
@@ -113,14 +94,10 @@ def gram_ranks(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def spectral_ranks(a: Tensor, method: str = "gram") -> tuple[Tensor, Tensor]:
-    """``(erank, stable rank)`` of matrices ``a`` ``(..., n, k)``, unnormalized (Eq. 3).
+    """``(erank, stable rank)`` of ``a`` ``(..., n, k)``, unnormalized (Eq. 3).
 
-    ``method="gram"``: from the eigenvalues of ``aᵀa`` (one GEMM and ``eigvalsh``: 1.8× faster
-    than an SVD at n = 256 on a CPU core; ``python -m benchmarks.bench``) where
-    :func:`gram_error_estimate` is ≤ :data:`GRAM_TOLERANCE`, and from an SVD for the others (a
-    collapsed spectrum, whose small singular values the Gram matrix cannot resolve);
-    ``method="svd"``: singular values for all.  One call for the whole batch: on an accelerator
-    it is one host sync (which matrices need an SVD), not one per matrix.
+    ``gram``: from :func:`gram_ranks`, with an SVD for the matrices it cannot resolve (one host
+    sync per batch); ``svd``: singular values for all.
 
     Raises:
         ValueError: an unknown method.

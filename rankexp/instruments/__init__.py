@@ -1,17 +1,5 @@
-"""The study's instruments on any PyTorch network, and during anyone's training.
-
-* :func:`analyze` — one call, a pandas DataFrame with one row per block: erank/D and stable rank
-  of the branch Jacobian and of the stream's prefix Jacobian, the branch-to-skip ratio, the
-  representation erank and rms (exact up to a size bound, matrix-free estimates with errors
-  above; :mod:`.core`); :func:`block_records` is the same as records a probe can wrap.
-* :class:`SpectralMonitor` — :func:`analyze` every N optimizer steps, logged to the active MLflow
-  run (:mod:`.monitor`); ``SpectralCallback`` wraps it for a Hugging Face ``Trainer``.
-
-Layout: :mod:`.blocks` finds blocks and turns them into maps of one stream vector
-(:class:`BlockSpec`, :class:`UnitBlock`); :mod:`.families` does it for rankexp's own families;
-:mod:`.matfree` is the pure linear algebra (exact and matrix-free spectra, no models);
-:mod:`.core` differentiates the units and tabulates; :mod:`.monitor` is the only part with a
-side effect (logging).
+"""The study's instruments on any PyTorch network (:func:`analyze`, :func:`block_records`) and
+during anyone's training (:class:`SpectralMonitor`, ``SpectralCallback``).
 """
 
 from .blocks import BlockError, BlockSpec, UnitBlock, discover

@@ -1,39 +1,11 @@
-"""Blocks of any network as maps of one stream vector to itself (science.md §6 "Any network").
+"""Blocks of any network as maps of one stream vector to itself.
 
-The instruments see a network as a chain of *blocks*, each a shape-preserving map of the
-residual stream ``h_{l−1} ↦ h_l``, and, inside each block, a *branch* ``f`` (for a residual
-block ``h ↦ R(h + f(h))``).  They differentiate one *unit* of the stream at a time: one input's
-whole state (``D = ∏ state shape``: an MLP's d, a ConvNet's C·H·W) or, for token models, one
-token of one input (``D = d``; the other tokens held at their values, so the per-token block
-Jacobian is the same-token d×d block of the T·d token-mixing Jacobian).  Under causal masking
-the earlier tokens do not depend on this one, so the product of the per-block same-token
-Jacobians *is* the same-token block of ``∂h_l/∂h_0``; in a bidirectional model it leaves out
-the paths through other tokens.
-
-:func:`hooked_units` turns a network, its inputs and (optionally) its blocks into
-:class:`UnitBlock` s — pure functions of a ``(D,)`` vector plus the point where they are
-evaluated — which :mod:`rankexp.instruments.core` differentiates.  Blocks are found
-automatically for
-
-* Hugging Face causal LMs (a ``config.model_type`` and ``transformer.h`` / ``model.layers`` /
-  … ): per-token units at ``position`` (default the last token); the branch is the
-  feedforward one, ``mlp(ln₂(x))`` at the stream where it reads it (Figure 12; the norm and
-  module names of :data:`rankexp.models.gpt2.ARCHITECTURES`, else GPT-2's / Llama's);
-* torchvision ResNets: the within-stage (shape-preserving, ``downsample is None``) basic and
-  bottleneck blocks; the branch is the residual function F (everything but the identity and
-  the final ReLU);
-* rankexp's families: :class:`~rankexp.models.mlp.ResidualMLP` and
-  :class:`~rankexp.models.plain.PlainNet` (branch ``β B(f(P(x)))``, the engine's J_b),
-  :class:`~rankexp.models.convnet.CifarResNet` (the non-downsampling blocks, F as above),
-  :class:`~rankexp.models.gpt2.CausalLM` (each member as a Hugging Face LM) — one unit per
-  ensemble member.
-
-Any other network: pass ``blocks=`` (module names, modules, or :class:`BlockSpec` with its own
-branch).  Blocks are run in eval mode (batch norm on running statistics, dropout off), so
-inputs do not interact and every per-unit Jacobian is well defined.  Consecutive blocks form
-one *stage* when each one's input is exactly the previous one's output; the prefix Jacobian
-``∂h_l/∂h_0`` starts again (h_0 = the stage's input) wherever that chain breaks (a
-downsampling block left out, a block list with gaps).
+A *block* maps ``h_{l−1} ↦ h_l`` (shape-preserving) around a *branch* ``f``; a *unit* is one
+input's state or, for token models, one token (other tokens held: under causal masking the
+product of same-token Jacobians is the same-token block of ``∂h_l/∂h_0``). Blocks are found
+in Hugging Face causal LMs (branch ``mlp(ln₂(x))``, Figure 12), torchvision ResNets (branch F)
+and rankexp's families, or given as ``blocks=``. Consecutive blocks chained output to input
+form a *stage*; the prefix Jacobian restarts where the chain breaks.
 """
 
 from __future__ import annotations
@@ -55,8 +27,7 @@ VectorMap = Callable[[Tensor], Tensor]
 #: where Hugging Face models keep their blocks (tried in order)
 HF_BLOCK_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers",
                   "transformer.blocks", "model.language_model.layers", "h", "layers")
-#: (norm in front of the FFN, FFN) attribute names of architectures without an entry in
-#: :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2's, then the Llama family's)
+#: (FFN norm, FFN) names to try outside :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2, Llama)
 HF_FFN_NAMES = (("ln_2", "mlp"), ("post_attention_layernorm", "mlp"))
 #: what the branch column says for each kind of branch
 BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USER = (
@@ -64,25 +35,15 @@ BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USE
 
 
 class BlockError(ValueError):
-    """No blocks found, a block that is not shape-preserving, or one the forward pass did not
-    call exactly once."""
+    """No blocks found, a block that is not shape-preserving, or one not called exactly once."""
 
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """One block as the user (or discovery) describes it.
-
-    Attributes:
-        module: the block.
-        name: its label (default: its path in the network).
-        branch: ``f(y)`` on a stream-shaped tensor like the block's input, the same shape out;
-            ``None``: ``f = block − identity`` when ``residual``, else the block itself.
-        branch_input: a submodule whose first input is where the branch reads the stream (for a
-            Transformer's FFN: ``ln_2``); ``None``: the block's own input.
-        residual: see ``branch``.
-        label: what the frame's ``branch_kind`` column says.
-        tokenwise: the branch acts on each token alone (a Transformer's FFN): at a token unit it
-            is evaluated on that token only, not on the whole sequence (T× less work).
+    """One block as the user (or discovery) describes it: ``branch`` ``f`` (``None``: block − identity
+    when ``residual``, else the block), ``branch_input`` (the submodule whose input is where ``f``
+    reads the stream, e.g. ``ln_2``), ``label`` (the ``branch_kind`` column), ``tokenwise`` (``f``
+    acts on each token alone).
     """
 
     module: nn.Module
@@ -96,18 +57,8 @@ class BlockSpec:
 
 @dataclass
 class UnitBlock:
-    """One block at one unit of the stream: what :mod:`~rankexp.instruments.core` needs.
-
-    Attributes:
-        index: 1-based position among the blocks analysed.  name: its label.
-        member: the ensemble member (0 for ordinary networks).  stage: chain index (see module).
-        x: the block's input at the unit, ``(D,)``.  step: ``x ↦ h_l`` at the unit, ``(D,) → (D,)``.
-        branch_x: the point the branch is evaluated at, ``(D,)``.
-        branch: ``f`` at the unit, or ``None``: ``step − I`` (``residual``) or ``step``.
-        residual, label: see :class:`BlockSpec`.
-        representation: ``erank(Z_l)/D`` of the block's outputs over every input (and token).
-        rms: ``rms(h_l)`` over every input (and token).  rows: the rows of ``Z_l``.  (``None``,
-        ``None``, 0 when not measured.)
+    """One block at one unit of the stream: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
+    (``None``: ``step − I`` or ``step``), and the representation statistics over every input.
     """
 
     index: int
@@ -129,7 +80,6 @@ class UnitBlock:
         return self.x.numel()
 
 
-# --------------------------------------------------------------------------- helpers
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """``model.eval()`` for the duration, every submodule's training flag restored after."""
@@ -153,7 +103,7 @@ def _first_tensor(out):
 
 
 def _take(v, point: int, batch: int):
-    """``v`` with every tensor whose leading axis is the batch cut to input ``point`` (kept 4-D…)."""
+    """``v`` with every tensor whose leading axis is the batch cut to input ``point``."""
     if isinstance(v, Tensor):
         return v[point:point + 1] if batch > 1 and v.dim() > 0 and v.shape[0] == batch else v
     if isinstance(v, tuple):
@@ -166,8 +116,7 @@ def _take(v, point: int, batch: int):
 
 
 def call_model(model: nn.Module, inputs) -> object:
-    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else
-    ``model(inputs)``; Hugging Face models get ``use_cache=False`` (no cache object is built)."""
+    """``model(**inputs)``, ``model(*inputs)`` or ``model(inputs)``; HF models get ``use_cache=False``."""
     kwargs = dict(inputs) if isinstance(inputs, Mapping) else {}
     args = () if isinstance(inputs, Mapping) else tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     if is_hf(model):
@@ -181,10 +130,9 @@ def is_hf(model: nn.Module) -> bool:
 
 
 def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
-    """``(erank(Z)/D, rms, rows)`` of a block's outputs ``h`` ``(B, …)``: rows = inputs (token
-    models: inputs × tokens), uncentred, as the ``representation`` probe (Figure 7; the same
-    arithmetic as :func:`rankexp.probes.representation.stack_spectrum`, but the Gram matrix is
-    formed in ``h``'s own dtype, so a float32 model's many rows are never copied to float64)."""
+    """``(erank(Z)/D, rms, rows)`` of block outputs ``h`` ``(B, …)``, rows uncentred (inputs, or
+    inputs × tokens), as :func:`rankexp.probes.representation.stack_spectrum` but with the Gram in ``h``'s dtype.
+    """
     z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
     n, d = z.shape
     gram = z.mT @ z if n >= d else z @ z.mT
@@ -193,7 +141,6 @@ def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     return float(erank_from_sv(ev.sqrt()) / d), float(rms), n
 
 
-# --------------------------------------------------------------------------- discovery
 def _hf_blocks(model: nn.Module) -> list[BlockSpec]:
     from ..models.gpt2 import ARCHITECTURES
 
@@ -222,8 +169,7 @@ def _hf_blocks(model: nn.Module) -> list[BlockSpec]:
 
 
 def residual_function(block: nn.Module) -> Callable[[Tensor], Tensor]:
-    """He et al.'s F(x) of a torchvision ``BasicBlock`` or ``Bottleneck``: the block's convs,
-    batch norms and inner ReLUs, without the identity and the final ReLU."""
+    """He et al.'s F(x) of a torchvision ``BasicBlock``/``Bottleneck``: no identity, no final ReLU."""
     def basic(y):
         return block.bn2(block.conv2(F.relu(block.bn1(block.conv1(y)))))
 
@@ -243,10 +189,10 @@ def _torchvision_blocks(model: nn.Module) -> list[BlockSpec]:
 
 
 def discover(model: nn.Module) -> list[BlockSpec]:
-    """The blocks of a Hugging Face causal LM or a torchvision ResNet (module docstring).
+    """The blocks of a Hugging Face causal LM or a torchvision ResNet.
 
     Raises:
-        BlockError: none found (names what is known and how to pass ``blocks=``).
+        BlockError: none found.
     """
     specs = _hf_blocks(model) if is_hf(model) else _torchvision_blocks(model)
     if not specs:
@@ -284,7 +230,6 @@ def resolve(model: nn.Module, blocks) -> list[BlockSpec]:
     return out
 
 
-# --------------------------------------------------------------------------- capture
 @dataclass
 class _Seen:
     args: tuple = ()
@@ -343,8 +288,8 @@ def _hooks(specs, seen, point, token, stats):
 
 def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
             token: bool, stats: bool = True) -> list[_Seen]:
-    """One forward pass of ``inputs``: each block's arguments at input ``point``, its output,
-    the branch's input and the representation statistics over every input.
+    """One forward pass recording each block's arguments at input ``point``, its output, the branch's
+    input and the representation statistics.
 
     Raises:
         BlockError: a block not called exactly once, or not shape-preserving.
@@ -372,10 +317,8 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
     return seen
 
 
-# --------------------------------------------------------------------------- units
 def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(put, get)`` between a unit vector ``(D,)`` and the one-input stream ``sub`` ``(1, …)``:
-    the whole input, or token ``position`` of ``(1, T, d)`` with the other tokens held."""
+    """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``: the whole input or token ``position``."""
     if position is None:
         shape = sub.shape
         return (lambda x: x.reshape(shape)), (lambda h: h.reshape(-1))
@@ -392,9 +335,7 @@ def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor]
 
 def _through(fn: Callable[[Tensor], Tensor], put, get) -> VectorMap:
     """``v ↦ get(fn(put(v)))``: a stream map seen at one unit."""
-    def at_unit(v: Tensor) -> Tensor:
-        return get(fn(put(v)))
-    return at_unit
+    return lambda v: get(fn(put(v)))
 
 
 def _block_call(module: nn.Module, s: _Seen) -> Callable[[Tensor], Tensor]:
@@ -417,14 +358,8 @@ def _stages(seen: Sequence[_Seen]) -> list[int]:
 
 def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
                  position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
-    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass (any ``nn.Module``).
-
-    Args:
-        model: the network; inputs: what its forward takes (tensor, tuple, or mapping).
-        point: the input (batch index) the Jacobians are taken at.
-        position: token index for a token model (stream ``(B, T, d)``), ``None``: whole inputs.
-        member: the member label of the rows.
-        representation: measure the representation statistics (else they are ``None``).
+    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass of any ``nn.Module`` (``position``:
+    the token of a ``(B, T, d)`` stream, ``None``: whole inputs).
     """
     seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
     units = []

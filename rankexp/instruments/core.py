@@ -1,49 +1,29 @@
 """``rankexp.analyze``: the study's instruments on any PyTorch network, one row per block.
 
-For every block l (a shape-preserving map of the stream, :mod:`rankexp.instruments.blocks`) at
-one unit of the stream (input ``point``; token ``position`` of a token model):
-
-* **branch**: erank/D and stable rank of the branch Jacobian ``J_f = ∂f_l/∂h`` and the
-  branch-to-skip ratio ``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4; science.md §2 items 2 and 7);
-* **prefix**: erank/D, stable rank and log gain ``ln ‖·‖_F`` of the stream's prefix Jacobian
-  ``∂h_l/∂h_0 = J_l ⋯ J_1`` (Eq. 2/10; the per-layer profile of Figure 1), h_0 the input of
-  the block's stage;
-* **representation**: ``erank(Z_l)/D`` of the block outputs over every input (and token), rows
-  uncentred (Figure 7), and ``rms(h_l)`` over the same (Figure 11).
-
-How (column ``method``): ``closed_form`` — rankexp's :class:`~rankexp.models.mlp.ResidualMLP`
-through the engine's closed-form block Jacobians and one forward sweep
-(:func:`rankexp.probes.jacobian.forward_sweep`: the numbers of the ``profile`` /
-``branch_ratio`` probes); ``dense`` — the D×D Jacobians by forward-mode ``torch.func``
-(``vmap`` of ``jvp`` over the basis, in memory-bounded chunks), spectra from their singular
-values; ``matrix_free`` — estimates from Jacobian–vector products only
-(:func:`rankexp.instruments.matfree.slq_spectrum`: Hutchinson, Lanczos, stochastic Lanczos
-quadrature), each value with its standard error in the ``*_err`` column (0 where exact).
-``method="auto"`` is exact while a dense D×D stage fits ``max_dense_bytes`` and ``max_bytes``,
-matrix-free above.
-
-Spectra are as precise as the model's dtype allows (Jacobians in it, singular values in
-float64): cast a copy to float64 for the last digits.  Attention runs on PyTorch's math SDPA
-kernel during the analysis (the fused kernels have no forward-mode derivative); blocks run in
-eval mode; nothing is left on the model (hooks removed, training flags restored) and the global
-RNG is not touched (probe vectors come from their own seeded generator).
+Per block at input ``point`` (token ``position``): **branch** erank/D, stable rank and
+``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4); **prefix** erank/D, stable rank and ``ln ‖·‖_F`` of
+``∂h_l/∂h_0`` (Eq. 2/10); **representation** ``erank(Z_l)/D`` and ``rms(h_l)`` (Figure 7/11).
+``method``: ``closed_form`` (ResidualMLP, :func:`rankexp.probes.jacobian.forward_sweep`),
+``dense`` (``vmap`` of ``jvp``, memory-bounded chunks) or ``matrix_free``
+(:func:`~rankexp.instruments.matfree.slq_spectrum`, errors in ``*_err``); ``auto`` is exact
+while a dense stage fits. Nothing is left on the model; the global RNG is untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
+from ..memory import free_memory_bytes
 from ..probes.jacobian import BRANCH_NORMS, PARTIAL_SPECTRA, forward_sweep
 from ..probes.representation import stack_spectrum
 from .blocks import BRANCH_MLP, BlockError, UnitBlock, eval_mode, hooked_units, is_hf, resolve
@@ -70,15 +50,10 @@ class SizeError(ValueError):
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """The instruments on one block (one member): what :func:`analyze` puts in a row.
+    """The instruments on one block (one member): one row of :func:`analyze`.
 
-    Attributes:
-        index, name, member, stage, dim (D), method, label: see :func:`analyze`'s columns.
-        branch: :class:`Spectrum` of ``J_f`` (``None`` unless ``branch`` was asked for).
-        prefix: :class:`Spectrum` of ``∂h_l/∂h_0 / ‖∂h_l/∂h_0‖_F`` (scale-free: its
-            ``frobenius_sq`` is 1; the scale is ``log_gain``).
-        log_gain, log_gain_err: ``ln ‖∂h_l/∂h_0‖_F`` and its standard error.
-        representation, rms, rows: see :class:`~rankexp.instruments.blocks.UnitBlock`.
+    ``prefix`` is the :class:`Spectrum` of ``∂h_l/∂h_0 / ‖∂h_l/∂h_0‖_F`` (its scale is
+    ``log_gain``); the other fields are :func:`analyze`'s columns.
     """
 
     index: int
@@ -119,7 +94,7 @@ def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     """``probes`` as a set of :data:`PROBES` (aliases of :data:`PROBE_ALIASES` mapped).
 
     Raises:
-        ValueError: an unknown name (lists the allowed ones), or none.
+        ValueError: an unknown name, or none.
     """
     if probes is None:
         return frozenset(PROBES)
@@ -133,22 +108,8 @@ def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     return frozenset(PROBE_ALIASES.get(p, p) for p in names)
 
 
-# --------------------------------------------------------------------------- memory
-def default_budget(device: torch.device) -> float:
-    """Half the free memory of ``device`` (CUDA: ``mem_get_info``; CPU: ``MemAvailable``)."""
-    if device.type == "cuda":
-        return 0.5 * torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-        return 0.5 * kb * 1024
-    except (OSError, StopIteration):
-        return 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
 def working_bytes(fn: Callable[[Tensor], Tensor], x: Tensor, exclude: set[int]) -> int:
-    """Bytes one evaluation of ``fn`` at ``x`` keeps for differentiation (its saved activations,
-    parameters in ``exclude`` — storage pointers — not counted) plus its output."""
+    """Bytes one evaluation of ``fn`` at ``x`` saves for backward (storages in ``exclude`` not counted) plus its output."""
     seen: set[int] = set()
     total = 0
 
@@ -169,7 +130,6 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-# --------------------------------------------------------------------------- Jacobians
 def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None = None) -> Tensor:
     """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)`` by forward mode: ``vmap`` of ``jvp`` over the
     basis vectors, ``chunk`` at a time (``None``: all at once)."""
@@ -180,13 +140,8 @@ def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None 
 
 def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
                 ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``, one vector each (``vmap`` them).
-
-    ``keep``: one ``vjp`` is taken now and its graph kept, ``Jᵀu`` is its pullback and ``J v``
-    the pullback's own transpose (the vjp of the linear map u ↦ Jᵀu) — two backward passes per
-    product and no forward; PyTorch's forward mode copies every weight on each ``jvp`` (3–4×
-    slower on a d = 4096 MLP block).  Ops without a double backward fall back to ``jvp``.
-    ``keep=False``: nothing is kept; each product recomputes the forward (``jvp`` / ``vjp``).
+    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``: with ``keep``, ``J v`` is the vjp of a kept
+    pullback (faster than forward mode; ``jvp`` without a double backward), else recomputed.
     """
     if keep:
         y, pull = vjp(fn, x)
@@ -226,7 +181,6 @@ def _unit_scale(s: Spectrum) -> Spectrum:
                    top_sq=s.top_sq / f, top_sq_err=s.top_sq_err / f)
 
 
-# --------------------------------------------------------------------------- chains of units
 @dataclass(frozen=True)
 class _Plan:
     """What one analysis computes and within which bounds."""
@@ -253,7 +207,7 @@ def _chains(units: Sequence[UnitBlock]) -> list[list[UnitBlock]]:
 
 
 def _method(plan: _Plan, chain: Sequence[UnitBlock]) -> str:
-    """``dense`` or ``matrix_free`` for a chain of dimension D (:data:`METHODS`, the bounds).
+    """``dense`` or ``matrix_free`` for a chain of dimension D.
 
     Raises:
         SizeError: the method asked for does not fit (names the block, D, bytes and the knobs).
@@ -321,10 +275,9 @@ def _dense_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockReco
 
 
 def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRecord]:
-    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix).
-
-    An operator keeps its graph (:func:`linear_maps`) when three times its working set fits the
-    budget beside the Lanczos basis, else it recomputes every product."""
+    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix);
+    an operator keeps its graph when 3× its working set fits beside the Lanczos basis.
+    """
     d, x0, s = chain[0].dim, chain[0].x, plan.settings
     itemsize = x0.element_size()
     basis = s.basis_bytes(d, itemsize)
@@ -354,11 +307,6 @@ def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRe
     return out
 
 
-def _representation_only(units: Sequence[UnitBlock]) -> list[BlockRecord]:
-    return [_record(u, FORWARD) for u in units]
-
-
-# --------------------------------------------------------------------------- the MLP's closed form
 def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
     d, itemsize = model.width, next(model.parameters()).element_size()
     engine = (max(model.skip_every, 1) + 6 + DENSE_WORDS) * d * d * max(itemsize, 8) * model.members
@@ -366,8 +314,7 @@ def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
 
 
 def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar) -> list[BlockRecord]:
-    """The engine's numbers for a :class:`~rankexp.models.mlp.ResidualMLP`: one forward sweep
-    (``partial_spectra`` for the prefix, ``branch_norms`` and every ``J_b`` for the branch)."""
+    """The engine's numbers for a :class:`~rankexp.models.mlp.ResidualMLP` from one forward sweep."""
     h, h0 = ensemble_inputs(model, inputs, point)
     members, depth, d = model.members, model.depth, model.width
     branch: list[list[Spectrum | None]] = [[None] * depth for _ in range(members)]
@@ -408,19 +355,6 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
     return out
 
 
-# --------------------------------------------------------------------------- entry points
-@contextlib.contextmanager
-def _math_attention():
-    """PyTorch's math SDPA kernel: the fused ones have no forward-mode derivative."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # pragma: no cover — torch without the attention module
-        yield
-        return
-    with sdpa_kernel([SDPBackend.MATH]):
-        yield
-
-
 def _to_model(inputs, device: torch.device, dtype: torch.dtype):
     """Tensors of ``inputs`` on ``device``, floating ones in the model's ``dtype``."""
     if isinstance(inputs, Tensor):
@@ -454,8 +388,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
                   method: str = "auto", point: int = 0, position: int | None = None,
                   matrix_free: MatrixFree | None = None, max_dense_bytes: float = 2**30,
                   max_bytes: float | None = None, progress: bool | None = None) -> list[BlockRecord]:
-    """The instruments block by block, as :class:`BlockRecord` s (what :func:`analyze` tabulates
-    and what a probe can wrap).  Arguments as :func:`analyze`."""
+    """The instruments as :class:`BlockRecord` s (what :func:`analyze` tabulates); arguments as :func:`analyze`."""
     wanted = resolve_probes(probes)
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: its original
     if method not in METHODS:
@@ -463,13 +396,14 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
     plan = _Plan(wanted, method, matrix_free or MatrixFree(), float(max_dense_bytes),
-                 float(max_bytes) if max_bytes is not None else default_budget(device),
+                 float(max_bytes) if max_bytes is not None else 0.5 * free_memory_bytes(str(device)),
                  frozenset(t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())))
     from ..models.mlp import ResidualMLP
 
     bar_kw = {"desc": "analyze", "unit": "block", "leave": False,
               "disable": None if progress is None else not progress}
-    with torch.no_grad(), eval_mode(model), _math_attention():
+    # the math SDPA kernel: the fused ones have no forward-mode derivative
+    with torch.no_grad(), eval_mode(model), sdpa_kernel([SDPBackend.MATH]):
         if isinstance(model, ResidualMLP) and method in ("auto", CLOSED_FORM) and (
                 method == CLOSED_FORM or _closed_form_fits(model, plan)):
             with tqdm(total=model.depth * model.members, **bar_kw) as bar:
@@ -479,7 +413,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
                              f"{type(model).__name__} takes 'auto', 'dense' or 'matrix_free'")
         units = _units(model, inputs, blocks, point, position, "representation" in wanted)
         if not plan.jacobians():
-            return _representation_only(units)
+            return [_record(u, FORWARD) for u in units]
         records = []
         with tqdm(total=len(units), **bar_kw) as bar:
             for chain in _chains(units):
@@ -503,44 +437,31 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
     """The study's instruments on any network: a pandas DataFrame, one row per block (and member).
 
     Args:
-        model: any ``nn.Module`` whose blocks are found (module docstring of
-            :mod:`rankexp.instruments.blocks`) or given.
-        inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a mapping of
-            keyword arguments (a Hugging Face LM: token ids ``(B, T)`` or ``{"input_ids": …}``;
-            rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n — the probes' own inputs
-            (Jacobians at ``task=measure``'s h_0, representation over the probes' n inputs);
-            a ``CausalLM``: ``None`` for its prompt).  Floating tensors are cast to the model's
-            dtype and device.  The representation columns pool all inputs.
-        blocks: ``None`` (found), or a list of module names, modules or
-            :class:`~rankexp.instruments.blocks.BlockSpec`.
-        probes: instrument groups, any of ``branch``, ``prefix``, ``representation`` (default
-            all; the study's names ``io_jacobian``, ``profile``, ``branch_ratio``, ``stream`` …
-            select theirs).
-        method: ``auto`` (exact up to the size bound, matrix-free above), ``closed_form``
-            (ResidualMLP only), ``dense`` or ``matrix_free``.
+        model: any ``nn.Module`` whose blocks are found (:mod:`rankexp.instruments.blocks`) or given.
+        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (Hugging Face
+            LM: token ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a
+            ``CausalLM``: ``None`` for its prompt); floats cast to the model's dtype and device.
+        blocks: ``None`` (found), or module names, modules or
+            :class:`~rankexp.instruments.blocks.BlockSpec` s.
+        probes: any of ``branch``, ``prefix``, ``representation`` (default all) or study names.
+        method: ``auto``, ``closed_form`` (ResidualMLP only), ``dense`` or ``matrix_free``.
         point: the input (batch index) the Jacobians are taken at.
-        position: the token of a token model (Hugging Face LMs: default −1, the last).
-        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings (vectors, steps,
-            tol, seed).
-        max_dense_bytes: the size bound of the exact path: a stage of dimension D is dense when
-            its working set, 5·D² float64 numbers, fits (default 1 GiB: D ≤ 5,180).
-        max_bytes: the memory budget of any path (default half the device's free memory);
-            chunks of the Jacobian basis and of the probe vectors are sized to it.
+        position: the token of a token model (HF LMs: default −1, the last).
+        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings.
+        max_dense_bytes: a stage is dense when 5·D² float64 numbers fit (default 1 GiB).
+        max_bytes: memory budget of any path (default half the device's free memory).
         progress: tqdm bar over blocks (``None``: only on a terminal).
 
     Returns:
-        DataFrame with columns ``block`` (1-based), ``name`` (module path), ``member``,
-        ``stage``, ``dim`` (D), ``method``, ``branch_kind``; for ``branch``:
-        ``branch_erank`` (erank(J_f)/D, Eq. 3), ``branch_stable_rank``, ``branch_ratio``
-        (r_l = ‖J_f‖_F/√D, Eq. 4); for ``prefix``: ``prefix_erank`` (erank(∂h_l/∂h_0)/D, Eq.
-        2/10), ``prefix_stable_rank``, ``prefix_log_gain`` (ln ‖∂h_l/∂h_0‖_F); each with a
-        ``*_err`` column (one standard error; 0 where exact); for ``representation``:
-        ``representation_erank`` (erank(Z_l)/D), ``rms`` (rms(h_l)), ``rows`` (rows of Z_l).
-        ``frame.attrs`` records point, position, probes and the matrix-free settings.
+        columns ``block`` (1-based), ``name``, ``member``, ``stage``, ``dim`` (D), ``method``,
+        ``branch_kind``; ``branch_erank`` (Eq. 3), ``branch_stable_rank``, ``branch_ratio``
+        (Eq. 4); ``prefix_erank`` (Eq. 2/10), ``prefix_stable_rank``, ``prefix_log_gain``; each
+        with ``*_err`` (one standard error, 0 where exact); ``representation_erank``, ``rms``,
+        ``rows``. ``frame.attrs`` records point, position, probes and matrix-free settings.
 
     Raises:
-        BlockError: no blocks found, a block that is not shape-preserving or not called once.
-        SizeError: the method's working set does not fit the bounds (says which knob to turn).
+        BlockError: no blocks found, or a block not shape-preserving or not called once.
+        SizeError: the working set does not fit the bounds (says which knob to turn).
         ValueError: unknown probes or method, inputs of the wrong shape.
     """
     settings = matrix_free or MatrixFree()

@@ -1,16 +1,5 @@
-"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s.
-
-Ensemble-native networks give one chain of units per member: member ``e``'s block is called
-with member ``e``'s slices of the weights (``torch.func.functional_call``), so a Jacobian is
-``D × D`` for that member alone, never ``E·D`` square.
-
-* :class:`~rankexp.models.mlp.ResidualMLP`, :class:`~rankexp.models.plain.PlainNet`: the block
-  ``x ↦ R(x + β B(f(P(x))))`` (no ``x +`` on a plain layer) and its branch ``β B(f(P(x)))``
-  (``part="branch"``, the engine's J_b), for ``skip_every`` 0 or 1 (with k > 1, block l adds
-  ``h_{l−k}``: the stream is no chain of blocks, and only the engine's closed form measures it).
-* :class:`~rankexp.models.convnet.CifarResNet`: the non-downsampling blocks, member by member;
-  the branch is F(x) = BN(conv(ReLU(BN(conv x)))), the block ReLU(F(x) + x) (plain: ReLU(F(x))).
-* :class:`~rankexp.models.gpt2.CausalLM`: every member as the Hugging Face LM it holds.
+"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s: one chain per
+member (``functional_call`` on member ``e``'s weight slices, so a Jacobian is D × D).
 """
 
 from __future__ import annotations
@@ -41,13 +30,8 @@ FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 
 
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
-    """``(h, h0)``: the ``(E, n, d)`` inputs of a :class:`ResidualMLP` / :class:`PlainNet` and the
-    ``(E, 1, d)`` point its Jacobians are taken at.
-
-    ``inputs``: an int n — the probes' own inputs: Jacobians at ``task=measure``'s ``h_0`` and
-    the representation over the ``representation`` / ``stream`` probes' n Gaussian inputs
-    (``point`` must be 0); ``(n, d)`` (shared by every member) or ``(E, n, d)``: Jacobians at
-    input ``point``.
+    """``(h, h0)``: inputs ``(E, n, d)`` of a ResidualMLP / PlainNet and the Jacobian point ``(E, 1, d)``, from
+    an int n (the probes' own inputs; ``point`` 0), ``(n, d)`` or ``(E, n, d)``.
 
     Raises:
         ValueError: another shape, or a point outside the inputs.
@@ -84,7 +68,7 @@ def _stats(rows: Tensor, on: bool) -> dict:
 
 def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
                    representation: bool = True) -> list[UnitBlock]:
-    """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet` (module docstring).
+    """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet`.
 
     Raises:
         BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch).
@@ -120,14 +104,14 @@ def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
 
 
 def _cifar_member_fns(block: nn.Module, e: int, shape: torch.Size):
-    convs = [(block.conv1, _member_params(block.conv1, e)), (block.conv2, _member_params(block.conv2, e))]
-    bns = [(block.bn1, _member_params(block.bn1, e)), (block.bn2, _member_params(block.bn2, e))]
+    params = {m: _member_params(m, e) for m in (block.conv1, block.bn1, block.conv2, block.bn2)}
+
+    def call(m, y):
+        return functional_call(m, params[m], (y,))
 
     def residual(v):
-        y = v.reshape(shape)
-        y = functional_call(bns[0][0], bns[0][1], (functional_call(convs[0][0], convs[0][1], (y,)),))
-        y = functional_call(convs[1][0], convs[1][1], (F.relu(y),))
-        return functional_call(bns[1][0], bns[1][1], (y,)).reshape(-1)
+        y = F.relu(call(block.bn1, call(block.conv1, v.reshape(shape))))
+        return call(block.bn2, call(block.conv2, y)).reshape(-1)
 
     if block.residual:
         return residual, (lambda v: F.relu(residual(v) + v))
@@ -135,10 +119,7 @@ def _cifar_member_fns(block: nn.Module, e: int, shape: torch.Size):
 
 
 def cifar_units(model: CifarResNet, inputs, *, point: int, representation: bool = True) -> list[UnitBlock]:
-    """Units of the non-downsampling blocks of every member of a :class:`CifarResNet`.
-
-    ``inputs``: images ``(B, 3072)`` or ``(B, 3, 32, 32)``.
-    """
+    """Units of the non-downsampling blocks of every member; ``inputs`` ``(B, 3072)`` or ``(B, 3, 32, 32)``."""
     p = next(model.parameters())
     x = torch.as_tensor(inputs).to(device=p.device, dtype=p.dtype)
     seen, stage, chained = [], 0, False
@@ -171,8 +152,7 @@ def cifar_units(model: CifarResNet, inputs, *, point: int, representation: bool 
 
 def causal_lm_units(lm: CausalLM, inputs, *, point: int, position: int | None,
                     representation: bool = True) -> list[UnitBlock]:
-    """Units of every member of a :class:`CausalLM`: ``inputs`` default to its prompt and
-    ``position`` to its traced position."""
+    """Units of every member of a :class:`CausalLM` (default: its prompt and traced position)."""
     inputs = {"input_ids": lm.prompt_ids} if inputs is None else inputs
     position = lm.position if position is None else position
     units = []

@@ -1,35 +1,11 @@
-"""Spectral summaries of one Jacobian, exact or matrix-free (science.md §2, §6 "Any network").
+"""Spectral summaries of one Jacobian ``J`` (``D_out × D``), exact or matrix-free.
 
-A :class:`Spectrum` holds what the study reads off a matrix ``J`` (``D_out × D``):
-``‖J‖_F²``, ``‖J‖₂²``, the effective rank (Eq. 3) and the stable rank ``‖J‖_F²/‖J‖₂²``, each with
-one standard error.  :func:`dense_spectrum` takes them from the singular values (exact: errors
-0).  :func:`slq_spectrum` estimates them from products with the Gram matrix ``A = JᵀJ`` alone
-(one Jacobian–vector and one vector–Jacobian product each), in ``O(vectors · steps)`` products
-and ``O(vectors · steps · D)`` memory:
-
-* ``‖J‖_F² = tr A`` by Hutchinson's estimator ``E[vᵀAv] = tr A``, v Rademacher (Hutchinson
-  1989); ``vᵀAv = ‖Jv‖²`` is the first Lanczos coefficient, so it costs nothing extra.
-* ``‖J‖₂² = λ_max(A)``: the largest Ritz value of the same Lanczos runs (the Krylov space of k
-  products contains the k-th power-iteration vector, so it is never worse than power iteration
-  with the same products); a lower bound, with error the residual bound ``β_k |y_k|`` of its
-  Ritz pair (some eigenvalue of A lies that close; Parlett 1998, Thm. 13.1.1).
-* ``erank = exp H``, ``H = −Σ p_k ln p_k``, ``p_k = s_k/S``, rewritten as ``H = ln S − Σ_k s_k
-  ln s_k / S`` with ``S = tr A^{1/2}`` and ``Σ s ln s = tr g(A)``, ``g(λ) = √λ ln √λ``: both
-  traces by stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017) on the same probes —
-  ``vᵀ f(A) v ≈ ‖v‖² Σ_j τ_j² f(θ_j)`` with θ_j the eigenvalues of the k×k Lanczos tridiagonal
-  ``T_k`` and τ_j the first components of its eigenvectors (Gauss quadrature, exact for
-  polynomials of degree < 2k).
-
-Errors: the standard error across the probe vectors (the sample covariance of the per-vector
-estimates, carried through the ratios by the delta method), combined in quadrature with the
-quadrature's remaining error.  Gauss quadrature of ``√λ`` and ``√λ ln √λ`` converges only
-algebraically, about as ``k⁻²``, when the spectrum reaches 0 (a rank-deficient or
-Marchenko–Pastur-like ``JᵀJ``: every Pre-Norm branch), so the remaining error is extrapolated
-from the change ``c`` of the erank estimate over the last ``check`` steps as ``c·k/(2·check)``
-(the tail of ``C k⁻²``); a spectrum bounded away from 0 converges geometrically and this
-over-states its (then tiny) error.  Lanczos stops early when that change is below ``tol`` (relative) or the Krylov space is
-exhausted (an invariant subspace: the quadrature is then exact).  Lanczos keeps its basis and
-reorthogonalizes fully (twice, classical Gram–Schmidt), so ghost Ritz values never enter.
+:func:`slq_spectrum` estimates them from products with ``A = JᵀJ`` alone: ``‖J‖_F² = tr A``
+(Hutchinson 1989), ``‖J‖₂²`` the top Ritz value of the same Lanczos runs (a lower bound with
+its residual bound, Parlett 1998, Thm. 13.1.1), and ``erank = exp(ln S − tr g(A)/S)``,
+``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` by stochastic Lanczos quadrature (Ubaru, Chen & Saad
+2017). Errors: the spread over probe vectors (delta method) combined with the quadrature's,
+extrapolated from the erank's change over the last ``check`` steps as for a ``k⁻²`` tail.
 """
 
 from __future__ import annotations
@@ -49,17 +25,8 @@ DENSE, MATRIX_FREE = "dense", "matrix_free"
 
 @dataclass(frozen=True)
 class Spectrum:
-    """What the study reads off one matrix ``J`` with ``D`` columns, exact or estimated.
-
-    Attributes:
-        dim: D, the input dimension (``erank/D`` is the study's normalized erank).
-        frobenius_sq: ``‖J‖_F²``.
-        top_sq: ``‖J‖₂² = s_1²``.
-        erank: effective rank (Eq. 3), unnormalized, in ``[1, D]``.
-        stable_rank: ``‖J‖_F² / ‖J‖₂²``.
-        *_err: one standard error of each (0 for an exact spectrum).
-        method: :data:`DENSE` or :data:`MATRIX_FREE`.
-        vectors, steps: probe vectors and Lanczos steps used (0 for an exact spectrum).
+    """What the study reads off one matrix ``J`` with ``dim`` = D columns, exact or estimated: ``‖J‖_F²``,
+    ``‖J‖₂²``, erank (Eq. 3) and stable rank, each with one standard error (0 when exact).
     """
 
     dim: int
@@ -82,7 +49,7 @@ class Spectrum:
 
     @property
     def ratio_err(self) -> float:
-        """Standard error of :attr:`ratio` (delta method: ``err(‖J‖_F²) / (2 r D)``)."""
+        """Standard error of :attr:`ratio` (delta method)."""
         r = self.ratio
         if r == 0:
             return 0.0 if self.frobenius_sq_err == 0 else math.inf
@@ -90,10 +57,7 @@ class Spectrum:
 
 
 def dense_spectrum(j: Tensor) -> Spectrum:
-    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` from its singular values (float64).
-
-    A zero matrix gives erank and stable rank NaN (as :func:`rankexp.spectra.erank_from_sv`).
-    """
+    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` from its float64 singular values (a zero matrix: NaN ranks)."""
     s = torch.linalg.svdvals(j.detach().to(torch.float64))
     fro = float(s.square().sum())
     return Spectrum(dim=j.shape[-1], frobenius_sq=fro, top_sq=float(s[0].square()),
@@ -102,8 +66,7 @@ def dense_spectrum(j: Tensor) -> Spectrum:
 
 def rademacher(vectors: int, dim: int, *, seed: int, dtype: torch.dtype,
                device: torch.device | str) -> Tensor:
-    """``vectors × dim`` independent ±1 entries, drawn on the CPU from ``seed`` (so every device
-    sees the same probes), then moved to ``device``."""
+    """``(vectors, dim)`` ±1 entries drawn on the CPU from ``seed`` (the same on every device), moved to ``device``."""
     g = torch.Generator().manual_seed(int(seed))
     v = torch.randint(0, 2, (vectors, dim), generator=g, dtype=torch.int8)
     return (v.to(torch.float64) * 2 - 1).to(device=device, dtype=dtype)
@@ -111,12 +74,7 @@ def rademacher(vectors: int, dim: int, *, seed: int, dtype: torch.dtype,
 
 @dataclass(frozen=True)
 class Lanczos:
-    """Tridiagonal Lanczos coefficients of p runs on one symmetric operator.
-
-    Attributes:
-        alpha: diagonals ``(p, k)``.  beta: off-diagonals ``(p, k)``; ``beta[:, j]`` couples
-            steps j and j+1 (``beta[:, k−1]`` is the residual norm, used by the error bound).
-    """
+    """Tridiagonal Lanczos coefficients of p runs: ``alpha`` ``(p, k)``, ``beta`` ``(p, k)`` (``beta[:, j]`` couples steps j, j+1)."""
 
     alpha: Tensor
     beta: Tensor
@@ -126,9 +84,9 @@ class Lanczos:
         return self.alpha.shape[1]
 
     def nodes_weights(self, k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Gauss quadrature of the first ``k`` steps: nodes θ ``(p, k)`` (clamped at 0: A is
-        positive semi-definite), weights τ² ``(p, k)`` (rows sum to 1) and the eigenvectors'
-        last components ``(p, k)`` (for the residual bound), in float64."""
+        """Gauss quadrature of the first ``k`` steps, float64: nodes θ ``(p, k)`` (clamped at 0),
+        weights τ² ``(p, k)`` and the eigenvectors' last components ``(p, k)``.
+        """
         k = self.steps if k is None else k
         a, b = self.alpha[:, :k].double(), self.beta[:, : k - 1].double()
         t = torch.diag_embed(a) + torch.diag_embed(b, 1) + torch.diag_embed(b, -1)
@@ -138,21 +96,8 @@ class Lanczos:
 
 def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
             check: int = 8, converged: Callable[[Lanczos], bool] | None = None) -> Lanczos:
-    """Lanczos on the symmetric operator ``gram`` from p starting vectors at once.
-
-    Args:
-        gram: ``(p, D) → (p, D)``, row-wise ``v ↦ A v``.
-        start: ``(p, D)`` starting vectors (any norm).
-        steps: at most this many steps (≤ D).
-        check: every ``check`` steps ``converged(partial result)`` may stop the iteration.
-        converged: see ``check``; also stops when every run found an invariant subspace.
-
-    Returns:
-        :class:`Lanczos` with ``k ≤ steps`` columns.  A run whose residual vanished (an
-        invariant subspace) continues with zero vectors: its later α, β are 0, which adds nodes
-        at 0 with zero weight (every f used here has f(0) = 0).
-
-    Memory: the basis, ``p (steps + 1) D`` numbers (full reorthogonalization).
+    """Lanczos with full reorthogonalization on ``gram`` ``(p, D) → (p, D)`` from ``start`` ``(p, D)``; every
+    ``check`` steps ``converged(partial)`` may stop it. Memory ``p (steps + 1) D`` numbers.
     """
     p, dim = start.shape
     steps = max(1, min(int(steps), dim))
@@ -184,8 +129,7 @@ def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
 
 @dataclass(frozen=True)
 class _Quadrature:
-    """Per-vector estimates of one quadrature: ``(p, 3)`` columns ``tr A, tr A^{1/2}, tr g(A)``,
-    the largest Ritz value and its residual bound."""
+    """Per-vector traces ``(p, 3)`` (``tr A, tr A^{1/2}, tr g(A)``), the top Ritz value and its residual bound."""
 
     traces: Tensor
     top: float
@@ -219,17 +163,8 @@ def _quadrature(lz: Lanczos, dim: int, k: int | None = None) -> _Quadrature:
 
 @dataclass(frozen=True)
 class MatrixFree:
-    """Settings of the matrix-free estimates (:func:`slq_spectrum`).
-
-    Attributes:
-        vectors: Rademacher probe vectors (the standard errors shrink as ``1/√vectors``; they
-            are applied together, so on a large block whose products are bound by reading the
-            weights more vectors cost little more time).
-        steps: at most this many Lanczos steps per vector (products with ``JᵀJ``).
-        tol: stop when the erank and ``‖J‖₂²`` estimates change by less than this (relative)
-            over the last ``check`` steps.
-        check: steps between convergence checks (each one host sync).
-        seed: seed of the probe vectors (each matrix offsets it, see :func:`slq_spectrum`).
+    """Settings of :func:`slq_spectrum`: Rademacher ``vectors``, at most ``steps`` Lanczos steps, stop at
+    relative change < ``tol`` over ``check`` steps, probe ``seed``.
     """
 
     vectors: int = 16
@@ -252,18 +187,8 @@ class MatrixFree:
 def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: MatrixFree = MatrixFree(),
                  seed_offset: int = 0, dtype: torch.dtype = torch.float64,
                  device: torch.device | str = "cpu") -> Spectrum:
-    """Matrix-free :class:`Spectrum` of J from products with ``A = JᵀJ`` (module docstring).
-
-    Args:
-        gram: ``(p, D) → (p, D)``, row-wise ``v ↦ Jᵀ(J v)``.
-        dim: D.
-        settings: :class:`MatrixFree`.
-        seed_offset: added to ``settings.seed`` (distinct matrices get independent probes).
-        dtype, device: of the probe vectors (the operator's).
-
-    Returns:
-        :class:`Spectrum` with ``method = "matrix_free"``.  Errors are one standard error; the
-        ‖J‖₂² estimate is a lower bound whose error is the Ritz residual bound.
+    """Matrix-free :class:`Spectrum` of J from ``gram`` ``(p, D) → (p, D)``, ``v ↦ Jᵀ(J v)`` (probes seeded
+    ``settings.seed + seed_offset``); ‖J‖₂² is a lower bound with the Ritz residual as its error.
     """
     v = rademacher(settings.vectors, dim, seed=settings.seed + seed_offset, dtype=dtype, device=device)
     state: dict[str, tuple[float, float]] = {}

@@ -9,14 +9,10 @@
             monitor.step(step)      # analyze() when due; metrics logged at step = `step`
     monitor.frame                   # every checkpoint's rows, with a `step` column
 
-Each checkpoint is one :func:`rankexp.instruments.analyze` call on the fixed ``inputs`` (no
-gradients, eval mode for its duration, the global RNG untouched, so training is unchanged by
-it) whose numbers go to the active MLflow run as metrics ``<quantity>/block<l>`` (``…_m<e>``
-per member of an ensemble; ``*_err`` only for matrix-free rows) at ``step``, its table as the
-artifact ``spectra/step_<step>.csv``, and its wall time as ``spectra_seconds``.  MLflow is
-imported (by :mod:`rankexp.tracking.active`) only when a run is logged to — it is no dependency of the monitor — and any callable
-``log(metrics, step)`` can replace it.  :func:`spectral_callback_class` wraps the monitor as a
-Hugging Face ``TrainerCallback`` (``transformers``, the ``gpt2`` extra, imported on first use).
+Each checkpoint is one :func:`rankexp.instruments.analyze` call (training unchanged by it):
+metrics ``<quantity>/block<l>`` (``…_m<e>`` per member) at ``step``, the table as
+``spectra/step_<step>.csv`` and ``spectra_seconds``, to the active MLflow run or any callable
+``log(metrics, step)``. :func:`spectral_callback_class` wraps it as a Hugging Face ``TrainerCallback``.
 """
 
 from __future__ import annotations
@@ -25,11 +21,12 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 
 from torch import nn
 
 from rankexp import tracking
+from rankexp.tracking import Sink
 
 from .core import analyze, resolve_probes
 
@@ -38,13 +35,9 @@ log = logging.getLogger(__name__)
 #: the frame's columns that name a row rather than measure something
 ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "branch_kind", "rows")
 
-#: ``log(metrics, step)``: where a checkpoint's numbers go (:data:`rankexp.tracking.Sink`)
-Sink = Callable[[Mapping[str, float], int], None]
-
 
 def metric_names(frame, prefix: str = "") -> dict[str, float]:
-    """One checkpoint's frame as MLflow metrics: ``<prefix><column>/block<l>`` (``_m<e>`` when the
-    frame holds several members); ``*_err`` columns only for matrix-free rows."""
+    """One checkpoint's frame as metrics ``<prefix><column>/block<l>[_m<e>]``; ``*_err`` only for matrix-free rows."""
     several = frame["member"].nunique() > 1
     width = len(str(int(frame["block"].max())))
     out = {}
@@ -57,37 +50,24 @@ def metric_names(frame, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _mlflow_sink(required: bool) -> Sink | None:
-    """Log to the active MLflow run, through :mod:`rankexp.tracking` (the only package that
-    imports MLflow); ``None`` when there is none and ``required`` is False.
-
-    Raises:
-        RuntimeError: ``required`` and no active run.
-    """
-
-    return tracking.active_run_sink(required, who="SpectralMonitor(log='mlflow')")
-
-
 class SpectralMonitor:
     """:func:`~rankexp.instruments.analyze` at chosen optimizer steps, logged and accumulated.
 
     Args:
-        model: the network being trained (measured in place, never copied).
-        inputs: the fixed inputs every checkpoint measures on (as :func:`analyze` takes them).
+        model: the network being trained (measured in place).
+        inputs: the fixed inputs of every checkpoint (as :func:`analyze` takes them).
         every: measure when ``step % every == 0``; ``None``: only at ``steps``.
-        steps: explicit steps to measure at as well (e.g. log-spaced ``0, 10, 30, 100, …``).
-        probes: instrument groups (``branch``, ``prefix``, ``representation``; default all).
+        steps: explicit steps to measure at as well.
+        probes: instrument groups (default all), as :func:`analyze`.
         blocks: as :func:`analyze`.
-        log: ``"auto"`` (the active MLflow run if there is one), ``"mlflow"`` (an active run is
-            required), ``None`` (keep the frames only) or a callable ``log(metrics, step)``.
-        artifacts: also log each checkpoint's table as ``spectra/step_<step>.csv`` (MLflow only).
+        log: ``"auto"`` (the active MLflow run if any), ``"mlflow"`` (required), ``None`` (frames
+            only) or a callable ``log(metrics, step)``.
+        artifacts: also log each table as ``spectra/step_<step>.csv`` (MLflow only).
         prefix: prepended to every metric name.
-        **analyze_kwargs: the rest of :func:`analyze`'s arguments (method, point, position,
-            matrix_free, max_dense_bytes, max_bytes).
+        **analyze_kwargs: the rest of :func:`analyze`'s arguments.
 
     Raises:
-        ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or ``log``
-            not one of the above.
+        ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or a bad ``log``.
     """
 
     def __init__(self, model: nn.Module, inputs=None, *, every: int | None = 100,
@@ -114,8 +94,7 @@ class SpectralMonitor:
         return step in self.steps or (self.every is not None and step % self.every == 0)
 
     def step(self, step: int, *, force: bool = False):
-        """Measure at optimizer step ``step`` if it is due (or ``force``): returns that
-        checkpoint's frame (with a ``step`` column), else ``None``."""
+        """Measure at ``step`` if due (or ``force``): that checkpoint's frame (with ``step``), else ``None``."""
         if not (force or self.due(step)):
             return None
         t0 = time.perf_counter()
@@ -140,7 +119,7 @@ class SpectralMonitor:
             return None, False
         if callable(self.log):
             return self.log, False
-        sink = _mlflow_sink(required=self.log == "mlflow")
+        sink = tracking.active_run_sink(self.log == "mlflow", who="SpectralMonitor(log='mlflow')")
         if sink is None and not self._warned:
             log.warning("SpectralMonitor: no active MLflow run; keeping the frames only "
                         "(start a run, or pass log=None to silence this)")
@@ -155,9 +134,7 @@ class SpectralMonitor:
         metrics[f"{self.prefix}spectra_seconds"] = seconds
         sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
         if is_mlflow and self.artifacts:
-            from rankexp import tracking
-
-            tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+                tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
 
     def callback(self):
         """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""
@@ -166,9 +143,8 @@ class SpectralMonitor:
 
 @functools.cache
 def spectral_callback_class() -> type:
-    """``SpectralCallback``: a ``transformers.TrainerCallback`` that runs a :class:`SpectralMonitor`
-    before the first step (step 0, if due) and after every optimizer step
-    (``state.global_step``), on the main process only.
+    """``SpectralCallback``: a ``transformers.TrainerCallback`` running a :class:`SpectralMonitor`
+    at step 0 (if due) and after every optimizer step, on the main process only.
 
     Raises:
         ImportError: ``transformers`` is not installed (names the extra).
@@ -178,8 +154,7 @@ def spectral_callback_class() -> type:
     tf = transformers_module()
 
     class SpectralCallback(tf.TrainerCallback):
-        """Runs ``monitor.step(state.global_step)`` after every optimizer step (see
-        :class:`rankexp.instruments.monitor.SpectralMonitor`)."""
+        """Runs ``monitor.step(state.global_step)`` after every optimizer step."""
 
         def __init__(self, monitor: SpectralMonitor):
             self.monitor = monitor

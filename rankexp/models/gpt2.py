@@ -1,23 +1,6 @@
-"""Hugging Face causal LMs — GPT-2 and kin — as a model family (``model=gpt2``; Figure 12).
-
-A Transformer block adds two branches to the residual stream; the study's Figure 12 follows the
-feedforward one.  For block l let ``x_l`` be the stream where the FFN branch reads it (after the
-attention branch was added) at a chosen token position of a fixed prompt; the FFN branch is
-``x ↦ mlp(ln₂(x))`` and its Jacobian ``J_l = ∂ mlp(ln₂(x))/∂x`` at ``x_l`` (GPT-2:
-``W_proj diag(gelu′) W_fc J_ln``; :mod:`rankexp.probes.ffn` computes it).
-
-This module builds the networks and traces the stream; it never imports ``transformers`` at
-import time (only ``model=gpt2`` pays for it, and a missing extra gives :data:`EXTRA_HINT`).
-
-* **Random initialization** from a named config's shape (:data:`LM_SHAPES`: ``gpt2`` = GPT-2
-  Small d = 768, L = 12; ``gpt2-medium`` d = 1024, L = 24; …), no download: GPT-2's own
-  initialization (``N(0, 0.02²)``, residual projections ``/√(2L)``, LayerNorm gain 1), drawn
-  from the member's seed; width / depth / heads can be reduced for tests.
-* **Pretrained weights** from ``from_pretrained(<local dir or hub id>)``; any architecture of
-  :data:`ARCHITECTURES` (GPT-2, and the Llama family's ``post_attention_layernorm`` + gated MLP).
-
-Members: like :class:`~rankexp.models.mlp.ResidualMLP` an instance holds E members (one
-network per seed); pretrained weights are one network (E = 1).
+"""Hugging Face causal LMs — GPT-2 and kin — as a model family (``model=gpt2``; Figure 12):
+GPT-2's own random initialization of a named shape, or pretrained weights of any architecture
+of :data:`ARCHITECTURES` (one member); ``transformers`` is imported only when used.
 """
 
 from __future__ import annotations
@@ -30,21 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from ..seeding import STREAM_WEIGHTS, seeded_generator
-from .spec import (  # noqa: F401 — the shapes are torch-free (config checks read them there)
-    DEFAULT_PROMPT_IDS,
-    HUB_IDS,
-    LM_SHAPES,
-    ShapeError,
-    checkpoint_config,
-    checkpoint_shape,
-    default_heads,
-    lm_shape,
-)
+from .spec import DEFAULT_PROMPT_IDS, default_heads  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 EXTRA_HINT = ("model=gpt2 needs the optional extra `transformers`: "
               "pip install -e '.[gpt2]' (make setup installs it)")
+
 
 def transformers_module():
     """``import transformers``, or an ImportError naming the extra (:data:`EXTRA_HINT`)."""
@@ -55,15 +30,9 @@ def transformers_module():
     return transformers
 
 
-# --------------------------------------------------------------------------- architectures
 @dataclass(frozen=True)
 class Architecture:
-    """Where a causal LM keeps its blocks, the norm in front of the FFN branch, and the FFN.
-
-    Attributes:
-        blocks: ``model → list of blocks`` (in order, block 1 first).
-        ffn_norm, ffn: attribute names, on a block, of ln₂ and the FFN module.
-    """
+    """Where a causal LM keeps its blocks (``blocks(model)``) and, on a block, ln₂ (``ffn_norm``) and the FFN (``ffn``)."""
 
     blocks: Callable[[nn.Module], Sequence[nn.Module]]
     ffn_norm: str
@@ -73,24 +42,16 @@ class Architecture:
 _LLAMA = Architecture(lambda m: m.model.layers, "post_attention_layernorm", "mlp")
 #: ``config.model_type`` → where its FFN branch is (GPT-2 has a closed form in probes.ffn)
 ARCHITECTURES: dict[str, Architecture] = {
-    "gpt2": Architecture(lambda m: m.transformer.h, "ln_2", "mlp"),
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-}
+    "gpt2": Architecture(lambda m: m.transformer.h, "ln_2", "mlp"), "llama": _LLAMA,
+    "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA}
 
 
-# --------------------------------------------------------------------------- building
 def random_gpt2(width: int, depth: int, heads: int, seed: int, *, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> nn.Module:
-    """A randomly initialized ``GPT2LMHeadModel`` of width d, depth L and ``heads`` heads.
+    """A randomly initialized ``GPT2LMHeadModel`` (GPT-2's own init, dropout off, eval mode).
 
-    GPT-2's own initialization (``GPT2PreTrainedModel._init_weights``), drawn in float32 (as
-    Hugging Face does; 3.7× faster than float64 draws, and ``dtype=float32`` and ``float64``
-    then measure the same network) from the torch RNG seeded from
-    ``seeded_generator(seed, STREAM_WEIGHTS)`` inside a forked RNG (the caller's random state is
-    untouched), then cast to ``dtype``; dropout off; eval mode.
+    Drawn in float32 from the torch RNG seeded from ``seeded_generator(seed, STREAM_WEIGHTS)``
+    inside a forked RNG, then cast to ``dtype`` (float32 and float64 measure the same network).
     """
     tf = transformers_module()
     cfg = tf.GPT2Config(n_embd=width, n_layer=depth, n_head=heads, resid_pdrop=0.0,
@@ -102,12 +63,11 @@ def random_gpt2(width: int, depth: int, heads: int, seed: int, *, dtype: torch.d
 
 
 def load_pretrained(pretrained: str, *, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained(pretrained)`` (a local directory or a hub id), in
-    ``dtype`` on ``device``, eval mode.
+    """``AutoModelForCausalLM.from_pretrained(pretrained)`` in ``dtype`` on ``device``, eval mode.
 
     Raises:
         ValueError: an architecture without an entry in :data:`ARCHITECTURES`.
-        OSError: what ``from_pretrained`` raises for a path or id it cannot load.
+        OSError: what ``from_pretrained`` raises.
     """
     tf = transformers_module()
     model = tf.AutoModelForCausalLM.from_pretrained(pretrained)
@@ -125,16 +85,7 @@ def tokenize(text: str, source: str) -> list[int]:
 
 
 class CausalLM(nn.Module):
-    """E members (seeds) of one causal-LM architecture with a fixed prompt and token position.
-
-    Args:
-        members: Hugging Face causal LMs of one architecture and shape (eval mode).
-        seeds: one seed per member (pretrained: one member).
-        prompt_ids: the prompt's token ids.
-        position: the token position whose stream is traced (negative counts from the end).
-
-    Attributes:
-        width, depth: d and L.  ``arch``: its :class:`Architecture`; ``model_type`` its name.
+    """E members (seeds) of one causal-LM architecture with a fixed prompt and token ``position``.
 
     Raises:
         ValueError: members of different shapes, an empty prompt, a token id outside the
@@ -177,12 +128,8 @@ class CausalLM(nn.Module):
 
     @torch.no_grad()
     def trace(self, member: int) -> tuple[Tensor, Tensor]:
-        """One forward pass of the prompt; the stream at the chosen position.
-
-        Returns:
-            ``stream`` ``(L + 1, d)``: ``h_0`` (the embeddings entering block 1) and ``h_l``,
-            the output of block l; ``ffn_in`` ``(L, d)``: ``x_l``, the stream entering block l's
-            FFN branch (``h_{l−1}`` plus its attention branch).
+        """One forward pass of the prompt at the chosen position: ``stream`` ``(L + 1, d)`` (``h_0``
+        and each block's output) and ``ffn_in`` ``(L, d)`` (the stream entering each FFN branch).
         """
         model, pos = self.members[member], self.position
         blocks = self.blocks(member)
@@ -222,15 +169,12 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
                     heads: int | None, seeds: Sequence[int], prompt_ids: Sequence[int],
                     prompt: str | None, tokenizer: str | None, position: int,
                     dtype: torch.dtype, device: torch.device | str) -> CausalLM:
-    """The :class:`CausalLM` of a ``model=gpt2`` config (see :class:`rankexp.config.Gpt2Model`).
-
-    Random init: one ``GPT2LMHeadModel`` per seed of shape (width, depth, heads or
-    :func:`default_heads`).  Pretrained: ``from_pretrained`` once (its shape must be width ×
-    depth).  A text ``prompt`` is tokenized by ``tokenizer`` (default: ``pretrained``).
+    """The :class:`CausalLM` of a ``model=gpt2`` config: one random model per seed, or one pretrained
+    of shape width × depth; a text ``prompt`` is tokenized by ``tokenizer`` (default ``pretrained``).
 
     Raises:
-        ValueError: the checkpoint's shape differs from width/depth; a text prompt with no
-            tokenizer; what :class:`CausalLM` raises.
+        ValueError: a checkpoint of another shape, a text prompt without tokenizer, or what
+            :class:`CausalLM` raises.
     """
     if prompt is not None:
         source = tokenizer or pretrained
@@ -253,7 +197,3 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
              pretrained or f"random {config}", width, depth, len(members), len(prompt_ids), position)
     return CausalLM(members, seeds, prompt_ids, position).to(device)
 
-
-__all__ = ["ARCHITECTURES", "DEFAULT_PROMPT_IDS", "EXTRA_HINT", "LM_SHAPES", "Architecture",
-           "CausalLM", "ShapeError", "build_causal_lm", "checkpoint_shape", "default_heads", "lm_shape",
-           "load_pretrained", "random_gpt2", "tokenize", "transformers_module"]

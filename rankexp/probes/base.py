@@ -1,80 +1,32 @@
-"""What every probe shares: the network under test, and the intermediates probes *declare*.
+"""What every probe shares: the network under test, and the intermediates probes declare.
 
-A probe is a pure function ``fn(ctx: ProbeContext) -> Measurement`` (tensors in, numbers out),
-registered in :data:`rankexp.probes.PROBES` as a :class:`Probe` together with what it needs.
-
-**The "needs" mechanism.**  A probe never triggers work it did not declare.  Its
-:attr:`Probe.needs` names intermediates of two kinds:
-
-* *sweep needs* — what the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`)
-  can compute: ``io_jacobian``, ``partial_spectra``, ``branch_norms``, ``branch_sum``
-  (:data:`rankexp.probes.jacobian.SWEEP_NEEDS`); the probe reads them from ``ctx.sweep``;
-* *layer folds* — a per-layer accumulation fed each block's
-  :class:`~rankexp.probes.jacobian.LayerJacobian` during that same sweep (the path-order
-  dynamic program), registered by name in :data:`rankexp.probes.FOLDS` as a factory
-  ``factory(ctx) -> LayerFold``; the probe reads its result with ``ctx.fold(name)``.
-
-The task computes the union of the needs of the probes it runs (:func:`needs_of`) and hands it
-to :class:`ProbeContext`, which runs the sweep once, on first use, with exactly that union
-and every requested fold.  A probe with no needs (stream, representation, branch Jacobian,
-spike, projection split) walks the network itself and costs nothing when it is not run.
-A later probe family plugs in the same way: declare a new sweep need (extend the engine), or a
-fold (any per-layer consumer of block Jacobians — e.g. GPT-2 FFN Jacobians' pairwise cosines),
-or nothing.
-
-**Seeds.**  Every per-seed quantity is reduced to a mean (``name``) and a standard deviation
-over seeds (``name_std``) with the raw per-seed arrays kept (``Measurement.add_seed_*``).  A
-quantity pooled over seeds (a Marchenko–Pastur fit over every seed's eigenvalues, a theory
-value at the seeds' mean preactivation variance) is computed by the probe's :attr:`Probe.reduce`
-from per-seed arrays, after the seeds of all memory chunks are joined
-(:func:`rankexp.tasks.measure.measure_seeds`), so chunking seeds never changes a number.
+A probe is ``fn(ctx: ProbeContext) -> Measurement``; its ``needs`` name sweep intermediates
+(``ctx.sweep``) or layer folds (``ctx.fold(name)``), computed once, on first use, for the union
+of the needs. Pooled quantities come from ``Probe.reduce`` after every seed chunk is joined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
 from ..models.mlp import ResidualMLP
 from ..seeding import gaussian_input
-from .catalog import (  # noqa: F401 — the torch-free declarations, re-exported
-    MemoryEstimate,
-    ModelShape,
-    Probe,
-    needs_of,
-    probe_options,
-    sweep_memory,
-)
+from .catalog import probe_options
 from .jacobian import SWEEP_NEEDS, ForwardSweep, LayerJacobian, forward_sweep, layer_jacobians
 
-
-class LayerFold(Protocol):
-    """A per-layer consumer of the sweep: ``step`` is called with every block's Jacobian pieces
-    in order, ``result`` once after the last block."""
-
-    def step(self, lj: LayerJacobian) -> None: ...
-
-    def result(self) -> Any: ...
-
-
-#: a fold's factory: builds the empty accumulator for a context (reads its options, shapes)
-FoldFactory = Callable[["ProbeContext"], LayerFold]
+#: a layer fold's factory: ``factory(ctx)`` is an accumulator whose ``step(lj)`` gets every block's
+#: :class:`LayerJacobian` in order and whose ``result()`` is read after the last
+FoldFactory = Callable[["ProbeContext"], Any]
 
 
 class ProbeContext:
-    """The network under test plus the lazily computed intermediates its probes declared.
-
-    Args:
-        model: the :class:`ResidualMLP` (E members = seeds).
-        h0: Gaussian inputs ``(E, 1, d)``, one per seed.
-        options: the probe options from ``task.options`` (free-form mapping).
-        needs: the union of the probes' needs; ``None`` = every sweep need (a context built by
-            hand, e.g. in a test, behaves like v1's: the sweep computes everything).
-        folds: fold factories by name (:data:`rankexp.probes.FOLDS`).
+    """The network under test (``model``, E members = seeds, inputs ``h0`` ``(E, 1, d)``) plus the
+    lazily computed intermediates its probes declared (``needs``; ``None``: every sweep need).
 
     Raises:
         ValueError: a need that is neither a sweep need nor a known fold.
@@ -106,8 +58,7 @@ class ProbeContext:
         return sweep
 
     def fold(self, name: str) -> Any:
-        """The result of layer fold ``name``: from the shared sweep when it was declared, else
-        from a walk of its own (so a probe called outside the task still works).
+        """The result of layer fold ``name``: from the shared sweep when declared, else its own walk.
 
         Raises:
             KeyError: an unknown fold.
@@ -130,7 +81,7 @@ class ProbeContext:
         """``task.options.<name>`` merged over ``defaults``.
 
         Raises:
-            ValueError: a key the probe does not know (lists the allowed ones).
+            ValueError: a key the probe does not know.
         """
         return probe_options(self.options, name, defaults)
 

@@ -1,21 +1,6 @@
-"""The branch Jacobian, its masked up-projection, the activation spike, and post-norm's split.
-
-* Branch Jacobian (Eq. 9/25) at the branch input ``x = P(h_{l−1})``::
-
-      J_f = W_down D W_up,   D = diag(σ′(W_up x))          (M = 2)
-      J_f = D W                                          (M = 1)
-      J_f = W_down [diag(σ′(g)⊙u) W_g + diag(σ(g)) W_up]  (gated, g = W_g x, u = W_up x)
-
-  The bracket (``D W_up``, ``D W`` or the gated bracket) is the *masked
-  up-projection* ``A ∈ R^{m×d}``; its Gram spectrum is compared with
-  Marchenko–Pastur at γ = p·m/d (Figure 8/9/17; normalization in
-  :func:`rankexp.theory.marchenko_pastur_edges`).  σ′ is the closed form (autograd on
-  the model's own σ for any other), so every activation works.
-* Activation spike (Table 1): the stable rank of the hidden activations
-  ``σ(W P(h))`` over n probe inputs approaches the spike bound ``1/c``.
-* Projection split (Figure 4c, Table 3): for Post-Norm, how much rank the
-  post-residual norm removes through its forward rescaling vs its Jacobian's
-  projection (:func:`projection_split`).
+"""The branch Jacobian and its masked up-projection vs Marchenko–Pastur (Eq. 9/25, Figure
+8/9/17), the activation spike (Table 1), and the rank a Post-Norm removes by rescaling vs
+projection (Figure 4c, Table 3).
 """
 
 from __future__ import annotations
@@ -42,16 +27,12 @@ from ..theory import (
     random_walk_projection_product,
 )
 from .base import ProbeContext
-from .catalog import (
-    ACTIVATION_SPIKE_OPTIONS,
-    BRANCH_JACOBIAN_OPTIONS,
-)
+from .catalog import ACTIVATION_SPIKE_OPTIONS, BRANCH_JACOBIAN_OPTIONS
 from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
 
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- J_f and D·W_up
 def _sigma_prime(block: Block, z: Tensor) -> Tensor:
     """σ′(z) elementwise: the closed form, or autograd on the block's σ (any other activation)."""
     if block.activation in ACTIVATION_DERIVATIVES:
@@ -63,15 +44,8 @@ def _sigma_prime(block: Block, z: Tensor) -> Tensor:
 
 
 def masked_up_projection(block: Block, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Masked up-projection ``A`` and bare branch Jacobian ``J_f`` at branch inputs ``x``.
-
-    Args:
-        block: one block (E members).
-        x: the branch input ``P(h_{l−1})``, ``(E, 1, d)``.
-
-    Returns:
-        ``A`` ``(E, m, d)`` = ``∂hidden/∂x`` (``D W_up``, ``D W`` or the gated bracket)
-        and ``J_f`` ``(E, d, d)`` = ``∂f/∂x`` (Eq. 9/25; no β, no norm ops).
+    """``A`` ``(E, m, d)`` = ``∂hidden/∂x`` and ``J_f`` ``(E, d, d)`` = ``∂f/∂x`` (Eq. 9/25; no β, no norm
+    ops) at branch inputs ``x`` = ``P(h_{l−1})`` ``(E, 1, d)``.
     """
     xv = x[:, 0]  # (E, d)
     if block.matrices == 1:
@@ -98,42 +72,23 @@ def _survival_gamma(model: ResidualMLP, q: float) -> tuple[float, float, float]:
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     """Branch Jacobian rank and the masked up-projection vs Marchenko–Pastur (Figure 8/9/17).
 
-    Measured at the forward activation of ``ctx.h0`` on the layers chosen by option
-    ``layers`` (``task.options.branch_jacobian.layers``: list of 1-based layers, default
-    all); ``reference_draws`` (default 4) sets the Monte Carlo size of the reference.
-
-    Scalars: ``erank_branch`` (mean over layers of erank(J_f)/d), ``erank_branch_reference``
-    (erank/d of a Gaussian product with inner dimension round(γ d),
-    :func:`rankexp.theory.gaussian_product_erank`), ``mp_gamma`` (γ = p·m/d at the measured
-    preactivation variance), ``mp_ks`` (KS distance of the pooled normalized Gram
-    eigenvalues of ``A = D W_up`` over layers and seeds to MP(γ)), ``mp_edge_lower`` /
-    ``mp_edge_upper`` (theory) vs ``mp_eig_min`` / ``mp_eig_max`` (mean over layers of the
-    smallest nonzero / largest normalized eigenvalue), ``mp_zero_fraction`` vs
-    ``mp_atom_theory`` (= max(0, 1−γ)), ``masked_rank`` (numerical rank(A)/d) vs
-    ``masked_rank_theory`` = min(1, P(σ′≠0)·m/d) (full rank from m/d = 1/p),
-    ``survival_measured`` (mean D²; theory ``survival_theory`` = p).
-    Series (step = l): ``erank_branch_profile``.
-    Arrays: ``mp_hist_centers``, ``mp_hist_density`` (pooled, per unit of normalized
-    eigenvalue, integrating to 1 − zero fraction), ``mp_theory_density``; per seed
-    ``mp_preact_var`` ``(E, layers)``.  The pooled quantities come from
+    Options ``layers`` (1-based, default all), ``reference_draws``; pooled values in
     :func:`reduce_branch_jacobian`.
     """
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
     chosen = set(
-        range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"])
-    )
+        range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"]))
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.branch_jacobian.layers: {bad} outside 1…{model.depth}")
-    states = {0: ctx.h0}
-    keep = max(model.skip_every, 1)
     er, eigs, qs, rank, surv, steps = [], [], [], [], [], []
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
+    h = ctx.h0
     with torch.no_grad():
-        for l, block in enumerate(model.blocks, start=1):
-            h = states[l - 1]
+        for l, h_next in model.states(ctx.h0, max(chosen)):
             if l in chosen:
+                block = model.blocks[l - 1]
                 x = block.pre_norm(h)
                 a, jf = masked_up_projection(block, x)
                 er.append(erank_from_sv(singular_values(jf)) / d)
@@ -147,10 +102,7 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
                 if not block.gated:
                     surv.append(_sigma_prime(block, z).square().mean(-1))
                 steps.append(l)
-            b = block.branch(h)
-            s = b + states[model.skip_source(l)] if block.has_skip else b
-            states[l] = block.res_norm(s)
-            states.pop(l - keep, None)
+            h = h_next
     er_t, ev_t = torch.stack(er, 1), torch.stack(eigs, 1)  # (E, n), (E, n, d)
     m = Measurement()
     m.add_seed_series("erank_branch_profile", er_t, steps)
@@ -171,8 +123,7 @@ _EIGENVALUES = "_mp_eigenvalues"
 
 
 def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
-    """What pools every seed: γ at the mean preactivation variance, the MP fit (KS distance,
-    edges, atom, histogram) of all seeds' eigenvalues, and the Gaussian-product reference."""
+    """Pooled over seeds: γ at the mean preactivation variance, the MP fit (KS, edges, atom, histogram) and the Gaussian-product reference."""
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
@@ -181,17 +132,12 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     p, rate, gamma = _survival_gamma(model, float(m.arrays["mp_preact_var"].mean()))
     lo, hi = marchenko_pastur_edges(gamma)
     m.scalars["erank_branch_reference"] = gaussian_product_erank(
-        d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0
-    )
-    m.scalars.update(
-        mp_gamma=gamma,
-        mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
-        mp_edge_lower=lo,
-        mp_edge_upper=hi,
-        mp_atom_theory=marchenko_pastur_atom(gamma),
-        masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
-        survival_theory=p,
-    )
+        d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0)
+    m.scalars.update(mp_gamma=gamma, mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
+                     mp_edge_lower=lo, mp_edge_upper=hi,
+                     mp_atom_theory=marchenko_pastur_atom(gamma),
+                     masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
+                     survival_theory=p)
     top = max(hi, float(ev_np.max())) * 1.02
     counts, edges = np.histogram(ev_np[ev_np > tol * ev_np.max()], bins=80, range=(0.0, top))
     centers = 0.5 * (edges[1:] + edges[:-1])
@@ -200,7 +146,6 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
 
 
-# --------------------------------------------------------------------------- Table 1 spike
 def hidden_activations(block: Block, h: Tensor) -> Tensor:
     """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
     x = block.pre_norm(h)
@@ -213,23 +158,8 @@ def hidden_activations(block: Block, h: Tensor) -> Tensor:
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """Stable rank of ``σ(W h)`` over n probe inputs vs the spike bound ``1/c`` (Table 1).
 
-    The hidden activations ``A_l = σ(W P(h_{l−1}))`` (``n×m``, uncentered) have a
-    mean ``E[σ]`` in every entry — a rank-one spike holding a fraction c of the
-    energy, so ``stable_rank(A) → 1/c`` (finite-size: ``1/(c + (1−c)(1/n + 1/m))``).
-
-    Table 1's condition is the first layer, whose inputs are independent Gaussians.
-    Deeper layers see inputs that share the stream's accumulated mean, so their
-    hidden activations are more correlated than the spike alone implies and the
-    stable rank drops below ``1/c`` (e.g. 1.5 vs π at l = 384, M = 2, ReLU).
-
-    Options (``task.options.activation_spike``): ``n`` (default 2048), ``layers``
-    (1-based list, default ``[1]``; the forward runs up to the deepest one).
-
-    Scalars (at the shallowest listed layer): ``hidden_stable_rank``, ``hidden_coherence``
-    (measured ``mean(A)²/mean(A²)``), ``hidden_stable_rank_x_c`` (measured stable rank × c:
-    ≈ 1 when the spike dominates, 0 when c = 0); ``spike_coherence_theory`` (c at the
-    measured preactivation variance of that layer).  Series (step = l):
-    ``hidden_stable_rank_profile``, ``hidden_coherence_profile``.
+    The mean ``E[σ]`` is a rank-one spike holding a fraction c of the energy (deeper layers share
+    the stream's mean and drop below 1/c). Options ``n``, ``layers`` (default ``[1]``).
     """
     model = ctx.model
     opt = ctx.probe_options("activation_spike", ACTIVATION_SPIKE_OPTIONS)
@@ -239,25 +169,19 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.activation_spike.layers: {bad} outside 1…{model.depth}")
-    h = ctx.probe_inputs(int(opt["n"]))
-    states, keep = {0: h}, max(model.skip_every, 1)
+    h0 = x = ctx.probe_inputs(int(opt["n"]))
     sr, coh, qs, steps = [], [], [], []
     with torch.no_grad():
-        for l, block in enumerate(model.blocks, start=1):
-            x = states[l - 1]
+        for l, h in model.states(h0, max(chosen)):
             if l in chosen:
+                block = model.blocks[l - 1]
                 a = hidden_activations(block, x)
                 ev = gram_eigenvalues(a)
                 sr.append(ev.sum(-1) / ev.amax(-1))
                 coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
                 qs.append(block.preactivation(x).square().mean((-2, -1)))
                 steps.append(l)
-            b = block.branch(x)
-            s = b + states[model.skip_source(l)] if block.has_skip else b
-            states[l] = block.res_norm(s)
-            states.pop(l - keep, None)
-            if l >= max(chosen):
-                break
+            x = h
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)
     m = Measurement()
     m.add_seed_series("hidden_stable_rank_profile", sr_t, steps)
@@ -269,17 +193,14 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
 
 
 def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
-    """Pooled over seeds: c at the seeds' mean preactivation variance of the shallowest layer,
-    and the per-seed ``stable rank × c`` against it."""
+    """Pooled: ``spike_coherence_theory`` c at the mean preactivation variance, and ``hidden_stable_rank_x_c``."""
     c = activation_constants(ctx.model.activation, float(m.arrays["hidden_preact_var"].mean())).coherence
     m.add_seed_stat("hidden_stable_rank_x_c", torch.as_tensor(m.arrays["hidden_stable_rank"] * c))
     m.scalars["spike_coherence_theory"] = c
 
 
-# --------------------------------------------------------------------------- Figure 4c / Table 3
 def _accumulate(unit: Tensor, log: Tensor, factor: Tensor | NormJacobian) -> tuple[Tensor, Tensor]:
-    """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form (closed-form factors
-    applied in O(d²))."""
+    """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form."""
     acc = factor.left(unit) if isinstance(factor, NormJacobian) else factor @ unit
     norm = torch.linalg.matrix_norm(acc)
     return acc / norm[:, None, None], log + norm.log()
@@ -288,39 +209,13 @@ def _accumulate(unit: Tensor, log: Tensor, factor: Tensor | NormJacobian) -> tup
 def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     """Split the rank a post-residual norm removes into rescaling and projection (Figure 4c).
 
-    On the Post-Norm network (forward with R, Jacobian ``Π J_R (I + J_b)``, Eq. 18):
-
-    * ``erank_post``: ``erank(Π_l J_R (I + J_b))/d`` — the network as it is.
-    * ``erank_post_noproj``: ``erank(Π_l (I + J_b))/d`` at the *same* forward
-      activations.  A scalar rescaling factors out of the product, so this is
-      also the "rescaling-only" (detached) Jacobian; only the projection is gone.
-    * ``erank_prenorm``: the same weights with R's op moved to the Pre-Norm position
-      (``h_l = h_{l−1} + β B(f(R(h_{l−1})))``, Eq. 7; it replaces the block's own P, if any) —
-      the reference in which the op does not rescale the stream, so the branch ratio decays
-      (Eq. 22).
-    * ``rank_removed_by_projection`` = noproj − post (the Jacobian's projection);
-      ``rank_removed_by_rescaling`` = prenorm − noproj (the post-residual rescaling
-      holds every branch at ratio βα^M); ``rank_removed_total`` = prenorm − post.
-      All in units of d.
-    * ``erank_unnormalized``: the same weights with R = identity in forward and
-      Jacobian (``h_l = h_{l−1} + β B(f(P(h_{l−1})))``, the block's own P and B kept).  For positively homogeneous σ
-      (relu, abs, leaky_relu, linear) the unnormalized stream is a rescaled copy of
-      the Post-Norm stream, so this equals ``erank_post_noproj`` exactly: post-residual
-      rescaling then removes no rank relative to no norm at all — both hold the ratio
-      at βα^M (Eq. 21) — and all post-norm adds is the projection.
-    * ``erank_projection_product``: ``erank(Π_l J_R/‖J_R‖_2)/d`` — the projections alone
-      along the real trajectory (``I − ŝ_lŝ_lᵀ`` for rmsnorm), and ``projection_step``:
-      the mean relative branch step ``‖β f‖/‖h_{l−1}‖`` driving the stream's direction.
-
-    Args:
-        model: a network with a post-residual op R (``placement = "post"``, or any P/B with
-            ``norm.post`` set: the general block of Eq. 17).
-        h0: ``(E, 1, d)``.
-
-    Returns:
-        name → ``(E,)`` tensor.  For the ``detached`` op the split is 0 by construction
-        (its Jacobian has no projection).  The unnormalized forward can overflow (stream variance
-        ``(1+α²)^L``); its erank is then NaN.
+    On the Post-Norm network (Jacobian ``Π J_R (I + J_b)``, Eq. 18), in units of d:
+    ``erank_post`` (as it is), ``erank_post_noproj`` (``Π (I + J_b)`` at the same activations: the
+    projection removed), ``erank_prenorm`` (R's op moved to the Pre-Norm position, Eq. 7),
+    ``erank_unnormalized`` (R = identity; equals noproj for positively homogeneous σ),
+    ``rank_removed_by_projection`` = noproj − post, ``rank_removed_by_rescaling`` = prenorm −
+    noproj, ``rank_removed_total``, ``erank_projection_product`` (``Π J_R/‖J_R‖_2``) and
+    ``projection_step`` (mean ``‖β f‖/‖h_{l−1}‖``). Each ``(E,)``; NaN where a forward overflows.
 
     Raises:
         ValueError: R is the identity.
@@ -342,24 +237,17 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
         return _erank_or_nan(u, d)
 
     post, noproj, pre = er(uf), er(un), er(upre)
-    return {
-        "erank_post": post,
-        "erank_post_noproj": noproj,
-        "erank_prenorm": pre,
-        "erank_unnormalized": er(uu),
-        "rank_removed_by_projection": noproj - post,
-        "rank_removed_by_rescaling": pre - noproj,
-        "rank_removed_total": pre - post,
-        "erank_projection_product": er(up),
-        "projection_step": step,
-    }
+    return {"erank_post": post, "erank_post_noproj": noproj, "erank_prenorm": pre,
+            "erank_unnormalized": er(uu), "rank_removed_by_projection": noproj - post,
+            "rank_removed_by_rescaling": pre - noproj, "rank_removed_total": pre - post,
+            "erank_projection_product": er(up), "projection_step": step}
 
 
 def _walk_post(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`projection_split`'s walk of the Post-Norm network: the ``(E, d, d)`` products
-    ``Π J_R (I + J_b)`` and ``Π (I + J_b)`` (each ``/√d``), the projections' product
-    ``Π J_R/‖J_R‖_2`` and the ``(E,)`` mean relative branch step."""
+    """The Post-Norm walk: ``Π J_R (I + J_b)``, ``Π (I + J_b)``, ``Π J_R/‖J_R‖_2`` (``(E, d, d)``,
+    unit-Frobenius) and the ``(E,)`` mean relative branch step.
+    """
     d = h0.shape[-1]
     u_full = u_noproj = u_proj = eye / math.sqrt(d)
     l_full = l_noproj = l_proj = zero
@@ -387,8 +275,7 @@ def _walk_post(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: 
 
 def _walk_residual(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int,
                    prenorm: bool) -> Tensor:
-    """Product ``(E, d, d)`` (``/√d``) of (skip + J) with R = identity; R's op before the
-    branch if ``prenorm`` (:func:`projection_split`)."""
+    """Product ``(E, d, d)`` of (skip + J) with R = identity; R's op before the branch if ``prenorm``."""
     d = h0.shape[-1]
     states = {0: h0}
     prods = {0: (eye / math.sqrt(d), zero)}
@@ -441,20 +328,13 @@ def _add(u1: Tensor, l1: Tensor, u2: Tensor, l2: Tensor) -> tuple[Tensor, Tensor
 def probe_projection_split(ctx: ProbeContext) -> Measurement:
     """Rank removed by a post-residual norm: rescaling vs projection (Figure 4c, Table 3).
 
-    Scalars (per seed mean/std, units of d): see :func:`projection_split`, plus
-    ``erank_projection_product_rw``: erank/d of the random-walk projection product
-    (:func:`rankexp.theory.random_walk_projection_product`) with the same d, L and the
-    measured ``projection_step``, seeded 0 — the reference the measured
-    ``erank_projection_product`` is compared with.
-
-    For placements other than ``post`` there is no post-residual norm: the probe returns
-    nothing (and logs that), so it can stay in a sweep across placements.
+    Scalars: :func:`projection_split`'s, and ``erank_projection_product_rw`` from
+    :func:`reduce_projection_split`. Without a post-residual op the probe returns nothing.
     """
     model = ctx.model
     if model.post_op is None:
         log.info(
-            "projection_split: placement=%s has no post-residual op R; skipped", model.placement
-        )
+            "projection_split: placement=%s has no post-residual op R; skipped", model.placement)
         return Measurement()
     out = projection_split(model, ctx.h0)
     m = Measurement()
@@ -464,12 +344,11 @@ def probe_projection_split(ctx: ProbeContext) -> Measurement:
 
 
 def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
-    """Pooled over seeds: the random-walk reference at the seeds' mean ``projection_step``."""
+    """Pooled: ``erank_projection_product_rw``, the random-walk reference (Table 3) at the mean ``projection_step``."""
     if "projection_step" not in m.arrays:  # not a post-norm network: nothing was measured
         return
     sv = random_walk_projection_product(
-        ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0
-    )
+        ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0)
     p = sv / sv.sum()
     p = p[p > 0]
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width

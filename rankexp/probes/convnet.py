@@ -1,25 +1,6 @@
-"""Probes of the CIFAR ConvNets (:class:`~rankexp.models.convnet.CifarResNet`): the textbook
-chapter's measurements beside He et al.'s degradation replication (science.md §5).
-
-* ``layer_response`` — He et al. (2016) Fig. 7: the standard deviation of each 3×3 conv layer's
-  output after BN, before the shortcut add and the ReLU, on CIFAR-10 test images; series
-  ``response_std`` in network order (step = conv layer 1 … 6n+1) and ``response_std_sorted``
-  (descending, step = rank). A trained network is measured as it is tested (BN with its running
-  statistics); an untrained one as SGD sees it at step 0 (BN with the statistics of each batch of
-  ``batch`` images — so each response std is ≈ 1 by construction, the closed form
-  ``√(1 − ε/(σ² + ε))`` of BN with scale 1).
-* ``init_gradient_norms`` — the "BN paradox" (science.md §5; Yang et al. 2019): the Frobenius
-  norm of each conv's weight gradient of the mean cross-entropy on one fixed batch of ``batch``
-  (256) training images at initialization, BN in training mode; series ``grad_norm`` (step =
-  conv layer) and scalar ``grad_ratio`` = ‖∇W₂‖/‖∇W_{6n+1}‖ (second conv over last conv). A
-  plain network's ratio grows geometrically with depth, a residual one's stays near 1.
-* ``lesion`` — Veit et al. (2016): test error with one block at a time replaced by its shortcut
-  alone (identity, or option A at the two stage changes), trained network in eval mode; series
-  ``lesion_error`` (step = block 1 … 3n), scalar ``lesion_intact_error``.
-
-Every per-member quantity is reduced to mean and seed spread (:class:`~rankexp.result.Measurement`),
-so the seeds may run in memory chunks (:func:`rankexp.tasks.measure.measure_seeds`); each
-probe's per-seed working memory is estimated from the network's :class:`ConvShape`.
+"""Probes of the CIFAR ConvNets (:class:`~rankexp.models.convnet.CifarResNet`): layer responses
+(He et al. 2016, Fig. 7), initial gradient norms (the BN paradox, Yang et al. 2019) and lesions
+(Veit et al. 2016).
 """
 
 from __future__ import annotations
@@ -32,29 +13,20 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ..instruments.blocks import eval_mode  # as tested: BN with running statistics
 from ..models.convnet import CifarResNet
 from ..result import Measurement
 from ..seeding import subset_indices
 from .base import probe_options
-from .catalog import (
-    INIT_GRADIENT_NORMS_OPTIONS,
-    LAYER_RESPONSE_OPTIONS,
-    LESION_OPTIONS,
-)
+from .catalog import INIT_GRADIENT_NORMS_OPTIONS, LAYER_RESPONSE_OPTIONS, LESION_OPTIONS
 
 if TYPE_CHECKING:
     from ..tasks.data import DeviceDataset
 
 
 class ImageProbeContext:
-    """A ConvNet under test, CIFAR-10 on its device, the probe options, and whether it is trained.
-
-    Attributes:
-        model: the :class:`CifarResNet` (E members).
-        data: the data set on the model's device (``x_train``, ``y_train``, ``x_test``,
-            ``y_test``; images flattened ``(N, 3072)``).
-        options: ``task.options`` (``options.<probe>.<key>``).
-        trained: measure as tested (BN running statistics) rather than at initialization.
+    """A ConvNet under test (``model``, E members), CIFAR-10 on its device (``data``, images
+    ``(N, 3072)``), ``options`` (``task.options``), and whether it is ``trained`` (measured as tested).
     """
 
     def __init__(self, model: CifarResNet, data: DeviceDataset, options: dict | None = None, *,
@@ -65,9 +37,7 @@ class ImageProbeContext:
         return probe_options(self.options, name, defaults)
 
     def images(self, split: str, n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-        """``n`` images of ``split`` (train | test) and their labels: all of them in order when
-        ``n`` ≥ the split's size, else a fixed random subset (``seeded_generator(seed,
-        STREAM_INPUT)``; the image-folder source stores the splits sorted by class).
+        """``n`` images of ``split`` (train | test) and labels: all in order, or a fixed random subset of ``seed``.
 
         Raises:
             ValueError: n < 1.
@@ -85,8 +55,7 @@ class ImageProbeContext:
 
 @contextlib.contextmanager
 def training_mode_untouched(model: CifarResNet):
-    """Batch norm with batch statistics (training mode) while the running statistics, the mode
-    and the gradients of ``model`` come back unchanged afterwards."""
+    """Batch norm with batch statistics; running statistics and mode restored afterwards."""
     saved = {k: b.clone() for k, b in model.named_buffers()}
     was_training = model.training
     model.train()
@@ -99,31 +68,11 @@ def training_mode_untouched(model: CifarResNet):
         model.train(was_training)
 
 
-@contextlib.contextmanager
-def as_tested(model: CifarResNet):
-    """Eval mode (BN with running statistics), restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
-def _member_view(r: Tensor, members: int) -> Tensor:
-    return r.reshape(r.shape[0], members, -1)
-
-
 @torch.no_grad()
 def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
 
-    Options (``task.options.layer_response``): ``images`` (10000: the whole test set; fewer:
-    a fixed random subset), ``batch`` (images per forward; at initialization also the batch of
-    BN's statistics; 500).
-
-    Returns series ``response_std`` ``(E, 6n+1)`` (step = layer), ``response_std_sorted``
-    (descending per member, step = rank 1 …), scalar ``response_std_mean`` (over layers).
+    Options ``images``, ``batch``.
     """
     opts = ctx.probe_options("layer_response", LAYER_RESPONSE_OPTIONS)
     model, members, layers = ctx.model, ctx.model.members, ctx.model.conv_layers
@@ -134,12 +83,12 @@ def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     count = torch.zeros(layers, dtype=torch.float64, device=dev)
 
     def hook(layer: int, r: Tensor) -> None:
-        v = _member_view(r, members)
+        v = r.reshape(r.shape[0], members, -1)
         s1[:, layer - 1] += v.sum((0, 2), dtype=torch.float64)
         s2[:, layer - 1] += v.square().sum((0, 2), dtype=torch.float64)
         count[layer - 1] += v.shape[0] * v.shape[2]
 
-    mode = as_tested(model) if ctx.trained else training_mode_untouched(model)
+    mode = eval_mode(model) if ctx.trained else training_mode_untouched(model)
     with mode:
         for chunk in x.split(int(opts["batch"])):
             model(chunk, on_response=hook)
@@ -156,16 +105,11 @@ def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
 def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
     """Per-conv weight-gradient norms at initialization on one fixed batch of training images.
 
-    Options (``task.options.init_gradient_norms``): ``batch`` (256), ``batch_seed`` (0: which
-    images — the same for every network and seed).
-
-    Returns series ``grad_norm`` ``(E, 6n+1)`` = ‖∂ℓ/∂W_i‖_F (ℓ the batch's mean cross-entropy
-    in nats, step = conv layer i), scalars ``grad_ratio`` = ‖∂ℓ/∂W₂‖_F / ‖∂ℓ/∂W_{6n+1}‖_F
-    and ``log10_grad_ratio``. The model's parameters, gradients and BN statistics are left
-    as they were.
+    Options ``batch``, ``batch_seed``; ``grad_ratio`` = ‖∂ℓ/∂W₂‖_F / ‖∂ℓ/∂W_{6n+1}‖_F (ℓ the mean
+    cross-entropy). The model is left as it was.
 
     Raises:
-        ValueError: the context's network is trained (this measures the initial one).
+        ValueError: the network is trained.
     """
     if ctx.trained:
         raise ValueError("init_gradient_norms measures the initial network; under task=train "
@@ -192,16 +136,10 @@ def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
 def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     """Test error of the trained network with each block in turn replaced by its shortcut.
 
-    Options (``task.options.lesion``): ``images`` (10000: the test set; fewer: a fixed random
-    subset), ``batch`` (250; the inputs of every block of one batch are kept, so the lesioned
-    networks share the intact prefix).
-
-    Returns series ``lesion_error`` ``(E, 3n)`` (fraction wrong, step = block 1 … 3n; blocks
-    n+1 and 2n+1 are the downsampling ones, array ``lesion_downsampling_blocks``), scalars
-    ``lesion_intact_error`` and ``lesion_error_mean`` (over blocks).
+    Options ``images``, ``batch``.
 
     Raises:
-        ValueError: the context's network is not trained (BN has no running statistics yet).
+        ValueError: the network is not trained.
     """
     if not ctx.trained:
         raise ValueError("lesion measures a trained network (task=train, task.probes=[lesion])")
@@ -210,7 +148,7 @@ def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     blocks = list(model.blocks)
     x, y = ctx.images("test", int(opts["images"]))
     wrong = torch.zeros(members, len(blocks) + 1, dtype=torch.float64, device=x.device)
-    with as_tested(model):
+    with eval_mode(model):
         for xc, yc in zip(x.split(int(opts["batch"])), y.split(int(opts["batch"])), strict=True):
             h = model.stem_forward(xc)
             inputs = []

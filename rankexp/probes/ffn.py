@@ -1,25 +1,8 @@
 """FFN-branch Jacobians along the residual stream of a causal LM (``model=gpt2``; Figure 12).
 
-For each block l the Jacobian of the feedforward branch at the stream ``x_l`` it reads (the
-chosen token of a fixed prompt, :meth:`rankexp.models.gpt2.CausalLM.trace`)::
-
-    J_l = ∂ mlp(ln₂(x))/∂x |_{x_l} = W_projᵀ diag(gelu′(z)) W_fcᵀ J_ln(x_l),
-    z = ln₂(x_l) W_fc + b_fc,   J_ln = diag(γ) [ (I − 11ᵀ/d)/s − u uᵀ/(d s³) ],
-    u = x − mean(x) 1,   s = (‖u‖²/d + ε)^{1/2}
-
-(GPT-2's ``Conv1D`` computes ``x W + b``, hence the transposes).  The closed form costs one
-GEMM of ``m·d²`` per block (the LayerNorm Jacobian enters as a rank-2 correction);
-``torch.func.jacrev`` on the module is the oracle (tests) and the engine for architectures
-without a closed form (the Llama family's gated MLP).
-
-What Figure 12 reads off the ``J_l``, blocks ``first_block … L`` (block 1 omitted by default, as
-the study does: its small incoming stream inflates ‖J_1‖ through the norm Jacobian):
-
-* (a) pairwise cosines ``⟨J_i, J_j⟩_F / (‖J_i‖_F ‖J_j‖_F)`` against the ``1/d`` baseline (the
-  scale of the cosine of two independent rotation-invariant d×d matrices: ``E cos² = 1/d²``);
-* (b) the accumulated ``‖Σ_{l≤k} J_l‖_F`` against the uncorrelated ``(Σ_{l≤k} ‖J_l‖_F²)^{1/2}``
-  and the fully coherent ``Σ_{l≤k} ‖J_l‖_F`` (all from the Gram matrix ``⟨J_i, J_j⟩``);
-* (c) the stream ``rms(h_l)`` and the branch-to-skip ratio ``r_l = ‖J_l‖_F/√d`` (Eq. 4).
+``J_l = ∂ mlp(ln₂(x))/∂x = W_projᵀ diag(gelu′(z)) W_fcᵀ J_ln(x_l)`` with the LayerNorm Jacobian
+``J_ln = diag(γ) [(I − 11ᵀ/d)/s − u uᵀ/(d s³)]``, ``u = x − mean(x)``, ``s = (‖u‖²/d + ε)^{1/2}``:
+one GEMM per block (``torch.func.jacrev`` for other architectures and as the oracle).
 """
 
 from __future__ import annotations
@@ -51,17 +34,13 @@ def _gelu_erf_derivative(z: Tensor) -> Tensor:
 
 #: ``config.activation_function`` → its derivative in closed form
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu_new": _gelu_tanh_derivative,
-    "gelu_pytorch_tanh": _gelu_tanh_derivative,
-    "gelu_fast": _gelu_tanh_derivative,
-    "gelu": _gelu_erf_derivative,
-    "relu": lambda z: (z > 0).to(z.dtype),
-}
+    "gelu_new": _gelu_tanh_derivative, "gelu_pytorch_tanh": _gelu_tanh_derivative,
+    "gelu_fast": _gelu_tanh_derivative, "gelu": _gelu_erf_derivative,
+    "relu": lambda z: (z > 0).to(z.dtype)}
 
 
 def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
-    """σ′(z) elementwise: the closed form of :data:`ACTIVATION_DERIVATIVES`, else forward-mode
-    AD of the module ``act`` (one ``jvp`` with a ones tangent — exact for elementwise σ)."""
+    """σ′(z) elementwise: the closed form of :data:`ACTIVATION_DERIVATIVES`, else one ``jvp`` of ``act``."""
     if name in ACTIVATION_DERIVATIVES:
         return ACTIVATION_DERIVATIVES[name](z)
     return torch.func.jvp(act, (z,), (torch.ones_like(z),))[1]
@@ -69,14 +48,10 @@ def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
 
 def gpt2_ffn_jacobian(norm: torch.nn.LayerNorm, mlp: torch.nn.Module, x: Tensor,
                       activation: str = "gelu_new") -> Tensor:
-    """``J = ∂ mlp(ln₂(x))/∂x`` of a GPT-2 block in closed form (module docstring), ``(d, d)``.
+    """``J = ∂ mlp(ln₂(x))/∂x`` ``(d, d)`` of a GPT-2 block in closed form at ``x`` ``(d,)``.
 
-    Args:
-        norm: the block's ``ln_2`` (``nn.LayerNorm`` with gain γ, shift, ε).
-        mlp: the block's ``GPT2MLP`` (``c_fc``, ``act``, ``c_proj``; ``Conv1D`` weights
-            ``(d, m)`` and ``(m, d)``).
-        x: the stream entering the branch, ``(d,)``.
-        activation: ``config.activation_function`` (picks σ′).
+    ``norm``: ``ln_2``; ``mlp``: ``GPT2MLP`` (``Conv1D`` weights ``(d, m)``, ``(m, d)``);
+    ``activation``: ``config.activation_function``.
     """
     d = x.shape[-1]
     u = x - x.mean()
@@ -95,8 +70,7 @@ def ffn_jacobian_autograd(lm: CausalLM, member: int, layer: int, x: Tensor) -> T
 
 
 def ffn_jacobians(lm: CausalLM, member: int, ffn_in: Tensor) -> Tensor:
-    """``J_1 … J_L`` of one member at its traced FFN inputs ``(L, d)`` → ``(L, d, d)``: the closed
-    form for GPT-2, ``torch.func`` for other architectures."""
+    """``J_1 … J_L`` ``(L, d, d)`` of one member at its traced FFN inputs ``(L, d)``."""
     act = getattr(lm.members[member].config, "activation_function", "")
     out = []
     with torch.no_grad() if lm.model_type == "gpt2" else torch.enable_grad():
@@ -109,15 +83,8 @@ def ffn_jacobians(lm: CausalLM, member: int, ffn_in: Tensor) -> Tensor:
 
 
 def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
-    """Figure 12's quantities from the Jacobians ``(L, d, d)`` of one network.
-
-    Blocks ``first_block … L`` enter the cosines and the sums (block indices are 1-based).
-
-    Returns (K = L − first_block + 1 blocks kept):
-        ``ratio`` ``(L,)`` r_l = ‖J_l‖_F/√d (every block); ``cosines`` ``(L, L)`` the full
-        cosine matrix; ``accumulated``, ``uncorrelated``, ``coherent`` ``(K,)`` at k = first…L,
-        each /√d; ``cos_offdiag_mean``, ``cos_offdiag_abs_mean``, ``cos_offdiag_rms`` (over the
-        K(K−1) off-diagonal entries; NaN when K = 1).
+    """Figure 12's quantities from the Jacobians ``(L, d, d)`` of one network, over blocks
+    ``first_block … L``: ratios, cosines, accumulated/uncorrelated/coherent sums (/√d).
 
     Raises:
         ValueError: ``first_block`` outside 1…L.
@@ -142,8 +109,7 @@ def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
         "coherent": norms[first_block - 1:].cumsum(0) / root_d,
         "cos_offdiag_mean": off.mean() if off.numel() else nan,
         "cos_offdiag_abs_mean": off.abs().mean() if off.numel() else nan,
-        "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan,
-    }
+        "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan}
 
 
 def rms(x: Tensor) -> Tensor:
@@ -154,16 +120,7 @@ def rms(x: Tensor) -> Tensor:
 def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM` (``model=gpt2``).
 
-    Options (``task.options.ffn_jacobian``): ``first_block`` (default 2).
-
-    Logs (mean over seeds, ``_std`` spread, per-seed arrays kept): series ``ffn_ratio``
-    (r_l, step l = 1…L), ``rms`` (rms(h_l), l = 0…L), ``rms_ffn_input`` (rms(x_l)),
-    ``ffn_accumulated`` / ``ffn_uncorrelated`` / ``ffn_coherent`` (step k = first…L, /√d);
-    scalars ``ffn_accumulated_ratio`` (accumulated / uncorrelated at k = L),
-    ``ffn_coherent_ratio`` (coherent / uncorrelated at k = L), ``ffn_cos_offdiag_mean``,
-    ``ffn_cos_offdiag_abs_mean``, ``ffn_cos_offdiag_rms``, ``ffn_cos_offdiag_rms_d`` (the rms in
-    units of the 1/d baseline), ``ffn_ratio_decay`` (r_L / r_first), ``rms_final``;
-    ``ffn_cos_baseline`` = 1/d; array ``ffn_cosines`` ``(E, L, L)``.
+    Option ``first_block``; ``ffn_cos_offdiag_rms_d`` is the rms cosine in units of 1/d.
 
     Raises:
         TypeError: the network is not a :class:`CausalLM`.

@@ -1,15 +1,6 @@
-"""Gradient probes of the textbook chapter (science.md §5): the BN paradox, shattered gradients.
-
-* ``gradient_norms`` — per-layer weight-gradient norms ``‖∂ℓ/∂W_l‖_F`` at initialization for
-  a random readout on a batch (Yang et al. 2019: batch-normalized plain networks explode
-  geometrically toward the input; skips keep the ratio first/last O(1)).
-* ``shattered`` — the derivative of a random readout with respect to a scalar input on a grid,
-  and its lag-1 autocorrelation along the grid (Balduzzi et al. 2017: ≈ 1 smooth, ≈ 0 white
-  noise; plain nets decay like 2^{−L}, residual ones like ((1+β²/2)/(1+β²))^L = (3/4)^L at
-  β = 1, batch-normalized residual ones only like 1/√L).
-
-Random readouts and the per-sample loss weights come from each member's ``STREAM_HEAD``,
-inputs from its ``STREAM_INPUT``, so a member's numbers do not depend on the other seeds.
+"""Gradient probes of the chapter: the BN paradox (Yang et al. 2019) and shattered gradients
+(Balduzzi et al. 2017). Readouts and loss weights come from each member's ``STREAM_HEAD``,
+inputs from its ``STREAM_INPUT``.
 """
 
 from __future__ import annotations
@@ -34,8 +25,7 @@ def _where(model) -> dict:
 
 def random_readout(seeds, width: int, batch: int, *, dtype=torch.float64, device="cpu"
                    ) -> tuple[Tensor, Tensor]:
-    """Readout vectors ``v ~ N(0, I/n)`` ``(E, n)`` and per-sample weights ``g ~ N(0, 1)``
-    ``(E, batch)``, drawn in that order from each seed's ``STREAM_HEAD``."""
+    """Readouts ``v ~ N(0, I/n)`` ``(E, n)`` and sample weights ``g ~ N(0, 1)`` ``(E, batch)`` from each seed's ``STREAM_HEAD``."""
     vs, gs = [], []
     for s in seeds:
         gen = seeded_generator(s, STREAM_HEAD)
@@ -47,14 +37,10 @@ def random_readout(seeds, width: int, batch: int, *, dtype=torch.float64, device
 
 def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor,
                           weights: list[Tensor] | None = None) -> Tensor:
-    """``‖∂ℓ/∂W_l‖_F`` for l = 1…L, ``(E, L)``, of ``ℓ = (1/B) Σ_b g_b vᵀ h_L^{(b)}``.
+    """``‖∂ℓ/∂W_l‖_F`` ``(E, L)`` of ``ℓ = (1/B) Σ_b g_b vᵀ h_L^{(b)}`` (one backward, training mode).
 
-    ``weights``: the ``(E, out, in)`` matrices to differentiate (default: each layer's ``w``;
-    the ``grad_norm_proxy`` probe passes every weight matrix, L·M of them).
-    ``h0`` ``(E, B, n)``; ``v`` ``(E, n)``; ``g`` ``(E, B)``.  The per-sample weights g make
-    the backward signal differ across the batch (a batch-constant one is removed by a
-    batchnorm's centring), as the gradient of a loss against random targets does.  Batch
-    statistics are differentiated through (training mode).  One backward for all members.
+    ``h0`` ``(E, B, n)``, ``v`` ``(E, n)``, ``g`` ``(E, B)`` (per-sample weights survive a batchnorm's
+    centring); ``weights``: the ``(E, out, in)`` matrices (default each layer's ``w``).
     """
     weights = [layer.w for layer in model.blocks] if weights is None else weights
     with torch.enable_grad():
@@ -67,12 +53,8 @@ def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor,
 def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     """Per-layer weight-gradient norms at initialization for a random readout (BN paradox).
 
-    Options (``task.options.gradient_norms``): ``batch`` Gaussian inputs per member (128).
-
-    Series (step = l): ``grad_norm`` = ‖∂ℓ/∂W_l‖_F (:func:`weight_gradient_norms`).  Scalars:
-    ``grad_ratio`` = ‖∂ℓ/∂W_1‖/‖∂ℓ/∂W_L‖ (first over last; ≫ 1 = explosion toward the
-    input), ``grad_growth`` = the fitted per-layer factor exp(−slope of ln ‖∂ℓ/∂W_l‖ vs l)
-    (> 1: each layer toward the input multiplies the gradient by it).
+    Option ``batch``. Series ``grad_norm`` (:func:`weight_gradient_norms`); scalars ``grad_ratio``
+    (first/last) and ``grad_growth`` (fitted per-layer factor toward the input).
     """
     opt = ctx.probe_options("gradient_norms", GRADIENT_NORMS_OPTIONS)
     model, b = ctx.model, int(opt["batch"])
@@ -90,13 +72,9 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     return m
 
 
-# --------------------------------------------------------------------------- shattered
 def scalar_embedding(seeds, width: int, *, dtype=torch.float64, device="cpu") -> tuple[Tensor, Tensor]:
-    """Input layer of the shattered-gradient probe: ``h_0(x) = x w + b``, w, b ~ N(0, I_n).
-
-    A generic line in R^n (not through the origin: with b = 0 a bias-free ReLU network is
-    positively homogeneous and its derivative has a single jump at x = 0).  Drawn per member
-    from ``STREAM_INPUT``; returns ``(w, b)``, each ``(E, n)``.
+    """``(w, b)`` ``(E, n)`` of the input line ``h_0(x) = x w + b``, w, b ~ N(0, I_n) from ``STREAM_INPUT``
+    (b ≠ 0: a bias-free ReLU network is homogeneous through the origin).
     """
     ws, bs = [], []
     for s in seeds:
@@ -108,20 +86,14 @@ def scalar_embedding(seeds, width: int, *, dtype=torch.float64, device="cpu") ->
 
 
 def lag1_autocorrelation(g: Tensor) -> Tensor:
-    """``Σ_i (g_i − ḡ)(g_{i+1} − ḡ) / Σ_i (g_i − ḡ)²`` along the last axis (1 smooth, ≈ 0 noise)."""
+    """Lag-1 autocorrelation along the last axis (1 smooth, ≈ 0 noise)."""
     c = g - g.mean(-1, keepdim=True)
     return (c[..., 1:] * c[..., :-1]).sum(-1) / c.square().sum(-1)
 
 
 def input_gradients(model, x: Tensor, w: Tensor, b: Tensor, v: Tensor) -> Tensor:
-    """``d(vᵀ h_l)/dx`` at every grid point and every depth l = 1…L, ``(E, L, P)``.
-
-    One forward-mode pass (``jvp`` with tangent dx = 1 on every point) through
-    :meth:`PlainNet.trajectory` with ``detach_stats=True``: batchnorm statistics are those of
-    the grid (training mode) but held fixed, so each point's tangent is its own derivative.
-
-    Args:
-        x: grid ``(P,)``; w, b: the embedding (:func:`scalar_embedding`); v: readouts ``(E, n)``.
+    """``d(vᵀ h_l)/dx`` ``(E, L, P)`` at every grid point ``x`` ``(P,)`` and depth, by one ``jvp``
+    (batchnorm statistics of the grid, held fixed: ``detach_stats=True``).
     """
     xs = x.expand(w.shape[0], -1).clone()  # (E, P)
 
@@ -137,14 +109,7 @@ def input_gradients(model, x: Tensor, w: Tensor, b: Tensor, v: Tensor) -> Tensor
 def probe_shattered(ctx: ProbeContext) -> Measurement:
     """Shattered gradients: derivative of a random readout wrt a scalar input on a grid.
 
-    Options (``task.options.shattered``): ``points`` (256), ``lo``/``hi`` (−2, 2).  The grid
-    is the batch (batchnorm runs over it); the input layer is :func:`scalar_embedding`; the
-    readout is ``vᵀ h_l``, v ~ N(0, I/n).  Every depth l = 1…L is read off the one network
-    (the network up to layer l is a depth-l network when β does not depend on L).
-
-    Series (step = l): ``shattered_autocorr`` = lag-1 autocorrelation of ``d(vᵀh_l)/dx`` along
-    the grid (seed mean, ``_std``).  Scalar ``shattered_autocorr_final`` (l = L).  Arrays:
-    ``shattered_grad`` ``(E, P)`` at l = L, ``shattered_x`` ``(P,)``.
+    Options ``points``, ``lo``, ``hi`` (the grid is the batch).
     """
     opt = ctx.probe_options("shattered", SHATTERED_OPTIONS)
     model = ctx.model

@@ -1,34 +1,10 @@
-"""Block Jacobians in closed form and the one forward sweep over all ``∂h_l/∂h_0`` (design.md §4).
+"""Block Jacobians in closed form and the one forward sweep over all ``∂h_l/∂h_0``.
 
-One forward sweep over the blocks gives every partial Jacobian ``∂h_l/∂h_0``: block l adds
-
-    ∂h_l/∂h_0 = J_R · ( ∂h_{l−k}/∂h_0 + J_b · ∂h_{l−1}/∂h_0 )          (Eq. 2/10/18)
-
-with ``J_b = ∂[β B(f(P(x)))]/∂x = β J_B J_f J_P`` the scaled branch Jacobian at the forward
-activation ``x = h_{l−1}`` (Eq. 17), ``J_R`` the post-residual op's Jacobian, and the skip term
-only on blocks with a skip.
-
-**Closed forms.**  ``J_P``, ``J_B``, ``J_R`` are Table 2's ``c (I − V Vᵀ)``
-(:class:`rankexp.models.norms.NormJacobian`: a scaled identity minus a rank-1/rank-2 term, never
-a dense d×d product).  The bare branch Jacobian is ``J_f = W_down diag(σ′(z)) W_up`` (M = 2,
-Eq. 9/25) or ``diag(σ′(z)) W`` (M = 1) with σ′ in closed form
-(:data:`rankexp.models.activations.ACTIVATION_DERIVATIVES`); for a masked activation (ReLU) only
-the active units enter, ``J_f = W_down[:, a] W_up[a, :]`` — half the FLOPs of the dense product.
-:class:`BranchLinearization` keeps ``J_b`` factored and either forms it (one GEMM over the active
-units plus O(d²) corrections) or applies it to the running product directly, whichever is
-cheaper when no probe needs ``J_b`` itself.  ``torch.func`` (``vmap(jacfwd)`` on the module) is
-the automatic fallback for branches without a closed form (the gated SwiGLU unit) and the test
-oracle (:func:`branch_jacobian`, :func:`residual_norm_jacobian`).
-
-**Only the work asked for.**  :func:`forward_sweep` computes the union of what its ``needs``
-name (:data:`SWEEP_NEEDS`): no per-layer SVD unless ``partial_spectra`` is asked for, no running
-product unless a partial Jacobian is, no dense ``J_b`` unless its norm, the running sum or a
-per-layer consumer (``on_layer``) reads it, and a plain forward pass when nothing Jacobian is
-needed.
-
-Products of many Jacobians span many decades, so the running product is kept as a
-unit-Frobenius matrix plus its log-norm, updated in place (``addmm`` per member) on two
-ping-pong buffers.
+Block l adds ``∂h_l/∂h_0 = J_R · (∂h_{l−k}/∂h_0 + J_b · ∂h_{l−1}/∂h_0)`` (Eq. 2/10/18) with
+``J_b = β J_B J_f J_P`` (Eq. 17), ``J_P``, ``J_B``, ``J_R`` Table 2's ``c (I − V Vᵀ)``, and
+``J_f = W_down diag(σ′(z)) W_up`` (Eq. 9/25) over the active units of a masked σ; ``torch.func``
+is the fallback (SwiGLU) and the test oracle. The running product is a unit-Frobenius matrix
+plus its log-norm.
 """
 
 from __future__ import annotations
@@ -54,26 +30,15 @@ from ..spectra import (
 from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWEEP_NEEDS
 
 
-# --------------------------------------------------------------------------- torch.func (oracle, fallback)
 def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = None) -> Tensor:
-    """Per-member Jacobian by forward mode: ``vmap`` over members of ``jacfwd``.
+    """Per-member Jacobian ``(E, d_out, d_in)`` by ``vmap`` of ``jacfwd`` of ``fn(params_e, x_e)``.
 
-    Args:
-        fn: ``fn(params_e, x_e) → y_e`` for one member, ``x_e`` of shape ``(d_in,)``,
-            ``y_e`` of shape ``(d_out,)``; ``params_e`` holds that member's slices.
-        x: points ``(E, 1, d_in)``.
-        params: tensors with leading member axis E (or ``None``).
-
-    Returns:
-        ``(E, d_out, d_in)`` with ``J[e] = ∂fn(params_e, x_e)/∂x_e``.
+    ``x``: points ``(E, 1, d_in)``; ``params``: tensors with leading member axis E.
 
     Raises:
         ValueError: ``x`` holds more than one point per member.
     """
-    from torch.func import (  # first use imports torch._dynamo (seconds): only when needed
-        jacfwd,
-        vmap,
-    )
+    from torch.func import jacfwd, vmap  # imports torch._dynamo (seconds): only when needed
 
     if x.shape[1] != 1:
         raise ValueError(f"one input per member expected, got x of shape {tuple(x.shape)}")
@@ -81,16 +46,12 @@ def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = 
 
 
 def branch_jacobian(block: Block, x: Tensor) -> Tensor:
-    """``J_b = ∂[β B(f(P(x)))]/∂x`` by ``torch.func`` at ``x`` ``(E, 1, d)`` → ``(E, d, d)`` (Eq. 9/17).
-
-    The automatic fallback for branches without a closed form and the oracle of the closed forms.
-    """
+    """``J_b = ∂[β B(f(P(x)))]/∂x`` by ``torch.func`` at ``x`` ``(E, 1, d)`` → ``(E, d, d)`` (Eq. 9/17)."""
     from torch.func import functional_call
 
     params = dict(block.named_parameters())
     return member_jacobian(
-        lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params
-    )
+        lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params)
 
 
 def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
@@ -98,18 +59,10 @@ def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
     return member_jacobian(lambda _, se: block.res_norm(se), s)
 
 
-# --------------------------------------------------------------------------- closed forms
 @dataclass
 class BranchLinearization:
-    """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25).
-
-    Attributes:
-        scale: β (1 on a plain layer).
-        pre, out: Table 2 Jacobians of P and B, ``None`` for the identity.
-        deriv: σ′(z) at the preactivation, ``(E, m)``.
-        up: ``W_up`` ``(E, m, d)`` (M = 1: ``W``).
-        down: ``W_down`` ``(E, d, m)``, ``None`` for M = 1.
-        active: per member the active units ``a`` (σ′ ≠ 0) of a masked activation, else ``None``.
+    """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25);
+    ``down`` is ``None`` for M = 1, ``active`` lists the units with σ′ ≠ 0 of a masked activation.
     """
 
     scale: float
@@ -188,13 +141,9 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
                      masked: bool = True) -> tuple[Tensor, BranchLinearization | None]:
     """The scaled branch output ``β B(f(P(x)))`` ``(E, 1, d)`` and its closed-form linearization.
 
-    The forward uses the block's own ops in its own order, so the stream is bit-for-bit the
-    one :meth:`ResidualMLP.trajectory` computes.  ``pre_op`` replaces the block's P by another
-    op (or ``None``, the identity) — the counterfactual networks of :func:`projection_split`.
-    The linearization is ``None`` for a branch without closed form (:func:`has_closed_form`).
-    ``masked=False`` keeps a masked activation's inactive units (σ′ = 0) in the products
-    instead of listing the active ones — no data-dependent shapes, so no host sync on an
-    accelerator (the same numbers: the inactive terms are exact zeros).
+    Bit-for-bit the forward of :meth:`ResidualMLP.trajectory`. ``pre_op`` replaces P (``None``:
+    identity; :func:`projection_split`). The linearization is ``None`` without a closed form.
+    ``masked=False`` keeps inactive units as exact zeros (no data-dependent shapes, no host sync).
     """
     if not hasattr(block, "f_parts"):  # a layer of another family (model=plain): torch.func
         if pre_op != OWN_PRE:
@@ -214,33 +163,19 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
         active = [torch.nonzero(g).squeeze(1) for g in deriv]
     up, down = (block.w, None) if block.matrices == 1 else (block.w_up, block.w_down)
     return branch, BranchLinearization(
-        scale=block.scale,
-        pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
-        out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None,
-        deriv=deriv,
-        up=up,
-        down=down,
-        active=active,
-    )
+        scale=block.scale, pre=norm_jacobian(pre_op, x[:, 0]) if pre_op else None,
+        out=norm_jacobian(block.out_op, y[:, 0]) if block.out_op else None, deriv=deriv, up=up,
+        down=down, active=active,)
 
 
 class LayerJacobian:
-    """The pieces of block ``layer``'s Jacobian at the forward activation.
-
-    Attributes:
-        layer: 1-based block index l.
-        h_in: ``h_{l−1}``, ``(E, 1, d)``.
-        h_out: ``h_l``, ``(E, 1, d)``.
-        skip_from: j such that the block adds ``h_j`` (``l − k``), or ``None`` on a plain layer.
-        linear: the closed-form :class:`BranchLinearization`, or ``None`` (``torch.func`` fallback).
-        residual: ``J_R`` at the pre-norm sum as a :class:`NormJacobian`, ``None`` when R = identity.
-        branch: ``J_b`` ``(E, d, d)``, formed on first access (β only on residual blocks).
-        residual_norm: ``J_R`` as a dense ``(E, d, d)`` matrix, or ``None``.
+    """The pieces of block ``layer``'s (1-based) Jacobian at the forward activation: ``h_in``/``h_out``
+    ``(E, 1, d)``, ``skip_from`` (``None``: plain layer), ``linear`` (``None``: ``torch.func``), ``residual``
+    ``J_R`` (``None``: identity) and ``branch`` ``J_b`` ``(E, d, d)``, formed on first access.
     """
 
-    def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor,
-                 skip_from: int | None, linear: BranchLinearization | None,
-                 residual: NormJacobian | None):
+    def __init__(self, layer: int, block: Block, h_in: Tensor, h_out: Tensor, skip_from: int | None,
+                 linear: BranchLinearization | None, residual: NormJacobian | None):
         self.layer, self.block, self.h_in, self.h_out = layer, block, h_in, h_out
         self.skip_from, self.linear, self.residual = skip_from, linear, residual
         self._branch: Tensor | None = None
@@ -252,10 +187,6 @@ class LayerJacobian:
                             else branch_jacobian(self.block, self.h_in))
         return self._branch
 
-    @property
-    def residual_norm(self) -> Tensor | None:
-        return None if self.residual is None else self.residual.dense(self.h_in.shape[-1])
-
     def branch_times(self, u: Tensor) -> Tensor:
         """``J_b u`` for ``u`` ``(E, d, n)``, the cheaper way unless ``J_b`` is already formed."""
         if self._branch is None and self.linear is not None and self.linear.apply_is_cheaper():
@@ -264,13 +195,7 @@ class LayerJacobian:
 
 
 def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> Iterator[LayerJacobian]:
-    """Walk the blocks once, yielding each block's Jacobian pieces (Eq. 17/18).
-
-    Args:
-        model: the network (E members).
-        h0: inputs ``(E, 1, d)``.
-        masked: list a masked activation's active units (see :func:`linearize_branch`).
-    """
+    """Walk the blocks of ``model`` once from ``h0`` ``(E, 1, d)``, yielding each block's :class:`LayerJacobian` (Eq. 17/18)."""
     keep, states = max(model.skip_every, 1), {0: h0}
     with torch.no_grad():
         for l, block in model.walk():  # a streamed model draws block l here
@@ -286,22 +211,12 @@ def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> I
             yield LayerJacobian(l, block, x, states[l], skip_from, linear, residual)
 
 
-# --------------------------------------------------------------------------- the sweep
 @dataclass
 class ForwardSweep:
-    """Everything one forward sweep measured, per member (seed); ``None`` where not asked for.
-
-    Attributes (E = members, L = depth, d = width):
-        rms: ``rms(h_l)`` for l = 0…L, ``(E, L+1)`` (always).
-        erank: ``erank(∂h_l/∂h_0)`` for l = 1…L, unnormalized, ``(E, L)``; NaN except at l = L
-            unless ``partial_spectra`` was asked for.
-        stable_rank: ``‖∂h_l/∂h_0‖_F² / ‖∂h_l/∂h_0‖_2²``, ``(E, L)``, same rule.
-        log_gain: ``ln ‖∂h_l/∂h_0‖_F``, ``(E, L)``.
-        branch_ratio: branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` (Eq. 4), ``(E, L)``.
-        accumulated_branch: ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` for k = 1…L, ``(E, L)`` (Figure 5b/12).
-        io_unit: ``∂h_L/∂h_0`` divided by its Frobenius norm, ``(E, d, d)``.
-        io_singular_values: singular values of ``∂h_L/∂h_0``, unit-Frobenius scale, ``(E, d)``.
-        partials: if kept, every ``∂h_l/∂h_0`` at true scale, l = 1…L, each ``(E, d, d)``.
+    """Everything one forward sweep measured, per member; ``None`` where not asked for: ``rms``
+    ``(E, L+1)``; ``erank``, ``stable_rank``, ``log_gain`` ``(E, L)``; ``branch_ratio`` (Eq. 4) and
+    ``accumulated_branch`` (Figure 5b/12) ``(E, L)``; ``io_unit`` ``(E, d, d)`` (unit Frobenius)
+    and ``io_singular_values`` ``(E, d)``.
     """
 
     rms: Tensor
@@ -320,19 +235,13 @@ class ForwardSweep:
         return self.io_unit * self.log_gain[:, -1].exp()[:, None, None]
 
 
-#: how the profile's L spectra are taken (:func:`forward_sweep`'s ``spectra_method``): ``gram``,
-#: measured faster than batched SVDs on this machine class (``python -m benchmarks.bench``: at
-#: d = 256 one ``eigvalsh`` of the Gram matrix plus its GEMM costs 0.55 of an ``svdvals``)
+#: how the profile's L spectra are taken (``gram``: 0.55 of an ``svdvals`` at d = 256)
 PROFILE_SPECTRA = "gram"
 
 
 class _Spectra:
-    """erank and stable rank of ``∂h_l/∂h_0`` for l = 1…L as the sweep produces them.
-
-    ``∂h_L/∂h_0``: an SVD (its singular values are logged).  The profile's others: taken in the
-    loop (``gram``: the Gram spectrum where exact, an SVD where not — and an SVD for every later
-    layer once one needed it, as depth only collapses a spectrum further, so no layer pays for
-    both; ``svd``), or — sync-free — kept and taken in one batched call after the last block.
+    """erank and stable rank of ``∂h_l/∂h_0`` for l = 1…L as the sweep produces them: in the loop
+    (``gram`` where exact, else SVDs from then on; or ``svd``), or deferred to one batched call.
     """
 
     def __init__(self, want: bool, depth: int, deferred: bool, method: str):
@@ -368,8 +277,7 @@ class _Spectra:
             self.sr.append(stable_rank_from_sv(s))
 
     def finish(self) -> tuple[Tensor, Tensor]:
-        """``(erank, stable rank)`` ``(E, L)``, unnormalized; every spectrum the loop deferred
-        is taken here, after its last block (on an accelerator: the sweep's host syncs)."""
+        """``(erank, stable rank)`` ``(E, L)``, unnormalized, deferred spectra taken here."""
         er, sr = torch.stack(self.er, 1), torch.stack(self.sr, 1)
         if self.kept:  # one batched call
             k_er, k_sr = spectral_ranks(torch.stack(self.kept, 1), self.method)
@@ -380,8 +288,7 @@ class _Spectra:
 
 
 def resolve_needs(needs: Collection[str] | None, spectra: bool = True) -> frozenset[str]:
-    """``needs`` checked against :data:`SWEEP_NEEDS`; ``None`` means everything (``spectra``) or
-    only the input–output Jacobian (``spectra=False``).
+    """``needs`` checked against :data:`SWEEP_NEEDS`; ``None``: everything, or ``io_jacobian`` only (``spectra=False``).
 
     Raises:
         ValueError: an unknown need.
@@ -398,43 +305,18 @@ def _rms(h: Tensor) -> Tensor:
     return h.square().mean((-2, -1)).sqrt()
 
 
-def forward_sweep(
-    model: ResidualMLP,
-    h0: Tensor,
-    *,
-    needs: Collection[str] | None = None,
-    keep_partials: bool = False,
-    on_layer: Callable[[LayerJacobian], None] | None = None,
-    progress: bool | None = False,
-    spectra: bool = True,
-    sync_free: bool | None = None,
-    spectra_method: str | None = None,
-) -> ForwardSweep:
-    """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep.
+def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | None = None,
+                  keep_partials: bool = False,
+                  on_layer: Callable[[LayerJacobian], None] | None = None,
+                  progress: bool | None = False, spectra: bool = True,
+                  sync_free: bool | None = None, spectra_method: str | None = None) -> ForwardSweep:
+    """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep of ``h0`` ``(E, 1, d)``.
 
-    Args:
-        model: the network; its dtype and device are used throughout.
-        h0: inputs ``(E, 1, d)``, one per member.
-        needs: what to compute, a subset of :data:`SWEEP_NEEDS`; default (``None``): everything,
-            or with ``spectra=False`` only ``io_jacobian`` (one SVD, at l = L).
-        keep_partials: also return every ``∂h_l/∂h_0`` (memory ``L·E·d²``; for tests).
-        on_layer: called with each block's :class:`LayerJacobian` (lets other probes share
-            the sweep instead of recomputing Jacobians; ``lj.branch`` is then formed).
-        progress: tqdm bar over blocks (``None``: only on a terminal).
-        spectra: see ``needs``.
-        sync_free: never wait for the device inside the loop over blocks — masked units as
-            exact zeros instead of index lists, the profile's spectra in one batched call after
-            the last block (memory ``L·E·d²``); default: on an accelerator (off on the CPU,
-            where the index lists halve the FLOPs).  Both paths agree to ≤ 1e-12 (tested).
-        spectra_method: the profile's spectra, ``gram`` (:func:`rankexp.spectra.gram_ranks`
-            where it is exact to 1e-10, else an SVD) or ``svd``; default
-            :data:`PROFILE_SPECTRA`.  ``∂h_L/∂h_0``'s singular values are always an SVD's.
-
-    Returns:
-        :class:`ForwardSweep`.  Costs per block, for a masked M = 2 branch with |a| active
-        units: ``2|a|d²`` to form ``J_b`` (or ``4|a|d²`` applied without forming it, when
-        cheaper and nobody reads it), ``2d³`` for the product, O(d²) for the norm ops, plus
-        one spectrum per layer only for ``partial_spectra``.
+    ``needs``: a subset of :data:`SWEEP_NEEDS` (:func:`resolve_needs`); ``keep_partials``: also
+    every ``∂h_l/∂h_0`` (memory ``L·E·d²``); ``on_layer``: gets each :class:`LayerJacobian`;
+    ``sync_free``: no host sync in the loop (default on an accelerator; both paths agree to
+    1e-12); ``spectra_method``: ``gram`` or ``svd``. Per masked M = 2 block with |a| active units:
+    ``2|a|d²`` to form ``J_b`` and ``2d³`` for the product.
 
     Raises:
         ValueError: unknown needs.

@@ -1,19 +1,7 @@
-"""Mean-field probes of the textbook chapter (science.md §5): measured beside theory.
-
-* ``correlation`` — lengths ``q_l = ‖h_l‖²/n`` and correlations ``c_l`` of n probe inputs
-  through depth against the length / correlation maps iterated from the inputs' q_0, c_0
-  (215.1/215.2), the layer-Jacobian χ₁ (215.3) and a fitted depth scale ξ_c (215.4).
-* ``jacobian_spectrum`` — the squared singular values λ of ``∂h_L/∂h_0`` normalized to mean
-  1: Var(λ) against ``Σ_l (v_W + v_D)`` = L (v_W + v_D) at the fixed point (215.7), and the
-  histogram of log₁₀ λ.
-* ``deep_linear`` — the deep-linear learning time T(N, a₀, s) by quadrature (215.8), its
-  asymptote (215.9), and gradient flow simulated on real deep linear chains.
-
-The gradient probes (BN paradox, shattered gradients) live in :mod:`.gradients`.  Theory is
-overlaid where it applies — :class:`~rankexp.models.plain.PlainNet` without a norm op (its
-maps are the chapter's); elsewhere the theory values are NaN.  Probe inputs are drawn per
-member from its seed (stream ``STREAM_INPUT``), so a member's numbers never depend on which
-other seeds share its batch.
+"""Mean-field probes of the chapter, measured beside theory: ``correlation`` (215.1–215.4),
+``jacobian_spectrum`` (215.7) and ``deep_linear`` (215.8/215.9); the gradient probes are in
+:mod:`.gradients`. Theory is overlaid for a :class:`~rankexp.models.plain.PlainNet` without a
+norm op (NaN elsewhere). Probe inputs are drawn per member from its seed (``STREAM_INPUT``).
 """
 
 from __future__ import annotations
@@ -32,21 +20,14 @@ from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
 from .catalog import CORRELATION_DEFAULTS, DEEP_LINEAR_DEFAULTS, SPECTRUM_DEFAULTS
+from .gradients import _where
 
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- shared pieces
-def _where(model) -> dict:
-    p = next(model.parameters())
-    return {"dtype": p.dtype, "device": p.device}
-
-
 def mean_field_point(model) -> tuple[str, float, float, float | None] | None:
-    """``(activation, σ_w², σ_b², gain)`` when the chapter's maps describe ``model``, else None.
-
-    They do for a :class:`PlainNet` without a norm op, plain (gain ``None``) or with a skip on
-    every layer (gain = β).
+    """``(activation, σ_w², σ_b², gain)`` when the chapter's maps describe ``model``, else None:
+    a :class:`PlainNet` without a norm op, plain (gain ``None``) or with a skip on every layer (gain β).
     """
     if not isinstance(model, PlainNet) or model.norm_op is not None or model.skip_every > 1:
         return None
@@ -56,11 +37,10 @@ def mean_field_point(model) -> tuple[str, float, float, float | None] | None:
 
 def correlated_inputs(seeds, width: int, n: int, c0: float, q0: float, *, dtype=torch.float64,
                       device="cpu") -> Tensor:
-    """n inputs per member with exactly ``‖x‖²/width = q0`` and pairwise correlation c0.
+    """``(E, n, width)`` inputs with exactly ``‖x‖²/width = q0`` and pairwise correlation c0.
 
-    From orthonormal directions u, v_1 … v_n (QR of a Gaussian draw from each seed's
-    ``STREAM_INPUT``): ``x_i ∝ √c0 u + √(1−c0) v_i`` for c0 ≥ 0; for n = 2 also negative c0
-    (``x_1 ∝ u``, ``x_2 ∝ c0 u + √(1−c0²) v``).  Shape ``(E, n, width)``.
+    ``x_i ∝ √c0 u + √(1−c0) v_i`` from orthonormal directions of each seed's ``STREAM_INPUT``
+    (for n = 2 also c0 < 0).
 
     Raises:
         ValueError: n < 2, n ≥ width, |c0| > 1, c0 < 0 with n > 2, or q0 ≤ 0.
@@ -97,20 +77,11 @@ def _sigma_prime(layer, x: Tensor) -> Tensor:
 
 
 def layer_chi(layer, x: Tensor, tangents: Tensor | None = None) -> Tensor:
-    """``tr(J_aᵀ J_b)/n`` for every pair of inputs a, b of ``x`` ``(E, B, n)`` → ``(E, B, B)``.
-
-    ``J_a = ∂[g(W φ(N(x_a)) + b)]/∂x_a`` is the layer Jacobian at input a.  The diagonal is
-    its mean squared singular value ``‖J_a‖_F²/n`` — χ₁ at the fixed point (215.3); the
-    off-diagonal is the slope of the correlation map at the pair's correlation — χ_c once
-    the pair sits at its fixed point c* (215.4).  Without a norm op ``J = g W diag(φ′(x))``
-    and the products are exact, ``g² Σ_j φ′(x_a,j) φ′(x_b,j) ‖W_{:,j}‖² / n``; with a
-    per-sample norm op they are estimated as ``E_v[(J_a v)·(J_b v)]`` over ``tangents``
-    ``(K, E, 1, n)`` (standard Gaussian, shared by a member's inputs), one forward-mode
-    product each.
+    """``tr(J_aᵀ J_b)/n`` ``(E, B, B)`` for every pair of inputs of ``x`` ``(E, B, n)``: χ₁ on the diagonal
+    (215.3), χ_c off it (215.4); exact without a norm op, else estimated over ``tangents``.
 
     Raises:
-        ValueError: a batch-normalized layer (its Jacobian couples the batch), or a norm op
-            without ``tangents``.
+        ValueError: a batch-normalized layer, or a norm op without ``tangents``.
     """
     n = x.shape[-1]
     if layer.norm_op is None:
@@ -129,18 +100,14 @@ def layer_chi(layer, x: Tensor, tangents: Tensor | None = None) -> Tensor:
 
 
 def member_tangents(seeds, width: int, k: int, *, dtype=torch.float64, device="cpu") -> Tensor:
-    """k standard Gaussian tangents per member ``(k, E, 1, width)`` from each seed's
-    ``STREAM_HEAD`` (a member's estimate does not depend on the other seeds)."""
+    """k standard Gaussian tangents per member ``(k, E, 1, width)`` from each seed's ``STREAM_HEAD``."""
     rows = [torch.randn(k, 1, width, generator=seeded_generator(s, STREAM_HEAD),
                         dtype=torch.float64) for s in seeds]
     return torch.stack(rows, 1).to(dtype=dtype, device=device)
 
 
 def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
-    """Fit ``c_l = c∞ + A e^{−l/ξ}`` by least squares; returns ``(ξ, c∞)`` (NaN if it fails).
-
-    ξ is capped at 10⁴ layers (a critical network's c_l barely moves in a finite depth).
-    """
+    """Least-squares fit ``c_l = c∞ + A e^{−l/ξ}``: ``(ξ ≤ 10⁴, c∞)``, NaN if it fails."""
     from scipy.optimize import curve_fit
 
     c = np.asarray(c, dtype=float)
@@ -163,31 +130,12 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
     return float(min(1.0 / k, 1e4)), float(cinf)
 
 
-# --------------------------------------------------------------------------- correlation
-
-
 def probe_correlation(ctx: ProbeContext) -> Measurement:
     """q_l and c_l of n inputs through depth vs the iterated maps; χ₁, χ_c and ξ_c.
 
-    Options (``task.options.correlation``): ``n`` inputs (2), pairwise correlation ``c0``
-    (0.5), length ``q0`` (1) — drawn exactly (:func:`correlated_inputs`); ``fit_from`` (first
-    layer of the exponential fit, 1); ``chi_from`` (first layer averaged into χ₁ and χ_c;
-    default L/2, past the transient); ``tangents`` (forward-mode probes when a per-sample
-    norm op is present, 4).
-
-    Series (step = l = 0…L): ``mf_q``, ``mf_c`` (seed mean; ``_std``) and ``mf_q_theory``,
-    ``mf_c_theory`` (:func:`rankexp.theory.covariance_iterates` from q_0, c_0); step l = 1…L:
-    ``mf_chi1`` (mean squared singular value of the layer Jacobian ∂h_l/∂h_{l−1} — of the
-    branch on residual layers — :func:`layer_chi`), ``mf_chi_c`` (its pairwise cross
-    product), and ``mf_chi1_theory`` = σ_w² E[φ′(√q_{l−1} z)²].
-
-    Scalars: ``chi1``, ``chi_c`` (means over l ≥ chi_from; seed std ``_std``); ``xi_c`` =
-    −1/ln χ_c measured (the depth scale 215.4 of the measured linearization; capped at 1e6);
-    ``xi_c_fit`` and ``c_inf`` — the fit ``c_l = c∞ + A e^{−l/ξ}`` of the seed-mean c_l
-    (:func:`fit_depth_scale`) — beside ``xi_c_fit_theory``, the same fit of ``mf_c_theory``
-    (a fit over a finite depth includes the nonlinear transient, so compare fit with fit);
-    theory ``chi1_theory``, ``chi_c_theory``, ``xi_c_theory`` (1e6 = ∞), ``c_star_theory``,
-    ``q_star_theory`` (:func:`rankexp.theory.correlation_depth_scale`), ``mf_q0``, ``mf_c0``.
+    The chapter, 215.1–215.4. Options ``n``, ``c0``, ``q0`` (:func:`correlated_inputs`), ``fit_from``,
+    ``chi_from`` (default L/2), ``tangents``. ``xi_c`` = −1/ln χ_c (capped at 1e6); ``xi_c_fit`` fits
+    ``c_l = c∞ + A e^{−l/ξ}`` (:func:`fit_depth_scale`) beside the same fit of the theory.
     """
     opt = ctx.probe_options("correlation", CORRELATION_DEFAULTS)
     model, L = ctx.model, ctx.model.depth
@@ -254,9 +202,6 @@ def _correlation_theory(model, q0: float, c0: float, depth: int, fit_from: int) 
     return m
 
 
-# --------------------------------------------------------------------------- Jacobian spectrum
-
-
 def _input_variance(model, option) -> float:
     """q_0 of the spectrum's input: a number, or the length map's fixed point (else 1)."""
     if option != "fixed_point":
@@ -272,11 +217,7 @@ def _input_variance(model, option) -> float:
 
 
 def layer_jacobian(layer, x: Tensor) -> Tensor:
-    """``∂h_l/∂h_{l−1}`` of a layer whose skip (if any) comes from its own input, ``(E, n, n)``.
-
-    Without a norm op the closed form ``[I +] g W diag(φ′(x))``; otherwise ``jacfwd`` of the
-    layer per member (``vmap``), so every per-sample norm op works.  ``x`` ``(E, 1, n)``.
-    """
+    """``∂h_l/∂h_{l−1}`` ``(E, n, n)`` at ``x`` ``(E, 1, n)``: ``[I +] g W diag(φ′(x))``, or ``jacfwd`` with a norm op."""
     if layer.norm_op is None:
         j = layer.scale * layer.w * _sigma_prime(layer, x)  # (E, n, n) · (E, 1, n)
     else:
@@ -289,18 +230,11 @@ def layer_jacobian(layer, x: Tensor) -> Tensor:
 
 
 def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians (215.7).
-
-    The running product is kept at unit Frobenius norm with its log-norm (products of many
-    factors span many decades).  Only ``skip_every ∈ {0, 1}``: a layer's Jacobian is then
-    :func:`layer_jacobian`.
-
-    Returns:
-        ``(unit, log_norm, vd)``: unit-Frobenius ``∂h_L/∂h_0`` ``(E, n, n)``, ``ln‖·‖_F``
-        ``(E,)``, and the per-layer measured v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
+    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians (215.7): ``(unit, log_norm,
+    vd)`` with the per-layer measured v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
 
     Raises:
-        ValueError: skip_every > 1, or a batch-normalized network (one input has no batch).
+        ValueError: skip_every > 1, or a batch-normalized network.
     """
     if model.skip_every > 1:
         raise ValueError(f"jacobian_spectrum supports skip_every 0 or 1, not {model.skip_every}")
@@ -324,20 +258,8 @@ def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     """Spectrum of ``J Jᵀ``, J = ∂h_L/∂h_0, normalized to mean 1, vs free probability (215.7).
 
-    The input of each member is Gaussian scaled to ``‖h_0‖²/n = q_0`` (option ``q0``:
-    ``fixed_point`` = the length map's q*, so every factor ``W D`` is at its stationary law;
-    or a number).  λ = squared singular values divided by their mean (per member).
-
-    Scalars: ``lambda_var`` = Var(λ) (seed mean, ``_std``), ``lambda_m2`` = E[λ²],
-    ``log_lambda_mean`` = ln of the raw mean squared singular value (ln ‖J‖_F²/n; ≈ L ln χ₁),
-    ``v_d_measured`` (mean over layers of the mask's normalized variance), and theory
-    ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})) (= L (v_W + v_D) at the fixed point),
-    ``v_w_theory``, ``v_d_theory`` (at q_0), ``spectrum_q0``; ``lambda_zero_fraction`` (λ
-    below the float64 floor ``(n ε)² max λ``, :func:`_log_histogram`) beside
-    ``lambda_zero_fraction_theory`` = P(φ′ = 0) (a relu mask zeroes half the directions, and
-    the kernel of a product of free factors is the largest factor kernel).  Arrays:
-    ``lambda`` (E, n), ``log_lambda_hist`` (density per unit log₁₀ λ over the resolvable λ,
-    pooled over members), ``log_lambda_edges``.
+    Input ``‖h_0‖²/n = q0`` (``fixed_point``: q*); ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})),
+    ``lambda_zero_fraction_theory`` = P(φ′ = 0).
     """
     opt = ctx.probe_options("jacobian_spectrum", SPECTRUM_DEFAULTS)
     model = ctx.model
@@ -361,13 +283,8 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
 
 
 def _log_histogram(lam: np.ndarray, bins: int, arrays: dict) -> dict[str, float]:
-    """Density of log₁₀ λ over the resolvable λ (pooled; at least 0.1 decades wide) into
-    ``arrays``; returns the fraction of numerically-zero λ.
-
-    A float64 SVD resolves singular values down to about n·ε·s_max, so λ below
-    ``(n ε)² max λ`` are zero to working precision: the kernel of relu masks (exactly half
-    the directions; ~1e−32 after rounding), or genuine but unresolvable values of a very
-    ill-conditioned product (deep Gaussian chains).
+    """Density of log₁₀ λ over the resolvable λ (above ``(n ε)² max λ``) into ``arrays``;
+    returns the fraction of numerically-zero λ.
     """
     n = lam.shape[-1]
     floor = (n * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)
@@ -407,19 +324,10 @@ def _spectrum_theory(model, q0: float) -> dict[str, float]:
     return out
 
 
-# --------------------------------------------------------------------------- deep linear
-
-
 def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, seed: int = 0,
                          rtol: float = 1e-10) -> float:
-    """Gradient flow on a real deep linear chain: the time its product reaches s/2.
-
-    The chain is a :class:`PlainNet` (linear, orthogonal init, σ_w = a₀, no bias): N layers
-    ``W_i = a₀ Q_i``.  The loss ``½‖s P − W_N⋯W_1‖_F²`` with P = Q_N⋯Q_1 (the target aligned
-    with the initial product) keeps ``W_i = a(t) Q_i`` with ``ȧ = a^{N−1}(s − a^N)`` — the
-    dynamics of 215.8 — so the flow ``θ̇ = −∇L(θ)`` on all N·width² weights (gradients by
-    autograd, integrated by scipy's DOP853 at ``rtol``) must reach ``u = tr(Pᵀ Π W)/width = s/2``
-    at T(N, a₀, s).  Returns 0 when already past halfway.
+    """Gradient flow on a real deep linear chain (a linear orthogonal :class:`PlainNet`): the time its
+    product reaches s/2, to compare with T(N, a₀, s) of 215.8 (0 when already past halfway).
     """
     from scipy.integrate import solve_ivp
 
@@ -465,15 +373,8 @@ def simulate_deep_linear(depth: int, a0: float, s: float, *, width: int = 4, see
 def probe_deep_linear(ctx: ProbeContext) -> Measurement:
     """Deep-linear learning time T(N, a₀, s) (215.8), its asymptote (215.9), simulated checks.
 
-    Options: ``depths`` (N values), ``a0`` (initial layer scales; 1 = the identity start),
-    ``s`` (target singular value), ``simulate`` (``[N, a₀]`` pairs run as gradient flow on a
-    real chain, :func:`simulate_deep_linear`), ``sim_width``.  The network the task built is
-    not used (this probe is theory plus its own chains; give it ``depth=1`` to skip work).
-
-    Series (step = N), per a₀ (formatted ``%g``): ``T_quad_a<a0>`` (quadrature),
-    ``T_asym_a<a0>`` (215.9, N > 2 and a₀ < 1).  Scalars per simulated pair:
-    ``T_sim_N<N>_a<a0>`` and ``T_quad_N<N>_a<a0>``; ``T_sim_rel_err`` = the largest
-    relative difference between simulation and quadrature.
+    Options ``depths``, ``a0``, ``s``, ``simulate`` (``[N, a₀]`` pairs), ``sim_width``; the task's
+    network is not used.
     """
     opt = ctx.probe_options("deep_linear", DEEP_LINEAR_DEFAULTS)
     s, depths = float(opt["s"]), [int(n) for n in opt["depths"]]

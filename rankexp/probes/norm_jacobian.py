@@ -1,20 +1,7 @@
 """Table 2: the Jacobians of the post-residual ops at gain 1, closed form against autograd.
 
-Every op of Table 2 has the Jacobian ``J = c (I − V Vᵀ)`` (:mod:`rankexp.models.norms`):
-
-| op        | c          | V (removed directions) |
-|-----------|------------|------------------------|
-| rmsnorm   | √d/‖x‖     | x̂                      |
-| detached  | √d/‖x‖     | — (pure rescaling)     |
-| meansub   | 1          | 1/√d (no rescale)      |
-| layernorm | √d/‖x−μ‖   | x̂_c, 1/√d              |
-
-The probe ``norm_jacobian`` takes the op R of the network's first block (``norm=post
-norm.op=<op>``), evaluates it at one Gaussian input per seed shifted by a nonzero mean (so
-x̂ ≠ x̂_c and 1 is not orthogonal to x), and measures what the table states: the closed form's
-distance from autograd (``torch.func.jacrev`` of the op itself), the directions it removes
-(``‖J x̂‖``, ``‖J 1̂‖`` relative to ``‖J‖₂``), how many it removes (d − numerical rank), and
-its scale (the nonzero singular values, all equal to c).
+Each op's Jacobian is ``J = c (I − V Vᵀ)`` (:mod:`rankexp.models.norms`): rmsnorm c = √d/‖x‖,
+V = x̂; detached c = √d/‖x‖, no V; meansub c = 1, V = 1/√d; layernorm c = √d/‖x−μ‖, V = x̂_c, 1/√d.
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from .catalog import NORM_JACOBIAN_DEFAULTS
 
 
 def theory_scale(op: str, x: Tensor) -> Tensor:
-    """Table 2's scale c of op at ``x`` ``(E, d)`` → ``(E,)``: √d/‖x‖, 1 (meansub), √d/‖x−μ‖."""
+    """Table 2's scale c of op at ``x`` ``(E, d)`` → ``(E,)``."""
     d = x.shape[-1]
     if op == "meansub":
         return torch.ones_like(x[:, 0])
@@ -40,13 +27,13 @@ def theory_scale(op: str, x: Tensor) -> Tensor:
 
 
 def autograd_jacobian(op: str, x: Tensor) -> Tensor:
-    """``∂ op(x)/∂x`` by ``torch.func.jacrev`` of the op itself, per member: ``(E, d, d)``."""
+    """``∂ op(x)/∂x`` ``(E, d, d)`` by ``torch.func.jacrev`` of the op itself."""
     fn = NORM_FNS[op]
     return torch.vmap(torch.func.jacrev(lambda v: fn(v[None])[0]))(x)
 
 
 def removed(j: Tensor, v: Tensor) -> Tensor:
-    """``‖J v̂‖ / ‖J‖₂`` per member (0: J removes the direction v; 1 for a direction it keeps)."""
+    """``‖J v̂‖ / ‖J‖₂`` per member (0: J removes the direction v)."""
     u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
     return torch.linalg.vector_norm(j @ u[..., None], dim=(-2, -1)) / torch.linalg.matrix_norm(j, ord=2)
 
@@ -54,19 +41,11 @@ def removed(j: Tensor, v: Tensor) -> Tensor:
 def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     """Table 2 for the op R (``norm.post``) of the first block.
 
-    Options (``task.options.norm_jacobian``): ``input_mean`` μ (default 1): the input is
-    ``x = g + μ·1``, g standard Gaussian (the seed's ``h_0``).
-
-    Scalars (mean and ``_std`` over seeds): ``jac_autograd_error`` ‖J_closed − J_autograd‖_F /
-    ‖J_autograd‖_F; ``jac_removes_xhat`` ‖J x̂‖/‖J‖₂ and ``jac_removes_xhat_c`` (of x̂_c =
-    (x−μ)/‖x−μ‖), ``jac_removes_ones`` ‖J 1̂‖/‖J‖₂ (0 = removed); ``jac_rank_deficit``
-    d − rank(J) (singular values ≤ 1e-8 ‖J‖₂); ``jac_scale`` the largest singular value,
-    ``jac_scale_theory`` Table 2's c, ``jac_sv_spread`` (σ_max − σ_min over the nonzero
-    singular values)/σ_max (0: J is c times a projection); ``jac_scale_rms`` c·rms(x) (1 for
-    the rescaling ops, whose c is √d/‖x‖; rms(x) for meansub, which does not rescale).
+    At ``x = h_0 + μ·1`` (option ``input_mean``): the closed form against autograd, the directions
+    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c.
 
     Raises:
-        ValueError: the first block has no post-residual op (``norm.post=none``).
+        ValueError: the first block has no post-residual op.
     """
     op = ctx.model.blocks[0].post_op
     if op is None:

@@ -1,33 +1,8 @@
 """Path-order decomposition of the input–output Jacobian (Eq. 5/11/12).
 
-For a residual stack with identity skips on every block,
-
-    ∂h_L/∂h_0 = Π_{m=1}^{L} (I + β J_m) = Σ_{k=0}^{L} β^k S_k            (Eq. 5/11)
-
-where ``S_k`` sums the products of the k branch Jacobians ``J_m`` of every
-path that passes through exactly k branches.  The dynamic program
-
-    S_k^{(m)} = S_k^{(m−1)} + J_m S_{k−1}^{(m−1)},   S_0^{(0)} = I         (Eq. 12)
-
-builds every ``S_k`` in O(L²) matrix products.  We run it on the *scaled*
-branch Jacobians ``β J_m = J_b`` (what :func:`rankexp.probes.jacobian.layer_jacobians`
-yields, norm ops included), so it produces ``T_k = β^k S_k`` directly and
-works at β = 0; ``ln ‖S_k‖_F = ln μ_k − k ln β``.
-
-What ``J_m`` is per placement (R = post-residual norm, Eq. 17/18):
-
-* pre / output / peri / none: R = identity, block Jacobian ``I + J_b`` with
-  ``J_b = ∂[β B(f(P(h)))]/∂h`` at the forward activation — exactly Eq. 11/12.
-* post: the block Jacobian ``J_R (I + J_b)`` (Eq. 18) is not of the form
-  ``I + βJ``.  We keep k = *number of branches a path traverses* and let the
-  skip path carry ``J_R``: ``T_k^{(m)} = J_R (T_k^{(m−1)} + J_b T_{k−1}^{(m−1)})``.
-  This reduces to Eq. 12 when ``J_R = I`` and still sums exactly to
-  ``∂h_L/∂h_0``; it costs one more product per order.
-* spaced skips (``skip_every ≠ 1``) and plain MLPs have no per-block
-  ``skip + branch`` structure: :class:`ValueError`.
-
-Magnitudes ``μ_k = ‖β^k S_k‖_F`` span hundreds of decades at L = 384, so each
-``T_k`` is stored as a unit-Frobenius matrix plus its natural-log norm.
+``∂h_L/∂h_0 = Π (I + β J_m) = Σ_k β^k S_k`` by the dynamic program of Eq. 12 on the scaled
+``J_b = β J_m`` (so ``T_k = β^k S_k``, also at β = 0); Post-Norm lets the skip path carry ``J_R``
+(Eq. 18), spaced skips are refused. Each ``T_k`` is a unit-Frobenius matrix plus its ln-norm.
 """
 
 from __future__ import annotations
@@ -50,10 +25,7 @@ from .jacobian import LayerJacobian, layer_jacobians
 
 #: ln of a zero norm is clamped here in logged series (below float64's smallest subnormal).
 LOG_ZERO = -746.0
-
-
-#: Relative weights below e^CUTOFF (≈ 2e−35, far below float64's 1e−16) are set to 0: they
-#: cannot change a sum in float64, and as subnormal numbers they slow the CPU ~100×.
+#: Relative weights below e^CUTOFF are set to 0 (no effect in float64; subnormals are slow).
 CUTOFF = -80.0
 
 
@@ -64,13 +36,8 @@ def _weight(log_ratio: Tensor) -> Tensor:
 
 @dataclass
 class PathOrders:
-    """Path-order terms ``T_k = β^k S_k`` of ``∂h_L/∂h_0``, k = 0…K (Eq. 11).
-
-    Attributes:
-        units: ``(E, K+1, d, d)``, ``T_k / ‖T_k‖_F`` (zeros where ``T_k = 0``; a strided view).
-        log_mu: ``(E, K+1)``, ``ln μ_k = ln ‖β^k S_k‖_F`` (``−inf`` where zero).
-        beta: the effective β of the blocks.
-        complete: whether K = L (all orders kept, so Σ_k T_k = ∂h_L/∂h_0).
+    """Path-order terms ``T_k = β^k S_k`` of ``∂h_L/∂h_0`` (Eq. 11): ``units`` ``(E, K+1, d, d)`` unit-Frobenius,
+    ``log_mu`` ``(E, K+1)`` ``ln ‖T_k‖_F``; ``complete``: K = L.
     """
 
     units: Tensor
@@ -97,11 +64,7 @@ class PathOrders:
         return self.log_mu - k * math.log(self.beta)
 
     def reconstruct(self) -> tuple[Tensor, Tensor]:
-        """``Σ_k β^k S_k`` as (unit-Frobenius ``(E, d, d)``, ln-norm ``(E,)``).
-
-        Equals ``∂h_L/∂h_0`` when :attr:`complete`; the sum is formed relative to the
-        largest term so it never overflows.
-        """
+        """``Σ_k β^k S_k`` as (unit-Frobenius ``(E, d, d)``, ln-norm ``(E,)``); ``∂h_L/∂h_0`` when :attr:`complete`."""
         top = self.log_mu.amax(1)
         w = _weight(self.log_mu - top[:, None])
         acc = torch.einsum("ek,ekij->eij", w, self.units)
@@ -110,29 +73,13 @@ class PathOrders:
 
 
 class PathOrderDP:
-    """The dynamic program of Eq. 12 in log-norm form, fed one block at a time.
-
-    Args:
-        members: E; width: d; max_order: K (orders above K are not formed — the
-            kept ones are still exact, since ``T_k`` depends only on ``T_k, T_{k−1}``);
-        chunk: orders updated per matrix product (temporary memory ``≈ 3·chunk·E·d²``);
-        dtype, device: of the stored terms.
-
-    The terms are stored row-major as ``(E, d, K+1, d)`` so that ``J_b`` times a run of
-    consecutive orders is *one* ``d × d × (chunk·d)`` GEMM per member.
-    Memory: ``E·(K+1)·d²`` numbers (≈ 200 MB per member at K = 384, d = 256, float64).
+    """The dynamic program of Eq. 12 in log-norm form, fed one block at a time; orders above
+    ``max_order`` are not formed, ``chunk`` consecutive orders are one GEMM per member
+    (memory ``E·(K+1)·d²``).
     """
 
-    def __init__(
-        self,
-        members: int,
-        width: int,
-        max_order: int,
-        *,
-        chunk: int = 64,
-        dtype=torch.float64,
-        device="cpu",
-    ):
+    def __init__(self, members: int, width: int, max_order: int, *, chunk: int = 64,
+                 dtype=torch.float64, device="cpu"):
         if max_order < 0:
             raise ValueError(f"max_order={max_order} must be ≥ 0")
         if chunk < 1:
@@ -156,16 +103,11 @@ class PathOrderDP:
         scale = torch.where(ok, 1.0 / torch.where(ok, norm, 1), 0)
         self.terms[:, :, lo:hi, :] = acc * scale[:, None, :, None]
         self.log_mu[:, lo:hi] = torch.where(
-            ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf
-        )
+            ok, top + torch.log(torch.where(ok, norm, 1)), -math.inf)
 
     def step(self, branch: Tensor, residual_norm: NormJacobian | Tensor | None = None) -> None:
-        """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``.
-
-        Args:
-            branch: ``J_b = β J_m`` ``(E, d, d)``.
-            residual_norm: ``J_R`` (post-norm) as a closed-form :class:`NormJacobian`
-                (O(d²) per order) or a dense ``(E, d, d)`` matrix, or ``None`` (identity).
+        """Apply block m: ``T_k ← J_R (T_k + J_b T_{k−1})`` for k = min(m, K)…1, then ``T_0 ← J_R T_0``
+        (``residual_norm`` ``J_R``: closed form, dense or ``None``).
         """
         self.layers_seen += 1
         e, d = self.terms.shape[:2]
@@ -189,9 +131,8 @@ class PathOrderDP:
             self._store(acc, self.log_mu[:, :1].clone(), 0, 1)
 
     def result(self, beta: float, depth: int) -> PathOrders:
-        return PathOrders(
-            self.terms.permute(0, 2, 1, 3), self.log_mu, beta, complete=self.max_order >= depth
-        )
+        return PathOrders(self.terms.permute(0, 2, 1, 3), self.log_mu, beta,
+                          complete=self.max_order >= depth)
 
 
 def _left(j: NormJacobian | Tensor, a: Tensor) -> Tensor:
@@ -201,36 +142,16 @@ def _left(j: NormJacobian | Tensor, a: Tensor) -> Tensor:
 
 def _check_structure(model: ResidualMLP) -> None:
     if model.skip_every != 1:
-        raise ValueError(
-            f"path-order decomposition (Eq. 12) needs an identity skip on every block; "
-            f"skip_every={model.skip_every} is not supported (use skip_every=1)"
-        )
+        raise ValueError(f"path-order decomposition (Eq. 12) needs an identity skip on every "
+                         f"block; skip_every={model.skip_every} is not supported (use skip_every=1)")
 
 
-def path_orders(
-    model: ResidualMLP,
-    h0: Tensor,
-    *,
-    max_order: int | None = None,
-    chunk: int = 64,
-    on_layer: Callable[[LayerJacobian], None] | None = None,
-) -> PathOrders:
-    """``∂h_L/∂h_0 = Σ_k β^k S_k`` (Eq. 11) by the dynamic program of Eq. 12.
-
-    Args:
-        model: a residual stack with ``skip_every = 1`` (any placement, norm op,
-            activation, M).
-        h0: inputs ``(E, 1, d)``, one per member.
-        max_order: K ≤ L, keep orders 0…K only (exact for those; default L).
-        chunk: orders per batched product.
-        on_layer: also called with every block's :class:`LayerJacobian`.
-
-    Returns:
-        :class:`PathOrders`.  Cost: ``≈ L·K`` products of ``d×d`` matrices per member
-        (twice that for post-norm), one pass of block Jacobians.
+def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64,
+                on_layer: Callable[[LayerJacobian], None] | None = None) -> PathOrders:
+    """``∂h_L/∂h_0 = Σ_k β^k S_k`` (Eq. 11) by the dynamic program of Eq. 12, from ``h0`` ``(E, 1, d)``.
 
     Raises:
-        ValueError: ``skip_every ≠ 1`` (see module docstring) or ``max_order < 0``.
+        ValueError: ``skip_every ≠ 1`` or ``max_order < 0``.
     """
     _check_structure(model)
     e, _, d = h0.shape
@@ -266,20 +187,8 @@ class PathOrderFold:
 def probe_path_order(ctx: ProbeContext) -> Measurement:
     """Path-order profile of ``∂h_L/∂h_0`` (Eq. 5/11/12; Figure 3), step = path order k.
 
-    Options (``task.options.path_order``): ``max_order`` (K, default L),
-    ``chunk`` (orders per matrix product, default 64).
-
-    Series (k = 0…K): ``path_log_mu`` = ln μ_k, ``μ_k = ‖β^k S_k‖_F`` (zeros clamped
-    at ``LOG_ZERO``); ``path_profile`` = μ_k / Σ_j μ_j (over the kept orders when K < L).
-    Scalars: ``mean_path_order`` ⟨k⟩ under the μ profile; ``mean_path_order_energy``
-    under μ_k²; ``path_order_peak`` argmax_k μ_k; ``mean_path_order_uncorrelated`` the
-    energy mean if paths were uncorrelated (Poisson-binomial with ρ_l = r_l², Eq. 4;
-    Binomial(L, ρ/(1+ρ)) for constant ρ); ``path_reconstruction_error`` =
-    ``‖Σ_k β^k S_k − ∂h_L/∂h_0‖_F / ‖∂h_L/∂h_0‖_F`` against the forward sweep
-    (~1e−15 in float64 when K = L; the truncation error otherwise).
-
-    Needs ``path_orders`` (the fold, fed by the shared sweep), ``io_jacobian`` and
-    ``branch_norms``: the block Jacobians are formed once for every probe.
+    Options ``max_order``, ``chunk``. ``mean_path_order_uncorrelated``: Poisson-binomial with
+    ρ_l = r_l² (Eq. 4); ``path_reconstruction_error``: relative, against the forward sweep.
     """
     ctx.probe_options("path_order", PATH_ORDER_OPTIONS)  # unknown keys fail before any work
     model = ctx.model
@@ -298,8 +207,7 @@ def probe_path_order(ctx: ProbeContext) -> Measurement:
     k_axis = np.arange(model.depth + 1)
     m.add_seed_stat(
         "mean_path_order_uncorrelated",
-        torch.tensor([float((uncorrelated_path_profile(r) * k_axis).sum()) for r in rho]),
-    )
+        torch.tensor([float((uncorrelated_path_profile(r) * k_axis).sum()) for r in rho]))
     unit, log = po.reconstruct()
     io_log = sw.log_gain[:, -1]
     err = torch.linalg.matrix_norm(unit * torch.exp(log - io_log)[:, None, None] - sw.io_unit)

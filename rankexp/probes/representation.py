@@ -1,23 +1,11 @@
-"""Residual representations of many probe inputs and their mean spike (Figure 7/14/15, Table 6).
-
-For ``n`` probe inputs (the batch axis of the model's ``(E, B, d)`` layout,
-B = n) the stream at depth l forms ``Z_l ∈ R^{n×d}`` (rows = inputs,
-*uncentered*).  A branch whose output has a nonzero mean over inputs adds the
-same vector ``m_l`` to every row; when those means align across layers
-(one-matrix branches ``σ(W x)`` with ``E[σ] ≠ 0``: they all point along the
-all-ones vector, with per-input cosine ``c = E[σ]²/E[σ²]``, Table 1) the sum
-``Σ_{k≤l} m_k`` grows ∝ l and ``Z_l`` collapses onto one direction.  With
-``M = 2`` the mean passes through an independent ``W_down`` per layer, the means
-point in random directions, the sum grows ∝ √l and the rank survives.
-
-The backward analogue (Appendix C) applies the same measures to the
-per-input gradients ``δ_l = ∂ℓ/∂h_l`` stacked as ``n×d``.
+"""Residual representations of many probe inputs and their mean spike (Figure 7/14/15, Table 6),
+and the backward analogue on per-input gradients (Appendix C). Branch means aligned across
+layers (one-matrix branches, Table 1's c) sum ∝ l and collapse ``Z_l``; random ones sum ∝ √l.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,24 +18,14 @@ from ..seeding import seeded_generator
 from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import activation_constants
 from .base import ProbeContext
-from .catalog import (
-    BACKWARD_REPRESENTATION_OPTIONS,
-    REPRESENTATION_OPTIONS,
-)
+from .catalog import BACKWARD_REPRESENTATION_OPTIONS, REPRESENTATION_OPTIONS
 
-#: Random stream (see :func:`rankexp.seeding.seeded_generator`) for the backward probe's
-#: δ_L, head and labels; distinct from the model's weight/input/head/data streams 0–3.
+#: random stream of the backward probe's δ_L, head and labels (0–3 are the model's)
 STREAM_BACKWARD = 16
 
 
-# --------------------------------------------------------------------------- spectra of n×d stacks
 def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
-    """``(erank(Z)/d, s_1²/Σ s_k²)`` of uncentered stacks ``Z`` ``(E, n, d)`` → two ``(E,)``.
-
-    Singular values come from the smaller Gram matrix (``ZᵀZ`` or ``ZZᵀ``) by a
-    symmetric eigensolver, so the cost is ``O(n d min(n, d))``.  erank is divided
-    by d (so it is at most ``min(n, d)/d``).
-    """
+    """``(erank(Z)/d, s_1²/Σ s_k²)`` of uncentered stacks ``Z`` ``(E, n, d)`` → two ``(E,)``, from the smaller Gram matrix."""
     d = z.shape[-1]
     ev = gram_eigenvalues(z).flip(-1)
     er = erank_from_sv(ev.sqrt()) / d
@@ -71,11 +49,9 @@ def _loglog_slope(y: Tensor) -> Tensor:
     return ((ly - ly.mean(1, keepdim=True)) * x).sum(1) / x.square().sum()
 
 
-# --------------------------------------------------------------------------- forward walk
-def _run_block(
-    model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
+def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tensor]
 ) -> tuple[Tensor, Tensor]:
-    """Block l on the stored states: returns ``(branch output, h_l)``; branch = ``β B(f(P(h_{l−1})))``."""
+    """Block l on the stored states: ``(β B(f(P(h_{l−1}))), h_l)``."""
     x = states[l - 1]
     b = block.branch(x)
     s = b + states[model.skip_source(l)] if block.has_skip else b
@@ -84,23 +60,9 @@ def _run_block(
 
 @dataclass
 class Representation:
-    """Forward representation measures of one network on n probe inputs.
-
-    Shapes: E members, L depth, d width.  l = 0…L for stream quantities, l = 1…L
-    for branch quantities.
-
-    Attributes:
-        erank: ``erank(Z_l)/d`` ``(E, L+1)``.
-        top_energy: ``s_1²/Σ s_k²`` of ``Z_l`` ``(E, L+1)``.
-        branch_means: ``m_l`` = mean over inputs of the branch output ``(E, L, d)``.
-        noise_floor: ``sqrt(E_x‖b_l(x)‖² / n)`` ``(E, L)``: the norm a mean of n
-            zero-mean outputs would have by chance.
-        input_cos_prev: mean over inputs of ``cos(b_l(x), b_k(x))`` averaged over k < l
-            ``(E, L)`` (entry l = 1 is NaN).
-        input_cos_cross: the same over all pairs k ≠ l ``(E,)`` (Table 1: ≈ c for M = 1).
-        preact_var: nominal preactivation variance ``q = α² rms(P(h_{l−1}))²`` (the
-            expectation of ``(w·x)²`` over the weights), averaged over inputs and layers
-            ``(E,)``: the q at which to read Table 1 constants.
+    """Forward representation measures on n probe inputs: ``erank``/``top_energy`` of ``Z_l`` ``(E, L+1)``,
+    branch means ``(E, L, d)`` and their noise floor, per-input cosines of branch outputs across
+    layers, and ``preact_var`` (Table 1's q) ``(E,)``.
     """
 
     erank: Tensor
@@ -125,8 +87,7 @@ class Representation:
     def mean_cos_matrix(self) -> Tensor:
         """Pairwise ``cos(m_l, m_k)`` ``(E, L, L)``."""
         u = self.branch_means / self.branch_means.norm(dim=-1, keepdim=True).clamp(
-            min=_tiny(self.branch_means)
-        )
+            min=_tiny(self.branch_means))
         return u @ u.mT
 
     @property
@@ -140,19 +101,10 @@ class Representation:
         return _cos(self.branch_means, torch.ones_like(self.branch_means))
 
 
-def representation(
-    model: ResidualMLP, h0: Tensor, *, progress: Callable[[int], None] | None = None
-) -> Representation:
-    """Stream the probe inputs through the network once and measure ``Z_l`` and the branch means.
+def representation(model: ResidualMLP, h0: Tensor) -> Representation:
+    """Stream the probe inputs ``h0`` ``(E, n, d)`` through the network once: :class:`Representation`.
 
-    Args:
-        model: the network (E members, any placement, M, activation, skip spacing).
-        h0: probe inputs ``(E, n, d)``.
-        progress: called with each finished layer index.
-
-    Returns:
-        :class:`Representation`.  Memory ``O(E·n·(d + m))`` plus ``E·L·d`` for the means;
-        only the states a later skip reads are kept.
+    Memory ``O(E·n·(d + m))`` plus ``E·L·d`` for the means.
     """
     e, n, d = h0.shape
     L = model.depth
@@ -178,37 +130,21 @@ def representation(
             else:
                 cos_prev.append((unit * unit_sum).sum(-1).mean(1) / (l - 1))
             unit_sum += unit
-            if progress is not None:
-                progress(l)
     cross = (
         (unit_sum.square().sum(-1) - L) / (L * (L - 1))
         if L > 1
         else torch.full((e, n), math.nan, dtype=h0.dtype)
     )
-    return Representation(
-        erank=torch.stack(er, 1),
-        top_energy=torch.stack(top, 1),
-        branch_means=torch.stack(means, 1),
-        noise_floor=torch.stack(floor, 1),
-        input_cos_prev=torch.stack(cos_prev, 1),
-        input_cos_cross=cross.mean(1),
-        preact_var=torch.stack(q, 1).mean(1),
-    )
+    return Representation(erank=torch.stack(er, 1), top_energy=torch.stack(top, 1),
+                          branch_means=torch.stack(means, 1), noise_floor=torch.stack(floor, 1),
+                          input_cos_prev=torch.stack(cos_prev, 1), input_cos_cross=cross.mean(1),
+                          preact_var=torch.stack(q, 1).mean(1))
 
 
-# --------------------------------------------------------------------------- backward walk
-def output_gradient(
-    model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
+def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
 ) -> Tensor:
-    """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C).
-
-    Args:
-        kind: ``random`` — ``δ_L ~ N(0, I_d)`` i.i.d. per input; ``cross_entropy`` —
-            the gradient of the summed cross-entropy of a random linear head
-            ``W ∈ R^{C×d}``, ``W ~ N(0, 1/d)``, with uniformly random labels:
-            ``δ_L = (softmax(h_L Wᵀ) − onehot(y)) W``.  Draws come from each member's
-            seed on stream :data:`STREAM_BACKWARD`.
-        classes: C for ``cross_entropy``.
+    """Per-input output cotangent ``δ_L`` ``(E, n, d)`` (Appendix C) from each seed's :data:`STREAM_BACKWARD`:
+    ``random`` ``N(0, I_d)``, or ``cross_entropy`` of a random head with random labels.
 
     Raises:
         ValueError: unknown ``kind`` or ``classes < 2``.
@@ -228,8 +164,7 @@ def output_gradient(
         for i, s in enumerate(model.seeds):
             g = seeded_generator(s, STREAM_BACKWARD)
             w = (torch.randn(classes, d, generator=g, dtype=torch.float64) / math.sqrt(d)).to(
-                dtype=dt, device=dev
-            )
+                dtype=dt, device=dev)
             y = torch.randint(classes, (n,), generator=g).to(dev)
             p = torch.softmax(h_last[i] @ w.T, dim=-1)
             p[torch.arange(n, device=dev), y] -= 1.0
@@ -240,14 +175,8 @@ def output_gradient(
 
 @dataclass
 class BackwardRepresentation:
-    """Measures of the per-input gradients ``δ_l`` ``(E, n, d)``, l = 0…L (Appendix C).
-
-    Attributes:
-        erank: ``erank(Δ_l)/d`` ``(E, L+1)`` (Δ_l = the n×d stack of δ_l).
-        top_energy: ``s_1²/Σ s²`` ``(E, L+1)``.
-        log_rms: ``ln rms(δ_l)`` ``(E, L+1)``.
-        mean_snr: ``‖mean_x δ_l‖ / sqrt(E_x‖δ_l‖²/n)`` ``(E, L+1)`` (≈ 1 at the noise floor).
-        mean_cos_ones: ``cos(mean_x δ_l, 1)`` ``(E, L+1)``.
+    """Measures of ``δ_l`` ``(E, n, d)``, each ``(E, L+1)`` (Appendix C): ``erank`` ``erank(Δ_l)/d``,
+    ``top_energy``, ``log_rms`` ``ln rms(δ_l)``, ``mean_snr`` ``‖mean δ_l‖/sqrt(E‖δ_l‖²/n)``, ``mean_cos_ones``.
     """
 
     erank: Tensor
@@ -257,26 +186,9 @@ class BackwardRepresentation:
     mean_cos_ones: Tensor
 
 
-def backward_representation(
-    model: ResidualMLP,
-    h0: Tensor,
-    *,
-    delta: str = "random",
-    classes: int = 10,
-    progress: Callable[[int], None] | None = None,
-) -> BackwardRepresentation:
-    """Backpropagate a per-input ``δ_L`` through the stack and measure every ``δ_l``.
-
-    ``δ_{l−1}`` collects the vector–Jacobian products of block l with respect to its
-    branch input and (for the skip) its skip source.  States are recomputed from
-    checkpoints every ``⌈√L⌉`` blocks, so memory is ``O(√L·E·n·d)`` and the cost
-    about two forward passes plus one backward pass.
-
-    Args:
-        model: the network (any placement, M, activation, skip spacing).
-        h0: probe inputs ``(E, n, d)``.
-        delta, classes: see :func:`output_gradient`.
-    """
+def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "random",
+                            classes: int = 10) -> BackwardRepresentation:
+    """Backpropagate ``δ_L`` and measure every ``δ_l`` (states recomputed every ``⌈√L⌉`` blocks)."""
     L, keep = model.depth, max(model.skip_every, 1)
     seg = max(1, math.isqrt(L - 1) + 1)
     # forward pass keeping a window of `keep` states at every segment start
@@ -299,13 +211,8 @@ def backward_representation(
         n = g.shape[1]
         mean = g.mean(1)
         floor = (g.square().sum(-1).mean(1) / n).sqrt()
-        stats[j] = (
-            er,
-            top,
-            g.square().mean((-2, -1)).sqrt().log(),
-            mean.norm(dim=-1) / floor,
-            _cos(mean, torch.ones_like(mean)),
-        )
+        stats[j] = (er, top, g.square().mean((-2, -1)).sqrt().log(), mean.norm(dim=-1) / floor,
+                    _cos(mean, torch.ones_like(mean)))
 
     measure(L)
     for start in sorted(ckpt, reverse=True):
@@ -320,11 +227,8 @@ def backward_representation(
                 x = seg_states[l - 1].detach().requires_grad_(True)
                 skip_from = model.skip_source(l) if block.has_skip else None
                 if skip_from is not None:
-                    src = (
-                        seg_states[skip_from]
-                        if skip_from in seg_states
-                        else ckpt_lookup(ckpt, skip_from)
-                    )
+                    src = (seg_states[skip_from] if skip_from in seg_states
+                           else ckpt_lookup(ckpt, skip_from))
                     s = src.detach().requires_grad_(True)
                     out = block(x, s)
                     gx, gs = torch.autograd.grad(out, (x, s), deltas[l])
@@ -335,42 +239,23 @@ def backward_representation(
             deltas[l - 1] = deltas[l - 1] + gx if (l - 1) in deltas else gx
             del deltas[l]
             measure(l - 1)
-            if progress is not None:
-                progress(l)
     idx = range(L + 1)
     return BackwardRepresentation(*(torch.stack([stats[j][i] for j in idx], 1) for i in range(5)))
 
 
 def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
-    """The stored state ``h_j`` from any checkpoint window (spaced skips reaching across segments)."""
+    """The stored state ``h_j`` from any checkpoint window (skips reaching across segments)."""
     for window in ckpt.values():
         if j in window:
             return window[j]
     raise KeyError(f"state h_{j} was not checkpointed")
 
 
-# --------------------------------------------------------------------------- probes
-
-
 def probe_representation(ctx: ProbeContext) -> Measurement:
     """Residual representation ``Z_l`` and the branch-mean spike (Figure 7/14/15, Table 6).
 
-    Options (``task.options.representation``): ``n`` probe inputs (default 1024).
-
-    Series (step = l): ``rep_erank`` erank(Z_l)/d and ``rep_top_energy`` s_1²/Σs² for
-    l = 0…L; ``branch_mean_norm`` ‖m_l‖, ``branch_mean_noise_floor`` sqrt(E‖b_l‖²/n),
-    ``branch_mean_sum_norm`` ‖Σ_{k≤l} m_k‖, ``branch_mean_cos_ones`` cos(m_l, 1) for
-    l = 1…L; ``branch_mean_cos_next`` cos(m_l, m_{l+1}) for l = 1…L−1;
-    ``branch_input_cos_prev`` per-input cos(b_l(x), b_k(x)) averaged over k < l and
-    inputs, l = 2…L.
-    Scalars: ``rep_erank_final``, ``rep_erank_min``, ``rep_top_energy_final``;
-    ``branch_input_cos_cross`` (per-input cross-layer mean cosine; Table 1 predicts c
-    for M = 1 and 0 for M = 2), ``coherence_theory`` (c at the measured preactivation
-    variance); ``branch_mean_cos_cross`` (mean of cos(m_l, m_k) over k ≠ l),
-    ``branch_mean_cos_consecutive``, ``branch_mean_cos_ones_mean``,
-    ``branch_mean_sum_exponent`` (log–log slope of ‖Σ_{k≤l} m_k‖: 1 aligned, ½ random),
-    ``branch_mean_snr`` (mean over l of ‖m_l‖ / noise floor).
-    Arrays: ``branch_mean_cos_matrix`` ``(E, L, L)``, ``preact_var`` ``(E,)``.
+    Option ``n`` (probe inputs). ``branch_input_cos_cross``: Table 1 predicts c for M = 1, 0 for
+    M = 2; ``branch_mean_sum_exponent``: 1 for aligned means, ½ for random ones.
     """
     opt = ctx.probe_options("representation", REPRESENTATION_OPTIONS)
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
@@ -411,23 +296,11 @@ def reduce_representation(m: Measurement, ctx: ProbeContext) -> None:
 def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     """Per-input gradients ``δ_l = ∂ℓ/∂h_l`` as an n×d stack (Appendix C).
 
-    Options (``task.options.backward_representation``): ``n`` probe inputs (default
-    1024), ``delta`` = ``random`` | ``cross_entropy`` (default ``random``), ``classes``
-    (default 10).
-
-    Series (step = l, l = 0…L): ``grad_erank`` erank(Δ_l)/d, ``grad_top_energy``,
-    ``grad_log_rms`` ln rms(δ_l), ``grad_mean_snr`` ‖mean δ_l‖ / sqrt(E‖δ_l‖²/n),
-    ``grad_mean_cos_ones`` cos(mean δ_l, 1).
-    Scalars: ``grad_erank_input`` (at l = 0), ``grad_erank_min``, ``grad_top_energy_input``,
-    ``grad_log_gain`` = ln rms(δ_0) − ln rms(δ_L).
+    Options ``n``, ``delta`` (``random`` | ``cross_entropy``), ``classes``.
     """
     opt = ctx.probe_options("backward_representation", BACKWARD_REPRESENTATION_OPTIONS)
-    br = backward_representation(
-        ctx.model,
-        ctx.probe_inputs(int(opt["n"])),
-        delta=str(opt["delta"]),
-        classes=int(opt["classes"]),
-    )
+    br = backward_representation(ctx.model, ctx.probe_inputs(int(opt["n"])),
+                                 delta=str(opt["delta"]), classes=int(opt["classes"]))
     steps = np.arange(0, ctx.model.depth + 1)
     m = Measurement()
     m.add_seed_series("grad_erank", br.erank, steps)

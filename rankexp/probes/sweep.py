@@ -1,11 +1,5 @@
-"""Probes that read the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`) — the
-input–output Jacobian, the per-layer profile, the branch-to-skip ratio and the accumulated
-branch norm — and the forward-only stream probe.
-
-Their needs (registered in :data:`rankexp.probes.PROBES`): ``io_jacobian`` → one SVD at l = L;
-``profile`` → ``partial_spectra`` (L SVDs); ``branch_ratio`` → ``branch_norms`` (block Jacobians,
-no running product); ``accumulated_branch`` → ``branch_norms`` + ``branch_sum``; ``stream`` →
-nothing (one forward pass of its own inputs).
+"""Probes that read the one forward sweep (:func:`rankexp.probes.jacobian.forward_sweep`), and
+the forward-only ``stream`` probe.
 """
 
 from __future__ import annotations
@@ -21,8 +15,8 @@ from .catalog import STREAM_OPTIONS
 def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
     """Normalized effective rank (Eq. 3) and stable rank of ``∂h_L/∂h_0`` (Eq. 2/10).
 
-    Scalars: ``erank_io`` = erank/d ∈ (0, 1], ``stable_rank_io`` ∈ [1, d],
-    ``log_gain_io`` = ln ‖∂h_L/∂h_0‖_F.  Arrays: ``io_singular_values`` (E, d), unit-Frobenius scale.
+    Scalars ``erank_io`` (erank/d), ``stable_rank_io``, ``log_gain_io`` (ln ‖·‖_F); array
+    ``io_singular_values`` (E, d), unit-Frobenius scale.
     """
     sw, m = ctx.sweep, Measurement()
     m.add_seed_stat("erank_io", sw.erank[:, -1] / ctx.width)
@@ -35,8 +29,7 @@ def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
 def probe_profile(ctx: ProbeContext) -> Measurement:
     """Per-layer profile ``erank(∂h_l/∂h_0)/d`` and stable rank for l = 1…L (Figure 1).
 
-    Series (step = l): ``erank_profile``, ``stable_rank_profile``, ``log_gain_profile``.
-    Scalar ``erank_min`` = the profile's minimum (its deepest trough).
+    Series ``erank_profile``, ``stable_rank_profile``, ``log_gain_profile``; scalar ``erank_min``.
     """
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("erank_profile", sw.erank / ctx.width, ctx.layers)
@@ -49,13 +42,9 @@ def probe_profile(ctx: ProbeContext) -> Measurement:
 def probe_stream(ctx: ProbeContext) -> Measurement:
     """Stream scale ``rms(h_l)`` for l = 0…L (Figure 11), forward only.
 
-    Option ``task.options.stream.inputs`` (default 1: the seed's own ``h_0``): n Gaussian inputs
-    per seed; ``rms(h_l)`` is then the root of the mean over inputs of ``rms(h_l(x))²`` — the
-    mean-rms² estimator whose slope is κ.
-
-    Pre-Norm prediction ``rms(h_l)² = 1 + κ(βα^M)² l``:
-    scalar ``stream_kappa`` is the least-squares slope of ``rms(h_l)² − rms(h_0)²``
-    against ``(βα^M)² l`` through the origin (meaningful for Pre-Norm).
+    Option ``inputs`` (default 1: the seed's ``h_0``; n: root mean rms² over n Gaussian inputs).
+    ``stream_kappa``: least-squares slope of ``rms(h_l)² − rms(h_0)²`` against ``(βα^M)² l``
+    (Pre-Norm: ``rms(h_l)² = 1 + κ(βα^M)² l``).
 
     Raises:
         ValueError: ``inputs`` < 1.
@@ -82,8 +71,7 @@ def _rms(h: torch.Tensor) -> torch.Tensor:
 def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
     """Branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` per layer (Eq. 4), step = l.
 
-    Scalars ``branch_ratio_first`` (r_1) and ``branch_ratio_last`` (r_L); compare
-    with the nominal ``βα^M`` (Eq. 21) and the Pre-Norm decay of Eq. 22.
+    Scalars ``branch_ratio_first``, ``branch_ratio_last``.
     """
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("branch_ratio", sw.branch_ratio, ctx.layers)
@@ -96,10 +84,7 @@ def probe_accumulated_branch(ctx: ProbeContext) -> Measurement:
     """Accumulated branch norm ``‖Σ_{l≤k} β J_l‖_F / ‖I‖_F`` against the uncorrelated
     prediction ``(Σ_{l≤k} ‖β J_l‖_F²)^{1/2} / ‖I‖_F`` (Figure 5b/12).
 
-    Series (step = k): ``accumulated_branch``, ``accumulated_branch_uncorrelated``.
-    Scalar ``accumulated_branch_excess`` = measured / uncorrelated at k = L (1 when the
-    layers' branch Jacobians are uncorrelated; > 1 when they add coherently).
-    Post-Norm keeps r_l flat, so the sum grows ∝ √L; Pre-Norm's decaying r_l keeps it flat.
+    ``accumulated_branch_excess`` is their ratio at L (1: uncorrelated, > 1: coherent).
     """
     sw, m = ctx.sweep, Measurement()
     uncorrelated = sw.branch_ratio.square().cumsum(1).sqrt()

@@ -1,22 +1,9 @@
 """Table 3: rank of a product of rank-one projections along a random walk on the sphere.
 
-Post-Norm's Jacobian factor ``J_R = (√d/‖s‖)(I − ŝŝᵀ)`` (Table 2) removes the stream direction
-ŝ_l at every block; the rank the *projections* can remove over L blocks is bounded by how far
-the directions wander.  The probe ``projection_walk`` measures ``erank(Q_L)/d`` of
-
-    Q_L = Π_{l=1}^{L} (I − x_l x_lᵀ)           (later factors on the left)
-
-with ``x_0`` uniform on the unit sphere and one of two walks (option ``walk``):
-
-* ``gaussian`` (default): ``x_l = (x_{l−1} + ε g_l/√d)/‖·‖``, ``g_l ~ N(0, I_d)`` — the step of
-  :func:`rankexp.theory.random_walk_projection_product`, turning by ≈ arctan ε per step.  This
-  reproduces the study's Table 3 to its printed digits (d = 256: ε = 0.6 → 0.994/0.992/0.988/
-  0.980 at L = 48…384), so it is our reading of the study's "step angle ε";
-* ``angle``: ``x_l = cos ε x_{l−1} + sin ε v_l``, v_l a uniform unit vector orthogonal to
-  ``x_{l−1}`` — every step turns by exactly ε (slightly more loss at ε = 0.6: 0.972 at 384).
-
-The study (Table 3): no collapse — ε ≤ 0.15 keeps erank/d at (d−1)/d, ε = 0.6 loses ≈ 2 % at
-L = 384.
+Post-Norm's ``J_R = (√d/‖s‖)(I − ŝŝᵀ)`` (Table 2) removes ŝ_l at every block. The probe
+measures ``erank(Q_L)/d`` of ``Q_L = Π (I − x_l x_lᵀ)`` with ``x_0`` uniform and walk
+``gaussian`` (``x_l ∝ x_{l−1} + ε g_l/√d``, our reading of Table 3's step ε) or ``angle``
+(a turn of exactly ε per step).
 """
 
 from __future__ import annotations
@@ -33,19 +20,14 @@ from ..spectra import erank_from_sv
 from .base import ProbeContext
 from .catalog import WALK_DEFAULTS
 
-#: Random stream (see :func:`rankexp.seeding.seeded_generator`) of the walk, distinct from the
-#: model's weight/input/head/data streams 0–3 and the backward probe's 16.
+#: random stream of the walk (:func:`rankexp.seeding.seeded_generator`; 0–3 and 16 are taken)
 STREAM_WALK = 17
 WALKS = ("gaussian", "angle")
 
 
 def sphere_walk(seeds: Sequence[int], width: int, steps: int, step: float, walk: str = "gaussian",
                 *, dtype=torch.float64, device="cpu") -> Tensor:
-    """Unit vectors ``x_0 … x_steps`` of a random walk on the sphere: ``(E, steps+1, d)``.
-
-    ``walk="gaussian"``: ``x ← (x + step·g/√d)/‖·‖``; ``walk="angle"``: turn by exactly ``step``
-    radians toward a uniform direction orthogonal to x.  Member e draws from seed
-    ``seeds[e]``'s :data:`STREAM_WALK` alone, so batching seeds never changes a walk.
+    """Unit vectors ``(E, steps+1, d)`` of a walk on the sphere, member e from ``seeds[e]``'s :data:`STREAM_WALK`.
 
     Raises:
         ValueError: an unknown ``walk``.
@@ -68,11 +50,8 @@ def sphere_walk(seeds: Sequence[int], width: int, steps: int, step: float, walk:
 
 
 def projection_product_eranks(x: Tensor, depths: Sequence[int]) -> Tensor:
-    """erank(Q_L)/d of ``Q_L = Π_{l≤L}(I − x_l x_lᵀ)`` for each L of ``depths`` from one walk
-    ``x`` ``(E, ≥ max(depths)+1, d)`` (``x_1 … x_L``; ``x_0`` is the start) → ``(E, len(depths))``.
-
-    Q is built by rank-one updates ``Q ← Q − x (xᵀQ)`` (O(d²) per factor), singular values only
-    at the requested L.
+    """erank(Q_L)/d ``(E, len(depths))`` of ``Π_{l≤L}(I − x_l x_lᵀ)`` for each L of ``depths``, by
+    rank-one updates.
     """
     e, _, d = x.shape
     q = torch.eye(d, dtype=x.dtype, device=x.device).expand(e, d, d).clone()
@@ -88,14 +67,7 @@ def projection_product_eranks(x: Tensor, depths: Sequence[int]) -> Tensor:
 def probe_projection_walk(ctx: ProbeContext) -> Measurement:
     """Table 3: erank/d of the random-walk projection product at the configured L's.
 
-    Options (``task.options.projection_walk``): ``step_angle`` ε (default 0.15), ``walk``
-    ``gaussian`` (default; step ε g/√d, the study's Table 3) or ``angle`` (turn by exactly ε
-    radians), ``depths`` the products' lengths L (default 48, 96, 192, 384); d is the run's ``width``,
-    one walk per seed (the network the task built is not used: give it ``depth=1``).
-
-    Series (step = L): ``walk_erank`` erank(Q_L)/d.  Scalars: ``walk_erank_L<L>`` per L,
-    ``walk_erank_final`` (the largest L), ``walk_step_angle`` (the measured mean angle between
-    consecutive x_l: ε for ``angle``, ≈ arctan ε for ``gaussian``), ``walk_span_angle`` (the angle between x_0 and x_L).
+    Options ``step_angle`` ε, ``walk``, ``depths``; d = ``width``; the task's network is not used.
 
     Raises:
         ValueError: an L < 1, ε outside (0, π/2], or an unknown walk.

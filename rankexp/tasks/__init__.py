@@ -1,8 +1,5 @@
-"""Tasks: what one job does with the network its config describes (``task=`` group).
-
-:data:`TASKS` maps ``task.name`` to ``fn(settings, device, job_dir, run_logger_or_None,
-config_hash) -> Measurement``; each task's module is imported when a job first looks it up
-(a measurement never imports the training loop).
+"""Tasks: :data:`TASKS` maps ``task.name`` to ``fn(settings, device, job_dir, run_or_None,
+config_hash) -> Measurement``, importing the task's module on first look-up.
 """
 
 from __future__ import annotations
@@ -30,5 +27,4 @@ class _Tasks(Mapping[str, Callable[..., Measurement]]):
         return len(_TASKS)
 
 
-#: task name → ``fn(settings, device, job_dir, run_logger_or_None, config_hash) -> Measurement``
 TASKS: Mapping[str, Callable[..., Measurement]] = _Tasks()

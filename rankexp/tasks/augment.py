@@ -1,16 +1,7 @@
-"""On-device batch augmentation: He et al.'s (2016, §4.2) pad-crop-flip for CIFAR-10.
-
-"4 pixels are padded on each side, and a 32×32 crop is randomly sampled from the padded image
-or its horizontal flip." For every image of every step: a crop offset ``(dy, dx)`` uniform on
-``{0, …, 2·pad}²`` and a flip with probability ½, all independent. The padding is black (pixel
-value 0 before normalization, i.e. ``−mean/std`` after it), as torchvision's
-``RandomCrop(32, padding=4)`` on the raw image gives.
-
-The draws for the whole run are made once, on the CPU from their own seeded stream (so CPU and
-GPU runs see the same crops), as a uint8 table ``(steps, B, 3)`` on the device (25 MB for
-He et al.'s 64k steps at batch 128). A step looks its row up with a device index, so the
-transform is a pure function of ``(batch, step)`` — a resumed run crops exactly as an
-uninterrupted one — and it has no host work at all: it can be captured into a CUDA graph.
+"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2): crop offsets uniform on
+``{0, …, 2·pad}²``, flips with probability ½, black padding. The run's draws are one uint8
+table ``(steps, B, 3)`` made on the CPU and indexed on the device, so the transform is a pure
+function of ``(batch, step)`` and CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -26,17 +17,7 @@ STREAM_AUGMENT = 4
 
 
 class PadCropFlip:
-    """Random pad-crop-flip of whole batches on their device (see the module docstring).
-
-    Args:
-        steps: how many steps the table covers (0-based steps ``0 … steps−1``).
-        batch_size: B, images per step.
-        seed: the draws come from ``seeded_generator(seed, STREAM_AUGMENT)``.
-        pad: pixels of padding per side (4); offsets are uniform on ``0 … 2·pad``.
-        fill: ``(C,)`` value of the padding per channel in the data's units (black after
-            normalization: ``−mean/std``), or None for 0.
-        image_shape: ``(C, H, W)`` of the images (flattened inputs are reshaped to it).
-        device: where the table (and the batches) live.
+    """Random pad-crop-flip of whole batches on their device from ``seed``'s ``STREAM_AUGMENT``.
 
     Raises:
         ValueError: non-positive steps or batch size, negative pad.
@@ -75,10 +56,7 @@ class PadCropFlip:
         return row[:, 0], row[:, 1], row[:, 2]
 
     def __call__(self, x: Tensor, step: Tensor | int) -> Tensor:
-        """The augmented batch, same shape as ``x`` (``(B, C·H·W)`` or ``(B, C, H, W)``).
-
-        ``step``: 0-based, an int or a 0-dim device tensor (the training loop's counter).
-        """
+        """The augmented batch, shaped as ``x``; ``step`` 0-based, an int or a 0-dim device tensor."""
         c, h, w = self.image_shape
         batch, p = x.shape[0], self.pad
         images = x.view(batch, c, h, w)

@@ -1,15 +1,8 @@
 """Training checkpoints: written atomically, read back or moved aside, never half-trusted.
 
-A checkpoint is one ``torch.save`` file holding the run's identity (learning rates, seed,
-batch size, sampler, recipe, architecture), the step, the model, the optimizer and the loop's
-device state. Three outcomes when a run finds one:
-
-* it resumes from it (identity equal, file readable);
-* it refuses it with a :class:`ValueError` naming the differing key (a checkpoint of another
-  run at this path is the user's to sort out, never silently mixed in);
-* it moves it aside to ``<name>.corrupt`` with a warning naming both paths and why, and
-  trains from step 0 (a truncated or unreadable file, an older format): rerunning the same
-  command then works instead of failing the same way every time (issue 8, row 11).
+A run finding one resumes from it (identity equal, file readable), refuses it with a
+:class:`ValueError` naming the differing key, or moves it to ``<name>.corrupt`` with a warning
+and trains from step 0 (truncated, unreadable or an older format).
 """
 
 from __future__ import annotations
@@ -40,20 +33,12 @@ def save(path: Path, payload: dict) -> None:
 
 
 def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict | None:
-    """The checkpoint at ``path`` if this run can resume from it, else ``None``.
-
-    Args:
-        identity: what the checkpoint must have been written with (``{key: value}``).
-        steps: the run's total steps (a checkpoint beyond them is refused).
-
-    Returns:
-        The payload (tensors on ``device``), or ``None`` when there is no file or it was
-        unusable and has been moved to ``<path>.corrupt``.
+    """The checkpoint at ``path`` (tensors on ``device``) if this run can resume from it; ``None``
+    when there is none or it was moved to ``<path>.corrupt``.
 
     Raises:
-        ValueError: the checkpoint belongs to another run (an identity key differs) or is
-            past ``steps``.
-        OSError: the file cannot be read or moved for reasons of the file system.
+        ValueError: another run's checkpoint (an identity key differs) or past ``steps``.
+        OSError: the file cannot be read or moved.
     """
     if not path.exists():
         return None
@@ -65,13 +50,12 @@ def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict |
         else:
             problem = _malformed(ckpt)
     if problem:
-        return _move_aside(path, problem)
+        return unusable(path, problem)
     for key, want in identity.items():
         if ckpt.get(key) != want:
             raise ValueError(
                 f"checkpoint {path} was written with {key}={ckpt.get(key)!r}, this run has "
-                f"{key}={want!r}; delete it or point checkpoint_path elsewhere to start afresh"
-            )
+                f"{key}={want!r}; delete it or point checkpoint_path elsewhere to start afresh")
     if ckpt["step"] > steps:
         raise ValueError(f"checkpoint {path} is at step {ckpt['step']} > steps={steps}")
     return ckpt
@@ -86,13 +70,8 @@ def _malformed(ckpt: object) -> str | None:
     return f"incomplete (no {', '.join(missing)})" if missing else None
 
 
-def _move_aside(path: Path, why: str) -> None:
+def unusable(path: Path, why: str) -> None:
+    """Move an unusable checkpoint aside to ``<path>.corrupt`` (training restarts from step 0)."""
     aside = path.with_name(path.name + ".corrupt")
     os.replace(path, aside)
     log.warning("checkpoint %s is %s; moved it to %s and training from step 0", path, why, aside)
-    return None
-
-
-def unusable(path: Path, why: str) -> None:
-    """Move a checkpoint that loaded but does not fit the model aside (see module docstring)."""
-    _move_aside(path, why)

@@ -1,25 +1,8 @@
-"""CIFAR-10 for the `train` task: decode once, cache, keep the whole set on the device.
+"""CIFAR-10 for the ``train`` task: decode once, cache, keep the whole set on the device.
 
-Three sources give the same tensors (science.md §1 trains on CIFAR-10):
-
-* ``torchvision``: the original binary batches (``<root>/cifar-10-batches-py``),
-  read with :class:`torchvision.datasets.CIFAR10` (``download=True`` fetches them
-  where there is internet);
-* ``imagefolder``: an image-folder tree ``<root>/cifar10-jpeg/{train,test}/<class>/*.jpg``
-  (or ``<root>/{train,test}/…``), read with :class:`torchvision.datasets.ImageFolder`;
-* ``archive``: the tarball of that tree (``cifar10-jpeg.tar.gz``, shipped read-only
-  at ``../shared/data``), extracted once into the cache folder.
-
-The decoded uint8 tensors are written once to ``<cache_dir>/cifar10-<key>.pt``;
-the key hashes the source's path, sizes and modification times, so a changed
-source is decoded again and a cached load takes a fraction of a second. The file
-also carries the SHA-256 of its tensors, checked on every load (~0.2 s): a cache
-that does not match (a flipped bit, a partial copy, an older version without a
-checksum) is reported and decoded again, never used.
-
-Training then works from a :class:`DeviceDataset` (normalized, flattened, on the
-training device) and a :class:`BatchSampler` that draws index batches on that
-device, so a training step never goes through the host (airbench's habit).
+Sources: ``torchvision`` (``cifar-10-batches-py``), ``imagefolder`` (``cifar10-jpeg/{train,test}/<class>/``)
+and ``archive`` (``cifar10-jpeg.tar.gz``). Decoded tensors are cached with their SHA-256, checked on
+every load (a mismatching cache is decoded again).
 """
 
 from __future__ import annotations
@@ -48,18 +31,8 @@ from ..seeding import STREAM_DATA
 log = logging.getLogger(__name__)
 
 #: Standard CIFAR-10 label order (= class folders sorted by name = torchvision's order).
-CLASSES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+           "truck")
 IMAGE_SHAPE = (3, 32, 32)
 IN_FEATURES = 3 * 32 * 32
 SOURCES = ("auto", "torchvision", "imagefolder", "archive")
@@ -91,21 +64,13 @@ class MissingDataError(DataError, FileNotFoundError):
 
 
 class CorruptDataError(DataError, ValueError):
-    """A CIFAR-10 source exists but is unreadable or not CIFAR-10 (bad archive, image,
-    class folders or counts)."""
+    """A CIFAR-10 source exists but is unreadable or not CIFAR-10."""
 
 
-# --------------------------------------------------------------------------- loading
 @dataclass(frozen=True)
 class DataSource:
-    """Where a loaded CIFAR-10 came from, for the runs that train on it (an MLflow dataset
-    input, :meth:`rankexp.tracking.RunLogger.log_dataset`).
-
-    Attributes:
-        kind: the source's kind (``torchvision``, ``imagefolder``, ``archive``); path: it.
-        cache_file: the decoded cache; sha256: the SHA-256 of its tensors (hex, 64 digits:
-            :func:`tensors_sha256`, the checksum the cache is verified against).
-        train_rows, test_rows: the splits' sizes.
+    """Where a loaded CIFAR-10 came from (an MLflow dataset input): ``kind``, ``path``,
+    ``cache_file``, ``sha256`` (hex, :func:`tensors_sha256`) and the splits' row counts.
     """
 
     kind: str
@@ -116,56 +81,28 @@ class DataSource:
     test_rows: int
 
 
-def load_cifar10(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    source: str = "auto",
-    download: bool = False,
-    *,
-    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
-    progress: bool = True,
+def load_cifar10(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                 source: str = "auto", download: bool = False, *,
+                 expect_counts: tuple[int, int] | None = CIFAR10_COUNTS, progress: bool = True
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """CIFAR-10 as uint8 tensors, decoded once and cached (:func:`load_cifar10_source` without
-    the :class:`DataSource`; same arguments and errors)."""
+    """CIFAR-10 as uint8 tensors: :func:`load_cifar10_source` without the :class:`DataSource`."""
     return load_cifar10_source(root, cache_dir, source, download, expect_counts=expect_counts,
                                progress=progress)[0]
 
 
-def load_cifar10_source(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    source: str = "auto",
-    download: bool = False,
-    *,
-    expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
-    progress: bool = True,
+def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                        source: str = "auto", download: bool = False, *,
+                        expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
+                        progress: bool = True
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
     """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
 
-    Args:
-        root: a folder holding one of the sources (see the module docstring), the
-            image-folder tree itself, or the ``.tar.gz`` archive file.
-        cache_dir: where the decoded tensors (and an extracted archive) are kept.
-        source: ``auto`` (first found of torchvision, imagefolder, archive; then
-            ``download`` if asked) or one of those three explicitly.
-        download: let torchvision download the original into ``root`` (needs internet).
-        expect_counts: required (train, test) sizes; ``None`` accepts any size
-            (small test fixtures).
-        progress: show a tqdm bar while decoding (on a terminal: none when stderr is a file
-            or a pipe, where a log line per split says what was decoded).
-
-    Returns:
-        ``((x_train, y_train, x_test, y_test), source)``: images uint8 ``(N, 3, 32, 32)``
-        (channels R, G, B; 0–255), labels int64 ``(N,)`` in :data:`CLASSES` order.
-        N = 50,000 / 10,000 for the real data set. The image tensors of a cached
-        load are memory-mapped from the cache file (read-only use). ``source``: the
-        :class:`DataSource` (the cache's SHA-256 is the one already checked or written: no
-        second pass over the bytes).
+    Returns ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
+    (memory-mapped when cached) and int64 ``(N,)`` labels in :data:`CLASSES` order.
 
     Raises:
-        MissingDataError: no source at ``root`` (message says how to get one).
-        CorruptDataError: the source is unreadable, or its class folders, image
-            shapes or counts are not CIFAR-10's.
+        MissingDataError: no source at ``root``.
+        CorruptDataError: unreadable, or not CIFAR-10's classes, shapes or counts.
         ValueError: unknown ``source``.
     """
     if source not in SOURCES:
@@ -200,13 +137,12 @@ def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Te
 
 
 def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
-    """The source kind and the concrete path (torchvision root, tree with train/test, archive)."""
+    """The source kind and its concrete path."""
     found: dict[str, Path] = {}
     if root.is_file():
         if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
             raise MissingDataError(
-                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}"
-            )
+                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}")
         return "archive", root
     if (root / TORCHVISION_FOLDER).is_dir():
         found["torchvision"] = root
@@ -225,12 +161,10 @@ def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
         return source, found[source]
     elif source == "torchvision" and download:
         return "torchvision", root
-    wanted = {
-        "auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
-        "torchvision": f"{TORCHVISION_FOLDER}/",
-        "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
-        "archive": ARCHIVE_NAME,
-    }[source]
+    wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
+              "torchvision": f"{TORCHVISION_FOLDER}/",
+              "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
+              "archive": ARCHIVE_NAME}[source]
     state = "does not exist" if not root.exists() else f"holds no {wanted}"
     raise MissingDataError(f"CIFAR-10 not found: {root} {state} (source={source!r}). {HOW_TO_GET}")
 
@@ -264,8 +198,7 @@ _SPLITS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
-    """SHA-256 of CPU tensors' dtypes, shapes and bytes, in order (hex). Reads the memory in
-    place (no copy), so a memory-mapped cache is hashed straight from the page cache."""
+    """SHA-256 (hex) of CPU tensors' dtypes, shapes and bytes, in order, read in place."""
     h = hashlib.sha256()
     for t in tensors:
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
@@ -274,7 +207,7 @@ def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
 
 
 def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] | None:
-    """``(tensors, their SHA-256)`` of a cache file that matches ``key`` and its checksum."""
+    """``(tensors, SHA-256)`` of a cache file matching ``key`` and its checksum, else None."""
     if not cache_file.is_file():
         return None
     try:
@@ -311,15 +244,13 @@ def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, w
         if x.dtype != torch.uint8 or tuple(x.shape[1:]) != IMAGE_SHAPE or x.shape[0] != y.shape[0]:
             raise CorruptDataError(
                 f"{where}: {split} images have shape {tuple(x.shape)} {x.dtype} with "
-                f"{y.shape[0]} labels; expected (N, 3, 32, 32) uint8. {HOW_TO_GET}"
-            )
+                f"{y.shape[0]} labels; expected (N, 3, 32, 32) uint8. {HOW_TO_GET}")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= len(CLASSES)):
             raise CorruptDataError(f"{where}: {split} labels outside 0..9. {HOW_TO_GET}")
     if expect_counts is not None and (x_train.shape[0], x_test.shape[0]) != tuple(expect_counts):
         raise CorruptDataError(
             f"{where}: found {x_train.shape[0]} train / {x_test.shape[0]} test images, "
-            f"expected {expect_counts[0]} / {expect_counts[1]} (incomplete copy?). {HOW_TO_GET}"
-        )
+            f"expected {expect_counts[0]} / {expect_counts[1]} (incomplete copy?). {HOW_TO_GET}")
 
 
 def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -339,7 +270,7 @@ def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Ten
 
 
 def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in batches."""
+    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in chunks."""
     from torchvision.datasets import ImageFolder
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
@@ -352,12 +283,9 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
         if list(folder.classes) != list(CLASSES):
             raise CorruptDataError(
                 f"{tree / split}: class folders {folder.classes} are not CIFAR-10's "
-                f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}"
-            )
+                f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}")
         paths = [p for p, _ in folder.samples]
         images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
-        # a bar on a terminal only: redirected to a file or a pipe it would write a \r frame per
-        # update (tqdm's disable=None); the log line below says what was decoded either way
         bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
                    disable=None if progress else True)
         started = time.perf_counter()
@@ -369,8 +297,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             with warnings.catch_warnings():
                 # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
                 warnings.filterwarnings(
-                    "ignore", ".*TorchVision are deprecated", DeprecationWarning
-                )
+                    "ignore", ".*TorchVision are deprecated", DeprecationWarning)
                 try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
                     decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
                 except RuntimeError:
@@ -396,10 +323,9 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
     return tuple(out)
 
 
-def _decode_archive(
-    archive: Path, cache_dir: Path, key: dict, progress: bool
+def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Extract ``archive`` once into ``cache_dir`` (atomically, via a temporary folder), decode it."""
+    """Extract ``archive`` once into ``cache_dir`` (atomically), then decode it."""
     dest = cache_dir / f"{FOLDER_NAME}-{_digest(key)}"
     if not dest.is_dir():
         tmp = cache_dir / f"{dest.name}.tmp{os.getpid()}"
@@ -416,14 +342,13 @@ def _decode_archive(
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
                 f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is "
-                f"damaged (the shipped copy's sha256 is in ../shared/data/README.md). {HOW_TO_GET}"
+                f"damaged. {HOW_TO_GET}"
             ) from err
         if not (tmp / FOLDER_NAME / "train").is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
                 f"{archive}: holds no {FOLDER_NAME}/train folder; not the CIFAR-10 image-folder "
-                f"archive. {HOW_TO_GET}"
-            )
+                f"archive. {HOW_TO_GET}")
         try:  # atomic: ``dest`` only ever holds a complete tree
             os.replace(tmp, dest)
         except OSError:  # another process got there first; use its tree
@@ -431,17 +356,8 @@ def _decode_archive(
     return _decode_imagefolder(dest / FOLDER_NAME, progress)
 
 
-# --------------------------------------------------------------------------- on device
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact per-channel mean and standard deviation of uint8 images on the 0–1 scale.
-
-    Args:
-        images: uint8 ``(N, 3, H, W)``.
-
-    Returns:
-        ``(mean, std)``, float64 ``(3,)`` each (population std), from 256-bin
-        histograms, so no float copy of the data is made.
-    """
+    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8 ``(N, 3, H, W)``, from histograms."""
     levels = torch.arange(256, dtype=torch.float64) / 255.0
     means, stds = [], []
     for c in range(images.shape[1]):
@@ -455,14 +371,8 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class DeviceDataset:
-    """The whole data set on the training device, normalized and flattened.
-
-    Attributes:
-        x_train, x_test: float ``(N, 3072)``, per-channel standardized with the
-            train split's statistics (channel-major flattening, C·H·W).
-        y_train, y_test: int64 ``(N,)``.
-        mean, std: float64 ``(3,)`` train-split channel statistics on the 0–1 scale.
-        source: where the images came from (:class:`DataSource`), if loaded from CIFAR-10.
+    """The whole data set on the training device: ``x_*`` float ``(N, 3072)`` standardized
+    per channel with the train split's ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``.
     """
 
     x_train: Tensor
@@ -474,17 +384,10 @@ class DeviceDataset:
     source: DataSource | None = None
 
     @classmethod
-    def from_uint8(
-        cls,
-        x_train: Tensor,
-        y_train: Tensor,
-        x_test: Tensor,
-        y_test: Tensor,
-        *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+    def from_uint8(cls, x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, *,
+                   device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> DeviceDataset:
-        """Move uint8 images ``(N, 3, 32, 32)`` to ``device`` once, then convert there.
+        """Move uint8 images ``(N, 3, H, W)`` to ``device`` once, then convert there.
 
         Raises:
             ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch.
@@ -493,8 +396,7 @@ class DeviceDataset:
             if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[0] != y.shape[0]:
                 raise ValueError(
                     f"expected uint8 images (N, 3, H, W) with N labels, got {tuple(x.shape)} "
-                    f"{x.dtype} and {tuple(y.shape)} labels"
-                )
+                    f"{x.dtype} and {tuple(y.shape)} labels")
         mean, std = channel_stats(x_train)
 
         def convert(x: Tensor) -> Tensor:
@@ -504,14 +406,9 @@ class DeviceDataset:
             x.sub_((255.0 * mean).to(x).view(shape)).div_((255.0 * std).to(x).view(shape))
             return x.reshape(x.shape[0], -1)
 
-        return cls(
-            x_train=convert(x_train),
-            y_train=y_train.to(device=device, dtype=torch.int64),
-            x_test=convert(x_test),
-            y_test=y_test.to(device=device, dtype=torch.int64),
-            mean=mean,
-            std=std,
-        )
+        return cls(x_train=convert(x_train), y_train=y_train.to(device=device, dtype=torch.int64),
+                   x_test=convert(x_test), y_test=y_test.to(device=device, dtype=torch.int64),
+                   mean=mean, std=std)
 
     @property
     def device(self) -> torch.device:
@@ -522,18 +419,11 @@ class DeviceDataset:
         return self.x_train.shape[1]
 
 
-def load_device_dataset(
-    root: str | Path = DEFAULT_ROOT,
-    cache_dir: str | Path = DEFAULT_CACHE_DIR,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    source: str = "auto",
-    download: bool = False,
-    progress: bool = True,
+def load_device_dataset(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+                        *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                        source: str = "auto", download: bool = False, progress: bool = True
 ) -> DeviceDataset:
-    """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8` (same errors), with its
-    :class:`DataSource`."""
+    """:func:`load_cifar10_source` then :meth:`DeviceDataset.from_uint8`, with its :class:`DataSource`."""
     tensors, where = load_cifar10_source(root, cache_dir, source=source, download=download,
                                          progress=progress)
     return dataclasses.replace(DeviceDataset.from_uint8(*tensors, device=device, dtype=dtype),
@@ -541,26 +431,16 @@ def load_device_dataset(
 
 
 def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceDataset:
-    """The data set a validated config names (``data.root``, ``cache_dir``, ``source``,
-    ``download``; relative paths as :mod:`rankexp.locations` resolves them) on ``device``."""
+    """The data set a validated config names (``data.*``), on ``device``."""
     return load_device_dataset(resolve_path(s.data.root), cache_path(s.data.cache_dir),
                                device=device, dtype=dtype, source=s.data.source,
                                download=s.data.download)
 
 
 class BatchSampler:
-    """Shuffled index batches drawn on the device, a pure function of ``(seed, step)``.
-
-    Epoch ``k`` is a permutation of ``range(n)`` drawn with a device
-    :class:`torch.Generator` seeded from ``(seed, STREAM_DATA, k)``; step ``t``
-    takes batch ``t mod (n // batch_size)`` of epoch ``t // (n // batch_size)``
-    (the last partial batch of an epoch is dropped). Because nothing but the
-    step number is state, a resumed run draws exactly the batches an
-    uninterrupted one would.
-
-    Args:
-        n: data set size. batch_size: B ≤ n. seed: sampling seed.
-        device: where the indices live (the data's device).
+    """Shuffled index batches on the device, a pure function of ``(seed, step)``: epoch k is a
+    permutation seeded from ``(seed, STREAM_DATA, k)`` (partial batch dropped), so a resumed run draws
+    the batches an uninterrupted one would.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):
@@ -585,5 +465,5 @@ class BatchSampler:
         return self._perm[k * self.batch_size : (k + 1) * self.batch_size]
 
     def state_dict(self) -> dict:
-        """What a checkpoint needs to check that a resumed run samples the same way."""
+        """What a checkpoint checks to know a resumed run samples the same way."""
         return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed}

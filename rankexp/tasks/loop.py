@@ -1,46 +1,14 @@
-"""The training loop engine of the `train` task (science.md §1 and fig6, §5's degradation
-replication): pure PyTorch; the task glue (config, tracking, probes) is
-:mod:`rankexp.tasks.train`.
+"""The training loop engine of the ``train`` task: pure PyTorch (the glue is :mod:`rankexp.tasks.train`).
 
-The network is the measured :class:`~rankexp.models.mlp.ResidualMLP` stack between an
-input projection (3072 → d) and a linear head (d → 10)
-(:class:`~rankexp.models.classifier.Classifier`), or a CIFAR ConvNet
-(:class:`~rankexp.models.convnet.CifarResNet`, trained with He et al.'s recipe through the
-:class:`~rankexp.tasks.optim.Recipe` seams, :mod:`rankexp.tasks.recipes`). A learning-rate sweep is
-one batched model: member ``e`` of the ensemble axis E is the *same* initial
-network (every member has the same seed) trained at ``lrs[e]``, so a sweep step is
-one forward and one backward, however many rates it holds. Per-member rates are the
-optimizer's business (:class:`~rankexp.tasks.optim.MemberAdam`: exact, elementwise, so
-each member equals its own single-model Adam run).
-
-The loop follows airbench's shape: the data set lives on the training device, batches are
-index draws there, losses stay in a device buffer, and the host reads the device only at
-reports (``log_every``, evaluations), checkpoints and the end. One step is four named
-pieces — :func:`_draw_batch`, the recipe's forward loss, :func:`_watch_divergence`, and the
-backward + optimizer update — composed by :func:`_step_body`; on CUDA the whole step can be
-replayed as one CUDA graph (``cuda_graphs``) and the forward compiled (``compile``).
-
-A member *diverges* when its loss is non-finite or exceeds ``divergence_factor`` × its
-initial loss (the first step's); it is frozen from that step on (its parameters stay
-bit-for-bit, see :mod:`rankexp.tasks.optim`) and recorded, the others continue.
-
-Interruption (:mod:`rankexp.interrupt`): the loop runs inside ``interrupt.deferred()``,
-polls ``interrupt.requested()`` once per step (a Python read, no device work), and when a
-stop is requested writes its checkpoint and raises :class:`~rankexp.interrupt.JobInterrupted`;
-the rerun resumes from that step, bit-identically on CPU.
-
-Typical use (the Hydra task adds the config and the tracking)::
-
-    data = load_device_dataset(device="cuda")
-    stack = ResidualMLP(width=256, depth=48, expansion=1.0, placement="post",
-                        alpha=2.0, seeds=[seed] * len(STUDY_LRS),
-                        dtype=torch.float32, device="cuda")
-    result = train(Classifier(stack), data, STUDY_LRS, steps=5000, seed=seed)
+A learning-rate sweep is one batched model (member ``e`` at ``lrs[e]``): one forward and one
+backward per step, data on the device, host reads only at reports and checkpoints, optionally
+one CUDA graph per step. Diverged members are frozen; on a stop request the loop checkpoints and
+raises :class:`~rankexp.interrupt.JobInterrupted` (the rerun resumes bit-identically on CPU).
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import logging
 import math
 import time
@@ -65,10 +33,7 @@ log = logging.getLogger(__name__)
 STUDY_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 #: Final test accuracy at or above which a learning rate counts as stable (Table 5).
 STABLE_ACCURACY = 0.4
-#: A member whose train loss exceeds this multiple of its initial loss has diverged. Healthy
-#: runs at the study's largest rate (1e-2) spike to ≤ 28× their initial loss in their first
-#: steps (measured: d = 256, L = 12/48, α = 0.5–4, Pre-Norm; Post-Norm stays ≤ 1.2×); a
-#: runaway rate (lr 10) reaches 10⁸–10⁹× within a few steps.
+#: a member whose loss exceeds this multiple of its initial loss diverged (healthy runs: ≤ 28×)
 DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 
@@ -87,23 +52,9 @@ def member_losses(logits: Tensor, y: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(
-    classifier: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    *,
-    batch_size: int = 2000,
-    autocast_bf16: bool = False,
-) -> Tensor:
-    """Accuracy of every member on ``(x, y)``, computed on their device in chunks, in eval mode.
-
-    Args:
-        classifier: maps ``(B, …)`` inputs to ``(E, B, C)`` logits.
-        x: ``(N, in_features)``; y: int64 ``(N,)``.
-
-    Returns:
-        float64 ``(E,)`` fraction correct (on the device; no host sync here).
-    """
+def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2000,
+             autocast_bf16: bool = False) -> Tensor:
+    """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``, in eval mode."""
     was_training = classifier.training
     classifier.eval()  # (no-op for the MLP; batch norm of later families needs it)
     try:
@@ -124,46 +75,18 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _autocast(device: torch.device, enabled: bool):
-    if not enabled:
-        return contextlib.nullcontext()
     # no weight-cast cache: each weight is cast once per step anyway, and CUDA graph capture
     # requires it off
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled,
+                          cache_enabled=False)
 
 
 @dataclass
 class TrainResult:
-    """What one learning-rate sweep produced; arrays are per member (= per learning rate).
-
-    Attributes:
-        lrs: the E learning rates.
-        steps: optimizer steps completed (== the requested steps when ``completed``).
-        completed: False when the call stopped early (``stop_after``).
-        final_train_loss: ``(E,)`` mean train cross-entropy (nats) over the last
-            ``loss_window`` steps; for a diverged member this includes the steps after
-            it froze (its loss is still recorded), so it is large or non-finite.
-        final_test_acc, best_test_acc: ``(E,)`` test accuracy at the last evaluation
-            and the best over evaluations (fraction correct, 0–1).
-        diverged: ``(E,)`` bool; diverged_step: ``(E,)`` 1-based step whose loss was
-            first non-finite or above ``divergence_factor`` × the initial loss (that
-            member frozen from then on), -1 if never.
-        loss: ``(steps, E)`` train loss of every step (row t = step t+1, before its update).
-        train_error: ``(steps, E)`` fraction of that step's (augmented) batch misclassified,
-            by the same forward pass (training-mode batch norm), NaN for steps of a resumed
-            checkpoint that predates this record.
-        eval_steps: ``(n_evals,)`` steps after which the test set was evaluated.
-        test_acc: ``(n_evals, E)`` test accuracy at those steps.
-        best_lr, best_acc: the learning rate with the highest final test accuracy among those
-            that did not diverge (among all when every one did) and that accuracy (None / NaN
-            before any evaluation).
-        max_stable_lr: largest learning rate that did not diverge and reached final
-            test accuracy ≥ ``stable_accuracy`` (0.4, Table 5); None if none did.
-        wall_time_s: training wall time over all calls (resumes included), seconds.
-        steps_per_s: sweep steps (one step of every member) per second of training in
-            this call; evaluation, checkpoint writing and probes are not counted.
-        probes: step → what ``on_probe`` returned there (host values), for every step of
-            ``probe_at`` done so far — resumed ones from the checkpoint.
-        probe_seconds: wall time in ``on_probe`` over all calls (resumes included), seconds.
+    """What one learning-rate sweep produced; arrays are per member (= per learning rate):
+    ``(steps, E)`` per-step ``loss``/``train_error``, ``(n_evals, E)`` ``test_acc`` at ``eval_steps``,
+    ``(E,)`` finals; ``max_stable_lr`` is the largest non-diverged rate with final accuracy ≥
+    ``stable_accuracy`` (Table 5).
     """
 
     lrs: list[float]
@@ -187,20 +110,10 @@ class TrainResult:
     probe_seconds: float = 0.0
 
 
-def _summarize(
-    lrs: list[float],
-    steps_done: int,
-    completed: bool,
-    loss: np.ndarray,
-    train_error: np.ndarray,
-    diverged_step: np.ndarray,
-    eval_steps: list[int],
-    test_acc: list[np.ndarray],
-    wall_time_s: float,
-    steps_per_s: float,
-    loss_window: int,
-    stable_accuracy: float,
-) -> TrainResult:
+def _summarize(lrs: list[float], steps_done: int, completed: bool, loss: np.ndarray,
+               train_error: np.ndarray, diverged_step: np.ndarray, eval_steps: list[int],
+               test_acc: list[np.ndarray], wall_time_s: float, steps_per_s: float, loss_window: int,
+               stable_accuracy: float) -> TrainResult:
     members = len(lrs)
     acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
     final = acc[-1] if len(acc) else np.full(members, np.nan)
@@ -216,39 +129,23 @@ def _summarize(
     stable = [
         lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
     ]
-    return TrainResult(
-        lrs=list(lrs),
-        steps=steps_done,
-        completed=completed,
-        final_train_loss=window.astype(np.float64).mean(0),
-        final_test_acc=final,
-        best_test_acc=best,
-        diverged=diverged,
-        diverged_step=diverged_step,
-        loss=loss,
-        train_error=train_error,
-        eval_steps=np.asarray(eval_steps, dtype=np.int64),
-        test_acc=acc,
-        best_lr=best_lr,
-        best_acc=best_acc,
-        max_stable_lr=max(stable) if stable else None,
-        wall_time_s=wall_time_s,
-        steps_per_s=steps_per_s,
-    )
+    return TrainResult(lrs=list(lrs), steps=steps_done, completed=completed,
+                       final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
+                       best_test_acc=best, diverged=diverged, diverged_step=diverged_step,
+                       loss=loss, train_error=train_error,
+                       eval_steps=np.asarray(eval_steps, dtype=np.int64), test_acc=acc,
+                       best_lr=best_lr, best_acc=best_acc,
+                       max_stable_lr=max(stable) if stable else None, wall_time_s=wall_time_s,
+                       steps_per_s=steps_per_s)
 
 
 @dataclass
 class LoopState:
-    """The loop's state on the training device — everything a step changes besides the model
-    and the optimizer, all tensors (a CUDA graph reads and writes them in place).
+    """The loop's device state besides model and optimizer (a CUDA graph updates it in place).
 
-    Attributes:
-        done: int64 ``()`` steps completed.
-        alive: bool ``(E,)``, False once a member diverged.
-        diverged_step: int64 ``(E,)`` 1-based step of divergence, -1 if none.
-        loss: float32 ``(steps + SLACK, E)`` every step's train loss (row 0 is the initial
-            loss); the rows past ``steps`` absorb the CUDA-graph warm-up's writes.
-        error: float32 ``(steps + SLACK, E)`` every step's train-batch error (fraction wrong).
+    ``done`` int64 ``()``, ``alive`` bool ``(E,)``, ``diverged_step`` int64 ``(E,)``, ``loss``/``error``
+    float32 ``(steps + SLACK, E)`` (row 0 of ``loss`` is the initial loss; the slack rows absorb the
+    graph warm-up).
     """
 
     SLACK = 4
@@ -268,21 +165,14 @@ class LoopState:
             loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
                             device=device),
             error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                             device=device),
-        )
+                             device=device))
 
     def tensors(self) -> list[Tensor]:
         return [self.done, self.alive, self.diverged_step, self.loss, self.error]
 
 
-def _draw_batch(data: DeviceDataset, idx: Tensor) -> tuple[Tensor, Tensor]:
-    """The batch of indices ``idx`` ``(B,)``: a gather on the device, nothing through the host."""
-    return data.x_train[idx], data.y_train[idx]
-
-
 def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor:
-    """Record this step's losses ``(E,)``; freeze members whose loss is non-finite or above
-    ``factor`` × their initial loss. Returns ``state.alive`` (the members still training)."""
+    """Record this step's losses ``(E,)``, freeze diverged members; returns ``state.alive``."""
     row = losses.detach().to(state.loss.dtype)
     state.loss.index_copy_(0, state.done.view(1), row[None])  # device index: graph-safe
     bad = ~torch.isfinite(row) | (row > factor * state.loss[0])
@@ -293,23 +183,14 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
     return state.alive
 
 
-def _step_body(
-    model: nn.Module,
-    optimizer: MemberOptimizer,
-    state: LoopState,
-    data: DeviceDataset,
-    loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
-    recipe: Recipe,
-    divergence_factor: float,
-) -> Callable[[Tensor, Tensor | float, int], None]:
-    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only.
-
-    The batch transform gets the 0-based step as the device counter ``state.done`` (not the
-    host ``step``), so a transform that only indexes with it is captured into CUDA graphs."""
+def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
+               loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
+               divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
+    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only (graph-safe)."""
     params = list(model.parameters())
 
     def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
-        x, y = _draw_batch(data, idx)
+        x, y = data.x_train[idx], data.y_train[idx]  # a gather on the device
         if recipe.batch_transform is not None:
             x = recipe.batch_transform(x, state.done)
         losses, errors = loss_fn(x, y)  # (E,) each
@@ -325,15 +206,10 @@ def _step_body(
 
 
 class _GraphedStep:
-    """The whole step (gather, forward, backward, update) captured once as a CUDA graph and
-    replayed each step: one launch instead of hundreds, which is what a small network on a
-    large GPU is bound by. Per step only the batch indices and the schedule's factor change;
-    they are copied into the graph's static inputs.
+    """The whole step captured once as a CUDA graph and replayed (PyTorch's whole-network recipe).
 
-    Capture follows PyTorch's whole-network recipe: a few warm-up steps on a side stream
-    (allocations, cuBLAS workspaces, ``torch.compile``), then the capture. The warm-up steps
-    are real updates, so every tensor they change is snapshotted before and restored after:
-    training is unchanged by graphing.
+    The warm-up steps on a side stream are real updates, so model, optimizer and loop state are
+    snapshotted before and restored after: training is unchanged by graphing.
     """
 
     WARMUP = 3  # ≤ LoopState.SLACK
@@ -344,7 +220,7 @@ class _GraphedStep:
         self.idx = first_idx.clone()
         self.scale = torch.ones((), dtype=torch.float64, device=first_idx.device)
         saved_model = {k: v.clone() for k, v in model.state_dict().items()}
-        saved_opt = _clone_tree(optimizer.state_dict())
+        saved_opt = copy.deepcopy(optimizer.state_dict())
         saved_state = [t.clone() for t in state.tensors()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -369,99 +245,32 @@ class _GraphedStep:
         self.graph.replay()
 
 
-def _clone_tree(obj):
-    if isinstance(obj, Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone_tree(v) for v in obj)
-    return obj
-
-
-def train(
-    classifier: nn.Module,
-    data: DeviceDataset,
-    lrs: Sequence[float],
-    *,
-    steps: int = 5000,
-    batch_size: int = 256,
-    eval_every: int = 250,
-    seed: int = 0,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every: int = 500,
-    progress: bool = True,
-    autocast_bf16: bool = False,
-    compile: bool = False,
-    cuda_graphs: bool = False,
-    eval_batch_size: int = 2000,
-    loss_window: int = 100,
-    log_every: int | None = None,
-    on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
-    stable_accuracy: float = STABLE_ACCURACY,
-    divergence_factor: float = DIVERGENCE_FACTOR,
-    stop_after: int | None = None,
-    recipe: Recipe = ADAM,
-    probe_at: Sequence[int] = (),
-    on_probe: Callable[[int], dict[str, Tensor]] | None = None,
-) -> TrainResult:
+def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, steps: int = 5000,
+          batch_size: int = 256, eval_every: int = 250, seed: int = 0,
+          checkpoint_path: str | Path | None = None, checkpoint_every: int = 500,
+          progress: bool = True, autocast_bf16: bool = False, compile: bool = False,
+          cuda_graphs: bool = False, eval_batch_size: int = 2000, loss_window: int = 100,
+          log_every: int | None = None,
+          on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+          stable_accuracy: float = STABLE_ACCURACY, divergence_factor: float = DIVERGENCE_FACTOR,
+          stop_after: int | None = None, recipe: Recipe = ADAM, probe_at: Sequence[int] = (),
+          on_probe: Callable[[int], dict[str, Tensor]] | None = None) -> TrainResult:
     """Train every member of ``classifier`` at its own learning rate, as one model.
 
     Args:
-        classifier: E members (E = ``len(lrs)``), all on ``data``'s device; trained in place.
-            Any module mapping ``(B, …)`` inputs to ``(E, B, C)`` logits whose parameters all
-            carry the leading member axis E (``architecture()``, if it has one, identifies it
-            in checkpoints).
-        data: the data set on the training device (:class:`DeviceDataset`).
-        lrs: E learning rates, member e ↔ ``lrs[e]`` (the recipe's optimizer; the default
-            is Adam, betas 0.9/0.999, ε = 1e-8, no weight decay).
-        steps: optimizer steps; batch_size: samples per step, shared by all members.
-        eval_every: evaluate test accuracy every this many steps and after the last.
-        seed: batch-sampling seed (:class:`BatchSampler`); the weights come from
-            the classifier's seeds.
-        checkpoint_path: if given, model + optimizer + step + partial series are
-            written there atomically every ``checkpoint_every`` steps, at the end and when
-            an interruption is requested, and a run finding the file resumes from it (a
-            finished one returns at once; an unreadable one is moved to ``*.corrupt`` and
-            the run starts afresh). On the deterministic CPU path (same thread count) a
-            resumed run ends bit-identical to an uninterrupted one. Batches are a function
-            of ``(seed, step)``, so no sampler state needs saving beyond the step.
-        progress: show a tqdm bar.
-        autocast_bf16: run forward/backward under bf16 autocast (weights, optimizer
-            and loss stay in the parameters' dtype).
-        compile: ``torch.compile`` the forward + loss (its backward is compiled with it).
-        cuda_graphs: replay the whole step as one CUDA graph (CUDA only; see
-            :class:`_GraphedStep`).
-        eval_batch_size: test-set chunk size for evaluation.
-        loss_window: steps averaged into ``final_train_loss``.
-        log_every: also report the train loss every this many steps (None: only at
-            evaluations). Losses reach the host only at these reports.
-        on_log: called at every report as ``on_log(step, metrics)`` with host arrays
-            ``metrics["train_loss"]`` and ``metrics["train_error"]`` ``(E,)`` (means of the
-            steps since the previous report) and, at
-            evaluations, ``metrics["test_acc"]`` ``(E,)`` (the hook for live tracking).
-        stable_accuracy: final test accuracy that makes a learning rate stable
-            (``max_stable_lr``; Table 5 uses 0.4).
-        divergence_factor: a member diverges when its train loss is non-finite or above
-            this multiple of its initial loss (> 1; ``math.inf``: non-finite only).
-        stop_after: end this call after this many (global) steps *without* writing a
-            checkpoint, as if the process were killed there (tests).
-        recipe: optimizer, schedule and batch transform (:class:`~rankexp.tasks.optim.Recipe`).
-        probe_at, on_probe: ``on_probe(step)`` is called after step ``step`` of ``probe_at``
-            (0: before the first), before that step's checkpoint; what it returns (CPU tensors)
-            is kept in the checkpoint and in :attr:`TrainResult.probes`.  It must leave the
-            model, the optimizer and the RNG as it found them (:mod:`rankexp.tasks.probing`).
-
-    Returns:
-        :class:`TrainResult`.
+        classifier: ``(B, …)`` → ``(E, B, C)`` logits, every parameter with the leading member
+            axis E = ``len(lrs)``, on ``data``'s device; trained in place.
+        checkpoint_path: written atomically every ``checkpoint_every`` steps, at the end and on a
+            stop request; a run finding it resumes (an unusable one goes to ``*.corrupt``).
+        log_every: report every this many steps (None: at evaluations) to ``on_log(step, metrics)``.
+        stop_after: end after this many steps without a checkpoint, as if killed (tests).
+        probe_at: steps (0: before the first) after which ``on_probe(step)`` runs; it must leave
+            model, optimizer and RNG as found.
 
     Raises:
-        ValueError: ``len(lrs)`` ≠ E, a non-positive or non-finite learning rate,
-            non-positive step counts, ``divergence_factor`` ≤ 1, data/model on different
-            devices or of mismatched width, ``cuda_graphs`` off CUDA, or a checkpoint from a different run (other lrs, seed, batch size,
-            recipe or architecture).
-        rankexp.interrupt.JobInterrupted: a stop was requested (signal); the checkpoint of
-            the last completed step has been written.
+        ValueError: bad rates, step counts, factor, devices, widths, ``cuda_graphs`` off CUDA, or
+            another run's checkpoint.
+        rankexp.interrupt.JobInterrupted: a stop was requested; the checkpoint is written.
     """
     plan = _Plan(
         steps=int(steps), batch_size=int(batch_size), eval_every=int(eval_every),
@@ -507,8 +316,7 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
     members = params[0].shape[0]
     if len(lrs) != members:
         raise ValueError(
-            f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)"
-        )
+            f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)")
     if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
         raise ValueError(f"lrs={lrs}: every learning rate must be finite and > 0")
     for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size"):
@@ -560,19 +368,12 @@ class _Loop:
         self.history = _History()
         arch = model.architecture() if hasattr(model, "architecture") else {
             name: list(p.shape) for name, p in model.named_parameters()}
-        self.identity = {
-            "lrs": lrs,
-            "seed": seed,
-            "batch_size": plan.batch_size,
-            "sampler": self.sampler.state_dict(),
-            "recipe": plan.recipe.name,
-            "divergence_factor": plan.divergence_factor,
-            "architecture": arch,
-        }
+        self.identity = {"lrs": lrs, "seed": seed, "batch_size": plan.batch_size,
+                         "sampler": self.sampler.state_dict(), "recipe": plan.recipe.name,
+                         "divergence_factor": plan.divergence_factor, "architecture": arch}
 
-    # ---------------------------------------------------------------- resume / checkpoint
     def resume(self) -> int:
-        """Restore from the checkpoint if there is a usable one; returns the step to start at."""
+        """Restore from a usable checkpoint; returns the step to start at."""
         path = self.plan.checkpoint_path
         ckpt = None if path is None else checkpoint.load(
             path, self.device, self.identity, self.plan.steps)
@@ -602,30 +403,21 @@ class _Loop:
             test_acc=[np.asarray(a, dtype=np.float64) for a in ckpt["test_acc"]],
             elapsed_before=float(ckpt["elapsed_s"]),
             probes={int(k): v for k, v in ckpt.get("probes", {}).items()},
-            probe_seconds=float(ckpt.get("probe_seconds", 0.0)),
-        )
+            probe_seconds=float(ckpt.get("probe_seconds", 0.0)))
         log.info("resuming from %s at step %d/%d", path, start, self.plan.steps)
         return start
 
     def save(self, done: int) -> None:
         s, h = self.state, self.history
         checkpoint.save(self.plan.checkpoint_path, {
-            **self.identity,
-            "step": done,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "alive": s.alive.cpu(),
-            "diverged_step": s.diverged_step.cpu(),
-            "loss": s.loss[:done].cpu(),
-            "error": s.error[:done].cpu(),
-            "eval_steps": list(h.eval_steps),
+            **self.identity, "step": done, "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "alive": s.alive.cpu(),
+            "diverged_step": s.diverged_step.cpu(), "loss": s.loss[:done].cpu(),
+            "error": s.error[:done].cpu(), "eval_steps": list(h.eval_steps),
             "test_acc": [a.tolist() for a in h.test_acc],
-            "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0,
-            "probes": h.probes,
-            "probe_seconds": h.probe_seconds,
-        })
+            "elapsed_s": h.elapsed_before + time.perf_counter() - self.t0, "probes": h.probes,
+            "probe_seconds": h.probe_seconds})
 
-    # ---------------------------------------------------------------- the steps
     def _loss_fn(self) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
         model, device, bf16 = self.model, self.device, self.plan.autocast_bf16
 
@@ -657,8 +449,6 @@ class _Loop:
         step_fn = self._step_function(start)  # (graph capture counts as bookkeeping)
         self.side_time, self.logged = time.perf_counter() - self.t0, start
         self.start_step = start
-        # a bar only on a terminal; while it is drawn, log lines go through tqdm.write
-        # (rankexp.console): redirected output (Slurm, nohup) gets the report lines alone
         with progress_bar(plan.steps, enabled=plan.progress, initial=start, desc="train",
                           unit="step") as bar, interrupt.deferred():
             for step in range(start, end):
@@ -672,7 +462,7 @@ class _Loop:
         self.call_time = time.perf_counter() - self.t0
 
     def _stop(self, done: int) -> None:
-        """A stop was requested: checkpoint the completed step, then raise JobInterrupted."""
+        """Checkpoint the completed step, then raise JobInterrupted."""
         name = interrupt.requested()
         if self.plan.checkpoint_path is not None:
             if self.saved_at != done:
@@ -685,7 +475,7 @@ class _Loop:
         raise interrupt.JobInterrupted(name)
 
     def _bookkeeping(self, done: int, bar) -> None:
-        """Reports, evaluations and checkpoints due after step ``done``: the only host reads."""
+        """Reports, evaluations, probes and checkpoints due after step ``done``: the only host reads."""
         plan = self.plan
         evaluating = done % plan.eval_every == 0 or done == plan.steps
         reporting = evaluating or (plan.log_every is not None and done % plan.log_every == 0)
@@ -741,7 +531,6 @@ class _Loop:
                    f"loss {loss:.3g} > {self.plan.divergence_factor:g} × initial {initial:.3g}")
             log.warning("lr=%g diverged at step %d: %s (frozen from then on)", self.lrs[e], k, why)
 
-    # ---------------------------------------------------------------- the result
     def result(self, start: int, end: int, loss_window: int, stable_accuracy: float
                ) -> TrainResult:
         done = end
@@ -753,8 +542,7 @@ class _Loop:
             self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
             self.history.elapsed_before + self.call_time,
             (done - start) / step_time if step_time > 0 and done > start else 0.0,
-            loss_window, stable_accuracy,
-        )
+            loss_window, stable_accuracy)
         out.probes, out.probe_seconds = dict(sorted(self.history.probes.items())), self.history.probe_seconds
         return out
 
@@ -774,9 +562,7 @@ def duration(seconds: float) -> str:
 
 def progress_line(done: int, total: int, elapsed: float, steps_run: int, lrs: list[float],
                   metrics: dict[str, np.ndarray]) -> str:
-    """One report line for a log file: step/total, elapsed, ETA (from this run's rate) and each
-    metric labelled by learning rate, e.g.
-    ``step 500/5000 (10%)  elapsed 1m02s  ETA 9m18s  train_loss lr3e-05=2.301 lr0.001=1.887``."""
+    """One report line: step/total, elapsed, ETA and each metric per learning rate (``lr0.001=1.887``)."""
     eta = elapsed / steps_run * (total - done) if steps_run > 0 else float("nan")
     values = "  ".join(f"{k} " + " ".join(f"{_lr_key(lr)}={float(v):.4g}" for lr, v in zip(lrs, vals, strict=True))
                        for k, vals in metrics.items())

@@ -1,15 +1,7 @@
 """The ``measure`` task: run the chosen probes on a freshly initialized network.
 
-Seeds are a batch dimension of the network, but all their weights and working sets must fit:
-:func:`measure_seeds` runs them in chunks that fit the job's memory budget (``task.max_memory_gb``, a fixed cap by
-default, never more than 80 % of the device's free memory: :func:`rankexp.memory.memory_budget`;
-the log says how many chunks) and joins the chunks' per-seed results, then lets each probe pool over
-all seeds (:attr:`rankexp.probes.base.Probe.reduce`) — so the result is the one a single batch
-gives, number for number.
-
-The MLP families are probed on Gaussian inputs (:class:`~rankexp.probes.ProbeContext`); the
-CIFAR ConvNets on CIFAR-10 itself (:class:`~rankexp.probes.ImageProbeContext`, loaded once onto
-the device before the seeds are chunked).
+Seeds run in chunks that fit the memory budget (:func:`rankexp.memory.chunking`); the joined
+result is the one a single batch gives, number for number.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..memory import chunking, free_memory_bytes, model_shape, seed_bytes, streams_weights  # noqa: F401 — re-exported
+from ..memory import chunking, streams_weights
 from ..models import DTYPES, build_model
 from ..models.convnet import CifarResNet
 from ..models.families import CIFAR10, family_of
@@ -40,8 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: scalars a measure job adds about itself, not the science (:func:`task_measure`): they differ
-#: between devices and runs by design (benchmarks/gpu_check.py compares everything else)
+#: scalars about the job itself, not the science: they differ between devices and runs by design
 RUN_FACTS = ("measure_seconds", "build_seconds", "measure_cpu_seconds", "build_cpu_seconds",
              "peak_memory_gb", "seed_chunk")
 
@@ -49,28 +40,17 @@ RUN_FACTS = ("measure_seconds", "build_seconds", "measure_cpu_seconds", "build_c
 ContextFactory = Callable[[nn.Module], Any]
 
 
-def _check(probes: Sequence[str]) -> None:
+def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
+                h0: Tensor | None = None, options: dict | None = None,
+                progress: Callable[[str], None] | None = None,
+                context: ContextFactory | None = None) -> tuple[Measurement, Any]:
+    """Run the probes' ``fn`` on one batch of seeds (no pooling yet): ``(Measurement, context)``.
+
+    ``context`` builds the probes' context for ``model`` (default: a :class:`ProbeContext` on ``h0``).
+    """
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
-
-
-def probe_chunk(
-    model: ResidualMLP,
-    probes: Sequence[str] = DEFAULT_PROBES,
-    *,
-    h0: Tensor | None = None,
-    options: dict | None = None,
-    progress: Callable[[str], None] | None = None,
-    context: ContextFactory | None = None,
-) -> tuple[Measurement, Any]:
-    """Run the probes' ``fn`` on one batch of seeds (no pooling over seeds yet).
-
-    ``context`` builds the probes' context for ``model`` (``h0`` is then not used); default: a
-    :class:`ProbeContext` on ``h0``.  Returns the per-chunk :class:`Measurement` and the context
-    (for the probes' ``reduce``).
-    """
-    _check(probes)
     if context is not None:
         ctx = context(model)
     else:
@@ -96,45 +76,24 @@ def _reduce(m: Measurement, probes: Sequence[str], ctx: Any) -> Measurement:
     return m
 
 
-def run_probes(
-    model: ResidualMLP,
-    probes: Sequence[str] = DEFAULT_PROBES,
-    *,
-    h0: Tensor | None = None,
-    options: dict | None = None,
-    progress: Callable[[str], None] | None = None,
-    context: ContextFactory | None = None,
-) -> Measurement:
-    """Run ``probes`` on ``model`` with one Gaussian input per seed, all seeds as one batch.
-
-    Args:
-        model: the network; its members are the seeds.
-        probes: names from :data:`PROBES`.
-        h0: inputs ``(E, 1, d)``; default: standard Gaussian drawn from each seed.
-        options: probe options passed through :class:`ProbeContext`.
-        context: builds the probes' context instead (a ConvNet's :class:`ImageProbeContext`,
-            which carries its own options; ``h0`` and ``options`` are then not used).
-
-    The sweep computes exactly the union of the probes' needs, once.
+def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
+               h0: Tensor | None = None, options: dict | None = None,
+               progress: Callable[[str], None] | None = None,
+               context: ContextFactory | None = None) -> Measurement:
+    """Run ``probes`` on ``model`` (members = seeds) as one batch; ``h0`` ``(E, 1, d)`` defaults to each seed's Gaussian.
 
     Raises:
-        KeyError: an unknown probe name (lists the known ones).
+        KeyError: an unknown probe name.
     """
     m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress, context=context)
     return _reduce(m, probes, ctx)
 
 
-# --------------------------------------------------------------------------- seed chunks
 def join_seeds(parts: Sequence[Measurement]) -> Measurement:
     """Join the per-seed results of disjoint seed chunks (in seed order) into one.
 
-    Per-seed arrays are concatenated along the seed axis and their mean/std recomputed exactly
-    as :meth:`Measurement.add_seed_stat` / ``add_seed_series`` compute them; anything else must
-    be the same in every chunk.
-
     Raises:
-        ValueError: a value that is not per-seed differs between chunks (a probe pools over
-            seeds without a ``reduce``).
+        ValueError: a value that is not per-seed differs between chunks (a pooled value without a ``reduce``).
     """
     if len(parts) == 1:
         return parts[0]
@@ -158,7 +117,7 @@ def join_seeds(parts: Sequence[Measurement]) -> Measurement:
                 continue
             if not all(_same(value, getattr(p, kind)[key]) for p in parts[1:]):
                 raise ValueError(f"{kind[:-1]} {key!r} differs between seed chunks: it is pooled over "
-                                 "seeds, so its probe needs a reduce (rankexp.probes.base.Probe)")
+                                 "seeds, so its probe needs a reduce (rankexp.probes.catalog.Probe)")
             getattr(out, kind)[key] = value
     return out
 
@@ -170,31 +129,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
 
 
-def seed_chunk_size(s: RankexpConfig, device: torch.device) -> int:
-    """Seeds per chunk (:func:`rankexp.memory.chunking`)."""
-    return chunking(s, str(device))[0]
+def measure_seeds(build: Callable[[range], nn.Module], seeds: range, probes: Sequence[str],
+                  chunk: int, options: dict | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  context: ContextFactory | None = None) -> Measurement:
+    """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each network from ``build(seed_range)``.
 
-
-def measure_seeds(
-    build: Callable[[range], nn.Module],
-    seeds: range,
-    probes: Sequence[str],
-    chunk: int,
-    options: dict | None = None,
-    progress: Callable[[str], None] | None = None,
-    context: ContextFactory | None = None,
-) -> Measurement:
-    """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each its own network.
-
-    Args:
-        build: ``build(seed_range) -> network`` (member e of seed s has the weights a one-member
-            network of seed s has, so the chunks are the batch's members).
-        seeds: all seeds, in order.
-        chunk: seeds per network (≥ 1).
-        context: the probes' context for each chunk's network (see :func:`probe_chunk`).
-
-    Returns:
-        The same :class:`Measurement` one batch of all seeds gives (tested).
+    Returns the :class:`Measurement` one batch of all seeds gives.
     """
     if chunk < 1:
         raise ValueError(f"chunk={chunk} seeds: need at least 1")
@@ -212,7 +153,7 @@ def measure_seeds(
 
 
 def peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process on ``device`` (CUDA: allocated tensors; CPU: peak RSS) in GB."""
+    """Peak memory of this process on ``device`` in GB (CUDA: allocated tensors; CPU: peak RSS)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
@@ -221,10 +162,7 @@ def peak_memory_gb(device: torch.device) -> float:
 def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
     """``task=measure``: run ``task.probes`` on all seeds, in chunks that fit the memory budget.
 
-    Adds scalars ``measure_seconds`` (the probes), ``build_seconds`` (drawing the weights), the
-    same as CPU seconds of the process (all its threads; ``time.process_time``, which a loaded
-    machine does not inflate) ``measure_cpu_seconds`` and ``build_cpu_seconds``,
-    ``peak_memory_gb`` (:func:`peak_memory_gb`) and ``seed_chunk`` (seeds per network).
+    Adds :data:`RUN_FACTS`: wall and CPU seconds of measuring and of drawing weights, ``peak_memory_gb``, ``seed_chunk``.
     """
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -1,18 +1,8 @@
 """Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
 
-Every parameter carries the leading member axis E (see :class:`~rankexp.models.classifier.Classifier`).
-An optimizer here updates all members with one pass over each parameter, and keeps them
-independent: every operation is elementwise or broadcasts a per-member ``(E,)`` coefficient,
-so member ``e`` follows exactly the trajectory a one-member model at ``lrs[e]`` would.
-
-A member can be *frozen* (``alive[e] = False``: it diverged). Its parameters then stay
-bit-for-bit what they were, and nothing non-finite it produces reaches the others (there is
-nothing shared to reach) or its own weights: gradients are cleared with ``masked_fill`` (a
-``where``, never a product — ``0 · NaN`` is NaN).
-
-The seams a model family fills in (:class:`Recipe`): an optimizer factory, a learning-rate
-schedule (a multiplier of every member's rate, a function of the step), and a batch transform
-(on-device augmentation). Adam at a constant rate is the study's recipe (fig6, Table 5).
+Every operation is elementwise or broadcasts an ``(E,)`` coefficient, so member ``e`` follows a
+one-member model at ``lrs[e]`` exactly; a frozen member stays bit-for-bit (gradients cleared with
+``masked_fill``: ``0 · NaN`` is NaN).
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ class MemberOptimizer(Protocol):
     """What the training loop needs of an optimizer (no host sync in :meth:`step` on CUDA)."""
 
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
-        """One update from the parameters' ``.grad``: member e at ``lrs[e] · lr_scale``, frozen
-        members (``alive[e]`` False) unchanged."""
+        """One update from ``.grad``: member e at ``lrs[e] · lr_scale``, frozen members unchanged."""
 
     def state_dict(self) -> dict: ...
 
@@ -39,42 +28,17 @@ class MemberOptimizer(Protocol):
 
 
 class MemberAdam:
-    """Adam (Kingma & Ba 2015; ``torch.optim.Adam``'s defaults, no weight decay) for E members,
-    member ``e`` at learning rate ``lrs[e]``.
-
-    With bias corrections ``c1 = 1 − β1^t``, ``c2 = 1 − β2^t`` Adam moves a weight by
-    ``lr/c1 · m / (√v/√c2 + ε)``. Written as ``m / D`` with ``D = a_e √v + b_e``,
-    ``a_e = c1 / (lr_e √c2)`` and ``b_e = ε c1 / lr_e``, the per-member rate is folded into the
-    denominator: one broadcast multiply-add on a preallocated buffer, no snapshot of the
-    parameters, no extra pass. A frozen member gets ``a_e = 0, b_e = +inf``: ``D = inf``,
-    its step ``m/D = 0`` exactly. Its gradients are zeroed first so its moments stay finite.
-
-    Args:
-        params: tensors ``(E, …)`` sharing one dtype and device.
-        lrs: ``(E,)`` learning rates (> 0).
-        betas, eps: Adam's constants.
+    """Adam (``torch.optim.Adam``'s defaults) for E members at ``lrs`` ``(E,)``: the step is
+    ``m / (a_e √v + b_e)`` with ``a_e = c1 / (lr_e √c2)``, ``b_e = ε c1 / lr_e`` (one broadcast
+    multiply-add); a frozen member gets ``a_e = 0, b_e = +inf``, a step of exactly 0.
 
     Raises:
-        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without the
-            leading member axis E.
+        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without the member axis.
     """
 
-    def __init__(
-        self,
-        params: Sequence[Tensor],
-        lrs: Tensor | Sequence[float],
-        *,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-    ):
-        self.params = list(params)
-        device, self.dtype = self.params[0].device, self.params[0].dtype
-        self.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(device)
-        members = self.lrs.shape[0] if self.lrs.dim() == 1 else -1
-        if members < 1 or not bool(((self.lrs > 0) & torch.isfinite(self.lrs)).all()):
-            raise ValueError(f"lrs={self.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
-        if any(p.dim() < 1 or p.shape[0] != members for p in self.params):
-            raise ValueError(f"every parameter needs the leading member axis E={members}")
+    def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float], *,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        members, device = member_setup(self, params, lrs)
         self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
         self.t = torch.zeros((), dtype=torch.float64, device=device)  # steps taken
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
@@ -104,8 +68,7 @@ class MemberAdam:
         beta1, beta2 = self.betas
         dead = ~alive
         for p, m, v, d, shape in zip(
-            self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True
-        ):
+            self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True):
             g = p.grad
             if g is None:  # like torch.optim: a parameter without gradient is not stepped
                 continue
@@ -118,18 +81,13 @@ class MemberAdam:
             p.addcdiv_(m, d, value=-1.0)
 
     def state_dict(self) -> dict:
-        return {
-            "name": "adam",
-            "betas": list(self.betas),
-            "eps": self.eps,
-            "t": self.t.clone(),
-            "exp_avg": [m.clone() for m in self.exp_avg],
-            "exp_avg_sq": [v.clone() for v in self.exp_avg_sq],
-        }
+        return {"name": "adam", "betas": list(self.betas), "eps": self.eps, "t": self.t.clone(),
+                "exp_avg": [m.clone() for m in self.exp_avg],
+                "exp_avg_sq": [v.clone() for v in self.exp_avg_sq]}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        """Restore in place (tensors keep their addresses, so a captured CUDA graph stays valid).
+        """Restore in place (a captured CUDA graph stays valid).
 
         Raises:
             ValueError: another optimizer's state, other constants, or other shapes.
@@ -143,13 +101,29 @@ class MemberAdam:
         self.t.copy_(state["t"])
 
 
-@torch.no_grad()
-def copy_in_place(mine: list[Tensor], saved: list[Tensor], what: str) -> None:
-    """Copy optimizer state ``saved`` into the tensors ``mine`` (their addresses kept, so a
-    captured CUDA graph stays valid), every shape checked before anything changes.
+def member_setup(opt, params: Sequence[Tensor], lrs) -> tuple[int, torch.device]:
+    """Set ``opt.params``, ``opt.dtype``, ``opt.lrs`` (float64 ``(E,)``); returns ``(E, device)``.
 
     Raises:
-        ValueError: a shape differs (names ``what``, e.g. "moment").
+        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without axis E.
+    """
+    opt.params = list(params)
+    device, opt.dtype = opt.params[0].device, opt.params[0].dtype
+    opt.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(device)
+    members = opt.lrs.shape[0] if opt.lrs.dim() == 1 else -1
+    if members < 1 or not bool(((opt.lrs > 0) & torch.isfinite(opt.lrs)).all()):
+        raise ValueError(f"lrs={opt.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
+    if any(p.dim() < 1 or p.shape[0] != members for p in opt.params):
+        raise ValueError(f"every parameter needs the leading member axis E={members}")
+    return members, device
+
+
+@torch.no_grad()
+def copy_in_place(mine: list[Tensor], saved: list[Tensor], what: str) -> None:
+    """Copy ``saved`` into ``mine`` in place, every shape checked before anything changes.
+
+    Raises:
+        ValueError: a shape differs (names ``what``).
     """
     pairs = list(zip(mine, saved, strict=True))
     for m, v in pairs:
@@ -171,19 +145,9 @@ def constant(step: int, steps: int) -> float:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How the members of a model are optimized — the seams of the training loop.
-
-    Attributes:
-        name: recorded in checkpoints (a checkpoint of another recipe is not resumed).
-        optimizer: ``optimizer(model, lrs)`` → a :class:`MemberOptimizer`; ``lrs`` ``(E,)``.
-        schedule: ``schedule(step, steps)`` → the factor multiplying every member's rate at
-            0-based ``step`` (warm-up, step decay); host arithmetic, no device work.
-        batch_transform: ``batch_transform(x, step)`` → the batch the model sees (on-device
-            augmentation), or None. ``step`` is the 0-based step as a 0-dim int64 tensor on
-            the device (the loop's counter), so a transform that only indexes with it (no
-            host reads) is captured into CUDA graphs with the rest of the step. A function of
-            ``(x, step)`` and its own seeded state only, so a resumed run sees the batches an
-            uninterrupted one would.
+    """How the members of a model are optimized: ``optimizer(model, lrs)``, ``schedule(step, steps)``
+    (the factor on every rate, host arithmetic) and ``batch_transform(x, step)`` (on-device, ``step``
+    a 0-dim device counter, so it is graph-safe); ``name`` identifies it in checkpoints.
     """
 
     name: str = "adam"

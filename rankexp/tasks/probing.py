@@ -1,18 +1,6 @@
-"""Probes during training (issue 21): ``task.probes`` at the optimizer steps of
-``task.probe_every`` / ``task.probe_steps`` (:func:`rankexp.config.schema.probe_schedule`), on
-every learning-rate member of the batched model.
-
-At each such step :func:`probe_members` measures a *copy* of the network — the MLP stack in the
-measurement precision (top-level ``dtype``, float64 by default, as ``task=measure``) on the
-measure task's Gaussian inputs, a ConvNet as it is on its fixed CIFAR-10 images — under a forked
-RNG, so training with probes is bit-identical to training without (tests/test_train_probes.py):
-no parameter, buffer (batch-norm statistics), optimizer state, mode or random number of the
-training run is touched.  The members play the role of seeds, so every per-seed value of a probe
-is a per-member (= per-learning-rate) value.
-
-What a checkpoint keeps (:func:`member_values`): every per-member array of the probes, as CPU
-float64 tensors — the ``(E,)`` scalars (logged as one series per member, step = optimizer step)
-and the per-layer ``(E, …)`` arrays (one ``result/probes/step_<step>.npz`` per probed step).
+"""Probes during training, at the steps of ``task.probe_every``/``probe_steps``, on every
+learning-rate member: a copy of the network is measured under a forked RNG, so training with
+probes is bit-identical to training without.
 """
 
 from __future__ import annotations
@@ -38,25 +26,15 @@ PROBE_DIR = "probes"
 
 
 def probes_at(step: int, probes: list[str]) -> list[str]:
-    """The probes that run at ``step``: at 0 all but those of a trained network (``lesion``),
-    later all but those of the initial one (``init_gradient_norms``)."""
+    """The probes that run at ``step``: at 0 all but the trained network's, later all but the initial one's."""
     skip = TRAINED_PROBES if step == 0 else INIT_PROBES
     return [p for p in probes if p not in skip]
 
 
 def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
                   trained: bool, dtype: torch.dtype | None = None) -> Measurement:
-    """``probes`` of every member of ``net``, on a copy, under a forked RNG.
-
-    Args:
-        net: the batched network (members on axis 0 of every parameter): a
-            :class:`ResidualMLP` (probed on Gaussian inputs ``(E, 1, d)`` drawn from its
-            seeds) or a CIFAR ConvNet (:class:`ImageProbeContext` on ``data``).
-        trained: the ConvNet's BN as tested (running statistics) rather than as at step 0.
-        dtype: the MLP copy's dtype (default: ``net``'s); a ConvNet keeps its own.
-
-    Returns:
-        The probes' :class:`Measurement`; per-member values in ``arrays`` (``seed_arrays``).
+    """``probes`` of every member of ``net`` on a copy under a forked RNG (``dtype``: the MLP copy's;
+    ``trained``: a ConvNet's BN as tested); per-member values in ``seed_arrays``.
     """
     p = next(net.parameters())
     devices = [p.device] if p.device.type == "cuda" else []
@@ -71,21 +49,19 @@ def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], option
 
 
 def member_values(m: Measurement, members: int) -> dict[str, Tensor]:
-    """Every per-member array of ``m`` (axis 0 = the ``members`` learning rates) as a CPU
-    float64 tensor: ``(E,)`` scalars and ``(E, …)`` per-layer arrays."""
+    """Every per-member array of ``m`` (axis 0 = the members) as a CPU float64 tensor."""
     return {k: torch.as_tensor(np.asarray(m.arrays[k], dtype=np.float64))
             for k in sorted(m.seed_arrays) if np.ndim(m.arrays[k]) >= 1
             and np.shape(m.arrays[k])[0] == members}
 
 
 def member_scalars(values: dict[str, Tensor]) -> dict[str, np.ndarray]:
-    """The ``(E,)`` per-member scalars among ``values`` (``erank_io``, ``branch_ratio_last``, …)."""
+    """The ``(E,)`` per-member scalars among ``values``."""
     return {k: v.numpy() for k, v in values.items() if v.ndim == 1}
 
 
 def write_arrays(result_dir: Path, probes: dict[int, dict[str, Tensor]], lrs: list[float]) -> list[Path]:
-    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step: every per-member array
-    (axis 0 = learning rate, ``lrs`` beside them as ``lrs``).  Returns the files written."""
+    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step (with ``lrs``); returns the files."""
     folder = result_dir / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     files = []

@@ -1,13 +1,7 @@
-"""Training recipes beyond the study's Adam: SGD with momentum and weight decay, step decay with
-warm-up, on-device augmentation — He et al.'s (2016, §4.2) CIFAR-10 recipe, as task=train options.
-
-He et al.: SGD, momentum 0.9, weight decay 1e-4, batch 128, learning rate 0.1 divided by 10 at
-32k and 48k of 64k iterations (50 % and 75 %), and for the 110-layer network a warm-up at 0.01
-for the first 400 iterations; 4-pixel pad, random 32×32 crop, horizontal flip.
-
-:func:`recipe` turns the ``task`` config into a :class:`~rankexp.tasks.optim.Recipe` the training
-loop runs: the default options give :data:`~rankexp.tasks.optim.ADAM` itself (so every earlier
-checkpoint and run keeps its identity).
+"""He et al.'s (2016, §4.2) CIFAR-10 recipe as ``task=train`` options: SGD with momentum 0.9 and
+weight decay 1e-4, lr 0.1 divided by 10 at 50 % and 75 % of training (depth 110: warm-up at 0.01
+for 400 steps), 4-pixel pad, random crop, flip. :func:`recipe` gives
+:data:`~rankexp.tasks.optim.ADAM` itself for the default options.
 """
 
 from __future__ import annotations
@@ -20,45 +14,23 @@ import torch
 from torch import Tensor, nn
 
 from .augment import PadCropFlip
-from .optim import ADAM, Recipe, constant, copy_in_place, member_adam
+from .optim import ADAM, Recipe, constant, copy_in_place, member_adam, member_setup
 
 
 class MemberSGD:
-    """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members, member
-    ``e`` at learning rate ``lrs[e]``::
-
-        d = g + λ·w      (λ = weight_decay on the parameters with ``decay``, else 0)
-        v ← μ·v + d      (v = 0 before the first step, so v₁ = d as in torch)
-        w ← w − lr_e·v
-
-    The per-member rate is a broadcast ``(E, 1, …)`` factor of one ``addcmul_``. A frozen member
-    (``alive[e]`` False) gets ``d = 0`` and rate 0: its weights stay as they are and its velocity
-    only decays.
-
-    Args:
-        params: tensors ``(E, …)`` sharing one dtype and device.
-        lrs: ``(E,)`` positive finite learning rates.
-        momentum: μ ∈ [0, 1).
-        weight_decay: λ ≥ 0.
-        decay: one bool per parameter, whether λ applies (He et al.: conv kernels and the
-            classifier matrix, not BN scale/shift or biases); default all.
+    """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members:
+    ``d = g + λ·w``, ``v ← μ·v + d``, ``w ← w − lr_e·v`` (λ where ``decay``; default all). A frozen
+    member gets ``d = 0`` and rate 0.
 
     Raises:
-        ValueError: bad ``lrs``/``momentum``/``weight_decay``, a parameter without the member
+        ValueError: bad ``lrs``, ``momentum`` or ``weight_decay``, a parameter without the member
             axis, or ``decay`` of another length.
     """
 
     def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float], *,
                  momentum: float = 0.9, weight_decay: float = 0.0,
                  decay: Sequence[bool] | None = None):
-        self.params = list(params)
-        device, self.dtype = self.params[0].device, self.params[0].dtype
-        self.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(device)
-        members = self.lrs.shape[0] if self.lrs.dim() == 1 else -1
-        if members < 1 or not bool(((self.lrs > 0) & torch.isfinite(self.lrs)).all()):
-            raise ValueError(f"lrs={self.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
-        if any(p.dim() < 1 or p.shape[0] != members for p in self.params):
-            raise ValueError(f"every parameter needs the leading member axis E={members}")
+        members, _ = member_setup(self, params, lrs)
         if not 0 <= momentum < 1 or not (weight_decay >= 0 and math.isfinite(weight_decay)):
             raise ValueError(f"momentum={momentum} must be in [0, 1), weight_decay={weight_decay} ≥ 0")
         decay = [True] * len(self.params) if decay is None else [bool(d) for d in decay]
@@ -111,19 +83,14 @@ class MemberSGD:
 
 
 def decays(p: Tensor) -> bool:
-    """Whether weight decay applies: kernels and matrices ``(E, out, in, …)`` yes; vectors
-    ``(E, C)`` — BN scale and shift, biases — no (He et al.; fb.resnet.torch)."""
+    """Whether weight decay applies: kernels and matrices yes; BN scale/shift and biases no (He et al.)."""
     return p.dim() > 2
 
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """Step decay with an optional constant warm-up: the factor on every member's rate at 0-based
-    ``step`` of ``steps`` is ``gamma^k`` (k = milestones passed, a milestone m at step
-    ``round(m·steps)``), times ``warmup_factor`` for ``step < warmup_steps``.
-
-    He et al.: ``milestones=(0.5, 0.75), gamma=0.1``; at depth 110 ``warmup_steps=400,
-    warmup_factor=0.1`` (lr 0.01 while the base rate is 0.1).
+    """Step decay ``gamma^k`` (k = milestones passed, milestone m at ``round(m·steps)``), times
+    ``warmup_factor`` for ``step < warmup_steps``.
     """
 
     milestones: tuple[float, ...] = (0.5, 0.75)
@@ -147,20 +114,7 @@ class StepSchedule:
 
 def recipe(task, *, depth: int, steps: int, batch_size: int, seed: int,
            fill: Tensor | None, device: torch.device) -> Recipe:
-    """The :class:`Recipe` the ``task`` config (:class:`~rankexp.config.TrainTask`) asks for.
-
-    Args:
-        task: ``optimizer`` (adam | sgd), ``momentum``, ``weight_decay``, ``schedule``
-            (constant | step), ``milestones``, ``gamma``, ``warmup_steps``, ``warmup_factor``,
-            ``warmup_min_depth`` (warm up only networks at least this deep), ``augment``
-            (none | pad_crop_flip), ``pad``.
-        depth: the network's depth (for ``warmup_min_depth``).
-        steps, batch_size, seed: of the run (the augmentation's table and stream).
-        fill: the augmentation's padding value per channel (black: ``−mean/std``).
-        device: the training device.
-
-    Returns :data:`ADAM` itself for the default options (Adam, constant, no augmentation).
-    """
+    """The :class:`Recipe` the ``task`` config asks for (:data:`ADAM` itself for the defaults)."""
     optimizer = _value(task.optimizer)
     schedule_name = _value(task.schedule)
     augment = _value(task.augment)

@@ -1,9 +1,6 @@
-"""``task=train`` (:func:`task_train`): the glue between a config and the training loop —
-the data set, the network of the config's family (:class:`~rankexp.models.classifier.Classifier`
-around an MLP stack, or a CIFAR ConvNet as it is), the recipe, the checkpoint file, live
-metrics to the job's run and the probes before and after training.  The loop itself is
-:mod:`rankexp.tasks.loop` (its public names are re-exported here:
-``from rankexp.tasks.train import train, Classifier, STUDY_LRS, …`` keeps working).
+"""``task=train``: the glue between a config and the training loop (:mod:`rankexp.tasks.loop`,
+whose public names are re-exported here) — data, network, recipe, checkpoint, live metrics,
+and the probes before, during and after training.
 """
 
 from __future__ import annotations
@@ -29,14 +26,11 @@ from ..tracking import RESULT_DIR
 from . import probing, recipes
 from .data import DeviceDataset, dataset_for
 from .loop import (  # noqa: F401  (re-exported: the loop's public names)
-    DIVERGENCE_FACTOR,
-    STABLE_ACCURACY,
     STUDY_LRS,
     TrainResult,
     _lr_key,
     duration,
     evaluate,
-    member_errors,
     member_losses,
     progress_line,
     train,
@@ -50,28 +44,12 @@ log = logging.getLogger(__name__)
 
 
 def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched
-    model, with the recipe of the ``task`` options (:func:`rankexp.tasks.recipes.recipe`).
+    """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched model.
 
-    The network is the config's family: the MLP's residual stack (initialized exactly as
-    ``measure`` analyses it) between a projection and a head (:class:`Classifier`), or a
-    CIFAR ConvNet as it is.
-
-    Each learning rate is a run of its own, nested under the job's run
-    (:meth:`~rankexp.tracking.RunLogger.open_members`: ``rankexp.role=member``, param ``lr``),
-    holding its series under plain names, step = optimizer step (``task.steps``) or epoch
-    (``task.epochs``): ``train_loss`` and ``train_error`` (means over the steps since the last
-    report; the error of the augmented batches under training-mode BN, as He et al. plot it),
-    ``test_acc`` and ``test_error`` at evaluations; and its final scalars ``final_test_acc``,
-    ``final_test_error``, ``best_test_acc``, ``final_train_loss``, ``diverged``,
-    ``clean_train_error`` (with ``task.clean_train_images``) — all through the one path
-    :meth:`~rankexp.tracking.Journal.log_member_series`.  The job's run keeps the config's
-    summary: ``best_test_accuracy`` and ``best_lr`` (over learning rates, final test accuracy),
-    ``max_stable_lr`` (largest LR with test accuracy ≥ ``task.stable_accuracy``; NaN if
-    none), the per-LR finals again as ``final_test_acc_lr<lr>``, … (one row per config for the
-    analysis), ``train_seconds`` (wall time), ``steps_per_epoch``; then the metrics of
-    ``task.probes``.  The data set is the run's MLflow dataset input
-    ``CIFAR-10`` (digest from the decoded cache's SHA-256, :meth:`~rankexp.tracking.RunLogger.log_dataset`).
+    The network is the config's family (an MLP stack inside a :class:`Classifier`, or a CIFAR
+    ConvNet). Each learning rate is a nested member run with its curves and finals; the job's run
+    keeps the sweep's summary (``best_test_accuracy``, ``best_lr``, ``max_stable_lr``, per-LR finals
+    ``<name>_lr<lr>``), the probes' metrics, and CIFAR-10 as its dataset input.
     """
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
@@ -148,9 +126,7 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
 
 
 def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Each member's final scalars, ``{name: (members,)}``: test accuracy and error at the last
-    evaluation, the best test accuracy, the final train loss, diverged (0/1) and, given
-    ``clean`` (the error on un-augmented train images), ``clean_train_error``."""
+    """Each member's final scalars ``{name: (members,)}``."""
     return {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
             "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
             "diverged": res.diverged.astype(np.float64),
@@ -158,10 +134,9 @@ def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]
 
 
 class _Probing:
-    """The run's ``task.probes``: before and after training (no schedule; with several rates
-    their per-member scalars also go to the member series at steps 0 and the last), or at the
-    optimizer steps of ``task.probe_every`` / ``probe_steps`` on every rate
-    (:mod:`rankexp.tasks.probing`), logged live and, for steps before a resume, backfilled."""
+    """The run's ``task.probes``: before and after training, or at the optimizer steps of
+    ``task.probe_every``/``probe_steps`` on every rate (logged live, backfilled after a resume).
+    """
 
     def __init__(self, s: RankexpConfig, net: nn.Module, data: DeviceDataset, lrs: list[float],
                  run: Any, steps: int, device: torch.device):
@@ -205,25 +180,22 @@ class _Probing:
 
 
 def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str, np.ndarray]) -> None:
-    """Log per-member series: ``metrics[name]`` ``(len(steps), E)`` (column e = the e-th rate)
-    at ``steps`` — training curves and probes alike — to each learning rate's member run under
-    the plain name (:meth:`rankexp.tracking.RunLogger.log_member_series`).  No-op when ``run``
-    is None or ``metrics`` is empty."""
+    """Log ``metrics[name]`` ``(len(steps), E)`` at ``steps`` to each learning rate's member run;
+    no-op when ``run`` is None or ``metrics`` is empty.
+    """
     if run is None or not metrics:
         return
     run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
 
 
 def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
-    """The per-member scalars of ``m`` as one row ``(1, E)`` each (for :func:`log_member_series`)."""
+    """The per-member scalars of ``m`` as one row ``(1, E)`` each."""
     return {k: v[None] for k, v in probing.member_scalars(probing.member_values(m, len(lrs))).items()}
 
 
 def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: list[int], run: Any,
                    result_dir: Path) -> None:
-    """The scheduled probes' record: their cost (``probe_seconds``, beside ``train_seconds``),
-    the per-member scalars as arrays ``probe_<name>`` ``(steps, E)`` at ``probe_steps``, one
-    ``.npz`` of per-layer arrays per step, and the series of steps probed before a resume."""
+    """The scheduled probes' record: cost, per-member scalars per step, one ``.npz`` per step, backfill."""
     steps = sorted(res.probes)
     share = res.probe_seconds / res.wall_time_s if res.wall_time_s > 0 else float("nan")
     log.info("probes: %.1f s at %d steps, %.0f %% of the training's %.1f s (%.2f s per step probed)",
@@ -255,10 +227,7 @@ def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dic
 
 
 def _backfill(run: Any, res: TrainResult, resumed_before: int, log_every: int, unit: int) -> None:
-    """Log the live series' points of the steps before ``resumed_before`` (step // ``unit``)
-    to the members (:meth:`~rankexp.tracking.Journal.log_member_series`): what ``on_log``
-    reported to the interrupted run, from the result's per-step arrays (``res.loss``,
-    ``res.train_error``: ``(steps, members)``; ``res.test_acc``: ``(evals, members)``)."""
+    """Log the live series' points before ``resumed_before`` from the result's per-step arrays."""
     early = res.eval_steps < resumed_before
     if early.any():
         acc = res.test_acc[early]
