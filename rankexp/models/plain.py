@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, normal_many_
+from ..seeding import normal_many_
 from .activations import activation_fn
 from .mlp import effective_beta
 from .norms import NORM_FNS
@@ -159,9 +159,8 @@ class PlainNet(nn.Module):
         beta: branch gain β of residual layers, before ``beta_scaling``.
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
         skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
-        seeds: one seed per member; layer by layer W_l then b_l take the next numbers of
-            the seed's weight stream (:func:`rankexp.seeding.normal_many_`), drawn where the
-            parameters live, in their dtype.
+        seeds: one seed per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed
+            (:func:`rankexp.seeding.normal_many_`).
         dtype, device: where the parameters live.
 
     Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
@@ -239,13 +238,12 @@ class PlainNet(nn.Module):
     def reset_parameters(self) -> None:
         """Draw W_l then b_l for l = 1…L per member from its seed (see the class docstring):
         W ~ N(0, σ_w²/n) or σ_w·Haar (the QR of the same Gaussian numbers), b ~ N(0, σ_b²)."""
-        n, orthogonal = self.width, self.init == "orthogonal"
-        targets, offset = [], 0
-        for layer in self.blocks:
-            targets.append((layer.w.data, offset, 1.0 if orthogonal else self.alpha / math.sqrt(n)))
-            targets.append((layer.b.data, offset + n * n, self.sigma_b))
-            offset += n * n + n
-        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
+        orthogonal = self.init == "orthogonal"
+        w_scale = 1.0 if orthogonal else self.alpha / math.sqrt(self.width)
+        targets = []
+        for i, layer in enumerate(self.blocks):
+            targets += [(layer.w.data, 2 * i, w_scale), (layer.b.data, 2 * i + 1, self.sigma_b)]
+        normal_many_(targets, self.seeds)
         if orthogonal:
             for layer in self.blocks:
                 layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
