@@ -1,6 +1,6 @@
 """The CIFAR-10 ConvNets of He et al. (2016, §4.2): plain and residual networks of depth 6n+2.
 
-The textbook chapter's degradation experiment (science.md §5, last item)::
+The textbook chapter's degradation experiment::
 
     3×3 conv, 16 filters                                   (the stem: layer 1)
     stage 1: n blocks of two 3×3 convs, 16 filters, 32×32  (layers 2 … 2n+1)

@@ -1,4 +1,4 @@
-"""The residual MLP family of the study (science.md §1).
+"""The residual MLP family of the study.
 
 One :class:`ResidualMLP` covers every architecture the study measures::
 
@@ -44,14 +44,8 @@ class Block(nn.Module):
     """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for an ensemble of E members.
 
     Args:
-        width: stream width d.
-        expansion: m/d for ``M = 2`` and gated branches (m = round(expansion·d)).
-        matrices: M ∈ {1, 2}; the gated unit (activation ``swiglu``) needs M = 2.
-        activation: one of :data:`ACTIVATIONS`.
-        placement: one of :data:`PLACEMENTS` (the preset that fills P, B, R with ``norm_op``).
-        norm_op: one of :data:`NORM_OPS`.
-        pre, out, post: the ops P, B, R of Eq. 17 (an op, ``"none"``/``None``), overriding the
-            preset's; :data:`~rankexp.models.norms.PRESET` keeps it.
+        width, expansion, matrices, activation, placement, norm_op, pre, out, post: as
+            :class:`ResidualMLP` (m = round(expansion·d); swiglu needs M = 2).
         beta: effective branch scale of this block (already depth-scaled).
         has_skip: whether the identity skip joins here; a block without skip is a
             plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
@@ -144,7 +138,7 @@ class Block(nn.Module):
         return up, torch.matmul(hidden, self.w_down.mT)
 
     def branch(self, x: Tensor) -> Tensor:
-        """Scaled branch ``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
+        """``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
         return self.scale * self.out_norm(self.f(self.pre_norm(x)))
 
     def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
@@ -165,7 +159,7 @@ class Block(nn.Module):
 
 
 class ResidualMLP(nn.Module):
-    """A stack of L blocks on a width-d residual stream (science.md §1).
+    """A stack of L blocks on a width-d residual stream (the study, Eq. 17).
 
     Args:
         width: d.

@@ -1,4 +1,4 @@
-"""Plain mean-field networks of the textbook chapter (science.md §5), ensemble-native.
+"""Plain mean-field networks of the textbook chapter (215), ensemble-native.
 
 One :class:`PlainNet` covers the chapter's signal-propagation experiments::
 
@@ -145,7 +145,7 @@ class PlainLayer(nn.Module):
 
 
 class PlainNet(nn.Module):
-    """A depth-L plain (or residual) mean-field network on width n (science.md §5).
+    """A depth-L plain (or residual) mean-field network on width n (the chapter, 215).
 
     Args:
         width: n (every layer n → n).
