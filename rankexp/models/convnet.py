@@ -16,11 +16,9 @@ al.'s (2015) fan-out normal ``N(0, 2/(k² c_out))`` for convs (fb.resnet.torch),
 shift 0, the classifier ``U(±1/√fan_in)`` with zero bias (torch's Linear, bias zeroed as in
 fb.resnet.torch).
 
-Like every family here the network is *ensemble-native*: each parameter carries a leading
-member axis E, member ``e`` is drawn from its own seed exactly as a one-member network with that
-seed would be, and the members run as one computation — activations are ``(B, E·C, H, W)`` and
-each conv after the stem is a grouped conv with ``groups=E`` (E = 1: a plain conv). Training
-uses E = 1 (one recipe per run); measuring at initialization batches the seeds.
+Each parameter carries a leading member axis E (member ``e`` is the one-member network of its
+seed) and the members run as one computation: activations are ``(B, E·C, H, W)``, each conv
+after the stem a grouped conv with ``groups=E``.
 """
 
 from __future__ import annotations

@@ -12,11 +12,9 @@ puts its *operation* ``norm_op`` in its slots.  The branch ``f`` has ``M = 1`` m
 ``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
 Weights are biasless and drawn from ``N(0, α²/fan_in)``.
 
-The model is *ensemble-native*: every weight carries a leading member axis
-``E`` (independent seeds when measuring, one member per learning rate when
-training), and every activation is ``(E, B, d)``.  Member ``e`` with seed ``s``
-holds exactly the weights a one-member model with seed ``s`` holds, so batching
-seeds never changes a number.
+Every weight carries a leading member axis ``E`` (seeds when measuring, one member per
+learning rate when training) and every activation is ``(E, B, d)``; member ``e`` holds the
+weights of the one-member model of its seed.
 """
 
 from __future__ import annotations
@@ -225,22 +223,10 @@ class ResidualMLP(nn.Module):
         self.seeds = [int(s) for s in seeds]
         self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
-            Block(
-                width,
-                expansion=expansion,
-                matrices=matrices,
-                activation=activation,
-                placement=placement,
-                norm_op=norm_op,
-                pre=self.pre_op,
-                out=self.out_op,
-                post=self.post_op,
-                beta=self.beta_eff,
-                has_skip=self.has_skip(l),
-                members=len(self.seeds),
-                dtype=dtype,
-                device=device,
-            )
+            Block(width, expansion=expansion, matrices=matrices, activation=activation,
+                  placement=placement, norm_op=norm_op, pre=self.pre_op, out=self.out_op,
+                  post=self.post_op, beta=self.beta_eff, has_skip=self.has_skip(l),
+                  members=len(self.seeds), dtype=dtype, device=device)
             for l in range(1, depth + 1)
         )
         self.streamed = bool(streamed)

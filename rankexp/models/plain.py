@@ -6,28 +6,20 @@ One :class:`PlainNet` covers the chapter's signal-propagation experiments::
     h_l = h_{l−1} + β (W_l φ(N(h_{l−1})) + b_l)           (residual, skip_every = 1)
 
 * **Weights** ``W_l ∈ R^{n×n}``: Gaussian ``N(0, σ_w²/n)`` or scaled orthogonal ``σ_w Q``
-  (Q Haar-distributed, so ``W Wᵀ = σ_w² I``); **biases** ``b_l ~ N(0, σ_b²)``.
-  σ_w is rankexp's ``alpha`` knob, σ_b its ``bias`` knob, β its ``beta`` (depth-scaled by
-  ``beta_scaling``, e.g. β = 1/√L), and the chapter's residual "branch gain α" is β here.
-* **N**: the identity (``norm=none``) or a norm op applied to the preactivation before φ
-  (``norm=pre``): the per-sample ops of :mod:`rankexp.models.norms` or :func:`batchnorm`
-  (training-mode statistics over the batch axis, gain 1, no shift).
-* **Input-layer convention**: the input ``h_0`` is treated as the zeroth preactivation, so
-  layer 1 already applies φ: ``h_1 = W_1 φ(N(h_0)) + b_1``.  Every layer is then the same
-  map and the length / correlation maps iterate from ``q_0 = ‖h_0‖²/n`` and the inputs'
-  correlation ``c_0`` with no special first step, and ``∂h_L/∂h_0 = Π_l W_l D_{l−1}`` is a
-  product of L identical-in-law factors ``W D`` (215.7).
-* **Readout convention**: the network's output is the last preactivation ``h_L`` (before any
-  φ); a readout — the train task's linear head, a probe's random readout — is linear in
-  ``h_L``.  Under ``task=train`` the stack sits between the input projection 3072 → n and
-  the head n → 10 (:class:`rankexp.models.classifier.Classifier`), so the trained net is
-  ``head · h_L(W_in x)`` with L nonlinear layers.
+  (Q Haar-distributed); **biases** ``b_l ~ N(0, σ_b²)``.  σ_w is the ``alpha`` knob, σ_b
+  ``bias``, β ``beta`` (depth-scaled by ``beta_scaling``; the chapter's residual "branch gain
+  α" is β here).
+* **N**: the identity (``norm=none``) or a norm op before φ (``norm=pre``): the per-sample ops
+  of :mod:`rankexp.models.norms` or :func:`batchnorm`.
+* The input ``h_0`` is the zeroth preactivation, so layer 1 already applies φ and every layer
+  is the same map (``∂h_L/∂h_0 = Π_l W_l D_{l−1}``, 215.7); the output is the last
+  preactivation ``h_L``.  Under ``task=train`` the stack sits between the input projection
+  3072 → n and the head n → 10 (:class:`rankexp.models.classifier.Classifier`).
 
-Ensemble-native like :class:`~rankexp.models.mlp.ResidualMLP`: every parameter carries a
-leading member axis E, activations are ``(E, B, n)``, and member e with seed s holds exactly
-the weights and biases a one-member model with seed s holds.  Each layer exposes the
-``Block`` interface (``has_skip``, ``branch``, ``res_norm``, ``forward(x, skip)``), so the
-study's per-sample probes also run on plain networks.
+Every parameter carries a leading member axis E, activations are ``(E, B, n)``, and member e
+holds the parameters of the one-member network of its seed.  Each layer exposes the ``Block``
+interface of :class:`~rankexp.models.mlp.ResidualMLP` (``has_skip``, ``branch``,
+``res_norm``, ``forward(x, skip)``), so the per-sample probes also run on plain networks.
 """
 
 from __future__ import annotations
