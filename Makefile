@@ -17,7 +17,6 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[test,gpt2]'
-	$(PY) -m rankexp.native
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install rankexp with its dependencies

@@ -1,4 +1,4 @@
-"""Scalar activations σ of the model families (science.md §1) and their derivatives σ′.
+"""Scalar activations σ of the model families and their derivatives σ′.
 
 :data:`ACTIVATION_DERIVATIVES` holds σ′ in closed form, equal to what autograd returns
 (including its choice at the kinks: relu′(0) = abs′(0) = 0, leaky_relu′(0) = slope), so the

@@ -3,22 +3,18 @@
 Each family is one module (``mlp.py``: the residual MLP of the study; ``plain.py``: the
 mean-field plain networks of the textbook chapter; ``convnet.py``: He et al.'s CIFAR ResNets
 and plain ConvNets; ``gpt2.py``: Hugging Face causal LMs, which imports ``transformers`` only
-when built) and one builder here; each family's declaration (:mod:`.families`) names its
-builder, and :data:`FAMILIES` maps the group's ``model.name`` to it.
+when built) and one builder here, named by the family's declaration (:mod:`.families`).
 Models never import probes.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .convnet import CifarResNet
-from .families import FAMILIES as _FAMILIES
 from .families import family_of
 from .gpt2 import CausalLM, build_causal_lm
 from .mlp import ResidualMLP
@@ -29,6 +25,11 @@ if TYPE_CHECKING:
 
 #: the config's ``dtype`` names → torch dtypes
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _seeds(s: RankexpConfig, seeds=None):
+    """The members' seeds: ``seed … seed+seeds−1`` unless given."""
+    return range(s.seed, s.seed + s.seeds) if seeds is None else seeds
 
 
 def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
@@ -54,7 +55,7 @@ def build_mlp(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
         beta=s.beta,
         beta_scaling=s.beta_scaling.value,
         skip_every=s.skip_every,
-        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        seeds=_seeds(s, seeds),
         dtype=dtype or DTYPES[s.dtype.value],
         device=device,
         streamed=streamed,
@@ -79,7 +80,7 @@ def build_plain(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None
         beta=s.beta,
         beta_scaling=s.beta_scaling.value,
         skip_every=s.skip_every,
-        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        seeds=_seeds(s, seeds),
         dtype=dtype or DTYPES[s.dtype.value],
         device=device,
     )
@@ -92,7 +93,7 @@ def build_gpt2(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None,
     m = s.model
     return build_causal_lm(
         config=m.config, pretrained=m.pretrained, width=s.width, depth=s.depth, heads=m.n_head,
-        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        seeds=_seeds(s, seeds),
         prompt_ids=m.prompt_ids, prompt=m.prompt, tokenizer=m.tokenizer, position=m.position,
         dtype=dtype or DTYPES[s.dtype.value], device=device)
 
@@ -105,7 +106,7 @@ def build_cifar_resnet(s: RankexpConfig, device: torch.device | str = "cpu", see
         s.depth,
         residual=s.model.residual,
         base_width=s.model.base_width,
-        seeds=range(s.seed, s.seed + s.seeds) if seeds is None else seeds,
+        seeds=_seeds(s, seeds),
         dtype=dtype or DTYPES[s.dtype.value],
         device=device,
     )
@@ -122,19 +123,3 @@ def build_model(s: RankexpConfig, device: torch.device | str = "cpu", seeds=None
     """
     return family_of(s).build(s, device, seeds=seeds, dtype=dtype, streamed=streamed)
 
-
-class _Builders(Mapping):
-    """``model.name`` → builder, read from the family declarations (:data:`FAMILIES`)."""
-
-    def __getitem__(self, name: str) -> Callable[..., nn.Module]:
-        return functools.partial(_FAMILIES[name].build)
-
-    def __iter__(self):
-        return iter(_FAMILIES)
-
-    def __len__(self) -> int:
-        return len(_FAMILIES)
-
-
-#: ``model.name`` → builder ``fn(settings, device, seeds=None, dtype=None) -> nn.Module``
-FAMILIES: Mapping[str, Callable[..., nn.Module]] = _Builders()

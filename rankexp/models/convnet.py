@@ -1,6 +1,6 @@
 """The CIFAR-10 ConvNets of He et al. (2016, §4.2): plain and residual networks of depth 6n+2.
 
-The textbook chapter's degradation experiment (science.md §5, last item)::
+The textbook chapter's degradation experiment::
 
     3×3 conv, 16 filters                                   (the stem: layer 1)
     stage 1: n blocks of two 3×3 convs, 16 filters, 32×32  (layers 2 … 2n+1)
@@ -16,11 +16,9 @@ al.'s (2015) fan-out normal ``N(0, 2/(k² c_out))`` for convs (fb.resnet.torch),
 shift 0, the classifier ``U(±1/√fan_in)`` with zero bias (torch's Linear, bias zeroed as in
 fb.resnet.torch).
 
-Like every family here the network is *ensemble-native*: each parameter carries a leading
-member axis E, member ``e`` is drawn from its own seed exactly as a one-member network with that
-seed would be, and the members run as one computation — activations are ``(B, E·C, H, W)`` and
-each conv after the stem is a grouped conv with ``groups=E`` (E = 1: a plain conv). Training
-uses E = 1 (one recipe per run); measuring at initialization batches the seeds.
+Each parameter carries a leading member axis E (member ``e`` is the one-member network of its
+seed) and the members run as one computation: activations are ``(B, E·C, H, W)``, each conv
+after the stem a grouped conv with ``groups=E``.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..seeding import STREAM_WEIGHTS, normal_many_, uniform_
+from ..seeding import normal_many_, uniform_
 
 #: the depths of He et al.'s CIFAR-10 table (n = 3, 5, 7, 9, 18)
 HE_DEPTHS = (20, 32, 44, 56, 110)
@@ -168,9 +166,8 @@ class CifarResNet(nn.Module):
         depth: 6n + 2 (n ≥ 1): 6n+1 conv layers and the classifier.
         residual: identity / option-A shortcuts every two convs (ResNet) or none (plain net).
         base_width: filters of stage 1 (16; stages 2 and 3 have 2× and 4×).
-        seeds: one per member; member ``e`` takes its weights from the weight stream of
-            ``seeds[e]`` in network order (stem, blocks' conv₁ then conv₂, classifier weight;
-            :func:`rankexp.seeding.normal_many_`), drawn in the parameters' dtype and device.
+        seeds: one per member; member ``e``'s draws are numbered in network order (stem,
+            blocks' conv₁ then conv₂, classifier weight; :func:`rankexp.seeding.normal_many_`).
         num_classes: classifier outputs (10).
         dtype, device: of the parameters.
 
@@ -244,17 +241,13 @@ class CifarResNet(nn.Module):
     # ---------------------------------------------------------------- init
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """He fan-out init of the convs, U(±1/√fan_in) classifier, BN (1, 0), zero bias: the
-        convs take the seed's weight-stream numbers in network order, the classifier the next
-        ones (:func:`rankexp.seeding.normal_many_`, :func:`~rankexp.seeding.uniform_`)."""
-        targets, offset = [], 0
-        for conv in self.convs:
-            std = math.sqrt(2.0 / (9 * conv.c_out))  # fan-out: k² · c_out
-            targets.append((conv.weight.data, offset, std))
-            offset += conv.weight[0].numel()
-        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
+        """He fan-out init of the convs (std √(2/(k² c_out))), U(±1/√fan_in) classifier, BN
+        (1, 0), zero bias; draws numbered in network order (see the class)."""
+        convs = self.convs
+        normal_many_([(conv.weight.data, i, math.sqrt(2.0 / (9 * conv.c_out)))
+                      for i, conv in enumerate(convs)], self.seeds)
         bound = 1.0 / math.sqrt(self.fc_weight.shape[-1])
-        uniform_(self.fc_weight.data, self.seeds, STREAM_WEIGHTS, offset, low=-bound, high=bound)
+        uniform_(self.fc_weight.data, self.seeds, len(convs), low=-bound, high=bound)
         self.fc_bias.zero_()
         for m in self.modules():
             if isinstance(m, MemberBatchNorm):

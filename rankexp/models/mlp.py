@@ -1,4 +1,4 @@
-"""The residual MLP family of the study (science.md §1).
+"""The residual MLP family of the study.
 
 One :class:`ResidualMLP` covers every architecture the study measures::
 
@@ -12,25 +12,23 @@ puts its *operation* ``norm_op`` in its slots.  The branch ``f`` has ``M = 1`` m
 ``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
 Weights are biasless and drawn from ``N(0, α²/fan_in)``.
 
-The model is *ensemble-native*: every weight carries a leading member axis
-``E`` (independent seeds when measuring, one member per learning rate when
-training), and every activation is ``(E, B, d)``.  Member ``e`` with seed ``s``
-holds exactly the weights a one-member model with seed ``s`` holds, so batching
-seeds never changes a number.
+Every weight carries a leading member axis ``E`` (seeds when measuring, one member per
+learning rate when training) and every activation is ``(E, B, d)``; member ``e`` holds the
+weights of the one-member model of its seed.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, MatrixDraws, normal_many_
-from .activations import ACTIVATIONS, MASKED, activation_fn
+from ..seeding import normal_many_
+from .activations import ACTIVATIONS, activation_fn
 from .norms import NORM_FNS, NORM_OPS, PRESET, block_ops
 from .norms import identity as _identity
 from .spec import BETA_SCALINGS, PLACEMENTS, effective_beta, hidden_width, nominal_ratio
@@ -44,14 +42,8 @@ class Block(nn.Module):
     """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for an ensemble of E members.
 
     Args:
-        width: stream width d.
-        expansion: m/d for ``M = 2`` and gated branches (m = round(expansion·d)).
-        matrices: M ∈ {1, 2}; the gated unit (activation ``swiglu``) needs M = 2.
-        activation: one of :data:`ACTIVATIONS`.
-        placement: one of :data:`PLACEMENTS` (the preset that fills P, B, R with ``norm_op``).
-        norm_op: one of :data:`NORM_OPS`.
-        pre, out, post: the ops P, B, R of Eq. 17 (an op, ``"none"``/``None``), overriding the
-            preset's; :data:`~rankexp.models.norms.PRESET` keeps it.
+        width, expansion, matrices, activation, placement, norm_op, pre, out, post: as
+            :class:`ResidualMLP` (m = round(expansion·d); swiglu needs M = 2).
         beta: effective branch scale of this block (already depth-scaled).
         has_skip: whether the identity skip joins here; a block without skip is a
             plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
@@ -109,9 +101,6 @@ class Block(nn.Module):
                 self.w_gate = nn.Parameter(torch.empty(e, m, d, **kw))
             self.w_up = nn.Parameter(torch.empty(e, m, d, **kw))
             self.w_down = nn.Parameter(torch.empty(e, d, m, **kw))
-        #: set by a streamed walk (:meth:`ResidualMLP.walk`) while this block is its current one:
-        #: called with σ's output ``(E, B, m)`` before ``W_down`` is read, to draw its columns
-        self.draw_down: Callable[[Tensor], None] | None = None
 
     def weight_names(self) -> list[str]:
         """Parameter names in initialization order."""
@@ -144,12 +133,10 @@ class Block(nn.Module):
             hidden = self.sigma(torch.matmul(x, self.w_gate.mT)) * up
         else:
             hidden = self.sigma(up)
-        if self.draw_down is not None:  # a streamed walk: W_down's columns for the units in use
-            self.draw_down(hidden)
         return up, torch.matmul(hidden, self.w_down.mT)
 
     def branch(self, x: Tensor) -> Tensor:
-        """Scaled branch ``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
+        """``β B(f(P(x)))`` (β only when the block has a skip), ``(E, B, d)``."""
         return self.scale * self.out_norm(self.f(self.pre_norm(x)))
 
     def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
@@ -170,7 +157,7 @@ class Block(nn.Module):
 
 
 class ResidualMLP(nn.Module):
-    """A stack of L blocks on a width-d residual stream (science.md §1).
+    """A stack of L blocks on a width-d residual stream (the study, Eq. 17).
 
     Args:
         width: d.
@@ -188,19 +175,13 @@ class ResidualMLP(nn.Module):
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
         skip_every: identity skip every k blocks; 1 = standard residual network,
             k > 1 = skips spanning k layers (Figure 1's sawtooth), 0 = plain MLP.
-        seeds: one seed per ensemble member; weights are drawn from these.
-        dtype, device: where the weights live; they are drawn there, in that dtype
-            (:meth:`reset_parameters`), and every device and dtype sees the same numbers up
-            to rounding.
+        seeds: one seed per ensemble member; weights are drawn from these
+            (:meth:`reset_parameters`).
+        dtype, device: where the weights live.
         streamed: draw each block's weights only when a walk (:meth:`walk`) reaches it, into
-            one buffer per weight name that every block shares — one block's weights in memory
-            instead of L, and no first touch of L blocks' worth of new memory.  With a masked σ
-            (relu) on the CPU, ``W_down`` is drawn only in the columns of the units σ leaves
-            nonzero at the block's input (the others multiply exact zeros; they hold finite
-            numbers of no consequence).  For a measurement that reads the weights through one
-            walk at one batch of inputs (the forward sweep); its numbers are the same as a
-            model drawn whole, bit for bit (tested).  The buffers hold NaN outside a walk, so a
-            reader that bypasses :meth:`walk` sees NaN, not other weights.
+            one buffer per weight name that every block shares (one block's weights in memory
+            instead of L); the same numbers as a model drawn whole, bit for bit.  The buffers
+            hold NaN outside a walk, so a reader that bypasses :meth:`walk` sees NaN.
 
     Shapes: ``forward`` maps ``(E, B, d) → (E, B, d)`` with E = ``len(seeds)``.
     """
@@ -242,35 +223,16 @@ class ResidualMLP(nn.Module):
         self.seeds = [int(s) for s in seeds]
         self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
-            Block(
-                width,
-                expansion=expansion,
-                matrices=matrices,
-                activation=activation,
-                placement=placement,
-                norm_op=norm_op,
-                pre=self.pre_op,
-                out=self.out_op,
-                post=self.post_op,
-                beta=self.beta_eff,
-                has_skip=self.has_skip(l),
-                members=len(self.seeds),
-                dtype=dtype,
-                device=device,
-            )
+            Block(width, expansion=expansion, matrices=matrices, activation=activation,
+                  placement=placement, norm_op=norm_op, pre=self.pre_op, out=self.out_op,
+                  post=self.post_op, beta=self.beta_eff, has_skip=self.has_skip(l),
+                  members=len(self.seeds), dtype=dtype, device=device)
             for l in range(1, depth + 1)
         )
         self.streamed = bool(streamed)
         #: [wall, CPU] seconds spent drawing weights so far (construction, and each walk's
         #: blocks when streamed); shared, so a caller may keep it after the model is gone
         self.draw_seconds = [0.0, 0.0]
-        #: (name, counter within a block, scale) of each matrix of a block, and a block's counters
-        self._layout, offset = [], 0
-        for name in self.blocks[0].weight_names():
-            fan_out, fan_in = getattr(self.blocks[0], name).shape[1:]
-            self._layout.append((name, offset, self.alpha / math.sqrt(fan_in)))
-            offset += fan_out * fan_in
-        self._per_block, self._block_list = offset, list(self.blocks)
         if self.streamed:  # every block's weights are views of one buffer per name
             first = self.blocks[0]
             self._buffers_streamed = {
@@ -278,9 +240,6 @@ class ResidualMLP(nn.Module):
             for block in self.blocks:
                 for n, buf in self._buffers_streamed.items():
                     getattr(block, n).data = buf
-            buf = next(iter(self._buffers_streamed.values()))  # keys and scaled tables, made once
-            self._draws = {scale: MatrixDraws(self.seeds, STREAM_WEIGHTS, scale, buf.dtype, buf.device)
-                           for _, _, scale in self._layout}
         self.reset_parameters()
 
     @property
@@ -300,16 +259,16 @@ class ResidualMLP(nn.Module):
         """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
         return layer - self.skip_every
 
-    def _targets(self, blocks: Sequence[int], names: Sequence[str] | None = None
-                 ) -> list[tuple[Tensor, int, float]]:
-        """``(weight, first counter, scale)`` of every matrix (or those ``names``) of the blocks
-        at these 0-based indices (counters: block 1…L, within a block
-        :meth:`Block.weight_names`, each matrix row-major)."""
+    def _targets(self, blocks: Sequence[int]) -> list[tuple[Tensor, int, float]]:
+        """``(weight, draw number, α/√fan_in)`` of every matrix of the blocks at these 0-based
+        indices: block 1…L, within a block :meth:`Block.weight_names`, numbered in that order."""
         targets = []
         for i in blocks:
-            block, first = self._block_list[i], i * self._per_block
-            targets.extend((getattr(block, name).data, first + offset, scale)
-                           for name, offset, scale in self._layout if names is None or name in names)
+            block = self.blocks[i]
+            names = block.weight_names()
+            for j, name in enumerate(names):
+                w = getattr(block, name).data
+                targets.append((w, i * len(names) + j, self.alpha / math.sqrt(w.shape[-1])))
         return targets
 
     @contextmanager
@@ -322,66 +281,32 @@ class ResidualMLP(nn.Module):
             self.draw_seconds[0] += time.perf_counter() - t
             self.draw_seconds[1] += time.process_time() - c
 
-    def _draw_streamed(self, i: int, names: Sequence[str]) -> None:
-        """Matrices ``names`` of block ``i`` (0-based) into the shared buffers."""
+    def _draw_streamed(self, i: int) -> None:
+        """Block ``i``'s (0-based) weights into the shared buffers."""
         with self._drawing():
-            for w, offset, scale in self._targets([i], names):
-                self._draws[scale].full(w, offset)
+            normal_many_(self._targets([i]), self.seeds)
 
     def reset_parameters(self) -> None:
-        """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``.
-
-        One stream (``STREAM_WEIGHTS``) per seed, counters as :meth:`_targets`; drawn in the
-        weights' dtype on their device, all members and matrices in one batch
-        (:func:`rankexp.seeding.normal_many_`).  A ``streamed`` model draws nothing here: its
-        blocks are drawn, from the same counters, as :meth:`walk` reaches them.
+        """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``, matrix
+        by matrix as :meth:`_targets` numbers them (:func:`rankexp.seeding.normal_many_`).  A
+        ``streamed`` model draws nothing here: :meth:`walk` draws each block as it reaches it.
         """
         if not self.streamed:
             with self._drawing():
-                normal_many_(self._targets(range(self.depth)), self.seeds, STREAM_WEIGHTS)
-
-    def _streams_columns(self) -> bool:
-        """Whether a streamed walk draws ``W_down`` by columns (masked σ, M = 2, on the CPU)."""
-        first = self.blocks[0]
-        return (self.activation in MASKED and self.matrices == 2 and not first.gated
-                and first.w_down.device.type == "cpu")
-
-    def _draw_down(self, i: int, drawn: Tensor, hidden: Tensor) -> None:
-        """``W_down`` of block ``i`` (0-based) in the columns of the units ``hidden`` ``(E, B, m)``
-        leaves nonzero for some input and that are not ``drawn`` ``(E, m)`` yet in this step of
-        the walk (every column, once, where the library is not compiled)."""
-        with self._drawing():
-            need = (hidden != 0).any(1) & ~drawn
-            (w, offset, scale), = self._targets([i], ("w_down",))
-            if self._draws[scale].columns(w, offset, [torch.nonzero(u).squeeze(1) for u in need]):
-                drawn |= need
-            else:
-                drawn.fill_(True)
+                normal_many_(self._targets(range(self.depth)), self.seeds)
 
     def walk(self, upto: int | None = None) -> Iterator[tuple[int, Block]]:
         """Yield ``(l, block)`` for l = 1…upto (default L), in order: the way every pass over
         the blocks reads them.  A ``streamed`` model draws block l's weights just before it is
-        yielded (``W_down`` by columns when its forward first needs it, see the class) and sets
-        its buffers to NaN when the walk ends; the consumer must be done with block l when it
-        asks for block l + 1, and runs block l's forward at one batch of inputs."""
-        columns = self.streamed and self._streams_columns()
-        if columns:  # the columns no unit uses hold finite numbers: they multiply exact zeros
-            self._buffers_streamed["w_down"].zero_()
-        names = self.blocks[0].weight_names()
+        yielded and sets its buffers to NaN when the walk ends; the consumer must be done with
+        block l when it asks for block l + 1."""
         try:
             for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
-                if columns:
-                    self._draw_streamed(l - 1, ("w_up",))
-                    drawn = torch.zeros(self.members, block.hidden, dtype=torch.bool)
-                    block.draw_down = lambda hidden, i=l - 1, d=drawn: self._draw_down(i, d, hidden)
-                elif self.streamed:
-                    self._draw_streamed(l - 1, names)
+                if self.streamed:
+                    self._draw_streamed(l - 1)
                 yield l, block
-                block.draw_down = None
         finally:
             if self.streamed:
-                for block in self.blocks:
-                    block.draw_down = None
                 for buf in self._buffers_streamed.values():
                     buf.fill_(float("nan"))
 

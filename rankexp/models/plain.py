@@ -1,4 +1,4 @@
-"""Plain mean-field networks of the textbook chapter (science.md §5), ensemble-native.
+"""Plain mean-field networks of the textbook chapter (215), ensemble-native.
 
 One :class:`PlainNet` covers the chapter's signal-propagation experiments::
 
@@ -6,28 +6,20 @@ One :class:`PlainNet` covers the chapter's signal-propagation experiments::
     h_l = h_{l−1} + β (W_l φ(N(h_{l−1})) + b_l)           (residual, skip_every = 1)
 
 * **Weights** ``W_l ∈ R^{n×n}``: Gaussian ``N(0, σ_w²/n)`` or scaled orthogonal ``σ_w Q``
-  (Q Haar-distributed, so ``W Wᵀ = σ_w² I``); **biases** ``b_l ~ N(0, σ_b²)``.
-  σ_w is rankexp's ``alpha`` knob, σ_b its ``bias`` knob, β its ``beta`` (depth-scaled by
-  ``beta_scaling``, e.g. β = 1/√L), and the chapter's residual "branch gain α" is β here.
-* **N**: the identity (``norm=none``) or a norm op applied to the preactivation before φ
-  (``norm=pre``): the per-sample ops of :mod:`rankexp.models.norms` or :func:`batchnorm`
-  (training-mode statistics over the batch axis, gain 1, no shift).
-* **Input-layer convention**: the input ``h_0`` is treated as the zeroth preactivation, so
-  layer 1 already applies φ: ``h_1 = W_1 φ(N(h_0)) + b_1``.  Every layer is then the same
-  map and the length / correlation maps iterate from ``q_0 = ‖h_0‖²/n`` and the inputs'
-  correlation ``c_0`` with no special first step, and ``∂h_L/∂h_0 = Π_l W_l D_{l−1}`` is a
-  product of L identical-in-law factors ``W D`` (215.7).
-* **Readout convention**: the network's output is the last preactivation ``h_L`` (before any
-  φ); a readout — the train task's linear head, a probe's random readout — is linear in
-  ``h_L``.  Under ``task=train`` the stack sits between the input projection 3072 → n and
-  the head n → 10 (:class:`rankexp.models.classifier.Classifier`), so the trained net is
-  ``head · h_L(W_in x)`` with L nonlinear layers.
+  (Q Haar-distributed); **biases** ``b_l ~ N(0, σ_b²)``.  σ_w is the ``alpha`` knob, σ_b
+  ``bias``, β ``beta`` (depth-scaled by ``beta_scaling``; the chapter's residual "branch gain
+  α" is β here).
+* **N**: the identity (``norm=none``) or a norm op before φ (``norm=pre``): the per-sample ops
+  of :mod:`rankexp.models.norms` or :func:`batchnorm`.
+* The input ``h_0`` is the zeroth preactivation, so layer 1 already applies φ and every layer
+  is the same map (``∂h_L/∂h_0 = Π_l W_l D_{l−1}``, 215.7); the output is the last
+  preactivation ``h_L``.  Under ``task=train`` the stack sits between the input projection
+  3072 → n and the head n → 10 (:class:`rankexp.models.classifier.Classifier`).
 
-Ensemble-native like :class:`~rankexp.models.mlp.ResidualMLP`: every parameter carries a
-leading member axis E, activations are ``(E, B, n)``, and member e with seed s holds exactly
-the weights and biases a one-member model with seed s holds.  Each layer exposes the
-``Block`` interface (``has_skip``, ``branch``, ``res_norm``, ``forward(x, skip)``), so the
-study's per-sample probes also run on plain networks.
+Every parameter carries a leading member axis E, activations are ``(E, B, n)``, and member e
+holds the parameters of the one-member network of its seed.  Each layer exposes the ``Block``
+interface of :class:`~rankexp.models.mlp.ResidualMLP` (``has_skip``, ``branch``,
+``res_norm``, ``forward(x, skip)``), so the per-sample probes also run on plain networks.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..seeding import STREAM_WEIGHTS, normal_many_
+from ..seeding import normal_many_
 from .activations import activation_fn
 from .mlp import effective_beta
 from .norms import NORM_FNS
@@ -145,7 +137,7 @@ class PlainLayer(nn.Module):
 
 
 class PlainNet(nn.Module):
-    """A depth-L plain (or residual) mean-field network on width n (science.md §5).
+    """A depth-L plain (or residual) mean-field network on width n (the chapter, 215).
 
     Args:
         width: n (every layer n → n).
@@ -159,9 +151,8 @@ class PlainNet(nn.Module):
         beta: branch gain β of residual layers, before ``beta_scaling``.
         beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
         skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
-        seeds: one seed per member; layer by layer W_l then b_l take the next numbers of
-            the seed's weight stream (:func:`rankexp.seeding.normal_many_`), drawn where the
-            parameters live, in their dtype.
+        seeds: one seed per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed
+            (:func:`rankexp.seeding.normal_many_`).
         dtype, device: where the parameters live.
 
     Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
@@ -239,13 +230,12 @@ class PlainNet(nn.Module):
     def reset_parameters(self) -> None:
         """Draw W_l then b_l for l = 1…L per member from its seed (see the class docstring):
         W ~ N(0, σ_w²/n) or σ_w·Haar (the QR of the same Gaussian numbers), b ~ N(0, σ_b²)."""
-        n, orthogonal = self.width, self.init == "orthogonal"
-        targets, offset = [], 0
-        for layer in self.blocks:
-            targets.append((layer.w.data, offset, 1.0 if orthogonal else self.alpha / math.sqrt(n)))
-            targets.append((layer.b.data, offset + n * n, self.sigma_b))
-            offset += n * n + n
-        normal_many_(targets, self.seeds, STREAM_WEIGHTS)
+        orthogonal = self.init == "orthogonal"
+        w_scale = 1.0 if orthogonal else self.alpha / math.sqrt(self.width)
+        targets = []
+        for i, layer in enumerate(self.blocks):
+            targets += [(layer.w.data, 2 * i, w_scale), (layer.b.data, 2 * i + 1, self.sigma_b)]
+        normal_many_(targets, self.seeds)
         if orthogonal:
             for layer in self.blocks:
                 layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
