@@ -227,7 +227,7 @@ def _imports(*args: str, line: str | None = None, code: str | None = None) -> tu
 def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
     """Issue 19 row 1: `rankexp --help` took 16 s (torch through rankexp.config → models.gpt2)
     and a tab press 5.7–10 s.  Both now read torch-free modules only (the time: make bench,
-    benchmarks/bench_cli.py).  The check sees torch where it is imported."""
+    benchmarks/job.py).  The check sees torch where it is imported."""
     out, heavy = _imports("--help")
     assert "Knobs" in out and "depth=48" in out and heavy == []
     out, heavy = _imports("task=train", "model=gpt2", "--help")

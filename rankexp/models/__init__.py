@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 #: names this package serves from :mod:`.build` (which imports torch) on first access
-_BUILD = ("DTYPES", "FAMILIES", "build_cifar_resnet", "build_gpt2", "build_mlp", "build_model",
+_BUILD = ("DTYPES", "build_cifar_resnet", "build_gpt2", "build_mlp", "build_model",
           "build_plain")
 
 #: the modules of this package that import no torch (config checks, --help and a tab press
-#: read them; tests/test_cli.py and benchmarks/bench_cli.py check nothing else is imported)
+#: read them; tests/test_cli.py checks nothing else is imported)
 TORCH_FREE = ("rankexp.models.spec", "rankexp.models.families")
 
 __all__ = [*_BUILD, "TORCH_FREE"]
