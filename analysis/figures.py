@@ -82,15 +82,9 @@ def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, fl
     """One experiment's sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     argv = [
-        sys.executable,
-        "-m",
-        "rankexp",
-        f"experiment={experiment}",
-        *overrides,
+        sys.executable, "-m", "rankexp", f"experiment={experiment}", *overrides,
         f"tracking.uri={uri}",
-        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}",
-        "-m",
-    ]
+        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}", "-m"]
     env = {k: v for k, v in os.environ.items() if k != "RANKEXP_STAMP"}
     logfile = out / "logs" / f"{experiment}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -183,23 +177,12 @@ def summary(outcomes: list[Outcome], total_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m analysis.figures",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--out",
-        default="figures/cpu",
-        type=Path,
-        help="output folder: tracking store, figures, logs (default: figures/cpu)",
-    )
-    p.add_argument(
-        "--only",
-        type=lambda s: [v for v in s.split(",") if v],
-        default=None,
-        help="comma-separated experiment ids (default: all)",
-    )
+    p = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="figures/cpu", type=Path,
+                   help="output folder: tracking store, figures, logs (default: figures/cpu)")
+    p.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
+                   help="comma-separated experiment ids (default: all)")
     p.add_argument(
         "--extra",
         nargs="*",
@@ -217,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = make_figures(
-        args.out, args.only, args.extra, args.dry_run, args.size, draw=not args.sweeps_only
-    )
+    outcomes = make_figures(args.out, args.only, args.extra, args.dry_run, args.size,
+                            draw=not args.sweeps_only)
     if args.dry_run:
         return 0
     text = summary(outcomes, time.perf_counter() - t0)

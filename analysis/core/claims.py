@@ -186,24 +186,13 @@ class Verdict:
 
     def row(self) -> dict:
         m = self.measured
-        return {
-            "id": self.claim.id,
-            "experiment": self.claim.experiment,
-            "claim": self.claim.statement,
-            "source": self.claim.source,
-            "study": self.claim.study,
-            "measured": format_measured(m) if m else "—",
-            "value": m.value if m else math.nan,
-            "spread": m.spread if m else math.nan,
-            "tolerance": self.claim.check.text,
-            "verdict": self.verdict,
-            "size": self.size or "—",
-            "valid_from": self.claim.size,
-            "d": self.d or "—",
-            "L": self.L or "—",
-            "why": self.why,
-            "note": self.note or (m.note if m else ""),
-        }
+        return {"id": self.claim.id, "experiment": self.claim.experiment,
+                "claim": self.claim.statement, "source": self.claim.source,
+                "study": self.claim.study, "measured": format_measured(m) if m else "—",
+                "value": m.value if m else math.nan, "spread": m.spread if m else math.nan,
+                "tolerance": self.claim.check.text, "verdict": self.verdict,
+                "size": self.size or "—", "valid_from": self.claim.size, "d": self.d or "—",
+                "L": self.L or "—", "why": self.why, "note": self.note or (m.note if m else "")}
 
 
 def format_measured(m: Measured) -> str:

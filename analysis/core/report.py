@@ -45,15 +45,8 @@ from .tables import to_markdown
 log = logging.getLogger("analysis")
 
 #: params the config summary reports besides :data:`analysis.core.select.CONFIG_KEYS`
-SUMMARY_KEYS = (
-    "size",
-    "task.name",
-    "task.probes",
-    "task.steps",
-    "task.lrs",
-    "model.name",
-    *CONFIG_KEYS,
-)
+SUMMARY_KEYS = ("size", "task.name", "task.probes", "task.steps", "task.lrs", "model.name",
+                *CONFIG_KEYS)
 CSV_PREVIEW_ROWS = 12
 
 
@@ -190,8 +183,7 @@ def _claim_rows(verdicts: list[claims.Verdict]) -> list[dict]:
 def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
     template = jinja2.Environment(
         loader=jinja2.FunctionLoader(
-            lambda name: resources.files("analysis.core").joinpath(name).read_text()
-        ),
+            lambda name: resources.files("analysis.core").joinpath(name).read_text()),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     ).get_template("report.html.j2")
@@ -206,10 +198,8 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
                 "figures": [(p.stem, _data_uri(p)) for p in s.figures],
                 "tables": [(t, Markup(md_to_html(md))) for t, md in s.tables],
                 "previews": [
-                    (p.name, Markup(
-                        d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                  classes="data", border=0)
-                    ))
+                    (p.name, Markup(d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                              classes="data", border=0)))
                     for p, d in s.previews
                 ],
                 "claims": _claim_rows(s.verdicts),
@@ -352,9 +342,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def _main(args: argparse.Namespace) -> list[Path]:
     if args.filter:
         raise KeyError("report reads every run of the store; --filter is not supported")
-    return build_report(
-        args.uri, Path(args.out), args.experiment, not args.no_figures, args.title
-    )
+    return build_report(args.uri, Path(args.out), args.experiment, not args.no_figures, args.title)
 
 
 COMMANDS = {

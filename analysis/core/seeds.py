@@ -41,15 +41,13 @@ def pooled(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
     missing = [c for c in [metric, *keys] if c not in df]
     if missing:
         raise SelectionError(f"runs have no column(s) {missing}")
-    d = pd.DataFrame(
-        {
-            "m": df[metric].astype(float),
-            "s": df[f"{metric}_std"].astype(float).fillna(0.0)
-            if f"{metric}_std" in df
-            else 0.0,
-            "n": seed_counts(df),
-        }
-    )
+    d = pd.DataFrame({
+                         "m": df[metric].astype(float),
+                         "s": df[f"{metric}_std"].astype(float).fillna(0.0)
+                         if f"{metric}_std" in df
+                         else 0.0,
+                         "n": seed_counts(df),
+                     })
     d[keys] = df[keys]
     d = d[np.isfinite(d["m"])]
 

@@ -25,22 +25,8 @@ OP_ORDER = ["rmsnorm", "detached", "meansub", "layernorm"]
 
 #: config keys that define a network (and its measurement); runs compared on one axis
 #: should agree on the ones that are not axes of the figure
-CONFIG_KEYS = (
-    PLACEMENT,
-    "norm.op",
-    "depth",
-    "width",
-    "expansion",
-    "matrices",
-    "activation",
-    "skip_every",
-    "alpha",
-    "beta",
-    "beta_scaling",
-    "seeds",
-    "seed",
-    "dtype",
-)
+CONFIG_KEYS = (PLACEMENT, "norm.op", "depth", "width", "expansion", "matrices", "activation",
+               "skip_every", "alpha", "beta", "beta_scaling", "seeds", "seed", "dtype")
 #: params that are functions of others (βα^M, β/√L…) or that only tell repeated runs of one
 #: config apart (the seed offset): never a reason to keep two runs out of one cell
 DERIVED_PARAMS = ("beta_eff", "nominal_ratio", "depth_factor", "seed", "size")
@@ -170,8 +156,7 @@ def series(uri: str | None, run_id: str, key: str) -> tuple[np.ndarray, np.ndarr
     got = cached_series(uri, run_id, key)
     if got is None or got[0].size == 0:
         raise SelectionError(
-            f"run {run_id} has no series {key!r} (was the probe that logs it in task.probes?)"
-        )
+            f"run {run_id} has no series {key!r} (was the probe that logs it in task.probes?)")
     return got
 
 

@@ -148,34 +148,15 @@ SYMBOLS: dict[str, str] = {
     "layer": r"layer $\ell$",
 }
 
-PLACEMENT_NAMES = {
-    "pre": "Pre-Norm",
-    "post": "Post-Norm",
-    "output": "output norm",
-    "peri": "Peri-Norm",
-    "none": "no norm",
-}
-OP_NAMES = {
-    "rmsnorm": "RMSNorm",
-    "layernorm": "LayerNorm",
-    "detached": "detached",
-    "meansub": "mean-sub.",
-}
-ACTIVATION_NAMES = {
-    "relu": "ReLU",
-    "gelu": "GELU",
-    "silu": "SiLU",
-    "tanh": "tanh",
-    "abs": r"$|\cdot|$",
-    "linear": "linear",
-    "leaky_relu": "leaky ReLU",
-    "swiglu": "SwiGLU",
-}
-BETA_SCALING_NAMES = {
-    "const": r"$\beta$ const",
-    "inv_sqrt_depth": r"$\beta \propto 1/\sqrt{L}$",
-    "inv_depth": r"$\beta \propto 1/L$",
-}
+PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "output norm",
+                   "peri": "Peri-Norm", "none": "no norm"}
+OP_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "detached": "detached",
+            "meansub": "mean-sub."}
+ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "tanh",
+                    "abs": r"$|\cdot|$", "linear": "linear", "leaky_relu": "leaky ReLU",
+                    "swiglu": "SwiGLU"}
+BETA_SCALING_NAMES = {"const": r"$\beta$ const", "inv_sqrt_depth": r"$\beta \propto 1/\sqrt{L}$",
+                      "inv_depth": r"$\beta \propto 1/L$"}
 
 
 def name(key: str) -> str:
@@ -223,23 +204,15 @@ def config_label(placement: str, op: str) -> str:
 
 
 # --------------------------------------------------------------------------- grids
-def grid(
-    nrows: int,
-    ncols: int,
-    *,
-    width: float = TWO_COLUMN,
-    aspect: float = 0.72,
-    **subplot_kw,
-):
+def grid(nrows: int, ncols: int, *, width: float = TWO_COLUMN, aspect: float = 0.72, **subplot_kw):
     """``(fig, axes)`` of ``nrows × ncols`` panels (``axes`` 2-D) that fits a page: ``width``
     inches wide (at most :data:`TWO_COLUMN`), each panel ``aspect`` as tall as wide, and no
     taller in all than :data:`PAGE_HEIGHT` (panels flatten to fit)."""
     width = min(width, TWO_COLUMN)
     panel_h = width / ncols * aspect
     height = min(nrows * panel_h + 0.3, PAGE_HEIGHT)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, height), squeeze=False, layout="constrained", **subplot_kw
-    )
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
+                             layout="constrained", **subplot_kw)
     return fig, axes
 
 
@@ -276,9 +249,8 @@ def value_colors(values: Iterable, cmap: str = "viridis", stop: float = 0.9):
     vals = sorted(dict.fromkeys(values))
     base = plt.get_cmap(cmap)
     rgba = [base(x) for x in np.linspace(0, stop, len(vals))] if len(vals) > 1 else [base(0.0)]
-    sm = mpl.cm.ScalarMappable(
-        norm=BoundaryNorm(np.arange(len(vals) + 1) - 0.5, len(vals)), cmap=ListedColormap(rgba)
-    )
+    sm = mpl.cm.ScalarMappable(norm=BoundaryNorm(np.arange(len(vals) + 1) - 0.5, len(vals)),
+                               cmap=ListedColormap(rgba))
     sm.values = vals  # for colorbar's tick labels
     return dict(zip(vals, rgba, strict=True)), sm
 
@@ -338,9 +310,8 @@ def finish(fig) -> None:
     matplotlib's default ``10^k`` formatter (explicitly ticked axes keep their labels)."""
     for ax in fig.axes:
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            if axis.get_scale() == "log" and isinstance(
-                axis.get_major_formatter(), mpl.ticker.LogFormatterSciNotation
-            ):
+            if axis.get_scale() == "log" and isinstance(axis.get_major_formatter(),
+                                                        mpl.ticker.LogFormatterSciNotation):
                 plain_log_ticks(ax, which)
 
 
@@ -401,12 +372,7 @@ def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Seq
     return parts
 
 
-def caption(
-    fig,
-    df: pd.DataFrame,
-    experiments: Sequence[str] | str,
-    extra: Sequence[str] = (),
-):
+def caption(fig, df: pd.DataFrame, experiments: Sequence[str] | str, extra: Sequence[str] = ()):
     """Write the caption line under ``fig``: experiment and run count, d, m/d, L, M, σ (each
     ``= v`` or ``∈ {…}``), seeds per run, size, then ``extra`` (e.g. what the error bars are).
 
@@ -425,16 +391,8 @@ def caption(
         else:
             line = cand
     lines.append(line)
-    return fig.text(
-        0.5,
-        0.0,
-        "\n".join(lines),
-        ha="center",
-        va="top",
-        fontsize=CAPTION_FONTSIZE,
-        color="0.25",
-        gid="caption",
-    )
+    return fig.text(0.5, 0.0, "\n".join(lines), ha="center", va="top", fontsize=CAPTION_FONTSIZE,
+                    color="0.25", gid="caption")
 
 
 def captions(fig) -> list:

@@ -50,17 +50,12 @@ PAPER_YLIM = 20.0
 HE_PLAIN110_ERROR = 60.0
 
 
-SYMBOLS = {
-    "grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
-    "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
-    "relative_depth": r"relative depth $i/(6n+1)$",
-    "response_std": r"std of layer response",
-    "layer": r"3$\times$3 layer $i$ (network order)",
-    "layer_sorted": r"3$\times$3 layer (sorted by magnitude)",
-    "error": r"error (%)",
-    "epoch": "epoch",
-    "block_position": r"relative block position $(b-\frac{1}{2})/3n$",
-}
+SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
+           "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
+           "relative_depth": r"relative depth $i/(6n+1)$", "response_std": r"std of layer response",
+           "layer": r"3$\times$3 layer $i$ (network order)",
+           "layer_sorted": r"3$\times$3 layer (sorted by magnitude)", "error": r"error (%)",
+           "epoch": "epoch", "block_position": r"relative block position $(b-\frac{1}{2})/3n$"}
 
 
 def networks(df: pd.DataFrame) -> pd.DataFrame:
@@ -227,10 +222,9 @@ def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
     for (res, depth), (blocks, err) in curves.items():
         n = (depth - 2) // 6
         for b, e in zip(blocks.astype(int), err, strict=True):
-            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth,
-                         "block": b, "position": (b - 0.5) / (3 * n),
-                         "downsampling": b in (n + 1, 2 * n + 1), "error": 100 * e,
-                         "intact": 100 * float(intact[(res, depth)])})
+            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth, "block": b,
+                         "position": (b - 0.5) / (3 * n), "downsampling": b in (n + 1, 2 * n + 1),
+                         "error": 100 * e, "intact": 100 * float(intact[(res, depth)])})
     return pd.DataFrame(rows)
 
 
@@ -610,20 +604,17 @@ DEGRADATION: tuple[Claim, ...] = (
           Check("≤ 1", lambda v: v <= 1),
           _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
     Claim("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
-          "He et al. 2016 Fig. 6", "> 0 pp",
-          Check("> 0", lambda v: v > 0),
+          "He et al. 2016 Fig. 6", "> 0 pp", Check("> 0", lambda v: v > 0),
           _measure(lambda t: plain_degradation(t["errors"])), size="full"),
     Claim("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
-          "He et al. 2016 Table 6", "8.75 → 6.43 %",
-          Check("> 0", lambda v: v > 0),
+          "He et al. 2016 Table 6", "8.75 → 6.43 %", Check("> 0", lambda v: v > 0),
           _measure(lambda t: resnet_gain(t["errors"])), size="full"),
     Claim("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
           "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %",
           Check("≤ 1 pp", lambda v: v <= 1.0),
           _measure(lambda t: resnet_vs_he(t["errors"])), size="full"),
     Claim("degradation.plain110_fails", "plain-110 stays above 60 % test error",
-          "He et al. 2016 §4.2", "> 60 %",
-          Check("> 60", lambda v: v > HE_PLAIN110_ERROR),
+          "He et al. 2016 §4.2", "> 60 %", Check("> 60", lambda v: v > HE_PLAIN110_ERROR),
           _measure(lambda t: float(t["errors"].loc[110, "plain_test"])), size="full"),
     Claim("degradation.lesion_resnet_milder", "lesioning one block hurts a ResNet less than a "
               "plain net",
@@ -638,13 +629,9 @@ DEGRADATION: tuple[Claim, ...] = (
 )
 
 
-COMMANDS = {
-    "init-gradients": INIT_GRADIENTS_COMMAND,
-    "responses": RESPONSES_COMMAND,
-    "error-curves": ERROR_CURVES_COMMAND,
-    "error-table": ERROR_TABLE_COMMAND,
-    "lesion": LESION_COMMAND,
-}
+COMMANDS = {"init-gradients": INIT_GRADIENTS_COMMAND, "responses": RESPONSES_COMMAND,
+            "error-curves": ERROR_CURVES_COMMAND, "error-table": ERROR_TABLE_COMMAND,
+            "lesion": LESION_COMMAND}
 
 
 EXPERIMENTS = (
@@ -652,13 +639,9 @@ EXPERIMENTS = (
         "degradation",
         "The degradation replication (He et al. 2016)",
         "science.md §5, last item (He et al. 2016 §4.2)",
-        analyses=(
-            "init-gradients --experiment degradation",
-            "responses --experiment degradation",
-            "error-curves --experiment degradation",
-            "error-table --experiment degradation",
-            "lesion --experiment degradation",
-        ),
+        analyses=("init-gradients --experiment degradation", "responses --experiment degradation",
+                  "error-curves --experiment degradation", "error-table --experiment degradation",
+                  "lesion --experiment degradation"),
         claims=DEGRADATION,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
     ),

@@ -24,12 +24,10 @@ from ..core.tables import to_markdown, write_text
 
 #: the study's numbers (science.md §4 fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L
-STUDY = {
-    (False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
-    (False, 1024): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
-    (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
-    (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59},
-}
+STUDY = {(False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
+         (False, 1024): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
+         (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
+         (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59}}
 
 
 METRICS = ["ffn_accumulated_ratio", "ffn_coherent_ratio", "ffn_cos_offdiag_mean",
@@ -85,19 +83,16 @@ def summary(nets: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in nets.iterrows():
         study = STUDY.get((bool(r["trained"]), int(r["width"])), {})
-        rows.append({
-            "network": network_label(r).replace("$", ""),
-            "d": int(r["width"]), "L": int(r["depth"]), "seeds": int(r["seeds"]),
-            "cos offdiag mean": r["ffn_cos_offdiag_mean"],
-            "abs cos offdiag mean": r["ffn_cos_offdiag_abs_mean"],
-            "cos offdiag rms · d": r["ffn_cos_offdiag_rms"] * r["width"],
-            "1/d": 1.0 / r["width"],
-            "study cos": study.get("cos", "—"),
-            "accumulated/uncorrelated": r["ffn_accumulated_ratio"],
-            "study acc.": study.get("accumulated", math.nan),
-            "coherent/uncorrelated": r["ffn_coherent_ratio"],
-            "study coh.": study.get("coherent", math.nan),
-        })
+        rows.append({"network": network_label(r).replace("$", ""), "d": int(r["width"]),
+                     "L": int(r["depth"]), "seeds": int(r["seeds"]),
+                     "cos offdiag mean": r["ffn_cos_offdiag_mean"],
+                     "abs cos offdiag mean": r["ffn_cos_offdiag_abs_mean"],
+                     "cos offdiag rms · d": r["ffn_cos_offdiag_rms"] * r["width"],
+                     "1/d": 1.0 / r["width"], "study cos": study.get("cos", "—"),
+                     "accumulated/uncorrelated": r["ffn_accumulated_ratio"],
+                     "study acc.": study.get("accumulated", math.nan),
+                     "coherent/uncorrelated": r["ffn_coherent_ratio"],
+                     "study coh.": study.get("coherent", math.nan)})
     return pd.DataFrame(rows).set_index("network")
 
 
@@ -249,12 +244,7 @@ COMMANDS = {"ffn": FFN_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig12",
-        "Figure 12: GPT-2's FFN branch along the residual stream",
-        "science.md §4 fig12",
-        analyses=("ffn --experiment fig12",),
-        claims=FIG12 + FIG12_TRAINED,
-        needs=Needs(packages=("transformers",)),
-    ),
+    Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
+               "science.md §4 fig12", analyses=("ffn --experiment fig12",),
+               claims=FIG12 + FIG12_TRAINED, needs=Needs(packages=("transformers",))),
 )

@@ -141,11 +141,6 @@ COMMANDS = {"deep_linear": DEEP_LINEAR_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "deep_linear",
-        "The deep-linear plateau T(N, a₀)",
-        "science.md §5 (215.8/215.9)",
-        analyses=("deep_linear -e deep_linear",),
-        claims=DEEP_LINEAR,
-    ),
+    Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "science.md §5 (215.8/215.9)",
+               analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),
 )

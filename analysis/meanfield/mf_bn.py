@@ -125,8 +125,7 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
     fig = draw_bn(t, args.uri)
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", bn_spread_note(t)])
-    return save(fig, out, "mf_bn",
-                t.drop(columns="run_id"))
+    return save(fig, out, "mf_bn", t.drop(columns="run_id"))
 
 
 
@@ -200,11 +199,7 @@ COMMANDS = {"mf_bn": MF_BN_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_bn",
-        "Batch normalization at initialization",
-        "science.md §5 (BN paradox, shattered gradients)",
-        analyses=("mf_bn -e mf_bn",),
-        claims=MF_BN,
-    ),
+    Experiment("mf_bn", "Batch normalization at initialization",
+               "science.md §5 (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
+               claims=MF_BN),
 )

@@ -189,12 +189,7 @@ COMMANDS = {"mf_phase": MF_PHASE_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_phase",
-        "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
-        "science.md §5 (215.1–215.4)",
-        analyses=("mf_phase -e mf_phase",),
-        claims=MF_PHASE,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
+               "science.md §5 (215.1–215.4)", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
+               needs=Needs(gpu_full=True)),
 )

@@ -128,11 +128,7 @@ COMMANDS = {"mf_relu_collapse": MF_RELU_COLLAPSE_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_relu_collapse",
-        "Critical ReLU: polynomial correlation collapse",
-        "science.md §5 (critical ReLU)",
-        analyses=("mf_relu_collapse -e mf_relu_collapse",),
-        claims=MF_RELU_COLLAPSE,
-    ),
+    Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
+               "science.md §5 (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
+               claims=MF_RELU_COLLAPSE),
 )

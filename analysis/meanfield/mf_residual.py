@@ -107,8 +107,7 @@ def _residual_main(args: argparse.Namespace) -> list[Path]:
     t = residual_table(df, args.uri)
     fig = draw_residual(t)
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
-    return save(fig,
-                out_dir(args), "mf_residual", t)
+    return save(fig, out_dir(args), "mf_residual", t)
 
 
 MF_RESIDUAL_COMMAND = Command(_residual_arguments, _residual_main,
@@ -179,11 +178,7 @@ COMMANDS = {"mf_residual": MF_RESIDUAL_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_residual",
-        "Residual ReLU networks: variance and correlation",
-        "science.md §5 (residual networks)",
-        analyses=("mf_residual -e mf_residual",),
-        claims=MF_RESIDUAL,
-    ),
+    Experiment("mf_residual", "Residual ReLU networks: variance and correlation",
+               "science.md §5 (residual networks)", analyses=("mf_residual -e mf_residual",),
+               claims=MF_RESIDUAL),
 )

@@ -178,11 +178,6 @@ COMMANDS = {"mf_spectrum": MF_SPECTRUM_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_spectrum",
-        "Jacobian spectrum: Var(λ) = L(v_W + v_D)",
-        "science.md §5 (215.7)",
-        analyses=("mf_spectrum -e mf_spectrum",),
-        claims=MF_SPECTRUM,
-    ),
+    Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "science.md §5 (215.7)",
+               analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),
 )

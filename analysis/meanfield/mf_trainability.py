@@ -33,7 +33,6 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _trainability(runs: Runs) -> pd.DataFrame:
-
     return trainability_table(runs("mf_trainability"))
 
 
@@ -77,8 +76,7 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
     lrs = values_text(df, "task.lrs")
     fig = draw_trainability(t, str(df["activation"].iloc[0]))
     style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
-    return save(fig, out_dir(args),
-                "mf_trainability", t)
+    return save(fig, out_dir(args), "mf_trainability", t)
 
 
 MF_TRAINABILITY_COMMAND = Command(_trainability_arguments, _trainability_main,
@@ -125,12 +123,8 @@ COMMANDS = {"mf_trainability": MF_TRAINABILITY_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_trainability",
-        "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
-        "science.md §5 (Schoenholz et al. 2017)",
-        analyses=("mf_trainability -e mf_trainability",),
-        claims=MF_TRAINABILITY,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
+    Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
+               "science.md §5 (Schoenholz et al. 2017)",
+               analyses=("mf_trainability -e mf_trainability",), claims=MF_TRAINABILITY,
+               needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )

@@ -185,11 +185,6 @@ COMMANDS = {"post_ops": POST_OPS_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig10",
-        "Figure 10: the post-residual op without the Pre-RMSNorm control",
-        "science.md §4 fig10",
-        analyses=("post_ops --experiment fig10",),
-        claims=FIG10,
-    ),
+    Experiment("fig10", "Figure 10: the post-residual op without the Pre-RMSNorm control",
+               "science.md §4 fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),
 )

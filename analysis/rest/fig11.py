@@ -32,11 +32,6 @@ FIG11 = (
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig11",
-        "Figure 11: Pre-Norm stream growth",
-        "science.md §4 fig11",
-        analyses=("stream --experiment fig11",),
-        claims=FIG11,
-    ),
+    Experiment("fig11", "Figure 11: Pre-Norm stream growth", "science.md §4 fig11",
+               analyses=("stream --experiment fig11",), claims=FIG11),
 )

@@ -25,11 +25,6 @@ FIG13 = (
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig13",
-        "Figure 13 (ranks): branch-output norm on the fig6 grid",
-        "science.md §4 fig13",
-        analyses=("heatmap --experiment fig13",),
-        claims=FIG13,
-    ),
+    Experiment("fig13", "Figure 13 (ranks): branch-output norm on the fig6 grid",
+               "science.md §4 fig13", analyses=("heatmap --experiment fig13",), claims=FIG13),
 )

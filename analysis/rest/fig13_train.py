@@ -27,12 +27,8 @@ FIG13_TRAIN = (
 
 EXPERIMENTS = (
     Experiment(
-        "fig13_train",
-        "Figure 13 (trainability): branch-output norm trained on CIFAR-10",
+        "fig13_train", "Figure 13 (trainability): branch-output norm trained on CIFAR-10",
         "science.md §4 fig13",
         analyses=("fig6 --rank-experiment fig13 --train-experiment fig13_train --figure 13",),
-        claims=FIG13_TRAIN,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-        reads=('fig13',),
-    ),
+        claims=FIG13_TRAIN, needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig13',)),
 )

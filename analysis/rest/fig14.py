@@ -170,11 +170,6 @@ COMMANDS = {"cos_field": COS_FIELD_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig14",
-        "Figure 14: the pairwise cosine field of the branch means",
-        "science.md §4 fig14",
-        analyses=("cos_field --experiment fig14",),
-        claims=FIG14,
-    ),
+    Experiment("fig14", "Figure 14: the pairwise cosine field of the branch means",
+               "science.md §4 fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),
 )

@@ -132,11 +132,6 @@ COMMANDS = {"centring": CENTRING_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig15",
-        "Figure 15: centring, not rescaling, keeps M = 1 rank",
-        "science.md §4 fig15",
-        analyses=("centring --experiment fig15",),
-        claims=FIG15,
-    ),
+    Experiment("fig15", "Figure 15: centring, not rescaling, keeps M = 1 rank",
+               "science.md §4 fig15", analyses=("centring --experiment fig15",), claims=FIG15),
 )

@@ -37,11 +37,6 @@ FIG17 = (
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig17",
-        "Figure 17: Marchenko–Pastur per activation",
-        "science.md §4 fig17",
-        analyses=("mp --experiment fig17",),
-        claims=FIG17,
-    ),
+    Experiment("fig17", "Figure 17: Marchenko–Pastur per activation", "science.md §4 fig17",
+               analyses=("mp --experiment fig17",), claims=FIG17),
 )

@@ -24,12 +24,8 @@ OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
 
 
 #: Table 2's reading of each op: (what J removes, whether it rescales)
-TABLE2 = {
-    "rmsnorm": ("x̂", "√d/‖x‖"),
-    "detached": ("nothing", "√d/‖x‖"),
-    "meansub": ("1", "none"),
-    "layernorm": ("x̂_c and 1", "√d/‖x−μ‖"),
-}
+TABLE2 = {"rmsnorm": ("x̂", "√d/‖x‖"), "detached": ("nothing", "√d/‖x‖"), "meansub": ("1", "none"),
+          "layernorm": ("x̂_c and 1", "√d/‖x−μ‖")}
 
 
 T2_COLUMNS = ("jac_autograd_error", "jac_removes_xhat", "jac_removes_xhat_c", "jac_removes_ones",
@@ -103,11 +99,6 @@ COMMANDS = {"table2": TABLE2_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "tab2",
-        "Table 2: the post-residual ops' Jacobians",
-        "science.md §4 tab2",
-        analyses=("table2 --experiment tab2",),
-        claims=TAB2,
-    ),
+    Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "science.md §4 tab2",
+               analyses=("table2 --experiment tab2",), claims=TAB2),
 )

@@ -147,11 +147,6 @@ COMMANDS = {"table3": TABLE3_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "tab3",
-        "Table 3: rank-one projections along a random walk",
-        "science.md §4 tab3",
-        analyses=("table3 --experiment tab3",),
-        claims=TAB3,
-    ),
+    Experiment("tab3", "Table 3: rank-one projections along a random walk", "science.md §4 tab3",
+               analyses=("table3 --experiment tab3",), claims=TAB3),
 )

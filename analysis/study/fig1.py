@@ -63,9 +63,7 @@ def profile_table(
         pooled["theory"] = _series_theory(metric, runs, pooled.index.to_numpy())
         rows.append(pooled.reset_index().assign(**dict(zip(keys, values, strict=True))))
     bar.close()
-    out = pd.concat(rows, ignore_index=True).rename(
-        columns={"m": metric, "s": f"{metric}_std"}
-    )
+    out = pd.concat(rows, ignore_index=True).rename(columns={"m": metric, "s": f"{metric}_std"})
     return out[keys + ["layer", metric, f"{metric}_std", "runs", "theory"]]
 
 
@@ -108,10 +106,8 @@ def _stream_theory(layers, placement, nominal_ratio, activation, alpha) -> np.nd
 SERIES_THEORY = {"branch_ratio": branch_ratio_theory, "rms": _stream_theory}
 
 
-_THEORY_NAME = {
-    "branch_ratio": r"dashed: $\sqrt{p}\,\tilde r_\ell$ (Eq. 21/22)",
-    "rms": r"dashed: $\sqrt{1+\kappa(\beta\alpha^M)^2\ell}$",
-}
+_THEORY_NAME = {"branch_ratio": r"dashed: $\sqrt{p}\,\tilde r_\ell$ (Eq. 21/22)",
+                "rms": r"dashed: $\sqrt{1+\kappa(\beta\alpha^M)^2\ell}$"}
 
 
 _THEORY_INPUTS = (PLACEMENT, "nominal_ratio", "activation", "alpha")
@@ -159,20 +155,10 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
                 if line.empty:
                     continue
                 color = colors[h if hue else 0]
-                ax.plot(
-                    line["layer"],
-                    line[metric],
-                    color=color,
-                    label=style.value_label(hue, h) if hue and not numeric else None,
-                )
-                ax.fill_between(
-                    line["layer"],
-                    line[metric] - line[f"{metric}_std"],
-                    line[metric] + line[f"{metric}_std"],
-                    color=color,
-                    alpha=0.2,
-                    lw=0,
-                )
+                ax.plot(line["layer"], line[metric], color=color,
+                        label=style.value_label(hue, h) if hue and not numeric else None)
+                ax.fill_between(line["layer"], line[metric] - line[f"{metric}_std"],
+                                line[metric] + line[f"{metric}_std"], color=color, alpha=0.2, lw=0)
                 if line["theory"].notna().any():
                     ax.plot(line["layer"], line["theory"], color=color, ls="--", lw=0.8)
                     theory_drawn = True
@@ -196,20 +182,14 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
 
 def _profiles_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig1"], "MLflow experiment(s) (default: fig1)")
-    p.add_argument(
-        "--metric",
-        default="erank_profile",
-        help="per-layer series (default: erank_profile = erank(∂h_l/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--rows", default="skip_every", help="one panel row per value (default: skip_every)"
-    )
-    p.add_argument(
-        "--cols", default="beta_scaling", help="one panel column per value (default: beta_scaling)"
-    )
-    p.add_argument(
-        "--hue", default="expansion", help="one line per value (default: expansion = m/d)"
-    )
+    p.add_argument("--metric", default="erank_profile",
+                   help="per-layer series (default: erank_profile = erank(∂h_l/∂h_0)/d)")
+    p.add_argument("--rows", default="skip_every",
+                   help="one panel row per value (default: skip_every)")
+    p.add_argument("--cols", default="beta_scaling",
+                   help="one panel column per value (default: beta_scaling)")
+    p.add_argument("--hue", default="expansion",
+                   help="one line per value (default: expansion = m/d)")
     add_where(p)
 
 
@@ -295,12 +275,7 @@ COMMANDS = {"profiles": PROFILES_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig1",
-        "Figure 1: the per-layer rank profile with and without skips",
-        "science.md §3 fig1",
-        analyses=("profiles --experiment fig1",),
-        claims=FIG1,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
+               "science.md §3 fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
+               needs=Needs(gpu_full=True)),
 )

@@ -33,9 +33,8 @@ def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.Data
 
 def _fig16_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
-    p.add_argument(
-        "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
-    )
+    p.add_argument("--metric", default="best_test_accuracy",
+                   help="y axis (default: best_test_accuracy)")
 
 
 def _fig16_main(args: argparse.Namespace) -> list[Path]:
@@ -47,22 +46,17 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
         for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
             s = table.loc[(m, p)]
             ax.errorbar(
-                s.index,
-                s["mean"],
-                yerr=s["std"].fillna(0),
-                marker="o",
+                s.index, s["mean"], yerr=s["std"].fillna(0), marker="o",
                 linestyle="-" if m == 2 else "--",
-                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
-            )
+                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}")
     ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
     depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))
     ax.legend()
     fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    return save(
-        fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
-    )
+    return save(fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth",
+                table)
 
 
 FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
@@ -100,12 +94,7 @@ COMMANDS = {"fig16": FIG16_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig16",
-        "Figure 16: how deep a network trains without normalization",
-        "science.md §3 fig16",
-        analyses=("fig16",),
-        claims=FIG16,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
+    Experiment("fig16", "Figure 16: how deep a network trains without normalization",
+               "science.md §3 fig16", analyses=("fig16",), claims=FIG16,
+               needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )

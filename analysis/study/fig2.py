@@ -123,10 +123,8 @@ def main(args: argparse.Namespace) -> list[Path]:
 
 
 #: the config keys each x is a function of (they may differ between runs of one group)
-INGREDIENTS = {
-    "nominal_ratio": ("alpha", "beta", "beta_scaling"),
-    "depth_factor": ("alpha", "beta", "beta_scaling", "depth"),
-}
+INGREDIENTS = {"nominal_ratio": ("alpha", "beta", "beta_scaling"),
+               "depth_factor": ("alpha", "beta", "beta_scaling", "depth")}
 
 
 def collapse_panels(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
@@ -172,14 +170,8 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
         values = values if isinstance(values, tuple) else (values,)
         v = runs[metric].astype(float)
         rows.append(
-            {
-                **dict(zip(keys, values[:-1], strict=True)),
-                x: float(runs[x].min()),
-                "runs": len(runs),
-                "min": v.min(),
-                "max": v.max(),
-                "spread": v.max() - v.min(),
-            }
+            {**dict(zip(keys, values[:-1], strict=True)), x: float(runs[x].min()),
+             "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()}
         )
     cols = keys + [x, "runs", "min", "max", "spread"]
     out = pd.DataFrame(rows, columns=cols)
@@ -188,26 +180,14 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
 
 def _collapse_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig2"], "MLflow experiment(s) (default: fig2)")
-    p.add_argument(
-        "--metric", default="erank_io", help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)"
-    )
-    p.add_argument(
-        "--x",
-        default="nominal_ratio",
-        choices=sorted(INGREDIENTS),
-        help="nominal_ratio = βα^M (Figure 2b) or depth_factor = βα^M√L (Figure 5d)",
-    )
-    p.add_argument(
-        "--color",
-        default=PLACEMENT,
-        help=f"one colour per value of this param (default: {PLACEMENT})",
-    )
-    p.add_argument(
-        "--panel",
-        nargs="*",
-        default=[],
-        help="one panel per combination of these params (default: one panel)",
-    )
+    p.add_argument("--metric", default="erank_io",
+                   help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--x", default="nominal_ratio", choices=sorted(INGREDIENTS),
+                   help="nominal_ratio = βα^M (Figure 2b) or depth_factor = βα^M√L (Figure 5d)")
+    p.add_argument("--color", default=PLACEMENT,
+                   help=f"one colour per value of this param (default: {PLACEMENT})")
+    p.add_argument("--panel", nargs="*", default=[],
+                   help="one panel per combination of these params (default: one panel)")
     p.add_argument(
         "--match-rtol",
         type=float,
@@ -239,17 +219,9 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
             s = sub[sub[args.color] == c]
             if s.empty:
                 continue
-            ax.errorbar(
-                s[args.x],
-                s[args.metric],
-                yerr=s[std] if std in s else None,
-                fmt="o",
-                ms=2.5,
-                lw=0.5,
-                color=col,
-                alpha=0.85,
-                label=None if numeric else style.value_label(args.color, c),
-            )
+            ax.errorbar(s[args.x], s[args.metric], yerr=s[std] if std in s else None, fmt="o",
+                        ms=2.5, lw=0.5, color=col, alpha=0.85,
+                        label=None if numeric else style.value_label(args.color, c))
             line = s.groupby(args.x)[args.metric].mean().sort_index()
             ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
         ax.set_xscale("log")
@@ -267,11 +239,8 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
                    else f"no two runs share {xname}")  # never "nan" in a title
     fig.suptitle(f"{style.name(args.metric)} vs {xname} ({spread_text})")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    cols = [
-        "run_id",
-        *dict.fromkeys([*keys, "alpha", "beta", "beta_eff", "depth", args.x]),
-        args.metric,
-    ]
+    cols = ["run_id", *dict.fromkeys([*keys, "alpha", "beta", "beta_eff", "depth", args.x]),
+            args.metric]
     table = df[[c for c in cols if c in df]].sort_values([args.x, args.color])
     stem = f"collapse_{args.metric}_vs_{args.x}"
     paths = save(fig, out_dir(args), stem, table.set_index("run_id"))
@@ -320,10 +289,8 @@ EXPERIMENTS = (
         "fig2",
         "Figure 2: rank over α × β collapses onto βα^M",
         "science.md §3 fig2",
-        analyses=(
-            "heatmap --experiment fig2 --x alpha --y beta --log-color",
-            "collapse --experiment fig2",
-        ),
+        analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
+                  "collapse --experiment fig2"),
         claims=FIG2,
         needs=Needs(gpu_full=True),
     ),

@@ -81,23 +81,16 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             log.warning("%s: no theory overlay", e)
             energy, th_mu, th_en = None, np.nan, np.nan
         rows.append(
-            {
-                "run_id": rec["run_id"],
-                "beta_scaling": rec["beta_scaling"],
-                "beta": rec["beta"],
-                "beta_eff": rec["beta_eff"],
-                "alpha": rec["alpha"],
-                "depth": depth,
-                "nominal_ratio": rec["nominal_ratio"],
-                "mean_path_order": rec["mean_path_order"],
-                "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
-                "mean_path_order_theory": th_mu,
-                "mean_path_order_energy": rec["mean_path_order_energy"],
-                "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
-                "mean_path_order_energy_theory": th_en,
-                "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
-                "path_order_peak": rec["path_order_peak"],
-            }
+            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+             "beta_eff": rec["beta_eff"], "alpha": rec["alpha"], "depth": depth,
+             "nominal_ratio": rec["nominal_ratio"], "mean_path_order": rec["mean_path_order"],
+             "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
+             "mean_path_order_theory": th_mu,
+             "mean_path_order_energy": rec["mean_path_order_energy"],
+             "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
+             "mean_path_order_energy_theory": th_en,
+             "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
+             "path_order_peak": rec["path_order_peak"]}
         )
         steps, values = series(uri, rec["run_id"], "path_profile")
         theory = np.full(steps.size, np.nan)
@@ -108,15 +101,8 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             theory[ok] = mu[steps[ok].astype(int)]
         prof.append(
             pd.DataFrame(
-                {
-                    "run_id": rec["run_id"],
-                    "beta_scaling": rec["beta_scaling"],
-                    "beta": rec["beta"],
-                    "alpha": rec["alpha"],
-                    "k": steps.astype(int),
-                    "profile": values,
-                    "theory": theory,
-                }
+                {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+                 "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}
             )
         )
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
@@ -165,27 +151,19 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     contexts = df[["depth", "activation", PLACEMENT]].drop_duplicates()
     for ax, col, what in (
         (axes[0], "mean_path_order", r"$\langle k\rangle$ under $\mu_k$"),
-        (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$"),
-    ):
+        (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$")):
         groups = summary.groupby(["beta", "beta_scaling"])
         order = {sc: i for i, sc in enumerate(_scalings(summary["beta_scaling"]))}
         for (beta, scaling), g in sorted(groups, key=lambda kv: (order[kv[0][1]], -kv[0][0])):
-            ax.errorbar(
-                g["nominal_ratio"],
-                g[col],
-                yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
-                fmt=markers.get(scaling, "^"),
-                ms=4,
-                mfc="none",
-                lw=0.6,
-                label=beta_label(beta, scaling),
-            )
+            ax.errorbar(g["nominal_ratio"], g[col],
+                        yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
+                        fmt=markers.get(scaling, "^"), ms=4, mfc="none", lw=0.6,
+                        label=beta_label(beta, scaling))
         for ctx in contexts.itertuples(index=False):
             depth, act, place = int(ctx[0]), str(ctx[1]), str(ctx[2])
             try:
                 th = np.array(
-                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid]
-                )
+                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid])
             except ValueError:
                 continue
             ax.plot(
@@ -199,13 +177,8 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
             col == "mean_path_order_energy"
             and summary["mean_path_order_uncorrelated"].notna().any()
         ):
-            ax.plot(
-                summary["nominal_ratio"],
-                summary["mean_path_order_uncorrelated"],
-                "k.",
-                ms=3,
-                label=r"uncorrelated, measured $r_\ell$",
-            )
+            ax.plot(summary["nominal_ratio"], summary["mean_path_order_uncorrelated"], "k.", ms=3,
+                    label=r"uncorrelated, measured $r_\ell$")
         ax.set_xscale("log")
         ax.set_xlabel(style.name("nominal_ratio"))
         ax.set_ylabel(what)
@@ -218,19 +191,8 @@ def _paths_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _paths_main(args: argparse.Namespace) -> list[Path]:
-    needs = [
-        "alpha",
-        "beta",
-        "beta_eff",
-        "beta_scaling",
-        "depth",
-        "activation",
-        PLACEMENT,
-        "nominal_ratio",
-        "mean_path_order",
-        "mean_path_order_energy",
-        "path_order_peak",
-    ]
+    needs = ["alpha", "beta", "beta_eff", "beta_scaling", "depth", "activation", PLACEMENT,
+             "nominal_ratio", "mean_path_order", "mean_path_order_energy", "path_order_peak"]
     df = load(args, needs, probe="path_order")
     warn_mixed(df, (), args.experiment,
                keys=("width", "depth", "matrices", "expansion", "activation", PLACEMENT, "norm.op"))
@@ -301,12 +263,6 @@ COMMANDS = {"paths": PATHS_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig3",
-        "Figure 3: path-order decomposition of the Jacobian",
-        "science.md §3 fig3",
-        analyses=("paths --experiment fig3",),
-        claims=FIG3,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "science.md §3 fig3",
+               analyses=("paths --experiment fig3",), claims=FIG3, needs=Needs(gpu_full=True)),
 )

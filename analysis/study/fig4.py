@@ -34,17 +34,9 @@ PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
 
 
-SPLIT = (
-    "erank_post",
-    "erank_post_noproj",
-    "erank_prenorm",
-    "erank_unnormalized",
-    "rank_removed_by_projection",
-    "rank_removed_by_rescaling",
-    "rank_removed_total",
-    "erank_projection_product",
-    "erank_projection_product_rw",
-)
+SPLIT = ("erank_post", "erank_post_noproj", "erank_prenorm", "erank_unnormalized",
+         "rank_removed_by_projection", "rank_removed_by_rescaling", "rank_removed_total",
+         "erank_projection_product", "erank_projection_product_rw")
 
 
 def config_label(placement: str, op: str) -> str:
@@ -130,10 +122,8 @@ def placement_table(
         keep = (d[OP] == "rmsnorm") | (d[PLACEMENT] == "post") | (d[PLACEMENT] == "none")
         d = d[keep] if keep.any() else d
     order = ["pre", "output", "post", "peri", "none"]
-    d = d.assign(
-        _p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
-        _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
-    )
+    d = d.assign(_p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
+                 _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]])
     d.loc[d[PLACEMENT] == "none", "_o"] = 0
     t = pooled(d, metric, ["_p", "_o", "config", "alpha"]).rename(columns={"runs": "count"})
     return t[["mean", "std", "count", "seeds"]].droplevel([0, 1])
@@ -156,9 +146,8 @@ def split_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = post.groupby([OP, "alpha"])[["erank_io", *cols]].mean()
     rank = {o: i for i, o in enumerate(OP_ORDER)}
-    return t.sort_index(
-        level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s
-    )
+    return t.sort_index(level=[0, 1],
+                        key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s)
 
 
 def _tick(config: str) -> str:
@@ -206,15 +195,10 @@ def spread_note(table: pd.DataFrame) -> str:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig4"], "MLflow experiment(s) (default: fig4)")
-    p.add_argument(
-        "--metric", default="erank_io", help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)"
-    )
-    p.add_argument(
-        "--all",
-        action="store_true",
-        dest="every",
-        help="every (placement, op) run, not only the figure's selection",
-    )
+    p.add_argument("--metric", default="erank_io",
+                   help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--all", action="store_true", dest="every",
+                   help="every (placement, op) run, not only the figure's selection")
     add_where(p)
 
 
@@ -247,10 +231,8 @@ def _main(args: argparse.Namespace) -> list[Path]:
         print(to_markdown(wide_c))
     gap = detached_gap(table)
     if len(gap):
-        print(
-            "\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
-            + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items())
-        )
+        print("\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
+              + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items()))
     split = split_table(df)
     if split.empty:
         log.warning(
@@ -395,12 +377,7 @@ COMMANDS = {"placements": PLACEMENTS_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig4",
-        "Figure 4: where the norm sits and what it does",
-        "science.md §3 fig4, §4",
-        analyses=("placements --experiment fig4",),
-        claims=FIG4 + FIG4B,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("fig4", "Figure 4: where the norm sits and what it does", "science.md §3 fig4, §4",
+               analyses=("placements --experiment fig4",), claims=FIG4 + FIG4B,
+               needs=Needs(gpu_full=True)),
 )

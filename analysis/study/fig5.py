@@ -152,18 +152,11 @@ def isorank_table(
             sr = fit.s if fit is not None else np.nan
             key = dict(zip(panel, pv, strict=True))
             rows.append(
-                {
-                    **key,
-                    "level": level,
-                    "points": len(c),
-                    "slope_alpha": s,
-                    "slope_ratio": sr,
-                    "slope_ratio_lo": fit.lo if fit is not None else np.nan,
-                    "slope_ratio_hi": fit.hi if fit is not None else np.nan,
-                    "r2": r2,
-                    "depth_min": c.index.min() if len(c) else np.nan,
-                    "depth_max": c.index.max() if len(c) else np.nan,
-                }
+                {**key, "level": level, "points": len(c), "slope_alpha": s, "slope_ratio": sr,
+                 "slope_ratio_lo": fit.lo if fit is not None else np.nan,
+                 "slope_ratio_hi": fit.hi if fit is not None else np.nan, "r2": r2,
+                 "depth_min": c.index.min() if len(c) else np.nan,
+                 "depth_max": c.index.max() if len(c) else np.nan}
             )
             pts += [
                 {**key, "level": level, y: yy, x: xx, "ratio": rr}
@@ -176,23 +169,13 @@ def isorank_table(
 
 def _isorank_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
-    p.add_argument(
-        "--metric",
-        default="erank_io",
-        help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--levels",
-        type=lambda s: [float(v) for v in s.split(",")],
-        default=[0.05, 0.1, 0.2, 0.3, 0.5],
-        help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)",
-    )
-    p.add_argument(
-        "--panel",
-        nargs="*",
-        default=[PLACEMENT, "expansion"],
-        help=f"one panel per combination (default: {PLACEMENT} expansion)",
-    )
+    p.add_argument("--metric", default="erank_io",
+                   help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--levels", type=lambda s: [float(v) for v in s.split(",")],
+                   default=[0.05, 0.1, 0.2, 0.3, 0.5],
+                   help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)")
+    p.add_argument("--panel", nargs="*", default=[PLACEMENT, "expansion"],
+                   help=f"one panel per combination (default: {PLACEMENT} expansion)")
     add_where(p)
 
 
@@ -215,9 +198,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                             vmin=0, vmax=1, edgecolors="none")
         else:
             a, L = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
-            im = ax.pcolormesh(
-                a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r", vmin=0, vmax=1
-            )
+            im = ax.pcolormesh(a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r",
+                               vmin=0, vmax=1)
         key = dict(zip(args.panel, pv, strict=True))
         sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
         for k, v in key.items():
@@ -252,14 +234,12 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
         if ax is axes[0]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
-        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
-                  frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
-                  title_fontsize=5)
+        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2, frameon=True,
+                  framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$", title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
     style.caption(fig, df, args.experiment, [
-        "grey: mean over seeds",
-        r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+        "grey: mean over seeds", r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
         r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
     print(
@@ -271,10 +251,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
     points.to_csv(out / f"isorank_{args.metric}_points.csv", index=False)
-    paths += [
-        out / f"isorank_{args.metric}_points.csv",
-        write_text(out / f"isorank_{args.metric}.md", md + "\n"),
-    ]
+    paths += [out / f"isorank_{args.metric}_points.csv",
+              write_text(out / f"isorank_{args.metric}.md", md + "\n")]
     return paths
 
 
@@ -299,25 +277,16 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
         y = rms**2 - rms[0] ** 2
         kt = kappa_theory(str(r["activation"]), float(r["alpha"]))
         runs.append(
-            {
-                "run_id": r["run_id"],
-                PLACEMENT: r[PLACEMENT],
-                "expansion": r["expansion"],
-                "alpha": r["alpha"],
-                "depth": int(r["depth"]),
-                "nominal_ratio": r["nominal_ratio"],
-                "kappa_fit": r["stream_kappa"],
-                "kappa_fit_std": r.get("stream_kappa_std", np.nan),
-                "kappa_fit_mean": float((x * y).sum() / (x * x).sum()),
-                "kappa_theory": kt,
-                "rms_final": r["rms_final"],
-                "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt)),
-            }
+            {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
+             "alpha": r["alpha"], "depth": int(r["depth"]), "nominal_ratio": r["nominal_ratio"],
+             "kappa_fit": r["stream_kappa"], "kappa_fit_std": r.get("stream_kappa_std", np.nan),
+             "kappa_fit_mean": float((x * y).sum() / (x * x).sum()), "kappa_theory": kt,
+             "rms_final": r["rms_final"],
+             "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))}
         )
         rows.append(
             pd.DataFrame(
-                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}
-            )
+                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x})
         )
     return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
 
@@ -325,10 +294,8 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
     p.add_argument(
-        "--placement",
-        default="pre",
-        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)",
-    )
+        "--placement", default="pre",
+        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)")
     add_where(p)
 
 
@@ -337,22 +304,11 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
         args.where = [*args.where, f"{PLACEMENT}={args.placement}"]
     df = load(
         args,
-        [
-            "rms_final",
-            "stream_kappa",
-            "nominal_ratio",
-            "alpha",
-            "depth",
-            "activation",
-            "expansion",
-            PLACEMENT,
-        ],
+        ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation", "expansion",
+         PLACEMENT],
     )
-    warn_mixed(
-        df,
-        ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
-        args.experiment,
-    )
+    warn_mixed(df, ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
+               args.experiment)
     per_run, long = stream_tables(df, args.uri)
     fig, (ax, bx) = style.panels(2, aspect=0.8)
     colors, sm = style.value_colors(per_run["alpha"], "plasma")
@@ -371,16 +327,9 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     style.colorbar(fig, sm, ax, "alpha")
     markers = dict(zip(sorted(per_run["expansion"].unique()), "os^Dv", strict=False))
     for (e, a), sub in per_run.groupby(["expansion", "alpha"]):
-        bx.errorbar(
-            sub["nominal_ratio"] * np.sqrt(sub["depth"]),
-            sub["kappa_fit"],
-            yerr=sub["kappa_fit_std"],
-            fmt=markers[e],
-            color=colors[a],
-            mfc="none",
-            ms=3,
-            lw=0.6,
-        )
+        bx.errorbar(sub["nominal_ratio"] * np.sqrt(sub["depth"]), sub["kappa_fit"],
+                    yerr=sub["kappa_fit_std"], fmt=markers[e], color=colors[a], mfc="none", ms=3,
+                    lw=0.6)
     for e, m in markers.items():
         bx.plot([], [], m, color="0.3", mfc="none", label=style.value_label("expansion", e))
     for kt in sorted(per_run["kappa_theory"].round(12).unique()):
@@ -393,11 +342,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
     style.caption(fig, df, args.experiment, ["dashed: theory κ"])
     summary = per_run.groupby("nominal_ratio").agg(
-        runs=("kappa_fit", "size"),
-        kappa_fit=("kappa_fit", "mean"),
-        kappa_fit_std=("kappa_fit", "std"),
-        kappa_theory=("kappa_theory", "mean"),
-    )
+        runs=("kappa_fit", "size"), kappa_fit=("kappa_fit", "mean"),
+        kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
     print(
         f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
         f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n"
@@ -449,27 +395,17 @@ def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     ``theory`` (:func:`uncorrelated_theory`) and ``coherent`` (:func:`coherent_theory`), with
     the run's placement, m/d, α, L."""
     rows = []
-    for _, r in tqdm(
-        df.iterrows(), total=len(df), desc="accumulated series", disable=None, leave=False
-    ):
+    for _, r in tqdm(df.iterrows(), total=len(df), desc="accumulated series", disable=None,
+                     leave=False):
         k, acc = series(uri, r["run_id"], "accumulated_branch")
         _, unc = series(uri, r["run_id"], "accumulated_branch_uncorrelated")
         ctx = (r[PLACEMENT], r["nominal_ratio"], str(r["activation"]), float(r["alpha"]))
         th = uncorrelated_theory(k, *ctx)
         rows.append(
             pd.DataFrame(
-                {
-                    "run_id": r["run_id"],
-                    PLACEMENT: r[PLACEMENT],
-                    "expansion": r["expansion"],
-                    "alpha": r["alpha"],
-                    "depth": int(r["depth"]),
-                    "k": k,
-                    "accumulated": acc,
-                    "uncorrelated": unc,
-                    "theory": th,
-                    "coherent": coherent_theory(k, *ctx),
-                }
+                {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
+                 "alpha": r["alpha"], "depth": int(r["depth"]), "k": k, "accumulated": acc,
+                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}
             )
         )
     return pd.concat(rows, ignore_index=True)
@@ -477,27 +413,16 @@ def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
 
 def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=1.0,
-        help="α of the curves vs k in the left column (default: 1)",
-    )
+    p.add_argument("--alpha", type=float, default=1.0,
+                   help="α of the curves vs k in the left column (default: 1)")
     add_where(p)
 
 
 def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     df = load(
         args,
-        [
-            "accumulated_branch_final",
-            "nominal_ratio",
-            "alpha",
-            "depth",
-            "expansion",
-            "activation",
-            PLACEMENT,
-        ],
+        ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion", "activation",
+         PLACEMENT],
     )
     warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
     table = accumulated_table(df, args.uri)
@@ -558,8 +483,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
             slope.append({PLACEMENT: pl, "expansion": e, "alpha": a, "slope_log_L": b})
     if slope:
         st = (
-            pd.DataFrame(slope)
-            .groupby([PLACEMENT, "expansion"])["slope_log_L"]
+            pd.DataFrame(slope) .groupby([PLACEMENT, "expansion"])["slope_log_L"]
             .agg(["mean", "min", "max"])
         )
         print(
@@ -732,10 +656,7 @@ FIG5_STREAM = (
 
 
 COMMANDS = {
-    "isorank": ISORANK_COMMAND,
-    "stream": STREAM_COMMAND,
-    "accumulated": ACCUMULATED_COMMAND,
-}
+    "isorank": ISORANK_COMMAND, "stream": STREAM_COMMAND, "accumulated": ACCUMULATED_COMMAND}
 
 
 EXPERIMENTS = (

@@ -40,24 +40,9 @@ CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 
 # config keys that should be equal across the runs one figure compares, unless they are its
 # axes (seed may vary: cells average over it)
-CONTEXT = (
-    "alpha",
-    "width",
-    "expansion",
-    "matrices",
-    "beta",
-    "beta_scaling",
-    "activation",
-    "skip_every",
-    "norm.op",
-    "seeds",
-    "dtype",
-    "task.steps",
-    "task.batch_size",
-    "task.lrs",
-    "task.dtype",
-    "task.stable_accuracy",
-)
+CONTEXT = ("alpha", "width", "expansion", "matrices", "beta", "beta_scaling", "activation",
+           "skip_every", "norm.op", "seeds", "dtype", "task.steps", "task.batch_size", "task.lrs",
+           "task.dtype", "task.stable_accuracy")
 
 
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
@@ -95,13 +80,11 @@ def fig6_table(
     for df, metric in ((rank, rank_metric), (train, train_metric)):
         t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
         halves.append(
-            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"})
-        )
+            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"}))
     table = halves[0].join(halves[1], how="outer")
     order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
-    return table.sort_index(
-        level=[0, 1, 2], key=lambda s: s.map(order) if s.name == PLACEMENT else s
-    )
+    return table.sort_index(level=[0, 1, 2],
+                            key=lambda s: s.map(order) if s.name == PLACEMENT else s)
 
 
 def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
@@ -124,26 +107,17 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
 
 
 def _fig6_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(
-        p, None, "not used: fig6 reads --rank-experiment and --train-experiment"
-    )
+    set_experiment_default(p, None, "not used: fig6 reads --rank-experiment and --train-experiment")
     p.add_argument("--rank-experiment", default="fig6", help="task=measure runs (default: fig6)")
+    p.add_argument("--train-experiment", default="fig6_train",
+                   help="task=train runs (default: fig6_train)")
+    p.add_argument("--rank-metric", default="erank_io",
+                   help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)")
     p.add_argument(
-        "--train-experiment", default="fig6_train", help="task=train runs (default: fig6_train)"
-    )
-    p.add_argument(
-        "--rank-metric",
-        default="erank_io",
-        help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--train-metric",
-        default="best_test_accuracy",
-        help="right column (default: best_test_accuracy, best final test accuracy over LRs)",
-    )
-    p.add_argument(
-        "--log-color", action="store_true", help="logarithmic colour scale for the rank column"
-    )
+        "--train-metric", default="best_test_accuracy",
+        help="right column (default: best_test_accuracy, best final test accuracy over LRs)")
+    p.add_argument("--log-color", action="store_true",
+                   help="logarithmic colour scale for the rank column")
     p.add_argument("--figure", default="6",
                    help="the study's figure number in the title (default 6; 13 for norm=output)")
 
@@ -152,35 +126,21 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     if args.experiment is not None:
         raise SelectionError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
     frames = {}
-    for name, metric in (
-        (args.rank_experiment, args.rank_metric),
-        (args.train_experiment, args.train_metric),
-    ):
+    for name, metric in ((args.rank_experiment, args.rank_metric),
+                         (args.train_experiment, args.train_metric)):
         frames[name] = df = load(args, ["alpha", "depth", PLACEMENT, metric], experiments=[name])
         warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
-    table = fig6_table(
-        frames[args.rank_experiment],
-        frames[args.train_experiment],
-        args.rank_metric,
-        args.train_metric,
-    )
+    table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
+                       args.rank_metric, args.train_metric)
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
     fig.suptitle(
         f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
         f"{style.name(args.train_metric)}"
     )
-    style.caption(
-        fig,
-        frames[args.train_experiment],
-        [args.rank_experiment, args.train_experiment],
-        [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
-    )
-    return save(
-        fig,
-        Path(args.out) / args.train_experiment,
-        f"fig6_{args.rank_metric}_vs_{args.train_metric}",
-        table,
-    )
+    style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
+                  [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
+    return save(fig, Path(args.out) / args.train_experiment,
+                f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
 
 
 FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, "
@@ -353,8 +313,7 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
             mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
         ].to_string(index=False)
         raise SelectionError(
-            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}"
-        )
+            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}")
     return hits.iloc[0]
 
 
@@ -378,13 +337,8 @@ def _curves_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
                            "one-rate runs such as tab5_boundary's give each cell its boundary)")
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
-    p.add_argument(
-        "--where",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post",
-    )
+    p.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post")
 
 
 def _curves_main(args: argparse.Namespace) -> list[Path]:
@@ -396,13 +350,8 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     colors, sm = style.value_colors(lrs, "plasma")
     for ax, metric in zip(axes, ("test_acc", "train_loss"), strict=True):
         for lr, g in curves[curves["metric"] == metric].groupby("lr"):
-            ax.plot(
-                g["step"],
-                g["value"],
-                marker="o" if metric == "test_acc" else None,
-                color=colors[lr],
-                ms=2.5,
-            )
+            ax.plot(g["step"], g["value"], marker="o" if metric == "test_acc" else None,
+                    color=colors[lr], ms=2.5)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(style.name(metric))
     axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
@@ -410,12 +359,8 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")
     fig.suptitle(f"Training curves of {run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
     style.caption(fig, run.to_frame().T, args.experiment)
-    return save(
-        fig,
-        Path(args.out) / "_".join(args.experiment),
-        f"curves_{run['run_id'][:8]}",
-        curves.set_index(["lr", "metric", "step"]),
-    )
+    return save(fig, Path(args.out) / "_".join(args.experiment), f"curves_{run['run_id'][:8]}",
+                curves.set_index(["lr", "metric", "step"]))
 
 
 CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
@@ -520,16 +465,7 @@ COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "curves": CURVES_COM
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig6_train",
-        "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
-        "science.md §3 fig6, §4 tab5",
-        analyses=(
-            "fig6",
-            "table5",
-        ),
-        claims=FIG6_TRAIN,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-        reads=('fig6',),
-    ),
+    Experiment("fig6_train", "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
+               "science.md §3 fig6, §4 tab5", analyses=("fig6", "table5"), claims=FIG6_TRAIN,
+               needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig6',)),
 )

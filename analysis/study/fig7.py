@@ -33,17 +33,9 @@ def spike_table(df: pd.DataFrame) -> pd.DataFrame:
     of ‖Σ m_k‖: 1 aligned, ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``,
     ``runs``.
     """
-    cols = [
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-        "rep_erank_min",
-        "branch_mean_snr",
-        "branch_input_cos_cross_std",
-        "branch_mean_cos_cross_std",
-    ]
+    cols = ["branch_input_cos_cross", "branch_mean_cos_cross", "coherence_theory",
+            "branch_mean_sum_exponent", "rep_erank_final", "rep_erank_min", "branch_mean_snr",
+            "branch_input_cos_cross_std", "branch_mean_cos_cross_std"]
     cols = [c for c in cols if c in df]
     t = df.groupby(["matrices", "activation", "n"])[cols].mean()
     t["runs"] = df.groupby(["matrices", "activation", "n"]).size()
@@ -82,14 +74,8 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
                yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
                label=f"branch means {style.name('branch_mean_cos_cross')}")
-        ax.plot(
-            x,
-            sub["c_prediction"],
-            "k_",
-            ms=16,
-            mew=1.5,
-            label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0",
-        )
+        ax.plot(x, sub["c_prediction"], "k_", ms=16, mew=1.5,
+                label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0")
         if m == 1:
             ax.axhline(1 / np.pi, **style.THEORY, label=r"$1/\pi$ (ReLU)")
         ax.axhline(0, color="grey", lw=0.5)
@@ -135,16 +121,8 @@ def _spike_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _spike_main(args: argparse.Namespace) -> list[Path]:
-    needs = [
-        "matrices",
-        "activation",
-        "depth",
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-    ]
+    needs = ["matrices", "activation", "depth", "branch_input_cos_cross", "branch_mean_cos_cross",
+             "coherence_theory", "branch_mean_sum_exponent", "rep_erank_final"]
     df = load(args, needs, probe="representation")
     df = df.assign(n=df[PROBE_N].astype(float) if PROBE_N in df else float(DEFAULT_N))
     df["n"] = df["n"].fillna(DEFAULT_N).astype(int)
@@ -242,12 +220,6 @@ COMMANDS = {"spike": SPIKE_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig7",
-        "Figure 7: the mean spike",
-        "science.md §3 fig7",
-        analyses=("spike --experiment fig7",),
-        claims=FIG7,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("fig7", "Figure 7: the mean spike", "science.md §3 fig7",
+               analyses=("spike --experiment fig7",), claims=FIG7, needs=Needs(gpu_full=True)),
 )

@@ -35,19 +35,9 @@ def activation_order(values) -> list[str]:
     return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
 
 
-MP_COLUMNS = [
-    "erank_branch",
-    "erank_branch_std",
-    "erank_branch_reference",
-    "mp_gamma",
-    "mp_ks",
-    "masked_rank",
-    "masked_rank_theory",
-    "mp_zero_fraction",
-    "mp_atom_theory",
-    "survival_theory",
-    "survival_measured",
-]
+MP_COLUMNS = ["erank_branch", "erank_branch_std", "erank_branch_reference", "mp_gamma", "mp_ks",
+              "masked_rank", "masked_rank_theory", "mp_zero_fraction", "mp_atom_theory",
+              "survival_theory", "survival_measured"]
 
 
 def mp_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -134,20 +124,12 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
                     raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
                 centers, density = z["mp_hist_centers"], z["mp_hist_density"]
             parts.append(
-                pd.DataFrame(
-                    {
-                        "activation": r["activation"],
-                        "expansion": r["expansion"],
-                        "gamma": r["mp_gamma"],
-                        "ks": r["mp_ks"],
-                        "zero_fraction": r.get("mp_zero_fraction", np.nan),
-                        "atom_theory": r.get("mp_atom_theory", np.nan),
-                        "run_id": r["run_id"],
-                        "center": centers,
-                        "density": density,
-                        "theory": marchenko_pastur_density(centers, float(r["mp_gamma"])),
-                    }
-                )
+                pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
+                              "gamma": r["mp_gamma"], "ks": r["mp_ks"],
+                              "zero_fraction": r.get("mp_zero_fraction", np.nan),
+                              "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
+                              "center": centers, "density": density,
+                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))})
             )
     return pd.concat(parts, ignore_index=True)
 
@@ -183,14 +165,8 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             )
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
-                ax.text(
-                    0.97,
-                    0.9,
-                    f"zeros {z:.2f} (MP {atom:.2f})",
-                    transform=ax.transAxes,
-                    ha="right",
-                    fontsize=6,
-                )
+                ax.text(0.97, 0.9, f"zeros {z:.2f} (MP {atom:.2f})", transform=ax.transAxes,
+                        ha="right", fontsize=6)
             if i == len(acts) - 1:
                 ax.set_xlabel(r"eigenvalue $\lambda/\bar\lambda$")
             if j == 0:
@@ -204,18 +180,10 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
 
 def _mp_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, "fig8")
-    p.add_argument(
-        "--width",
-        type=int,
-        default=None,
-        help="width d of the histogram grid (default: the largest width run)",
-    )
-    p.add_argument(
-        "--reference-draws",
-        type=int,
-        default=4,
-        help="Monte Carlo draws per point of the Gaussian-product curve (default 4)",
-    )
+    p.add_argument("--width", type=int, default=None,
+                   help="width d of the histogram grid (default: the largest width run)")
+    p.add_argument("--reference-draws", type=int, default=4,
+                   help="Monte Carlo draws per point of the Gaussian-product curve (default 4)")
 
 
 def _mp_main(args: argparse.Namespace) -> list[Path]:
@@ -343,11 +311,6 @@ COMMANDS = {"mp": MP_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "fig8",
-        "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
-        "science.md §3 fig8/9",
-        analyses=("mp --experiment fig8",),
-        claims=FIG8,
-    ),
+    Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
+               "science.md §3 fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),
 )

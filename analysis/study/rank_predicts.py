@@ -27,15 +27,10 @@ log = logging.getLogger("analysis")
 
 
 #: init quantity → the probe that logs it
-QUANTITIES = {
-    "erank_io": "io_jacobian",
-    "stable_rank_io": "io_jacobian",
-    "mean_path_order": "path_order",
-    "log_gain_io": "io_jacobian",
-    "grad_norm_proxy": "grad_norm_proxy",
-    "jacob_cov": "jacob_cov",
-    "log_synflow": "synflow",
-}
+QUANTITIES = {"erank_io": "io_jacobian", "stable_rank_io": "io_jacobian",
+              "mean_path_order": "path_order", "log_gain_io": "io_jacobian",
+              "grad_norm_proxy": "grad_norm_proxy", "jacob_cov": "jacob_cov",
+              "log_synflow": "synflow"}
 
 
 #: the trained outcomes ρ is taken against

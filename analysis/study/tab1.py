@@ -38,23 +38,21 @@ def table1(df: pd.DataFrame) -> pd.DataFrame:
         g = df[df["activation"] == act]
         k = activation_constants(act, 1.0)
         sr = float(g["hidden_stable_rank"].mean())
-        rows.append(
-            {
-                "activation": act,
-                "c": k.coherence,
-                "1/c": k.spike_bound,
-                "p": k.survival,
-                "P(σ′≠0)": k.survival_rate,
-                "κ": k.kappa,
-                "stable_rank": sr,
-                "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
-                if "hidden_stable_rank_std" in g
-                else math.nan,
-                "coherence_measured": float(g["hidden_coherence"].mean()),
-                "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
-                "runs": len(g),
-            }
-        )
+        rows.append({
+                        "activation": act,
+                        "c": k.coherence,
+                        "1/c": k.spike_bound,
+                        "p": k.survival,
+                        "P(σ′≠0)": k.survival_rate,
+                        "κ": k.kappa,
+                        "stable_rank": sr,
+                        "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
+                        if "hidden_stable_rank_std" in g
+                        else math.nan,
+                        "coherence_measured": float(g["hidden_coherence"].mean()),
+                        "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
+                        "runs": len(g),
+                    })
     return pd.DataFrame(rows).set_index("activation")
 
 
@@ -158,11 +156,6 @@ COMMANDS = {"table1": TABLE1_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "tab1",
-        "Table 1: activation constants beside the measured stable rank",
-        "science.md §3 tab1",
-        analyses=("table1 --experiment tab1",),
-        claims=TAB1,
-    ),
+    Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
+               "science.md §3 tab1", analyses=("table1 --experiment tab1",), claims=TAB1),
 )

@@ -17,12 +17,9 @@ TAB4_CONTOUR = tuple(
 
 
 EXPERIMENTS = (
-    Experiment(
-        "tab4_contour",
-        "Table 4 by root finding: iso-rank contours traced by hydra/sweeper=contour",
-        "science.md §4 tab4, §6 tab4_contour",
-        analyses=("isorank --experiment tab4_contour --levels 0.4,0.5,0.6",),
-        claims=TAB4_CONTOUR,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("tab4_contour",
+               "Table 4 by root finding: iso-rank contours traced by hydra/sweeper=contour",
+               "science.md §4 tab4, §6 tab4_contour",
+               analyses=("isorank --experiment tab4_contour --levels 0.4,0.5,0.6",),
+               claims=TAB4_CONTOUR, needs=Needs(gpu_full=True)),
 )

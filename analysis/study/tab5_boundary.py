@@ -143,9 +143,6 @@ EXPERIMENTS = (
     Experiment(
         "tab5_boundary",
         "Table 5 by root finding: the max stable learning rate traced by hydra/sweeper=contour",
-        "science.md §4 tab5",
-        analyses=("table5 --experiment tab5_boundary",),
-        claims=TAB5_BOUNDARY,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
+        "science.md §4 tab5", analyses=("table5 --experiment tab5_boundary",), claims=TAB5_BOUNDARY,
+        needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )

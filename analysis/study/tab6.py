@@ -37,18 +37,12 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
         for l in layers:
             if l in at:
                 rows.append(
-                    {
-                        "matrices": r["matrices"],
-                        "activation": r["activation"],
-                        "d": int(r["width"]),
-                        "l": l,
-                        "erank": at[l],
-                    }
+                    {"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
+                     "l": l, "erank": at[l]}
                 )
     if not rows:
         raise SelectionError(
-            f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})"
-        )
+            f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})")
     long = pd.DataFrame(rows)
     t = long.groupby(["matrices", "activation", "d", "l"])["erank"].mean().unstack("l")
     t.columns = [f"l={c}" for c in t.columns]
@@ -57,13 +51,8 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
 
 def _table6_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, "tab6")
-    p.add_argument(
-        "--layers",
-        type=int,
-        nargs="+",
-        default=[32, 64, 128, 256, 512],
-        help="layers l to tabulate (default: 32 64 128 256 512)",
-    )
+    p.add_argument("--layers", type=int, nargs="+", default=[32, 64, 128, 256, 512],
+                   help="layers l to tabulate (default: 32 64 128 256 512)")
 
 
 def _table6_main(args: argparse.Namespace) -> list[Path]:
@@ -93,13 +82,8 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["mean over seeds"])
     paths = save(fig, out, "table6", t)
     paths.append(
-        write_markdown(
-            out / "table6.md",
-            f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
-            t,
-            floatfmt=".3f",
-            runs=df,
-        )
+        write_markdown(out / "table6.md", f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
+                       t, floatfmt=".3f", runs=df)
     )
     return paths
 
@@ -138,12 +122,7 @@ COMMANDS = {"table6": TABLE6_COMMAND}
 
 
 EXPERIMENTS = (
-    Experiment(
-        "tab6",
-        "Table 6: M = 1 representation collapse at every width",
-        "science.md §3 tab6",
-        analyses=("table6 --experiment tab6",),
-        claims=TAB6,
-        needs=Needs(gpu_full=True),
-    ),
+    Experiment("tab6", "Table 6: M = 1 representation collapse at every width",
+               "science.md §3 tab6", analyses=("table6 --experiment tab6",), claims=TAB6,
+               needs=Needs(gpu_full=True)),
 )

@@ -206,11 +206,7 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment(
-        EXPERIMENT,
-        "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
-        "science.md §6 train_spectra (the study's §9 future work)",
-        analyses=("train-spectra",),
-        claims=CLAIMS,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
+        EXPERIMENT, "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
+        "science.md §6 train_spectra (the study's §9 future work)", analyses=("train-spectra",),
+        claims=CLAIMS, needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )
