@@ -346,6 +346,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
 
 
 COMMANDS = {
-    "report": Command(_arguments, _main, "reproduction report: every experiment's figures, "
-                      "tables, config and the study's claims checked (HTML + Markdown)"),
-}
+    "report": Command(_main, "reproduction report: every experiment's figures, tables, config "
+                             "and the study's claims checked (HTML + Markdown)",
+                             None, False, _arguments)}

@@ -37,12 +37,15 @@ log = logging.getLogger("analysis")
 
 @dataclass(frozen=True)
 class Command:
-    """One ``python -m analysis`` command: its options, its entry point (returns the files it
-    wrote) and its one-line help."""
+    """One ``python -m analysis`` command: its entry point (returns the files it wrote), its
+    one-line help, the default of ``--experiment``, whether it takes ``--where`` and a function
+    adding its own options."""
 
-    add_arguments: Callable[[argparse.ArgumentParser], None]
     main: Callable[[argparse.Namespace], list[Path]]
     help: str = ""
+    experiment: str | None = "rankexp"
+    where: bool = False
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
 
 @functools.cache
@@ -70,7 +73,7 @@ def set_experiment_default(p: argparse.ArgumentParser, default: list[str] | str 
     for action in p._actions:
         if action.dest == "experiment":
             action.default = names
-            action.help = help_ or f"MLflow experiment name(s) (default: {' '.join(names or [])})"
+            action.help = help_ or f"MLflow experiment(s) (default: {' '.join(names or [])})"
 
 
 def add_where(p: argparse.ArgumentParser) -> None:
@@ -100,13 +103,16 @@ def parser() -> argparse.ArgumentParser:
         canonical = name.replace("_", "-")
         sp = sub.add_parser(canonical, aliases=[name] if canonical != name else [],
                             help=command.help, description=command.help)
-        sp.add_argument("--experiment", "-e", nargs="+", default=["rankexp"],
-                        help="MLflow experiment name(s) (default: rankexp)")
+        sp.add_argument("--experiment", "-e", nargs="+")
+        set_experiment_default(sp, command.experiment)
         sp.add_argument("--uri", default=None,
                         help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
         sp.add_argument("--filter", default="", help="MLflow search filter, e.g. \"params.width = '256'\"")
         sp.add_argument("--out", default="figures", help="output folder (default: figures/<experiment>/)")
-        command.add_arguments(sp)
+        if command.where:
+            add_where(sp)
+        if command.arguments:
+            command.arguments(sp)
         sp.set_defaults(run=command.main)
     return p
 

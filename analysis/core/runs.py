@@ -333,4 +333,3 @@ class SeriesCache:
 
 def _finished(end_time: float | None) -> bool:
     return end_time is not None and np.isfinite(end_time)
-

@@ -18,7 +18,7 @@ from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 from ..core import style
 from ..core.claims import Check, Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, series
 from ..core.style import plt, save
 from ..core.tables import to_markdown, write_text
@@ -234,13 +234,7 @@ def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
                         f"(default: {default})")
 
 
-def _common_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, [EXPERIMENT], f"MLflow experiment(s) (default: {EXPERIMENT})")
-    add_where(p)
-
-
 def _init_gradients_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     _task_argument(p, "any")
 
 
@@ -277,12 +271,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-INIT_GRADIENTS_COMMAND = Command(_init_gradients_arguments, _init_gradients_main,
-                                 "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table")
-
-
 def _responses_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     _task_argument(p, "any")
 
 
@@ -321,10 +310,6 @@ def response_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=FAMILY_NAMES)
 
 
-RESPONSES_COMMAND = Command(_responses_arguments, _responses_main,
-                            "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted")
-
-
 def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
     """A train run's logged steps as epochs (its series are at step = epoch when it ran with
     ``task.epochs``, else at step = optimizer step)."""
@@ -335,7 +320,6 @@ def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     p.add_argument("--ylim", type=float, default=None,
                    help=f"top of the error axis in %% (default: the paper's {PAPER_YLIM:g} when "
                         "the ResNets end below it, else what the curves need)")
@@ -386,10 +370,6 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
-ERROR_CURVES_COMMAND = Command(_curves_arguments, _curves_main,
-                               "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet")
-
-
 def _table_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
@@ -418,10 +398,6 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-ERROR_TABLE_COMMAND = Command(_common_arguments, _table_main,
-                              "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column")
-
-
 def _lesion_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH, "lesion_intact_error"]))
     runs, _ = with_task(df, "train", ("train",))
@@ -448,10 +424,6 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "open circles: downsampling blocks (option A)", "dotted: stage boundaries",
              "dashed: intact network"])
     return save(fig, out_dir(args), "lesion", table)
-
-
-LESION_COMMAND = Command(_common_arguments, _lesion_main,
-                         "degradation: test error with each block replaced by its shortcut, downsampling blocks marked")
 
 
 #: the plain nets' gradient-ratio growth per conv layer the replication measures at size=cpu
@@ -629,9 +601,18 @@ DEGRADATION: tuple[Claim, ...] = (
 )
 
 
-COMMANDS = {"init-gradients": INIT_GRADIENTS_COMMAND, "responses": RESPONSES_COMMAND,
-            "error-curves": ERROR_CURVES_COMMAND, "error-table": ERROR_TABLE_COMMAND,
-            "lesion": LESION_COMMAND}
+COMMANDS = {
+    "init-gradients": Command(_init_gradients_main, "degradation: per-conv gradient norms at init "
+                              "vs relative depth (log), plain | ResNet, and the ratio table",
+                              EXPERIMENT, True, _init_gradients_arguments),
+    "responses": Command(_responses_main, "degradation / He et al. Fig. 7: response std per 3×3 "
+                         "layer, layer order and sorted", EXPERIMENT, True, _responses_arguments),
+    "error-curves": Command(_curves_main, "degradation / He et al. Fig. 6: train and test error vs "
+                            "epoch, plain | ResNet", EXPERIMENT, True, _curves_arguments),
+    "error-table": Command(_table_main, "degradation / He et al. Table 6: final errors per depth "
+                           "beside He et al.'s ResNet column", EXPERIMENT, True),
+    "lesion": Command(_lesion_main, "degradation: test error with each block replaced by its "
+                      "shortcut, downsampling blocks marked", EXPERIMENT, True)}
 
 
 EXPERIMENTS = (

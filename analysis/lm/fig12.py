@@ -17,7 +17,7 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, series
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
@@ -140,11 +140,6 @@ def _draw_row(axes, r: pd.Series, uri: str | None) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig12"], "MLflow experiment(s) (default: fig12)")
-    add_where(p)
-
-
 def _main(args: argparse.Namespace) -> list[Path]:
     df = load(args, METRICS)
     nets = networks(df)
@@ -164,10 +159,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     print(text)
     write_text(out_dir(args) / "ffn_summary.md", text + "\n")
     return save(fig, out_dir(args), "fig12_ffn_jacobians", table)
-
-
-FFN_COMMAND = Command(_arguments, _main,
-                      "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l")
 
 
 #: what the trained half needs: checkpoints no grid of this checkout makes (offline)
@@ -240,7 +231,9 @@ FIG12_TRAINED = tuple(
 )
 
 
-COMMANDS = {"ffn": FFN_COMMAND}
+COMMANDS = {
+    "ffn": Command(_main, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, "
+                          "accumulated vs uncorrelated/coherent, rms(h_l), r_l", "fig12", True)}
 
 
 EXPERIMENTS = (

@@ -19,7 +19,7 @@ from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, plt, save
 from ..core.tables import to_markdown, write_text
-from . import claim, common_arguments, newest, standard_error, worst
+from . import claim, newest, standard_error, worst
 
 
 def architecture(r) -> str:
@@ -114,10 +114,6 @@ def bn_spread_note(t: pd.DataFrame) -> str:
             if len(rel) else "gradient ratio: one seed, no spread")
 
 
-def _bn_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_bn")
-
-
 def _bn_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["skip_every", "grad_ratio"])
     t = bn_table(df)
@@ -128,13 +124,8 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_bn", t.drop(columns="run_id"))
 
 
-
 def _bn(runs: Runs) -> pd.DataFrame:
     return bn_rows(runs("mf_bn"))
-
-
-MF_BN_COMMAND = Command(_bn_arguments, _bn_main,
-                        "BN at init: per-layer gradient norms, ratio first/last vs depth, shattered-gradient autocorrelation")
 
 
 def bn_growth(t: pd.DataFrame) -> Measured:
@@ -195,7 +186,9 @@ MF_BN = (
 )
 
 
-COMMANDS = {"mf_bn": MF_BN_COMMAND}
+COMMANDS = {
+    "mf_bn": Command(_bn_main, "BN at init: per-layer gradient norms, ratio first/last vs depth, "
+                               "shattered-gradient autocorrelation", "mf_bn", True)}
 
 
 EXPERIMENTS = (

@@ -20,7 +20,7 @@ from ..core.runner import Command, out_dir
 from ..core.select import load
 from ..core.style import save
 from ..core.tables import to_markdown, write_text
-from . import claim, common_arguments, edges, newest, standard_error, worst
+from . import claim, edges, newest, standard_error, worst
 
 PHASE_COLUMNS = ["alpha", "bias", "chi1", "chi1_theory", "chi_c", "chi_c_theory", "xi_c",
                  "xi_c_theory", "xi_c_fit", "xi_c_fit_theory"]
@@ -95,7 +95,6 @@ def draw_phase(table: pd.DataFrame, resolution: int):
 
 
 def _phase_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_phase")
     p.add_argument("--theory-resolution", type=int, default=24,
                    help="σ_w² points of the theory ξ_c contour grid (default 24)")
 
@@ -110,13 +109,8 @@ def _phase_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_phase", table)
 
 
-
 def _phase(runs: Runs) -> pd.DataFrame:
     return phase_rows(runs("mf_phase"))
-
-
-MF_PHASE_COMMAND = Command(_phase_arguments, _phase_main,
-                           "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours")
 
 
 def phase_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -185,7 +179,10 @@ MF_PHASE = (
 )
 
 
-COMMANDS = {"mf_phase": MF_PHASE_COMMAND}
+COMMANDS = {"mf_phase": Command(
+    _phase_main,
+    "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours",
+    experiment="mf_phase", where=True, arguments=_phase_arguments)}
 
 
 EXPERIMENTS = (

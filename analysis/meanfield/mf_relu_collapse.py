@@ -17,7 +17,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, save
-from . import claim, common_arguments, newest, standard_error, worst
+from . import claim, newest, standard_error, worst
 
 C0 = "task.options.correlation.c0"
 
@@ -81,20 +81,12 @@ def draw_relu_collapse(t: pd.DataFrame):
     return fig
 
 
-def _relu_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_relu_collapse")
-
-
 def _relu_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [C0, "mf_c"])
     t = relu_collapse_table(df, args.uri)
     fig = draw_relu_collapse(t)
     style.caption(fig, df, args.experiment, ["bands: ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "mf_relu_collapse", t)
-
-
-MF_RELU_COLLAPSE_COMMAND = Command(_relu_arguments, _relu_main,
-                                   "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)")
 
 
 def relu_exact_map(t: pd.DataFrame) -> Measured:
@@ -124,7 +116,9 @@ MF_RELU_COLLAPSE = (
 )
 
 
-COMMANDS = {"mf_relu_collapse": MF_RELU_COLLAPSE_COMMAND}
+COMMANDS = {"mf_relu_collapse": Command(
+    _relu_main, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)",
+    experiment="mf_relu_collapse", where=True)}
 
 
 EXPERIMENTS = (

@@ -18,7 +18,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import save
-from . import claim, common_arguments, newest, standard_error, worst
+from . import claim, newest, standard_error, worst
 
 
 def residual_rows(runs: Runs, df: pd.DataFrame) -> pd.DataFrame:
@@ -98,20 +98,12 @@ def draw_residual(t: pd.DataFrame):
     return fig
 
 
-def _residual_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_residual")
-
-
 def _residual_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
     t = residual_table(df, args.uri)
     fig = draw_residual(t)
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
     return save(fig, out_dir(args), "mf_residual", t)
-
-
-MF_RESIDUAL_COMMAND = Command(_residual_arguments, _residual_main,
-                              "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit")
 
 
 def _run(r) -> str:
@@ -174,7 +166,10 @@ MF_RESIDUAL = (
 )
 
 
-COMMANDS = {"mf_residual": MF_RESIDUAL_COMMAND}
+COMMANDS = {"mf_residual": Command(
+    _residual_main,
+    "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit",
+    experiment="mf_residual", where=True)}
 
 
 EXPERIMENTS = (

@@ -19,7 +19,7 @@ from ..core.runner import Command, out_dir
 from ..core.select import load, only
 from ..core.style import save
 from ..core.tables import write_text
-from . import arrays, claim, common_arguments, newest, standard_error, worst
+from . import arrays, claim, newest, standard_error, worst
 
 
 def spectrum_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -107,10 +107,6 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _spectrum_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_spectrum")
-
-
 def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["activation", "init", "lambda_var", "lambda_var_theory"])
     t = spectrum_table(df)
@@ -121,13 +117,8 @@ def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_spectrum", t)
 
 
-
 def _spectrum_runs(runs: Runs) -> pd.DataFrame:
     return runs("mf_spectrum")
-
-
-MF_SPECTRUM_COMMAND = Command(_spectrum_arguments, _spectrum_main,
-                              "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms")
 
 
 def spectrum_row_claim(activation: str, init: str) -> Callable[[pd.DataFrame], Measured]:
@@ -174,7 +165,9 @@ MF_SPECTRUM = tuple(
 )
 
 
-COMMANDS = {"mf_spectrum": MF_SPECTRUM_COMMAND}
+COMMANDS = {"mf_spectrum": Command(
+    _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms",
+    experiment="mf_spectrum", where=True)}
 
 
 EXPERIMENTS = (

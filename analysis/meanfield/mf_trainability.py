@@ -19,7 +19,7 @@ from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import load
 from ..core.style import save
-from . import claim, common_arguments, edges, values_text
+from . import claim, edges, values_text
 
 
 def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -65,10 +65,6 @@ def draw_trainability(t: pd.DataFrame, activation: str):
     return fig
 
 
-def _trainability_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_trainability")
-
-
 def _trainability_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["alpha", "bias", "depth", "activation", "best_test_accuracy"])
     t = trainability_table(df)
@@ -77,10 +73,6 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
     fig = draw_trainability(t, str(df["activation"].iloc[0]))
     style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
     return save(fig, out_dir(args), "mf_trainability", t)
-
-
-MF_TRAINABILITY_COMMAND = Command(_trainability_arguments, _trainability_main,
-                                  "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid")
 
 
 #: the chance accuracy of CIFAR-10 and 3 binomial s.e. of it on the 10 000 test images: a
@@ -119,7 +111,9 @@ MF_TRAINABILITY = (
 )
 
 
-COMMANDS = {"mf_trainability": MF_TRAINABILITY_COMMAND}
+COMMANDS = {"mf_trainability": Command(
+    _trainability_main, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
+    experiment="mf_trainability", where=True)}
 
 
 EXPERIMENTS = (

@@ -13,7 +13,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.seeds import pooled
 from ..core.select import load, need, only, warn_mixed
 from ..core.style import save
@@ -102,9 +102,7 @@ def draw(table: pd.DataFrame, metric: str):
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig10"], "MLflow experiment(s) (default: fig10)")
     p.add_argument("--metric", default="erank_io", help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -129,10 +127,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     print("\n".join(text))
     paths.append(write_text(out / f"post_ops_{args.metric}.md", "\n".join(text) + "\n"))
     return paths
-
-
-POST_OPS_COMMAND = Command(_arguments, _main,
-                           "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control")
 
 
 def _fig10_alike(runs: Runs) -> Measured:
@@ -181,7 +175,10 @@ FIG10 = (
 )
 
 
-COMMANDS = {"post_ops": POST_OPS_COMMAND}
+COMMANDS = {"post_ops": Command(
+    _main,
+    "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control",
+    experiment="fig10", where=True, arguments=_arguments)}
 
 
 EXPERIMENTS = (

@@ -16,7 +16,7 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near, seed_std
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.seeds import pooled
 from ..core.select import SelectionError, load, need, only
 from ..core.style import save
@@ -94,9 +94,7 @@ def draw_separation(fields: dict, coherence: dict):
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig14"], "MLflow experiment(s) (default: fig14)")
     p.add_argument("--every", type=int, default=8, help="draw every k-th layer (default 8, the study's)")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -138,10 +136,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-COS_FIELD_COMMAND = Command(_arguments, _main,
-                            "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ")
-
-
 def _fig14(matrices: int, centred: bool):
     def measure(runs: Runs) -> Measured:
         df = only(runs("fig14"), matrices=matrices)
@@ -166,7 +160,9 @@ FIG14 = (
 )
 
 
-COMMANDS = {"cos_field": COS_FIELD_COMMAND}
+COMMANDS = {"cos_field": Command(
+    _main, "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ",
+    experiment="fig14", where=True, arguments=_arguments)}
 
 
 EXPERIMENTS = (

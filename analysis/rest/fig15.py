@@ -12,7 +12,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, Runs, near, seed_std
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.seeds import pooled
 from ..core.select import load, need, only, series
 from ..core.style import save
@@ -78,11 +78,6 @@ def draw(df: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig15"], "MLflow experiment(s) (default: fig15)")
-    add_where(p)
-
-
 def _main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [PRE, OUT, "rep_erank_final"])
     table = final_table(df)
@@ -96,10 +91,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     head = f"Figure 15: erank(Z_L)/d by pre-branch op P and branch-output op B ({', '.join(args.experiment)})"
     paths.append(write_markdown(out / "centring.md", head, table, ".3f", runs=df))
     return paths
-
-
-CENTRING_COMMAND = Command(_arguments, _main,
-                           "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B")
 
 
 def _fig15(pre: str, out: str):
@@ -128,7 +119,9 @@ FIG15 = tuple(
 )
 
 
-COMMANDS = {"centring": CENTRING_COMMAND}
+COMMANDS = {"centring": Command(
+    _main, "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B",
+    experiment="fig15", where=True)}
 
 
 EXPERIMENTS = (

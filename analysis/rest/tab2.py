@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.runs import attach_to_parents
 from ..core.seeds import pooled
 from ..core.select import load, need
@@ -45,11 +45,6 @@ def table2(df: pd.DataFrame) -> pd.DataFrame:
     return t.reindex([o for o in OPS if o in t.index] + [o for o in t.index if o not in OPS]).rename_axis("op")
 
 
-def _table2_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["tab2"], "MLflow experiment(s) (default: tab2)")
-    add_where(p)
-
-
 def _table2_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [OP, "jac_autograd_error", "jac_rank_deficit"])
     t = table2(df)
@@ -61,10 +56,6 @@ def _table2_main(args: argparse.Namespace) -> list[Path]:
     t.to_csv(paths[1])
     attach_to_parents(paths[1:], df)
     return paths
-
-
-TABLE2_COMMAND = Command(_table2_arguments, _table2_main,
-                         "Table 2: the post-residual ops' Jacobians (closed form vs autograd, removed directions, scale)")
 
 
 DEFICIT = {"rmsnorm": 1, "detached": 0, "meansub": 1, "layernorm": 2}
@@ -95,7 +86,9 @@ TAB2 = (
 )
 
 
-COMMANDS = {"table2": TABLE2_COMMAND}
+COMMANDS = {
+    "table2": Command(_table2_main, "Table 2: the post-residual ops' Jacobians (closed form vs "
+                                    "autograd, removed directions, scale)", "tab2", True)}
 
 
 EXPERIMENTS = (

@@ -14,7 +14,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.seeds import pooled
 from ..core.select import SelectionError, load, need
 from ..core.style import save
@@ -79,11 +79,6 @@ def draw_table3(t: pd.DataFrame):
     return fig
 
 
-def _table3_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["tab3"], "MLflow experiment(s) (default: tab3)")
-    add_where(p)
-
-
 def _table3_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [EPS])
     t = table3(df)
@@ -100,10 +95,6 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
     paths.append(write_markdown(out / "table3.md", head,
                                 wide.join(study.dropna(axis=1, how="all")), ".4f", runs=df))
     return paths
-
-
-TABLE3_COMMAND = Command(_table3_arguments, _table3_main,
-                         "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L")
 
 
 def _tab3(runs: Runs) -> pd.DataFrame:
@@ -143,7 +134,10 @@ TAB3 = (
 )
 
 
-COMMANDS = {"table3": TABLE3_COMMAND}
+COMMANDS = {"table3": Command(
+    _table3_main,
+    "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L",
+    experiment="tab3", where=True)}
 
 
 EXPERIMENTS = (

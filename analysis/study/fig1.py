@@ -17,7 +17,7 @@ from rankexp.theory import activation_constants, prenorm_branch_ratio, prenorm_s
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
 
@@ -181,7 +181,6 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
 
 
 def _profiles_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig1"], "MLflow experiment(s) (default: fig1)")
     p.add_argument("--metric", default="erank_profile",
                    help="per-layer series (default: erank_profile = erank(∂h_l/∂h_0)/d)")
     p.add_argument("--rows", default="skip_every",
@@ -190,7 +189,6 @@ def _profiles_arguments(p: argparse.ArgumentParser) -> None:
                    help="one panel column per value (default: beta_scaling)")
     p.add_argument("--hue", default="expansion",
                    help="one line per value (default: expansion = m/d)")
-    add_where(p)
 
 
 def _profiles_main(args: argparse.Namespace) -> list[Path]:
@@ -208,10 +206,6 @@ def _profiles_main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle(f"{style.name(args.metric)} per layer")
     style.caption(fig, df, args.experiment, ["shaded: ±1 s.d. over seeds"])
     return save(fig, out_dir(args), f"profiles_{args.metric}", table.set_index(keys + ["layer"]))
-
-
-PROFILES_COMMAND = Command(_profiles_arguments, _profiles_main,
-                           "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d")
 
 
 def kappa_theory(activation: str, alpha: float) -> float:
@@ -271,7 +265,9 @@ FIG1 = (
 )
 
 
-COMMANDS = {"profiles": PROFILES_COMMAND}
+COMMANDS = {"profiles": Command(
+    _profiles_main, "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d",
+    experiment="fig1", where=True, arguments=_profiles_arguments)}
 
 
 EXPERIMENTS = (

@@ -59,10 +59,6 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
                 table)
 
 
-FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
-                        "(M, norm placement)")
-
-
 def _trainable_depth(df: pd.DataFrame) -> float:
     ok = df.groupby("depth")["best_test_accuracy"].mean()
     ok = ok[ok >= CHANCE + 0.05]
@@ -90,7 +86,9 @@ FIG16 = (
 )
 
 
-COMMANDS = {"fig16": FIG16_COMMAND}
+COMMANDS = {"fig16": Command(
+    _fig16_main, "Figure 16: best test accuracy vs depth, one line per (M, norm placement)",
+    arguments=_fig16_arguments)}
 
 
 EXPERIMENTS = (

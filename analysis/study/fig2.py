@@ -14,7 +14,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.runs import load_runs
 from ..core.select import (
     CONFIG_KEYS,
@@ -179,7 +179,6 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
 
 
 def _collapse_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig2"], "MLflow experiment(s) (default: fig2)")
     p.add_argument("--metric", default="erank_io",
                    help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)")
     p.add_argument("--x", default="nominal_ratio", choices=sorted(INGREDIENTS),
@@ -195,7 +194,6 @@ def _collapse_arguments(p: argparse.ArgumentParser) -> None:
         help="runs share x when their x agree to this relative tolerance "
         "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)",
     )
-    add_where(p)
 
 
 def _collapse_main(args: argparse.Namespace) -> list[Path]:
@@ -257,10 +255,6 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-COLLAPSE_COMMAND = Command(_collapse_arguments, _collapse_main,
-                           "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is")
-
-
 def _fig2_collapse(runs: Runs) -> Measured:
     df = only(runs("fig2"), activation="relu")
     need(df, "erank_io", "nominal_ratio")
@@ -278,9 +272,11 @@ FIG2 = (
 
 
 COMMANDS = {
-    'heatmap': Command(add_arguments, main,
-                               "heatmap of a metric over two params, one panel per norm placement"),
-    'collapse': COLLAPSE_COMMAND,
+    'heatmap': Command(main, "heatmap of a metric over two params, one panel per norm placement",
+                       arguments=add_arguments),
+    'collapse': Command(_collapse_main,
+                        "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
+                        experiment="fig2", where=True, arguments=_collapse_arguments),
 }
 
 

@@ -16,7 +16,7 @@ from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrela
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
 from ..core.style import save
 
@@ -186,10 +186,6 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     return fig
 
 
-def _paths_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig3")
-
-
 def _paths_main(args: argparse.Namespace) -> list[Path]:
     needs = ["alpha", "beta", "beta_eff", "beta_scaling", "depth", "activation", PLACEMENT,
              "nominal_ratio", "mean_path_order", "mean_path_order_energy", "path_order_peak"]
@@ -207,10 +203,6 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     paths += save(fig, out, "paths_mean_order", summary.sort_values("nominal_ratio"))
     return paths
-
-
-PATHS_COMMAND = Command(_paths_arguments, _paths_main, "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ "
-                        "vs βα^M with the uncorrelated prediction")
 
 
 def profile_peak(orders: np.ndarray, profile: np.ndarray) -> float:
@@ -259,7 +251,10 @@ FIG3 = (
 )
 
 
-COMMANDS = {"paths": PATHS_COMMAND}
+COMMANDS = {"paths": Command(
+    _paths_main,
+    "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ vs βα^M with the uncorrelated prediction",
+    experiment="fig3")}
 
 
 EXPERIMENTS = (

@@ -16,7 +16,7 @@ from rankexp.models.norms import PRESET_SLOTS
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.seeds import pooled
 from ..core.select import OP_ORDER, PLACEMENT, load, need, only, warn_mixed
 from ..core.style import save
@@ -194,12 +194,10 @@ def spread_note(table: pd.DataFrame) -> str:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig4"], "MLflow experiment(s) (default: fig4)")
     p.add_argument("--metric", default="erank_io",
                    help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)")
     p.add_argument("--all", action="store_true", dest="every",
                    help="every (placement, op) run, not only the figure's selection")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -248,10 +246,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
         paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
         log.info("wrote %s", out / "projection_split.csv")
     return paths
-
-
-PLACEMENTS_COMMAND = Command(_arguments, _main,
-                             "Figure 4: erank by norm placement/op and α, and the projection split")
 
 
 def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.DataFrame:
@@ -373,7 +367,9 @@ FIG4B = (
 )
 
 
-COMMANDS = {"placements": PLACEMENTS_COMMAND}
+COMMANDS = {"placements": Command(
+    _main, "Figure 4: erank by norm placement/op and α, and the projection split",
+    experiment="fig4", where=True, arguments=_arguments)}
 
 
 EXPERIMENTS = (

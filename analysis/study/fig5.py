@@ -29,7 +29,7 @@ from ..core.claims import (
     seedwise,
 )
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import (
     PLACEMENT,
     PLACEMENT_ORDER,
@@ -168,7 +168,6 @@ def isorank_table(
 
 
 def _isorank_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
     p.add_argument("--metric", default="erank_io",
                    help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)")
     p.add_argument("--levels", type=lambda s: [float(v) for v in s.split(",")],
@@ -176,7 +175,6 @@ def _isorank_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)")
     p.add_argument("--panel", nargs="*", default=[PLACEMENT, "expansion"],
                    help=f"one panel per combination (default: {PLACEMENT} expansion)")
-    add_where(p)
 
 
 def _isorank_main(args: argparse.Namespace) -> list[Path]:
@@ -256,10 +254,6 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-ISORANK_COMMAND = Command(_isorank_arguments, _isorank_main,
-                          "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes")
-
-
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-run κ table and the long series table of Figure 11.
 
@@ -292,11 +286,9 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
     p.add_argument(
         "--placement", default="pre",
         help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)")
-    add_where(p)
 
 
 def _stream_main(args: argparse.Namespace) -> list[Path]:
@@ -357,10 +349,6 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-STREAM_COMMAND = Command(_stream_arguments, _stream_main,
-                         "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ")
-
-
 def uncorrelated_theory(
     layers, placement: str, nominal_ratio: float, activation: str, alpha: float
 ) -> np.ndarray:
@@ -412,10 +400,8 @@ def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
 
 
 def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
     p.add_argument("--alpha", type=float, default=1.0,
                    help="α of the curves vs k in the left column (default: 1)")
-    add_where(p)
 
 
 def _accumulated_main(args: argparse.Namespace) -> list[Path]:
@@ -493,10 +479,6 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
         print(to_markdown(st))
         write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
-
-
-ACCUMULATED_COMMAND = Command(_accumulated_arguments, _accumulated_main,
-                              "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction")
 
 
 TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
@@ -656,7 +638,13 @@ FIG5_STREAM = (
 
 
 COMMANDS = {
-    "isorank": ISORANK_COMMAND, "stream": STREAM_COMMAND, "accumulated": ACCUMULATED_COMMAND}
+    "isorank": Command(_isorank_main, "Figure 5c/Table 4: iso-rank contours over (α, L) and "
+                                      "their power-law slopes", "fig5", True, _isorank_arguments),
+    "stream": Command(_stream_main, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, "
+                                    "fitted vs theory κ", "fig5", True, _stream_arguments),
+    "accumulated": Command(_accumulated_main, "Figure 5b/12: accumulated branch vs depth, with "
+                                              "the uncorrelated prediction",
+                                              'fig5', True, _accumulated_arguments)}
 
 
 EXPERIMENTS = (

@@ -143,10 +143,6 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
                 f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
 
 
-FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, "
-                       "one row per placement")
-
-
 def run_lrs(df: pd.DataFrame) -> dict[str, float]:
     """``{suffix: lr}`` of the per-LR columns ``final_test_acc_lr<suffix>`` the runs logged."""
     return {m.group(1): float(m.group(1)) for c in df.columns if (m := LR_COLUMN.match(str(c)))}
@@ -284,10 +280,6 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable learning rate per (placement, "
-                         "depth), per α and max over α")
-
-
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
     """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
 
@@ -361,10 +353,6 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, run.to_frame().T, args.experiment)
     return save(fig, Path(args.out) / "_".join(args.experiment), f"curves_{run['run_id'][:8]}",
                 curves.set_index(["lr", "metric", "step"]))
-
-
-CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
-                         "LR, of one train run")
 
 
 def fig6_chance_gap(cells: pd.DataFrame) -> Measured:
@@ -461,7 +449,13 @@ FIG6_TRAIN = (
 )
 
 
-COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "curves": CURVES_COMMAND}
+COMMANDS = {
+    "fig6": Command(_fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, one row "
+                                "per placement", None, False, _fig6_arguments),
+    "table5": Command(_table5_main, "Table 5: max stable learning rate per (placement, depth), "
+                                    "per α and max over α", None, False, _table5_arguments),
+    "curves": Command(_curves_main, "test accuracy and train loss vs step, one line per LR, of "
+                                    "one train run", None, False, _curves_arguments)}
 
 
 EXPERIMENTS = (

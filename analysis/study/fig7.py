@@ -14,7 +14,7 @@ from rankexp.theory import activation_constants
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
 from ..core.style import save
 
@@ -116,10 +116,6 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _spike_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig7")
-
-
 def _spike_main(args: argparse.Namespace) -> list[Path]:
     needs = ["matrices", "activation", "depth", "branch_input_cos_cross", "branch_mean_cos_cross",
              "coherence_theory", "branch_mean_sum_exponent", "rep_erank_final"]
@@ -134,10 +130,6 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
         f"$n \\in \\{{{', '.join(str(int(n)) for n in sorted(df['n'].unique()))}\\}}$ probe inputs",
         "bars: largest $n$, ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "spike", table)
-
-
-SPIKE_COMMAND = Command(_spike_arguments, _spike_main, "Figure 7: mean spike — cross-layer cosines vs c, "
-                        "‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ")
 
 
 def _spike_runs(runs: Runs, m: int) -> pd.DataFrame:
@@ -216,7 +208,10 @@ FIG7 = (
 )
 
 
-COMMANDS = {"spike": SPIKE_COMMAND}
+COMMANDS = {"spike": Command(
+    _spike_main,
+    "Figure 7: mean spike — cross-layer cosines vs c, ‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ",
+    experiment="fig7")}
 
 
 EXPERIMENTS = (

@@ -22,7 +22,7 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_most, near
 from ..core.registry import Experiment
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, warn_mixed
 from ..core.style import save
 
@@ -179,7 +179,6 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
 
 
 def _mp_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig8")
     p.add_argument("--width", type=int, default=None,
                    help="width d of the histogram grid (default: the largest width run)")
     p.add_argument("--reference-draws", type=int, default=4,
@@ -207,10 +206,6 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df[df["width"] == width], args.experiment, ["all seeds' eigenvalues pooled"])
     paths += save(fig, out, f"mp_histograms_d{width}", hist.set_index(["activation", "expansion"]))
     return paths
-
-
-MP_COMMAND = Command(_mp_arguments, _mp_main, "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; "
-                     "Marchenko–Pastur histograms of D W_up")
 
 
 def _fig8(runs: Runs, *cols: str, acts: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -307,7 +302,10 @@ FIG8 = (
 )
 
 
-COMMANDS = {"mp": MP_COMMAND}
+COMMANDS = {"mp": Command(
+    _mp_main,
+    "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; Marchenko–Pastur histograms of D W_up",
+    experiment="fig8", arguments=_mp_arguments)}
 
 
 EXPERIMENTS = (

@@ -330,9 +330,9 @@ RANK_PREDICTS = (
 
 
 COMMANDS = {
-    'rank_predicts': Command(_arguments, _main, "Spearman ρ and ROC-AUC of each init "
+    'rank_predicts': Command(_main, "Spearman ρ and ROC-AUC of each init "
                                      "quantity against max stable LR and best test accuracy, "
-                                     "over every trained grid"),
+                                     "over every trained grid", arguments=_arguments),
 }
 
 

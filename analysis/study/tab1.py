@@ -16,7 +16,7 @@ from rankexp.theory import activation_constants
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, warn_mixed
 from ..core.style import save
 from ..core.tables import write_markdown
@@ -54,10 +54,6 @@ def table1(df: pd.DataFrame) -> pd.DataFrame:
                         "runs": len(g),
                     })
     return pd.DataFrame(rows).set_index("activation")
-
-
-def _table1_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "tab1")
 
 
 def _table1_main(args: argparse.Namespace) -> list[Path]:
@@ -114,10 +110,6 @@ def draw_table1(t: pd.DataFrame):
     return fig
 
 
-TABLE1_COMMAND = Command(_table1_arguments, _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the "
-                         "measured stable rank of σ(W h)")
-
-
 def _stable_rank(runs: Runs) -> Measured:
     df = runs("tab1")
     need(df, "hidden_stable_rank")
@@ -152,7 +144,9 @@ TAB1 = (
 )
 
 
-COMMANDS = {"table1": TABLE1_COMMAND}
+COMMANDS = {"table1": Command(
+    _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the measured stable rank of σ(W h)",
+    experiment="tab1")}
 
 
 EXPERIMENTS = (

@@ -13,7 +13,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
 from ..core.style import save
 from ..core.tables import write_markdown
@@ -50,7 +50,6 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
 
 
 def _table6_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "tab6")
     p.add_argument("--layers", type=int, nargs="+", default=[32, 64, 128, 256, 512],
                    help="layers l to tabulate (default: 32 64 128 256 512)")
 
@@ -88,10 +87,6 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-TABLE6_COMMAND = Command(_table6_arguments, _table6_main, "Table 6: erank(Z_l)/d at each width d and layer l "
-                         "(M = 1 representation collapse)")
-
-
 def _tab6_collapse(runs: Runs) -> Measured:
     df = only(runs("tab6"), matrices=1)
     need(df, "rep_erank_final")
@@ -118,7 +113,10 @@ TAB6 = (
 )
 
 
-COMMANDS = {"table6": TABLE6_COMMAND}
+COMMANDS = {"table6": Command(
+    _table6_main,
+    "Table 6: erank(Z_l)/d at each width d and layer l (M = 1 representation collapse)",
+    experiment="tab6", arguments=_table6_arguments)}
 
 
 EXPERIMENTS = (

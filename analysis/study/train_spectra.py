@@ -12,7 +12,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, set_experiment_default
+from ..core.runner import Command, set_experiment_default
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, ordered, series
 from ..core.style import save
 from .fig6_train import run_lrs
@@ -181,7 +181,6 @@ def draw_cell(cell: pd.DataFrame):
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, [EXPERIMENT], f"task=train experiment(s) with probes during training (default: {EXPERIMENT})")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -199,9 +198,8 @@ def _main(args: argparse.Namespace) -> list[Path]:
 
 
 COMMANDS = {
-    'train-spectra': Command(_arguments, _main, "probed spectra vs optimizer step, per "
-                                     "learning rate, Pre vs Post (experiment train_spectra)"),
-}
+    "train-spectra": Command(_main, "probed spectra vs optimizer step, per learning rate, Pre vs "
+                                    "Post (experiment train_spectra)", None, True, _arguments)}
 
 
 EXPERIMENTS = (
