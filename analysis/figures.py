@@ -2,25 +2,12 @@
 
     python -m analysis.figures [--out DIR] [--only fig1,fig5] [--size cpu] [--dry-run]
 
-For every experiment of the registry (:func:`analysis.core.registry.default`; ``reproduce``
-entries, in document order, each after the experiments it ``reads``) the driver
-
-1. runs its sweep at ``size=cpu`` (``--size`` picks another: ``smoke``, ``full``), i.e.
-   ``python -m rankexp experiment=<id> size=cpu -m`` — every grid of the experiment's config,
-   shrunk by its ``conf/size/<id>/cpu.yaml`` — into one tracking store ``DIR/mlflow.db``
-   (Hydra output under ``DIR/multirun/<id>/``, the sweep's log in ``DIR/logs/<id>.log``), and
-2. draws it: every analysis command of its registry entry, with ``--uri`` pointing at that
-   store and ``--out DIR``.
-
-An experiment whose needs this machine lacks (the CIFAR-10 data, an optional package:
-:class:`analysis.core.registry.Needs`) is skipped, saying what is missing.  ``--sweeps-only``
-runs the sweeps and draws nothing (``make reproduce`` then builds ``python -m analysis report``,
-which draws every figure into the report).
-
-Reruns skip every run that already FINISHED in the store (the sweeps resume by config hash),
-so a second ``make figures`` only redraws.  A failing sweep or command is reported and the
-driver goes on; the exit status is 1 if anything failed.
-"""
+Each ``reproduce`` entry (document order, after the experiments it ``reads``) is swept with
+``python -m rankexp experiment=<id> size=cpu -m`` into ``DIR/mlflow.db`` (Hydra output under
+``DIR/multirun/<id>/``, log ``DIR/logs/<id>.log``), then drawn by its entry's commands.  An
+experiment whose :class:`~analysis.core.registry.Needs` this machine lacks is skipped;
+``--sweeps-only`` draws nothing.  Reruns skip FINISHED runs; a failure is reported and the
+driver goes on (exit 1)."""
 
 from __future__ import annotations
 

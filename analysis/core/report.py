@@ -1,20 +1,10 @@
 """``python -m analysis report [--uri …] [--out DIR]``: a reproduction report of a store.
 
-From whatever runs the store holds it writes
-
-* ``DIR/report.html`` — one self-contained page (figures embedded as ``data:`` URIs, no
-  external file, script or font): the claims table first, then a section per experiment with
-  what the experiment shows (its config header), a config summary (runs, fixed and swept
-  params, size), its figures, its tables and the claims it decides;
-* ``DIR/report.md`` — the same as Markdown, figures linked (``DIR/figures/<experiment>/``);
-* ``DIR/claims.csv`` — the claims table;
-* ``DIR/figures/<experiment>/`` — what each experiment's analysis commands drew (its
-  registry entry's ``analyses``, as ``make figures`` runs them), and ``DIR/logs/`` their output.
-
-Experiments, their descriptions, commands and claims come from the experiment registry
-(:mod:`analysis.core.registry`; add an entry or a claim there, nothing here changes).  A failing
-analysis command is noted in its section; the report is still written.
-"""
+Writes ``DIR/report.html`` (self-contained, figures as ``data:`` URIs: the claims table, then
+per experiment what it shows, its config summary, figures, tables and claims),
+``DIR/report.md`` (figures linked under ``DIR/figures/<experiment>/``), ``DIR/claims.csv`` and
+the commands' logs under ``DIR/logs/``.  Everything comes from the registry
+(:mod:`analysis.core.registry`); a failing command is noted in its section."""
 
 from __future__ import annotations
 
@@ -40,7 +30,7 @@ from .registry import Registry, default
 from .runner import Command, run, set_experiment_default
 from .runs import load_runs
 from .select import CONFIG_KEYS
-from .tables import to_markdown
+from .style import to_markdown
 
 log = logging.getLogger("analysis")
 
@@ -160,7 +150,7 @@ def _data_uri(png: Path) -> str:
 
 
 def md_to_html(table: str) -> str:
-    """A GitHub-Markdown table (as :func:`analysis.core.tables.to_markdown` writes) as HTML."""
+    """A GitHub-Markdown table (as :func:`analysis.core.style.to_markdown` writes) as HTML."""
     rows = [
         [c.strip() for c in line.strip().strip("|").split("|")]
         for line in table.splitlines()

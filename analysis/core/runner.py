@@ -1,17 +1,9 @@
 """``python -m analysis <command> --experiment NAME [options]``: the command runner.
 
-Each figure or table command is a :class:`Command` in the ``COMMANDS`` mapping of a module of
-a document part (``analysis/<part>/*.py``, found by :func:`analysis.core.registry.modules`);
-none is imported until the runner first needs its table (:func:`commands`), so importing
-``analysis`` or its core imports no command.  Every command gets the shared options
-(``--experiment``, ``--uri``, ``--filter``, ``--out``) and adds its own.
-
-A :class:`~analysis.core.select.SelectionError` (the runs lack what the command selects; a
-``KeyError``) or a :class:`~rankexp.tracking.TrackingError` (the store) is printed as one line,
-exit status 2.
-:func:`run` runs a command in this process and collects its output and files (``make
-figures``, the report and the tests use it).
-"""
+Each command is a :class:`Command` in the ``COMMANDS`` of a part's module (found by
+:func:`analysis.core.registry.modules` when first needed).  A
+:class:`~analysis.core.select.SelectionError` or a :class:`~rankexp.tracking.TrackingError`
+is one line, exit 2; :func:`run` runs a command in this process and collects its output."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""One figure style for every ``python -m analysis`` command: page-sized panel grids, the
-study's symbols in mathtext, a caption line stating the runs' size, theory in one look.
-
-* :data:`RC` — rcParams (8 pt serif text, DejaVu Serif mathtext so every glyph renders,
-  TrueType fonts in the PDF); applied by :func:`use` when this module loads.
-* :data:`ONE_COLUMN`, :data:`TWO_COLUMN`, :data:`PAGE_HEIGHT` — inches of a two-column paper
-  (ICML/NeurIPS-like); :func:`grid` and :func:`panels` never exceed them (a 1 × n strip of
-  panels wraps into rows instead).
-* :func:`name` / :data:`SYMBOLS` — a metric key or config param → its name in the field
-  (``erank_io`` → $\\mathrm{erank}(\\partial h_L/\\partial h_0)/d$); :func:`value_label` — a
-  legend entry (``expansion=4`` → $m/d = 4$).
-* :func:`caption` — the line under a figure with the experiment, run count, d, m/d, L, M, σ,
-  seeds and size, read off the runs' params (tagged ``gid="caption"``, tests find it there).
-* :func:`value_colors` + :func:`colorbar` — colour that encodes a numeric param gets a
-  (discrete) colour bar, not a legend of colours.
-* :data:`THEORY` — keyword arguments of every theory curve (black, dashed).
-* :func:`save` — PNG + PDF (+ the CSV of what is drawn) of a finished figure; :func:`recording`
-  lets tests and the report see the Figure objects a command saved.
-"""
+"""One figure style for every command: page-sized panel grids (:func:`grid`, :func:`panels`;
+:data:`ONE_COLUMN`, :data:`TWO_COLUMN`, :data:`PAGE_HEIGHT` inches), the study's symbols in
+mathtext (:func:`name`, :func:`value_label`), a caption stating the runs' size
+(:func:`caption`, ``gid="caption"``), colour bars for numeric params (:func:`value_colors`,
+:func:`colorbar`), theory in one look (:data:`THEORY`: black dashed), :func:`save` (PNG + PDF
++ CSV) and the tables the commands write (:func:`to_markdown`, :func:`write_markdown`)."""
 
 from __future__ import annotations
 
@@ -445,3 +432,39 @@ def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
         log.info("wrote %s", p)
     attach_to_parents(paths, *getattr(fig, "_rankexp_runs", []))
     return paths
+
+
+# --------------------------------------------------------------------------- tables
+def to_markdown(table: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-Markdown table of ``table`` (named index levels first; floats as ``floatfmt``,
+    NaN and ±∞ — no value — as ``—``; every other cell as ``str``)."""
+
+    def cell(v) -> str:
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else "—"
+        return str(v)
+
+    t = table.reset_index() if any(n is not None for n in table.index.names) else table
+    lines = ["| " + " | ".join(map(str, t.columns)) + " |", "|" + "---|" * len(t.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in t.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (folders made), log it, return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    log.info("wrote %s", path)
+    return path
+
+
+def write_markdown(path: Path, title: str, table: pd.DataFrame, floatfmt: str = ".4g",
+                   runs: pd.DataFrame | None = None) -> Path:
+    """``title``, a blank line and :func:`to_markdown` of ``table`` into ``path``; printed too.
+    With ``runs`` (the :func:`~analysis.core.runs.load_runs` rows it tabulates) the file is
+    also attached to their sweeps' parent runs (:func:`~analysis.core.runs.attach_to_parents`)."""
+    text = f"{title}\n\n{to_markdown(table, floatfmt)}\n"
+    print(text)
+    write_text(path, text)
+    attach_to_parents([path], runs)
+    return path

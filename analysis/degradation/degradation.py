@@ -20,8 +20,7 @@ from ..core.claims import Check, Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, series
-from ..core.style import plt, save
-from ..core.tables import to_markdown, write_text
+from ..core.style import plt, save, to_markdown, write_text
 from ..study.fig6_train import LR_COLUMN
 
 log = logging.getLogger("analysis")

@@ -19,8 +19,7 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, series
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 
 #: the study's numbers (science.md §4 fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L

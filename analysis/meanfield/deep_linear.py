@@ -17,8 +17,7 @@ from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 from . import claim, newest, worst
 
 S_KEY = "task.options.deep_linear.s"

@@ -17,8 +17,7 @@ from ..core.claims import Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
-from ..core.style import plain_log_ticks, plt, save
-from ..core.tables import to_markdown, write_text
+from ..core.style import plain_log_ticks, plt, save, to_markdown, write_text
 from . import claim, newest, standard_error, worst
 
 

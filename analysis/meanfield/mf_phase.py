@@ -18,8 +18,7 @@ from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import load
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 from . import claim, edges, newest, standard_error, worst
 
 PHASE_COLUMNS = ["alpha", "bias", "chi1", "chi1_theory", "chi_c", "chi_c_theory", "xi_c",

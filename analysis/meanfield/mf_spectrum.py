@@ -17,8 +17,7 @@ from ..core.claims import Check, Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, only
-from ..core.style import save
-from ..core.tables import write_text
+from ..core.style import save, write_text
 from . import arrays, claim, newest, standard_error, worst
 
 

@@ -14,10 +14,8 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.seeds import pooled
-from ..core.select import load, need, only, warn_mixed
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.select import load, need, only, pooled, warn_mixed
+from ..core.style import save, to_markdown, write_text
 from ..study.fig4 import by_post, deepest
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"

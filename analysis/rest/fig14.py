@@ -17,10 +17,8 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near, seed_std
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.seeds import pooled
-from ..core.select import SelectionError, load, need, only
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.select import SelectionError, load, need, only, pooled
+from ..core.style import save, write_markdown
 
 log = logging.getLogger("analysis")
 

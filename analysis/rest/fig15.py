@@ -13,10 +13,8 @@ from ..core import style
 from ..core.claims import Claim, Measured, Runs, near, seed_std
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.seeds import pooled
-from ..core.select import load, need, only, series
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.select import load, need, only, pooled, series
+from ..core.style import save, write_markdown
 
 PRE, OUT = "norm.pre", "norm.out"
 

@@ -13,9 +13,8 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.runs import attach_to_parents
-from ..core.seeds import pooled
-from ..core.select import load, need
-from ..core.tables import write_markdown
+from ..core.select import load, need, pooled
+from ..core.style import write_markdown
 
 OP = "norm.op"
 

@@ -15,10 +15,8 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.seeds import pooled
-from ..core.select import SelectionError, load, need
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.select import SelectionError, load, need, pooled
+from ..core.style import save, write_markdown
 
 EPS = "task.options.projection_walk.step_angle"
 

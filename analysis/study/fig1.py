@@ -40,7 +40,7 @@ def profile_table(
 
     Columns: ``keys…``, ``layer``, ``<metric>`` (mean over every seed of the cell's runs),
     ``<metric>_std`` (their standard deviation, pooled exactly from each run's logged
-    ``<metric>_std`` series; :mod:`analysis.core.seeds`), ``runs``, and ``theory`` (the closed
+    ``<metric>_std`` series; :func:`analysis.core.select.pooled`), ``runs``, and ``theory`` (the closed
     form of :data:`SERIES_THEORY` where the metric has one and the cell's runs share its
     inputs; NaN otherwise).  One :func:`metric_history` call per run for ``metric`` and one
     for ``<metric>_std`` (absent with one seed: 0).

@@ -14,8 +14,7 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, warn_mixed
+from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, pooled, warn_mixed
 from ..core.style import save
 from .fig6_train import CHANCE, CONTEXT, depth_axis
 
@@ -23,7 +22,7 @@ from .fig6_train import CHANCE, CONTEXT, depth_axis
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
 
-    ``std`` is the seed spread (:func:`analysis.core.seeds.pooled`: a train run is one seed, so
+    ``std`` is the seed spread (:func:`analysis.core.select.pooled`: a train run is one seed, so
     it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
     ``count`` = runs.
     """

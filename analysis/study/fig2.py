@@ -29,8 +29,7 @@ from ..core.select import (
     varying,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown
+from ..core.style import save, to_markdown
 
 log = logging.getLogger("analysis")
 

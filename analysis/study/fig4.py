@@ -17,10 +17,8 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.seeds import pooled
-from ..core.select import OP_ORDER, PLACEMENT, load, need, only, warn_mixed
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.select import OP_ORDER, PLACEMENT, load, need, only, pooled, warn_mixed
+from ..core.style import save, to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
@@ -108,7 +106,7 @@ def placement_table(
     """Mean, seed std and counts of ``metric`` per (config, α).
 
     ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
-    ``<metric>_std`` (:func:`analysis.core.seeds.pooled`), not the spread over runs; ``count`` =
+    ``<metric>_std`` (:func:`analysis.core.select.pooled`), not the spread over runs; ``count`` =
     runs, ``seeds`` = seeds in all.
 
     ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is

@@ -41,8 +41,7 @@ from ..core.select import (
     series,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
 

@@ -28,8 +28,7 @@ from ..core.select import (
     require,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown
+from ..core.style import save, to_markdown
 from .fig2 import draw_panel, heatmap_table
 
 log = logging.getLogger("analysis")

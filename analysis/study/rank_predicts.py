@@ -21,7 +21,7 @@ from ..core.registry import Experiment, Needs, default
 from ..core.runner import Command, set_experiment_default
 from ..core.runs import load_runs
 from ..core.select import SelectionError
-from ..core.tables import write_markdown
+from ..core.style import write_markdown
 
 log = logging.getLogger("analysis")
 

@@ -18,8 +18,7 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, warn_mixed
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.style import save, write_markdown
 from .fig8 import activation_order
 
 log = logging.getLogger("analysis")

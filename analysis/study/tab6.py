@@ -15,8 +15,7 @@ from ..core.claims import Claim, Measured, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.style import save, write_markdown
 
 log = logging.getLogger("analysis")
 
