@@ -195,14 +195,14 @@ def markdown(reg: Registry | None = None, plan=None, documents_only: bool = Fals
     """The experiment table: one row per entry — id, part, title, the grids of its config at
     full size (their swept axes), its runs at size=smoke / cpu / full, what it needs, the
     commands that draw it.  ``documents_only``: the entries whose source is the documents
-    (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
+    (the study, the chapter), as the README lists them.  ``plan(id, size)`` gives the sweep
     (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
              "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
     for e in reg:
-        if documents_only and not e.source.startswith("science.md"):
+        if documents_only and not e.source.startswith(("the study", "the chapter")):
             continue
         plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
         grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"

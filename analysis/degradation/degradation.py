@@ -427,7 +427,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
 
 #: the plain nets' gradient-ratio growth per conv layer the replication measures at size=cpu
 #: (README, degradation table: 1.13–1.14 at depths 32–110, seeds 0 and 1; issue 19: ≈ 1.13).
-#: He et al. report no gradient norms; science.md §5 says "geometrically".
+#: He et al. report no gradient norms; the chapter says "geometrically".
 PLAIN_GROWTH_PER_CONV = 1.13
 
 
@@ -565,13 +565,13 @@ def _measure(value):
 DEGRADATION: tuple[Claim, ...] = (
     Claim("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
               "at initialization grows geometrically with depth, by ≈ 1.13 per conv layer",
-          "science.md §5 (BN paradox); the replication at size=cpu",
+          "the chapter (BN paradox); the replication at size=cpu",
           f"≈ {PLAIN_GROWTH_PER_CONV:g} per conv",
           near(PLAIN_GROWTH_PER_CONV, PLAIN_GROWTH_TOL),
           _measure(lambda t: plain_growth_per_conv(t["ratio"])), size="cpu"),
     Claim("degradation.resnet_grad_ratio_bounded", "ResNets' gradient ratio stays within an "
               "order of magnitude of 1",
-          "science.md §5", "|log10| ≤ 1",
+          "the chapter", "|log10| ≤ 1",
           Check("≤ 1", lambda v: v <= 1),
           _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
     Claim("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
@@ -618,7 +618,7 @@ EXPERIMENTS = (
     Experiment(
         "degradation",
         "The degradation replication (He et al. 2016)",
-        "science.md §5, last item (He et al. 2016 §4.2)",
+        "the chapter, last item (He et al. 2016 §4.2)",
         analyses=("init-gradients --experiment degradation", "responses --experiment degradation",
                   "error-curves --experiment degradation", "error-table --experiment degradation",
                   "lesion --experiment degradation"),

@@ -21,7 +21,7 @@ from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, series
 from ..core.style import save, to_markdown, write_text
 
-#: the study's numbers (science.md §4 fig12): (trained?, width) → off-diagonal mean cos,
+#: the study's numbers (the study, fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L
 STUDY = {(False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
          (False, 1024): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
@@ -154,7 +154,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         "(block 1 omitted)", "last token of a fixed prompt", "mean over seeds"])
     table = summary(nets)
     text = to_markdown(table, floatfmt=".4g")
-    print("Figure 12 (study: science.md §4 fig12)\n")
+    print("Figure 12 (study: the study, fig12)\n")
     print(text)
     write_text(out_dir(args) / "ffn_summary.md", text + "\n")
     return save(fig, out_dir(args), "fig12_ffn_jacobians", table)
@@ -206,9 +206,9 @@ def _trained(metric: str, width: int):
 
 FIG12 = (
     Claim("fig12.cos_init", "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
-          "science.md §4 fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
+          "the study, fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
     Claim("fig12.accumulated_init", "At initialization accumulated / uncorrelated = 1.00 at k = L",
-          "science.md §4 fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
+          "the study, fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
 )
 
 
@@ -219,12 +219,12 @@ FIG12_TRAINED = tuple(
     for claim in (
         Claim(f"fig12.cos_trained_{name}",
               f"Trained GPT-2 {name.title()}: off-diagonal mean cosine of the FFN Jacobians",
-              "science.md §4 fig12a", f"{cos:g}", near(cos, 0.05),
+              "the study, fig12a", f"{cos:g}", near(cos, 0.05),
               _trained("ffn_cos_offdiag_mean", width), needs=PRETRAINED),
         Claim(f"fig12.accumulated_trained_{name}",
               f"Trained GPT-2 {name.title()}: accumulated / uncorrelated at k = L "
               f"(fully coherent: {coherent:g}×)",
-              "science.md §4 fig12b", f"{acc:g}×", near(acc, 0.25),
+              "the study, fig12b", f"{acc:g}×", near(acc, 0.25),
               _trained("ffn_accumulated_ratio", width), needs=PRETRAINED),
     )
 )
@@ -237,6 +237,6 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
-               "science.md §4 fig12", analyses=("ffn --experiment fig12",),
+               "the study, fig12", analyses=("ffn --experiment fig12",),
                claims=FIG12 + FIG12_TRAINED, needs=Needs(packages=("transformers",))),
 )

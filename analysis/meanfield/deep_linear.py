@@ -120,10 +120,10 @@ def _deep_linear_runs(runs: Runs) -> pd.DataFrame:
 
 DEEP_LINEAR = (
     claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
-           "T(N, a₀) of the quadrature 215.8", "science.md §5 (215.8)", "0",
+           "T(N, a₀) of the quadrature 215.8", "the chapter, 215.8", "0",
            _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
-           "science.md §5 (215.9)", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
+           "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
 )
 
 
@@ -134,6 +134,6 @@ COMMANDS = {"deep_linear": Command(
 
 
 EXPERIMENTS = (
-    Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "science.md §5 (215.8/215.9)",
+    Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9",
                analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),
 )

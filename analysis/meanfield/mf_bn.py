@@ -170,16 +170,16 @@ def shattered_decay(archs: tuple[str, ...], reference: Callable[[pd.Series], flo
 MF_BN = (
     claim("mf_bn.bn_growth", "Batch-normalized plain ReLU nets: weight-gradient norms grow "
            "geometrically toward the input, by √(π/(π−1)) ≈ 1.209 per layer",
-           "science.md §5 (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
+           "the chapter (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
            _bn, bn_growth),
     claim("mf_bn.shattered_plain", "Shattered gradients: plain (BN) nets' lag-1 "
-           "autocorrelation decays like 1/2^L", "science.md §5 (shattered gradients)", "2^{−L}",
+           "autocorrelation decays like 1/2^L", "the chapter (shattered gradients)", "2^{−L}",
            _bn, shattered_decay(("plain + BN",), lambda r: 0.5 ** r["depth"])),
     claim("mf_bn.shattered_residual", "Shattered gradients: residual nets without BN decay "
-           "like (3/4)^L", "science.md §5 (shattered gradients)", "(3/4)^L",
+           "like (3/4)^L", "the chapter (shattered gradients)", "(3/4)^L",
            _bn, shattered_decay(("residual (β = 1)",), lambda r: 0.75 ** r["depth"])),
     claim("mf_bn.shattered_residual_bn", "Shattered gradients: residual nets with BN and "
-           "branch gain β decay like 1/(β√L) (capped at 1)", "science.md §5 (shattered gradients)",
+           "branch gain β decay like 1/(β√L) (capped at 1)", "the chapter (shattered gradients)",
            "min(1, 1/(β√L))", _bn,
            shattered_decay(("residual + BN (β = 1)", "residual + BN (β = 1/√L)"), lambda r: min(1.0, 1 / (r["beta"] * math.sqrt(r["depth"]))))),
 )
@@ -192,6 +192,6 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment("mf_bn", "Batch normalization at initialization",
-               "science.md §5 (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
+               "the chapter (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
                claims=MF_BN),
 )

@@ -168,13 +168,13 @@ def phase_xi(t: pd.DataFrame) -> Measured:
 
 MF_PHASE = (
     claim("mf_phase.chi1", "χ₁ = σ_w² E[φ′(√q* z)²] is the mean squared singular value of a "
-           "layer Jacobian (tanh, every (σ_w², σ_b²))", "science.md §5 (215.3)", "χ₁ theory",
+           "layer Jacobian (tanh, every (σ_w², σ_b²))", "the chapter, 215.3", "χ₁ theory",
            _phase, phase_chi1),
     claim("mf_phase.sides", "Ordered where χ₁ < 1, chaotic where χ₁ > 1: every cell is on the "
-           "side of the critical line the theory puts it", "science.md §5 (215.3)", "0 cells",
+           "side of the critical line the theory puts it", "the chapter, 215.3", "0 cells",
            _phase, phase_sides, at_most(0)),
     claim("mf_phase.xi_c", "The depth scale ξ_c = −1/ln χ_c (tanh, cells with ξ_c ≤ L/(2 ln 50))",
-           "science.md §5 (215.4)", "ξ_c theory", _phase, phase_xi),
+           "the chapter, 215.4", "ξ_c theory", _phase, phase_xi),
 )
 
 
@@ -186,6 +186,6 @@ COMMANDS = {"mf_phase": Command(
 
 EXPERIMENTS = (
     Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
-               "science.md §5 (215.1–215.4)", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
+               "the chapter, 215.1–215.4", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
                needs=Needs(gpu_full=True)),
 )

@@ -108,10 +108,10 @@ def relu_asymptote(t: pd.DataFrame) -> Measured:
 
 MF_RELU_COLLAPSE = (
     claim("mf_relu_collapse.exact_map", "Critical ReLU (σ_w² = 2): c_l follows the map f(c) = "
-           "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "science.md §5 (critical ReLU)",
+           "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "the chapter (critical ReLU)",
            "f^l(c_0)", _relu, relu_exact_map),
     claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
-           "exponential, collapse)", "science.md §5 (critical ReLU)", "ratio 1",
+           "exponential, collapse)", "the chapter (critical ReLU)", "ratio 1",
            _relu, relu_asymptote),
 )
 
@@ -123,6 +123,6 @@ COMMANDS = {"mf_relu_collapse": Command(
 
 EXPERIMENTS = (
     Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
-               "science.md §5 (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
+               "the chapter (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
                claims=MF_RELU_COLLAPSE),
 )

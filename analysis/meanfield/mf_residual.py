@@ -152,16 +152,16 @@ def residual_ode(t: pd.DataFrame) -> Measured:
 
 MF_RESIDUAL = (
     claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
-           "(1 + β²)^L", "science.md §5 (residual networks)", "(1 + β²)^L",
+           "(1 + β²)^L", "the chapter (residual networks)", "(1 + β²)^L",
            _residual, residual_variance),
     claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
-           "variance ratio → e", "science.md §5 (residual networks)", "e",
+           "variance ratio → e", "the chapter (residual networks)", "e",
            _residual, residual_variance_e),
     claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
-           "c ↦ (c + β² f(c))/(1 + β²)", "science.md §5 (residual networks)", "residual map",
+           "c ↦ (c + β² f(c))/(1 + β²)", "the chapter (residual networks)", "residual map",
            _residual, residual_correlation),
     claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
-           "dc/dt = f(c) − c", "science.md §5 (residual networks)", "ODE at t = 1",
+           "dc/dt = f(c) − c", "the chapter (residual networks)", "ODE at t = 1",
            _residual, residual_ode),
 )
 
@@ -174,6 +174,6 @@ COMMANDS = {"mf_residual": Command(
 
 EXPERIMENTS = (
     Experiment("mf_residual", "Residual ReLU networks: variance and correlation",
-               "science.md §5 (residual networks)", analyses=("mf_residual -e mf_residual",),
+               "the chapter (residual networks)", analyses=("mf_residual -e mf_residual",),
                claims=MF_RESIDUAL),
 )

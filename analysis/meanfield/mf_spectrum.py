@@ -154,11 +154,11 @@ _SPECTRUM_ROWS = [("linear", "gaussian", "L (Fuss–Catalan: exactly L)"), ("lin
 MF_SPECTRUM = tuple(
     claim(f"mf_spectrum.var_{act}_{init}",
            f"{act}, {init} weights: Var(λ) of ∂h_L/∂h_0 (λ normalized to mean 1) = L(v_W + v_D)",
-           "science.md §5 (215.7)", study, _spectrum, spectrum_row_claim(act, init))
+           "the chapter, 215.7", study, _spectrum, spectrum_row_claim(act, init))
     for act, init, study in _SPECTRUM_ROWS
 ) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
-           "χ₁ = 1 and q* the length map's fixed point", "science.md §5 (215.3, 215.7)",
+           "χ₁ = 1 and q* the length map's fixed point", "the chapter, 215.3, 215.7",
            "χ₁ = 1, q* = 1/64", _spectrum_runs, critical_tanh,
            Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),
 )
@@ -170,6 +170,6 @@ COMMANDS = {"mf_spectrum": Command(
 
 
 EXPERIMENTS = (
-    Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "science.md §5 (215.7)",
+    Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7",
                analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),
 )

@@ -106,7 +106,7 @@ def trainability(t: pd.DataFrame) -> Measured:
 MF_TRAINABILITY = (
     claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
            "(cells within a factor 2 of the boundary not judged)",
-           "science.md §5 (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
+           "the chapter (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
            at_most(0), size="full"),
 )
 
@@ -118,7 +118,7 @@ COMMANDS = {"mf_trainability": Command(
 
 EXPERIMENTS = (
     Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
-               "science.md §5 (Schoenholz et al. 2017)",
+               "the chapter (Schoenholz et al. 2017)",
                analyses=("mf_trainability -e mf_trainability",), claims=MF_TRAINABILITY,
                needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )

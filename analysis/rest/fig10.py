@@ -163,13 +163,13 @@ def _fig10_control(runs: Runs) -> Measured:
 FIG10 = (
     Claim("fig10.ops_alike", "Without the Pre-RMSNorm the five post-residual ops "
           "collapse alike (none and meansub at nearly the rescaling rate)",
-          "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
+          "the study, fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
     # ≤ 1.5: the study's own words put none and meansub "at nearly the rescaling rate" — alike
     # on Figure 10(a)'s log axis, not within seed noise — so "indistinguishable" is read as
     # within a factor 1.5 (0.18 decades, under one minor tick) at the deepest L
     Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
           "and without the Pre-RMSNorm control (within 3 seed standard errors)",
-          "science.md §4 fig10(b)", "coincide", at_most(3.0), _fig10_control),
+          "the study, fig10(b)", "coincide", at_most(3.0), _fig10_control),
 )
 
 
@@ -181,5 +181,5 @@ COMMANDS = {"post_ops": Command(
 
 EXPERIMENTS = (
     Experiment("fig10", "Figure 10: the post-residual op without the Pre-RMSNorm control",
-               "science.md §4 fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),
+               "the study, fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),
 )

@@ -149,12 +149,12 @@ def _fig14(matrices: int, centred: bool):
 
 FIG14 = (
     Claim("fig14.a_uniform_c", "M = 1 ReLU: the branch means form a uniform field at "
-          "c = 1/π", "science.md §4 fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
+          "c = 1/π", "the study, fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
           _fig14(1, False)),
     Claim("fig14.b_m2_zero", "M = 2: the branch means are uncorrelated across layers",
-          "science.md §4 fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
+          "the study, fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
     Claim("fig14.c_centred_zero", "A centred activation (tanh, M = 1): no mean field",
-          "science.md §4 fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
+          "the study, fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
 )
 
 
@@ -165,5 +165,5 @@ COMMANDS = {"cos_field": Command(
 
 EXPERIMENTS = (
     Experiment("fig14", "Figure 14: the pairwise cosine field of the branch means",
-               "science.md §4 fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),
+               "the study, fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),
 )

@@ -102,7 +102,7 @@ def _fig15(pre: str, out: str):
 
 
 FIG15 = tuple(
-    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"science.md §4 fig15({cid[0]})",
+    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"the study, fig15({cid[0]})",
           f"{value} (d = 256, L = 512)", near(value, tol), _fig15(pre, out))
     for cid, pre, out, what, value, tol in (
         ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
@@ -124,5 +124,5 @@ COMMANDS = {"centring": Command(
 
 EXPERIMENTS = (
     Experiment("fig15", "Figure 15: centring, not rescaling, keeps M = 1 rank",
-               "science.md §4 fig15", analyses=("centring --experiment fig15",), claims=FIG15),
+               "the study, fig15", analyses=("centring --experiment fig15",), claims=FIG15),
 )

@@ -79,9 +79,9 @@ def _tab2_removed(runs: Runs) -> Measured:
 
 TAB2 = (
     Claim("tab2.autograd", "The closed-form Jacobians of Table 2 equal autograd",
-          "science.md §1 table, §4 tab2", "exact", at_most(1e-12), _tab2_autograd),
+          "the study, tab2", "exact", at_most(1e-12), _tab2_autograd),
     Claim("tab2.removed", "rmsnorm removes x̂, detached nothing, meansub 1, layernorm "
-          "both", "science.md §4 tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
+          "both", "the study, tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
 )
 
 
@@ -91,6 +91,6 @@ COMMANDS = {
 
 
 EXPERIMENTS = (
-    Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "science.md §4 tab2",
+    Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "the study, tab2",
                analyses=("table2 --experiment tab2",), claims=TAB2),
 )

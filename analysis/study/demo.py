@@ -6,6 +6,6 @@ from ..core.registry import Experiment
 
 EXPERIMENTS = (
     Experiment("demo", "Demo: Pre- vs Post-Norm erank across α and depth",
-               "science.md §3 fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
+               "the study, fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
                analyses=("heatmap --experiment demo",), reproduce=False),
 )

@@ -257,11 +257,11 @@ def _fig1_troughs(runs: Runs) -> Measured:
 
 FIG1 = (
     Claim("fig1.noskip_collapse", "Without skips the profile collapses with depth (vs an identity skip every block)",
-          "science.md §3 fig1", "collapse", at_most(0.5), _fig1_noskip_collapse),
+          "the study, fig1", "collapse", at_most(0.5), _fig1_noskip_collapse),
     Claim("fig1.flat_inv_sqrt_depth", "β = 1/√L keeps the profile flat",
-          "science.md §3 fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
+          "the study, fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
     Claim("fig1.wider_troughs", "Wider branches raise the troughs of the sawtooth (skip every 4)",
-          "science.md §3 fig1", "rises with m/d", above(0.0), _fig1_troughs),
+          "the study, fig1", "rises with m/d", above(0.0), _fig1_troughs),
 )
 
 
@@ -272,6 +272,6 @@ COMMANDS = {"profiles": Command(
 
 EXPERIMENTS = (
     Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
-               "science.md §3 fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
+               "the study, fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
                needs=Needs(gpu_full=True)),
 )

@@ -81,7 +81,7 @@ def _fig16(runs: Runs) -> Measured:
 
 FIG16 = (
     Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
-          "trainable depth", "science.md §3 fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),
+          "trainable depth", "the study, fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),
 )
 
 
@@ -92,6 +92,6 @@ COMMANDS = {"fig16": Command(
 
 EXPERIMENTS = (
     Experiment("fig16", "Figure 16: how deep a network trains without normalization",
-               "science.md §3 fig16", analyses=("fig16",), claims=FIG16,
+               "the study, fig16", analyses=("fig16",), claims=FIG16,
                needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )

@@ -266,7 +266,7 @@ def _fig2_collapse(runs: Runs) -> Measured:
 
 FIG2 = (
     Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
-          "science.md §3 fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),
+          "the study, fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),
 )
 
 
@@ -283,7 +283,7 @@ EXPERIMENTS = (
     Experiment(
         "fig2",
         "Figure 2: rank over α × β collapses onto βα^M",
-        "science.md §3 fig2",
+        "the study, fig2",
         analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
                   "collapse --experiment fig2"),
         claims=FIG2,

@@ -243,10 +243,10 @@ def _fig3_binomial(runs: Runs) -> Measured:
 
 FIG3 = (
     Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
-          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
+          "β = 1, α = 1 (L = 48)", "the study, fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
     # near(3, 0.5) on an integer order: exactly 3 holds, 2 or 4 do not
     Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
-          "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
+          "(Poisson-)binomial prediction", "the study, fig3; conf fig3", "on the curve",
           at_most(0.1), _fig3_binomial),
 )
 
@@ -258,6 +258,6 @@ COMMANDS = {"paths": Command(
 
 
 EXPERIMENTS = (
-    Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "science.md §3 fig3",
+    Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "the study, fig3",
                analyses=("paths --experiment fig3",), claims=FIG3, needs=Needs(gpu_full=True)),
 )

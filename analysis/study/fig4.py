@@ -307,14 +307,14 @@ def _fig4_projection(runs: Runs) -> Measured:
 
 FIG4 = (
     Claim("fig4.post_like_none", "Post-Norm collapses at the rate of no norm",
-          "science.md §3 fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
+          "the study, fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
     Claim("fig4.pre_output_floor", "Pre- and output-norm keep a rank floor "
-          "(Pre-Norm above ≈ 0.2 of width)", "science.md §3 fig4(a), reference magnitudes",
+          "(Pre-Norm above ≈ 0.2 of width)", "the study, fig4(a), reference magnitudes",
           "≥ 0.2", at_least(0.2), _fig4_floor),
     Claim("fig4.detached_gap", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
-          "width)", "science.md §3 fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
+          "width)", "the study, fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
     Claim("fig4.projection_share", "The post-norm projection removes ≤ 0.4 % of "
-          "full rank", "science.md §3 fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
+          "full rank", "the study, fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
 )
 
 
@@ -357,10 +357,10 @@ def _fig4b_floor(runs: Runs) -> Measured:
 
 FIG4B = (
     Claim("fig4.b_detached_rmsnorm", "With a Pre-RMSNorm, post-residual detached ≈ "
-          "rmsnorm (collapse; within 0.4 % of width)", "science.md §3 fig4(b)",
+          "rmsnorm (collapse; within 0.4 % of width)", "the study, fig4(b)",
           "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached),
     Claim("fig4.b_centring_floor", "With a Pre-RMSNorm, R = meansub and none keep a "
-          "floor while the rescaling R collapse", "science.md §3 fig4(b)", "floor ≫ collapse",
+          "floor while the rescaling R collapse", "the study, fig4(b)", "floor ≫ collapse",
           at_least(2.0), _fig4b_floor),
 )
 
@@ -371,7 +371,7 @@ COMMANDS = {"placements": Command(
 
 
 EXPERIMENTS = (
-    Experiment("fig4", "Figure 4: where the norm sits and what it does", "science.md §3 fig4, §4",
+    Experiment("fig4", "Figure 4: where the norm sits and what it does", "the study, fig4",
                analyses=("placements --experiment fig4",), claims=FIG4 + FIG4B,
                needs=Needs(gpu_full=True)),
 )

@@ -523,10 +523,10 @@ def iso_slope(placement: str | None, expansion: float | None, level: float | Non
 
 FIG5_ISORANK = (
     Claim("fig5.post_isorank_slope", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
-          "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
+          "s ≈ −0.50 (rank is a function of βα^M√L)", "the study, fig5, Table 4",
           "−0.50", near(-0.50, 0.05), iso_slope("post", None, None)),
     *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
-            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
+            "the study, tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
             size="cpu")
       for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
 )
@@ -614,24 +614,24 @@ def _post_floor(runs: Runs) -> Measured:
 
 FIG5_STREAM = (
     Claim("fig5.kappa", "Pre-Norm stream: rms(h_l)² = 1 + κ(βα^M)² l with "
-          "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
+          "κ = E[σ²] = ½ (measured ≈ 0.51)", "the study, fig11", "0.51",
           near(0.51, 0.05), _kappa),
     Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
+          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
     Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
-          "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
+          "Post-Norm", "the study, fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
           _acc_slope("post")),
     Claim("fig5.accumulated_pre_flat", "Accumulated branch stays flat for "
-          "Pre-Norm", "science.md §3 fig5, Figure 5b/12", "≈ 0 (slope)", near(0.0, 0.2),
+          "Pre-Norm", "the study, fig5, Figure 5b/12", "≈ 0 (slope)", near(0.0, 0.2),
           _acc_slope("pre")),
     Claim("fig5.depth_factor_collapse", "Post-Norm rank collapses (approximately) onto one "
           "curve of βα^M√L: across depths it is a function of βα^M√L rather than of βα^M",
-          "science.md §3 fig5 (Figure 5d)", "approximate collapse", below(1.0),
+          "the study, fig5 (Figure 5d)", "approximate collapse", below(1.0),
           _depth_factor_collapse, size="cpu"),
     Claim("fig5.pre_floor", "Pre-Norm rank stays above ≈ 0.2 of width across its "
-          "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
+          "grid", "the study, reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
     Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
-          "large α and depth", "science.md §3 reference magnitudes", "0.01–0.02 (d = 256)",
+          "large α and depth", "the study, reference magnitudes", "0.01–0.02 (d = 256)",
           between(0.01, 0.02), _post_floor, size="full"),
 )
 
@@ -650,7 +650,7 @@ EXPERIMENTS = (
     Experiment(
         "fig5",
         "Figure 5 / Table 4: depth against init scale",
-        "science.md §3 fig5, §4 tab4",
+        "the study, fig5, tab4",
         analyses=(
             "stream --experiment fig5",
             "accumulated --experiment fig5",

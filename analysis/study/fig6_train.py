@@ -433,18 +433,18 @@ def _cifar55(runs: Runs) -> Measured:
 
 FIG6_TRAIN = (
     Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
-          "science.md §3 fig6", "≈ 0.1", at_most(0.05), _fig6_chance, size="full"),
+          "the study, fig6", "≈ 0.1", at_most(0.05), _fig6_chance, size="full"),
     Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with depth for "
           "Post-Norm as Table 5 says (α = 0.5; measured − Table 5 fall, ± half a decade: the "
-          "LR grid's spacing)", "science.md §3 fig6, Table 5", "Table 5's fall", near(0.0, 0.5),
+          "LR grid's spacing)", "the study, fig6, Table 5", "Table 5's fall", near(0.0, 0.5),
           _post_lr_shrinks, size="full"),
     Claim("tab5.pre_lr", "Pre-Norm: max stable LR 1e-2 at every depth",
-          "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr),
+          "the study, tab5", "0.01", at_least(0.01), _pre_lr),
     Claim("tab5.post_alpha_half", "Post-Norm α = 0.5: max stable LR "
-          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
+          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "the study, tab5",
           "Table 5", at_most(0.5), _post_lr_table5, size="full"),
     Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
-          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
+          "the study, reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
 )
 
 
@@ -459,6 +459,6 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment("fig6_train", "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
-               "science.md §3 fig6, §4 tab5", analyses=("fig6", "table5"), claims=FIG6_TRAIN,
+               "the study, fig6, tab5", analyses=("fig6", "table5"), claims=FIG6_TRAIN,
                needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig6',)),
 )

@@ -194,17 +194,17 @@ def _rep_collapse(runs: Runs) -> Measured:
 
 FIG7 = (
     Claim("fig7.cos_relu", "M = 1, ReLU: cross-layer cosine = c = 1/π",
-          "science.md §3 fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu),
+          "the study, fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu),
     Claim("fig7.cos_c", "M = 1: cross-layer cosine = c_σ of each σ (Table 1)",
-          "science.md §3 fig7", "c_σ", at_most(0.03), _cos_c),
-    Claim("fig7.cos_zero", "M = 2: cross-layer cosines ≈ 0", "science.md §3 fig7",
+          "the study, fig7", "c_σ", at_most(0.03), _cos_c),
+    Claim("fig7.cos_zero", "M = 2: cross-layer cosines ≈ 0", "the study, fig7",
           "≈ 0", at_most(0.03), _cos_zero),
-    Claim("fig7.sum_linear", "M = 1: ‖Σ_k m_k‖ ∝ l", "science.md §3 fig7",
+    Claim("fig7.sum_linear", "M = 1: ‖Σ_k m_k‖ ∝ l", "the study, fig7",
           "1 (exponent)", near(1.0, 0.15), _exponent(1)),
-    Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "science.md §3 fig7",
+    Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "the study, fig7",
           "0.5 (exponent)", near(0.5, 0.15), _exponent(2)),
     Claim("fig7.rep_collapse_m1", "erank(Z_l) collapses only for M = 1",
-          "science.md §3 fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
+          "the study, fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
 )
 
 
@@ -215,6 +215,6 @@ COMMANDS = {"spike": Command(
 
 
 EXPERIMENTS = (
-    Experiment("fig7", "Figure 7: the mean spike", "science.md §3 fig7",
+    Experiment("fig7", "Figure 7: the mean spike", "the study, fig7",
                analyses=("spike --experiment fig7",), claims=FIG7, needs=Needs(gpu_full=True)),
 )

@@ -289,16 +289,16 @@ def _masked_rank(runs: Runs) -> Measured:
 
 
 FIG8 = (
-    Claim("fig8.erank_rises", "erank(J_f)/d rises with m/d", "science.md §3 fig8",
+    Claim("fig8.erank_rises", "erank(J_f)/d rises with m/d", "the study, fig8",
           "rises", above(0.0), _jf_rises),
     Claim("fig8.gaussian_product", "erank(J_f)/d follows the Gaussian-product "
-          "reference at γ = p·m/d (relu, abs)", "science.md §2.7, Figure 8", "0 (bias)",
+          "reference at γ = p·m/d (relu, abs)", "the study, Figure 8", "0 (bias)",
           near(0.0, 0.02), _jf_reference),
     Claim("fig9.mp_exact", "Gram spectrum of D W_up is Marchenko–Pastur at γ, "
-          "exact for relu/abs", "science.md §3 fig8/9, §4 fig17", "exact",
+          "exact for relu/abs", "the study, fig8/9, fig17", "exact",
           at_most(1.0), _mp_ks),
     Claim("fig8.threshold", "rank(D W_up)/d = min(1, P(σ′≠0)·m/d): full rank from "
-          "m/d = 1/p", "science.md §3 fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
+          "m/d = 1/p", "the study, fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
 )
 
 
@@ -310,5 +310,5 @@ COMMANDS = {"mp": Command(
 
 EXPERIMENTS = (
     Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
-               "science.md §3 fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),
+               "the study, fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),
 )

@@ -319,11 +319,11 @@ RANK_PREDICTS = (
     Claim("rank_predicts.erank_lr", "Rank at initialization predicts trainability: "
           "erank(∂h_L/∂h_0)/d at init rises with the max stable learning rate over every "
           "trained config (Spearman ρ > 0, its bootstrap 95 % interval above 0)",
-          "science.md §1, §9 (the central claim); issue 21", "ρ > 0", above(0.0),
+          "the study (the central claim); issue 21", "ρ > 0", above(0.0),
           lambda runs: measured(_joined(runs), "erank_io", "rho:max_stable_lr"), size="cpu"),
     Claim("rank_predicts.erank_auc", "erank(∂h_L/∂h_0)/d at init separates trainable configs "
           "(a stable LR exists) from the rest: ROC-AUC > 0.5, its bootstrap 95 % interval "
-          "above 0.5", "science.md §1, §9; issue 21", "AUC > 0.5", above(0.5),
+          "above 0.5", "the study; issue 21", "AUC > 0.5", above(0.5),
           lambda runs: measured(_joined(runs), "erank_io", "auc:trainable", none=0.5),
           size="cpu"),
 )
@@ -340,7 +340,7 @@ EXPERIMENTS = (
     Experiment(
         INIT_EXPERIMENT,
         "Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid",
-        "science.md §1, §9; issue 21 item 4",
+        "the study; issue 21 item 4",
         analyses=("rank_predicts",),
         claims=RANK_PREDICTS,
         needs=Needs(gpu_full=True),

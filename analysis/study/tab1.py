@@ -136,9 +136,9 @@ def _coherence(runs: Runs) -> Measured:
 
 TAB1 = (
     Claim("tab1.stable_rank", "Measured stable rank of σ(W h) within 6 % of the "
-          "spike bound 1/c", "science.md §3 tab1", "≤ 6 %", at_most(0.06), _stable_rank),
+          "spike bound 1/c", "the study, tab1", "≤ 6 %", at_most(0.06), _stable_rank),
     Claim("tab1.coherence", "Coherence of σ(W h) is c of the quadrature (relu 1/π, "
-          "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "science.md §2.8", "c_σ",
+          "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "the study, Table 1", "c_σ",
           at_most(0.02), _coherence),
 )
 
@@ -150,5 +150,5 @@ COMMANDS = {"table1": Command(
 
 EXPERIMENTS = (
     Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
-               "science.md §3 tab1", analyses=("table1 --experiment tab1",), claims=TAB1),
+               "the study, tab1", analyses=("table1 --experiment tab1",), claims=TAB1),
 )

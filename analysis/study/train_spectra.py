@@ -24,12 +24,12 @@ EXPERIMENT = "train_spectra"
 QUANTITIES = ("erank_io", "branch_ratio_last", "mean_path_order", "rep_erank_final")
 
 
-#: erank/d at or below which a network counts as collapsed (science.md §3 fig6: Post-Norm
+#: erank/d at or below which a network counts as collapsed (the study, fig6: Post-Norm
 #: trains at chance where its rank ≤ 1–2 % of width)
 COLLAPSE = 0.02
 
 
-#: the Pre-Norm floor of erank/d (science.md §3 reference magnitudes: ≈ 0.2 across the grid)
+#: the Pre-Norm floor of erank/d (the study, reference magnitudes: ≈ 0.2 across the grid)
 PRE_FLOOR = 0.2
 
 
@@ -135,14 +135,14 @@ def _table(runs: Runs) -> pd.DataFrame:
 CLAIMS = (
     Claim("train_spectra.post_stays_collapsed", "Post-Norm's rank collapsed at initialization "
           f"stays collapsed through training at every rate that does not diverge (final erank/d "
-          f"≤ {COLLAPSE:g})", "science.md §6 train_spectra (question 1)", f"≤ {COLLAPSE:g}",
+          f"≤ {COLLAPSE:g})", "the study, train_spectra (question 1)", f"≤ {COLLAPSE:g}",
           at_most(COLLAPSE), lambda runs: post_recovery(_table(runs)), size="full"),
     Claim("train_spectra.pre_floor", "Pre-Norm keeps its rank floor (erank/d ≥ 0.2) at every "
-          "probed step of training", "science.md §3 reference magnitudes, §6 train_spectra",
+          "probed step of training", "the study, reference magnitudes, train_spectra",
           f"≥ {PRE_FLOOR:g}", at_least(PRE_FLOOR), lambda runs: pre_floor_kept(_table(runs)),
           size="cpu"),
     Claim("train_spectra.longer_paths", "Training moves ⟨k⟩ toward longer paths (median "
-          "⟨k⟩(final) − ⟨k⟩(0) > 0)", "science.md §6 train_spectra (question 2, the study's §9)",
+          "⟨k⟩(final) − ⟨k⟩(0) > 0)", "the study, train_spectra (question 2)",
           "> 0", above(0.0), lambda runs: path_order_shift(_table(runs)), size="cpu"),
 )
 
@@ -205,6 +205,6 @@ COMMANDS = {
 EXPERIMENTS = (
     Experiment(
         EXPERIMENT, "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
-        "science.md §6 train_spectra (the study's §9 future work)", analyses=("train-spectra",),
+        "the study, train_spectra (future work)", analyses=("train-spectra",),
         claims=CLAIMS, needs=Needs(cifar10=True, train=True, gpu_full=True)),
 )
