@@ -38,12 +38,8 @@ class Outcome:
 
 
 def experiments(only: list[str] | None = None, registry: Registry | None = None) -> list[Experiment]:
-    """The entries ``make figures`` runs, in document order: every ``reproduce`` entry, or those
-    of ``only`` — each after the experiments it ``reads``.
-
-    Raises:
-        SystemExit: an id of ``only`` the registry does not have.
-    """
+    """The entries ``make figures`` runs, in document order (every ``reproduce`` entry, or those of
+    ``only``), each after what it ``reads``; SystemExit for an unknown id."""
     reg = registry or default()
     if only:
         unknown = [e for e in only if e not in reg]

@@ -58,11 +58,8 @@ SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
 
 
 def networks(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with ``residual`` (bool) and ``depth`` (int) columns, ordered plain→ResNet, by depth.
-
-    Raises:
-        SelectionError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
-    """
+    """``df`` with ``residual`` (bool) and ``depth`` (int), plain→ResNet, by depth; SelectionError
+    without ``model.residual`` (not ``model=cifar_resnet`` runs)."""
     if RESIDUAL not in df:
         raise SelectionError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
                        "(python -m rankexp experiment=degradation -m)?")
@@ -73,12 +70,8 @@ def networks(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.DataFrame, str]:
-    """The runs of ``task`` (``measure``, ``train``), or with ``any`` the first of ``prefer``
-    that has runs. Returns ``(runs, task)``.
-
-    Raises:
-        SelectionError: no run of that task (names the sizes that make them).
-    """
+    """``(runs, task)``: the runs of ``task``, or with ``any`` the first of ``prefer`` that has
+    runs; SelectionError (naming the sizes that make them) when none."""
     names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
     for t in ([task] if task != "any" else list(prefer)):
         sel = df[names == t]
@@ -91,11 +84,7 @@ def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.Da
 
 
 def lr_key(row: pd.Series) -> str:
-    """The learning-rate suffix ``<k>`` of a train run's ``*_lr<k>`` metrics (its one rate).
-
-    Raises:
-        SelectionError: the run logged no per-LR metrics.
-    """
+    """The suffix ``<k>`` of a train run's ``*_lr<k>`` metrics; SelectionError without any."""
     for c, v in row.items():
         m = LR_COLUMN.match(str(c))
         if m and pd.notna(v):
@@ -160,13 +149,8 @@ def conv_steps(depth):
 
 
 def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
-    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
-    ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
-
-    Raises:
-        SelectionError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
-    """
+    """``grad_ratio`` per (depth × network): ``plain``, ``ResNet`` (seed means), ``*_std`` (pooled
+    seed spread), ``*_log10``, ``*_per_layer`` (ratio^(1/(6n−1))); SelectionError without it."""
     if "grad_ratio" not in runs:
         raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
     rows = {}
@@ -186,13 +170,8 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Final errors (%) per depth: ``plain_test``, ``ResNet_test`` (final test error),
-    ``plain_train``, ``ResNet_train`` (clean final train error, where logged), ``He_ResNet_test``
-    (He et al. Table 6), ``runs``.
-
-    Raises:
-        SelectionError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
-    """
+    """Final errors (%) per depth: ``plain_test``, ``ResNet_test``, ``plain_train``,
+    ``ResNet_train`` (clean, where logged), ``He_ResNet_test`` (He et al. Table 6), ``runs``."""
     rows: dict[int, dict] = {}
     for _, row in runs.iterrows():
         k = lr_key(row)
@@ -439,22 +418,11 @@ PLAIN_GROWTH_TOL = round((theory.BN_RELU_GRADIENT_GROWTH - PLAIN_GROWTH_PER_CONV
 
 
 def plain_growth_per_conv(ratio: pd.DataFrame) -> Measured:
-    """The plain nets' gradient ratio ‖∇W₂‖/‖∇W_{6n+1}‖ growth factor per conv layer: ``e^k``
-    of the least-squares line ``ln ratio = a + k·(6n − 1)`` over the measured depths
-    (:func:`~analysis.degradation.figures.conv_steps`; ``a`` takes the two stage changes, the
-    same at every depth), each depth weighted by its seed spread (δ ln ratio = s.d./ratio).
-
-    Args:
-        ratio: :func:`~analysis.degradation.figures.gradient_ratio_table` (columns ``plain``,
-            ``plain_std``; index: depth).
-
-    Returns:
-        :class:`Measured`: the factor (dimensionless, > 1: geometric growth toward the input)
-        and its seed spread (the fit's, from the depths' spreads; NaN without them).
-
-    Raises:
-        SelectionError: the plain ratio at fewer than two depths.
-    """
+    """The plain nets' gradient ratio ‖∇W₂‖/‖∇W_{6n+1}‖ growth per conv layer: ``e^k`` of the
+    least-squares line ``ln ratio = a + k·(6n − 1)`` over depths (``a`` takes the two stage
+    changes), each depth weighted by δ ln ratio = s.d./ratio.  ``ratio``:
+    :func:`gradient_ratio_table`.  Returns the factor (> 1: geometric growth toward the input)
+    ± the fit's seed spread; SelectionError with fewer than two depths."""
     r = ratio[["plain", "plain_std"]].dropna(subset=["plain"]) if "plain_std" in ratio \
         else ratio[["plain"]].dropna().assign(plain_std=np.nan)
     if len(r) < 2:

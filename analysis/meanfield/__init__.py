@@ -56,12 +56,8 @@ def standard_error(std, seeds):
 
 
 def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "") -> Measured:
-    """The row of ``rows`` (columns ``measured``, ``theory``, ``se``, ``bias``) with the largest
-    deviation |measured − theory| / (3 se + bias), as :class:`Measured` naming it.
-
-    Raises:
-        NotRun: no rows, or no seed spread (one seed: no standard error).
-    """
+    """The row (``measured``, ``theory``, ``se``, ``bias``) of largest |measured − theory| /
+    (3 se + bias), as :class:`Measured`; NotRun without rows or seed spread."""
     if rows.empty:
         raise NotRun("the runs hold none of the rows this claim reads")
     allowance = 3 * rows["se"].astype(float) + rows["bias"].astype(float)

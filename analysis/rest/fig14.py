@@ -30,11 +30,7 @@ MATRIX = "branch_mean_cos_matrix"
 
 
 def seed_matrices(uri: str | None, run_id: str) -> np.ndarray:
-    """The run's per-seed ``cos(m_l, m_l′)`` ``(E, L, L)`` from its ``arrays.npz``.
-
-    Raises:
-        SelectionError: the run logged no such array (representation not run, or L = 1).
-    """
+    """The run's per-seed ``cos(m_l, m_l′)``, ``(E, L, L)``, from its ``arrays.npz``."""
     with tempfile.TemporaryDirectory() as tmp:
         with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
             if MATRIX not in z.files:

@@ -36,15 +36,9 @@ def _cells(df: pd.DataFrame, keys: list[str]):
 def profile_table(
     df: pd.DataFrame, uri: str | None, keys: list[str], metric: str = "erank_profile"
 ) -> pd.DataFrame:
-    """Long table of the per-layer ``metric`` over the seeds of each cell of ``keys``.
-
-    Columns: ``keys…``, ``layer``, ``<metric>`` (mean over every seed of the cell's runs),
-    ``<metric>_std`` (their standard deviation, pooled exactly from each run's logged
-    ``<metric>_std`` series; :func:`analysis.core.select.pooled`), ``runs``, and ``theory`` (the closed
-    form of :data:`SERIES_THEORY` where the metric has one and the cell's runs share its
-    inputs; NaN otherwise).  One :func:`metric_history` call per run for ``metric`` and one
-    for ``<metric>_std`` (absent with one seed: 0).
-    """
+    """Long table of the per-layer ``metric`` per cell of ``keys``: ``keys…``, ``layer``,
+    ``<metric>`` (seed mean), ``<metric>_std`` (pooled, :func:`analysis.core.select.pooled`),
+    ``runs``, ``theory`` (:data:`SERIES_THEORY` where the cell's runs share its inputs, else NaN)."""
     rows = []
     bar = tqdm(total=len(df), desc=f"{metric} series", disable=None, leave=False)
     for values, runs in _cells(df, keys):
@@ -78,12 +72,8 @@ def _pool(g: pd.DataFrame) -> pd.Series:
 def branch_ratio_theory(
     layers, placement: str, nominal_ratio: float, activation: str, alpha: float
 ) -> np.ndarray:
-    """Measured branch-to-skip ratio ``r_l = ‖βJ_l‖_F/‖I‖_F`` predicted at each layer l.
-
-    ``r_l = √p · r̃_l`` (p = E[σ′(αz)²], :func:`rankexp.theory.activation_constants`): Pre-Norm
-    ``r̃_l`` is Eq. 22 (:func:`rankexp.theory.prenorm_branch_ratio`, κ of :func:`kappa_theory`);
-    every other placement holds ``r̃_l = βα^M`` (Eq. 21 at unit rms: exact for post).
-    """
+    """Predicted ``r_l = ‖βJ_l‖_F/‖I‖_F = √p · r̃_l`` (p = E[σ′(αz)²]): Pre-Norm ``r̃_l`` is Eq. 22
+    (κ of :func:`kappa_theory`); other placements ``r̃_l = βα^M`` (Eq. 21, exact for post)."""
     layers = np.asarray(layers, dtype=float)
     p = activation_constants(activation, alpha**2).survival
     if placement == "pre":
@@ -209,12 +199,8 @@ def _profiles_main(args: argparse.Namespace) -> list[Path]:
 
 
 def kappa_theory(activation: str, alpha: float) -> float:
-    """κ of ``rms(h_l)² = 1 + κ(βα^M)² l``: the energy a Pre-Norm branch adds per unit (βα^M)².
-
-    The branch input has unit rms, its preactivation variance is α², so each block adds
-    ``β² α^{2(M−1)} E[σ(α z)²]`` = ``(βα^M)² · E[σ(α z)²]/α²``; for positively homogeneous σ
-    this is E[σ(z)²] (½ for ReLU) at every α (:func:`rankexp.theory.activation_constants`).
-    """
+    """κ of ``rms(h_l)² = 1 + κ(βα^M)² l``: each block adds ``(βα^M)² · E[σ(α z)²]/α²``, which is
+    E[σ(z)²] (½ for ReLU) at every α for positively homogeneous σ."""
     return activation_constants(activation, alpha**2).kappa / alpha**2
 
 

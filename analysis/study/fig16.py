@@ -20,12 +20,8 @@ from .fig6_train import CHANCE, CONTEXT, depth_axis
 
 
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
-    """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
-
-    ``std`` is the seed spread (:func:`analysis.core.select.pooled`: a train run is one seed, so
-    it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
-    ``count`` = runs.
-    """
+    """Mean, seed std (:func:`analysis.core.select.pooled`; a train run is one seed) and counts of
+    ``metric`` per (matrices, placement, depth)."""
     t = pooled(df, metric, ["matrices", PLACEMENT, "depth"])
     return t.rename(columns={"runs": "count"})[["mean", "std", "count", "seeds"]]
 

@@ -35,15 +35,8 @@ log = logging.getLogger("analysis")
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
-    """Mean of ``metric`` per (panel, y, x) cell, with the number of runs per cell.
-
-    Runs of one cell must share every other param (seed offsets aside): a cell never averages
-    runs whose configs differ.
-
-    Raises:
-        SelectionError: a column that the runs do not have (lists the ones they do).
-        SelectionError: runs of one cell differ in a param (each named with its values).
-    """
+    """Mean of ``metric`` per (panel, y, x) cell and its run count; SelectionError for a missing
+    column or for runs of one cell that differ in another param."""
     for col in [metric, x, y] + ([panel] if panel else []):
         if col not in df:
             raise SelectionError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
@@ -53,11 +46,8 @@ def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | No
 
 
 def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool = False):
-    """Draw ``grid`` (rows = y ascending, columns = x) on ``ax`` as an annotated heatmap.
-
-    The colour scale runs from ``vmin`` to ``vmax`` (logarithmic if ``log_color`` and
-    ``vmin > 0``); each finite cell is labelled with its value.  Returns the image.
-    """
+    """``grid`` (rows = y ascending, columns = x) on ``ax`` as a heatmap from ``vmin`` to ``vmax``
+    (log if ``log_color`` and ``vmin > 0``), finite cells labelled; returns the image."""
     norm = None
     if log_color and vmin > 0:
         from matplotlib.colors import LogNorm
@@ -150,15 +140,9 @@ def match_values(x, rtol: float) -> np.ndarray:
 
 
 def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -> pd.DataFrame:
-    """Spread of ``metric`` among runs that share ``x`` and every varying config key except
-    x's ingredients (:data:`INGREDIENTS`).
-
-    Runs share ``x`` when their values agree to ``rtol`` (:func:`match_values`).
-
-    Returns:
-        One row per group of ≥ 2 runs: the group keys, ``x`` (the group's smallest),
-        ``runs``, ``min``, ``max``, ``spread`` = max − min of ``metric``; largest spread first.
-    """
+    """Spread of ``metric`` among runs sharing ``x`` (to ``rtol``) and every varying key but x's
+    :data:`INGREDIENTS`: one row per group of ≥ 2 runs (keys, ``x``, ``runs``, ``min``,
+    ``max``, ``spread``), largest spread first."""
     skip = set(INGREDIENTS.get(x, ())) | {x}
     keys = [k for k in varying(df, CONFIG_KEYS) if k not in skip]
     g = df.assign(_x=match_values(df[x], rtol))

@@ -30,15 +30,9 @@ SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 
 
 def uncorrelated_orders(ratio: float, depth: int, activation: str, placement: str) -> np.ndarray:
-    """Energy profile ``μ_k² / Σ_j μ_j²`` over k = 0…L if paths were uncorrelated, ``(L+1,)``.
-
-    ``ρ_l = p r̃_l²`` with ``r̃_l`` from Eq. 22 (Pre-Norm) or ``r̃ = βα^M`` (Post-Norm), p and
-    κ of ``activation`` at unit preactivation variance (:func:`rankexp.theory.activation_constants`);
-    then :func:`rankexp.theory.uncorrelated_path_profile` (Poisson-binomial).
-
-    Raises:
-        ValueError: a placement other than ``pre`` / ``post`` (no closed-form ratio).
-    """
+    """Energy profile ``μ_k² / Σ_j μ_j²``, ``(L+1,)``, if paths were uncorrelated: ``ρ_l = p r̃_l²``
+    (Eq. 22 for Pre-Norm, ``βα^M`` for Post-Norm), then
+    :func:`rankexp.theory.uncorrelated_path_profile`; ValueError for other placements."""
     k = activation_constants(activation, 1.0)
     layers = np.arange(1, depth + 1)
     if placement == "pre":
@@ -64,13 +58,9 @@ def beta_label(beta: float, scaling: str) -> str:
 
 
 def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-run summary and the long table of profiles (measured and uncorrelated theory).
-
-    Summary columns: the run's β, α, βα^M, ``mean_path_order`` (+ ``_std`` over seeds),
-    ``mean_path_order_energy``, ``mean_path_order_uncorrelated`` (logged: Poisson-binomial with
-    the *measured* r_l), ``*_theory`` (Eq. 22 ratios), ``path_order_peak``; index = run_id.
-    Profiles: one row per (run, k) with ``profile`` = μ_k/Σμ and ``theory`` (μ form).
-    """
+    """``(summary, profiles)``: per run β, α, βα^M, ``mean_path_order`` (+ ``_std``),
+    ``mean_path_order_energy``, ``mean_path_order_uncorrelated``, ``*_theory`` (Eq. 22),
+    ``path_order_peak``; per (run, k) ``profile`` = μ_k/Σμ and ``theory``."""
     rows, prof = [], []
     for _, rec in df.iterrows():
         depth, act, place = int(rec["depth"]), str(rec["activation"]), str(rec[PLACEMENT])

@@ -103,18 +103,9 @@ def draw_control(table: pd.DataFrame, metric: str):
 def placement_table(
     df: pd.DataFrame, metric: str = "erank_io", every: bool = False
 ) -> pd.DataFrame:
-    """Mean, seed std and counts of ``metric`` per (config, α).
-
-    ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
-    ``<metric>_std`` (:func:`analysis.core.select.pooled`), not the spread over runs; ``count`` =
-    runs, ``seeds`` = seeds in all.
-
-    ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
-    unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
-    rmsnorm for every placement, every op for post, and none (all configs if that leaves
-    nothing).  Rows in the study's order (placements pre, output, post, none; ops rmsnorm,
-    detached, meansub, layernorm).
-    """
+    """Mean, pooled seed std (:func:`analysis.core.select.pooled`), ``count`` (runs) and ``seeds``
+    of ``metric`` per (config, α); ``config`` = ``placement/op`` (``none`` pooled).  Without
+    ``every``: rmsnorm per placement, every op for post, and none; rows in the study's order."""
     d = df.assign(config=[config_label(p, o) for p, o in zip(df[PLACEMENT], df[OP], strict=True)])
     if not every:
         keep = (d[OP] == "rmsnorm") | (d[PLACEMENT] == "post") | (d[PLACEMENT] == "none")

@@ -49,18 +49,8 @@ log = logging.getLogger("analysis")
 
 
 def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
-    """Where each row of ``grid`` first crosses ``level``, interpolated linearly in log x.
-
-    Args:
-        grid: rows = y values (e.g. depth L), columns = ascending x values (e.g. α > 0),
-            cells = the metric (NaN allowed).
-        level: the contour level.
-
-    Returns:
-        ``x`` at the crossing per row (index = y); rows that never cross are left out.
-        The first crossing from small x is taken, where the metric first reaches the
-        level (rank falls with α; noise can make it cross again at large α).
-    """
+    """Per row of ``grid`` (rows = y, ascending x columns, NaN allowed): the x where it first
+    crosses ``level`` from small x, linear in log x; rows that never cross are left out."""
     xs = np.log(np.asarray(grid.columns, dtype=float))
     out = {}
     for y, row in grid.iterrows():
@@ -85,11 +75,7 @@ def sparse_grid(grid: pd.DataFrame) -> bool:
 
 
 def fit_power_law(y, x) -> tuple[float, float, float]:
-    """Least-squares fit of ``log x = s log y + c`` (x ∝ y^s).
-
-    Returns:
-        ``(s, c, r²)``; NaN when fewer than two points.  ``r²`` is 1 for two points.
-    """
+    """Least squares ``log x = s log y + c``: ``(s, c, r²)``, NaN below two points."""
     ly, lx = np.log(np.asarray(y, dtype=float)), np.log(np.asarray(x, dtype=float))
     if ly.size < 2:
         return float("nan"), float("nan"), float("nan")
@@ -107,21 +93,11 @@ def isorank_table(
     x: str = "alpha",
     y: str = "depth",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Iso-rank contours and their power-law slopes (Table 4).
-
-    For each panel (combination of ``panel`` keys) the mean of ``metric`` over runs per
-    (y, x) cell forms a grid; for each level, :func:`contour_points` gives x at the level in
-    each row and :func:`fit_power_law` the slope d log x / d log y.  ``slope_ratio`` is the
-    same fit for the nominal ratio at the crossing, ``β_eff(L) · x^M`` (x = α), i.e.
-    d log(βα^M) / d log L.
-
-    Returns:
-        ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
-        ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
-        ``slope_ratio_hi`` (:func:`rankexp.levelset.fit_exponent`; NaN below 3 points),
-        ``r2``, ``depth_min``, ``depth_max``;
-        points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
-    """
+    """Iso-rank contours and their slopes (Table 4): per panel and level, :func:`contour_points`
+    of the cell-mean grid and :func:`fit_power_law`'s d log x / d log y; ``slope_ratio`` =
+    d log(βα^M) / d log L with its 95 % interval (:func:`rankexp.levelset.fit_exponent`).
+    Returns ``(slopes, points)``: slopes per (panel…, level) with ``points``, ``slope_alpha``,
+    ``slope_ratio[_lo/_hi]``, ``r2``, ``depth_min/max``; points per (panel, level, y)."""
     rows, pts = [], []
     groups = df.groupby(panel, sort=True) if panel else [((), df)]
     for pv, sub in groups:
@@ -254,15 +230,9 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
 
 
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-run κ table and the long series table of Figure 11.
-
-    Per run: ``kappa_fit`` (the logged ``stream_kappa``: per-seed least squares of
-    ``rms² − rms_0²`` on ``(βα^M)² l`` through 0, mean over seeds), ``kappa_fit_mean``
-    (the same fit on the seed-mean rms series), ``kappa_theory`` (:func:`kappa_theory`),
-    ``rms_final`` (logged) and ``rms_final_theory`` (:func:`rankexp.theory.prenorm_stream_rms`
-    at L, κ theory).  Series rows: run_id, layer l, ``x`` = (βα^M)² l, ``y`` = rms_l² − rms_0²
-    of the seed-mean rms, ``y_theory`` = κ_theory x.
-    """
+    """Figure 11: per run ``kappa_fit`` (logged ``stream_kappa``), ``kappa_fit_mean`` (the fit of
+    rms² − rms_0² on (βα^M)² l on the seed-mean series), ``kappa_theory``, ``rms_final`` and its
+    theory; series rows (run_id, layer, x = (βα^M)² l, y = rms_l² − rms_0², y_theory = κ x)."""
     runs, rows = [], []
     for _, r in tqdm(df.iterrows(), total=len(df), desc="rms series", disable=None, leave=False):
         steps, rms = series(uri, r["run_id"], "rms")
@@ -351,13 +321,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
 def uncorrelated_theory(
     layers, placement: str, nominal_ratio: float, activation: str, alpha: float
 ) -> np.ndarray:
-    """Closed-form uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``.
-
-    ``r_l = √p · r̃_l`` (p = E[σ′(αz)²], :func:`rankexp.theory.activation_constants`):
-    Pre-Norm ``r̃_l`` decays as Eq. 22 (:func:`rankexp.theory.prenorm_branch_ratio`, κ of
-    :func:`kappa_theory`); every other placement here holds ``r̃_l = βα^M`` (Eq. 21 at unit
-    rms; exact for post), so the sum grows as ``√(p k) βα^M``.
-    """
+    """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
+    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
     k = np.asarray(layers, dtype=float)
     full = np.arange(1, int(k.max()) + 1)
     r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)

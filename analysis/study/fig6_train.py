@@ -67,14 +67,8 @@ def fig6_table(
     rank_metric: str = "erank_io",
     train_metric: str = "best_test_accuracy",
 ) -> pd.DataFrame:
-    """Both halves of Figure 6 on one (placement, depth, alpha) index.
-
-    Columns: ``<metric>`` (mean over the cell's runs), ``<metric>_std``, ``<metric>_runs`` for
-    the rank and the train metric; outer join, so a cell only one half has is NaN in the other.
-
-    Raises:
-        SelectionError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
-    """
+    """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
+    ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
     halves = []
     for df, metric in ((rank, rank_metric), (train, train_metric)):
         t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
@@ -148,12 +142,8 @@ def run_lrs(df: pd.DataFrame) -> dict[str, float]:
 
 
 def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Series:
-    """Per run, the largest learning rate that did not diverge and ended with test accuracy
-    ≥ ``stable_accuracy``; NaN where none did.
-
-    ``None`` reads the logged ``max_stable_lr`` (threshold ``task.stable_accuracy`` of the run);
-    a number recomputes it from ``final_test_acc_lr<lr>`` and ``diverged_lr<lr>``.
-    """
+    """Per run, the largest learning rate that did not diverge and ended ≥ ``stable_accuracy``
+    (NaN if none): ``None`` reads the logged ``max_stable_lr``, a number recomputes it."""
     if stable_accuracy is None:
         return df["max_stable_lr"].astype(float)
     lrs = run_lrs(df)
@@ -182,10 +172,8 @@ def one_rate(df: pd.DataFrame) -> bool:
 
 def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
     """One-rate runs (:func:`one_rate`) as one row per (placement, depth, α[, seed]) whose
-    ``max_stable_lr`` is the stability boundary: the geometric midpoint of the largest stable
-    rate and the smallest unstable one above it (the estimate of ``hydra/sweeper=contour``'s
-    boolean target, :func:`rankexp.levelset.solve`); the largest stable rate where none above
-    it failed; NaN where none was stable.  Stability as in :func:`max_stable_lr`."""
+    ``max_stable_lr`` is the boundary: the geometric midpoint of the largest stable rate and the
+    smallest unstable one above it (as :func:`rankexp.levelset.solve`); NaN where none held."""
     stable = max_stable_lr(df, stable_accuracy).notna()
     keys = [PLACEMENT, "depth", "alpha"] + (["seed"] if "seed" in df else [])
     rows = []
@@ -199,13 +187,8 @@ def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Da
 
 
 def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
-    """Max stable LR per (placement, depth) (rows) and α (columns), plus ``max over α``.
-
-    Several runs in one cell (seeds) give their smallest value (the LR every seed held;
-    NaN if one seed had none).  NaN: no learning rate was stable.  One-rate runs (a boundary
-    sweep, :func:`one_rate`) give each cell its boundary (:func:`boundary_lr`) instead of the
-    largest stable rate of a grid.
-    """
+    """Max stable LR per (placement, depth) and α, plus ``max over α``; a cell's seeds give their
+    smallest value; one-rate runs give the boundary (:func:`boundary_lr`)."""
     runs = boundary_lr(df, stable_accuracy) if one_rate(df) else \
         df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
     cells = runs.groupby([PLACEMENT, "depth", "alpha"])["max_stable_lr"]
@@ -280,11 +263,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
 
 
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
-    """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
-
-    Raises:
-        SelectionError: an unknown key, or not exactly one matching run (lists the candidates).
-    """
+    """The one run with ``run_id`` (a prefix) or matching every ``KEY=VALUE``; SelectionError else."""
     mask = pd.Series(True, index=df.index)
     if run_id:
         mask &= df["run_id"].str.startswith(run_id)

@@ -25,14 +25,9 @@ DEFAULT_N = 1024  # the representation probe's default number of probe inputs
 
 
 def spike_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Scalars of the mean spike per (M, σ, n), mean over runs.
-
-    Columns: ``branch_input_cos_cross`` (per-input cross-layer cosine), ``branch_mean_cos_cross``
-    (cosine between branch means), ``c_prediction`` (the coherence c at the measured
-    preactivation variance for M = 1, 0 for M = 2), ``branch_mean_sum_exponent`` (log–log slope
-    of ‖Σ m_k‖: 1 aligned, ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``,
-    ``runs``.
-    """
+    """Mean spike scalars per (M, σ, n): cross-layer cosines (per input, of branch means),
+    ``c_prediction`` (c for M = 1, 0 for M = 2), ``branch_mean_sum_exponent`` (1 aligned,
+    ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``, ``runs``."""
     cols = ["branch_input_cos_cross", "branch_mean_cos_cross", "coherence_theory",
             "branch_mean_sum_exponent", "rep_erank_final", "rep_erank_min", "branch_mean_snr",
             "branch_input_cos_cross_std", "branch_mean_cos_cross_std"]

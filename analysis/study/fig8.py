@@ -41,11 +41,8 @@ MP_COLUMNS = ["erank_branch", "erank_branch_std", "erank_branch_reference", "mp_
 
 
 def mp_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean over runs of the branch-Jacobian scalars per (activation, width, expansion).
-
-    Adds ``threshold_expansion`` = 1/P(σ′≠0) (where ``rank(D W_up)`` reaches d; 1/p = 2 for
-    ReLU) and ``runs``.
-    """
+    """Mean branch-Jacobian scalars per (activation, width, expansion), ``threshold_expansion`` =
+    1/P(σ′≠0) (where rank(D W_up) reaches d) and ``runs``."""
     keys = ["activation", "width", "expansion"]
     cols = [c for c in MP_COLUMNS if c in df]
     t = df.groupby(keys)[cols].mean()
@@ -101,15 +98,8 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
 
 
 def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame:
-    """Long table of the logged MP histograms at ``width``: the newest run per (σ, m/d).
-
-    Columns: activation, expansion, gamma, ks, zero_fraction, atom_theory, run_id, center,
-    density (measured, per unit of normalized eigenvalue), theory (MP density at the center).
-
-    Raises:
-        TrackingError: a run has no ``arrays.npz`` (logged with ``tracking.log_arrays=false``).
-        SelectionError: ``arrays.npz`` lacks the histogram (not a ``branch_jacobian`` run).
-    """
+    """Long table of the logged MP histograms at ``width``, newest run per (σ, m/d): activation,
+    expansion, gamma, ks, zero_fraction, atom_theory, run_id, center, density, theory."""
     sub = df[df["width"] == width]
     if "start_time" in sub:
         sub = sub.sort_values("start_time", ascending=False)
@@ -247,12 +237,8 @@ def _jf_reference(runs: Runs) -> Measured:
 
 
 def mp_atom_allowance(width: int, expansion: float, p: float) -> float:
-    """E|atom_emp − atom_MP|: the expected gap between the empirical mass at zero of the Gram
-    spectrum of D W_up and Marchenko–Pastur's, exactly, over the active-unit count k ~ Bin(m,
-    p) (m = expansion·d; D's entries are 0/1 or ±1, nonzero with probability p): the Gram has
-    max(0, d − k)/d zero eigenvalues, MP(γ = p·m/d) max(0, 1 − γ).  At γ = 1 it is ≈ 0.28/√d
-    — an atom the iid Kolmogorov value cannot absorb at any width; pooled over seeds the gap
-    is at most this (|mean| ≤ mean |·|)."""
+    """E|atom_emp − atom_MP| over the active-unit count k ~ Bin(m, p), exactly: the Gram of D W_up
+    has max(0, d − k)/d zero eigenvalues, MP(γ = p·m/d) max(0, 1 − γ) (≈ 0.28/√d at γ = 1)."""
     from scipy.stats import binom
 
     d, m = int(width), int(round(expansion * width))

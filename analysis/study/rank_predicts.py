@@ -145,12 +145,8 @@ def join_init(train: pd.DataFrame, init: pd.DataFrame) -> pd.DataFrame:
 
 
 def joined_configs(uri: str | None, experiments: list[str] | None = None) -> pd.DataFrame:
-    """Every trained config of ``experiments`` (default :func:`trained_experiments`) in the store,
-    joined with its init quantities (:func:`join_init`); column ``grid`` = its experiment.
-
-    Raises:
-        SelectionError: no trained run in the store.
-    """
+    """Every trained config of ``experiments`` joined with its init quantities, ``grid`` = its
+    experiment; SelectionError without trained runs."""
     reg = default()
     frames = []
     own = _load(INIT_EXPERIMENT, uri)
@@ -284,14 +280,9 @@ def _main(args: argparse.Namespace) -> list[Path]:
 
 def measured(df: pd.DataFrame, quantity: str, statistic: str, *, none: float = 0.0,
              resamples: int = RESAMPLES, min_configs: int = MIN_CONFIGS) -> Measured:
-    """ρ or AUC (``statistic`` of :data:`STATISTICS`) of ``quantity`` over the joined configs
-    ``df`` as a claim's :class:`Measured`: ``value`` the statistic, ``spread`` its distance to
-    the bootstrap interval's lower end — so ``value − spread`` is that end and the check
-    ``above(none)`` holds exactly when the interval lies above the no-information value.
-
-    Raises:
-        NotRun: fewer than ``min_configs`` configs have the quantity and the outcome.
-    """
+    """ρ or AUC of ``quantity`` over ``df`` as :class:`Measured`: ``spread`` is its distance to
+    the bootstrap interval's lower end, so ``above(none)`` holds when the interval does; NotRun
+    below ``min_configs``."""
     x, _ = _columns(df, quantity, statistic)
     if len(x) < min_configs:
         raise NotRun(f"{len(x)} trained configs joined with {quantity} (probe "

@@ -25,13 +25,9 @@ log = logging.getLogger("analysis")
 
 
 def table1(df: pd.DataFrame) -> pd.DataFrame:
-    """Table 1: quadrature constants at unit variance beside the measured stable rank of σ(W h).
-
-    Columns: ``c``, ``1/c`` (∞ for c = 0), ``p`` = E[σ′²], ``P(σ′≠0)``, ``κ`` = E[σ²];
-    ``stable_rank`` (mean over runs of the seed mean of ``hidden_stable_rank``),
-    ``stable_rank_std`` (seed spread), ``coherence_measured`` (mean(A)²/mean(A²)),
-    ``stable_rank/(1/c)`` (NaN when c = 0), ``runs``.  Index: activation, Table 1 order.
-    """
+    """Table 1 per activation: ``c``, ``1/c``, ``p`` = E[σ′²], ``P(σ′≠0)``, ``κ`` = E[σ²] at q = 1
+    beside ``stable_rank`` (seed mean) ± ``stable_rank_std``, ``coherence_measured``,
+    ``stable_rank/(1/c)`` (NaN at c = 0), ``runs``."""
     rows = []
     for act in activation_order(df["activation"]):
         g = df[df["activation"] == act]

@@ -21,14 +21,8 @@ log = logging.getLogger("analysis")
 
 
 def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame:
-    """``erank(Z_l)/d`` per (matrices, activation, width) (rows) and l (columns), mean over runs.
-
-    Values come from each run's ``rep_erank`` series (step = l); an l beyond every run's
-    depth is left out.
-
-    Raises:
-        SelectionError: no requested layer exists in any run.
-    """
+    """``erank(Z_l)/d`` per (matrices, activation, width) and l (the ``rep_erank`` series); an l
+    beyond every run's depth is left out (SelectionError if all are)."""
     rows = []
     for _, r in df.iterrows():
         steps, values = series(uri, r["run_id"], "rep_erank")

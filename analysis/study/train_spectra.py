@@ -37,12 +37,8 @@ CELL = ("alpha", "depth")
 
 
 def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) -> pd.DataFrame:
-    """Long table, one row per (run, lr, quantity, step): ``run_id``, ``norm.placement``,
-    ``alpha``, ``depth``, ``lr``, ``diverged``, ``quantity``, ``step``, ``value``.
-
-    Raises:
-        SelectionError: a run without per-LR metrics, or without one of the series.
-    """
+    """One row per (run, lr, quantity, step): run_id, norm.placement, alpha, depth, lr, diverged,
+    quantity, step, value."""
     rows = []
     for _, run in runs.iterrows():
         lrs = run_lrs(run.dropna().to_frame().T)
@@ -59,12 +55,7 @@ def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) ->
 
 
 def init_and_final(table: pd.DataFrame, quantity: str) -> pd.DataFrame:
-    """Per (run, lr) of the members that did not diverge: ``init`` (step 0), ``final`` (the
-    last step), ``low`` (the minimum over steps) of ``quantity``, with the cell's params.
-
-    Raises:
-        NotRun: no such series, or every member diverged.
-    """
+    """Per non-diverged (run, lr): ``init``, ``final``, ``low`` (min over steps) of ``quantity``."""
     t = table[(table["quantity"] == quantity) & ~table["diverged"]]
     if t.empty:
         raise NotRun(f"no {quantity} series of a learning rate that did not diverge")
@@ -77,12 +68,7 @@ def init_and_final(table: pd.DataFrame, quantity: str) -> pd.DataFrame:
 
 
 def post_recovery(table: pd.DataFrame) -> Measured:
-    """The largest final erank/d among Post-Norm members collapsed at step 0 (erank/d ≤
-    :data:`COLLAPSE`): at most :data:`COLLAPSE` = the collapse persists.
-
-    Raises:
-        NotRun: no Post-Norm member collapsed at initialization.
-    """
+    """Largest final erank/d of Post-Norm members collapsed at step 0 (≤ :data:`COLLAPSE`)."""
     df = init_and_final(table, "erank_io")
     low = df[(df[PLACEMENT] == "post") & (df["init"] <= COLLAPSE)]
     if low.empty:
@@ -95,11 +81,7 @@ def post_recovery(table: pd.DataFrame) -> Measured:
 
 
 def pre_floor_kept(table: pd.DataFrame) -> Measured:
-    """The lowest erank/d over steps, Pre-Norm members that did not diverge: ≥ :data:`PRE_FLOOR`.
-
-    Raises:
-        NotRun: no Pre-Norm member.
-    """
+    """Lowest erank/d over steps of non-diverged Pre-Norm members (≥ :data:`PRE_FLOOR`)."""
     df = init_and_final(table, "erank_io")
     pre = df[df[PLACEMENT] == "pre"]
     if pre.empty:
@@ -111,12 +93,7 @@ def pre_floor_kept(table: pd.DataFrame) -> Measured:
 
 
 def path_order_shift(table: pd.DataFrame) -> Measured:
-    """Median over members that did not diverge of ⟨k⟩(final) − ⟨k⟩(0), in path orders: > 0 =
-    training moves the Jacobian's weight toward longer paths (§9 conjecture).
-
-    Raises:
-        NotRun: no ``mean_path_order`` series.
-    """
+    """Median of ⟨k⟩(final) − ⟨k⟩(0) over non-diverged members (> 0: toward longer paths)."""
     df = init_and_final(table, "mean_path_order")
     shift = df["final"] - df["init"]
     q25, q75 = np.nanpercentile(shift, [25, 75])
