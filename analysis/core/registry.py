@@ -192,11 +192,9 @@ def default() -> Registry:
 
 
 def markdown(reg: Registry | None = None, plan=None, documents_only: bool = False) -> str:
-    """The experiment table: one row per entry — id, part, title, the grids of its config at
-    full size (their swept axes), its runs at size=smoke / cpu / full, what it needs, the
-    commands that draw it.  ``documents_only``: the entries whose source is the documents
-    (the study, the chapter), as the README lists them.  ``plan(id, size)`` gives the sweep
-    (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
+    """The experiment table: per entry id, part, title, its config's grids at full size (swept
+    axes), runs at size=smoke / cpu / full, needs, commands.  ``documents_only``: entries whose
+    source is the study or the chapter.  ``plan(id, size)`` gives the sweep (``sweep_plan``)."""
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "

@@ -268,14 +268,9 @@ def build_report(
     title: str = "rankexp reproduction report",
     registry: Registry | None = None,
 ) -> list[Path]:
-    """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv``; return the paths.
-
-    ``registry`` (default :func:`analysis.core.registry.default`) gives the experiments'
-    descriptions, commands and claims.
-
-    Raises:
-        TrackingError: the store cannot be read, or holds none of ``experiments``.
-    """
+    """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv`` from ``registry``
+    (default :func:`analysis.core.registry.default`); return the paths.  Raises TrackingError:
+    the store cannot be read or holds none of ``experiments``."""
     reg = registry or default()
     uri = resolve_uri(uri)
     present = experiment_names(uri)

@@ -42,12 +42,8 @@ class Command:
 
 @functools.cache
 def commands() -> dict[str, Command]:
-    """Every command: name → :class:`Command`, from the ``COMMANDS`` of every module of the
-    document parts (and the report's).
-
-    Raises:
-        ValueError: two modules declare the same command name.
-    """
+    """Every command, name → :class:`Command`, from every part module's ``COMMANDS`` (and the
+    report's); ValueError when two modules declare one name."""
     table: dict[str, Command] = {}
     where: dict[str, str] = {}
     for module in modules():

@@ -136,11 +136,8 @@ def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
 
 
 def attach_to_parents(paths: Sequence[Path], *runs: pd.DataFrame | None) -> int:
-    """Attach the files ``paths`` (a figure's PNG/PDF/CSV, a table's markdown) to the sweep
-    parent run(s) of the ``runs`` drawn (tables of :func:`load_runs`), under ``figures/``
-    (:func:`rankexp.tracking.attach_files`).  A failure (a read-only store, an unknown run) is
-    a warning, never the figure's failure.  Returns the number of files logged (0 without
-    runs, store or parent)."""
+    """Attach ``paths`` (a figure's files, a table's markdown) under ``figures/`` to the sweep
+    parent run(s) of the ``runs`` drawn; a failure only warns.  Returns the number attached."""
     stores: dict[str, set[str]] = {}
     for table in runs:
         if isinstance(table, pd.DataFrame):

@@ -227,12 +227,8 @@ def panels(
 
 # --------------------------------------------------------------------------- colour
 def value_colors(values: Iterable, cmap: str = "viridis", stop: float = 0.9):
-    """Colours for the distinct sorted ``values`` of a numeric param and a mappable for
-    :func:`colorbar` (one band per value, so the bar reads the values, not a fake continuum).
-
-    Returns:
-        ``(colors, mappable)``: ``{value: RGBA}`` and a ScalarMappable over the bands.
-    """
+    """``({value: RGBA}, mappable)`` for the sorted distinct ``values`` of a numeric param: one
+    colour band per value, so :func:`colorbar` reads the values, not a fake continuum."""
     vals = sorted(dict.fromkeys(values))
     base = plt.get_cmap(cmap)
     rgba = [base(x) for x in np.linspace(0, stop, len(vals))] if len(vals) > 1 else [base(0.0)]
@@ -243,11 +239,8 @@ def value_colors(values: Iterable, cmap: str = "viridis", stop: float = 0.9):
 
 
 def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
-    """A colour bar labelled ``label`` or the field's name of ``key``; for a
-    :func:`value_colors` mappable one tick per value — and for one or two values no bar but
-    legend entries (``key = value`` in its colour) added to the legend of ``ax`` (the last
-    panel of a list): a bar would draw a continuum for two points.  Returns the colour bar,
-    or the legend."""
+    """A colour bar labelled ``label`` or ``key``'s name (one tick per :func:`value_colors` value);
+    for one or two values legend entries on ``ax`` (the last panel) instead.  Returns either."""
     vals = getattr(mappable, "values", None)
     if vals is not None and len(vals) <= 2:
         target = ax[-1] if isinstance(ax, list | tuple) else np.ravel(ax)[-1] if isinstance(ax, np.ndarray) else ax
@@ -360,11 +353,8 @@ def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Seq
 
 
 def caption(fig, df: pd.DataFrame, experiments: Sequence[str] | str, extra: Sequence[str] = ()):
-    """Write the caption line under ``fig``: experiment and run count, d, m/d, L, M, σ (each
-    ``= v`` or ``∈ {…}``), seeds per run, size, then ``extra`` (e.g. what the error bars are).
-
-    Returns the Text (``gid="caption"``), wrapped to the figure's width at ``·`` breaks.
-    """
+    """The caption under ``fig`` (``gid="caption"``): experiment, runs, d, m/d, L, M, σ, seeds,
+    size, then ``extra``; wrapped at ``·`` breaks."""
     parts = caption_parts(df, experiments, extra)
     # the runs drawn: save attaches the files to their sweeps' parent runs
     fig._rankexp_runs = [*getattr(fig, "_rankexp_runs", []), df]
@@ -407,12 +397,8 @@ def recording() -> Iterator[list]:
 
 
 def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
-    """Save ``fig`` as PNG and PDF (and ``table`` as CSV) under ``out_dir``; return the paths.
-
-    A figure without a :func:`caption` line is saved but logged as a warning.  The files are
-    also attached to the sweep parent run(s) of the runs its caption counts (artifacts under
-    ``figures/``: :func:`analysis.core.runs.attach_to_parents`; a failure only warns).
-    """
+    """``fig`` as PNG and PDF (``table`` as CSV) under ``out_dir``, attached to the sweep parent
+    runs of the runs its caption counts; a figure without a caption only warns.  Returns paths."""
     if not captions(fig):
         log.warning("figure %s has no caption line (analysis.core.style.caption)", stem)
     finish(fig)

@@ -155,10 +155,8 @@ XI_RESOLVED = 2 * math.log(50)
 
 
 def phase_xi(t: pd.DataFrame) -> Measured:
-    """ξ_c = −1/ln χ_c (215.4) measured vs theory at the cells whose theory ξ_c ≤
-    L/(2 ln 50) (:data:`XI_RESOLVED`: the layers averaged are at the fixed point); s.e.
-    ξ²·s.e.(χ_c)/χ_c (the derivative of −1/ln χ_c), bias ξ²/n (χ_c's 1/n correction carried
-    the same way)."""
+    """ξ_c = −1/ln χ_c (215.4) measured vs theory where theory ξ_c ≤ L/(2 ln 50)
+    (:data:`XI_RESOLVED`); s.e. ξ²·s.e.(χ_c)/χ_c, bias ξ²/n."""
     ok = t[(t["xi_c_theory"] <= t["depth"] / XI_RESOLVED) & (t["chi_c"] > 0)]
     xi = ok["xi_c_theory"]
     rows = ok.assign(measured=ok["xi_c"], theory=xi, se=xi**2 * ok["chi_c_se"] / ok["chi_c"],

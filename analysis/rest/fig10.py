@@ -136,10 +136,8 @@ def _fig10_alike(runs: Runs) -> Measured:
 
 
 def control_gap_measured(free: pd.DataFrame, ctrl: pd.DataFrame) -> Measured:
-    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in units of its seed
-    standard error √(s.e.² + s.e.²) (each s.e. = seed s.d./√seeds of the run; the frames hold
-    ``norm.post``, ``erank_io``, ``erank_io_std``, ``seeds``): "coincide" = equal within seed
-    noise, ≤ 3."""
+    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in seed standard errors
+    √(s.e.² + s.e.²): "coincide" = ≤ 3."""
     def stats(df):
         need(df, "erank_io", "erank_io_std", "seeds", "norm.post")
         g = df.assign(se2=df["erank_io_std"] ** 2 / df["seeds"].astype(float)).groupby("norm.post")
