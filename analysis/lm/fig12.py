@@ -235,8 +235,6 @@ COMMANDS = {
                           "accumulated vs uncorrelated/coherent, rms(h_l), r_l", "fig12", True)}
 
 
-EXPERIMENTS = (
-    Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
-               "the study, fig12", analyses=("ffn --experiment fig12",),
-               claims=FIG12 + FIG12_TRAINED, needs=Needs(packages=("transformers",))),
-)
+EXPERIMENTS = (Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
+                          "the study, fig12", analyses=("ffn --experiment fig12",),
+                          claims=FIG12 + FIG12_TRAINED, needs=Needs(packages=("transformers",))),)

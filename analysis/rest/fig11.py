@@ -31,7 +31,5 @@ FIG11 = (
 )
 
 
-EXPERIMENTS = (
-    Experiment("fig11", "Figure 11: Pre-Norm stream growth", "the study, fig11",
-               analyses=("stream --experiment fig11",), claims=FIG11),
-)
+EXPERIMENTS = (Experiment("fig11", "Figure 11: Pre-Norm stream growth", "the study, fig11",
+                          analyses=("stream --experiment fig11",), claims=FIG11),)

@@ -36,7 +36,5 @@ FIG17 = (
 )
 
 
-EXPERIMENTS = (
-    Experiment("fig17", "Figure 17: Marchenko–Pastur per activation", "the study, fig17",
-               analyses=("mp --experiment fig17",), claims=FIG17),
-)
+EXPERIMENTS = (Experiment("fig17", "Figure 17: Marchenko–Pastur per activation", "the study, fig17",
+                          analyses=("mp --experiment fig17",), claims=FIG17),)

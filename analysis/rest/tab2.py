@@ -90,7 +90,5 @@ COMMANDS = {
                                     "autograd, removed directions, scale)", "tab2", True)}
 
 
-EXPERIMENTS = (
-    Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "the study, tab2",
-               analyses=("table2 --experiment tab2",), claims=TAB2),
-)
+EXPERIMENTS = (Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "the study, tab2",
+                          analyses=("table2 --experiment tab2",), claims=TAB2),)

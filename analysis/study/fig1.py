@@ -256,8 +256,6 @@ COMMANDS = {"profiles": Command(
     experiment="fig1", where=True, arguments=_profiles_arguments)}
 
 
-EXPERIMENTS = (
-    Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
-               "the study, fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
-               needs=Needs(gpu_full=True)),
-)
+EXPERIMENTS = (Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
+                          "the study, fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
+                          needs=Needs(gpu_full=True)),)

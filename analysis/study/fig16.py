@@ -75,10 +75,8 @@ def _fig16(runs: Runs) -> Measured:
                     "deepest L above chance + 0.05, no norm ÷ Pre-Norm, mean over M")
 
 
-FIG16 = (
-    Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
-          "trainable depth", "the study, fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),
-)
+FIG16 = (Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
+               "trainable depth", "the study, fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),)
 
 
 COMMANDS = {"fig16": Command(
@@ -86,8 +84,6 @@ COMMANDS = {"fig16": Command(
     arguments=_fig16_arguments)}
 
 
-EXPERIMENTS = (
-    Experiment("fig16", "Figure 16: how deep a network trains without normalization",
-               "the study, fig16", analyses=("fig16",), claims=FIG16,
-               needs=Needs(cifar10=True, train=True, gpu_full=True)),
-)
+EXPERIMENTS = (Experiment("fig16", "Figure 16: how deep a network trains without normalization",
+                          "the study, fig16", analyses=("fig16",), claims=FIG16,
+                          needs=Needs(cifar10=True, train=True, gpu_full=True)),)

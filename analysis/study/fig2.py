@@ -248,10 +248,8 @@ def _fig2_collapse(runs: Runs) -> Measured:
                     f"max spread of erank/d over {len(spread)} groups sharing βα^M")
 
 
-FIG2 = (
-    Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
-          "the study, fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),
-)
+FIG2 = (Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
+              "the study, fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),)
 
 
 COMMANDS = {
@@ -263,14 +261,12 @@ COMMANDS = {
 }
 
 
-EXPERIMENTS = (
-    Experiment(
-        "fig2",
-        "Figure 2: rank over α × β collapses onto βα^M",
-        "the study, fig2",
-        analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
-                  "collapse --experiment fig2"),
-        claims=FIG2,
-        needs=Needs(gpu_full=True),
-    ),
-)
+EXPERIMENTS = (Experiment(
+                   "fig2",
+                   "Figure 2: rank over α × β collapses onto βα^M",
+                   "the study, fig2",
+                   analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
+                             "collapse --experiment fig2"),
+                   claims=FIG2,
+                   needs=Needs(gpu_full=True),
+               ),)

@@ -294,7 +294,5 @@ COMMANDS = {"mp": Command(
     experiment="fig8", arguments=_mp_arguments)}
 
 
-EXPERIMENTS = (
-    Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
-               "the study, fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),
-)
+EXPERIMENTS = (Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
+                          "the study, fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),)

@@ -144,7 +144,5 @@ COMMANDS = {"table1": Command(
     experiment="tab1")}
 
 
-EXPERIMENTS = (
-    Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
-               "the study, tab1", analyses=("table1 --experiment tab1",), claims=TAB1),
-)
+EXPERIMENTS = (Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
+                          "the study, tab1", analyses=("table1 --experiment tab1",), claims=TAB1),)

@@ -113,7 +113,6 @@ COMMANDS = {"table6": Command(
 
 
 EXPERIMENTS = (
-    Experiment("tab6", "Table 6: M = 1 representation collapse at every width",
-               "the study, tab6", analyses=("table6 --experiment tab6",), claims=TAB6,
-               needs=Needs(gpu_full=True)),
+    Experiment("tab6", "Table 6: M = 1 representation collapse at every width", "the study, tab6",
+               analyses=("table6 --experiment tab6",), claims=TAB6, needs=Needs(gpu_full=True)),
 )
