@@ -78,7 +78,6 @@ log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # PDF font subsetting chatter
 use()
 
-
 # --------------------------------------------------------------------------- names
 #: metric keys and config params → their name in the study (mathtext)
 SYMBOLS: dict[str, str] = {

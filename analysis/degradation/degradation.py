@@ -25,29 +25,19 @@ from ..study.fig6_train import LR_COLUMN
 
 log = logging.getLogger("analysis")
 
-
-logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
-
-
 EXPERIMENT = "degradation"
-
 
 RESIDUAL, DEPTH = "model.residual", "depth"
 
-
 FAMILY_NAMES = {False: "plain", True: "ResNet"}
 
-
 PANEL_TITLES = {False: "plain networks", True: "ResNets"}
-
 
 #: He et al.'s figure y-limit (%)
 PAPER_YLIM = 20.0
 
-
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
-
 
 SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
            "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
@@ -409,7 +399,6 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
 #: He et al. report no gradient norms; the chapter says "geometrically".
 PLAIN_GROWTH_PER_CONV = 1.13
 
-
 #: its tolerance, 0.04: half the gap to the mean-field rate of fully-connected BN–ReLU nets,
 #: √(π/(π−1)) = 1.211 (Yang et al. 2019) — a fit inside is nearer the conv nets' rate than the
 #: mean-field one — and 4× the fit's seed spread at size=cpu (0.009 from the README's table:
@@ -567,7 +556,6 @@ DEGRADATION: tuple[Claim, ...] = (
           _measure(lambda t: response_ratio(t["responses"]))),
 )
 
-
 COMMANDS = {
     "init-gradients": Command(_init_gradients_main, "degradation: per-conv gradient norms at init "
                               "vs relative depth (log), plain | ResNet, and the ratio table",
@@ -580,7 +568,6 @@ COMMANDS = {
                            "beside He et al.'s ResNet column", EXPERIMENT, True),
     "lesion": Command(_lesion_main, "degradation: test error with each block replaced by its "
                       "shortcut, downsampling blocks marked", EXPERIMENT, True)}
-
 
 EXPERIMENTS = (
     Experiment(

@@ -28,7 +28,6 @@ STUDY = {(False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.
          (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
          (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59}}
 
-
 METRICS = ["ffn_accumulated_ratio", "ffn_coherent_ratio", "ffn_cos_offdiag_mean",
            "ffn_cos_offdiag_abs_mean", "ffn_cos_offdiag_rms", "width", "depth", "seeds",
            "model.config"]
@@ -164,7 +163,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
 PRETRAINED = ("pretrained GPT-2 checkpoints: python -m rankexp experiment=fig12 "
               "model.pretrained=gpt2,gpt2-medium seeds=1 -m (a hub or local copies)")
 
-
 #: GPT-2 Small and Medium widths (the study's two networks)
 SMALL, MEDIUM = 768, 1024
 
@@ -211,7 +209,6 @@ FIG12 = (
           "the study, fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
 )
 
-
 FIG12_TRAINED = tuple(
     claim
     for width, name, cos, acc, coherent in ((SMALL, "small", 0.18, 1.78, 3.26),
@@ -229,11 +226,9 @@ FIG12_TRAINED = tuple(
     )
 )
 
-
 COMMANDS = {
     "ffn": Command(_main, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, "
                           "accumulated vs uncorrelated/coherent, rms(h_l), r_l", "fig12", True)}
-
 
 EXPERIMENTS = (Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
                           "the study, fig12", analyses=("ffn --experiment fig12",),

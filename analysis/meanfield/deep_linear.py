@@ -126,12 +126,10 @@ DEEP_LINEAR = (
            "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
 )
 
-
 COMMANDS = {"deep_linear": Command(
     _deep_linear_main,
     "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains",
     experiment="deep_linear", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9",

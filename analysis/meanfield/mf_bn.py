@@ -184,11 +184,9 @@ MF_BN = (
            shattered_decay(("residual + BN (β = 1)", "residual + BN (β = 1/√L)"), lambda r: min(1.0, 1 / (r["beta"] * math.sqrt(r["depth"]))))),
 )
 
-
 COMMANDS = {
     "mf_bn": Command(_bn_main, "BN at init: per-layer gradient norms, ratio first/last vs depth, "
                                "shattered-gradient autocorrelation", "mf_bn", True)}
-
 
 EXPERIMENTS = (
     Experiment("mf_bn", "Batch normalization at initialization",

@@ -175,12 +175,10 @@ MF_PHASE = (
            "the chapter, 215.4", "ξ_c theory", _phase, phase_xi),
 )
 
-
 COMMANDS = {"mf_phase": Command(
     _phase_main,
     "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours",
     experiment="mf_phase", where=True, arguments=_phase_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",

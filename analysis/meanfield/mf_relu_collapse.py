@@ -115,11 +115,9 @@ MF_RELU_COLLAPSE = (
            _relu, relu_asymptote),
 )
 
-
 COMMANDS = {"mf_relu_collapse": Command(
     _relu_main, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)",
     experiment="mf_relu_collapse", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",

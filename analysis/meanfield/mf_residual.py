@@ -165,12 +165,10 @@ MF_RESIDUAL = (
            _residual, residual_ode),
 )
 
-
 COMMANDS = {"mf_residual": Command(
     _residual_main,
     "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit",
     experiment="mf_residual", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("mf_residual", "Residual ReLU networks: variance and correlation",

@@ -148,7 +148,6 @@ _SPECTRUM_ROWS = [("linear", "gaussian", "L (Fuss–Catalan: exactly L)"), ("lin
                   ("relu", "gaussian", "2L"), ("relu", "orthogonal", "L"),
                   ("tanh", "gaussian", "L(1 + v_D)"), ("tanh", "orthogonal", "L v_D (→ 0 as q* → 0)")]
 
-
 MF_SPECTRUM = tuple(
     claim(f"mf_spectrum.var_{act}_{init}",
            f"{act}, {init} weights: Var(λ) of ∂h_L/∂h_0 (λ normalized to mean 1) = L(v_W + v_D)",
@@ -161,11 +160,9 @@ MF_SPECTRUM = tuple(
            Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),
 )
 
-
 COMMANDS = {"mf_spectrum": Command(
     _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms",
     experiment="mf_spectrum", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7",

@@ -79,9 +79,7 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
 #: network "trains" when its best test accuracy exceeds this
 CHANCE, TEST_IMAGES = 0.1, 10_000
 
-
 TRAINED = CHANCE + 3 * math.sqrt(CHANCE * (1 - CHANCE) / TEST_IMAGES)
-
 
 #: Schoenholz et al.'s boundary L = 6 ξ_c; cells within a factor 2 of it are the transition
 #: (their Fig. 5: accuracy falls from trained to chance over about a factor 2 in L) and not judged
@@ -110,11 +108,9 @@ MF_TRAINABILITY = (
            at_most(0), size="full"),
 )
 
-
 COMMANDS = {"mf_trainability": Command(
     _trainability_main, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
     experiment="mf_trainability", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",

@@ -20,9 +20,7 @@ from ..study.fig4 import by_post, deepest
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 
-
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
-
 
 RESCALING = ("rmsnorm", "layernorm")
 
@@ -170,12 +168,10 @@ FIG10 = (
           "the study, fig10(b)", "coincide", at_most(3.0), _fig10_control),
 )
 
-
 COMMANDS = {"post_ops": Command(
     _main,
     "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control",
     experiment="fig10", where=True, arguments=_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("fig10", "Figure 10: the post-residual op without the Pre-RMSNorm control",

@@ -30,6 +30,5 @@ FIG11 = (
           "≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _fig11_rms, size="cpu"),
 )
 
-
 EXPERIMENTS = (Experiment("fig11", "Figure 11: Pre-Norm stream growth", "the study, fig11",
                           analyses=("stream --experiment fig11",), claims=FIG11),)

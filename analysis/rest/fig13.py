@@ -21,7 +21,6 @@ FIG13 = (Claim("fig13.rank_floor", "Output norm: the rank stays above collapse a
                "and L, like Pre-Norm", "the study, fig13", "above collapse (≫ 0.02)",
                at_least(0.1), _fig13_rank),)
 
-
 EXPERIMENTS = (
     Experiment("fig13", "Figure 13 (ranks): branch-output norm on the fig6 grid",
                "the study, fig13", analyses=("heatmap --experiment fig13",), claims=FIG13),

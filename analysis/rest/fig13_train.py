@@ -24,7 +24,6 @@ FIG13_TRAIN = (
           "α and L (5000 steps)", "the study, fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),
 )
 
-
 EXPERIMENTS = (
     Experiment(
         "fig13_train", "Figure 13 (trainability): branch-output norm trained on CIFAR-10",

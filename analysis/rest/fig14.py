@@ -22,9 +22,7 @@ from ..core.style import save, write_markdown
 
 log = logging.getLogger("analysis")
 
-
 KEYS = ["matrices", "activation"]
-
 
 MATRIX = "branch_mean_cos_matrix"
 
@@ -153,11 +151,9 @@ FIG14 = (
           "the study, fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
 )
 
-
 COMMANDS = {"cos_field": Command(
     _main, "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ",
     experiment="fig14", where=True, arguments=_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("fig14", "Figure 14: the pairwise cosine field of the branch means",

@@ -18,9 +18,7 @@ from ..core.style import save, write_markdown
 
 PRE, OUT = "norm.pre", "norm.out"
 
-
 B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
-
 
 STUDY = {("layernorm", "none"): 0.078, ("rmsnorm", "none"): 0.009, ("rmsnorm", "meansub"): 0.745,
          ("rmsnorm", "layernorm"): 0.745, ("rmsnorm", "rmsnorm"): 0.008}
@@ -116,11 +114,9 @@ FIG15 = tuple(
     )
 )
 
-
 COMMANDS = {"centring": Command(
     _main, "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B",
     experiment="fig15", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("fig15", "Figure 15: centring, not rescaling, keeps M = 1 rank",

@@ -35,6 +35,5 @@ FIG17 = (
           "the study, fig17", "approximate", at_most(0.15), _fig17_ks(("gelu", "silu"))),
 )
 
-
 EXPERIMENTS = (Experiment("fig17", "Figure 17: Marchenko–Pastur per activation", "the study, fig17",
                           analyses=("mp --experiment fig17",), claims=FIG17),)

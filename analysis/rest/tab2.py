@@ -18,14 +18,11 @@ from ..core.style import write_markdown
 
 OP = "norm.op"
 
-
 OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
-
 
 #: Table 2's reading of each op: (what J removes, whether it rescales)
 TABLE2 = {"rmsnorm": ("x̂", "√d/‖x‖"), "detached": ("nothing", "√d/‖x‖"), "meansub": ("1", "none"),
           "layernorm": ("x̂_c and 1", "√d/‖x−μ‖")}
-
 
 T2_COLUMNS = ("jac_autograd_error", "jac_removes_xhat", "jac_removes_xhat_c", "jac_removes_ones",
               "jac_rank_deficit", "jac_scale", "jac_scale_theory", "jac_sv_spread", "jac_scale_rms")
@@ -84,11 +81,9 @@ TAB2 = (
           "both", "the study, tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
 )
 
-
 COMMANDS = {
     "table2": Command(_table2_main, "Table 2: the post-residual ops' Jacobians (closed form vs "
                                     "autograd, removed directions, scale)", "tab2", True)}
-
 
 EXPERIMENTS = (Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "the study, tab2",
                           analyses=("table2 --experiment tab2",), claims=TAB2),)

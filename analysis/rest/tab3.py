@@ -20,14 +20,11 @@ from ..core.style import save, write_markdown
 
 EPS = "task.options.projection_walk.step_angle"
 
-
 #: the study's Table 3: ε → erank/d at L = 48, 96, 192, 384
 TABLE3 = {0.01: (0.996,) * 4, 0.15: (0.996,) * 4, 0.30: (0.996, 0.996, 0.995, 0.995),
           0.60: (0.994, 0.992, 0.988, 0.980)}
 
-
 TABLE3_DEPTHS = (48, 96, 192, 384)
-
 
 _WALK = re.compile(r"^walk_erank_L(\d+)$")
 
@@ -131,12 +128,10 @@ TAB3 = (
           "collapse rank", "the study, tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"),
 )
 
-
 COMMANDS = {"table3": Command(
     _table3_main,
     "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L",
     experiment="tab3", where=True)}
-
 
 EXPERIMENTS = (
     Experiment("tab3", "Table 3: rank-one projections along a random walk", "the study, tab3",

@@ -95,10 +95,8 @@ def _stream_theory(layers, placement, nominal_ratio, activation, alpha) -> np.nd
 #: per-layer series with a closed form: ``f(layers, placement, βα^M, activation, α)``
 SERIES_THEORY = {"branch_ratio": branch_ratio_theory, "rms": _stream_theory}
 
-
 _THEORY_NAME = {"branch_ratio": r"dashed: $\sqrt{p}\,\tilde r_\ell$ (Eq. 21/22)",
                 "rms": r"dashed: $\sqrt{1+\kappa(\beta\alpha^M)^2\ell}$"}
-
 
 _THEORY_INPUTS = (PLACEMENT, "nominal_ratio", "activation", "alpha")
 
@@ -250,11 +248,9 @@ FIG1 = (
           "the study, fig1", "rises with m/d", above(0.0), _fig1_troughs),
 )
 
-
 COMMANDS = {"profiles": Command(
     _profiles_main, "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d",
     experiment="fig1", where=True, arguments=_profiles_arguments)}
-
 
 EXPERIMENTS = (Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
                           "the study, fig1", analyses=("profiles --experiment fig1",), claims=FIG1,

@@ -78,11 +78,9 @@ def _fig16(runs: Runs) -> Measured:
 FIG16 = (Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
                "trainable depth", "the study, fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),)
 
-
 COMMANDS = {"fig16": Command(
     _fig16_main, "Figure 16: best test accuracy vs depth, one line per (M, norm placement)",
     arguments=_fig16_arguments)}
-
 
 EXPERIMENTS = (Experiment("fig16", "Figure 16: how deep a network trains without normalization",
                           "the study, fig16", analyses=("fig16",), claims=FIG16,

@@ -251,7 +251,6 @@ def _fig2_collapse(runs: Runs) -> Measured:
 FIG2 = (Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
               "the study, fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),)
 
-
 COMMANDS = {
     'heatmap': Command(main, "heatmap of a metric over two params, one panel per norm placement",
                        arguments=add_arguments),
@@ -259,7 +258,6 @@ COMMANDS = {
                         "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
                         experiment="fig2", where=True, arguments=_collapse_arguments),
 }
-
 
 EXPERIMENTS = (Experiment(
                    "fig2",

@@ -22,9 +22,7 @@ from ..core.style import save
 
 log = logging.getLogger("analysis")
 
-
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
-
 
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 
@@ -240,12 +238,10 @@ FIG3 = (
           at_most(0.1), _fig3_binomial),
 )
 
-
 COMMANDS = {"paths": Command(
     _paths_main,
     "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ vs βα^M with the uncorrelated prediction",
     experiment="fig3")}
-
 
 EXPERIMENTS = (
     Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "the study, fig3",

@@ -22,15 +22,11 @@ from ..core.style import save, to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
-
 OP = "norm.op"
-
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 
-
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
-
 
 SPLIT = ("erank_post", "erank_post_noproj", "erank_prenorm", "erank_unnormalized",
          "rank_removed_by_projection", "rank_removed_by_rescaling", "rank_removed_total",
@@ -355,11 +351,9 @@ FIG4B = (
           at_least(2.0), _fig4b_floor),
 )
 
-
 COMMANDS = {"placements": Command(
     _main, "Figure 4: erank by norm placement/op and α, and the projection split",
     experiment="fig4", where=True, arguments=_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("fig4", "Figure 4: where the norm sits and what it does", "the study, fig4",

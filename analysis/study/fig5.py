@@ -452,7 +452,6 @@ TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
     ("post", 4): (-0.52, -0.50, -0.50),
 }
 
-
 TABLE4_LEVELS = (0.4, 0.5, 0.6)
 
 
@@ -600,7 +599,6 @@ FIG5_STREAM = (
           between(0.01, 0.02), _post_floor, size="full"),
 )
 
-
 COMMANDS = {
     "isorank": Command(_isorank_main, "Figure 5c/Table 4: iso-rank contours over (α, L) and "
                                       "their power-law slopes", "fig5", True, _isorank_arguments),
@@ -609,7 +607,6 @@ COMMANDS = {
     "accumulated": Command(_accumulated_main, "Figure 5b/12: accumulated branch vs depth, with "
                                               "the uncorrelated prediction",
                                               'fig5', True, _accumulated_arguments)}
-
 
 EXPERIMENTS = (
     Experiment(

@@ -33,16 +33,13 @@ from .fig2 import draw_panel, heatmap_table
 
 log = logging.getLogger("analysis")
 
-
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
-
 
 # config keys that should be equal across the runs one figure compares, unless they are its
 # axes (seed may vary: cells average over it)
 CONTEXT = ("alpha", "width", "expansion", "matrices", "beta", "beta_scaling", "activation",
            "skip_every", "norm.op", "seeds", "dtype", "task.steps", "task.batch_size", "task.lrs",
            "task.dtype", "task.stable_accuracy")
-
 
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
@@ -426,7 +423,6 @@ FIG6_TRAIN = (
           "the study, reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
 )
 
-
 COMMANDS = {
     "fig6": Command(_fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, one row "
                                 "per placement", None, False, _fig6_arguments),
@@ -434,7 +430,6 @@ COMMANDS = {
                                     "per α and max over α", None, False, _table5_arguments),
     "curves": Command(_curves_main, "test accuracy and train loss vs step, one line per LR, of "
                                     "one train run", None, False, _curves_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("fig6_train", "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",

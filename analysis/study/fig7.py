@@ -20,7 +20,6 @@ from ..core.style import save
 
 PROBE_N = "task.options.representation.n"
 
-
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
 
 
@@ -202,12 +201,10 @@ FIG7 = (
           "the study, fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
 )
 
-
 COMMANDS = {"spike": Command(
     _spike_main,
     "Figure 7: mean spike — cross-layer cosines vs c, ‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ",
     experiment="fig7")}
-
 
 EXPERIMENTS = (
     Experiment("fig7", "Figure 7: the mean spike", "the study, fig7",

@@ -287,12 +287,10 @@ FIG8 = (
           "m/d = 1/p", "the study, fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
 )
 
-
 COMMANDS = {"mp": Command(
     _mp_main,
     "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; Marchenko–Pastur histograms of D W_up",
     experiment="fig8", arguments=_mp_arguments)}
-
 
 EXPERIMENTS = (Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
                           "the study, fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),)

@@ -25,33 +25,26 @@ from ..core.style import write_markdown
 
 log = logging.getLogger("analysis")
 
-
 #: init quantity → the probe that logs it
 QUANTITIES = {"erank_io": "io_jacobian", "stable_rank_io": "io_jacobian",
               "mean_path_order": "path_order", "log_gain_io": "io_jacobian",
               "grad_norm_proxy": "grad_norm_proxy", "jacob_cov": "jacob_cov",
               "log_synflow": "synflow"}
 
-
 #: the trained outcomes ρ is taken against
 TARGETS = ("max_stable_lr", "best_test_accuracy")
-
 
 #: the statistics of the table, in its order: ρ against each target, AUC of "trainable"
 STATISTICS = tuple(f"rho:{t}" for t in TARGETS) + ("auc:trainable",)
 
-
 #: this analysis' own task=measure grid: every quantity on the trained grids' networks
 INIT_EXPERIMENT = "rank_predicts"
-
 
 #: bootstrap resamples and seed (stated in the table and the figure)
 RESAMPLES, SEED = 2000, 0
 
-
 #: fewer joined configs than this: no statistic (NaN), the claims are not judged
 MIN_CONFIGS = 6
-
 
 #: the knobs that define the network (rankexp/knobs.py's rows of the architecture and the
 #: general block: not the task's, the seeds', the precision or where it runs), and the model
@@ -319,13 +312,11 @@ RANK_PREDICTS = (
           size="cpu"),
 )
 
-
 COMMANDS = {
     'rank_predicts': Command(_main, "Spearman ρ and ROC-AUC of each init "
                                      "quantity against max stable LR and best test accuracy, "
                                      "over every trained grid", arguments=_arguments),
 }
-
 
 EXPERIMENTS = (
     Experiment(

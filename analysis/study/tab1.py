@@ -138,11 +138,9 @@ TAB1 = (
           at_most(0.02), _coherence),
 )
 
-
 COMMANDS = {"table1": Command(
     _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the measured stable rank of σ(W h)",
     experiment="tab1")}
-
 
 EXPERIMENTS = (Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
                           "the study, tab1", analyses=("table1 --experiment tab1",), claims=TAB1),)

@@ -15,7 +15,6 @@ TAB4_CONTOUR = tuple(
           iso_slope(pl, e, lv, "tab4_contour"), size="cpu")
     for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True))
 
-
 EXPERIMENTS = (
     Experiment("tab4_contour",
                "Table 4 by root finding: iso-rank contours traced by hydra/sweeper=contour",

@@ -138,7 +138,6 @@ TAB5_BOUNDARY = (
           _b_narrows, size="full"),
 )
 
-
 EXPERIMENTS = (
     Experiment(
         "tab5_boundary",

@@ -105,12 +105,10 @@ TAB6 = (
           "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"),
 )
 
-
 COMMANDS = {"table6": Command(
     _table6_main,
     "Table 6: erank(Z_l)/d at each width d and layer l (M = 1 representation collapse)",
     experiment="tab6", arguments=_table6_arguments)}
-
 
 EXPERIMENTS = (
     Experiment("tab6", "Table 6: M = 1 representation collapse at every width", "the study, tab6",

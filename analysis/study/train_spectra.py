@@ -19,19 +19,15 @@ from .fig6_train import run_lrs
 
 EXPERIMENT = "train_spectra"
 
-
 #: the probed quantities drawn, in row order (per-member scalars of the probes)
 QUANTITIES = ("erank_io", "branch_ratio_last", "mean_path_order", "rep_erank_final")
-
 
 #: erank/d at or below which a network counts as collapsed (the study, fig6: Post-Norm
 #: trains at chance where its rank ≤ 1–2 % of width)
 COLLAPSE = 0.02
 
-
 #: the Pre-Norm floor of erank/d (the study, reference magnitudes: ≈ 0.2 across the grid)
 PRE_FLOOR = 0.2
-
 
 CELL = ("alpha", "depth")
 
@@ -177,7 +173,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
 COMMANDS = {
     "train-spectra": Command(_main, "probed spectra vs optimizer step, per learning rate, Pre vs "
                                     "Post (experiment train_spectra)", None, True, _arguments)}
-
 
 EXPERIMENTS = (
     Experiment(
