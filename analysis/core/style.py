@@ -165,14 +165,10 @@ def number(v) -> str:
 def value_label(key: str, value) -> str:
     """A legend entry for ``key = value``: ``$m/d = 4$``, ``Post-Norm``, ``no skip``,
     ``$\\beta \\propto 1/\\sqrt{L}$``, ``ReLU``."""
-    if key == "norm.placement":
-        return PLACEMENT_NAMES.get(value, str(value))
-    if key == "norm.op":
-        return OP_NAMES.get(value, str(value))
-    if key == "activation":
-        return ACTIVATION_NAMES.get(value, str(value))
-    if key == "beta_scaling":
-        return BETA_SCALING_NAMES.get(value, str(value))
+    names = {"norm.placement": PLACEMENT_NAMES, "norm.op": OP_NAMES,
+             "activation": ACTIVATION_NAMES, "beta_scaling": BETA_SCALING_NAMES}.get(key)
+    if names is not None:
+        return names.get(value, str(value))
     if key == "skip_every":
         v = int(value)
         return {0: "no skip", 1: "skip every block"}.get(v, f"skip every {v}")
@@ -187,6 +183,15 @@ def config_label(placement: str, op: str) -> str:
     if placement == "none":
         return PLACEMENT_NAMES["none"]
     return f"{PLACEMENT_NAMES.get(placement, placement)}\n{OP_NAMES.get(op, op)}"
+
+
+def spread_note(mean: pd.Series, std: pd.Series | None, what: str = "") -> str:
+    """The caption's seed spread where log axes cannot draw error bars: the largest seed s.d.
+    relative to its mean."""
+    rel = pd.Series(dtype=float) if std is None else (std / mean.abs()).replace(
+        [np.inf, -np.inf], np.nan).dropna()
+    return (f"{what}seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)"
+            if len(rel) else f"{what}one seed per point: no spread")
 
 
 # --------------------------------------------------------------------------- grids

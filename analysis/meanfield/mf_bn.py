@@ -104,22 +104,13 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     return fig
 
 
-def bn_spread_note(t: pd.DataFrame) -> str:
-    """The seed spread of the gradient ratio the log-axis panel cannot draw as bars."""
-    if "grad_ratio_std" not in t:
-        return "no seed spread logged"
-    rel = (t["grad_ratio_std"] / t["grad_ratio"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    return (f"gradient ratio: seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)"
-            if len(rel) else "gradient ratio: one seed, no spread")
-
-
 def _bn_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["skip_every", "grad_ratio"])
     t = bn_table(df)
     out = out_dir(args)
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
     fig = draw_bn(t, args.uri)
-    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", bn_spread_note(t)])
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", style.spread_note(t["grad_ratio"], t.get("grad_ratio_std"), "gradient ratio: ")])
     return save(fig, out, "mf_bn", t.drop(columns="run_id"))
 
 

@@ -7,7 +7,6 @@ import argparse
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..core import style
@@ -63,13 +62,6 @@ def _line(ax, t: pd.DataFrame, **kw) -> None:
     ax.plot(t.index, t["mean"], marker="o", **kw)  # log–log axes: no error bars (see spread_note)
 
 
-def spread_note(table: pd.DataFrame) -> str:
-    """The caption's seed spread, which log–log axes cannot draw as bars."""
-    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    return (f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)" if len(rel)
-            else "one seed per point: no spread")
-
-
 def draw(table: pd.DataFrame, metric: str):
     """Panels (a) and (b) side by side (log–log axes over depth)."""
     fig, axes = style.panels(2, max_cols=2, aspect=0.8)
@@ -107,7 +99,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = op_table(df, args.metric)
     fig = draw(table, args.metric)
     fig.suptitle("Figure 10: post-residual op $R$ without the Pre-RMSNorm control")
-    style.caption(fig, df, args.experiment, [spread_note(table)])
+    style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
     out = out_dir(args)
     paths = save(fig, out, f"post_ops_{args.metric}", table)
     wide = table["mean"].unstack("depth").reindex(list(dict.fromkeys(table.index.droplevel(2))))

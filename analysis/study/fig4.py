@@ -169,15 +169,6 @@ def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = No
     return fig
 
 
-def spread_note(table: pd.DataFrame) -> str:
-    """The caption's statement of the seed spread the log-axis figure cannot draw: the largest
-    seed s.d. relative to its mean (1 s.d. over seeds), or that one seed has none."""
-    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    if rel.empty:
-        return "no seed spread (one seed per point)"
-    return f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds; the CSV has each)"
-
-
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default="erank_io",
                    help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)")
@@ -192,7 +183,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = placement_table(df, args.metric, args.every)
     fig = draw_placements(table, args.metric, detached_gap(table))
     fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
-    style.caption(fig, df, args.experiment, [spread_note(table)])
+    style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
     out = out_dir(args)
     paths = save(fig, out, f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha")
@@ -205,7 +196,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
         style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
                       if "depth" in everything else everything, args.experiment,
-                      [spread_note(control)])
+                      [style.spread_note(control["mean"], control["std"])])
         paths += save(fig, out, f"placements_control_{args.metric}", control)
         wide_c = control["mean"].unstack("depth")
         wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
