@@ -79,15 +79,9 @@ def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, fl
     return rc, time.perf_counter() - t0
 
 
-def make_figures(
-    out: Path,
-    only: list[str] | None = None,
-    extra: list[str] | None = None,
-    dry_run: bool = False,
-    size: str = "cpu",
-    draw: bool = True,
-    registry: Registry | None = None,
-) -> list[Outcome]:
+def make_figures(out: Path, only: list[str] | None = None, extra: list[str] | None = None,
+                 dry_run: bool = False, size: str = "cpu", draw: bool = True,
+                 registry: Registry | None = None) -> list[Outcome]:
     """Run every experiment's sweep at ``size`` and (``draw``) its analysis commands; return
     what happened."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"

@@ -113,9 +113,8 @@ def _md_table(text: str) -> str:
     return "\n".join(lines)
 
 
-def build_sections(
-    runs: claims.Runs, names: list[str], out: Path, with_figures: bool, reg: Registry
-) -> list[Section]:
+def build_sections(runs: claims.Runs, names: list[str], out: Path, with_figures: bool,
+                   reg: Registry) -> list[Section]:
     sections = []
     for name in names:
         s = Section(name, reg[name].shows if name in reg else "")
@@ -260,14 +259,9 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
 
 
 # --------------------------------------------------------------------------- entry point
-def build_report(
-    uri: str | None,
-    out: Path,
-    experiments: list[str] | None = None,
-    with_figures: bool = True,
-    title: str = "rankexp reproduction report",
-    registry: Registry | None = None,
-) -> list[Path]:
+def build_report(uri: str | None, out: Path, experiments: list[str] | None = None,
+                 with_figures: bool = True, title: str = "rankexp reproduction report",
+                 registry: Registry | None = None) -> list[Path]:
     """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv`` from ``registry``
     (default :func:`analysis.core.registry.default`); return the paths.  Raises TrackingError:
     the store cannot be read or holds none of ``experiments``."""

@@ -57,15 +57,9 @@ def _numeric(s: pd.Series) -> pd.Series:
     return converted if converted.notna().sum() == s.notna().sum() else s
 
 
-def load_runs(
-    experiments: str | list[str],
-    uri: str | None = None,
-    *,
-    filter_string: str = "",
-    finished_only: bool = True,
-    series: Sequence[str] = (),
-    cache_dir: str | Path | bool = True,
-) -> pd.DataFrame:
+def load_runs(experiments: str | list[str], uri: str | None = None, *, filter_string: str = "",
+              finished_only: bool = True, series: Sequence[str] = (),
+              cache_dir: str | Path | bool = True) -> pd.DataFrame:
     """One row per finished job run of ``experiments``.
 
     Params keep their dotted config keys (numeric where every value parses), metrics are

@@ -207,14 +207,8 @@ def grid(nrows: int, ncols: int, *, width: float = TWO_COLUMN, aspect: float = 0
     return fig, axes
 
 
-def panels(
-    n: int,
-    *,
-    max_cols: int = 3,
-    width: float | None = None,
-    aspect: float = 0.75,
-    **subplot_kw,
-):
+def panels(n: int, *, max_cols: int = 3, width: float | None = None, aspect: float = 0.75,
+           **subplot_kw):
     """``(fig, axes)`` for ``n`` panels of one kind: at most ``max_cols`` to a row (wrapped
     into rows, never a 1 × n strip), one column wide for a single panel, else two; ``axes``
     is a list of ``n`` Axes in reading order (unused grid cells removed)."""

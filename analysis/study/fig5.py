@@ -85,14 +85,8 @@ def fit_power_law(y, x) -> tuple[float, float, float]:
     return float(s), float(c), float(1 - (resid**2).sum() / tot) if tot > 0 else 1.0
 
 
-def isorank_table(
-    df: pd.DataFrame,
-    metric: str,
-    levels: list[float],
-    panel: list[str],
-    x: str = "alpha",
-    y: str = "depth",
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: list[str],
+                  x: str = "alpha", y: str = "depth") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Iso-rank contours and their slopes (Table 4): per panel and level, :func:`contour_points`
     of the cell-mean grid and :func:`fit_power_law`'s d log x / d log y; ``slope_ratio`` =
     d log(βα^M) / d log L with its 95 % interval (:func:`rankexp.levelset.fit_exponent`).
@@ -318,9 +312,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def uncorrelated_theory(
-    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-) -> np.ndarray:
+def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str, alpha: float
+                       ) -> np.ndarray:
     """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
     :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
     k = np.asarray(layers, dtype=float)
@@ -329,9 +322,8 @@ def uncorrelated_theory(
     return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
 
 
-def coherent_theory(
-    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-) -> np.ndarray:
+def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str, alpha: float
+                   ) -> np.ndarray:
     """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
     with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
     only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""

@@ -58,12 +58,8 @@ def _lr_label(lr: float) -> str:
     return f"{lr:.2g}"  # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
 
 
-def fig6_table(
-    rank: pd.DataFrame,
-    train: pd.DataFrame,
-    rank_metric: str = "erank_io",
-    train_metric: str = "best_test_accuracy",
-) -> pd.DataFrame:
+def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "erank_io",
+               train_metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
     ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
     halves = []
