@@ -33,8 +33,8 @@ def _cells(df: pd.DataFrame, keys: list[str]):
         yield (values if isinstance(values, tuple) else (values,)), runs
 
 
-def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str], metric: str = "erank_profile"
-                 ) -> pd.DataFrame:
+def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
+                  metric: str = "erank_profile") -> pd.DataFrame:
     """Long table of the per-layer ``metric`` per cell of ``keys``: ``keys…``, ``layer``,
     ``<metric>`` (seed mean), ``<metric>_std`` (pooled, :func:`analysis.core.select.pooled`),
     ``runs``, ``theory`` (:data:`SERIES_THEORY` where the cell's runs share its inputs, else NaN)."""
@@ -68,8 +68,8 @@ def _pool(g: pd.DataFrame) -> pd.Series:
     return pd.Series({"m": mean, "s": np.sqrt(ss / (n.sum() - 1)) if n.sum() > 1 else 0.0})
 
 
-def branch_ratio_theory(layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-                       ) -> np.ndarray:
+def branch_ratio_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                        alpha: float) -> np.ndarray:
     """Predicted ``r_l = ‖βJ_l‖_F/‖I‖_F = √p · r̃_l`` (p = E[σ′(αz)²]): Pre-Norm ``r̃_l`` is Eq. 22
     (κ of :func:`kappa_theory`); other placements ``r̃_l = βα^M`` (Eq. 21, exact for post)."""
     layers = np.asarray(layers, dtype=float)

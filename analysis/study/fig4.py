@@ -96,8 +96,8 @@ def draw_control(table: pd.DataFrame, metric: str):
     return fig
 
 
-def placement_table(df: pd.DataFrame, metric: str = "erank_io", every: bool = False
-                   ) -> pd.DataFrame:
+def placement_table(df: pd.DataFrame, metric: str = "erank_io",
+                    every: bool = False) -> pd.DataFrame:
     """Mean, pooled seed std (:func:`analysis.core.select.pooled`), ``count`` (runs) and ``seeds``
     of ``metric`` per (config, α); ``config`` = ``placement/op`` (``none`` pooled).  Without
     ``every``: rmsnorm per placement, every op for post, and none; rows in the study's order."""

@@ -312,8 +312,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-                       ) -> np.ndarray:
+def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                        alpha: float) -> np.ndarray:
     """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
     :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
     k = np.asarray(layers, dtype=float)
@@ -322,8 +322,8 @@ def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation
     return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
 
 
-def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-                   ) -> np.ndarray:
+def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                    alpha: float) -> np.ndarray:
     """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
     with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
     only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
