@@ -39,9 +39,8 @@ class Needs:
     gpu_full: bool = False
 
     def missing(self) -> str:
-        """What of it this machine lacks, as text ("" when nothing): CIFAR-10 where
-        ``data.root`` points (``$RANKEXP_DATA``, else ``../shared/data``: archive, image
-        folders or torchvision's batches), an uninstalled package."""
+        """What of it this machine lacks, as text ("" when nothing): CIFAR-10 under ``data.root``
+        (``$RANKEXP_DATA``, else ``../shared/data``), an uninstalled package."""
         out = []
         if self.cifar10 and not _have_cifar10():
             out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")

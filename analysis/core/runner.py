@@ -29,9 +29,8 @@ log = logging.getLogger("analysis")
 
 @dataclass(frozen=True)
 class Command:
-    """One ``python -m analysis`` command: its entry point (returns the files it wrote), its
-    one-line help, the default of ``--experiment``, whether it takes ``--where`` and a function
-    adding its own options."""
+    """One ``python -m analysis`` command: entry point (returns the files written), help, the
+    default of ``--experiment``, whether it takes ``--where``, a function adding its options."""
 
     main: Callable[[argparse.Namespace], list[Path]]
     help: str = ""
@@ -111,9 +110,7 @@ QUIET_LOGGERS = ("matplotlib", "PIL", "urllib3", "alembic")
 
 
 def quiet_consoles() -> None:
-    """No third-party progress bars or font notes among the analysis' lines: MLflow's
-    "Downloading artifacts" bar off (``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false``, unless
-    set), :data:`QUIET_LOGGERS` at WARNING."""
+    """No MLflow download bar (unless set) and :data:`QUIET_LOGGERS` at WARNING."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -138,9 +135,8 @@ def cli() -> None:
 
 
 def run(argv: list[str], out: Path, uri: str) -> tuple[int, str, list[Path]]:
-    """One command in this process on the store ``uri``, its files under ``out``; returns
-    ``(exit status, its output, the files it wrote)`` — an exception in the command is its
-    traceback in the output and status 1, so one bug does not stop a batch of commands."""
+    """Run one command in this process on store ``uri`` into ``out``: ``(status, output, files)``;
+    an exception is its traceback and status 1, so one bug does not stop a batch."""
     buf = io.StringIO()
     root = logging.getLogger()
     saved = root.handlers[:]

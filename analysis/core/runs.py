@@ -119,9 +119,8 @@ def cached_series(uri: str | None, run_id: str, key: str) -> Series | None:
 
 
 def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
-    """``(store, [sweep parent run id, …])`` of the rows of a :func:`load_runs` table (or a
-    selection of it): the store it was read from (the one store this process read, for a
-    table that lost its ``attrs``) and its runs' distinct ``mlflow.parentRunId``."""
+    """``(store, [sweep parent run id, …])`` of a :func:`load_runs` table or a selection of it (the
+    one store this process read, for a table that lost its ``attrs``)."""
     uri = runs.attrs.get(URI_ATTR)
     if uri is None and len(_Session._open) == 1:
         uri = next(iter(_Session._open))

@@ -444,9 +444,8 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_markdown(path: Path, title: str, table: pd.DataFrame, floatfmt: str = ".4g",
                    runs: pd.DataFrame | None = None) -> Path:
-    """``title``, a blank line and :func:`to_markdown` of ``table`` into ``path``; printed too.
-    With ``runs`` (the :func:`~analysis.core.runs.load_runs` rows it tabulates) the file is
-    also attached to their sweeps' parent runs (:func:`~analysis.core.runs.attach_to_parents`)."""
+    """``title`` and :func:`to_markdown` of ``table`` into ``path`` (printed too), attached to the
+    sweep parent runs of ``runs`` (:func:`~analysis.core.runs.attach_to_parents`)."""
     text = f"{title}\n\n{to_markdown(table, floatfmt)}\n"
     print(text)
     write_text(path, text)

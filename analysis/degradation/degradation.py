@@ -103,8 +103,7 @@ def depth_colors(depths) -> dict[int, tuple]:
 
 def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The params :func:`analysis.core.style.caption` states, as a ConvNet has them: depth, seeds,
-    size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
-    cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
+    size, task and ``width`` = the stage-1 filters ``model.base_width``."""
     keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
     out = df[keep].copy()
     out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
@@ -481,9 +480,8 @@ def response_ratio(responses: pd.DataFrame) -> float:
 
 
 def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The tables :data:`DEGRADATION` reads, built from the degradation runs ``df`` (as loaded by
-    :func:`analysis.core.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
-    ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
+    """The tables :data:`DEGRADATION` reads from the runs ``df``, where they allow: ``ratio``
+    (measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
     df = networks(df)
     tables: dict[str, pd.DataFrame] = {}
     with_ratio = df[df["grad_ratio"].notna()] if "grad_ratio" in df else df.iloc[:0]

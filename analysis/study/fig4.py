@@ -52,9 +52,8 @@ def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure4_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all runs if none are) at
-    the main sweep's depth, the one most runs have — the Figure 4b also-sweep adds preset runs
-    (R = none) at other depths, which are drawn apart (:func:`control_table`)."""
+    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all if none) at the depth
+    most runs have (other depths are the 4b control, :func:`control_table`)."""
     out = preset_runs(df)
     if out.empty:
         out = df
@@ -140,9 +139,8 @@ def _tick(config: str) -> str:
 
 
 def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
-    """Grouped bars on a log axis: one group per config, one bar per α (a colour bar, or legend
-    entries for one or two α), no error bars (a log axis; :func:`spread_note` states the
-    largest seed s.d. relative to its bar); the detached−RMSNorm gap written in."""
+    """Grouped bars on a log axis, one group per config, one bar per α (no error bars: the caption
+    states the largest relative seed s.d.); the detached−RMSNorm gap written in."""
     configs = list(dict.fromkeys(table.index.get_level_values("config")))
     alphas = sorted(table.index.get_level_values("alpha").unique())
     fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)

@@ -334,10 +334,8 @@ def coherent_theory(layers, placement: str, nominal_ratio: float, activation: st
 
 
 def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
-    """Long table, one row per (run, k): ``accumulated`` (logged ``accumulated_branch``),
-    ``uncorrelated`` (logged ``accumulated_branch_uncorrelated``, from the measured r_l),
-    ``theory`` (:func:`uncorrelated_theory`) and ``coherent`` (:func:`coherent_theory`), with
-    the run's placement, m/d, α, L."""
+    """One row per (run, k): ``accumulated``, ``uncorrelated`` (logged, from the measured r_l),
+    ``theory`` (:func:`uncorrelated_theory`), ``coherent`` (:func:`coherent_theory`), run params."""
     rows = []
     for _, r in tqdm(df.iterrows(), total=len(df), desc="accumulated series", disable=None,
                      leave=False):
