@@ -20,7 +20,7 @@ BOUNDARY_READING = 0.25
 
 def boundary_cells(df: pd.DataFrame) -> pd.Series:
     """One-rate runs of ``experiment=tab5_boundary`` as each (placement, depth, α) cell's
-    max stable LR (:func:`analysis.study.training.table5`: the bisection's midpoint; NaN where
+    max stable LR (:func:`analysis.study.fig6_train.table5`: the bisection's midpoint; NaN where
     no rate was stable), a Series indexed by (placement, depth, α)."""
 
     need(df, "max_stable_lr", "lr")
