@@ -57,8 +57,7 @@ RC = {
     "savefig.bbox": "tight",
     "savefig.pad_inches": 0.04,
     "pdf.fonttype": 42,  # TrueType: text stays text in the PDF
-    "ps.fonttype": 42,
-}
+    "ps.fonttype": 42}
 
 #: keyword arguments of every closed-form / theory curve
 THEORY = {"color": "k", "ls": "--", "lw": 0.9}
@@ -131,8 +130,7 @@ SYMBOLS: dict[str, str] = {
     # config params: the knobs' TeX labels (rankexp.knobs.KNOBS), and two derived ones
     **{k.key: k.tex for k in KNOBS if k.tex is not None},
     "beta_eff": r"$\beta_\mathrm{eff}$",
-    "layer": r"layer $\ell$",
-}
+    "layer": r"layer $\ell$"}
 
 PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "output norm",
                    "peri": "Peri-Norm", "none": "no norm"}

@@ -551,8 +551,7 @@ DEGRADATION: tuple[Claim, ...] = (
               "responses than their plain counterparts",
           "He et al. 2016 Fig. 7", "< 1",
           Check("< 1", lambda v: v < 1),
-          _measure(lambda t: response_ratio(t["responses"]))),
-)
+          _measure(lambda t: response_ratio(t["responses"]))))
 
 COMMANDS = {
     "init-gradients": Command(_init_gradients_main, "degradation: per-conv gradient norms at init "
@@ -577,5 +576,4 @@ EXPERIMENTS = (
                   "lesion --experiment degradation"),
         claims=DEGRADATION,
         needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+    ),)

@@ -206,8 +206,7 @@ FIG12 = (
     Claim("fig12.cos_init", "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
           "the study, fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
     Claim("fig12.accumulated_init", "At initialization accumulated / uncorrelated = 1.00 at k = L",
-          "the study, fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
-)
+          "the study, fig12b", "1.00×", near(1.0, 0.05), _accumulated_init))
 
 FIG12_TRAINED = tuple(
     claim

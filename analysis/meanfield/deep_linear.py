@@ -123,8 +123,7 @@ DEEP_LINEAR = (
            "T(N, a₀) of the quadrature 215.8", "the chapter, 215.8", "0",
            _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
-           "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
-)
+           "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"))
 
 COMMANDS = {"deep_linear": Command(
     _deep_linear_main,
@@ -133,5 +132,4 @@ COMMANDS = {"deep_linear": Command(
 
 EXPERIMENTS = (
     Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9",
-               analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),
-)
+               analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),)

@@ -182,5 +182,4 @@ COMMANDS = {
 EXPERIMENTS = (
     Experiment("mf_bn", "Batch normalization at initialization",
                "the chapter (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
-               claims=MF_BN),
-)
+               claims=MF_BN),)

@@ -172,8 +172,7 @@ MF_PHASE = (
            "side of the critical line the theory puts it", "the chapter, 215.3", "0 cells",
            _phase, phase_sides, at_most(0)),
     claim("mf_phase.xi_c", "The depth scale ξ_c = −1/ln χ_c (tanh, cells with ξ_c ≤ L/(2 ln 50))",
-           "the chapter, 215.4", "ξ_c theory", _phase, phase_xi),
-)
+           "the chapter, 215.4", "ξ_c theory", _phase, phase_xi))
 
 COMMANDS = {"mf_phase": Command(
     _phase_main,
@@ -183,5 +182,4 @@ COMMANDS = {"mf_phase": Command(
 EXPERIMENTS = (
     Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
                "the chapter, 215.1–215.4", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
-               needs=Needs(gpu_full=True)),
-)
+               needs=Needs(gpu_full=True)),)

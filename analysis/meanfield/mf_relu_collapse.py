@@ -112,8 +112,7 @@ MF_RELU_COLLAPSE = (
            "f^l(c_0)", _relu, relu_exact_map),
     claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
            "exponential, collapse)", "the chapter (critical ReLU)", "ratio 1",
-           _relu, relu_asymptote),
-)
+           _relu, relu_asymptote))
 
 COMMANDS = {"mf_relu_collapse": Command(
     _relu_main, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)",
@@ -122,5 +121,4 @@ COMMANDS = {"mf_relu_collapse": Command(
 EXPERIMENTS = (
     Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
                "the chapter (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
-               claims=MF_RELU_COLLAPSE),
-)
+               claims=MF_RELU_COLLAPSE),)

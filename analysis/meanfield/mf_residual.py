@@ -162,8 +162,7 @@ MF_RESIDUAL = (
            _residual, residual_correlation),
     claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
            "dc/dt = f(c) − c", "the chapter (residual networks)", "ODE at t = 1",
-           _residual, residual_ode),
-)
+           _residual, residual_ode))
 
 COMMANDS = {"mf_residual": Command(
     _residual_main,
@@ -173,5 +172,4 @@ COMMANDS = {"mf_residual": Command(
 EXPERIMENTS = (
     Experiment("mf_residual", "Residual ReLU networks: variance and correlation",
                "the chapter (residual networks)", analyses=("mf_residual -e mf_residual",),
-               claims=MF_RESIDUAL),
-)
+               claims=MF_RESIDUAL),)

@@ -166,5 +166,4 @@ COMMANDS = {"mf_spectrum": Command(
 
 EXPERIMENTS = (
     Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7",
-               analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),
-)
+               analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),)

@@ -105,8 +105,7 @@ MF_TRAINABILITY = (
     claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
            "(cells within a factor 2 of the boundary not judged)",
            "the chapter (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
-           at_most(0), size="full"),
-)
+           at_most(0), size="full"),)
 
 COMMANDS = {"mf_trainability": Command(
     _trainability_main, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
@@ -116,5 +115,4 @@ EXPERIMENTS = (
     Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
                "the chapter (Schoenholz et al. 2017)",
                analyses=("mf_trainability -e mf_trainability",), claims=MF_TRAINABILITY,
-               needs=Needs(cifar10=True, train=True, gpu_full=True)),
-)
+               needs=Needs(cifar10=True, train=True, gpu_full=True)),)

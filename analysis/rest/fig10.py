@@ -157,8 +157,7 @@ FIG10 = (
     # within a factor 1.5 (0.18 decades, under one minor tick) at the deepest L
     Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
           "and without the Pre-RMSNorm control (within 3 seed standard errors)",
-          "the study, fig10(b)", "coincide", at_most(3.0), _fig10_control),
-)
+          "the study, fig10(b)", "coincide", at_most(3.0), _fig10_control))
 
 COMMANDS = {"post_ops": Command(
     _main,
@@ -167,5 +166,4 @@ COMMANDS = {"post_ops": Command(
 
 EXPERIMENTS = (
     Experiment("fig10", "Figure 10: the post-residual op without the Pre-RMSNorm control",
-               "the study, fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),
-)
+               "the study, fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),)

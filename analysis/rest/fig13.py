@@ -23,5 +23,4 @@ FIG13 = (Claim("fig13.rank_floor", "Output norm: the rank stays above collapse a
 
 EXPERIMENTS = (
     Experiment("fig13", "Figure 13 (ranks): branch-output norm on the fig6 grid",
-               "the study, fig13", analyses=("heatmap --experiment fig13",), claims=FIG13),
-)
+               "the study, fig13", analyses=("heatmap --experiment fig13",), claims=FIG13),)

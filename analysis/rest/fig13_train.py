@@ -21,8 +21,7 @@ def _fig13_accuracy(runs: Runs) -> Measured:
 
 FIG13_TRAIN = (
     Claim("fig13.cifar_55", "Output norm: best CIFAR-10 accuracy ≈ 55 % at every "
-          "α and L (5000 steps)", "the study, fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),
-)
+          "α and L (5000 steps)", "the study, fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),)
 
 EXPERIMENTS = (
     Experiment(

@@ -148,8 +148,7 @@ FIG14 = (
     Claim("fig14.b_m2_zero", "M = 2: the branch means are uncorrelated across layers",
           "the study, fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
     Claim("fig14.c_centred_zero", "A centred activation (tanh, M = 1): no mean field",
-          "the study, fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
-)
+          "the study, fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)))
 
 COMMANDS = {"cos_field": Command(
     _main, "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ",
@@ -157,5 +156,4 @@ COMMANDS = {"cos_field": Command(
 
 EXPERIMENTS = (
     Experiment("fig14", "Figure 14: the pairwise cosine field of the branch means",
-               "the study, fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),
-)
+               "the study, fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),)

@@ -120,5 +120,4 @@ COMMANDS = {"centring": Command(
 
 EXPERIMENTS = (
     Experiment("fig15", "Figure 15: centring, not rescaling, keeps M = 1 rank",
-               "the study, fig15", analyses=("centring --experiment fig15",), claims=FIG15),
-)
+               "the study, fig15", analyses=("centring --experiment fig15",), claims=FIG15),)

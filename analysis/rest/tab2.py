@@ -78,8 +78,7 @@ TAB2 = (
     Claim("tab2.autograd", "The closed-form Jacobians of Table 2 equal autograd",
           "the study, tab2", "exact", at_most(1e-12), _tab2_autograd),
     Claim("tab2.removed", "rmsnorm removes x̂, detached nothing, meansub 1, layernorm "
-          "both", "the study, tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
-)
+          "both", "the study, tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed))
 
 COMMANDS = {
     "table2": Command(_table2_main, "Table 2: the post-residual ops' Jacobians (closed form vs "

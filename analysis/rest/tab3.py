@@ -125,8 +125,7 @@ TAB3 = (
     Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
           "Table 3 (d = 256)", "the study, tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
     Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
-          "collapse rank", "the study, tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"),
-)
+          "collapse rank", "the study, tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"))
 
 COMMANDS = {"table3": Command(
     _table3_main,
@@ -135,5 +134,4 @@ COMMANDS = {"table3": Command(
 
 EXPERIMENTS = (
     Experiment("tab3", "Table 3: rank-one projections along a random walk", "the study, tab3",
-               analyses=("table3 --experiment tab3",), claims=TAB3),
-)
+               analyses=("table3 --experiment tab3",), claims=TAB3),)

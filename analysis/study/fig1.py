@@ -243,8 +243,7 @@ FIG1 = (
     Claim("fig1.flat_inv_sqrt_depth", "β = 1/√L keeps the profile flat",
           "the study, fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
     Claim("fig1.wider_troughs", "Wider branches raise the troughs of the sawtooth (skip every 4)",
-          "the study, fig1", "rises with m/d", above(0.0), _fig1_troughs),
-)
+          "the study, fig1", "rises with m/d", above(0.0), _fig1_troughs))
 
 COMMANDS = {"profiles": Command(
     _profiles_main, "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d",

@@ -256,8 +256,7 @@ COMMANDS = {
                        arguments=add_arguments),
     'collapse': Command(_collapse_main,
                         "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
-                        experiment="fig2", where=True, arguments=_collapse_arguments),
-}
+                        experiment="fig2", where=True, arguments=_collapse_arguments)}
 
 EXPERIMENTS = (Experiment(
                    "fig2",

@@ -235,8 +235,7 @@ FIG3 = (
     # near(3, 0.5) on an integer order: exactly 3 holds, 2 or 4 do not
     Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
           "(Poisson-)binomial prediction", "the study, fig3; conf fig3", "on the curve",
-          at_most(0.1), _fig3_binomial),
-)
+          at_most(0.1), _fig3_binomial))
 
 COMMANDS = {"paths": Command(
     _paths_main,
@@ -245,5 +244,4 @@ COMMANDS = {"paths": Command(
 
 EXPERIMENTS = (
     Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "the study, fig3",
-               analyses=("paths --experiment fig3",), claims=FIG3, needs=Needs(gpu_full=True)),
-)
+               analyses=("paths --experiment fig3",), claims=FIG3, needs=Needs(gpu_full=True)),)

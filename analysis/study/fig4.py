@@ -289,8 +289,7 @@ FIG4 = (
     Claim("fig4.detached_gap", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
           "width)", "the study, fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
     Claim("fig4.projection_share", "The post-norm projection removes ≤ 0.4 % of "
-          "full rank", "the study, fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
-)
+          "full rank", "the study, fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection))
 
 
 def deepest(df: pd.DataFrame) -> pd.DataFrame:
@@ -336,8 +335,7 @@ FIG4B = (
           "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached),
     Claim("fig4.b_centring_floor", "With a Pre-RMSNorm, R = meansub and none keep a "
           "floor while the rescaling R collapse", "the study, fig4(b)", "floor ≫ collapse",
-          at_least(2.0), _fig4b_floor),
-)
+          at_least(2.0), _fig4b_floor))
 
 COMMANDS = {"placements": Command(
     _main, "Figure 4: erank by norm placement/op and α, and the projection split",
@@ -346,5 +344,4 @@ COMMANDS = {"placements": Command(
 EXPERIMENTS = (
     Experiment("fig4", "Figure 4: where the norm sits and what it does", "the study, fig4",
                analyses=("placements --experiment fig4",), claims=FIG4 + FIG4B,
-               needs=Needs(gpu_full=True)),
-)
+               needs=Needs(gpu_full=True)),)

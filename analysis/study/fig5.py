@@ -439,8 +439,7 @@ TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
     ("pre", 1): (-0.46, -0.50, -0.52),
     ("pre", 4): (-0.57, -0.47, -0.48),
     ("post", 1): (-0.51, -0.50, -0.49),
-    ("post", 4): (-0.52, -0.50, -0.50),
-}
+    ("post", 4): (-0.52, -0.50, -0.50)}
 
 TABLE4_LEVELS = (0.4, 0.5, 0.6)
 
@@ -482,8 +481,7 @@ FIG5_ISORANK = (
     *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
             "the study, tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
             size="cpu")
-      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
-)
+      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)))
 
 
 def _kappa(runs: Runs) -> Measured:
@@ -586,8 +584,7 @@ FIG5_STREAM = (
           "grid", "the study, reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
     Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
           "large α and depth", "the study, reference magnitudes", "0.01–0.02 (d = 256)",
-          between(0.01, 0.02), _post_floor, size="full"),
-)
+          between(0.01, 0.02), _post_floor, size="full"))
 
 COMMANDS = {
     "isorank": Command(_isorank_main, "Figure 5c/Table 4: iso-rank contours over (α, L) and "
@@ -612,5 +609,4 @@ EXPERIMENTS = (
         ),
         claims=FIG5_ISORANK + FIG5_STREAM,
         needs=Needs(gpu_full=True),
-    ),
-)
+    ),)

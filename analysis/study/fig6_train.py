@@ -416,8 +416,7 @@ FIG6_TRAIN = (
           "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "the study, tab5",
           "Table 5", at_most(0.5), _post_lr_table5, size="full"),
     Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
-          "the study, reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
-)
+          "the study, reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"))
 
 COMMANDS = {
     "fig6": Command(_fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, one row "
@@ -430,5 +429,4 @@ COMMANDS = {
 EXPERIMENTS = (
     Experiment("fig6_train", "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
                "the study, fig6, tab5", analyses=("fig6", "table5"), claims=FIG6_TRAIN,
-               needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig6',)),
-)
+               needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig6',)),)

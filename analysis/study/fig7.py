@@ -198,8 +198,7 @@ FIG7 = (
     Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "the study, fig7",
           "0.5 (exponent)", near(0.5, 0.15), _exponent(2)),
     Claim("fig7.rep_collapse_m1", "erank(Z_l) collapses only for M = 1",
-          "the study, fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
-)
+          "the study, fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse))
 
 COMMANDS = {"spike": Command(
     _spike_main,
@@ -208,5 +207,4 @@ COMMANDS = {"spike": Command(
 
 EXPERIMENTS = (
     Experiment("fig7", "Figure 7: the mean spike", "the study, fig7",
-               analyses=("spike --experiment fig7",), claims=FIG7, needs=Needs(gpu_full=True)),
-)
+               analyses=("spike --experiment fig7",), claims=FIG7, needs=Needs(gpu_full=True)),)

@@ -284,8 +284,7 @@ FIG8 = (
           "exact for relu/abs", "the study, fig8/9, fig17", "exact",
           at_most(1.0), _mp_ks),
     Claim("fig8.threshold", "rank(D W_up)/d = min(1, P(σ′≠0)·m/d): full rank from "
-          "m/d = 1/p", "the study, fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
-)
+          "m/d = 1/p", "the study, fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank))
 
 COMMANDS = {"mp": Command(
     _mp_main,

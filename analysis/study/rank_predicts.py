@@ -309,14 +309,12 @@ RANK_PREDICTS = (
           "(a stable LR exists) from the rest: ROC-AUC > 0.5, its bootstrap 95 % interval "
           "above 0.5", "the study; issue 21", "AUC > 0.5", above(0.5),
           lambda runs: measured(_joined(runs), "erank_io", "auc:trainable", none=0.5),
-          size="cpu"),
-)
+          size="cpu"))
 
 COMMANDS = {
     'rank_predicts': Command(_main, "Spearman ρ and ROC-AUC of each init "
                                      "quantity against max stable LR and best test accuracy, "
-                                     "over every trained grid", arguments=_arguments),
-}
+                                     "over every trained grid", arguments=_arguments)}
 
 EXPERIMENTS = (
     Experiment(
@@ -329,5 +327,4 @@ EXPERIMENTS = (
         # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
         # analysis reads every trained grid the store holds (trained_experiments())
         reads=("fig6_train",),
-    ),
-)
+    ),)

@@ -135,8 +135,7 @@ TAB1 = (
           "spike bound 1/c", "the study, tab1", "≤ 6 %", at_most(0.06), _stable_rank),
     Claim("tab1.coherence", "Coherence of σ(W h) is c of the quadrature (relu 1/π, "
           "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "the study, Table 1", "c_σ",
-          at_most(0.02), _coherence),
-)
+          at_most(0.02), _coherence))
 
 COMMANDS = {"table1": Command(
     _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the measured stable rank of σ(W h)",

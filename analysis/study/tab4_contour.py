@@ -20,5 +20,4 @@ EXPERIMENTS = (
                "Table 4 by root finding: iso-rank contours traced by hydra/sweeper=contour",
                "the study, tab4, tab4_contour",
                analyses=("isorank --experiment tab4_contour --levels 0.4,0.5,0.6",),
-               claims=TAB4_CONTOUR, needs=Needs(gpu_full=True)),
-)
+               claims=TAB4_CONTOUR, needs=Needs(gpu_full=True)),)

@@ -135,13 +135,11 @@ TAB5_BOUNDARY = (
     Claim("tab5_boundary.post_narrows_with_alpha", "Table 5 by root finding: Post-Norm's stable LR "
           "range narrows faster with depth at larger α (fall at the largest α − fall at the "
           "smallest, decades)", "the study, tab5", "< 0", below(0.0),
-          _b_narrows, size="full"),
-)
+          _b_narrows, size="full"))
 
 EXPERIMENTS = (
     Experiment(
         "tab5_boundary",
         "Table 5 by root finding: the max stable learning rate traced by hydra/sweeper=contour",
         "the study, tab5", analyses=("table5 --experiment tab5_boundary",), claims=TAB5_BOUNDARY,
-        needs=Needs(cifar10=True, train=True, gpu_full=True)),
-)
+        needs=Needs(cifar10=True, train=True, gpu_full=True)),)

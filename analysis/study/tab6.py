@@ -102,8 +102,7 @@ TAB6 = (
     Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
           "the study, tab6", "collapse", at_most(0.5), _tab6_collapse),
     Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"),
-)
+          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"))
 
 COMMANDS = {"table6": Command(
     _table6_main,
@@ -112,5 +111,4 @@ COMMANDS = {"table6": Command(
 
 EXPERIMENTS = (
     Experiment("tab6", "Table 6: M = 1 representation collapse at every width", "the study, tab6",
-               analyses=("table6 --experiment tab6",), claims=TAB6, needs=Needs(gpu_full=True)),
-)
+               analyses=("table6 --experiment tab6",), claims=TAB6, needs=Needs(gpu_full=True)),)

@@ -116,8 +116,7 @@ CLAIMS = (
           size="cpu"),
     Claim("train_spectra.longer_paths", "Training moves ⟨k⟩ toward longer paths (median "
           "⟨k⟩(final) − ⟨k⟩(0) > 0)", "the study, train_spectra (question 2)",
-          "> 0", above(0.0), lambda runs: path_order_shift(_table(runs)), size="cpu"),
-)
+          "> 0", above(0.0), lambda runs: path_order_shift(_table(runs)), size="cpu"))
 
 
 def draw_cell(cell: pd.DataFrame):
@@ -178,5 +177,4 @@ EXPERIMENTS = (
     Experiment(
         EXPERIMENT, "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
         "the study, train_spectra (future work)", analyses=("train-spectra",),
-        claims=CLAIMS, needs=Needs(cifar10=True, train=True, gpu_full=True)),
-)
+        claims=CLAIMS, needs=Needs(cifar10=True, train=True, gpu_full=True)),)
