@@ -143,13 +143,11 @@ def summary(outcomes: list[Outcome], total_s: float) -> str:
         f"{sum(o.status == 'skipped' for o in outcomes)} skipped in {total_s / 60:.1f} min",
         "",
         "| experiment | status | sweep s | analysis s | files | note |",
-        "|---|---|---|---|---|---|",
-    ]
+        "|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(
             f"| {o.experiment} | {o.status} | {o.sweep_s:.0f} | {o.analysis_s:.0f} | "
-            f"{len(o.files)} | {o.note.strip('; ')} |"
-        )
+            f"{len(o.files)} | {o.note.strip('; ')} |")
     return "\n".join(lines)
 
 
@@ -165,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         help="overrides for every sweep; they replace an override of the same "
-        "key, e.g. hydra/launcher=local or seeds=1",
-    )
+        "key, e.g. hydra/launcher=local or seeds=1")
     p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"],
                    help="the experiments' size (conf/size/<experiment>/<size>.yaml; default cpu)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

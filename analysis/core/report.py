@@ -153,15 +153,13 @@ def md_to_html(table: str) -> str:
     rows = [
         [c.strip() for c in line.strip().strip("|").split("|")]
         for line in table.splitlines()
-        if line.strip().startswith("|")
-    ]
+        if line.strip().startswith("|")]
     rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
     if not rows:
         return ""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
-    )
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -174,8 +172,7 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
         loader=jinja2.FunctionLoader(
             lambda name: resources.files("analysis.core").joinpath(name).read_text()),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
-        undefined=jinja2.StrictUndefined,
-    ).get_template("report.html.j2")
+        undefined=jinja2.StrictUndefined).get_template("report.html.j2")
     return template.render(
         meta=meta,
         claims=_claim_rows(verdicts),
@@ -189,13 +186,9 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
                 "previews": [
                     (p.name, Markup(d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
                                               classes="data", border=0)))
-                    for p, d in s.previews
-                ],
-                "claims": _claim_rows(s.verdicts),
-            }
-            for s in sections
-        ],
-    )
+                    for p, d in s.previews],
+                "claims": _claim_rows(s.verdicts)}
+            for s in sections])
 
 
 def _counts(verdicts) -> dict[str, int]:
@@ -233,8 +226,7 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
         summary(c) + ".",
         "",
         _md_claims(verdicts),
-        "",
-    ]
+        ""]
     for s in sections:
         lines += [f"## {s.experiment}", ""]
         if s.description:
@@ -295,8 +287,7 @@ def build_report(uri: str | None, out: Path, experiments: list[str] | None = Non
         "commit": ", ".join(sorted(every["tags.git_commit"].dropna().astype(str).str[:10].unique()))
         if "tags.git_commit" in every
         else "—",
-        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-    }
+        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
     paths = [out / "report.html", out / "report.md", out / "claims.csv"]
     paths[0].write_text(render_html(sections, verdicts, meta, out))
     paths[1].write_text(render_markdown(sections, verdicts, meta, out))

@@ -71,8 +71,7 @@ def add_where(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="keep runs with param KEY = VALUE (numeric compare where the column is numeric); "
-        "repeatable, e.g. --where expansion=4 --where norm.placement=post",
-    )
+        "repeatable, e.g. --where expansion=4 --where norm.placement=post")
 
 
 def out_dir(args: argparse.Namespace) -> Path:

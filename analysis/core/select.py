@@ -57,8 +57,7 @@ def load(args: argparse.Namespace, columns: Iterable[str] = (), *,
         where = f" matching --filter {args.filter!r}" if args.filter else ""
         raise SelectionError(
             f"experiment(s) {experiments} hold no finished runs{where}; run the sweep first "
-            f"(python -m rankexp experiment={experiments[0]} -m)"
-        )
+            f"(python -m rankexp experiment={experiments[0]} -m)")
     df = select(df, getattr(args, "where", []) or [] if where is None else where, experiments)
     require(df, list(columns), experiments, probe)
     return df
@@ -83,8 +82,7 @@ def select(df: pd.DataFrame, where: list[str], experiments: list[str]) -> pd.Dat
         if not mask.any():
             raise SelectionError(
                 f"--where {item!r}: no run of {experiments} has {key} = {value}; "
-                f"values present: {sorted(col.dropna().unique().tolist(), key=str)}"
-            )
+                f"values present: {sorted(col.dropna().unique().tolist(), key=str)}")
         df = df[mask]
     return df.reset_index(drop=True)
 
@@ -122,8 +120,7 @@ def require(df: pd.DataFrame, columns: Sequence[str], experiments: Sequence[str]
     of = f" of experiment(s) {list(experiments)}" if experiments else ""
     raise SelectionError(
         f"runs{of} have no column(s) {missing} ({hint}); "
-        f"available: {', '.join(sorted(map(str, df.columns)))}"
-    )
+        f"available: {', '.join(sorted(map(str, df.columns)))}")
 
 
 def need(df: pd.DataFrame, *columns: str) -> None:
@@ -169,8 +166,7 @@ def warn_mixed(df: pd.DataFrame, axes: Iterable[str], experiments: Sequence[str]
         log.warning(
             "experiment(s) %s: runs differ in %s, which this figure does not separate; they "
             "are averaged (select with --where KEY=VALUE or --filter \"params.`KEY` = 'VALUE'\")",
-            list(experiments), ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()),
-        )
+            list(experiments), ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()))
     return mixed
 
 

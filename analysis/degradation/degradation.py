@@ -575,5 +575,4 @@ EXPERIMENTS = (
                   "error-curves --experiment degradation", "error-table --experiment degradation",
                   "lesion --experiment degradation"),
         claims=DEGRADATION,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),)
+        needs=Needs(cifar10=True, train=True, gpu_full=True)),)

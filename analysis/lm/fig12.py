@@ -221,9 +221,7 @@ FIG12_TRAINED = tuple(
               f"Trained GPT-2 {name.title()}: accumulated / uncorrelated at k = L "
               f"(fully coherent: {coherent:g}×)",
               "the study, fig12b", f"{acc:g}×", near(acc, 0.25),
-              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED),
-    )
-)
+              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED)))
 
 COMMANDS = {
     "ffn": Command(_main, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, "

@@ -152,13 +152,11 @@ MF_SPECTRUM = tuple(
     claim(f"mf_spectrum.var_{act}_{init}",
            f"{act}, {init} weights: Var(λ) of ∂h_L/∂h_0 (λ normalized to mean 1) = L(v_W + v_D)",
            "the chapter, 215.7", study, _spectrum, spectrum_row_claim(act, init))
-    for act, init, study in _SPECTRUM_ROWS
-) + (
+    for act, init, study in _SPECTRUM_ROWS) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
            "χ₁ = 1 and q* the length map's fixed point", "the chapter, 215.3, 215.7",
            "χ₁ = 1, q* = 1/64", _spectrum_runs, critical_tanh,
-           Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),
-)
+           Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),)
 
 COMMANDS = {"mf_spectrum": Command(
     _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms",

@@ -110,9 +110,7 @@ FIG15 = tuple(
         ("b_out_layernorm", "rmsnorm", "layernorm", "Pre-RMSNorm + branch-output layernorm keeps the "
          "rank", 0.745, 0.05),
         ("b_out_rmsnorm", "rmsnorm", "rmsnorm", "Pre-RMSNorm + branch-output rmsnorm collapses (the "
-         "rescaling does not help)", 0.008, 0.005),
-    )
-)
+         "rescaling does not help)", 0.008, 0.005)))
 
 COMMANDS = {"centring": Command(
     _main, "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B",

@@ -114,8 +114,7 @@ def _series_theory(metric: str, runs: pd.DataFrame, layers: np.ndarray) -> np.nd
     return np.asarray(
         f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
           float(c["alpha"])),
-        dtype=float,
-    )
+        dtype=float)
 
 
 def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: str, ylabel: str):
@@ -207,8 +206,7 @@ def _fig1_noskip_collapse(runs: Runs) -> Measured:
 
     def ratio(d):
         return d[d["skip_every"] == 0]["erank_io"].mean() / d[d["skip_every"] == 1][
-            "erank_io"
-        ].mean()
+            "erank_io"].mean()
 
     both = pd.concat([plain, skip], ignore_index=True)
     return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),

@@ -154,8 +154,7 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
         v = runs[metric].astype(float)
         rows.append(
             {**dict(zip(keys, values[:-1], strict=True)), x: float(runs[x].min()),
-             "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()}
-        )
+             "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()})
     cols = keys + [x, "runs", "min", "max", "spread"]
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values("spread", ascending=False, ignore_index=True)
@@ -175,8 +174,7 @@ def _collapse_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1e-9,
         help="runs share x when their x agree to this relative tolerance "
-        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)",
-    )
+        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
 
 
 def _collapse_main(args: argparse.Namespace) -> list[Path]:
@@ -265,5 +263,4 @@ EXPERIMENTS = (Experiment(
                    analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
                              "collapse --experiment fig2"),
                    claims=FIG2,
-                   needs=Needs(gpu_full=True),
-               ),)
+                   needs=Needs(gpu_full=True)),)

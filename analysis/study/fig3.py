@@ -78,8 +78,7 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
              "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
              "mean_path_order_energy_theory": th_en,
              "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
-             "path_order_peak": rec["path_order_peak"]}
-        )
+             "path_order_peak": rec["path_order_peak"]})
         steps, values = series(uri, rec["run_id"], "path_profile")
         theory = np.full(steps.size, np.nan)
         if energy is not None:
@@ -91,8 +90,7 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             pd.DataFrame(
                 {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
                  "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}
-            )
-        )
+            ))
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
 
 
@@ -159,8 +157,7 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
                 th[:, 0 if col == "mean_path_order" else 1],
                 **{**style.THEORY, "ls": "-"},
                 label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
-                f"{style.value_label('activation', act)}, $L = {depth}$)",
-            )
+                f"{style.value_label('activation', act)}, $L = {depth}$)")
         if (
             col == "mean_path_order_energy"
             and summary["mean_path_order_uncorrelated"].notna().any()

@@ -209,8 +209,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         log.warning(
             "no projection_split metrics in the post runs of %s (add projection_split "
             "to task.probes); no split table",
-            args.experiment,
-        )
+            args.experiment)
     else:
         md = to_markdown(split)
         print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")

@@ -103,8 +103,7 @@ def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: lis
         if "matrices" in sub and sub["matrices"].nunique() > 1:
             raise SelectionError(
                 f"panel {dict(zip(panel, pv, strict=True))} mixes matrices "
-                f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel"
-            )
+                f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel")
         for level in levels:
             c = contour_points(grid, level)
             ratio = pd.Series(np.nan, index=c.index)
@@ -113,8 +112,7 @@ def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: lis
                 if not np.allclose(b["min"], b["max"], rtol=1e-12):
                     raise SelectionError(
                         "runs of one depth have different beta_eff; select one β "
-                        "with --where beta=VALUE"
-                    )
+                        "with --where beta=VALUE")
                 ratio = b["min"] * c**m
             s, _, r2 = fit_power_law(c.index, c.values)
             fit = fit_exponent(c.index, ratio.values) if ratio.notna().all() and len(c) else None
@@ -125,12 +123,10 @@ def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: lis
                  "slope_ratio_lo": fit.lo if fit is not None else np.nan,
                  "slope_ratio_hi": fit.hi if fit is not None else np.nan, "r2": r2,
                  "depth_min": c.index.min() if len(c) else np.nan,
-                 "depth_max": c.index.max() if len(c) else np.nan}
-            )
+                 "depth_max": c.index.max() if len(c) else np.nan})
             pts += [
                 {**key, "level": level, y: yy, x: xx, "ratio": rr}
-                for yy, xx, rr in zip(c.index, c.values, ratio.values, strict=True)
-            ]
+                for yy, xx, rr in zip(c.index, c.values, ratio.values, strict=True)]
     slopes = pd.DataFrame(rows).set_index([*panel, "level"])
     points = pd.DataFrame(pts, columns=[*panel, "level", y, x, "ratio"])
     return slopes, points
@@ -212,8 +208,7 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     print(
         f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
         "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
-        "(study, Table 4: ≈ −0.50 for post)\n"
-    )
+        "(study, Table 4: ≈ −0.50 for post)\n")
     print(md)
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
@@ -239,12 +234,10 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
              "kappa_fit": r["stream_kappa"], "kappa_fit_std": r.get("stream_kappa_std", np.nan),
              "kappa_fit_mean": float((x * y).sum() / (x * x).sum()), "kappa_theory": kt,
              "rms_final": r["rms_final"],
-             "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))}
-        )
+             "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))})
         rows.append(
             pd.DataFrame(
-                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x})
-        )
+                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
     return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
 
 
@@ -260,8 +253,7 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     df = load(
         args,
         ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation", "expansion",
-         PLACEMENT],
-    )
+         PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
                args.experiment)
     per_run, long = stream_tables(df, args.uri)
@@ -301,8 +293,7 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
         kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
     print(
         f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
-        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n"
-    )
+        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
     paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
@@ -347,9 +338,7 @@ def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
             pd.DataFrame(
                 {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
                  "alpha": r["alpha"], "depth": int(r["depth"]), "k": k, "accumulated": acc,
-                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}
-            )
-        )
+                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -362,8 +351,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     df = load(
         args,
         ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion", "activation",
-         PLACEMENT],
-    )
+         PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
     table = accumulated_table(df, args.uri)
     final = table.sort_values("k").groupby("run_id").tail(1).set_index("run_id")
@@ -428,8 +416,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
         )
         print(
             "d log(accumulated branch at L) / d log L, over α "
-            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n"
-        )
+            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
         print(to_markdown(st))
         write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
@@ -608,5 +595,4 @@ EXPERIMENTS = (
             "collapse --experiment fig5 --x depth_factor --color depth --panel norm.placement expansion --match-rtol 0.01",
         ),
         claims=FIG5_ISORANK + FIG5_STREAM,
-        needs=Needs(gpu_full=True),
-    ),)
+        needs=Needs(gpu_full=True)),)

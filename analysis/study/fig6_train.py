@@ -121,8 +121,7 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
     fig.suptitle(
         f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
-        f"{style.name(args.train_metric)}"
-    )
+        f"{style.name(args.train_metric)}")
     style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
                   [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
     return save(fig, Path(args.out) / args.train_experiment,
@@ -148,12 +147,9 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
                 (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
                 & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
                 lr,
-                np.nan,
-            )
-            for k, lr in lrs.items()
-        },
-        index=df.index,
-    )
+                np.nan)
+            for k, lr in lrs.items()},
+        index=df.index)
     return stable.max(axis=1)
 
 
@@ -209,8 +205,7 @@ def _table5_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="recompute stability at this final test accuracy (default: the logged "
-        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)",
-    )
+        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
@@ -229,8 +224,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
            if one_rate(df) else "the largest stable rate trained")
     print(
         f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
-        f"blank = not run), {', '.join(args.experiment)}\n"
-    )
+        f"blank = not run), {', '.join(args.experiment)}\n")
     print(md)
     fig, (ax,) = style.panels(1)
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):

@@ -47,8 +47,7 @@ def mp_table(df: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in MP_COLUMNS if c in df]
     t = df.groupby(keys)[cols].mean()
     t["threshold_expansion"] = [
-        1.0 / activation_constants(a, 1.0).survival_rate for a in t.index.get_level_values(0)
-    ]
+        1.0 / activation_constants(a, 1.0).survival_rate for a in t.index.get_level_values(0)]
     t["runs"] = df.groupby(keys).size()
     return t
 
@@ -119,8 +118,7 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
                               "zero_fraction": r.get("mp_zero_fraction", np.nan),
                               "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
                               "center": centers, "density": density,
-                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))})
-            )
+                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -151,8 +149,7 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             ax.set_title(
                 f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
                 f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$",
-                fontsize=6.5,
-            )
+                fontsize=6.5)
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
                 ax.text(0.97, 0.9, f"zeros {z:.2f} (MP {atom:.2f})", transform=ax.transAxes,
@@ -177,8 +174,7 @@ def _mp_arguments(p: argparse.ArgumentParser) -> None:
 
 def _mp_main(args: argparse.Namespace) -> list[Path]:
     needs = ["activation", "width", "expansion"] + [
-        c for c in MP_COLUMNS if c != "survival_measured"
-    ]
+        c for c in MP_COLUMNS if c != "survival_measured"]
     df = load(args, needs, probe="branch_jacobian")
     warn_mixed(df, (), args.experiment, keys=("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"))
     table = mp_table(df)

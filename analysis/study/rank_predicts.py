@@ -326,5 +326,4 @@ EXPERIMENTS = (
         needs=Needs(gpu_full=True),
         # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
         # analysis reads every trained grid the store holds (trained_experiments())
-        reads=("fig6_train",),
-    ),)
+        reads=("fig6_train",)),)

@@ -46,8 +46,7 @@ def table1(df: pd.DataFrame) -> pd.DataFrame:
                         else math.nan,
                         "coherence_measured": float(g["hidden_coherence"].mean()),
                         "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
-                        "runs": len(g),
-                    })
+                        "runs": len(g)})
     return pd.DataFrame(rows).set_index("activation")
 
 
@@ -70,8 +69,7 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
         f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
         "stable rank of σ(W h)",
         t,
-        runs=df,
-    )
+        runs=df)
     return [*paths, md]
 
 

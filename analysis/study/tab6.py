@@ -31,8 +31,7 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
             if l in at:
                 rows.append(
                     {"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
-                     "l": l, "erank": at[l]}
-                )
+                     "l": l, "erank": at[l]})
     if not rows:
         raise SelectionError(
             f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})")
@@ -75,8 +74,7 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     paths = save(fig, out, "table6", t)
     paths.append(
         write_markdown(out / "table6.md", f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
-                       t, floatfmt=".3f", runs=df)
-    )
+                       t, floatfmt=".3f", runs=df))
     return paths
 
 
