@@ -2,25 +2,12 @@
 
     python -m analysis.figures [--out DIR] [--only fig1,fig5] [--size cpu] [--dry-run]
 
-For every experiment of the registry (:func:`analysis.core.registry.default`; ``reproduce``
-entries, in document order, each after the experiments it ``reads``) the driver
-
-1. runs its sweep at ``size=cpu`` (``--size`` picks another: ``smoke``, ``full``), i.e.
-   ``python -m rankexp experiment=<id> size=cpu -m`` — every grid of the experiment's config,
-   shrunk by its ``conf/size/<id>/cpu.yaml`` — into one tracking store ``DIR/mlflow.db``
-   (Hydra output under ``DIR/multirun/<id>/``, the sweep's log in ``DIR/logs/<id>.log``), and
-2. draws it: every analysis command of its registry entry, with ``--uri`` pointing at that
-   store and ``--out DIR``.
-
-An experiment whose needs this machine lacks (the CIFAR-10 data, an optional package:
-:class:`analysis.core.registry.Needs`) is skipped, saying what is missing.  ``--sweeps-only``
-runs the sweeps and draws nothing (``make reproduce`` then builds ``python -m analysis report``,
-which draws every figure into the report).
-
-Reruns skip every run that already FINISHED in the store (the sweeps resume by config hash),
-so a second ``make figures`` only redraws.  A failing sweep or command is reported and the
-driver goes on; the exit status is 1 if anything failed.
-"""
+Each ``reproduce`` entry (document order, after the experiments it ``reads``) is swept with
+``python -m rankexp experiment=<id> size=cpu -m`` into ``DIR/mlflow.db`` (Hydra output under
+``DIR/multirun/<id>/``, log ``DIR/logs/<id>.log``), then drawn by its entry's commands.  An
+experiment whose :class:`~analysis.core.registry.Needs` this machine lacks is skipped;
+``--sweeps-only`` draws nothing.  Reruns skip FINISHED runs; a failure is reported and the
+driver goes on (exit 1)."""
 
 from __future__ import annotations
 
@@ -51,12 +38,8 @@ class Outcome:
 
 
 def experiments(only: list[str] | None = None, registry: Registry | None = None) -> list[Experiment]:
-    """The entries ``make figures`` runs, in document order: every ``reproduce`` entry, or those
-    of ``only`` — each after the experiments it ``reads``.
-
-    Raises:
-        SystemExit: an id of ``only`` the registry does not have.
-    """
+    """The entries ``make figures`` runs, in document order (every ``reproduce`` entry, or those of
+    ``only``), each after what it ``reads``; SystemExit for an unknown id."""
     reg = registry or default()
     if only:
         unknown = [e for e in only if e not in reg]
@@ -82,15 +65,9 @@ def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, fl
     """One experiment's sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     argv = [
-        sys.executable,
-        "-m",
-        "rankexp",
-        f"experiment={experiment}",
-        *overrides,
+        sys.executable, "-m", "rankexp", f"experiment={experiment}", *overrides,
         f"tracking.uri={uri}",
-        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}",
-        "-m",
-    ]
+        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}", "-m"]
     env = {k: v for k, v in os.environ.items() if k != "RANKEXP_STAMP"}
     logfile = out / "logs" / f"{experiment}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -102,15 +79,9 @@ def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, fl
     return rc, time.perf_counter() - t0
 
 
-def make_figures(
-    out: Path,
-    only: list[str] | None = None,
-    extra: list[str] | None = None,
-    dry_run: bool = False,
-    size: str = "cpu",
-    draw: bool = True,
-    registry: Registry | None = None,
-) -> list[Outcome]:
+def make_figures(out: Path, only: list[str] | None = None, extra: list[str] | None = None,
+                 dry_run: bool = False, size: str = "cpu", draw: bool = True,
+                 registry: Registry | None = None) -> list[Outcome]:
     """Run every experiment's sweep at ``size`` and (``draw``) its analysis commands; return
     what happened."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
@@ -172,41 +143,27 @@ def summary(outcomes: list[Outcome], total_s: float) -> str:
         f"{sum(o.status == 'skipped' for o in outcomes)} skipped in {total_s / 60:.1f} min",
         "",
         "| experiment | status | sweep s | analysis s | files | note |",
-        "|---|---|---|---|---|---|",
-    ]
+        "|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(
             f"| {o.experiment} | {o.status} | {o.sweep_s:.0f} | {o.analysis_s:.0f} | "
-            f"{len(o.files)} | {o.note.strip('; ')} |"
-        )
+            f"{len(o.files)} | {o.note.strip('; ')} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m analysis.figures",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--out",
-        default="figures/cpu",
-        type=Path,
-        help="output folder: tracking store, figures, logs (default: figures/cpu)",
-    )
-    p.add_argument(
-        "--only",
-        type=lambda s: [v for v in s.split(",") if v],
-        default=None,
-        help="comma-separated experiment ids (default: all)",
-    )
+    p = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="figures/cpu", type=Path,
+                   help="output folder: tracking store, figures, logs (default: figures/cpu)")
+    p.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
+                   help="comma-separated experiment ids (default: all)")
     p.add_argument(
         "--extra",
         nargs="*",
         default=[],
         help="overrides for every sweep; they replace an override of the same "
-        "key, e.g. hydra/launcher=local or seeds=1",
-    )
+        "key, e.g. hydra/launcher=local or seeds=1")
     p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"],
                    help="the experiments' size (conf/size/<experiment>/<size>.yaml; default cpu)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -217,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = make_figures(
-        args.out, args.only, args.extra, args.dry_run, args.size, draw=not args.sweeps_only
-    )
+    outcomes = make_figures(args.out, args.only, args.extra, args.dry_run, args.size,
+                            draw=not args.sweeps_only)
     if args.dry_run:
         return 0
     text = summary(outcomes, time.perf_counter() - t0)

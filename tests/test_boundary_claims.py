@@ -1,6 +1,6 @@
 """Table 5's claims on ``experiment=tab5_boundary`` (one-rate runs of the boundary sweep): each
 measured on synthetic one-rate tables whose boundaries are known, and each made to fail in both
-directions (science.md §4 tab5: Pre-Norm 1e-2 everywhere; Post-Norm α = 0.5
+directions (the study, tab5: Pre-Norm 1e-2 everywhere; Post-Norm α = 0.5
 10^{−2, −2, −2.5, −3, −3.5, −4.5}, narrowing faster at larger α)."""
 
 from __future__ import annotations

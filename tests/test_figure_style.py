@@ -16,7 +16,7 @@ from matplotlib.mathtext import MathTextParser
 
 from analysis.core import style
 from analysis.core.runner import commands
-from analysis.core.seeds import pooled
+from analysis.core.select import pooled
 from analysis.core.style import plt
 
 TESTS = Path(__file__).parent

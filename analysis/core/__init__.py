@@ -1,4 +1,2 @@
-"""The analysis core: the runs loader (:mod:`.runs`, :mod:`.select`, :mod:`.seeds`), the house
-style (:mod:`.style`, :mod:`.tables`), claims (:mod:`.claims`), the experiment registry and the
-command runner (:mod:`.registry`, :mod:`.runner`) and the report (:mod:`.report`).  It imports
-no experiment module: the registry finds them when first asked."""
+"""The analysis core: runs (:mod:`.runs`, :mod:`.select`), style and tables (:mod:`.style`),
+claims, the registry, the runner and the report.  It imports no experiment module."""

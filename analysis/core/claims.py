@@ -1,32 +1,12 @@
 """The study's quantitative claims, each checked against whatever runs a store holds.
 
-A :class:`Claim` is one statement of the study (or the chapter, or a paper it replicates): where
-it says so, its value, a stated tolerance (:func:`near`, :func:`at_most`, …) and a ``measure``
-function computing the measured value (± seed spread) from the loaded runs.  Claims sit beside
-their figures, in the document part's ``claims.py``, and each experiment's registry entry
-(:mod:`analysis.core.registry`) lists its own; :func:`evaluate` turns each into a verdict —
-``holds`` (the seed interval value ± spread inside the tolerance), ``inconclusive`` (it
-straddles an edge), ``does not hold`` (outside), ``not judged at this size`` (measured on runs
-smaller than :attr:`Claim.size`, the size its tolerance is valid for: grey, never red) or ``not
-run`` — and ``python -m analysis report`` tabulates them with the size, d and L of the runs.
-
-``measure(runs)`` reads runs with ``runs("fig12")`` (finished runs of that MLflow experiment,
-one row per run), selects with :func:`~analysis.core.select.only`, reads per-layer series with
-``runs.series(run_id, key)`` and per-seed values with ``runs.per_seed(df, key)``; whatever the
-store lacks raises :data:`NotRun` (the selection error of :mod:`analysis.core.select`), which is
-the one way to *not run*.  Why a claim is not run is classified (:attr:`Verdict.why`):
-``size`` — the claim needs a larger size of its experiment than the store holds
-(:attr:`Claim.size`: the smallest size whose grids have what it reads; size=full wants the
-hardware the experiment's entry names); ``data`` — it needs data this checkout cannot make
-(:attr:`Claim.needs`: pretrained checkpoints), or its experiment's needs are missing on this
-machine; ``runs`` — anything else: the store lacks runs its experiment's grids make.
-
-``measure`` returns :class:`Measured`: ``value`` computed from the seed means and ``spread`` =
-one standard deviation over seeds (from each run's logged ``<metric>_std``, pooled by
-:func:`analysis.core.seeds.pooled`; or, for a statistic fitted across runs such as a slope, the
-standard deviation of that statistic recomputed seed by seed from the per-seed arrays in each
-run's ``arrays.npz`` — :func:`seedwise`).  NaN where no spread exists.
-"""
+A :class:`Claim` is a statement, its source, its value, a stated tolerance (:func:`near`,
+:func:`at_most`, …) and ``measure(runs)`` → :class:`Measured` (value ± one s.d. over seeds,
+pooled by :func:`analysis.core.select.pooled` or recomputed seed by seed, :func:`seedwise`).
+:func:`evaluate` gives each a verdict: holds (value ± spread inside the tolerance),
+inconclusive (it straddles an edge), does not hold, not judged at this size (runs smaller than
+:attr:`Claim.size`: grey, never red) or not run (:data:`NotRun` raised; :attr:`Verdict.why`
+says ``size``, ``data`` or ``runs``)."""
 
 from __future__ import annotations
 
@@ -45,8 +25,7 @@ import pandas as pd
 from rankexp.tracking import TrackingError, download_artifact
 
 from .runs import load_runs
-from .seeds import pooled
-from .select import SelectionError, series
+from .select import SelectionError, pooled, series
 
 log = logging.getLogger("analysis")
 
@@ -74,18 +53,16 @@ class Measured:
 
 @dataclass(frozen=True)
 class Check:
-    """A tolerance stated as text with the test that decides it; ``region`` = the interval of
-    values that pass, ``(lo, hi)``, where it is one (every check made by :func:`near`,
-    :func:`at_most`, … is), so that a seed interval holding it whole is *inconclusive*."""
+    """A tolerance as text, the test deciding it and ``region`` = ``(lo, hi)`` of passing values
+    (a seed interval holding it whole is *inconclusive*)."""
 
     text: str
     passes: Callable[[float], bool]
     region: tuple[float, float] | None = None
 
     def verdict(self, value: float, spread: float = math.nan) -> str:
-        """:data:`HOLDS` when the seed interval ``value ± spread`` lies inside the tolerance
-        (with no spread: when ``value`` passes), :data:`FAILS` when it lies outside,
-        :data:`INCONCLUSIVE` when it straddles an edge."""
+        """HOLDS when ``value ± spread`` lies inside the tolerance (no spread: ``value`` passes),
+        FAILS outside, INCONCLUSIVE when it straddles an edge."""
         if not np.isfinite(spread) or spread <= 0:
             return HOLDS if self.passes(value) else FAILS
         lo, hi = value - spread, value + spread
@@ -140,18 +117,14 @@ class Claim:
     Attributes:
         id: unique, ``<figure>.<name>``.
         statement: the claim in the source's words.
-        source: where it is made (``science.md §3 fig5``, ``He et al. 2016 Table 6``).
+        source: where it is made (``the study §3 fig5``, ``He et al. 2016 Table 6``).
         study: the source's value as text.
         check: the stated tolerance (:func:`near`, :func:`at_most`, …).
         measure: loaded runs → :class:`Measured`; raises :data:`NotRun`.
-        size: the smallest size of the experiment whose grids hold what ``measure`` reads
-            (``smoke``, ``cpu``, ``full``); below it, *not run* is expected (``why = size``).
+        size: the smallest size whose grids hold what ``measure`` reads (``smoke``/``cpu``/``full``).
         needs: what no grid of this checkout makes (``"pretrained GPT-2 checkpoints"``), or "".
-        experiment: the MLflow experiment (report section) it is judged on — its registry entry
-            fills it in (:meth:`analysis.core.registry.Experiment.bound_claims`).
-        requires: the missing prerequisites of that experiment on this machine (filled in
-            with ``experiment``), "" when none.
-    """
+        experiment, requires: the experiment it is judged on and what this machine lacks of its
+            needs (filled in by :meth:`analysis.core.registry.Experiment.bound_claims`)."""
 
     id: str
     statement: str
@@ -186,24 +159,13 @@ class Verdict:
 
     def row(self) -> dict:
         m = self.measured
-        return {
-            "id": self.claim.id,
-            "experiment": self.claim.experiment,
-            "claim": self.claim.statement,
-            "source": self.claim.source,
-            "study": self.claim.study,
-            "measured": format_measured(m) if m else "—",
-            "value": m.value if m else math.nan,
-            "spread": m.spread if m else math.nan,
-            "tolerance": self.claim.check.text,
-            "verdict": self.verdict,
-            "size": self.size or "—",
-            "valid_from": self.claim.size,
-            "d": self.d or "—",
-            "L": self.L or "—",
-            "why": self.why,
-            "note": self.note or (m.note if m else ""),
-        }
+        return {"id": self.claim.id, "experiment": self.claim.experiment,
+                "claim": self.claim.statement, "source": self.claim.source,
+                "study": self.claim.study, "measured": format_measured(m) if m else "—",
+                "value": m.value if m else math.nan, "spread": m.spread if m else math.nan,
+                "tolerance": self.claim.check.text, "verdict": self.verdict,
+                "size": self.size or "—", "valid_from": self.claim.size, "d": self.d or "—",
+                "L": self.L or "—", "why": self.why, "note": self.note or (m.note if m else "")}
 
 
 def format_measured(m: Measured) -> str:
@@ -302,14 +264,13 @@ class Runs:
 
 
 def seed_std(df: pd.DataFrame, metric: str) -> float:
-    """1 s.d. over every seed of ``df``'s runs of ``metric`` (:func:`analysis.core.seeds.pooled`)."""
+    """1 s.d. over every seed of ``df``'s runs of ``metric`` (:func:`analysis.core.select.pooled`)."""
     return float(pooled(df, metric, []).iloc[0]["std"]) if len(df) else math.nan
 
 
 def seedwise(runs: Runs, df: pd.DataFrame, metrics: list[str], statistic) -> float:
-    """Standard deviation over seeds of ``statistic(frame)``, ``frame`` = ``df`` with each of
-    ``metrics`` replaced by seed i's value (from the runs' ``arrays.npz``); NaN when the
-    arrays are missing or there is one seed."""
+    """S.d. over seeds of ``statistic(frame)``, ``frame`` = ``df`` with ``metrics`` set to seed i's
+    values (the runs' ``arrays.npz``); NaN without arrays or with one seed."""
     per = {m: runs.per_seed(df, m) for m in metrics}
     if any(v is None for v in per.values()):
         return math.nan
@@ -329,9 +290,7 @@ def seedwise(runs: Runs, df: pd.DataFrame, metrics: list[str], statistic) -> flo
 
 # --------------------------------------------------------------------------- verdicts
 def why_not(claim: Claim, runs: Runs) -> tuple[str, str]:
-    """``(why, sentence)`` a claim is not run: ``data`` (what the claim or its experiment
-    needs), ``size`` (the store's runs are smaller than :attr:`Claim.size`) or ``runs`` (with
-    an empty sentence: the selection error says what is missing)."""
+    """``(why, sentence)`` a claim is not run: ``data``, ``size`` or ``runs`` (empty sentence)."""
     if claim.needs or claim.requires:
         return "data", f"It needs {claim.needs or claim.requires}, which this machine lacks."
     size = runs.size(claim.experiment)
@@ -358,10 +317,8 @@ def _judged(c: Claim, runs: Runs, m: Measured) -> Verdict:
 
 
 def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
-    """A :class:`Verdict` per claim: NotRun → ``not run`` (with :func:`why_not`, as
-    sentences); measured below the claim's size → ``not judged at this size``; otherwise the
-    seed interval's verdict (:meth:`Check.verdict`); any other exception → ``error`` (logged
-    with its traceback, so a bug in one claim shows instead of hiding the others)."""
+    """A :class:`Verdict` per claim: not run (with :func:`why_not`), not judged below the claim's
+    size, the seed interval's verdict, or ``error`` (traceback logged) for any other exception."""
     out = []
     for c in selected:
         try:
@@ -384,7 +341,5 @@ def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
 
 
 def table(verdicts: list[Verdict]) -> pd.DataFrame:
-    """One row per verdict: id, experiment, claim, source, study, measured (text), value,
-    spread, tolerance, verdict, size (of the runs measured), valid_from (the claim's size), d,
-    L (of those runs), why (not run / not judged), note."""
+    """One row per verdict (:meth:`Verdict.row`)."""
     return pd.DataFrame([v.row() for v in verdicts])

@@ -1,12 +1,7 @@
 """The experiment registry: one :class:`Experiment` per ``conf/experiment/<id>.yaml``, the only
-list of experiments (the docs' experiment table, ``make figures``, the report and the
-every-experiment test read :func:`default`).
-
-Each experiment is one module ``analysis/<part>/<id>.py`` holding its figure commands
-(``COMMANDS``), its claims and its entry (``EXPERIMENTS``); :func:`modules` finds them.  What an
-experiment shows is written once, in its config's ``tracking.description``
-(:attr:`Experiment.shows`); its sweeps are the config's grids.
-"""
+list of experiments (the docs, ``make figures``, the report and the tests read
+:func:`default`).  Each lives in ``analysis/<part>/<id>.py`` beside its commands and claims;
+what it shows is its config's ``tracking.description``."""
 
 from __future__ import annotations
 
@@ -35,14 +30,8 @@ PARTS = ("study", "rest", "meanfield", "degradation", "lm")
 
 @dataclass(frozen=True)
 class Needs:
-    """What an experiment needs beyond this checkout and a CPU.
-
-    Attributes:
-        cifar10: the real CIFAR-10 archive (``data.root``, default ``../shared/data``).
-        packages: optional Python packages its model imports (``transformers``: ``.[gpt2]``).
-        train: it trains (``task=train``: CIFAR-10 loops, checkpoints).
-        gpu_full: its full size wants a GPU (hours to days on a CPU; ``make gpu-check``).
-    """
+    """What an experiment needs beyond this checkout and a CPU: the real CIFAR-10 archive
+    (``data.root``), optional packages (``transformers``), training, a GPU at full size."""
 
     cifar10: bool = False
     packages: tuple[str, ...] = ()
@@ -50,9 +39,8 @@ class Needs:
     gpu_full: bool = False
 
     def missing(self) -> str:
-        """What of it this machine lacks, as text ("" when nothing): CIFAR-10 where
-        ``data.root`` points (``$RANKEXP_DATA``, else ``../shared/data``: archive, image
-        folders or torchvision's batches), an uninstalled package."""
+        """What of it this machine lacks, as text ("" when nothing): CIFAR-10 under ``data.root``
+        (``$RANKEXP_DATA``, else ``../shared/data``), an uninstalled package."""
         out = []
         if self.cifar10 and not _have_cifar10():
             out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
@@ -80,14 +68,11 @@ class Experiment:
     Attributes:
         id: the config's name and its MLflow experiment.
         title: one line, ``Figure 4: where the norm sits and what it does``.
-        source: where the documents state it (``science.md §3 fig4``).
+        source: where the documents state it (``the study §3 fig4``).
         analyses: its ``python -m analysis`` command lines (without ``--uri``/``--out``).
-        claims: the claims it decides (:class:`~analysis.core.claims.Claim`; judged on its runs).
-        needs: what it needs (:class:`Needs`).
-        reads: other experiments whose runs its analyses read (run them first).
-        reproduce: part of ``make figures`` / ``make reproduce`` (the demo is not).
-        part: its document part (:data:`PARTS`; filled in from where the entry lives).
-    """
+        claims: the claims it decides.
+        needs: what it needs (:class:`Needs`); reads: experiments whose runs it also reads.
+        reproduce: part of ``make figures`` (the demo is not); part: filled in from its module."""
 
     id: str
     title: str
@@ -132,13 +117,10 @@ def description(experiment_id: str) -> str:
 
 
 class Registry:
-    """The experiments in document order: by part (:data:`PARTS`), within a part figures, then
-    tables, then the rest, by number (the demo, not a figure, last).
+    """The experiments in document order (by part, then figures, tables, the rest, by number).
 
     Raises:
-        ValueError: two entries with one id, two claims with one id, a ``reads`` naming no
-            entry, an analysis command naming no command.
-    """
+        ValueError: a repeated experiment or claim id, a ``reads`` naming no entry."""
 
     def __init__(self, entries: Iterable[Experiment]):
         order = {p: i for i, p in enumerate(PARTS)}
@@ -209,17 +191,15 @@ def default() -> Registry:
 
 
 def markdown(reg: Registry | None = None, plan=None, documents_only: bool = False) -> str:
-    """The experiment table: one row per entry — id, part, title, the grids of its config at
-    full size (their swept axes), its runs at size=smoke / cpu / full, what it needs, the
-    commands that draw it.  ``documents_only``: the entries whose source is the documents
-    (``science.md``), as the README lists them.  ``plan(id, size)`` gives the sweep
-    (:func:`hydra_plugins.rankexp_plugins.grids.sweep_plan` by default)."""
+    """The experiment table: per entry id, part, title, its config's grids at full size (swept
+    axes), runs at size=smoke / cpu / full, needs, commands.  ``documents_only``: entries whose
+    source is the study or the chapter.  ``plan(id, size)`` gives the sweep (``sweep_plan``)."""
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
              "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
     for e in reg:
-        if documents_only and not e.source.startswith("science.md"):
+        if documents_only and not e.source.startswith(("the study", "the chapter")):
             continue
         plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
         grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"

@@ -1,20 +1,10 @@
 """``python -m analysis report [--uri …] [--out DIR]``: a reproduction report of a store.
 
-From whatever runs the store holds it writes
-
-* ``DIR/report.html`` — one self-contained page (figures embedded as ``data:`` URIs, no
-  external file, script or font): the claims table first, then a section per experiment with
-  what the experiment shows (its config header), a config summary (runs, fixed and swept
-  params, size), its figures, its tables and the claims it decides;
-* ``DIR/report.md`` — the same as Markdown, figures linked (``DIR/figures/<experiment>/``);
-* ``DIR/claims.csv`` — the claims table;
-* ``DIR/figures/<experiment>/`` — what each experiment's analysis commands drew (its
-  registry entry's ``analyses``, as ``make figures`` runs them), and ``DIR/logs/`` their output.
-
-Experiments, their descriptions, commands and claims come from the experiment registry
-(:mod:`analysis.core.registry`; add an entry or a claim there, nothing here changes).  A failing
-analysis command is noted in its section; the report is still written.
-"""
+Writes ``DIR/report.html`` (self-contained, figures as ``data:`` URIs: the claims table, then
+per experiment what it shows, its config summary, figures, tables and claims),
+``DIR/report.md`` (figures linked under ``DIR/figures/<experiment>/``), ``DIR/claims.csv`` and
+the commands' logs under ``DIR/logs/``.  Everything comes from the registry
+(:mod:`analysis.core.registry`); a failing command is noted in its section."""
 
 from __future__ import annotations
 
@@ -40,20 +30,13 @@ from .registry import Registry, default
 from .runner import Command, run, set_experiment_default
 from .runs import load_runs
 from .select import CONFIG_KEYS
-from .tables import to_markdown
+from .style import to_markdown
 
 log = logging.getLogger("analysis")
 
 #: params the config summary reports besides :data:`analysis.core.select.CONFIG_KEYS`
-SUMMARY_KEYS = (
-    "size",
-    "task.name",
-    "task.probes",
-    "task.steps",
-    "task.lrs",
-    "model.name",
-    *CONFIG_KEYS,
-)
+SUMMARY_KEYS = ("size", "task.name", "task.probes", "task.steps", "task.lrs", "model.name",
+                *CONFIG_KEYS)
 CSV_PREVIEW_ROWS = 12
 
 
@@ -130,9 +113,8 @@ def _md_table(text: str) -> str:
     return "\n".join(lines)
 
 
-def build_sections(
-    runs: claims.Runs, names: list[str], out: Path, with_figures: bool, reg: Registry
-) -> list[Section]:
+def build_sections(runs: claims.Runs, names: list[str], out: Path, with_figures: bool,
+                   reg: Registry) -> list[Section]:
     sections = []
     for name in names:
         s = Section(name, reg[name].shows if name in reg else "")
@@ -167,19 +149,17 @@ def _data_uri(png: Path) -> str:
 
 
 def md_to_html(table: str) -> str:
-    """A GitHub-Markdown table (as :func:`analysis.core.tables.to_markdown` writes) as HTML."""
+    """A GitHub-Markdown table (as :func:`analysis.core.style.to_markdown` writes) as HTML."""
     rows = [
         [c.strip() for c in line.strip().strip("|").split("|")]
         for line in table.splitlines()
-        if line.strip().startswith("|")
-    ]
+        if line.strip().startswith("|")]
     rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
     if not rows:
         return ""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:]
-    )
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -190,11 +170,9 @@ def _claim_rows(verdicts: list[claims.Verdict]) -> list[dict]:
 def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
     template = jinja2.Environment(
         loader=jinja2.FunctionLoader(
-            lambda name: resources.files("analysis.core").joinpath(name).read_text()
-        ),
+            lambda name: resources.files("analysis.core").joinpath(name).read_text()),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
-        undefined=jinja2.StrictUndefined,
-    ).get_template("report.html.j2")
+        undefined=jinja2.StrictUndefined).get_template("report.html.j2")
     return template.render(
         meta=meta,
         claims=_claim_rows(verdicts),
@@ -206,17 +184,11 @@ def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str
                 "figures": [(p.stem, _data_uri(p)) for p in s.figures],
                 "tables": [(t, Markup(md_to_html(md))) for t, md in s.tables],
                 "previews": [
-                    (p.name, Markup(
-                        d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                  classes="data", border=0)
-                    ))
-                    for p, d in s.previews
-                ],
-                "claims": _claim_rows(s.verdicts),
-            }
-            for s in sections
-        ],
-    )
+                    (p.name, Markup(d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                              classes="data", border=0)))
+                    for p, d in s.previews],
+                "claims": _claim_rows(s.verdicts)}
+            for s in sections])
 
 
 def _counts(verdicts) -> dict[str, int]:
@@ -254,8 +226,7 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
         summary(c) + ".",
         "",
         _md_claims(verdicts),
-        "",
-    ]
+        ""]
     for s in sections:
         lines += [f"## {s.experiment}", ""]
         if s.description:
@@ -280,22 +251,12 @@ def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) ->
 
 
 # --------------------------------------------------------------------------- entry point
-def build_report(
-    uri: str | None,
-    out: Path,
-    experiments: list[str] | None = None,
-    with_figures: bool = True,
-    title: str = "rankexp reproduction report",
-    registry: Registry | None = None,
-) -> list[Path]:
-    """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv``; return the paths.
-
-    ``registry`` (default :func:`analysis.core.registry.default`) gives the experiments'
-    descriptions, commands and claims.
-
-    Raises:
-        TrackingError: the store cannot be read, or holds none of ``experiments``.
-    """
+def build_report(uri: str | None, out: Path, experiments: list[str] | None = None,
+                 with_figures: bool = True, title: str = "rankexp reproduction report",
+                 registry: Registry | None = None) -> list[Path]:
+    """Write ``out/report.html``, ``out/report.md`` and ``out/claims.csv`` from ``registry``
+    (default :func:`analysis.core.registry.default`); return the paths.  Raises TrackingError:
+    the store cannot be read or holds none of ``experiments``."""
     reg = registry or default()
     uri = resolve_uri(uri)
     present = experiment_names(uri)
@@ -326,8 +287,7 @@ def build_report(
         "commit": ", ".join(sorted(every["tags.git_commit"].dropna().astype(str).str[:10].unique()))
         if "tags.git_commit" in every
         else "—",
-        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-    }
+        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
     paths = [out / "report.html", out / "report.md", out / "claims.csv"]
     paths[0].write_text(render_html(sections, verdicts, meta, out))
     paths[1].write_text(render_markdown(sections, verdicts, meta, out))
@@ -352,12 +312,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def _main(args: argparse.Namespace) -> list[Path]:
     if args.filter:
         raise KeyError("report reads every run of the store; --filter is not supported")
-    return build_report(
-        args.uri, Path(args.out), args.experiment, not args.no_figures, args.title
-    )
+    return build_report(args.uri, Path(args.out), args.experiment, not args.no_figures, args.title)
 
 
 COMMANDS = {
-    "report": Command(_arguments, _main, "reproduction report: every experiment's figures, "
-                      "tables, config and the study's claims checked (HTML + Markdown)"),
-}
+    "report": Command(_main, "reproduction report: every experiment's figures, tables, config "
+                             "and the study's claims checked (HTML + Markdown)",
+                             None, False, _arguments)}

@@ -1,17 +1,9 @@
 """``python -m analysis <command> --experiment NAME [options]``: the command runner.
 
-Each figure or table command is a :class:`Command` in the ``COMMANDS`` mapping of a module of
-a document part (``analysis/<part>/*.py``, found by :func:`analysis.core.registry.modules`);
-none is imported until the runner first needs its table (:func:`commands`), so importing
-``analysis`` or its core imports no command.  Every command gets the shared options
-(``--experiment``, ``--uri``, ``--filter``, ``--out``) and adds its own.
-
-A :class:`~analysis.core.select.SelectionError` (the runs lack what the command selects; a
-``KeyError``) or a :class:`~rankexp.tracking.TrackingError` (the store) is printed as one line,
-exit status 2.
-:func:`run` runs a command in this process and collects its output and files (``make
-figures``, the report and the tests use it).
-"""
+Each command is a :class:`Command` in the ``COMMANDS`` of a part's module (found by
+:func:`analysis.core.registry.modules` when first needed).  A
+:class:`~analysis.core.select.SelectionError` or a :class:`~rankexp.tracking.TrackingError`
+is one line, exit 2; :func:`run` runs a command in this process and collects its output."""
 
 from __future__ import annotations
 
@@ -37,22 +29,20 @@ log = logging.getLogger("analysis")
 
 @dataclass(frozen=True)
 class Command:
-    """One ``python -m analysis`` command: its options, its entry point (returns the files it
-    wrote) and its one-line help."""
+    """One ``python -m analysis`` command: entry point (returns the files written), help, the
+    default of ``--experiment``, whether it takes ``--where``, a function adding its options."""
 
-    add_arguments: Callable[[argparse.ArgumentParser], None]
     main: Callable[[argparse.Namespace], list[Path]]
     help: str = ""
+    experiment: str | None = "rankexp"
+    where: bool = False
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
 
 @functools.cache
 def commands() -> dict[str, Command]:
-    """Every command: name → :class:`Command`, from the ``COMMANDS`` of every module of the
-    document parts (and the report's).
-
-    Raises:
-        ValueError: two modules declare the same command name.
-    """
+    """Every command, name → :class:`Command`, from every part module's ``COMMANDS`` (and the
+    report's); ValueError when two modules declare one name."""
     table: dict[str, Command] = {}
     where: dict[str, str] = {}
     for module in modules():
@@ -70,7 +60,7 @@ def set_experiment_default(p: argparse.ArgumentParser, default: list[str] | str 
     for action in p._actions:
         if action.dest == "experiment":
             action.default = names
-            action.help = help_ or f"MLflow experiment name(s) (default: {' '.join(names or [])})"
+            action.help = help_ or f"MLflow experiment(s) (default: {' '.join(names or [])})"
 
 
 def add_where(p: argparse.ArgumentParser) -> None:
@@ -81,8 +71,7 @@ def add_where(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="keep runs with param KEY = VALUE (numeric compare where the column is numeric); "
-        "repeatable, e.g. --where expansion=4 --where norm.placement=post",
-    )
+        "repeatable, e.g. --where expansion=4 --where norm.placement=post")
 
 
 def out_dir(args: argparse.Namespace) -> Path:
@@ -100,13 +89,16 @@ def parser() -> argparse.ArgumentParser:
         canonical = name.replace("_", "-")
         sp = sub.add_parser(canonical, aliases=[name] if canonical != name else [],
                             help=command.help, description=command.help)
-        sp.add_argument("--experiment", "-e", nargs="+", default=["rankexp"],
-                        help="MLflow experiment name(s) (default: rankexp)")
+        sp.add_argument("--experiment", "-e", nargs="+")
+        set_experiment_default(sp, command.experiment)
         sp.add_argument("--uri", default=None,
                         help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
         sp.add_argument("--filter", default="", help="MLflow search filter, e.g. \"params.width = '256'\"")
         sp.add_argument("--out", default="figures", help="output folder (default: figures/<experiment>/)")
-        command.add_arguments(sp)
+        if command.where:
+            add_where(sp)
+        if command.arguments:
+            command.arguments(sp)
         sp.set_defaults(run=command.main)
     return p
 
@@ -117,9 +109,7 @@ QUIET_LOGGERS = ("matplotlib", "PIL", "urllib3", "alembic")
 
 
 def quiet_consoles() -> None:
-    """No third-party progress bars or font notes among the analysis' lines: MLflow's
-    "Downloading artifacts" bar off (``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false``, unless
-    set), :data:`QUIET_LOGGERS` at WARNING."""
+    """No MLflow download bar (unless set) and :data:`QUIET_LOGGERS` at WARNING."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -144,9 +134,8 @@ def cli() -> None:
 
 
 def run(argv: list[str], out: Path, uri: str) -> tuple[int, str, list[Path]]:
-    """One command in this process on the store ``uri``, its files under ``out``; returns
-    ``(exit status, its output, the files it wrote)`` — an exception in the command is its
-    traceback in the output and status 1, so one bug does not stop a batch of commands."""
+    """Run one command in this process on store ``uri`` into ``out``: ``(status, output, files)``;
+    an exception is its traceback and status 1, so one bug does not stop a batch."""
     buf = io.StringIO()
     root = logging.getLogger()
     saved = root.handlers[:]

@@ -1,26 +1,11 @@
-"""The shared run loader: MLflow runs → one tidy pandas table, series read in bulk and cached.
+"""The run loader: MLflow runs → one tidy pandas table; series read in bulk and cached.
 
-Series (per-layer profiles, training curves) are the slow part of reading a sweep back: v1
-asked MLflow once per run and series (3,000 round trips for 1,000 runs). Here they come
-from :func:`rankexp.tracking.metric_histories` — one query per key and 500 runs — and are
-kept on disk per run, valid as long as the run's finish time is the one they were read at
-(a finished run's series never change unless it is re-terminated, e.g. re-synced). Runs
-without a finish time (RUNNING) are read fresh every time.
-
-Two ways in:
-
-* ``load_runs(..., series=["erank_profile", ...])`` puts each series in a column
-  ``series:<key>`` holding ``(steps, values)`` arrays (``None`` where a run lacks it);
-* :func:`cached_series` (what :func:`analysis.core.select.series` calls) serves one run's series
-  and, on a miss, fetches that key for every run the last :func:`load_runs` of the store
-  returned — so a figure that loops over runs asking for one series each costs one query.
-
-A training run's per-learning-rate series ``<name>_lr<k>`` (``train_loss_lr0.001``) live in
-its member run at that rate as ``<name>`` (:meth:`rankexp.tracking.RunLogger.open_members`);
-both ways in resolve the training run's key to its member's — in the same bulk query — and
-fall back to the training run's own ``<name>_lr<k>`` (runs logged before members existed), so
-a reader asks for ``train_loss_lr0.001`` of the training run either way.
-"""
+Series come from :func:`rankexp.tracking.metric_histories` (one query per key and 500 runs)
+and are cached on disk per run while its finish time is unchanged (RUNNING runs are read
+fresh).  ``load_runs(..., series=[...])`` puts them in ``series:<key>`` columns;
+:func:`cached_series` serves one run's and, on a miss, fetches that key for every run of the
+store's last load.  A training run's ``<name>_lr<k>`` resolves to its member run's ``<name>``
+(falling back to the training run's own key)."""
 
 from __future__ import annotations
 
@@ -72,37 +57,24 @@ def _numeric(s: pd.Series) -> pd.Series:
     return converted if converted.notna().sum() == s.notna().sum() else s
 
 
-def load_runs(
-    experiments: str | list[str],
-    uri: str | None = None,
-    *,
-    filter_string: str = "",
-    finished_only: bool = True,
-    series: Sequence[str] = (),
-    cache_dir: str | Path | bool = True,
-) -> pd.DataFrame:
+def load_runs(experiments: str | list[str], uri: str | None = None, *, filter_string: str = "",
+              finished_only: bool = True, series: Sequence[str] = (),
+              cache_dir: str | Path | bool = True) -> pd.DataFrame:
     """One row per finished job run of ``experiments``.
 
-    Column names drop MLflow's prefixes: params keep their dotted config keys
-    (``depth``, ``alpha``, ``norm.placement``, ``nominal_ratio``…; numeric where
-    every value parses), metrics are prefixed ``m:`` only if a param has the same
-    name, tags keep ``tags.``; a scalar's seed spread (tag ``seed_std.<m>``) is the column
-    ``<m>_std``.  ``run_id``, ``status`` and ``end_time`` (ms since the
-    epoch, NaN while running) are kept.
+    Params keep their dotted config keys (numeric where every value parses), metrics are
+    prefixed ``m:`` only if a param has the same name, tags keep ``tags.``; tag ``seed_std.<m>``
+    is the column ``<m>_std``; ``run_id``, ``status``, ``end_time`` (ms, NaN while running).
 
     Args:
-        experiments: MLflow experiment name(s).
         uri: tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``./mlflow.db``).
         filter_string: an MLflow search filter, e.g. ``"params.width = '256'"``.
         finished_only: leave out FAILED / RUNNING runs.
-        series: metric keys whose whole series (step, value) to load into columns
-            ``series:<key>`` (``(steps, values)`` per run, ``None`` if it never logged it).
-        cache_dir: the series cache folder (``True``: :func:`default_cache_dir`;
-            ``False``: none, series are read every time).
+        series: metric keys loaded whole into ``series:<key>`` (``(steps, values)`` or ``None``).
+        cache_dir: the series cache (``True``: the default folder; ``False``: none).
 
     Raises:
-        rankexp.tracking.TrackingError: unknown experiment.
-    """
+        rankexp.tracking.TrackingError: unknown experiment."""
     if isinstance(experiments, str):
         experiments = [experiments]
     raw = runs_table(experiments, uri, filter_string, finished_only)
@@ -147,9 +119,8 @@ def cached_series(uri: str | None, run_id: str, key: str) -> Series | None:
 
 
 def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
-    """``(store, [sweep parent run id, …])`` of the rows of a :func:`load_runs` table (or a
-    selection of it): the store it was read from (the one store this process read, for a
-    table that lost its ``attrs``) and its runs' distinct ``mlflow.parentRunId``."""
+    """``(store, [sweep parent run id, …])`` of a :func:`load_runs` table or a selection of it (the
+    one store this process read, for a table that lost its ``attrs``)."""
     uri = runs.attrs.get(URI_ATTR)
     if uri is None and len(_Session._open) == 1:
         uri = next(iter(_Session._open))
@@ -158,11 +129,8 @@ def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
 
 
 def attach_to_parents(paths: Sequence[Path], *runs: pd.DataFrame | None) -> int:
-    """Attach the files ``paths`` (a figure's PNG/PDF/CSV, a table's markdown) to the sweep
-    parent run(s) of the ``runs`` drawn (tables of :func:`load_runs`), under ``figures/``
-    (:func:`rankexp.tracking.attach_files`).  A failure (a read-only store, an unknown run) is
-    a warning, never the figure's failure.  Returns the number of files logged (0 without
-    runs, store or parent)."""
+    """Attach ``paths`` (a figure's files, a table's markdown) under ``figures/`` to the sweep
+    parent run(s) of the ``runs`` drawn; a failure only warns.  Returns the number attached."""
     stores: dict[str, set[str]] = {}
     for table in runs:
         if isinstance(table, pd.DataFrame):
@@ -284,13 +252,8 @@ class _Session:
 
 
 class SeriesCache:
-    """Series of finished runs on disk: ``<dir>/<store digest>/<run_id>.npz``.
-
-    A file holds every key read so far for that run (``None`` = the run never logged it) and
-    the run's finish time; it is used only while that time matches (ms). Files are written
-    atomically; concurrent writers may drop each other's additions (then they are read
-    again), never corrupt a file.
-    """
+    """Series of finished runs on disk, ``<dir>/<store digest>/<run_id>.npz``: every key read so
+    far (``None`` = never logged) and the finish time it is valid for; written atomically."""
 
     def __init__(self, root: str | Path, uri: str):
         self.root = Path(root)
@@ -333,4 +296,3 @@ class SeriesCache:
 
 def _finished(end_time: float | None) -> bool:
     return end_time is not None and np.isfinite(end_time)
-

@@ -25,22 +25,8 @@ OP_ORDER = ["rmsnorm", "detached", "meansub", "layernorm"]
 
 #: config keys that define a network (and its measurement); runs compared on one axis
 #: should agree on the ones that are not axes of the figure
-CONFIG_KEYS = (
-    PLACEMENT,
-    "norm.op",
-    "depth",
-    "width",
-    "expansion",
-    "matrices",
-    "activation",
-    "skip_every",
-    "alpha",
-    "beta",
-    "beta_scaling",
-    "seeds",
-    "seed",
-    "dtype",
-)
+CONFIG_KEYS = (PLACEMENT, "norm.op", "depth", "width", "expansion", "matrices", "activation",
+               "skip_every", "alpha", "beta", "beta_scaling", "seeds", "seed", "dtype")
 #: params that are functions of others (βα^M, β/√L…) or that only tell repeated runs of one
 #: config apart (the seed offset): never a reason to keep two runs out of one cell
 DERIVED_PARAMS = ("beta_eff", "nominal_ratio", "depth_factor", "seed", "size")
@@ -60,33 +46,26 @@ def load(args: argparse.Namespace, columns: Iterable[str] = (), *,
          experiments: list[str] | None = None, probe: str | None = None,
          where: list[str] | None = None) -> pd.DataFrame:
     """Finished runs of ``experiments`` (default ``args.experiment``; ``--uri``, ``--filter``,
-    and ``where``, default the command's ``--where`` if it has one) that have every one of
-    ``columns``.
+    ``--where``) that have every one of ``columns``.
 
     Raises:
-        SelectionError: no finished run (matching the filters), a ``--where`` that selects
-            none, or a column the runs lack (naming ``probe``, the probe that logs it).
-        rankexp.tracking.TrackingError: the store cannot be read, or has no such experiment.
-    """
+        SelectionError: no run (matching the filters), or a column they lack (naming ``probe``).
+        rankexp.tracking.TrackingError: the store cannot be read, or has no such experiment."""
     experiments = experiments or args.experiment
     df = load_runs(experiments, args.uri, filter_string=args.filter)
     if df.empty:
         where = f" matching --filter {args.filter!r}" if args.filter else ""
         raise SelectionError(
             f"experiment(s) {experiments} hold no finished runs{where}; run the sweep first "
-            f"(python -m rankexp experiment={experiments[0]} -m)"
-        )
+            f"(python -m rankexp experiment={experiments[0]} -m)")
     df = select(df, getattr(args, "where", []) or [] if where is None else where, experiments)
     require(df, list(columns), experiments, probe)
     return df
 
 
 def select(df: pd.DataFrame, where: list[str], experiments: list[str]) -> pd.DataFrame:
-    """Rows whose params match every ``KEY=VALUE`` of ``where`` (``--where``).
-
-    Raises:
-        SelectionError: malformed item, unknown key, or no run left (lists the values present).
-    """
+    """Rows whose params match every ``KEY=VALUE`` of ``where``; SelectionError for a malformed
+    item, an unknown key, or no run left (listing the values present)."""
     for item in where:
         key, sep, value = item.partition("=")
         if not sep:
@@ -103,19 +82,14 @@ def select(df: pd.DataFrame, where: list[str], experiments: list[str]) -> pd.Dat
         if not mask.any():
             raise SelectionError(
                 f"--where {item!r}: no run of {experiments} has {key} = {value}; "
-                f"values present: {sorted(col.dropna().unique().tolist(), key=str)}"
-            )
+                f"values present: {sorted(col.dropna().unique().tolist(), key=str)}")
         df = df[mask]
     return df.reset_index(drop=True)
 
 
 def only(df: pd.DataFrame, **where) -> pd.DataFrame:
     """Rows whose params equal every ``key=value`` (``norm_placement`` → ``norm.placement``,
-    ``norm_op`` → ``norm.op``, ``a__b`` → ``a.b``; numbers compared to 1e-9).
-
-    Raises:
-        SelectionError: a param the runs lack, or no row left (names the value).
-    """
+    ``a__b`` → ``a.b``; numbers to 1e-9); SelectionError for a missing param or no row left."""
     for k, v in where.items():
         col = k.replace("__", ".").replace("norm_placement", PLACEMENT).replace("norm_op", "norm.op")
         if col not in df:
@@ -146,8 +120,7 @@ def require(df: pd.DataFrame, columns: Sequence[str], experiments: Sequence[str]
     of = f" of experiment(s) {list(experiments)}" if experiments else ""
     raise SelectionError(
         f"runs{of} have no column(s) {missing} ({hint}); "
-        f"available: {', '.join(sorted(map(str, df.columns)))}"
-    )
+        f"available: {', '.join(sorted(map(str, df.columns)))}")
 
 
 def need(df: pd.DataFrame, *columns: str) -> None:
@@ -158,20 +131,12 @@ def need(df: pd.DataFrame, *columns: str) -> None:
 
 
 def series(uri: str | None, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of the series ``key`` of one run.
-
-    Served by :func:`analysis.core.runs.cached_series`: the first call for a key reads it in
-    bulk for every run the last load of this store returned (and caches them on disk), so a
-    loop over runs costs one query per key, not one per run.
-
-    Raises:
-        SelectionError: the run never logged ``key``.
-    """
+    """``(steps, values)`` of one run's series ``key``, read in bulk for the store's last load
+    (:func:`analysis.core.runs.cached_series`); SelectionError if the run never logged it."""
     got = cached_series(uri, run_id, key)
     if got is None or got[0].size == 0:
         raise SelectionError(
-            f"run {run_id} has no series {key!r} (was the probe that logs it in task.probes?)"
-        )
+            f"run {run_id} has no series {key!r} (was the probe that logs it in task.probes?)")
     return got
 
 
@@ -188,11 +153,8 @@ def varying(df: pd.DataFrame, keys: Iterable[str]) -> list[str]:
 
 def warn_mixed(df: pd.DataFrame, axes: Iterable[str], experiments: Sequence[str],
                keys: Iterable[str] = CONFIG_KEYS) -> dict[str, list]:
-    """Warn about the ``keys`` (not ``axes``) whose value differs between runs: runs the figure
-    averages together although their configs differ.
-
-    Returns ``{key: sorted distinct values}`` of those keys.
-    """
+    """Warn about the ``keys`` (not ``axes``) whose value differs between runs a figure averages;
+    returns ``{key: sorted distinct values}``."""
     axes = set(axes)
     mixed = {}
     for k in keys:
@@ -204,19 +166,13 @@ def warn_mixed(df: pd.DataFrame, axes: Iterable[str], experiments: Sequence[str]
         log.warning(
             "experiment(s) %s: runs differ in %s, which this figure does not separate; they "
             "are averaged (select with --where KEY=VALUE or --filter \"params.`KEY` = 'VALUE'\")",
-            list(experiments), ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()),
-        )
+            list(experiments), ", ".join(f"{k} ∈ {v}" for k, v in mixed.items()))
     return mixed
 
 
 def mixed_cells(df: pd.DataFrame, cells: Sequence[str]) -> dict[str, list]:
-    """Params (other than ``cells``) whose value differs between runs of one cell: the runs a
-    figure would average although their configs differ (e.g. one extra run with another width
-    or other probes).  Params are the loaded table's param columns (``load_runs``), else
-    :data:`CONFIG_KEYS`.
-
-    Returns ``{param: sorted values}`` over the cells where it differs.
-    """
+    """``{param: sorted values}`` of params (the table's param columns, else :data:`CONFIG_KEYS`)
+    that differ between runs of one cell of ``cells``."""
     params = df.attrs.get(PARAMS_ATTR) or [k for k in CONFIG_KEYS if k in df]
     others = [k for k in params if k in df and k not in set(cells) and k not in DERIVED_PARAMS]
     if not others or df.empty:
@@ -228,12 +184,7 @@ def mixed_cells(df: pd.DataFrame, cells: Sequence[str]) -> dict[str, list]:
 
 
 def refuse_mixed(df: pd.DataFrame, cells: Sequence[str], command: str) -> None:
-    """Refuse (the selection error: ``python -m analysis`` exits 2) to average runs whose
-    configs differ within a cell, naming the params.
-
-    Raises:
-        SelectionError: the message lists every differing param with its values and how to select.
-    """
+    """SelectionError (exit 2) naming every param whose value differs within a cell."""
     mixed = mixed_cells(df, cells)
     if mixed:
         first = next(iter(mixed))
@@ -242,3 +193,42 @@ def refuse_mixed(df: pd.DataFrame, cells: Sequence[str], command: str) -> None:
             + "; ".join(f"{k} ∈ {v}" for k, v in mixed.items())
             + f" — they would be averaged. Select some with --filter \"params.`{first}` = "
             f"'{mixed[first][0]}'\", or make the param an axis (--panel {first})")
+
+
+# --------------------------------------------------------------------------- seed spread
+def seed_counts(df: pd.DataFrame) -> pd.Series:
+    """Seeds per run: the ``seeds`` param of measure runs, 1 for train runs (or no param)."""
+    n = df["seeds"].astype(float) if "seeds" in df else pd.Series(1.0, index=df.index)
+    if "task.name" in df:
+        n = n.where(df["task.name"].astype(str) != "train", 1.0)
+    return n.fillna(1.0)
+
+
+def pooled(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
+    """Mean and seed standard deviation of ``metric`` per cell of ``keys``, over every seed of
+    every run of the cell (a ``task=train`` run is one seed).
+
+    With run means ``m_i``, stds ``s_i`` (``<metric>_std``; 0 where not logged) and ``n_i``
+    seeds: ``N = Σ n_i``, ``mean = Σ n_i m_i / N``,
+    ``std² = (Σ (n_i − 1) s_i² + n_i (m_i − mean)²) / (N − 1)`` (NaN for N = 1).
+    Returns ``mean``, ``std``, ``seeds`` (N), ``runs`` indexed by ``keys``; SelectionError for a
+    missing column."""
+    missing = [c for c in [metric, *keys] if c not in df]
+    if missing:
+        raise SelectionError(f"runs have no column(s) {missing}")
+    s = df[f"{metric}_std"].astype(float).fillna(0.0) if f"{metric}_std" in df else 0.0
+    d = pd.DataFrame({"m": df[metric].astype(float), "s": s, "n": seed_counts(df)})
+    d[keys] = df[keys]
+    d = d[np.isfinite(d["m"])]
+
+    def one(g: pd.DataFrame) -> pd.Series:
+        n, m, s = g["n"].to_numpy(), g["m"].to_numpy(), g["s"].to_numpy()
+        total = n.sum()
+        mean = float((n * m).sum() / total)
+        ss = ((n - 1) * s**2 + n * (m - mean) ** 2).sum()
+        std = float(np.sqrt(ss / (total - 1))) if total > 1 else np.nan
+        return pd.Series({"mean": mean, "std": std, "seeds": int(total), "runs": len(g)})
+
+    if not keys:
+        return one(d).to_frame().T
+    return d.groupby(keys, sort=True).apply(one, include_groups=False)

@@ -1,22 +1,9 @@
-"""One figure style for every ``python -m analysis`` command: page-sized panel grids, the
-study's symbols in mathtext, a caption line stating the runs' size, theory in one look.
-
-* :data:`RC` — rcParams (8 pt serif text, DejaVu Serif mathtext so every glyph renders,
-  TrueType fonts in the PDF); applied by :func:`use` when this module loads.
-* :data:`ONE_COLUMN`, :data:`TWO_COLUMN`, :data:`PAGE_HEIGHT` — inches of a two-column paper
-  (ICML/NeurIPS-like); :func:`grid` and :func:`panels` never exceed them (a 1 × n strip of
-  panels wraps into rows instead).
-* :func:`name` / :data:`SYMBOLS` — a metric key or config param → its name in the field
-  (``erank_io`` → $\\mathrm{erank}(\\partial h_L/\\partial h_0)/d$); :func:`value_label` — a
-  legend entry (``expansion=4`` → $m/d = 4$).
-* :func:`caption` — the line under a figure with the experiment, run count, d, m/d, L, M, σ,
-  seeds and size, read off the runs' params (tagged ``gid="caption"``, tests find it there).
-* :func:`value_colors` + :func:`colorbar` — colour that encodes a numeric param gets a
-  (discrete) colour bar, not a legend of colours.
-* :data:`THEORY` — keyword arguments of every theory curve (black, dashed).
-* :func:`save` — PNG + PDF (+ the CSV of what is drawn) of a finished figure; :func:`recording`
-  lets tests and the report see the Figure objects a command saved.
-"""
+"""One figure style for every command: page-sized panel grids (:func:`grid`, :func:`panels`;
+:data:`ONE_COLUMN`, :data:`TWO_COLUMN`, :data:`PAGE_HEIGHT` inches), the study's symbols in
+mathtext (:func:`name`, :func:`value_label`), a caption stating the runs' size
+(:func:`caption`, ``gid="caption"``), colour bars for numeric params (:func:`value_colors`,
+:func:`colorbar`), theory in one look (:data:`THEORY`: black dashed), :func:`save` (PNG + PDF
++ CSV) and the tables the commands write (:func:`to_markdown`, :func:`write_markdown`)."""
 
 from __future__ import annotations
 
@@ -70,8 +57,7 @@ RC = {
     "savefig.bbox": "tight",
     "savefig.pad_inches": 0.04,
     "pdf.fonttype": 42,  # TrueType: text stays text in the PDF
-    "ps.fonttype": 42,
-}
+    "ps.fonttype": 42}
 
 #: keyword arguments of every closed-form / theory curve
 THEORY = {"color": "k", "ls": "--", "lw": 0.9}
@@ -90,7 +76,6 @@ def use() -> None:
 log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # PDF font subsetting chatter
 use()
-
 
 # --------------------------------------------------------------------------- names
 #: metric keys and config params → their name in the study (mathtext)
@@ -145,37 +130,17 @@ SYMBOLS: dict[str, str] = {
     # config params: the knobs' TeX labels (rankexp.knobs.KNOBS), and two derived ones
     **{k.key: k.tex for k in KNOBS if k.tex is not None},
     "beta_eff": r"$\beta_\mathrm{eff}$",
-    "layer": r"layer $\ell$",
-}
+    "layer": r"layer $\ell$"}
 
-PLACEMENT_NAMES = {
-    "pre": "Pre-Norm",
-    "post": "Post-Norm",
-    "output": "output norm",
-    "peri": "Peri-Norm",
-    "none": "no norm",
-}
-OP_NAMES = {
-    "rmsnorm": "RMSNorm",
-    "layernorm": "LayerNorm",
-    "detached": "detached",
-    "meansub": "mean-sub.",
-}
-ACTIVATION_NAMES = {
-    "relu": "ReLU",
-    "gelu": "GELU",
-    "silu": "SiLU",
-    "tanh": "tanh",
-    "abs": r"$|\cdot|$",
-    "linear": "linear",
-    "leaky_relu": "leaky ReLU",
-    "swiglu": "SwiGLU",
-}
-BETA_SCALING_NAMES = {
-    "const": r"$\beta$ const",
-    "inv_sqrt_depth": r"$\beta \propto 1/\sqrt{L}$",
-    "inv_depth": r"$\beta \propto 1/L$",
-}
+PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "output norm",
+                   "peri": "Peri-Norm", "none": "no norm"}
+OP_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "detached": "detached",
+            "meansub": "mean-sub."}
+ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "tanh",
+                    "abs": r"$|\cdot|$", "linear": "linear", "leaky_relu": "leaky ReLU",
+                    "swiglu": "SwiGLU"}
+BETA_SCALING_NAMES = {"const": r"$\beta$ const", "inv_sqrt_depth": r"$\beta \propto 1/\sqrt{L}$",
+                      "inv_depth": r"$\beta \propto 1/L$"}
 
 
 def name(key: str) -> str:
@@ -198,14 +163,10 @@ def number(v) -> str:
 def value_label(key: str, value) -> str:
     """A legend entry for ``key = value``: ``$m/d = 4$``, ``Post-Norm``, ``no skip``,
     ``$\\beta \\propto 1/\\sqrt{L}$``, ``ReLU``."""
-    if key == "norm.placement":
-        return PLACEMENT_NAMES.get(value, str(value))
-    if key == "norm.op":
-        return OP_NAMES.get(value, str(value))
-    if key == "activation":
-        return ACTIVATION_NAMES.get(value, str(value))
-    if key == "beta_scaling":
-        return BETA_SCALING_NAMES.get(value, str(value))
+    names = {"norm.placement": PLACEMENT_NAMES, "norm.op": OP_NAMES,
+             "activation": ACTIVATION_NAMES, "beta_scaling": BETA_SCALING_NAMES}.get(key)
+    if names is not None:
+        return names.get(value, str(value))
     if key == "skip_every":
         v = int(value)
         return {0: "no skip", 1: "skip every block"}.get(v, f"skip every {v}")
@@ -222,35 +183,30 @@ def config_label(placement: str, op: str) -> str:
     return f"{PLACEMENT_NAMES.get(placement, placement)}\n{OP_NAMES.get(op, op)}"
 
 
+def spread_note(mean: pd.Series, std: pd.Series | None, what: str = "") -> str:
+    """The caption's seed spread where log axes cannot draw error bars: the largest seed s.d.
+    relative to its mean."""
+    rel = pd.Series(dtype=float) if std is None else (std / mean.abs()).replace(
+        [np.inf, -np.inf], np.nan).dropna()
+    return (f"{what}seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)"
+            if len(rel) else f"{what}one seed per point: no spread")
+
+
 # --------------------------------------------------------------------------- grids
-def grid(
-    nrows: int,
-    ncols: int,
-    *,
-    width: float = TWO_COLUMN,
-    aspect: float = 0.72,
-    **subplot_kw,
-):
+def grid(nrows: int, ncols: int, *, width: float = TWO_COLUMN, aspect: float = 0.72, **subplot_kw):
     """``(fig, axes)`` of ``nrows × ncols`` panels (``axes`` 2-D) that fits a page: ``width``
     inches wide (at most :data:`TWO_COLUMN`), each panel ``aspect`` as tall as wide, and no
     taller in all than :data:`PAGE_HEIGHT` (panels flatten to fit)."""
     width = min(width, TWO_COLUMN)
     panel_h = width / ncols * aspect
     height = min(nrows * panel_h + 0.3, PAGE_HEIGHT)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, height), squeeze=False, layout="constrained", **subplot_kw
-    )
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
+                             layout="constrained", **subplot_kw)
     return fig, axes
 
 
-def panels(
-    n: int,
-    *,
-    max_cols: int = 3,
-    width: float | None = None,
-    aspect: float = 0.75,
-    **subplot_kw,
-):
+def panels(n: int, *, max_cols: int = 3, width: float | None = None, aspect: float = 0.75,
+           **subplot_kw):
     """``(fig, axes)`` for ``n`` panels of one kind: at most ``max_cols`` to a row (wrapped
     into rows, never a 1 × n strip), one column wide for a single panel, else two; ``axes``
     is a list of ``n`` Axes in reading order (unused grid cells removed)."""
@@ -267,28 +223,20 @@ def panels(
 
 # --------------------------------------------------------------------------- colour
 def value_colors(values: Iterable, cmap: str = "viridis", stop: float = 0.9):
-    """Colours for the distinct sorted ``values`` of a numeric param and a mappable for
-    :func:`colorbar` (one band per value, so the bar reads the values, not a fake continuum).
-
-    Returns:
-        ``(colors, mappable)``: ``{value: RGBA}`` and a ScalarMappable over the bands.
-    """
+    """``({value: RGBA}, mappable)`` for the sorted distinct ``values`` of a numeric param: one
+    colour band per value, so :func:`colorbar` reads the values, not a fake continuum."""
     vals = sorted(dict.fromkeys(values))
     base = plt.get_cmap(cmap)
     rgba = [base(x) for x in np.linspace(0, stop, len(vals))] if len(vals) > 1 else [base(0.0)]
-    sm = mpl.cm.ScalarMappable(
-        norm=BoundaryNorm(np.arange(len(vals) + 1) - 0.5, len(vals)), cmap=ListedColormap(rgba)
-    )
+    sm = mpl.cm.ScalarMappable(norm=BoundaryNorm(np.arange(len(vals) + 1) - 0.5, len(vals)),
+                               cmap=ListedColormap(rgba))
     sm.values = vals  # for colorbar's tick labels
     return dict(zip(vals, rgba, strict=True)), sm
 
 
 def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
-    """A colour bar labelled ``label`` or the field's name of ``key``; for a
-    :func:`value_colors` mappable one tick per value — and for one or two values no bar but
-    legend entries (``key = value`` in its colour) added to the legend of ``ax`` (the last
-    panel of a list): a bar would draw a continuum for two points.  Returns the colour bar,
-    or the legend."""
+    """A colour bar labelled ``label`` or ``key``'s name (one tick per :func:`value_colors` value);
+    for one or two values legend entries on ``ax`` (the last panel) instead.  Returns either."""
     vals = getattr(mappable, "values", None)
     if vals is not None and len(vals) <= 2:
         target = ax[-1] if isinstance(ax, list | tuple) else np.ravel(ax)[-1] if isinstance(ax, np.ndarray) else ax
@@ -338,9 +286,8 @@ def finish(fig) -> None:
     matplotlib's default ``10^k`` formatter (explicitly ticked axes keep their labels)."""
     for ax in fig.axes:
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            if axis.get_scale() == "log" and isinstance(
-                axis.get_major_formatter(), mpl.ticker.LogFormatterSciNotation
-            ):
+            if axis.get_scale() == "log" and isinstance(axis.get_major_formatter(),
+                                                        mpl.ticker.LogFormatterSciNotation):
                 plain_log_ticks(ax, which)
 
 
@@ -401,17 +348,9 @@ def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Seq
     return parts
 
 
-def caption(
-    fig,
-    df: pd.DataFrame,
-    experiments: Sequence[str] | str,
-    extra: Sequence[str] = (),
-):
-    """Write the caption line under ``fig``: experiment and run count, d, m/d, L, M, σ (each
-    ``= v`` or ``∈ {…}``), seeds per run, size, then ``extra`` (e.g. what the error bars are).
-
-    Returns the Text (``gid="caption"``), wrapped to the figure's width at ``·`` breaks.
-    """
+def caption(fig, df: pd.DataFrame, experiments: Sequence[str] | str, extra: Sequence[str] = ()):
+    """The caption under ``fig`` (``gid="caption"``): experiment, runs, d, m/d, L, M, σ, seeds,
+    size, then ``extra``; wrapped at ``·`` breaks."""
     parts = caption_parts(df, experiments, extra)
     # the runs drawn: save attaches the files to their sweeps' parent runs
     fig._rankexp_runs = [*getattr(fig, "_rankexp_runs", []), df]
@@ -425,16 +364,8 @@ def caption(
         else:
             line = cand
     lines.append(line)
-    return fig.text(
-        0.5,
-        0.0,
-        "\n".join(lines),
-        ha="center",
-        va="top",
-        fontsize=CAPTION_FONTSIZE,
-        color="0.25",
-        gid="caption",
-    )
+    return fig.text(0.5, 0.0, "\n".join(lines), ha="center", va="top", fontsize=CAPTION_FONTSIZE,
+                    color="0.25", gid="caption")
 
 
 def captions(fig) -> list:
@@ -462,12 +393,8 @@ def recording() -> Iterator[list]:
 
 
 def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
-    """Save ``fig`` as PNG and PDF (and ``table`` as CSV) under ``out_dir``; return the paths.
-
-    A figure without a :func:`caption` line is saved but logged as a warning.  The files are
-    also attached to the sweep parent run(s) of the runs its caption counts (artifacts under
-    ``figures/``: :func:`analysis.core.runs.attach_to_parents`; a failure only warns).
-    """
+    """``fig`` as PNG and PDF (``table`` as CSV) under ``out_dir``, attached to the sweep parent
+    runs of the runs its caption counts; a figure without a caption only warns.  Returns paths."""
     if not captions(fig):
         log.warning("figure %s has no caption line (analysis.core.style.caption)", stem)
     finish(fig)
@@ -487,3 +414,38 @@ def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
         log.info("wrote %s", p)
     attach_to_parents(paths, *getattr(fig, "_rankexp_runs", []))
     return paths
+
+
+# --------------------------------------------------------------------------- tables
+def to_markdown(table: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-Markdown table of ``table`` (named index levels first; floats as ``floatfmt``,
+    NaN and ±∞ — no value — as ``—``; every other cell as ``str``)."""
+
+    def cell(v) -> str:
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt) if np.isfinite(v) else "—"
+        return str(v)
+
+    t = table.reset_index() if any(n is not None for n in table.index.names) else table
+    lines = ["| " + " | ".join(map(str, t.columns)) + " |", "|" + "---|" * len(t.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in t.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (folders made), log it, return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    log.info("wrote %s", path)
+    return path
+
+
+def write_markdown(path: Path, title: str, table: pd.DataFrame, floatfmt: str = ".4g",
+                   runs: pd.DataFrame | None = None) -> Path:
+    """``title`` and :func:`to_markdown` of ``table`` into ``path`` (printed too), attached to the
+    sweep parent runs of ``runs`` (:func:`~analysis.core.runs.attach_to_parents`)."""
+    text = f"{title}\n\n{to_markdown(table, floatfmt)}\n"
+    print(text)
+    write_text(path, text)
+    attach_to_parents([path], runs)
+    return path

@@ -18,57 +18,38 @@ from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 from ..core import style
 from ..core.claims import Check, Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, series
-from ..core.style import plt, save
-from ..core.tables import to_markdown, write_text
+from ..core.style import plt, save, to_markdown, write_text
 from ..study.fig6_train import LR_COLUMN
 
 log = logging.getLogger("analysis")
 
-
-logging.getLogger("fontTools").setLevel(logging.WARNING)  # (its per-font subsetting notes, for PDFs)
-
-
 EXPERIMENT = "degradation"
-
 
 RESIDUAL, DEPTH = "model.residual", "depth"
 
-
 FAMILY_NAMES = {False: "plain", True: "ResNet"}
 
-
 PANEL_TITLES = {False: "plain networks", True: "ResNets"}
-
 
 #: He et al.'s figure y-limit (%)
 PAPER_YLIM = 20.0
 
-
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
 
-
-SYMBOLS = {
-    "grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
-    "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
-    "relative_depth": r"relative depth $i/(6n+1)$",
-    "response_std": r"std of layer response",
-    "layer": r"3$\times$3 layer $i$ (network order)",
-    "layer_sorted": r"3$\times$3 layer (sorted by magnitude)",
-    "error": r"error (%)",
-    "epoch": "epoch",
-    "block_position": r"relative block position $(b-\frac{1}{2})/3n$",
-}
+SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
+           "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
+           "relative_depth": r"relative depth $i/(6n+1)$", "response_std": r"std of layer response",
+           "layer": r"3$\times$3 layer $i$ (network order)",
+           "layer_sorted": r"3$\times$3 layer (sorted by magnitude)", "error": r"error (%)",
+           "epoch": "epoch", "block_position": r"relative block position $(b-\frac{1}{2})/3n$"}
 
 
 def networks(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with ``residual`` (bool) and ``depth`` (int) columns, ordered plain→ResNet, by depth.
-
-    Raises:
-        SelectionError: runs without ``model.residual`` (not ``model=cifar_resnet`` runs).
-    """
+    """``df`` with ``residual`` (bool) and ``depth`` (int), plain→ResNet, by depth; SelectionError
+    without ``model.residual`` (not ``model=cifar_resnet`` runs)."""
     if RESIDUAL not in df:
         raise SelectionError(f"runs have no {RESIDUAL} param: are they model=cifar_resnet runs "
                        "(python -m rankexp experiment=degradation -m)?")
@@ -79,12 +60,8 @@ def networks(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.DataFrame, str]:
-    """The runs of ``task`` (``measure``, ``train``), or with ``any`` the first of ``prefer``
-    that has runs. Returns ``(runs, task)``.
-
-    Raises:
-        SelectionError: no run of that task (names the sizes that make them).
-    """
+    """``(runs, task)``: the runs of ``task``, or with ``any`` the first of ``prefer`` that has
+    runs; SelectionError (naming the sizes that make them) when none."""
     names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
     for t in ([task] if task != "any" else list(prefer)):
         sel = df[names == t]
@@ -97,11 +74,7 @@ def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.Da
 
 
 def lr_key(row: pd.Series) -> str:
-    """The learning-rate suffix ``<k>`` of a train run's ``*_lr<k>`` metrics (its one rate).
-
-    Raises:
-        SelectionError: the run logged no per-LR metrics.
-    """
+    """The suffix ``<k>`` of a train run's ``*_lr<k>`` metrics; SelectionError without any."""
     for c, v in row.items():
         m = LR_COLUMN.match(str(c))
         if m and pd.notna(v):
@@ -130,8 +103,7 @@ def depth_colors(depths) -> dict[int, tuple]:
 
 def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The params :func:`analysis.core.style.caption` states, as a ConvNet has them: depth, seeds,
-    size, task, and ``width`` = the stage-1 filters ``model.base_width`` (the MLP knobs a
-    cifar_resnet run logs unused — width, expansion, matrices, activation — are dropped)."""
+    size, task and ``width`` = the stage-1 filters ``model.base_width``."""
     keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
     out = df[keep].copy()
     out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
@@ -166,13 +138,8 @@ def conv_steps(depth):
 
 
 def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """``grad_ratio`` per (depth × network): columns ``plain``, ``ResNet`` (mean over runs of the
-    seed means), ``plain_std``, ``ResNet_std`` (seed spread, pooled), ``*_log10`` and
-    ``*_per_layer`` (the geometric growth per layer, ratio^(1/(6n−1))).
-
-    Raises:
-        SelectionError: runs without ``grad_ratio`` (``init_gradient_norms`` not in task.probes).
-    """
+    """``grad_ratio`` per (depth × network): ``plain``, ``ResNet`` (seed means), ``*_std`` (pooled
+    seed spread), ``*_log10``, ``*_per_layer`` (ratio^(1/(6n−1))); SelectionError without it."""
     if "grad_ratio" not in runs:
         raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
     rows = {}
@@ -192,13 +159,8 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Final errors (%) per depth: ``plain_test``, ``ResNet_test`` (final test error),
-    ``plain_train``, ``ResNet_train`` (clean final train error, where logged), ``He_ResNet_test``
-    (He et al. Table 6), ``runs``.
-
-    Raises:
-        SelectionError: runs without ``final_test_acc_lr<lr>`` (not task=train runs).
-    """
+    """Final errors (%) per depth: ``plain_test``, ``ResNet_test``, ``plain_train``,
+    ``ResNet_train`` (clean, where logged), ``He_ResNet_test`` (He et al. Table 6), ``runs``."""
     rows: dict[int, dict] = {}
     for _, row in runs.iterrows():
         k = lr_key(row)
@@ -227,10 +189,9 @@ def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
     for (res, depth), (blocks, err) in curves.items():
         n = (depth - 2) // 6
         for b, e in zip(blocks.astype(int), err, strict=True):
-            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth,
-                         "block": b, "position": (b - 0.5) / (3 * n),
-                         "downsampling": b in (n + 1, 2 * n + 1), "error": 100 * e,
-                         "intact": 100 * float(intact[(res, depth)])})
+            rows.append({"network": FAMILY_NAMES[res], "residual": res, "depth": depth, "block": b,
+                         "position": (b - 0.5) / (3 * n), "downsampling": b in (n + 1, 2 * n + 1),
+                         "error": 100 * e, "intact": 100 * float(intact[(res, depth)])})
     return pd.DataFrame(rows)
 
 
@@ -240,13 +201,7 @@ def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
                         f"(default: {default})")
 
 
-def _common_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, [EXPERIMENT], f"MLflow experiment(s) (default: {EXPERIMENT})")
-    add_where(p)
-
-
 def _init_gradients_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     _task_argument(p, "any")
 
 
@@ -283,12 +238,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-INIT_GRADIENTS_COMMAND = Command(_init_gradients_arguments, _init_gradients_main,
-                                 "degradation: per-conv gradient norms at init vs relative depth (log), plain | ResNet, and the ratio table")
-
-
 def _responses_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     _task_argument(p, "any")
 
 
@@ -327,10 +277,6 @@ def response_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns=FAMILY_NAMES)
 
 
-RESPONSES_COMMAND = Command(_responses_arguments, _responses_main,
-                            "degradation / He et al. Fig. 7: response std per 3×3 layer, layer order and sorted")
-
-
 def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
     """A train run's logged steps as epochs (its series are at step = epoch when it ran with
     ``task.epochs``, else at step = optimizer step)."""
@@ -341,7 +287,6 @@ def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
     p.add_argument("--ylim", type=float, default=None,
                    help=f"top of the error axis in %% (default: the paper's {PAPER_YLIM:g} when "
                         "the ResNets end below it, else what the curves need)")
@@ -392,10 +337,6 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
-ERROR_CURVES_COMMAND = Command(_curves_arguments, _curves_main,
-                               "degradation / He et al. Fig. 6: train and test error vs epoch, plain | ResNet")
-
-
 def _table_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
@@ -422,10 +363,6 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     paths.append(write_text(out / "final_errors.md", to_markdown(table, ".3g")))
     log.info("final errors (%%):\n%s", to_markdown(table, ".3g"))
     return paths
-
-
-ERROR_TABLE_COMMAND = Command(_common_arguments, _table_main,
-                              "degradation / He et al. Table 6: final errors per depth beside He et al.'s ResNet column")
 
 
 def _lesion_main(args: argparse.Namespace) -> list[Path]:
@@ -456,15 +393,10 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "lesion", table)
 
 
-LESION_COMMAND = Command(_common_arguments, _lesion_main,
-                         "degradation: test error with each block replaced by its shortcut, downsampling blocks marked")
-
-
 #: the plain nets' gradient-ratio growth per conv layer the replication measures at size=cpu
 #: (README, degradation table: 1.13–1.14 at depths 32–110, seeds 0 and 1; issue 19: ≈ 1.13).
-#: He et al. report no gradient norms; science.md §5 says "geometrically".
+#: He et al. report no gradient norms; the chapter says "geometrically".
 PLAIN_GROWTH_PER_CONV = 1.13
-
 
 #: its tolerance, 0.04: half the gap to the mean-field rate of fully-connected BN–ReLU nets,
 #: √(π/(π−1)) = 1.211 (Yang et al. 2019) — a fit inside is nearer the conv nets' rate than the
@@ -474,22 +406,11 @@ PLAIN_GROWTH_TOL = round((theory.BN_RELU_GRADIENT_GROWTH - PLAIN_GROWTH_PER_CONV
 
 
 def plain_growth_per_conv(ratio: pd.DataFrame) -> Measured:
-    """The plain nets' gradient ratio ‖∇W₂‖/‖∇W_{6n+1}‖ growth factor per conv layer: ``e^k``
-    of the least-squares line ``ln ratio = a + k·(6n − 1)`` over the measured depths
-    (:func:`~analysis.degradation.figures.conv_steps`; ``a`` takes the two stage changes, the
-    same at every depth), each depth weighted by its seed spread (δ ln ratio = s.d./ratio).
-
-    Args:
-        ratio: :func:`~analysis.degradation.figures.gradient_ratio_table` (columns ``plain``,
-            ``plain_std``; index: depth).
-
-    Returns:
-        :class:`Measured`: the factor (dimensionless, > 1: geometric growth toward the input)
-        and its seed spread (the fit's, from the depths' spreads; NaN without them).
-
-    Raises:
-        SelectionError: the plain ratio at fewer than two depths.
-    """
+    """The plain nets' gradient ratio ‖∇W₂‖/‖∇W_{6n+1}‖ growth per conv layer: ``e^k`` of the
+    least-squares line ``ln ratio = a + k·(6n − 1)`` over depths (``a`` takes the two stage
+    changes), each depth weighted by δ ln ratio = s.d./ratio.  ``ratio``:
+    :func:`gradient_ratio_table`.  Returns the factor (> 1: geometric growth toward the input)
+    ± the fit's seed spread; SelectionError with fewer than two depths."""
     r = ratio[["plain", "plain_std"]].dropna(subset=["plain"]) if "plain_std" in ratio \
         else ratio[["plain"]].dropna().assign(plain_std=np.nan)
     if len(r) < 2:
@@ -559,9 +480,8 @@ def response_ratio(responses: pd.DataFrame) -> float:
 
 
 def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The tables :data:`DEGRADATION` reads, built from the degradation runs ``df`` (as loaded by
-    :func:`analysis.core.runs.load_runs`) wherever those runs allow: ``ratio`` (init-time gradient
-    ratios, measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
+    """The tables :data:`DEGRADATION` reads from the runs ``df``, where they allow: ``ratio``
+    (measure runs preferred), and from train runs ``errors``, ``lesion``, ``responses``."""
     df = networks(df)
     tables: dict[str, pd.DataFrame] = {}
     with_ratio = df[df["grad_ratio"].notna()] if "grad_ratio" in df else df.iloc[:0]
@@ -600,30 +520,27 @@ def _measure(value):
 DEGRADATION: tuple[Claim, ...] = (
     Claim("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
               "at initialization grows geometrically with depth, by ≈ 1.13 per conv layer",
-          "science.md §5 (BN paradox); the replication at size=cpu",
+          "the chapter (BN paradox); the replication at size=cpu",
           f"≈ {PLAIN_GROWTH_PER_CONV:g} per conv",
           near(PLAIN_GROWTH_PER_CONV, PLAIN_GROWTH_TOL),
           _measure(lambda t: plain_growth_per_conv(t["ratio"])), size="cpu"),
     Claim("degradation.resnet_grad_ratio_bounded", "ResNets' gradient ratio stays within an "
               "order of magnitude of 1",
-          "science.md §5", "|log10| ≤ 1",
+          "the chapter", "|log10| ≤ 1",
           Check("≤ 1", lambda v: v <= 1),
           _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
     Claim("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
-          "He et al. 2016 Fig. 6", "> 0 pp",
-          Check("> 0", lambda v: v > 0),
+          "He et al. 2016 Fig. 6", "> 0 pp", Check("> 0", lambda v: v > 0),
           _measure(lambda t: plain_degradation(t["errors"])), size="full"),
     Claim("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
-          "He et al. 2016 Table 6", "8.75 → 6.43 %",
-          Check("> 0", lambda v: v > 0),
+          "He et al. 2016 Table 6", "8.75 → 6.43 %", Check("> 0", lambda v: v > 0),
           _measure(lambda t: resnet_gain(t["errors"])), size="full"),
     Claim("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
           "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %",
           Check("≤ 1 pp", lambda v: v <= 1.0),
           _measure(lambda t: resnet_vs_he(t["errors"])), size="full"),
     Claim("degradation.plain110_fails", "plain-110 stays above 60 % test error",
-          "He et al. 2016 §4.2", "> 60 %",
-          Check("> 60", lambda v: v > HE_PLAIN110_ERROR),
+          "He et al. 2016 §4.2", "> 60 %", Check("> 60", lambda v: v > HE_PLAIN110_ERROR),
           _measure(lambda t: float(t["errors"].loc[110, "plain_test"])), size="full"),
     Claim("degradation.lesion_resnet_milder", "lesioning one block hurts a ResNet less than a "
               "plain net",
@@ -634,32 +551,28 @@ DEGRADATION: tuple[Claim, ...] = (
               "responses than their plain counterparts",
           "He et al. 2016 Fig. 7", "< 1",
           Check("< 1", lambda v: v < 1),
-          _measure(lambda t: response_ratio(t["responses"]))),
-)
-
+          _measure(lambda t: response_ratio(t["responses"]))))
 
 COMMANDS = {
-    "init-gradients": INIT_GRADIENTS_COMMAND,
-    "responses": RESPONSES_COMMAND,
-    "error-curves": ERROR_CURVES_COMMAND,
-    "error-table": ERROR_TABLE_COMMAND,
-    "lesion": LESION_COMMAND,
-}
-
+    "init-gradients": Command(_init_gradients_main, "degradation: per-conv gradient norms at init "
+                              "vs relative depth (log), plain | ResNet, and the ratio table",
+                              EXPERIMENT, True, _init_gradients_arguments),
+    "responses": Command(_responses_main, "degradation / He et al. Fig. 7: response std per 3×3 "
+                         "layer, layer order and sorted", EXPERIMENT, True, _responses_arguments),
+    "error-curves": Command(_curves_main, "degradation / He et al. Fig. 6: train and test error vs "
+                            "epoch, plain | ResNet", EXPERIMENT, True, _curves_arguments),
+    "error-table": Command(_table_main, "degradation / He et al. Table 6: final errors per depth "
+                           "beside He et al.'s ResNet column", EXPERIMENT, True),
+    "lesion": Command(_lesion_main, "degradation: test error with each block replaced by its "
+                      "shortcut, downsampling blocks marked", EXPERIMENT, True)}
 
 EXPERIMENTS = (
     Experiment(
         "degradation",
         "The degradation replication (He et al. 2016)",
-        "science.md §5, last item (He et al. 2016 §4.2)",
-        analyses=(
-            "init-gradients --experiment degradation",
-            "responses --experiment degradation",
-            "error-curves --experiment degradation",
-            "error-table --experiment degradation",
-            "lesion --experiment degradation",
-        ),
+        "the chapter, last item (He et al. 2016 §4.2)",
+        analyses=("init-gradients --experiment degradation", "responses --experiment degradation",
+                  "error-curves --experiment degradation", "error-table --experiment degradation",
+                  "lesion --experiment degradation"),
         claims=DEGRADATION,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+        needs=Needs(cifar10=True, train=True, gpu_full=True)),)

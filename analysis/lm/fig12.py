@@ -17,20 +17,16 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, series
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 
-#: the study's numbers (science.md §4 fig12): (trained?, width) → off-diagonal mean cos,
+#: the study's numbers (the study, fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L
-STUDY = {
-    (False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
-    (False, 1024): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
-    (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
-    (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59},
-}
-
+STUDY = {(False, 768): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
+         (False, 1024): {"cos": "≈ 1/d", "accumulated": 1.00, "coherent": math.nan},
+         (True, 768): {"cos": "0.18", "accumulated": 1.78, "coherent": 3.26},
+         (True, 1024): {"cos": "0.15", "accumulated": 2.23, "coherent": 4.59}}
 
 METRICS = ["ffn_accumulated_ratio", "ffn_coherent_ratio", "ffn_cos_offdiag_mean",
            "ffn_cos_offdiag_abs_mean", "ffn_cos_offdiag_rms", "width", "depth", "seeds",
@@ -85,19 +81,16 @@ def summary(nets: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in nets.iterrows():
         study = STUDY.get((bool(r["trained"]), int(r["width"])), {})
-        rows.append({
-            "network": network_label(r).replace("$", ""),
-            "d": int(r["width"]), "L": int(r["depth"]), "seeds": int(r["seeds"]),
-            "cos offdiag mean": r["ffn_cos_offdiag_mean"],
-            "abs cos offdiag mean": r["ffn_cos_offdiag_abs_mean"],
-            "cos offdiag rms · d": r["ffn_cos_offdiag_rms"] * r["width"],
-            "1/d": 1.0 / r["width"],
-            "study cos": study.get("cos", "—"),
-            "accumulated/uncorrelated": r["ffn_accumulated_ratio"],
-            "study acc.": study.get("accumulated", math.nan),
-            "coherent/uncorrelated": r["ffn_coherent_ratio"],
-            "study coh.": study.get("coherent", math.nan),
-        })
+        rows.append({"network": network_label(r).replace("$", ""), "d": int(r["width"]),
+                     "L": int(r["depth"]), "seeds": int(r["seeds"]),
+                     "cos offdiag mean": r["ffn_cos_offdiag_mean"],
+                     "abs cos offdiag mean": r["ffn_cos_offdiag_abs_mean"],
+                     "cos offdiag rms · d": r["ffn_cos_offdiag_rms"] * r["width"],
+                     "1/d": 1.0 / r["width"], "study cos": study.get("cos", "—"),
+                     "accumulated/uncorrelated": r["ffn_accumulated_ratio"],
+                     "study acc.": study.get("accumulated", math.nan),
+                     "coherent/uncorrelated": r["ffn_coherent_ratio"],
+                     "study coh.": study.get("coherent", math.nan)})
     return pd.DataFrame(rows).set_index("network")
 
 
@@ -145,11 +138,6 @@ def _draw_row(axes, r: pd.Series, uri: str | None) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig12"], "MLflow experiment(s) (default: fig12)")
-    add_where(p)
-
-
 def _main(args: argparse.Namespace) -> list[Path]:
     df = load(args, METRICS)
     nets = networks(df)
@@ -165,20 +153,15 @@ def _main(args: argparse.Namespace) -> list[Path]:
         "(block 1 omitted)", "last token of a fixed prompt", "mean over seeds"])
     table = summary(nets)
     text = to_markdown(table, floatfmt=".4g")
-    print("Figure 12 (study: science.md §4 fig12)\n")
+    print("Figure 12 (study: the study, fig12)\n")
     print(text)
     write_text(out_dir(args) / "ffn_summary.md", text + "\n")
     return save(fig, out_dir(args), "fig12_ffn_jacobians", table)
 
 
-FFN_COMMAND = Command(_arguments, _main,
-                      "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, accumulated vs uncorrelated/coherent, rms(h_l), r_l")
-
-
 #: what the trained half needs: checkpoints no grid of this checkout makes (offline)
 PRETRAINED = ("pretrained GPT-2 checkpoints: python -m rankexp experiment=fig12 "
               "model.pretrained=gpt2,gpt2-medium seeds=1 -m (a hub or local copies)")
-
 
 #: GPT-2 Small and Medium widths (the study's two networks)
 SMALL, MEDIUM = 768, 1024
@@ -221,11 +204,9 @@ def _trained(metric: str, width: int):
 
 FIG12 = (
     Claim("fig12.cos_init", "At initialization the pairwise cosines of the FFN Jacobians are ≈ 1/d",
-          "science.md §4 fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
+          "the study, fig12a", "≈ 1/d (rms × d ≈ 1)", at_most(3.0), _cos_init),
     Claim("fig12.accumulated_init", "At initialization accumulated / uncorrelated = 1.00 at k = L",
-          "science.md §4 fig12b", "1.00×", near(1.0, 0.05), _accumulated_init),
-)
-
+          "the study, fig12b", "1.00×", near(1.0, 0.05), _accumulated_init))
 
 FIG12_TRAINED = tuple(
     claim
@@ -234,27 +215,18 @@ FIG12_TRAINED = tuple(
     for claim in (
         Claim(f"fig12.cos_trained_{name}",
               f"Trained GPT-2 {name.title()}: off-diagonal mean cosine of the FFN Jacobians",
-              "science.md §4 fig12a", f"{cos:g}", near(cos, 0.05),
+              "the study, fig12a", f"{cos:g}", near(cos, 0.05),
               _trained("ffn_cos_offdiag_mean", width), needs=PRETRAINED),
         Claim(f"fig12.accumulated_trained_{name}",
               f"Trained GPT-2 {name.title()}: accumulated / uncorrelated at k = L "
               f"(fully coherent: {coherent:g}×)",
-              "science.md §4 fig12b", f"{acc:g}×", near(acc, 0.25),
-              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED),
-    )
-)
+              "the study, fig12b", f"{acc:g}×", near(acc, 0.25),
+              _trained("ffn_accumulated_ratio", width), needs=PRETRAINED)))
 
+COMMANDS = {
+    "ffn": Command(_main, "Figure 12: GPT-2 FFN-branch Jacobians — pairwise cosines vs 1/d, "
+                          "accumulated vs uncorrelated/coherent, rms(h_l), r_l", "fig12", True)}
 
-COMMANDS = {"ffn": FFN_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "fig12",
-        "Figure 12: GPT-2's FFN branch along the residual stream",
-        "science.md §4 fig12",
-        analyses=("ffn --experiment fig12",),
-        claims=FIG12 + FIG12_TRAINED,
-        needs=Needs(packages=("transformers",)),
-    ),
-)
+EXPERIMENTS = (Experiment("fig12", "Figure 12: GPT-2's FFN branch along the residual stream",
+                          "the study, fig12", analyses=("ffn --experiment fig12",),
+                          claims=FIG12 + FIG12_TRAINED, needs=Needs(packages=("transformers",))),)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from collections.abc import Callable
@@ -13,7 +12,6 @@ import pandas as pd
 from rankexp.tracking import download_artifact
 
 from ..core.claims import Check, Claim, Measured, NotRun, Runs
-from ..core.runner import add_where, set_experiment_default
 
 
 def newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -30,11 +28,6 @@ def edges(centers) -> np.ndarray:
         return np.array([c[0] - 0.5, c[0] + 0.5]) if c[0] else np.array([-0.5, 0.5])
     mid = 0.5 * (c[1:] + c[:-1])
     return np.concatenate([[c[0] - (mid[0] - c[0])], mid, [c[-1] + (c[-1] - mid[-1])]])
-
-
-def common_arguments(p: argparse.ArgumentParser, experiment: str) -> None:
-    set_experiment_default(p, [experiment], f"MLflow experiment(s) (default: {experiment})")
-    add_where(p)
 
 
 def arrays(uri: str | None, run_id: str) -> dict[str, np.ndarray]:
@@ -63,12 +56,8 @@ def standard_error(std, seeds):
 
 
 def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "") -> Measured:
-    """The row of ``rows`` (columns ``measured``, ``theory``, ``se``, ``bias``) with the largest
-    deviation |measured − theory| / (3 se + bias), as :class:`Measured` naming it.
-
-    Raises:
-        NotRun: no rows, or no seed spread (one seed: no standard error).
-    """
+    """The row (``measured``, ``theory``, ``se``, ``bias``) of largest |measured − theory| /
+    (3 se + bias), as :class:`Measured`; NotRun without rows or seed spread."""
     if rows.empty:
         raise NotRun("the runs hold none of the rows this claim reads")
     allowance = 3 * rows["se"].astype(float) + rows["bias"].astype(float)

@@ -17,9 +17,8 @@ from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
-from . import claim, common_arguments, newest, worst
+from ..core.style import save, to_markdown, write_text
+from . import claim, newest, worst
 
 S_KEY = "task.options.deep_linear.s"
 
@@ -70,10 +69,6 @@ def draw_deep_linear(t: pd.DataFrame):
     return fig
 
 
-def _deep_linear_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "deep_linear")
-
-
 def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [S_KEY, "T_sim_rel_err"])
     t = deep_linear_table(df, args.uri)
@@ -88,10 +83,6 @@ def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
                   args.experiment, [f"one run per target $s$; gradient flow on orthogonal chains, "
                                     f"largest |sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}"])
     return save(fig, out, "deep_linear", t)
-
-
-DEEP_LINEAR_COMMAND = Command(_deep_linear_arguments, _deep_linear_main,
-                              "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains")
 
 
 #: the probe integrates gradient flow with DOP853 at rtol = 1e-10; an 8th-order method's global
@@ -123,29 +114,22 @@ def deep_linear_asymptote(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"s = {r['s']:g}, a₀ = {r['a0']:g}, N = {r['N']:g}")
 
 
-
 def _deep_linear_runs(runs: Runs) -> pd.DataFrame:
     return runs("deep_linear")
 
 
 DEEP_LINEAR = (
     claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
-           "T(N, a₀) of the quadrature 215.8", "science.md §5 (215.8)", "0",
+           "T(N, a₀) of the quadrature 215.8", "the chapter, 215.8", "0",
            _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
-           "science.md §5 (215.9)", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"),
-)
+           "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"))
 
-
-COMMANDS = {"deep_linear": DEEP_LINEAR_COMMAND}
-
+COMMANDS = {"deep_linear": Command(
+    _deep_linear_main,
+    "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains",
+    experiment="deep_linear", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "deep_linear",
-        "The deep-linear plateau T(N, a₀)",
-        "science.md §5 (215.8/215.9)",
-        analyses=("deep_linear -e deep_linear",),
-        claims=DEEP_LINEAR,
-    ),
-)
+    Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9",
+               analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),)

@@ -17,9 +17,8 @@ from ..core.claims import Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
-from ..core.style import plain_log_ticks, plt, save
-from ..core.tables import to_markdown, write_text
-from . import claim, common_arguments, newest, standard_error, worst
+from ..core.style import plain_log_ticks, plt, save, to_markdown, write_text
+from . import claim, newest, standard_error, worst
 
 
 def architecture(r) -> str:
@@ -105,37 +104,18 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     return fig
 
 
-def bn_spread_note(t: pd.DataFrame) -> str:
-    """The seed spread of the gradient ratio the log-axis panel cannot draw as bars."""
-    if "grad_ratio_std" not in t:
-        return "no seed spread logged"
-    rel = (t["grad_ratio_std"] / t["grad_ratio"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    return (f"gradient ratio: seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)"
-            if len(rel) else "gradient ratio: one seed, no spread")
-
-
-def _bn_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_bn")
-
-
 def _bn_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["skip_every", "grad_ratio"])
     t = bn_table(df)
     out = out_dir(args)
     write_text(out / "mf_bn.md", to_markdown(t.drop(columns="run_id")))
     fig = draw_bn(t, args.uri)
-    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", bn_spread_note(t)])
-    return save(fig, out, "mf_bn",
-                t.drop(columns="run_id"))
-
+    style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2", style.spread_note(t["grad_ratio"], t.get("grad_ratio_std"), "gradient ratio: ")])
+    return save(fig, out, "mf_bn", t.drop(columns="run_id"))
 
 
 def _bn(runs: Runs) -> pd.DataFrame:
     return bn_rows(runs("mf_bn"))
-
-
-MF_BN_COMMAND = Command(_bn_arguments, _bn_main,
-                        "BN at init: per-layer gradient norms, ratio first/last vs depth, shattered-gradient autocorrelation")
 
 
 def bn_growth(t: pd.DataFrame) -> Measured:
@@ -181,30 +161,25 @@ def shattered_decay(archs: tuple[str, ...], reference: Callable[[pd.Series], flo
 MF_BN = (
     claim("mf_bn.bn_growth", "Batch-normalized plain ReLU nets: weight-gradient norms grow "
            "geometrically toward the input, by √(π/(π−1)) ≈ 1.209 per layer",
-           "science.md §5 (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
+           "the chapter (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
            _bn, bn_growth),
     claim("mf_bn.shattered_plain", "Shattered gradients: plain (BN) nets' lag-1 "
-           "autocorrelation decays like 1/2^L", "science.md §5 (shattered gradients)", "2^{−L}",
+           "autocorrelation decays like 1/2^L", "the chapter (shattered gradients)", "2^{−L}",
            _bn, shattered_decay(("plain + BN",), lambda r: 0.5 ** r["depth"])),
     claim("mf_bn.shattered_residual", "Shattered gradients: residual nets without BN decay "
-           "like (3/4)^L", "science.md §5 (shattered gradients)", "(3/4)^L",
+           "like (3/4)^L", "the chapter (shattered gradients)", "(3/4)^L",
            _bn, shattered_decay(("residual (β = 1)",), lambda r: 0.75 ** r["depth"])),
     claim("mf_bn.shattered_residual_bn", "Shattered gradients: residual nets with BN and "
-           "branch gain β decay like 1/(β√L) (capped at 1)", "science.md §5 (shattered gradients)",
+           "branch gain β decay like 1/(β√L) (capped at 1)", "the chapter (shattered gradients)",
            "min(1, 1/(β√L))", _bn,
            shattered_decay(("residual + BN (β = 1)", "residual + BN (β = 1/√L)"), lambda r: min(1.0, 1 / (r["beta"] * math.sqrt(r["depth"]))))),
 )
 
-
-COMMANDS = {"mf_bn": MF_BN_COMMAND}
-
+COMMANDS = {
+    "mf_bn": Command(_bn_main, "BN at init: per-layer gradient norms, ratio first/last vs depth, "
+                               "shattered-gradient autocorrelation", "mf_bn", True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_bn",
-        "Batch normalization at initialization",
-        "science.md §5 (BN paradox, shattered gradients)",
-        analyses=("mf_bn -e mf_bn",),
-        claims=MF_BN,
-    ),
-)
+    Experiment("mf_bn", "Batch normalization at initialization",
+               "the chapter (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
+               claims=MF_BN),)

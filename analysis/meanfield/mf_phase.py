@@ -18,9 +18,8 @@ from ..core.claims import Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import load
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
-from . import claim, common_arguments, edges, newest, standard_error, worst
+from ..core.style import save, to_markdown, write_text
+from . import claim, edges, newest, standard_error, worst
 
 PHASE_COLUMNS = ["alpha", "bias", "chi1", "chi1_theory", "chi_c", "chi_c_theory", "xi_c",
                  "xi_c_theory", "xi_c_fit", "xi_c_fit_theory"]
@@ -95,7 +94,6 @@ def draw_phase(table: pd.DataFrame, resolution: int):
 
 
 def _phase_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_phase")
     p.add_argument("--theory-resolution", type=int, default=24,
                    help="σ_w² points of the theory ξ_c contour grid (default 24)")
 
@@ -110,13 +108,8 @@ def _phase_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_phase", table)
 
 
-
 def _phase(runs: Runs) -> pd.DataFrame:
     return phase_rows(runs("mf_phase"))
-
-
-MF_PHASE_COMMAND = Command(_phase_arguments, _phase_main,
-                           "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours")
 
 
 def phase_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -162,10 +155,8 @@ XI_RESOLVED = 2 * math.log(50)
 
 
 def phase_xi(t: pd.DataFrame) -> Measured:
-    """ξ_c = −1/ln χ_c (215.4) measured vs theory at the cells whose theory ξ_c ≤
-    L/(2 ln 50) (:data:`XI_RESOLVED`: the layers averaged are at the fixed point); s.e.
-    ξ²·s.e.(χ_c)/χ_c (the derivative of −1/ln χ_c), bias ξ²/n (χ_c's 1/n correction carried
-    the same way)."""
+    """ξ_c = −1/ln χ_c (215.4) measured vs theory where theory ξ_c ≤ L/(2 ln 50)
+    (:data:`XI_RESOLVED`); s.e. ξ²·s.e.(χ_c)/χ_c, bias ξ²/n."""
     ok = t[(t["xi_c_theory"] <= t["depth"] / XI_RESOLVED) & (t["chi_c"] > 0)]
     xi = ok["xi_c_theory"]
     rows = ok.assign(measured=ok["xi_c"], theory=xi, se=xi**2 * ok["chi_c_se"] / ok["chi_c"],
@@ -175,26 +166,20 @@ def phase_xi(t: pd.DataFrame) -> Measured:
 
 MF_PHASE = (
     claim("mf_phase.chi1", "χ₁ = σ_w² E[φ′(√q* z)²] is the mean squared singular value of a "
-           "layer Jacobian (tanh, every (σ_w², σ_b²))", "science.md §5 (215.3)", "χ₁ theory",
+           "layer Jacobian (tanh, every (σ_w², σ_b²))", "the chapter, 215.3", "χ₁ theory",
            _phase, phase_chi1),
     claim("mf_phase.sides", "Ordered where χ₁ < 1, chaotic where χ₁ > 1: every cell is on the "
-           "side of the critical line the theory puts it", "science.md §5 (215.3)", "0 cells",
+           "side of the critical line the theory puts it", "the chapter, 215.3", "0 cells",
            _phase, phase_sides, at_most(0)),
     claim("mf_phase.xi_c", "The depth scale ξ_c = −1/ln χ_c (tanh, cells with ξ_c ≤ L/(2 ln 50))",
-           "science.md §5 (215.4)", "ξ_c theory", _phase, phase_xi),
-)
+           "the chapter, 215.4", "ξ_c theory", _phase, phase_xi))
 
-
-COMMANDS = {"mf_phase": MF_PHASE_COMMAND}
-
+COMMANDS = {"mf_phase": Command(
+    _phase_main,
+    "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours",
+    experiment="mf_phase", where=True, arguments=_phase_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_phase",
-        "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
-        "science.md §5 (215.1–215.4)",
-        analyses=("mf_phase -e mf_phase",),
-        claims=MF_PHASE,
-        needs=Needs(gpu_full=True),
-    ),
-)
+    Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
+               "the chapter, 215.1–215.4", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
+               needs=Needs(gpu_full=True)),)

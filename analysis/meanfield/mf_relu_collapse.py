@@ -17,7 +17,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, save
-from . import claim, common_arguments, newest, standard_error, worst
+from . import claim, newest, standard_error, worst
 
 C0 = "task.options.correlation.c0"
 
@@ -81,20 +81,12 @@ def draw_relu_collapse(t: pd.DataFrame):
     return fig
 
 
-def _relu_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_relu_collapse")
-
-
 def _relu_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [C0, "mf_c"])
     t = relu_collapse_table(df, args.uri)
     fig = draw_relu_collapse(t)
     style.caption(fig, df, args.experiment, ["bands: ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "mf_relu_collapse", t)
-
-
-MF_RELU_COLLAPSE_COMMAND = Command(_relu_arguments, _relu_main,
-                                   "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)")
 
 
 def relu_exact_map(t: pd.DataFrame) -> Measured:
@@ -116,23 +108,17 @@ def relu_asymptote(t: pd.DataFrame) -> Measured:
 
 MF_RELU_COLLAPSE = (
     claim("mf_relu_collapse.exact_map", "Critical ReLU (σ_w² = 2): c_l follows the map f(c) = "
-           "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "science.md §5 (critical ReLU)",
+           "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "the chapter (critical ReLU)",
            "f^l(c_0)", _relu, relu_exact_map),
     claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
-           "exponential, collapse)", "science.md §5 (critical ReLU)", "ratio 1",
-           _relu, relu_asymptote),
-)
+           "exponential, collapse)", "the chapter (critical ReLU)", "ratio 1",
+           _relu, relu_asymptote))
 
-
-COMMANDS = {"mf_relu_collapse": MF_RELU_COLLAPSE_COMMAND}
-
+COMMANDS = {"mf_relu_collapse": Command(
+    _relu_main, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)",
+    experiment="mf_relu_collapse", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_relu_collapse",
-        "Critical ReLU: polynomial correlation collapse",
-        "science.md §5 (critical ReLU)",
-        analyses=("mf_relu_collapse -e mf_relu_collapse",),
-        claims=MF_RELU_COLLAPSE,
-    ),
-)
+    Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
+               "the chapter (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
+               claims=MF_RELU_COLLAPSE),)

@@ -18,7 +18,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, series
 from ..core.style import save
-from . import claim, common_arguments, newest, standard_error, worst
+from . import claim, newest, standard_error, worst
 
 
 def residual_rows(runs: Runs, df: pd.DataFrame) -> pd.DataFrame:
@@ -98,21 +98,12 @@ def draw_residual(t: pd.DataFrame):
     return fig
 
 
-def _residual_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_residual")
-
-
 def _residual_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
     t = residual_table(df, args.uri)
     fig = draw_residual(t)
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
-    return save(fig,
-                out_dir(args), "mf_residual", t)
-
-
-MF_RESIDUAL_COMMAND = Command(_residual_arguments, _residual_main,
-                              "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit")
+    return save(fig, out_dir(args), "mf_residual", t)
 
 
 def _run(r) -> str:
@@ -161,29 +152,24 @@ def residual_ode(t: pd.DataFrame) -> Measured:
 
 MF_RESIDUAL = (
     claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
-           "(1 + β²)^L", "science.md §5 (residual networks)", "(1 + β²)^L",
+           "(1 + β²)^L", "the chapter (residual networks)", "(1 + β²)^L",
            _residual, residual_variance),
     claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
-           "variance ratio → e", "science.md §5 (residual networks)", "e",
+           "variance ratio → e", "the chapter (residual networks)", "e",
            _residual, residual_variance_e),
     claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
-           "c ↦ (c + β² f(c))/(1 + β²)", "science.md §5 (residual networks)", "residual map",
+           "c ↦ (c + β² f(c))/(1 + β²)", "the chapter (residual networks)", "residual map",
            _residual, residual_correlation),
     claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
-           "dc/dt = f(c) − c", "science.md §5 (residual networks)", "ODE at t = 1",
-           _residual, residual_ode),
-)
+           "dc/dt = f(c) − c", "the chapter (residual networks)", "ODE at t = 1",
+           _residual, residual_ode))
 
-
-COMMANDS = {"mf_residual": MF_RESIDUAL_COMMAND}
-
+COMMANDS = {"mf_residual": Command(
+    _residual_main,
+    "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit",
+    experiment="mf_residual", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_residual",
-        "Residual ReLU networks: variance and correlation",
-        "science.md §5 (residual networks)",
-        analyses=("mf_residual -e mf_residual",),
-        claims=MF_RESIDUAL,
-    ),
-)
+    Experiment("mf_residual", "Residual ReLU networks: variance and correlation",
+               "the chapter (residual networks)", analyses=("mf_residual -e mf_residual",),
+               claims=MF_RESIDUAL),)

@@ -17,16 +17,13 @@ from ..core.claims import Check, Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, only
-from ..core.style import save
-from ..core.tables import write_text
-from . import arrays, claim, common_arguments, newest, standard_error, worst
+from ..core.style import save, write_text
+from . import arrays, claim, newest, standard_error, worst
 
 
 def spectrum_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (activation, init, L): Var(λ) measured, L(v_W + v_D), s.e. and the
-    finite-width bias L²/n (the order of the 1/n corrections to the free-probability limit:
-    an independent Monte Carlo of Gaussian linear chains at n = 400 gives 8.18 ± 0.07 at L = 8
-    against 8, i.e. 0.18 ≈ L²/n = 0.16)."""
+    """One row per (activation, init, L): Var(λ) measured, L(v_W + v_D), s.e. and the finite-width
+    bias L²/n (the order of the 1/n corrections to the free-probability limit)."""
     d = newest(df, ["activation", "init", "depth"])
     return pd.DataFrame({
         "activation": d["activation"], "init": d["init"], "depth": d["depth"].astype(int),
@@ -107,10 +104,6 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _spectrum_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_spectrum")
-
-
 def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["activation", "init", "lambda_var", "lambda_var_theory"])
     t = spectrum_table(df)
@@ -121,13 +114,8 @@ def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_spectrum", t)
 
 
-
 def _spectrum_runs(runs: Runs) -> pd.DataFrame:
     return runs("mf_spectrum")
-
-
-MF_SPECTRUM_COMMAND = Command(_spectrum_arguments, _spectrum_main,
-                              "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms")
 
 
 def spectrum_row_claim(activation: str, init: str) -> Callable[[pd.DataFrame], Measured]:
@@ -160,29 +148,20 @@ _SPECTRUM_ROWS = [("linear", "gaussian", "L (Fuss–Catalan: exactly L)"), ("lin
                   ("relu", "gaussian", "2L"), ("relu", "orthogonal", "L"),
                   ("tanh", "gaussian", "L(1 + v_D)"), ("tanh", "orthogonal", "L v_D (→ 0 as q* → 0)")]
 
-
 MF_SPECTRUM = tuple(
     claim(f"mf_spectrum.var_{act}_{init}",
            f"{act}, {init} weights: Var(λ) of ∂h_L/∂h_0 (λ normalized to mean 1) = L(v_W + v_D)",
-           "science.md §5 (215.7)", study, _spectrum, spectrum_row_claim(act, init))
-    for act, init, study in _SPECTRUM_ROWS
-) + (
+           "the chapter, 215.7", study, _spectrum, spectrum_row_claim(act, init))
+    for act, init, study in _SPECTRUM_ROWS) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
-           "χ₁ = 1 and q* the length map's fixed point", "science.md §5 (215.3, 215.7)",
+           "χ₁ = 1 and q* the length map's fixed point", "the chapter, 215.3, 215.7",
            "χ₁ = 1, q* = 1/64", _spectrum_runs, critical_tanh,
-           Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),
-)
+           Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),)
 
-
-COMMANDS = {"mf_spectrum": MF_SPECTRUM_COMMAND}
-
+COMMANDS = {"mf_spectrum": Command(
+    _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms",
+    experiment="mf_spectrum", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_spectrum",
-        "Jacobian spectrum: Var(λ) = L(v_W + v_D)",
-        "science.md §5 (215.7)",
-        analyses=("mf_spectrum -e mf_spectrum",),
-        claims=MF_SPECTRUM,
-    ),
-)
+    Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7",
+               analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),)

@@ -19,7 +19,7 @@ from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import load
 from ..core.style import save
-from . import claim, common_arguments, edges, values_text
+from . import claim, edges, values_text
 
 
 def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -33,7 +33,6 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _trainability(runs: Runs) -> pd.DataFrame:
-
     return trainability_table(runs("mf_trainability"))
 
 
@@ -66,10 +65,6 @@ def draw_trainability(t: pd.DataFrame, activation: str):
     return fig
 
 
-def _trainability_arguments(p: argparse.ArgumentParser) -> None:
-    common_arguments(p, "mf_trainability")
-
-
 def _trainability_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, ["alpha", "bias", "depth", "activation", "best_test_accuracy"])
     t = trainability_table(df)
@@ -77,21 +72,14 @@ def _trainability_main(args: argparse.Namespace) -> list[Path]:
     lrs = values_text(df, "task.lrs")
     fig = draw_trainability(t, str(df["activation"].iloc[0]))
     style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
-    return save(fig, out_dir(args),
-                "mf_trainability", t)
-
-
-MF_TRAINABILITY_COMMAND = Command(_trainability_arguments, _trainability_main,
-                                  "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid")
+    return save(fig, out_dir(args), "mf_trainability", t)
 
 
 #: the chance accuracy of CIFAR-10 and 3 binomial s.e. of it on the 10 000 test images: a
 #: network "trains" when its best test accuracy exceeds this
 CHANCE, TEST_IMAGES = 0.1, 10_000
 
-
 TRAINED = CHANCE + 3 * math.sqrt(CHANCE * (1 - CHANCE) / TEST_IMAGES)
-
 
 #: Schoenholz et al.'s boundary L = 6 ξ_c; cells within a factor 2 of it are the transition
 #: (their Fig. 5: accuracy falls from trained to chance over about a factor 2 in L) and not judged
@@ -116,21 +104,15 @@ def trainability(t: pd.DataFrame) -> Measured:
 MF_TRAINABILITY = (
     claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
            "(cells within a factor 2 of the boundary not judged)",
-           "science.md §5 (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
-           at_most(0), size="full"),
-)
+           "the chapter (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
+           at_most(0), size="full"),)
 
-
-COMMANDS = {"mf_trainability": MF_TRAINABILITY_COMMAND}
-
+COMMANDS = {"mf_trainability": Command(
+    _trainability_main, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
+    experiment="mf_trainability", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "mf_trainability",
-        "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
-        "science.md §5 (Schoenholz et al. 2017)",
-        analyses=("mf_trainability -e mf_trainability",),
-        claims=MF_TRAINABILITY,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+    Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
+               "the chapter (Schoenholz et al. 2017)",
+               analyses=("mf_trainability -e mf_trainability",), claims=MF_TRAINABILITY,
+               needs=Needs(cifar10=True, train=True, gpu_full=True)),)

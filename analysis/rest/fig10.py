@@ -7,24 +7,19 @@ import argparse
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import load, need, only, warn_mixed
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.runner import Command, out_dir
+from ..core.select import load, need, only, pooled, warn_mixed
+from ..core.style import save, to_markdown, write_text
 from ..study.fig4 import by_post, deepest
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 
-
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
-
 
 RESCALING = ("rmsnorm", "layernorm")
 
@@ -67,13 +62,6 @@ def _line(ax, t: pd.DataFrame, **kw) -> None:
     ax.plot(t.index, t["mean"], marker="o", **kw)  # log–log axes: no error bars (see spread_note)
 
 
-def spread_note(table: pd.DataFrame) -> str:
-    """The caption's seed spread, which log–log axes cannot draw as bars."""
-    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    return (f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds)" if len(rel)
-            else "one seed per point: no spread")
-
-
 def draw(table: pd.DataFrame, metric: str):
     """Panels (a) and (b) side by side (log–log axes over depth)."""
     fig, axes = style.panels(2, max_cols=2, aspect=0.8)
@@ -102,9 +90,7 @@ def draw(table: pd.DataFrame, metric: str):
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig10"], "MLflow experiment(s) (default: fig10)")
     p.add_argument("--metric", default="erank_io", help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -113,7 +99,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = op_table(df, args.metric)
     fig = draw(table, args.metric)
     fig.suptitle("Figure 10: post-residual op $R$ without the Pre-RMSNorm control")
-    style.caption(fig, df, args.experiment, [spread_note(table)])
+    style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
     out = out_dir(args)
     paths = save(fig, out, f"post_ops_{args.metric}", table)
     wide = table["mean"].unstack("depth").reindex(list(dict.fromkeys(table.index.droplevel(2))))
@@ -131,10 +117,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-POST_OPS_COMMAND = Command(_arguments, _main,
-                           "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control")
-
-
 def _fig10_alike(runs: Runs) -> Measured:
     e = by_post(deepest(only(runs("fig10"), norm__pre="none")))
     if len(e) < 2:
@@ -144,10 +126,8 @@ def _fig10_alike(runs: Runs) -> Measured:
 
 
 def control_gap_measured(free: pd.DataFrame, ctrl: pd.DataFrame) -> Measured:
-    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in units of its seed
-    standard error √(s.e.² + s.e.²) (each s.e. = seed s.d./√seeds of the run; the frames hold
-    ``norm.post``, ``erank_io``, ``erank_io_std``, ``seeds``): "coincide" = equal within seed
-    noise, ≤ 3."""
+    """Largest |with − without| of erank/d over R ∈ {rmsnorm, layernorm} in seed standard errors
+    √(s.e.² + s.e.²): "coincide" = ≤ 3."""
     def stats(df):
         need(df, "erank_io", "erank_io_std", "seeds", "norm.post")
         g = df.assign(se2=df["erank_io_std"] ** 2 / df["seeds"].astype(float)).groupby("norm.post")
@@ -171,25 +151,19 @@ def _fig10_control(runs: Runs) -> Measured:
 FIG10 = (
     Claim("fig10.ops_alike", "Without the Pre-RMSNorm the five post-residual ops "
           "collapse alike (none and meansub at nearly the rescaling rate)",
-          "science.md §4 fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
+          "the study, fig10(a)", "indistinguishable", at_most(1.5), _fig10_alike),
     # ≤ 1.5: the study's own words put none and meansub "at nearly the rescaling rate" — alike
     # on Figure 10(a)'s log axis, not within seed noise — so "indistinguishable" is read as
     # within a factor 1.5 (0.18 decades, under one minor tick) at the deepest L
     Claim("fig10.control_coincides", "Post-RMSNorm and post-LayerNorm coincide with "
           "and without the Pre-RMSNorm control (within 3 seed standard errors)",
-          "science.md §4 fig10(b)", "coincide", at_most(3.0), _fig10_control),
-)
+          "the study, fig10(b)", "coincide", at_most(3.0), _fig10_control))
 
-
-COMMANDS = {"post_ops": POST_OPS_COMMAND}
-
+COMMANDS = {"post_ops": Command(
+    _main,
+    "Figure 10: erank by post-residual op R across depth, without and with the Pre-RMSNorm control",
+    experiment="fig10", where=True, arguments=_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig10",
-        "Figure 10: the post-residual op without the Pre-RMSNorm control",
-        "science.md §4 fig10",
-        analyses=("post_ops --experiment fig10",),
-        claims=FIG10,
-    ),
-)
+    Experiment("fig10", "Figure 10: the post-residual op without the Pre-RMSNorm control",
+               "the study, fig10", analyses=("post_ops --experiment fig10",), claims=FIG10),)

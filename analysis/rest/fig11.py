@@ -25,18 +25,9 @@ def _fig11_rms(runs: Runs) -> Measured:
 
 FIG11 = (
     Claim("fig11.kappa_slope", "rms(h_l)² − 1 vs (βα^M)² l is one line of slope "
-          "κ ≈ 0.51 for every α", "science.md §4 fig11(b)", "0.51", near(0.51, 0.05), _fig11_kappa),
+          "κ ≈ 0.51 for every α", "the study, fig11(b)", "0.51", near(0.51, 0.05), _fig11_kappa),
     Claim("fig11.rms_L384", "At L = 384, α = β = 1 the Pre-Norm stream reaches rms "
-          "≈ 14.5", "science.md §4 fig11", "14.5", near(14.5, 0.7), _fig11_rms, size="cpu"),
-)
+          "≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _fig11_rms, size="cpu"))
 
-
-EXPERIMENTS = (
-    Experiment(
-        "fig11",
-        "Figure 11: Pre-Norm stream growth",
-        "science.md §4 fig11",
-        analyses=("stream --experiment fig11",),
-        claims=FIG11,
-    ),
-)
+EXPERIMENTS = (Experiment("fig11", "Figure 11: Pre-Norm stream growth", "the study, fig11",
+                          analyses=("stream --experiment fig11",), claims=FIG11),)

@@ -17,19 +17,10 @@ def _fig13_rank(runs: Runs) -> Measured:
                     f"lowest cell: α = {df.loc[i, 'alpha']:g}, L = {int(df.loc[i, 'depth'])}")
 
 
-FIG13 = (
-    Claim("fig13.rank_floor", "Output norm: the rank stays above collapse at every α "
-          "and L, like Pre-Norm", "science.md §4 fig13", "above collapse (≫ 0.02)",
-          at_least(0.1), _fig13_rank),
-)
-
+FIG13 = (Claim("fig13.rank_floor", "Output norm: the rank stays above collapse at every α "
+               "and L, like Pre-Norm", "the study, fig13", "above collapse (≫ 0.02)",
+               at_least(0.1), _fig13_rank),)
 
 EXPERIMENTS = (
-    Experiment(
-        "fig13",
-        "Figure 13 (ranks): branch-output norm on the fig6 grid",
-        "science.md §4 fig13",
-        analyses=("heatmap --experiment fig13",),
-        claims=FIG13,
-    ),
-)
+    Experiment("fig13", "Figure 13 (ranks): branch-output norm on the fig6 grid",
+               "the study, fig13", analyses=("heatmap --experiment fig13",), claims=FIG13),)

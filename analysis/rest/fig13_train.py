@@ -21,18 +21,12 @@ def _fig13_accuracy(runs: Runs) -> Measured:
 
 FIG13_TRAIN = (
     Claim("fig13.cifar_55", "Output norm: best CIFAR-10 accuracy ≈ 55 % at every "
-          "α and L (5000 steps)", "science.md §4 fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),
-)
-
+          "α and L (5000 steps)", "the study, fig13", "≈ 0.55", at_least(0.5), _fig13_accuracy),)
 
 EXPERIMENTS = (
     Experiment(
-        "fig13_train",
-        "Figure 13 (trainability): branch-output norm trained on CIFAR-10",
-        "science.md §4 fig13",
+        "fig13_train", "Figure 13 (trainability): branch-output norm trained on CIFAR-10",
+        "the study, fig13",
         analyses=("fig6 --rank-experiment fig13 --train-experiment fig13_train --figure 13",),
-        claims=FIG13_TRAIN,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-        reads=('fig13',),
-    ),
+        claims=FIG13_TRAIN, needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig13',)),
 )

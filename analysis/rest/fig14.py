@@ -16,27 +16,19 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near, seed_std
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import SelectionError, load, need, only
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.runner import Command, out_dir
+from ..core.select import SelectionError, load, need, only, pooled
+from ..core.style import save, write_markdown
 
 log = logging.getLogger("analysis")
 
-
 KEYS = ["matrices", "activation"]
-
 
 MATRIX = "branch_mean_cos_matrix"
 
 
 def seed_matrices(uri: str | None, run_id: str) -> np.ndarray:
-    """The run's per-seed ``cos(m_l, m_l′)`` ``(E, L, L)`` from its ``arrays.npz``.
-
-    Raises:
-        SelectionError: the run logged no such array (representation not run, or L = 1).
-    """
+    """The run's per-seed ``cos(m_l, m_l′)``, ``(E, L, L)``, from its ``arrays.npz``."""
     with tempfile.TemporaryDirectory() as tmp:
         with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
             if MATRIX not in z.files:
@@ -94,9 +86,7 @@ def draw_separation(fields: dict, coherence: dict):
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig14"], "MLflow experiment(s) (default: fig14)")
     p.add_argument("--every", type=int, default=8, help="draw every k-th layer (default 8, the study's)")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -138,10 +128,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-COS_FIELD_COMMAND = Command(_arguments, _main,
-                            "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ")
-
-
 def _fig14(matrices: int, centred: bool):
     def measure(runs: Runs) -> Measured:
         df = only(runs("fig14"), matrices=matrices)
@@ -157,24 +143,17 @@ def _fig14(matrices: int, centred: bool):
 
 FIG14 = (
     Claim("fig14.a_uniform_c", "M = 1 ReLU: the branch means form a uniform field at "
-          "c = 1/π", "science.md §4 fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
+          "c = 1/π", "the study, fig14(a)", "0.320 (d = 256, n = 4096)", near(0.320, 0.03),
           _fig14(1, False)),
     Claim("fig14.b_m2_zero", "M = 2: the branch means are uncorrelated across layers",
-          "science.md §4 fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
+          "the study, fig14(b)", "0.002", near(0.002, 0.01), _fig14(2, False)),
     Claim("fig14.c_centred_zero", "A centred activation (tanh, M = 1): no mean field",
-          "science.md §4 fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)),
-)
+          "the study, fig14(c)", "−0.000", near(0.0, 0.01), _fig14(1, True)))
 
-
-COMMANDS = {"cos_field": COS_FIELD_COMMAND}
-
+COMMANDS = {"cos_field": Command(
+    _main, "Figure 14: pairwise cos(m_l, m_l') of the branch means, every 8th layer, per M and σ",
+    experiment="fig14", where=True, arguments=_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig14",
-        "Figure 14: the pairwise cosine field of the branch means",
-        "science.md §4 fig14",
-        analyses=("cos_field --experiment fig14",),
-        claims=FIG14,
-    ),
-)
+    Experiment("fig14", "Figure 14: the pairwise cosine field of the branch means",
+               "the study, fig14", analyses=("cos_field --experiment fig14",), claims=FIG14),)

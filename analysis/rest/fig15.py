@@ -12,17 +12,13 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, Runs, near, seed_std
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import load, need, only, series
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.runner import Command, out_dir
+from ..core.select import load, need, only, pooled, series
+from ..core.style import save, write_markdown
 
 PRE, OUT = "norm.pre", "norm.out"
 
-
 B_ORDER = ["meansub", "layernorm", "rmsnorm", "none"]
-
 
 STUDY = {("layernorm", "none"): 0.078, ("rmsnorm", "none"): 0.009, ("rmsnorm", "meansub"): 0.745,
          ("rmsnorm", "layernorm"): 0.745, ("rmsnorm", "rmsnorm"): 0.008}
@@ -78,11 +74,6 @@ def draw(df: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig15"], "MLflow experiment(s) (default: fig15)")
-    add_where(p)
-
-
 def _main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [PRE, OUT, "rep_erank_final"])
     table = final_table(df)
@@ -98,10 +89,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-CENTRING_COMMAND = Command(_arguments, _main,
-                           "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B")
-
-
 def _fig15(pre: str, out: str):
     def measure(runs: Runs) -> Measured:
         df = only(runs("fig15"), norm__pre=pre, norm__out=out)
@@ -113,7 +100,7 @@ def _fig15(pre: str, out: str):
 
 
 FIG15 = tuple(
-    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"science.md §4 fig15({cid[0]})",
+    Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"the study, fig15({cid[0]})",
           f"{value} (d = 256, L = 512)", near(value, tol), _fig15(pre, out))
     for cid, pre, out, what, value, tol in (
         ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
@@ -123,20 +110,12 @@ FIG15 = tuple(
         ("b_out_layernorm", "rmsnorm", "layernorm", "Pre-RMSNorm + branch-output layernorm keeps the "
          "rank", 0.745, 0.05),
         ("b_out_rmsnorm", "rmsnorm", "rmsnorm", "Pre-RMSNorm + branch-output rmsnorm collapses (the "
-         "rescaling does not help)", 0.008, 0.005),
-    )
-)
+         "rescaling does not help)", 0.008, 0.005)))
 
-
-COMMANDS = {"centring": CENTRING_COMMAND}
-
+COMMANDS = {"centring": Command(
+    _main, "Figure 15: erank(Z_l)/d of M = 1 branches by pre-branch op P and branch-output op B",
+    experiment="fig15", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig15",
-        "Figure 15: centring, not rescaling, keeps M = 1 rank",
-        "science.md §4 fig15",
-        analyses=("centring --experiment fig15",),
-        claims=FIG15,
-    ),
-)
+    Experiment("fig15", "Figure 15: centring, not rescaling, keeps M = 1 rank",
+               "the study, fig15", analyses=("centring --experiment fig15",), claims=FIG15),)

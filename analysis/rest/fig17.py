@@ -30,18 +30,9 @@ def _fig17_ks(acts: tuple[str, ...]):
 
 FIG17 = (
     Claim("fig17.mp_exact", "Gram spectrum of D·W_up is Marchenko–Pastur, exact for "
-          "relu and abs", "science.md §4 fig17", "exact", at_most(1.0), _fig17_ks(("relu", "abs"))),
+          "relu and abs", "the study, fig17", "exact", at_most(1.0), _fig17_ks(("relu", "abs"))),
     Claim("fig17.mp_approximate", "…and approximate for gelu and silu",
-          "science.md §4 fig17", "approximate", at_most(0.15), _fig17_ks(("gelu", "silu"))),
-)
+          "the study, fig17", "approximate", at_most(0.15), _fig17_ks(("gelu", "silu"))))
 
-
-EXPERIMENTS = (
-    Experiment(
-        "fig17",
-        "Figure 17: Marchenko–Pastur per activation",
-        "science.md §4 fig17",
-        analyses=("mp --experiment fig17",),
-        claims=FIG17,
-    ),
-)
+EXPERIMENTS = (Experiment("fig17", "Figure 17: Marchenko–Pastur per activation", "the study, fig17",
+                          analyses=("mp --experiment fig17",), claims=FIG17),)

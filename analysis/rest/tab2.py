@@ -11,26 +11,18 @@ import pandas as pd
 
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.runs import attach_to_parents
-from ..core.seeds import pooled
-from ..core.select import load, need
-from ..core.tables import write_markdown
+from ..core.select import load, need, pooled
+from ..core.style import write_markdown
 
 OP = "norm.op"
 
-
 OPS = ["rmsnorm", "detached", "meansub", "layernorm"]
 
-
 #: Table 2's reading of each op: (what J removes, whether it rescales)
-TABLE2 = {
-    "rmsnorm": ("x̂", "√d/‖x‖"),
-    "detached": ("nothing", "√d/‖x‖"),
-    "meansub": ("1", "none"),
-    "layernorm": ("x̂_c and 1", "√d/‖x−μ‖"),
-}
-
+TABLE2 = {"rmsnorm": ("x̂", "√d/‖x‖"), "detached": ("nothing", "√d/‖x‖"), "meansub": ("1", "none"),
+          "layernorm": ("x̂_c and 1", "√d/‖x−μ‖")}
 
 T2_COLUMNS = ("jac_autograd_error", "jac_removes_xhat", "jac_removes_xhat_c", "jac_removes_ones",
               "jac_rank_deficit", "jac_scale", "jac_scale_theory", "jac_sv_spread", "jac_scale_rms")
@@ -49,11 +41,6 @@ def table2(df: pd.DataFrame) -> pd.DataFrame:
     return t.reindex([o for o in OPS if o in t.index] + [o for o in t.index if o not in OPS]).rename_axis("op")
 
 
-def _table2_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["tab2"], "MLflow experiment(s) (default: tab2)")
-    add_where(p)
-
-
 def _table2_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [OP, "jac_autograd_error", "jac_rank_deficit"])
     t = table2(df)
@@ -65,10 +52,6 @@ def _table2_main(args: argparse.Namespace) -> list[Path]:
     t.to_csv(paths[1])
     attach_to_parents(paths[1:], df)
     return paths
-
-
-TABLE2_COMMAND = Command(_table2_arguments, _table2_main,
-                         "Table 2: the post-residual ops' Jacobians (closed form vs autograd, removed directions, scale)")
 
 
 DEFICIT = {"rmsnorm": 1, "detached": 0, "meansub": 1, "layernorm": 2}
@@ -93,21 +76,13 @@ def _tab2_removed(runs: Runs) -> Measured:
 
 TAB2 = (
     Claim("tab2.autograd", "The closed-form Jacobians of Table 2 equal autograd",
-          "science.md §1 table, §4 tab2", "exact", at_most(1e-12), _tab2_autograd),
+          "the study, tab2", "exact", at_most(1e-12), _tab2_autograd),
     Claim("tab2.removed", "rmsnorm removes x̂, detached nothing, meansub 1, layernorm "
-          "both", "science.md §4 tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed),
-)
+          "both", "the study, tab2", "1/0/1/2 directions", at_most(0.0), _tab2_removed))
 
+COMMANDS = {
+    "table2": Command(_table2_main, "Table 2: the post-residual ops' Jacobians (closed form vs "
+                                    "autograd, removed directions, scale)", "tab2", True)}
 
-COMMANDS = {"table2": TABLE2_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "tab2",
-        "Table 2: the post-residual ops' Jacobians",
-        "science.md §4 tab2",
-        analyses=("table2 --experiment tab2",),
-        claims=TAB2,
-    ),
-)
+EXPERIMENTS = (Experiment("tab2", "Table 2: the post-residual ops' Jacobians", "the study, tab2",
+                          analyses=("table2 --experiment tab2",), claims=TAB2),)

@@ -14,22 +14,17 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import SelectionError, load, need
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.runner import Command, out_dir
+from ..core.select import SelectionError, load, need, pooled
+from ..core.style import save, write_markdown
 
 EPS = "task.options.projection_walk.step_angle"
-
 
 #: the study's Table 3: ε → erank/d at L = 48, 96, 192, 384
 TABLE3 = {0.01: (0.996,) * 4, 0.15: (0.996,) * 4, 0.30: (0.996, 0.996, 0.995, 0.995),
           0.60: (0.994, 0.992, 0.988, 0.980)}
 
-
 TABLE3_DEPTHS = (48, 96, 192, 384)
-
 
 _WALK = re.compile(r"^walk_erank_L(\d+)$")
 
@@ -79,11 +74,6 @@ def draw_table3(t: pd.DataFrame):
     return fig
 
 
-def _table3_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["tab3"], "MLflow experiment(s) (default: tab3)")
-    add_where(p)
-
-
 def _table3_main(args: argparse.Namespace) -> list[Path]:
     df = load(args, [EPS])
     t = table3(df)
@@ -100,10 +90,6 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
     paths.append(write_markdown(out / "table3.md", head,
                                 wide.join(study.dropna(axis=1, how="all")), ".4f", runs=df))
     return paths
-
-
-TABLE3_COMMAND = Command(_table3_arguments, _table3_main,
-                         "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L")
 
 
 def _tab3(runs: Runs) -> pd.DataFrame:
@@ -137,21 +123,15 @@ def _tab3_floor(runs: Runs) -> Measured:
 
 TAB3 = (
     Claim("tab3.values", "Random-walk projection products: erank/d as the study's "
-          "Table 3 (d = 256)", "science.md §4 tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
+          "Table 3 (d = 256)", "the study, tab3", "0.996 … 0.980", at_most(0.002), _tab3_match, size="cpu"),
     Claim("tab3.no_collapse", "Rank-one projections along a random walk do not "
-          "collapse rank", "science.md §4 tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"),
-)
+          "collapse rank", "the study, tab3", "≥ 0.98", at_least(0.98), _tab3_floor, size="cpu"))
 
-
-COMMANDS = {"table3": TABLE3_COMMAND}
-
+COMMANDS = {"table3": Command(
+    _table3_main,
+    "Table 3: erank/d of rank-one projections along a random walk, per step angle ε and length L",
+    experiment="tab3", where=True)}
 
 EXPERIMENTS = (
-    Experiment(
-        "tab3",
-        "Table 3: rank-one projections along a random walk",
-        "science.md §4 tab3",
-        analyses=("table3 --experiment tab3",),
-        claims=TAB3,
-    ),
-)
+    Experiment("tab3", "Table 3: rank-one projections along a random walk", "the study, tab3",
+               analyses=("table3 --experiment tab3",), claims=TAB3),)

@@ -1,1 +1,1 @@
-"""The study's core figures and tables (the study, §3): Figures 1–8 and 16, Tables 1, 4–6."""
+"""The study's core figures and tables: Figures 1–8 and 16, Tables 1, 4–6."""

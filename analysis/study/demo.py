@@ -4,12 +4,6 @@ from __future__ import annotations
 
 from ..core.registry import Experiment
 
-EXPERIMENTS = (
-    Experiment(
-        "demo",
-        "Demo: Pre- vs Post-Norm erank across α and depth",
-        "science.md §3 fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
-        analyses=("heatmap --experiment demo",),
-        reproduce=False,
-    ),
-)
+EXPERIMENTS = (Experiment("demo", "Demo: Pre- vs Post-Norm erank across α and depth",
+                          "the study, fig6 (a CPU-sized taste: Pre- vs Post-Norm)",
+                          analyses=("heatmap --experiment demo",), reproduce=False),)

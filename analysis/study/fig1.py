@@ -17,7 +17,7 @@ from rankexp.theory import activation_constants, prenorm_branch_ratio, prenorm_s
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
 
@@ -33,18 +33,11 @@ def _cells(df: pd.DataFrame, keys: list[str]):
         yield (values if isinstance(values, tuple) else (values,)), runs
 
 
-def profile_table(
-    df: pd.DataFrame, uri: str | None, keys: list[str], metric: str = "erank_profile"
-) -> pd.DataFrame:
-    """Long table of the per-layer ``metric`` over the seeds of each cell of ``keys``.
-
-    Columns: ``keys…``, ``layer``, ``<metric>`` (mean over every seed of the cell's runs),
-    ``<metric>_std`` (their standard deviation, pooled exactly from each run's logged
-    ``<metric>_std`` series; :mod:`analysis.core.seeds`), ``runs``, and ``theory`` (the closed
-    form of :data:`SERIES_THEORY` where the metric has one and the cell's runs share its
-    inputs; NaN otherwise).  One :func:`metric_history` call per run for ``metric`` and one
-    for ``<metric>_std`` (absent with one seed: 0).
-    """
+def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
+                  metric: str = "erank_profile") -> pd.DataFrame:
+    """Long table of the per-layer ``metric`` per cell of ``keys``: ``keys…``, ``layer``,
+    ``<metric>`` (seed mean), ``<metric>_std`` (pooled, :func:`analysis.core.select.pooled`),
+    ``runs``, ``theory`` (:data:`SERIES_THEORY` where the cell's runs share its inputs, else NaN)."""
     rows = []
     bar = tqdm(total=len(df), desc=f"{metric} series", disable=None, leave=False)
     for values, runs in _cells(df, keys):
@@ -63,9 +56,7 @@ def profile_table(
         pooled["theory"] = _series_theory(metric, runs, pooled.index.to_numpy())
         rows.append(pooled.reset_index().assign(**dict(zip(keys, values, strict=True))))
     bar.close()
-    out = pd.concat(rows, ignore_index=True).rename(
-        columns={"m": metric, "s": f"{metric}_std"}
-    )
+    out = pd.concat(rows, ignore_index=True).rename(columns={"m": metric, "s": f"{metric}_std"})
     return out[keys + ["layer", metric, f"{metric}_std", "runs", "theory"]]
 
 
@@ -77,15 +68,10 @@ def _pool(g: pd.DataFrame) -> pd.Series:
     return pd.Series({"m": mean, "s": np.sqrt(ss / (n.sum() - 1)) if n.sum() > 1 else 0.0})
 
 
-def branch_ratio_theory(
-    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-) -> np.ndarray:
-    """Measured branch-to-skip ratio ``r_l = ‖βJ_l‖_F/‖I‖_F`` predicted at each layer l.
-
-    ``r_l = √p · r̃_l`` (p = E[σ′(αz)²], :func:`rankexp.theory.activation_constants`): Pre-Norm
-    ``r̃_l`` is Eq. 22 (:func:`rankexp.theory.prenorm_branch_ratio`, κ of :func:`kappa_theory`);
-    every other placement holds ``r̃_l = βα^M`` (Eq. 21 at unit rms: exact for post).
-    """
+def branch_ratio_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                        alpha: float) -> np.ndarray:
+    """Predicted ``r_l = ‖βJ_l‖_F/‖I‖_F = √p · r̃_l`` (p = E[σ′(αz)²]): Pre-Norm ``r̃_l`` is Eq. 22
+    (κ of :func:`kappa_theory`); other placements ``r̃_l = βα^M`` (Eq. 21, exact for post)."""
     layers = np.asarray(layers, dtype=float)
     p = activation_constants(activation, alpha**2).survival
     if placement == "pre":
@@ -107,12 +93,8 @@ def _stream_theory(layers, placement, nominal_ratio, activation, alpha) -> np.nd
 #: per-layer series with a closed form: ``f(layers, placement, βα^M, activation, α)``
 SERIES_THEORY = {"branch_ratio": branch_ratio_theory, "rms": _stream_theory}
 
-
-_THEORY_NAME = {
-    "branch_ratio": r"dashed: $\sqrt{p}\,\tilde r_\ell$ (Eq. 21/22)",
-    "rms": r"dashed: $\sqrt{1+\kappa(\beta\alpha^M)^2\ell}$",
-}
-
+_THEORY_NAME = {"branch_ratio": r"dashed: $\sqrt{p}\,\tilde r_\ell$ (Eq. 21/22)",
+                "rms": r"dashed: $\sqrt{1+\kappa(\beta\alpha^M)^2\ell}$"}
 
 _THEORY_INPUTS = (PLACEMENT, "nominal_ratio", "activation", "alpha")
 
@@ -132,8 +114,7 @@ def _series_theory(metric: str, runs: pd.DataFrame, layers: np.ndarray) -> np.nd
     return np.asarray(
         f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
           float(c["alpha"])),
-        dtype=float,
-    )
+        dtype=float)
 
 
 def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: str, ylabel: str):
@@ -159,20 +140,10 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
                 if line.empty:
                     continue
                 color = colors[h if hue else 0]
-                ax.plot(
-                    line["layer"],
-                    line[metric],
-                    color=color,
-                    label=style.value_label(hue, h) if hue and not numeric else None,
-                )
-                ax.fill_between(
-                    line["layer"],
-                    line[metric] - line[f"{metric}_std"],
-                    line[metric] + line[f"{metric}_std"],
-                    color=color,
-                    alpha=0.2,
-                    lw=0,
-                )
+                ax.plot(line["layer"], line[metric], color=color,
+                        label=style.value_label(hue, h) if hue and not numeric else None)
+                ax.fill_between(line["layer"], line[metric] - line[f"{metric}_std"],
+                                line[metric] + line[f"{metric}_std"], color=color, alpha=0.2, lw=0)
                 if line["theory"].notna().any():
                     ax.plot(line["layer"], line["theory"], color=color, ls="--", lw=0.8)
                     theory_drawn = True
@@ -195,22 +166,14 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
 
 
 def _profiles_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig1"], "MLflow experiment(s) (default: fig1)")
-    p.add_argument(
-        "--metric",
-        default="erank_profile",
-        help="per-layer series (default: erank_profile = erank(∂h_l/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--rows", default="skip_every", help="one panel row per value (default: skip_every)"
-    )
-    p.add_argument(
-        "--cols", default="beta_scaling", help="one panel column per value (default: beta_scaling)"
-    )
-    p.add_argument(
-        "--hue", default="expansion", help="one line per value (default: expansion = m/d)"
-    )
-    add_where(p)
+    p.add_argument("--metric", default="erank_profile",
+                   help="per-layer series (default: erank_profile = erank(∂h_l/∂h_0)/d)")
+    p.add_argument("--rows", default="skip_every",
+                   help="one panel row per value (default: skip_every)")
+    p.add_argument("--cols", default="beta_scaling",
+                   help="one panel column per value (default: beta_scaling)")
+    p.add_argument("--hue", default="expansion",
+                   help="one line per value (default: expansion = m/d)")
 
 
 def _profiles_main(args: argparse.Namespace) -> list[Path]:
@@ -230,17 +193,9 @@ def _profiles_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), f"profiles_{args.metric}", table.set_index(keys + ["layer"]))
 
 
-PROFILES_COMMAND = Command(_profiles_arguments, _profiles_main,
-                           "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d")
-
-
 def kappa_theory(activation: str, alpha: float) -> float:
-    """κ of ``rms(h_l)² = 1 + κ(βα^M)² l``: the energy a Pre-Norm branch adds per unit (βα^M)².
-
-    The branch input has unit rms, its preactivation variance is α², so each block adds
-    ``β² α^{2(M−1)} E[σ(α z)²]`` = ``(βα^M)² · E[σ(α z)²]/α²``; for positively homogeneous σ
-    this is E[σ(z)²] (½ for ReLU) at every α (:func:`rankexp.theory.activation_constants`).
-    """
+    """κ of ``rms(h_l)² = 1 + κ(βα^M)² l``: each block adds ``(βα^M)² · E[σ(α z)²]/α²``, which is
+    E[σ(z)²] (½ for ReLU) at every α for positively homogeneous σ."""
     return activation_constants(activation, alpha**2).kappa / alpha**2
 
 
@@ -251,8 +206,7 @@ def _fig1_noskip_collapse(runs: Runs) -> Measured:
 
     def ratio(d):
         return d[d["skip_every"] == 0]["erank_io"].mean() / d[d["skip_every"] == 1][
-            "erank_io"
-        ].mean()
+            "erank_io"].mean()
 
     both = pd.concat([plain, skip], ignore_index=True)
     return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),
@@ -283,24 +237,16 @@ def _fig1_troughs(runs: Runs) -> Measured:
 
 FIG1 = (
     Claim("fig1.noskip_collapse", "Without skips the profile collapses with depth (vs an identity skip every block)",
-          "science.md §3 fig1", "collapse", at_most(0.5), _fig1_noskip_collapse),
+          "the study, fig1", "collapse", at_most(0.5), _fig1_noskip_collapse),
     Claim("fig1.flat_inv_sqrt_depth", "β = 1/√L keeps the profile flat",
-          "science.md §3 fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
+          "the study, fig1", "flat (≈ 1)", at_least(0.8), _fig1_flat),
     Claim("fig1.wider_troughs", "Wider branches raise the troughs of the sawtooth (skip every 4)",
-          "science.md §3 fig1", "rises with m/d", above(0.0), _fig1_troughs),
-)
+          "the study, fig1", "rises with m/d", above(0.0), _fig1_troughs))
 
+COMMANDS = {"profiles": Command(
+    _profiles_main, "Figure 1: erank(∂h_l/∂h_0)/d vs layer, panels skip × β, lines per m/d",
+    experiment="fig1", where=True, arguments=_profiles_arguments)}
 
-COMMANDS = {"profiles": PROFILES_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "fig1",
-        "Figure 1: the per-layer rank profile with and without skips",
-        "science.md §3 fig1",
-        analyses=("profiles --experiment fig1",),
-        claims=FIG1,
-        needs=Needs(gpu_full=True),
-    ),
-)
+EXPERIMENTS = (Experiment("fig1", "Figure 1: the per-layer rank profile with and without skips",
+                          "the study, fig1", analyses=("profiles --experiment fig1",), claims=FIG1,
+                          needs=Needs(gpu_full=True)),)

@@ -14,28 +14,22 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, warn_mixed
+from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, pooled, warn_mixed
 from ..core.style import save
 from .fig6_train import CHANCE, CONTEXT, depth_axis
 
 
 def fig16_table(df: pd.DataFrame, metric: str = "best_test_accuracy") -> pd.DataFrame:
-    """Mean, seed std and counts of ``metric`` per (matrices, placement, depth).
-
-    ``std`` is the seed spread (:func:`analysis.core.seeds.pooled`: a train run is one seed, so
-    it is the spread over the cell's runs that differ in ``seed``; NaN for one seed);
-    ``count`` = runs.
-    """
+    """Mean, seed std (:func:`analysis.core.select.pooled`; a train run is one seed) and counts of
+    ``metric`` per (matrices, placement, depth)."""
     t = pooled(df, metric, ["matrices", PLACEMENT, "depth"])
     return t.rename(columns={"runs": "count"})[["mean", "std", "count", "seeds"]]
 
 
 def _fig16_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig16"], "task=train experiment(s) (default: fig16)")
-    p.add_argument(
-        "--metric", default="best_test_accuracy", help="y axis (default: best_test_accuracy)"
-    )
+    p.add_argument("--metric", default="best_test_accuracy",
+                   help="y axis (default: best_test_accuracy)")
 
 
 def _fig16_main(args: argparse.Namespace) -> list[Path]:
@@ -47,26 +41,17 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
         for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
             s = table.loc[(m, p)]
             ax.errorbar(
-                s.index,
-                s["mean"],
-                yerr=s["std"].fillna(0),
-                marker="o",
+                s.index, s["mean"], yerr=s["std"].fillna(0), marker="o",
                 linestyle="-" if m == 2 else "--",
-                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}",
-            )
+                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}")
     ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
     depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))
     ax.legend()
     fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    return save(
-        fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth", table
-    )
-
-
-FIG16_COMMAND = Command(_fig16_arguments, _fig16_main, "Figure 16: best test accuracy vs depth, one line per "
-                        "(M, norm placement)")
+    return save(fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth",
+                table)
 
 
 def _trainable_depth(df: pd.DataFrame) -> float:
@@ -90,22 +75,13 @@ def _fig16(runs: Runs) -> Measured:
                     "deepest L above chance + 0.05, no norm ÷ Pre-Norm, mean over M")
 
 
-FIG16 = (
-    Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
-          "trainable depth", "science.md §3 fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),
-)
+FIG16 = (Claim("fig16.halves_depth", "Without norm the magnitude channel halves the "
+               "trainable depth", "the study, fig16", "0.5 (ratio)", near(0.5, 0.25), _fig16),)
 
+COMMANDS = {"fig16": Command(
+    _fig16_main, "Figure 16: best test accuracy vs depth, one line per (M, norm placement)",
+    arguments=_fig16_arguments)}
 
-COMMANDS = {"fig16": FIG16_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "fig16",
-        "Figure 16: how deep a network trains without normalization",
-        "science.md §3 fig16",
-        analyses=("fig16",),
-        claims=FIG16,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+EXPERIMENTS = (Experiment("fig16", "Figure 16: how deep a network trains without normalization",
+                          "the study, fig16", analyses=("fig16",), claims=FIG16,
+                          needs=Needs(cifar10=True, train=True, gpu_full=True)),)

@@ -14,7 +14,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.runs import load_runs
 from ..core.select import (
     CONFIG_KEYS,
@@ -29,22 +29,14 @@ from ..core.select import (
     varying,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown
+from ..core.style import save, to_markdown
 
 log = logging.getLogger("analysis")
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
-    """Mean of ``metric`` per (panel, y, x) cell, with the number of runs per cell.
-
-    Runs of one cell must share every other param (seed offsets aside): a cell never averages
-    runs whose configs differ.
-
-    Raises:
-        SelectionError: a column that the runs do not have (lists the ones they do).
-        SelectionError: runs of one cell differ in a param (each named with its values).
-    """
+    """Mean of ``metric`` per (panel, y, x) cell and its run count; SelectionError for a missing
+    column or for runs of one cell that differ in another param."""
     for col in [metric, x, y] + ([panel] if panel else []):
         if col not in df:
             raise SelectionError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
@@ -54,11 +46,8 @@ def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | No
 
 
 def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool = False):
-    """Draw ``grid`` (rows = y ascending, columns = x) on ``ax`` as an annotated heatmap.
-
-    The colour scale runs from ``vmin`` to ``vmax`` (logarithmic if ``log_color`` and
-    ``vmin > 0``); each finite cell is labelled with its value.  Returns the image.
-    """
+    """``grid`` (rows = y ascending, columns = x) on ``ax`` as a heatmap from ``vmin`` to ``vmax``
+    (log if ``log_color`` and ``vmin > 0``), finite cells labelled; returns the image."""
     norm = None
     if log_color and vmin > 0:
         from matplotlib.colors import LogNorm
@@ -123,10 +112,8 @@ def main(args: argparse.Namespace) -> list[Path]:
 
 
 #: the config keys each x is a function of (they may differ between runs of one group)
-INGREDIENTS = {
-    "nominal_ratio": ("alpha", "beta", "beta_scaling"),
-    "depth_factor": ("alpha", "beta", "beta_scaling", "depth"),
-}
+INGREDIENTS = {"nominal_ratio": ("alpha", "beta", "beta_scaling"),
+               "depth_factor": ("alpha", "beta", "beta_scaling", "depth")}
 
 
 def collapse_panels(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
@@ -153,15 +140,9 @@ def match_values(x, rtol: float) -> np.ndarray:
 
 
 def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -> pd.DataFrame:
-    """Spread of ``metric`` among runs that share ``x`` and every varying config key except
-    x's ingredients (:data:`INGREDIENTS`).
-
-    Runs share ``x`` when their values agree to ``rtol`` (:func:`match_values`).
-
-    Returns:
-        One row per group of ≥ 2 runs: the group keys, ``x`` (the group's smallest),
-        ``runs``, ``min``, ``max``, ``spread`` = max − min of ``metric``; largest spread first.
-    """
+    """Spread of ``metric`` among runs sharing ``x`` (to ``rtol``) and every varying key but x's
+    :data:`INGREDIENTS`: one row per group of ≥ 2 runs (keys, ``x``, ``runs``, ``min``,
+    ``max``, ``spread``), largest spread first."""
     skip = set(INGREDIENTS.get(x, ())) | {x}
     keys = [k for k in varying(df, CONFIG_KEYS) if k not in skip]
     g = df.assign(_x=match_values(df[x], rtol))
@@ -172,50 +153,28 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
         values = values if isinstance(values, tuple) else (values,)
         v = runs[metric].astype(float)
         rows.append(
-            {
-                **dict(zip(keys, values[:-1], strict=True)),
-                x: float(runs[x].min()),
-                "runs": len(runs),
-                "min": v.min(),
-                "max": v.max(),
-                "spread": v.max() - v.min(),
-            }
-        )
+            {**dict(zip(keys, values[:-1], strict=True)), x: float(runs[x].min()),
+             "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()})
     cols = keys + [x, "runs", "min", "max", "spread"]
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values("spread", ascending=False, ignore_index=True)
 
 
 def _collapse_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig2"], "MLflow experiment(s) (default: fig2)")
-    p.add_argument(
-        "--metric", default="erank_io", help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)"
-    )
-    p.add_argument(
-        "--x",
-        default="nominal_ratio",
-        choices=sorted(INGREDIENTS),
-        help="nominal_ratio = βα^M (Figure 2b) or depth_factor = βα^M√L (Figure 5d)",
-    )
-    p.add_argument(
-        "--color",
-        default=PLACEMENT,
-        help=f"one colour per value of this param (default: {PLACEMENT})",
-    )
-    p.add_argument(
-        "--panel",
-        nargs="*",
-        default=[],
-        help="one panel per combination of these params (default: one panel)",
-    )
+    p.add_argument("--metric", default="erank_io",
+                   help="y axis (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--x", default="nominal_ratio", choices=sorted(INGREDIENTS),
+                   help="nominal_ratio = βα^M (Figure 2b) or depth_factor = βα^M√L (Figure 5d)")
+    p.add_argument("--color", default=PLACEMENT,
+                   help=f"one colour per value of this param (default: {PLACEMENT})")
+    p.add_argument("--panel", nargs="*", default=[],
+                   help="one panel per combination of these params (default: one panel)")
     p.add_argument(
         "--match-rtol",
         type=float,
         default=1e-9,
         help="runs share x when their x agree to this relative tolerance "
-        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)",
-    )
-    add_where(p)
+        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
 
 
 def _collapse_main(args: argparse.Namespace) -> list[Path]:
@@ -239,17 +198,9 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
             s = sub[sub[args.color] == c]
             if s.empty:
                 continue
-            ax.errorbar(
-                s[args.x],
-                s[args.metric],
-                yerr=s[std] if std in s else None,
-                fmt="o",
-                ms=2.5,
-                lw=0.5,
-                color=col,
-                alpha=0.85,
-                label=None if numeric else style.value_label(args.color, c),
-            )
+            ax.errorbar(s[args.x], s[args.metric], yerr=s[std] if std in s else None, fmt="o",
+                        ms=2.5, lw=0.5, color=col, alpha=0.85,
+                        label=None if numeric else style.value_label(args.color, c))
             line = s.groupby(args.x)[args.metric].mean().sort_index()
             ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
         ax.set_xscale("log")
@@ -267,11 +218,8 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
                    else f"no two runs share {xname}")  # never "nan" in a title
     fig.suptitle(f"{style.name(args.metric)} vs {xname} ({spread_text})")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    cols = [
-        "run_id",
-        *dict.fromkeys([*keys, "alpha", "beta", "beta_eff", "depth", args.x]),
-        args.metric,
-    ]
+    cols = ["run_id", *dict.fromkeys([*keys, "alpha", "beta", "beta_eff", "depth", args.x]),
+            args.metric]
     table = df[[c for c in cols if c in df]].sort_values([args.x, args.color])
     stem = f"collapse_{args.metric}_vs_{args.x}"
     paths = save(fig, out_dir(args), stem, table.set_index("run_id"))
@@ -288,10 +236,6 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-COLLAPSE_COMMAND = Command(_collapse_arguments, _collapse_main,
-                           "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is")
-
-
 def _fig2_collapse(runs: Runs) -> Measured:
     df = only(runs("fig2"), activation="relu")
     need(df, "erank_io", "nominal_ratio")
@@ -302,29 +246,21 @@ def _fig2_collapse(runs: Runs) -> Measured:
                     f"max spread of erank/d over {len(spread)} groups sharing βα^M")
 
 
-FIG2 = (
-    Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
-          "science.md §3 fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),
-)
-
+FIG2 = (Claim("fig2.exact_collapse", "erank depends on (α, β) only through βα^M, exactly for ReLU",
+              "the study, fig2", "0 (exact)", at_most(1e-9), _fig2_collapse),)
 
 COMMANDS = {
-    'heatmap': Command(add_arguments, main,
-                               "heatmap of a metric over two params, one panel per norm placement"),
-    'collapse': COLLAPSE_COMMAND,
-}
+    'heatmap': Command(main, "heatmap of a metric over two params, one panel per norm placement",
+                       arguments=add_arguments),
+    'collapse': Command(_collapse_main,
+                        "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
+                        experiment="fig2", where=True, arguments=_collapse_arguments)}
 
-
-EXPERIMENTS = (
-    Experiment(
-        "fig2",
-        "Figure 2: rank over α × β collapses onto βα^M",
-        "science.md §3 fig2",
-        analyses=(
-            "heatmap --experiment fig2 --x alpha --y beta --log-color",
-            "collapse --experiment fig2",
-        ),
-        claims=FIG2,
-        needs=Needs(gpu_full=True),
-    ),
-)
+EXPERIMENTS = (Experiment(
+                   "fig2",
+                   "Figure 2: rank over α × β collapses onto βα^M",
+                   "the study, fig2",
+                   analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
+                             "collapse --experiment fig2"),
+                   claims=FIG2,
+                   needs=Needs(gpu_full=True)),)

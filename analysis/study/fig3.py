@@ -16,29 +16,21 @@ from rankexp.theory import activation_constants, prenorm_branch_ratio, uncorrela
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
 from ..core.style import save
 
 log = logging.getLogger("analysis")
 
-
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
-
 
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 
 
 def uncorrelated_orders(ratio: float, depth: int, activation: str, placement: str) -> np.ndarray:
-    """Energy profile ``μ_k² / Σ_j μ_j²`` over k = 0…L if paths were uncorrelated, ``(L+1,)``.
-
-    ``ρ_l = p r̃_l²`` with ``r̃_l`` from Eq. 22 (Pre-Norm) or ``r̃ = βα^M`` (Post-Norm), p and
-    κ of ``activation`` at unit preactivation variance (:func:`rankexp.theory.activation_constants`);
-    then :func:`rankexp.theory.uncorrelated_path_profile` (Poisson-binomial).
-
-    Raises:
-        ValueError: a placement other than ``pre`` / ``post`` (no closed-form ratio).
-    """
+    """Energy profile ``μ_k² / Σ_j μ_j²``, ``(L+1,)``, if paths were uncorrelated: ``ρ_l = p r̃_l²``
+    (Eq. 22 for Pre-Norm, ``βα^M`` for Post-Norm), then
+    :func:`rankexp.theory.uncorrelated_path_profile`; ValueError for other placements."""
     k = activation_constants(activation, 1.0)
     layers = np.arange(1, depth + 1)
     if placement == "pre":
@@ -64,13 +56,9 @@ def beta_label(beta: float, scaling: str) -> str:
 
 
 def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-run summary and the long table of profiles (measured and uncorrelated theory).
-
-    Summary columns: the run's β, α, βα^M, ``mean_path_order`` (+ ``_std`` over seeds),
-    ``mean_path_order_energy``, ``mean_path_order_uncorrelated`` (logged: Poisson-binomial with
-    the *measured* r_l), ``*_theory`` (Eq. 22 ratios), ``path_order_peak``; index = run_id.
-    Profiles: one row per (run, k) with ``profile`` = μ_k/Σμ and ``theory`` (μ form).
-    """
+    """``(summary, profiles)``: per run β, α, βα^M, ``mean_path_order`` (+ ``_std``),
+    ``mean_path_order_energy``, ``mean_path_order_uncorrelated``, ``*_theory`` (Eq. 22),
+    ``path_order_peak``; per (run, k) ``profile`` = μ_k/Σμ and ``theory``."""
     rows, prof = [], []
     for _, rec in df.iterrows():
         depth, act, place = int(rec["depth"]), str(rec["activation"]), str(rec[PLACEMENT])
@@ -81,24 +69,16 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             log.warning("%s: no theory overlay", e)
             energy, th_mu, th_en = None, np.nan, np.nan
         rows.append(
-            {
-                "run_id": rec["run_id"],
-                "beta_scaling": rec["beta_scaling"],
-                "beta": rec["beta"],
-                "beta_eff": rec["beta_eff"],
-                "alpha": rec["alpha"],
-                "depth": depth,
-                "nominal_ratio": rec["nominal_ratio"],
-                "mean_path_order": rec["mean_path_order"],
-                "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
-                "mean_path_order_theory": th_mu,
-                "mean_path_order_energy": rec["mean_path_order_energy"],
-                "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
-                "mean_path_order_energy_theory": th_en,
-                "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
-                "path_order_peak": rec["path_order_peak"],
-            }
-        )
+            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+             "beta_eff": rec["beta_eff"], "alpha": rec["alpha"], "depth": depth,
+             "nominal_ratio": rec["nominal_ratio"], "mean_path_order": rec["mean_path_order"],
+             "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
+             "mean_path_order_theory": th_mu,
+             "mean_path_order_energy": rec["mean_path_order_energy"],
+             "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
+             "mean_path_order_energy_theory": th_en,
+             "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
+             "path_order_peak": rec["path_order_peak"]})
         steps, values = series(uri, rec["run_id"], "path_profile")
         theory = np.full(steps.size, np.nan)
         if energy is not None:
@@ -108,17 +88,9 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             theory[ok] = mu[steps[ok].astype(int)]
         prof.append(
             pd.DataFrame(
-                {
-                    "run_id": rec["run_id"],
-                    "beta_scaling": rec["beta_scaling"],
-                    "beta": rec["beta"],
-                    "alpha": rec["alpha"],
-                    "k": steps.astype(int),
-                    "profile": values,
-                    "theory": theory,
-                }
-            )
-        )
+                {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+                 "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}
+            ))
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
 
 
@@ -165,27 +137,19 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     contexts = df[["depth", "activation", PLACEMENT]].drop_duplicates()
     for ax, col, what in (
         (axes[0], "mean_path_order", r"$\langle k\rangle$ under $\mu_k$"),
-        (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$"),
-    ):
+        (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$")):
         groups = summary.groupby(["beta", "beta_scaling"])
         order = {sc: i for i, sc in enumerate(_scalings(summary["beta_scaling"]))}
         for (beta, scaling), g in sorted(groups, key=lambda kv: (order[kv[0][1]], -kv[0][0])):
-            ax.errorbar(
-                g["nominal_ratio"],
-                g[col],
-                yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
-                fmt=markers.get(scaling, "^"),
-                ms=4,
-                mfc="none",
-                lw=0.6,
-                label=beta_label(beta, scaling),
-            )
+            ax.errorbar(g["nominal_ratio"], g[col],
+                        yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
+                        fmt=markers.get(scaling, "^"), ms=4, mfc="none", lw=0.6,
+                        label=beta_label(beta, scaling))
         for ctx in contexts.itertuples(index=False):
             depth, act, place = int(ctx[0]), str(ctx[1]), str(ctx[2])
             try:
                 th = np.array(
-                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid]
-                )
+                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid])
             except ValueError:
                 continue
             ax.plot(
@@ -193,19 +157,13 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
                 th[:, 0 if col == "mean_path_order" else 1],
                 **{**style.THEORY, "ls": "-"},
                 label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
-                f"{style.value_label('activation', act)}, $L = {depth}$)",
-            )
+                f"{style.value_label('activation', act)}, $L = {depth}$)")
         if (
             col == "mean_path_order_energy"
             and summary["mean_path_order_uncorrelated"].notna().any()
         ):
-            ax.plot(
-                summary["nominal_ratio"],
-                summary["mean_path_order_uncorrelated"],
-                "k.",
-                ms=3,
-                label=r"uncorrelated, measured $r_\ell$",
-            )
+            ax.plot(summary["nominal_ratio"], summary["mean_path_order_uncorrelated"], "k.", ms=3,
+                    label=r"uncorrelated, measured $r_\ell$")
         ax.set_xscale("log")
         ax.set_xlabel(style.name("nominal_ratio"))
         ax.set_ylabel(what)
@@ -213,24 +171,9 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     return fig
 
 
-def _paths_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig3")
-
-
 def _paths_main(args: argparse.Namespace) -> list[Path]:
-    needs = [
-        "alpha",
-        "beta",
-        "beta_eff",
-        "beta_scaling",
-        "depth",
-        "activation",
-        PLACEMENT,
-        "nominal_ratio",
-        "mean_path_order",
-        "mean_path_order_energy",
-        "path_order_peak",
-    ]
+    needs = ["alpha", "beta", "beta_eff", "beta_scaling", "depth", "activation", PLACEMENT,
+             "nominal_ratio", "mean_path_order", "mean_path_order_energy", "path_order_peak"]
     df = load(args, needs, probe="path_order")
     warn_mixed(df, (), args.experiment,
                keys=("width", "depth", "matrices", "expansion", "activation", PLACEMENT, "norm.op"))
@@ -245,10 +188,6 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     paths += save(fig, out, "paths_mean_order", summary.sort_values("nominal_ratio"))
     return paths
-
-
-PATHS_COMMAND = Command(_paths_arguments, _paths_main, "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ "
-                        "vs βα^M with the uncorrelated prediction")
 
 
 def profile_peak(orders: np.ndarray, profile: np.ndarray) -> float:
@@ -289,24 +228,17 @@ def _fig3_binomial(runs: Runs) -> Measured:
 
 FIG3 = (
     Claim("fig3.peak_order_3", "The path-order profile μ_k peaks at order 3 for "
-          "β = 1, α = 1 (L = 48)", "science.md §3 fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
+          "β = 1, α = 1 (L = 48)", "the study, fig3", "3", near(3.0, 0.5), _fig3_peak, size="cpu"),
     # near(3, 0.5) on an integer order: exactly 3 holds, 2 or 4 do not
     Claim("fig3.binomial", "⟨k⟩ is one curve in βα^M, on the uncorrelated "
-          "(Poisson-)binomial prediction", "science.md §3 fig3; conf fig3", "on the curve",
-          at_most(0.1), _fig3_binomial),
-)
+          "(Poisson-)binomial prediction", "the study, fig3; conf fig3", "on the curve",
+          at_most(0.1), _fig3_binomial))
 
-
-COMMANDS = {"paths": PATHS_COMMAND}
-
+COMMANDS = {"paths": Command(
+    _paths_main,
+    "Figure 3: path-order profiles μ_k per β/α and ⟨k⟩ vs βα^M with the uncorrelated prediction",
+    experiment="fig3")}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig3",
-        "Figure 3: path-order decomposition of the Jacobian",
-        "science.md §3 fig3",
-        analyses=("paths --experiment fig3",),
-        claims=FIG3,
-        needs=Needs(gpu_full=True),
-    ),
-)
+    Experiment("fig3", "Figure 3: path-order decomposition of the Jacobian", "the study, fig3",
+               analyses=("paths --experiment fig3",), claims=FIG3, needs=Needs(gpu_full=True)),)

@@ -16,35 +16,21 @@ from rankexp.models.norms import PRESET_SLOTS
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
-from ..core.seeds import pooled
-from ..core.select import OP_ORDER, PLACEMENT, load, need, only, warn_mixed
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.runner import Command, out_dir
+from ..core.select import OP_ORDER, PLACEMENT, load, need, only, pooled, warn_mixed
+from ..core.style import save, to_markdown, write_text
 
 log = logging.getLogger("analysis")
 
-
 OP = "norm.op"
-
 
 PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
 
-
 R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
 
-
-SPLIT = (
-    "erank_post",
-    "erank_post_noproj",
-    "erank_prenorm",
-    "erank_unnormalized",
-    "rank_removed_by_projection",
-    "rank_removed_by_rescaling",
-    "rank_removed_total",
-    "erank_projection_product",
-    "erank_projection_product_rw",
-)
+SPLIT = ("erank_post", "erank_post_noproj", "erank_prenorm", "erank_unnormalized",
+         "rank_removed_by_projection", "rank_removed_by_rescaling", "rank_removed_total",
+         "erank_projection_product", "erank_projection_product_rw")
 
 
 def config_label(placement: str, op: str) -> str:
@@ -66,9 +52,8 @@ def preset_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure4_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all runs if none are) at
-    the main sweep's depth, the one most runs have — the Figure 4b also-sweep adds preset runs
-    (R = none) at other depths, which are drawn apart (:func:`control_table`)."""
+    """The runs of Figure 4's bars: preset runs (:func:`preset_runs`; all if none) at the depth
+    most runs have (other depths are the 4b control, :func:`control_table`)."""
     out = preset_runs(df)
     if out.empty:
         out = df
@@ -110,30 +95,18 @@ def draw_control(table: pd.DataFrame, metric: str):
     return fig
 
 
-def placement_table(
-    df: pd.DataFrame, metric: str = "erank_io", every: bool = False
-) -> pd.DataFrame:
-    """Mean, seed std and counts of ``metric`` per (config, α).
-
-    ``std`` is the spread over every seed of the cell's runs, pooled from each run's logged
-    ``<metric>_std`` (:func:`analysis.core.seeds.pooled`), not the spread over runs; ``count`` =
-    runs, ``seeds`` = seeds in all.
-
-    ``config`` is ``placement/op`` (``none`` for the unnormalized network, whose op is
-    unused: its runs are pooled).  Without ``every``, only the figure's configs are kept:
-    rmsnorm for every placement, every op for post, and none (all configs if that leaves
-    nothing).  Rows in the study's order (placements pre, output, post, none; ops rmsnorm,
-    detached, meansub, layernorm).
-    """
+def placement_table(df: pd.DataFrame, metric: str = "erank_io",
+                    every: bool = False) -> pd.DataFrame:
+    """Mean, pooled seed std (:func:`analysis.core.select.pooled`), ``count`` (runs) and ``seeds``
+    of ``metric`` per (config, α); ``config`` = ``placement/op`` (``none`` pooled).  Without
+    ``every``: rmsnorm per placement, every op for post, and none; rows in the study's order."""
     d = df.assign(config=[config_label(p, o) for p, o in zip(df[PLACEMENT], df[OP], strict=True)])
     if not every:
         keep = (d[OP] == "rmsnorm") | (d[PLACEMENT] == "post") | (d[PLACEMENT] == "none")
         d = d[keep] if keep.any() else d
     order = ["pre", "output", "post", "peri", "none"]
-    d = d.assign(
-        _p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
-        _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]],
-    )
+    d = d.assign(_p=[order.index(p) if p in order else 9 for p in d[PLACEMENT]],
+                 _o=[OP_ORDER.index(o) if o in OP_ORDER else 9 for o in d[OP]])
     d.loc[d[PLACEMENT] == "none", "_o"] = 0
     t = pooled(d, metric, ["_p", "_o", "config", "alpha"]).rename(columns={"runs": "count"})
     return t[["mean", "std", "count", "seeds"]].droplevel([0, 1])
@@ -156,9 +129,8 @@ def split_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = post.groupby([OP, "alpha"])[["erank_io", *cols]].mean()
     rank = {o: i for i, o in enumerate(OP_ORDER)}
-    return t.sort_index(
-        level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s
-    )
+    return t.sort_index(level=[0, 1],
+                        key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s)
 
 
 def _tick(config: str) -> str:
@@ -167,9 +139,8 @@ def _tick(config: str) -> str:
 
 
 def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = None):
-    """Grouped bars on a log axis: one group per config, one bar per α (a colour bar, or legend
-    entries for one or two α), no error bars (a log axis; :func:`spread_note` states the
-    largest seed s.d. relative to its bar); the detached−RMSNorm gap written in."""
+    """Grouped bars on a log axis, one group per config, one bar per α (no error bars: the caption
+    states the largest relative seed s.d.); the detached−RMSNorm gap written in."""
     configs = list(dict.fromkeys(table.index.get_level_values("config")))
     alphas = sorted(table.index.get_level_values("alpha").unique())
     fig, (ax,) = style.panels(1, width=style.TWO_COLUMN, aspect=0.32)
@@ -195,27 +166,11 @@ def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = No
     return fig
 
 
-def spread_note(table: pd.DataFrame) -> str:
-    """The caption's statement of the seed spread the log-axis figure cannot draw: the largest
-    seed s.d. relative to its mean (1 s.d. over seeds), or that one seed has none."""
-    rel = (table["std"] / table["mean"].abs()).replace([np.inf, -np.inf], np.nan).dropna()
-    if rel.empty:
-        return "no seed spread (one seed per point)"
-    return f"seed s.d. ≤ {100 * rel.max():.2g} % of each point (1 s.d. over seeds; the CSV has each)"
-
-
 def _arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig4"], "MLflow experiment(s) (default: fig4)")
-    p.add_argument(
-        "--metric", default="erank_io", help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)"
-    )
-    p.add_argument(
-        "--all",
-        action="store_true",
-        dest="every",
-        help="every (placement, op) run, not only the figure's selection",
-    )
-    add_where(p)
+    p.add_argument("--metric", default="erank_io",
+                   help="bar height (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--all", action="store_true", dest="every",
+                   help="every (placement, op) run, not only the figure's selection")
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -225,7 +180,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = placement_table(df, args.metric, args.every)
     fig = draw_placements(table, args.metric, detached_gap(table))
     fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
-    style.caption(fig, df, args.experiment, [spread_note(table)])
+    style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
     out = out_dir(args)
     paths = save(fig, out, f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha")
@@ -238,7 +193,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
         style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
                       if "depth" in everything else everything, args.experiment,
-                      [spread_note(control)])
+                      [style.spread_note(control["mean"], control["std"])])
         paths += save(fig, out, f"placements_control_{args.metric}", control)
         wide_c = control["mean"].unstack("depth")
         wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
@@ -247,17 +202,14 @@ def _main(args: argparse.Namespace) -> list[Path]:
         print(to_markdown(wide_c))
     gap = detached_gap(table)
     if len(gap):
-        print(
-            "\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
-            + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items())
-        )
+        print("\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
+              + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items()))
     split = split_table(df)
     if split.empty:
         log.warning(
             "no projection_split metrics in the post runs of %s (add projection_split "
             "to task.probes); no split table",
-            args.experiment,
-        )
+            args.experiment)
     else:
         md = to_markdown(split)
         print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
@@ -266,10 +218,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
         paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
         log.info("wrote %s", out / "projection_split.csv")
     return paths
-
-
-PLACEMENTS_COMMAND = Command(_arguments, _main,
-                             "Figure 4: erank by norm placement/op and α, and the projection split")
 
 
 def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.DataFrame:
@@ -333,15 +281,14 @@ def _fig4_projection(runs: Runs) -> Measured:
 
 FIG4 = (
     Claim("fig4.post_like_none", "Post-Norm collapses at the rate of no norm",
-          "science.md §3 fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
+          "the study, fig4(a)", "≈ 1 (ratio)", near(1.0, 0.25), _fig4_post_like_none),
     Claim("fig4.pre_output_floor", "Pre- and output-norm keep a rank floor "
-          "(Pre-Norm above ≈ 0.2 of width)", "science.md §3 fig4(a), reference magnitudes",
+          "(Pre-Norm above ≈ 0.2 of width)", "the study, fig4(a), reference magnitudes",
           "≥ 0.2", at_least(0.2), _fig4_floor),
     Claim("fig4.detached_gap", "Post-Norm: detached ≈ RMSNorm (within 0.4 % of "
-          "width)", "science.md §3 fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
+          "width)", "the study, fig4(b)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_detached),
     Claim("fig4.projection_share", "The post-norm projection removes ≤ 0.4 % of "
-          "full rank", "science.md §3 fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection),
-)
+          "full rank", "the study, fig4(c)", "≤ 0.004 (d = 256)", at_most(0.004), _fig4_projection))
 
 
 def deepest(df: pd.DataFrame) -> pd.DataFrame:
@@ -383,24 +330,17 @@ def _fig4b_floor(runs: Runs) -> Measured:
 
 FIG4B = (
     Claim("fig4.b_detached_rmsnorm", "With a Pre-RMSNorm, post-residual detached ≈ "
-          "rmsnorm (collapse; within 0.4 % of width)", "science.md §3 fig4(b)",
+          "rmsnorm (collapse; within 0.4 % of width)", "the study, fig4(b)",
           "≤ 0.004 (d = 256)", at_most(0.004), _fig4b_detached),
     Claim("fig4.b_centring_floor", "With a Pre-RMSNorm, R = meansub and none keep a "
-          "floor while the rescaling R collapse", "science.md §3 fig4(b)", "floor ≫ collapse",
-          at_least(2.0), _fig4b_floor),
-)
+          "floor while the rescaling R collapse", "the study, fig4(b)", "floor ≫ collapse",
+          at_least(2.0), _fig4b_floor))
 
-
-COMMANDS = {"placements": PLACEMENTS_COMMAND}
-
+COMMANDS = {"placements": Command(
+    _main, "Figure 4: erank by norm placement/op and α, and the projection split",
+    experiment="fig4", where=True, arguments=_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig4",
-        "Figure 4: where the norm sits and what it does",
-        "science.md §3 fig4, §4",
-        analyses=("placements --experiment fig4",),
-        claims=FIG4 + FIG4B,
-        needs=Needs(gpu_full=True),
-    ),
-)
+    Experiment("fig4", "Figure 4: where the norm sits and what it does", "the study, fig4",
+               analyses=("placements --experiment fig4",), claims=FIG4 + FIG4B,
+               needs=Needs(gpu_full=True)),)

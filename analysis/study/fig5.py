@@ -29,7 +29,7 @@ from ..core.claims import (
     seedwise,
 )
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import (
     PLACEMENT,
     PLACEMENT_ORDER,
@@ -41,8 +41,7 @@ from ..core.select import (
     series,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
 
@@ -50,18 +49,8 @@ log = logging.getLogger("analysis")
 
 
 def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
-    """Where each row of ``grid`` first crosses ``level``, interpolated linearly in log x.
-
-    Args:
-        grid: rows = y values (e.g. depth L), columns = ascending x values (e.g. α > 0),
-            cells = the metric (NaN allowed).
-        level: the contour level.
-
-    Returns:
-        ``x`` at the crossing per row (index = y); rows that never cross are left out.
-        The first crossing from small x is taken, where the metric first reaches the
-        level (rank falls with α; noise can make it cross again at large α).
-    """
+    """Per row of ``grid`` (rows = y, ascending x columns, NaN allowed): the x where it first
+    crosses ``level`` from small x, linear in log x; rows that never cross are left out."""
     xs = np.log(np.asarray(grid.columns, dtype=float))
     out = {}
     for y, row in grid.iterrows():
@@ -86,11 +75,7 @@ def sparse_grid(grid: pd.DataFrame) -> bool:
 
 
 def fit_power_law(y, x) -> tuple[float, float, float]:
-    """Least-squares fit of ``log x = s log y + c`` (x ∝ y^s).
-
-    Returns:
-        ``(s, c, r²)``; NaN when fewer than two points.  ``r²`` is 1 for two points.
-    """
+    """Least squares ``log x = s log y + c``: ``(s, c, r²)``, NaN below two points."""
     ly, lx = np.log(np.asarray(y, dtype=float)), np.log(np.asarray(x, dtype=float))
     if ly.size < 2:
         return float("nan"), float("nan"), float("nan")
@@ -100,29 +85,13 @@ def fit_power_law(y, x) -> tuple[float, float, float]:
     return float(s), float(c), float(1 - (resid**2).sum() / tot) if tot > 0 else 1.0
 
 
-def isorank_table(
-    df: pd.DataFrame,
-    metric: str,
-    levels: list[float],
-    panel: list[str],
-    x: str = "alpha",
-    y: str = "depth",
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Iso-rank contours and their power-law slopes (Table 4).
-
-    For each panel (combination of ``panel`` keys) the mean of ``metric`` over runs per
-    (y, x) cell forms a grid; for each level, :func:`contour_points` gives x at the level in
-    each row and :func:`fit_power_law` the slope d log x / d log y.  ``slope_ratio`` is the
-    same fit for the nominal ratio at the crossing, ``β_eff(L) · x^M`` (x = α), i.e.
-    d log(βα^M) / d log L.
-
-    Returns:
-        ``(slopes, points)``: slopes indexed by panel keys + ``level`` with columns
-        ``points``, ``slope_alpha``, ``slope_ratio`` with its 95 % interval ``slope_ratio_lo``,
-        ``slope_ratio_hi`` (:func:`hydra_plugins.rankexp_plugins.contour.fit_exponent`; NaN below 3 points),
-        ``r2``, ``depth_min``, ``depth_max``;
-        points: one row per (panel, level, y) with ``x`` and ``ratio`` at the crossing.
-    """
+def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: list[str],
+                  x: str = "alpha", y: str = "depth") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Iso-rank contours and their slopes (Table 4): per panel and level, :func:`contour_points`
+    of the cell-mean grid and :func:`fit_power_law`'s d log x / d log y; ``slope_ratio`` =
+    d log(βα^M) / d log L with its 95 % interval (:func:`hydra_plugins.rankexp_plugins.contour.fit_exponent`).
+    Returns ``(slopes, points)``: slopes per (panel…, level) with ``points``, ``slope_alpha``,
+    ``slope_ratio[_lo/_hi]``, ``r2``, ``depth_min/max``; points per (panel, level, y)."""
     rows, pts = [], []
     groups = df.groupby(panel, sort=True) if panel else [((), df)]
     for pv, sub in groups:
@@ -134,8 +103,7 @@ def isorank_table(
         if "matrices" in sub and sub["matrices"].nunique() > 1:
             raise SelectionError(
                 f"panel {dict(zip(panel, pv, strict=True))} mixes matrices "
-                f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel"
-            )
+                f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel")
         for level in levels:
             c = contour_points(grid, level)
             ratio = pd.Series(np.nan, index=c.index)
@@ -144,56 +112,34 @@ def isorank_table(
                 if not np.allclose(b["min"], b["max"], rtol=1e-12):
                     raise SelectionError(
                         "runs of one depth have different beta_eff; select one β "
-                        "with --where beta=VALUE"
-                    )
+                        "with --where beta=VALUE")
                 ratio = b["min"] * c**m
             s, _, r2 = fit_power_law(c.index, c.values)
             fit = fit_exponent(c.index, ratio.values) if ratio.notna().all() and len(c) else None
             sr = fit.s if fit is not None else np.nan
             key = dict(zip(panel, pv, strict=True))
             rows.append(
-                {
-                    **key,
-                    "level": level,
-                    "points": len(c),
-                    "slope_alpha": s,
-                    "slope_ratio": sr,
-                    "slope_ratio_lo": fit.lo if fit is not None else np.nan,
-                    "slope_ratio_hi": fit.hi if fit is not None else np.nan,
-                    "r2": r2,
-                    "depth_min": c.index.min() if len(c) else np.nan,
-                    "depth_max": c.index.max() if len(c) else np.nan,
-                }
-            )
+                {**key, "level": level, "points": len(c), "slope_alpha": s, "slope_ratio": sr,
+                 "slope_ratio_lo": fit.lo if fit is not None else np.nan,
+                 "slope_ratio_hi": fit.hi if fit is not None else np.nan, "r2": r2,
+                 "depth_min": c.index.min() if len(c) else np.nan,
+                 "depth_max": c.index.max() if len(c) else np.nan})
             pts += [
                 {**key, "level": level, y: yy, x: xx, "ratio": rr}
-                for yy, xx, rr in zip(c.index, c.values, ratio.values, strict=True)
-            ]
+                for yy, xx, rr in zip(c.index, c.values, ratio.values, strict=True)]
     slopes = pd.DataFrame(rows).set_index([*panel, "level"])
     points = pd.DataFrame(pts, columns=[*panel, "level", y, x, "ratio"])
     return slopes, points
 
 
 def _isorank_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
-    p.add_argument(
-        "--metric",
-        default="erank_io",
-        help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--levels",
-        type=lambda s: [float(v) for v in s.split(",")],
-        default=[0.05, 0.1, 0.2, 0.3, 0.5],
-        help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)",
-    )
-    p.add_argument(
-        "--panel",
-        nargs="*",
-        default=[PLACEMENT, "expansion"],
-        help=f"one panel per combination (default: {PLACEMENT} expansion)",
-    )
-    add_where(p)
+    p.add_argument("--metric", default="erank_io",
+                   help="contoured metric (default: erank_io = erank(∂h_L/∂h_0)/d)")
+    p.add_argument("--levels", type=lambda s: [float(v) for v in s.split(",")],
+                   default=[0.05, 0.1, 0.2, 0.3, 0.5],
+                   help="comma-separated contour levels (default: 0.05,0.1,0.2,0.3,0.5)")
+    p.add_argument("--panel", nargs="*", default=[PLACEMENT, "expansion"],
+                   help=f"one panel per combination (default: {PLACEMENT} expansion)")
 
 
 def _isorank_main(args: argparse.Namespace) -> list[Path]:
@@ -215,9 +161,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                             vmin=0, vmax=1, edgecolors="none")
         else:
             a, L = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
-            im = ax.pcolormesh(
-                a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r", vmin=0, vmax=1
-            )
+            im = ax.pcolormesh(a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r",
+                               vmin=0, vmax=1)
         key = dict(zip(args.panel, pv, strict=True))
         sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
         for k, v in key.items():
@@ -252,46 +197,31 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
         if ax is axes[0]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
-        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
-                  frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
-                  title_fontsize=5)
+        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2, frameon=True,
+                  framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$", title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
     style.caption(fig, df, args.experiment, [
-        "grey: mean over seeds",
-        r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+        "grey: mean over seeds", r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
         r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
     print(
         f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
         "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
-        "(study, Table 4: ≈ −0.50 for post)\n"
-    )
+        "(study, Table 4: ≈ −0.50 for post)\n")
     print(md)
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
     points.to_csv(out / f"isorank_{args.metric}_points.csv", index=False)
-    paths += [
-        out / f"isorank_{args.metric}_points.csv",
-        write_text(out / f"isorank_{args.metric}.md", md + "\n"),
-    ]
+    paths += [out / f"isorank_{args.metric}_points.csv",
+              write_text(out / f"isorank_{args.metric}.md", md + "\n")]
     return paths
 
 
-ISORANK_COMMAND = Command(_isorank_arguments, _isorank_main,
-                          "Figure 5c/Table 4: iso-rank contours over (α, L) and their power-law slopes")
-
-
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-run κ table and the long series table of Figure 11.
-
-    Per run: ``kappa_fit`` (the logged ``stream_kappa``: per-seed least squares of
-    ``rms² − rms_0²`` on ``(βα^M)² l`` through 0, mean over seeds), ``kappa_fit_mean``
-    (the same fit on the seed-mean rms series), ``kappa_theory`` (:func:`kappa_theory`),
-    ``rms_final`` (logged) and ``rms_final_theory`` (:func:`rankexp.theory.prenorm_stream_rms`
-    at L, κ theory).  Series rows: run_id, layer l, ``x`` = (βα^M)² l, ``y`` = rms_l² − rms_0²
-    of the seed-mean rms, ``y_theory`` = κ_theory x.
-    """
+    """Figure 11: per run ``kappa_fit`` (logged ``stream_kappa``), ``kappa_fit_mean`` (the fit of
+    rms² − rms_0² on (βα^M)² l on the seed-mean series), ``kappa_theory``, ``rms_final`` and its
+    theory; series rows (run_id, layer, x = (βα^M)² l, y = rms_l² − rms_0², y_theory = κ x)."""
     runs, rows = [], []
     for _, r in tqdm(df.iterrows(), total=len(df), desc="rms series", disable=None, leave=False):
         steps, rms = series(uri, r["run_id"], "rms")
@@ -299,37 +229,22 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
         y = rms**2 - rms[0] ** 2
         kt = kappa_theory(str(r["activation"]), float(r["alpha"]))
         runs.append(
-            {
-                "run_id": r["run_id"],
-                PLACEMENT: r[PLACEMENT],
-                "expansion": r["expansion"],
-                "alpha": r["alpha"],
-                "depth": int(r["depth"]),
-                "nominal_ratio": r["nominal_ratio"],
-                "kappa_fit": r["stream_kappa"],
-                "kappa_fit_std": r.get("stream_kappa_std", np.nan),
-                "kappa_fit_mean": float((x * y).sum() / (x * x).sum()),
-                "kappa_theory": kt,
-                "rms_final": r["rms_final"],
-                "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt)),
-            }
-        )
+            {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
+             "alpha": r["alpha"], "depth": int(r["depth"]), "nominal_ratio": r["nominal_ratio"],
+             "kappa_fit": r["stream_kappa"], "kappa_fit_std": r.get("stream_kappa_std", np.nan),
+             "kappa_fit_mean": float((x * y).sum() / (x * x).sum()), "kappa_theory": kt,
+             "rms_final": r["rms_final"],
+             "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))})
         rows.append(
             pd.DataFrame(
-                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}
-            )
-        )
+                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
     return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
     p.add_argument(
-        "--placement",
-        default="pre",
-        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)",
-    )
-    add_where(p)
+        "--placement", default="pre",
+        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)")
 
 
 def _stream_main(args: argparse.Namespace) -> list[Path]:
@@ -337,22 +252,10 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
         args.where = [*args.where, f"{PLACEMENT}={args.placement}"]
     df = load(
         args,
-        [
-            "rms_final",
-            "stream_kappa",
-            "nominal_ratio",
-            "alpha",
-            "depth",
-            "activation",
-            "expansion",
-            PLACEMENT,
-        ],
-    )
-    warn_mixed(
-        df,
-        ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
-        args.experiment,
-    )
+        ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation", "expansion",
+         PLACEMENT])
+    warn_mixed(df, ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
+               args.experiment)
     per_run, long = stream_tables(df, args.uri)
     fig, (ax, bx) = style.panels(2, aspect=0.8)
     colors, sm = style.value_colors(per_run["alpha"], "plasma")
@@ -371,16 +274,9 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     style.colorbar(fig, sm, ax, "alpha")
     markers = dict(zip(sorted(per_run["expansion"].unique()), "os^Dv", strict=False))
     for (e, a), sub in per_run.groupby(["expansion", "alpha"]):
-        bx.errorbar(
-            sub["nominal_ratio"] * np.sqrt(sub["depth"]),
-            sub["kappa_fit"],
-            yerr=sub["kappa_fit_std"],
-            fmt=markers[e],
-            color=colors[a],
-            mfc="none",
-            ms=3,
-            lw=0.6,
-        )
+        bx.errorbar(sub["nominal_ratio"] * np.sqrt(sub["depth"]), sub["kappa_fit"],
+                    yerr=sub["kappa_fit_std"], fmt=markers[e], color=colors[a], mfc="none", ms=3,
+                    lw=0.6)
     for e, m in markers.items():
         bx.plot([], [], m, color="0.3", mfc="none", label=style.value_label("expansion", e))
     for kt in sorted(per_run["kappa_theory"].round(12).unique()):
@@ -393,15 +289,11 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
     style.caption(fig, df, args.experiment, ["dashed: theory κ"])
     summary = per_run.groupby("nominal_ratio").agg(
-        runs=("kappa_fit", "size"),
-        kappa_fit=("kappa_fit", "mean"),
-        kappa_fit_std=("kappa_fit", "std"),
-        kappa_theory=("kappa_theory", "mean"),
-    )
+        runs=("kappa_fit", "size"), kappa_fit=("kappa_fit", "mean"),
+        kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
     print(
         f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
-        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n"
-    )
+        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
     paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
@@ -411,29 +303,18 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-STREAM_COMMAND = Command(_stream_arguments, _stream_main,
-                         "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, fitted vs theory κ")
-
-
-def uncorrelated_theory(
-    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-) -> np.ndarray:
-    """Closed-form uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``.
-
-    ``r_l = √p · r̃_l`` (p = E[σ′(αz)²], :func:`rankexp.theory.activation_constants`):
-    Pre-Norm ``r̃_l`` decays as Eq. 22 (:func:`rankexp.theory.prenorm_branch_ratio`, κ of
-    :func:`kappa_theory`); every other placement here holds ``r̃_l = βα^M`` (Eq. 21 at unit
-    rms; exact for post), so the sum grows as ``√(p k) βα^M``.
-    """
+def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                        alpha: float) -> np.ndarray:
+    """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
+    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
     k = np.asarray(layers, dtype=float)
     full = np.arange(1, int(k.max()) + 1)
     r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
     return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
 
 
-def coherent_theory(
-    layers, placement: str, nominal_ratio: float, activation: str, alpha: float
-) -> np.ndarray:
+def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str,
+                    alpha: float) -> np.ndarray:
     """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
     with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
     only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
@@ -444,61 +325,33 @@ def coherent_theory(
 
 
 def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
-    """Long table, one row per (run, k): ``accumulated`` (logged ``accumulated_branch``),
-    ``uncorrelated`` (logged ``accumulated_branch_uncorrelated``, from the measured r_l),
-    ``theory`` (:func:`uncorrelated_theory`) and ``coherent`` (:func:`coherent_theory`), with
-    the run's placement, m/d, α, L."""
+    """One row per (run, k): ``accumulated``, ``uncorrelated`` (logged, from the measured r_l),
+    ``theory`` (:func:`uncorrelated_theory`), ``coherent`` (:func:`coherent_theory`), run params."""
     rows = []
-    for _, r in tqdm(
-        df.iterrows(), total=len(df), desc="accumulated series", disable=None, leave=False
-    ):
+    for _, r in tqdm(df.iterrows(), total=len(df), desc="accumulated series", disable=None,
+                     leave=False):
         k, acc = series(uri, r["run_id"], "accumulated_branch")
         _, unc = series(uri, r["run_id"], "accumulated_branch_uncorrelated")
         ctx = (r[PLACEMENT], r["nominal_ratio"], str(r["activation"]), float(r["alpha"]))
         th = uncorrelated_theory(k, *ctx)
         rows.append(
             pd.DataFrame(
-                {
-                    "run_id": r["run_id"],
-                    PLACEMENT: r[PLACEMENT],
-                    "expansion": r["expansion"],
-                    "alpha": r["alpha"],
-                    "depth": int(r["depth"]),
-                    "k": k,
-                    "accumulated": acc,
-                    "uncorrelated": unc,
-                    "theory": th,
-                    "coherent": coherent_theory(k, *ctx),
-                }
-            )
-        )
+                {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
+                 "alpha": r["alpha"], "depth": int(r["depth"]), "k": k, "accumulated": acc,
+                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}))
     return pd.concat(rows, ignore_index=True)
 
 
 def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig5"], "MLflow experiment(s) (default: fig5)")
-    p.add_argument(
-        "--alpha",
-        type=float,
-        default=1.0,
-        help="α of the curves vs k in the left column (default: 1)",
-    )
-    add_where(p)
+    p.add_argument("--alpha", type=float, default=1.0,
+                   help="α of the curves vs k in the left column (default: 1)")
 
 
 def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     df = load(
         args,
-        [
-            "accumulated_branch_final",
-            "nominal_ratio",
-            "alpha",
-            "depth",
-            "expansion",
-            "activation",
-            PLACEMENT,
-        ],
-    )
+        ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion", "activation",
+         PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
     table = accumulated_table(df, args.uri)
     final = table.sort_values("k").groupby("run_id").tail(1).set_index("run_id")
@@ -558,30 +411,22 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
             slope.append({PLACEMENT: pl, "expansion": e, "alpha": a, "slope_log_L": b})
     if slope:
         st = (
-            pd.DataFrame(slope)
-            .groupby([PLACEMENT, "expansion"])["slope_log_L"]
+            pd.DataFrame(slope) .groupby([PLACEMENT, "expansion"])["slope_log_L"]
             .agg(["mean", "min", "max"])
         )
         print(
             "d log(accumulated branch at L) / d log L, over α "
-            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n"
-        )
+            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
         print(to_markdown(st))
         write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
-
-
-ACCUMULATED_COMMAND = Command(_accumulated_arguments, _accumulated_main,
-                              "Figure 5b/12: accumulated branch vs depth, with the uncorrelated prediction")
 
 
 TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
     ("pre", 1): (-0.46, -0.50, -0.52),
     ("pre", 4): (-0.57, -0.47, -0.48),
     ("post", 1): (-0.51, -0.50, -0.49),
-    ("post", 4): (-0.52, -0.50, -0.50),
-}
-
+    ("post", 4): (-0.52, -0.50, -0.50)}
 
 TABLE4_LEVELS = (0.4, 0.5, 0.6)
 
@@ -618,13 +463,12 @@ def iso_slope(placement: str | None, expansion: float | None, level: float | Non
 
 FIG5_ISORANK = (
     Claim("fig5.post_isorank_slope", "Post-Norm iso-rank contours: βα^M ∝ L^s, "
-          "s ≈ −0.50 (rank is a function of βα^M√L)", "science.md §3 fig5, Table 4",
+          "s ≈ −0.50 (rank is a function of βα^M√L)", "the study, fig5, Table 4",
           "−0.50", near(-0.50, 0.05), iso_slope("post", None, None)),
     *(Claim(f"tab4.{pl}_md{e}_r{lv:g}", f"Table 4: iso-rank exponent s, {pl}, m/d = {e}, r* = {lv:g}",
-            "science.md §4 tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
+            "the study, tab4", f"{s:+.2f} (d = 256)", near(s, 0.05), iso_slope(pl, e, lv),
             size="cpu")
-      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)),
-)
+      for (pl, e), values in TABLE4.items() for lv, s in zip(TABLE4_LEVELS, values, strict=True)))
 
 
 def _kappa(runs: Runs) -> Measured:
@@ -709,40 +553,40 @@ def _post_floor(runs: Runs) -> Measured:
 
 FIG5_STREAM = (
     Claim("fig5.kappa", "Pre-Norm stream: rms(h_l)² = 1 + κ(βα^M)² l with "
-          "κ = E[σ²] = ½ (measured ≈ 0.51)", "science.md §2.3, §4 fig11", "0.51",
+          "κ = E[σ²] = ½ (measured ≈ 0.51)", "the study, fig11", "0.51",
           near(0.51, 0.05), _kappa),
     Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-          "rms ≈ 14.5", "science.md §3, §4 fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
+          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
     Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
-          "Post-Norm", "science.md §3 fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
+          "Post-Norm", "the study, fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
           _acc_slope("post")),
     Claim("fig5.accumulated_pre_flat", "Accumulated branch stays flat for "
-          "Pre-Norm", "science.md §3 fig5, Figure 5b/12", "≈ 0 (slope)", near(0.0, 0.2),
+          "Pre-Norm", "the study, fig5, Figure 5b/12", "≈ 0 (slope)", near(0.0, 0.2),
           _acc_slope("pre")),
     Claim("fig5.depth_factor_collapse", "Post-Norm rank collapses (approximately) onto one "
           "curve of βα^M√L: across depths it is a function of βα^M√L rather than of βα^M",
-          "science.md §3 fig5 (Figure 5d)", "approximate collapse", below(1.0),
+          "the study, fig5 (Figure 5d)", "approximate collapse", below(1.0),
           _depth_factor_collapse, size="cpu"),
     Claim("fig5.pre_floor", "Pre-Norm rank stays above ≈ 0.2 of width across its "
-          "grid", "science.md §3 reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
+          "grid", "the study, reference magnitudes", "≥ 0.2", at_least(0.2), _pre_floor),
     Claim("fig5.post_floor", "Post-Norm collapses toward 0.01–0.02 of width at "
-          "large α and depth", "science.md §3 reference magnitudes", "0.01–0.02 (d = 256)",
-          between(0.01, 0.02), _post_floor, size="full"),
-)
-
+          "large α and depth", "the study, reference magnitudes", "0.01–0.02 (d = 256)",
+          between(0.01, 0.02), _post_floor, size="full"))
 
 COMMANDS = {
-    "isorank": ISORANK_COMMAND,
-    "stream": STREAM_COMMAND,
-    "accumulated": ACCUMULATED_COMMAND,
-}
-
+    "isorank": Command(_isorank_main, "Figure 5c/Table 4: iso-rank contours over (α, L) and "
+                                      "their power-law slopes", "fig5", True, _isorank_arguments),
+    "stream": Command(_stream_main, "Figure 11: Pre-Norm stream growth rms² − 1 vs (βα^M)² l, "
+                                    "fitted vs theory κ", "fig5", True, _stream_arguments),
+    "accumulated": Command(_accumulated_main, "Figure 5b/12: accumulated branch vs depth, with "
+                                              "the uncorrelated prediction",
+                                              'fig5', True, _accumulated_arguments)}
 
 EXPERIMENTS = (
     Experiment(
         "fig5",
         "Figure 5 / Table 4: depth against init scale",
-        "science.md §3 fig5, §4 tab4",
+        "the study, fig5, tab4",
         analyses=(
             "stream --experiment fig5",
             "accumulated --experiment fig5",
@@ -751,6 +595,4 @@ EXPERIMENTS = (
             "collapse --experiment fig5 --x depth_factor --color depth --panel norm.placement expansion --match-rtol 0.01",
         ),
         claims=FIG5_ISORANK + FIG5_STREAM,
-        needs=Needs(gpu_full=True),
-    ),
-)
+        needs=Needs(gpu_full=True)),)

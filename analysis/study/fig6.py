@@ -4,11 +4,5 @@ from __future__ import annotations
 
 from ..core.registry import Experiment
 
-EXPERIMENTS = (
-    Experiment(
-        "fig6",
-        "Figure 6 (ranks): the α × L grid",
-        "science.md §3 fig6",
-        analyses=("heatmap --experiment fig6",),
-    ),
-)
+EXPERIMENTS = (Experiment("fig6", "Figure 6 (ranks): the α × L grid", "the study, fig6",
+                          analyses=("heatmap --experiment fig6",)),)

@@ -28,37 +28,18 @@ from ..core.select import (
     require,
     warn_mixed,
 )
-from ..core.style import save
-from ..core.tables import to_markdown
+from ..core.style import save, to_markdown
 from .fig2 import draw_panel, heatmap_table
 
 log = logging.getLogger("analysis")
 
-
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
-
 
 # config keys that should be equal across the runs one figure compares, unless they are its
 # axes (seed may vary: cells average over it)
-CONTEXT = (
-    "alpha",
-    "width",
-    "expansion",
-    "matrices",
-    "beta",
-    "beta_scaling",
-    "activation",
-    "skip_every",
-    "norm.op",
-    "seeds",
-    "dtype",
-    "task.steps",
-    "task.batch_size",
-    "task.lrs",
-    "task.dtype",
-    "task.stable_accuracy",
-)
-
+CONTEXT = ("alpha", "width", "expansion", "matrices", "beta", "beta_scaling", "activation",
+           "skip_every", "norm.op", "seeds", "dtype", "task.steps", "task.batch_size", "task.lrs",
+           "task.dtype", "task.stable_accuracy")
 
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
@@ -77,31 +58,19 @@ def _lr_label(lr: float) -> str:
     return f"{lr:.2g}"  # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
 
 
-def fig6_table(
-    rank: pd.DataFrame,
-    train: pd.DataFrame,
-    rank_metric: str = "erank_io",
-    train_metric: str = "best_test_accuracy",
-) -> pd.DataFrame:
-    """Both halves of Figure 6 on one (placement, depth, alpha) index.
-
-    Columns: ``<metric>`` (mean over the cell's runs), ``<metric>_std``, ``<metric>_runs`` for
-    the rank and the train metric; outer join, so a cell only one half has is NaN in the other.
-
-    Raises:
-        SelectionError: a run table lacks ``alpha``, ``depth``, ``norm.placement`` or the metric.
-    """
+def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "erank_io",
+               train_metric: str = "best_test_accuracy") -> pd.DataFrame:
+    """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
+    ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
     halves = []
     for df, metric in ((rank, rank_metric), (train, train_metric)):
         t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
         halves.append(
-            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"})
-        )
+            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"}))
     table = halves[0].join(halves[1], how="outer")
     order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
-    return table.sort_index(
-        level=[0, 1, 2], key=lambda s: s.map(order) if s.name == PLACEMENT else s
-    )
+    return table.sort_index(level=[0, 1, 2],
+                            key=lambda s: s.map(order) if s.name == PLACEMENT else s)
 
 
 def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
@@ -124,26 +93,17 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
 
 
 def _fig6_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(
-        p, None, "not used: fig6 reads --rank-experiment and --train-experiment"
-    )
+    set_experiment_default(p, None, "not used: fig6 reads --rank-experiment and --train-experiment")
     p.add_argument("--rank-experiment", default="fig6", help="task=measure runs (default: fig6)")
+    p.add_argument("--train-experiment", default="fig6_train",
+                   help="task=train runs (default: fig6_train)")
+    p.add_argument("--rank-metric", default="erank_io",
+                   help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)")
     p.add_argument(
-        "--train-experiment", default="fig6_train", help="task=train runs (default: fig6_train)"
-    )
-    p.add_argument(
-        "--rank-metric",
-        default="erank_io",
-        help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)",
-    )
-    p.add_argument(
-        "--train-metric",
-        default="best_test_accuracy",
-        help="right column (default: best_test_accuracy, best final test accuracy over LRs)",
-    )
-    p.add_argument(
-        "--log-color", action="store_true", help="logarithmic colour scale for the rank column"
-    )
+        "--train-metric", default="best_test_accuracy",
+        help="right column (default: best_test_accuracy, best final test accuracy over LRs)")
+    p.add_argument("--log-color", action="store_true",
+                   help="logarithmic colour scale for the rank column")
     p.add_argument("--figure", default="6",
                    help="the study's figure number in the title (default 6; 13 for norm=output)")
 
@@ -152,39 +112,20 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     if args.experiment is not None:
         raise SelectionError("fig6 takes --rank-experiment and --train-experiment, not --experiment")
     frames = {}
-    for name, metric in (
-        (args.rank_experiment, args.rank_metric),
-        (args.train_experiment, args.train_metric),
-    ):
+    for name, metric in ((args.rank_experiment, args.rank_metric),
+                         (args.train_experiment, args.train_metric)):
         frames[name] = df = load(args, ["alpha", "depth", PLACEMENT, metric], experiments=[name])
         warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
-    table = fig6_table(
-        frames[args.rank_experiment],
-        frames[args.train_experiment],
-        args.rank_metric,
-        args.train_metric,
-    )
+    table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
+                       args.rank_metric, args.train_metric)
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
     fig.suptitle(
         f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
-        f"{style.name(args.train_metric)}"
-    )
-    style.caption(
-        fig,
-        frames[args.train_experiment],
-        [args.rank_experiment, args.train_experiment],
-        [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
-    )
-    return save(
-        fig,
-        Path(args.out) / args.train_experiment,
-        f"fig6_{args.rank_metric}_vs_{args.train_metric}",
-        table,
-    )
-
-
-FIG6_COMMAND = Command(_fig6_arguments, _fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, "
-                       "one row per placement")
+        f"{style.name(args.train_metric)}")
+    style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
+                  [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
+    return save(fig, Path(args.out) / args.train_experiment,
+                f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
 
 
 def run_lrs(df: pd.DataFrame) -> dict[str, float]:
@@ -193,12 +134,8 @@ def run_lrs(df: pd.DataFrame) -> dict[str, float]:
 
 
 def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Series:
-    """Per run, the largest learning rate that did not diverge and ended with test accuracy
-    ≥ ``stable_accuracy``; NaN where none did.
-
-    ``None`` reads the logged ``max_stable_lr`` (threshold ``task.stable_accuracy`` of the run);
-    a number recomputes it from ``final_test_acc_lr<lr>`` and ``diverged_lr<lr>``.
-    """
+    """Per run, the largest learning rate that did not diverge and ended ≥ ``stable_accuracy``
+    (NaN if none): ``None`` reads the logged ``max_stable_lr``, a number recomputes it."""
     if stable_accuracy is None:
         return df["max_stable_lr"].astype(float)
     lrs = run_lrs(df)
@@ -210,12 +147,9 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
                 (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
                 & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
                 lr,
-                np.nan,
-            )
-            for k, lr in lrs.items()
-        },
-        index=df.index,
-    )
+                np.nan)
+            for k, lr in lrs.items()},
+        index=df.index)
     return stable.max(axis=1)
 
 
@@ -227,10 +161,8 @@ def one_rate(df: pd.DataFrame) -> bool:
 
 def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
     """One-rate runs (:func:`one_rate`) as one row per (placement, depth, α[, seed]) whose
-    ``max_stable_lr`` is the stability boundary: the geometric midpoint of the largest stable
-    rate and the smallest unstable one above it (the estimate of ``hydra/sweeper=contour``'s
-    boolean target, :func:`hydra_plugins.rankexp_plugins.contour.solve`); the largest stable rate where none above
-    it failed; NaN where none was stable.  Stability as in :func:`max_stable_lr`."""
+    ``max_stable_lr`` is the boundary: the geometric midpoint of the largest stable rate and the
+    smallest unstable one above it (as :func:`hydra_plugins.rankexp_plugins.contour.solve`); NaN where none held."""
     stable = max_stable_lr(df, stable_accuracy).notna()
     keys = [PLACEMENT, "depth", "alpha"] + (["seed"] if "seed" in df else [])
     rows = []
@@ -244,13 +176,8 @@ def boundary_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.Da
 
 
 def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFrame:
-    """Max stable LR per (placement, depth) (rows) and α (columns), plus ``max over α``.
-
-    Several runs in one cell (seeds) give their smallest value (the LR every seed held;
-    NaN if one seed had none).  NaN: no learning rate was stable.  One-rate runs (a boundary
-    sweep, :func:`one_rate`) give each cell its boundary (:func:`boundary_lr`) instead of the
-    largest stable rate of a grid.
-    """
+    """Max stable LR per (placement, depth) and α, plus ``max over α``; a cell's seeds give their
+    smallest value; one-rate runs give the boundary (:func:`boundary_lr`)."""
     runs = boundary_lr(df, stable_accuracy) if one_rate(df) else \
         df.assign(max_stable_lr=max_stable_lr(df, stable_accuracy))
     cells = runs.groupby([PLACEMENT, "depth", "alpha"])["max_stable_lr"]
@@ -278,8 +205,7 @@ def _table5_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="recompute stability at this final test accuracy (default: the logged "
-        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)",
-    )
+        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
@@ -298,8 +224,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
            if one_rate(df) else "the largest stable rate trained")
     print(
         f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
-        f"blank = not run), {', '.join(args.experiment)}\n"
-    )
+        f"blank = not run), {', '.join(args.experiment)}\n")
     print(md)
     fig, (ax,) = style.panels(1)
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
@@ -324,16 +249,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-TABLE5_COMMAND = Command(_table5_arguments, _table5_main, "Table 5: max stable learning rate per (placement, "
-                         "depth), per α and max over α")
-
-
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
-    """The one run with ``run_id`` (a prefix is enough) or whose params match every ``KEY=VALUE``.
-
-    Raises:
-        SelectionError: an unknown key, or not exactly one matching run (lists the candidates).
-    """
+    """The one run with ``run_id`` (a prefix) or matching every ``KEY=VALUE``; SelectionError else."""
     mask = pd.Series(True, index=df.index)
     if run_id:
         mask &= df["run_id"].str.startswith(run_id)
@@ -353,8 +270,7 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
             mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
         ].to_string(index=False)
         raise SelectionError(
-            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}"
-        )
+            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}")
     return hits.iloc[0]
 
 
@@ -378,13 +294,8 @@ def _curves_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
                            "one-rate runs such as tab5_boundary's give each cell its boundary)")
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
-    p.add_argument(
-        "--where",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post",
-    )
+    p.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post")
 
 
 def _curves_main(args: argparse.Namespace) -> list[Path]:
@@ -396,13 +307,8 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     colors, sm = style.value_colors(lrs, "plasma")
     for ax, metric in zip(axes, ("test_acc", "train_loss"), strict=True):
         for lr, g in curves[curves["metric"] == metric].groupby("lr"):
-            ax.plot(
-                g["step"],
-                g["value"],
-                marker="o" if metric == "test_acc" else None,
-                color=colors[lr],
-                ms=2.5,
-            )
+            ax.plot(g["step"], g["value"], marker="o" if metric == "test_acc" else None,
+                    color=colors[lr], ms=2.5)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(style.name(metric))
     axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
@@ -410,16 +316,8 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")
     fig.suptitle(f"Training curves of {run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
     style.caption(fig, run.to_frame().T, args.experiment)
-    return save(
-        fig,
-        Path(args.out) / "_".join(args.experiment),
-        f"curves_{run['run_id'][:8]}",
-        curves.set_index(["lr", "metric", "step"]),
-    )
-
-
-CURVES_COMMAND = Command(_curves_arguments, _curves_main, "test accuracy and train loss vs step, one line per "
-                         "LR, of one train run")
+    return save(fig, Path(args.out) / "_".join(args.experiment), f"curves_{run['run_id'][:8]}",
+                curves.set_index(["lr", "metric", "step"]))
 
 
 def fig6_chance_gap(cells: pd.DataFrame) -> Measured:
@@ -501,35 +399,28 @@ def _cifar55(runs: Runs) -> Measured:
 
 FIG6_TRAIN = (
     Claim("fig6.post_chance", "Post-Norm fails (≈ 10 %) where its rank ≤ 1–2 %",
-          "science.md §3 fig6", "≈ 0.1", at_most(0.05), _fig6_chance, size="full"),
+          "the study, fig6", "≈ 0.1", at_most(0.05), _fig6_chance, size="full"),
     Claim("tab5.post_lr_shrinks", "Max stable LR (acc ≥ 0.4) shrinks with depth for "
           "Post-Norm as Table 5 says (α = 0.5; measured − Table 5 fall, ± half a decade: the "
-          "LR grid's spacing)", "science.md §3 fig6, Table 5", "Table 5's fall", near(0.0, 0.5),
+          "LR grid's spacing)", "the study, fig6, Table 5", "Table 5's fall", near(0.0, 0.5),
           _post_lr_shrinks, size="full"),
     Claim("tab5.pre_lr", "Pre-Norm: max stable LR 1e-2 at every depth",
-          "science.md §4 tab5", "0.01", at_least(0.01), _pre_lr),
+          "the study, tab5", "0.01", at_least(0.01), _pre_lr),
     Claim("tab5.post_alpha_half", "Post-Norm α = 0.5: max stable LR "
-          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "science.md §4 tab5",
+          "10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384", "the study, tab5",
           "Table 5", at_most(0.5), _post_lr_table5, size="full"),
     Claim("fig6.cifar_55", "MLP on CIFAR-10 reaches ≈ 55 % where it trains",
-          "science.md §3 reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"),
-)
+          "the study, reference magnitudes", "0.55", near(0.55, 0.05), _cifar55, size="full"))
 
-
-COMMANDS = {"fig6": FIG6_COMMAND, "table5": TABLE5_COMMAND, "curves": CURVES_COMMAND}
-
+COMMANDS = {
+    "fig6": Command(_fig6_main, "Figure 6: rank heatmap beside best-accuracy heatmap, one row "
+                                "per placement", None, False, _fig6_arguments),
+    "table5": Command(_table5_main, "Table 5: max stable learning rate per (placement, depth), "
+                                    "per α and max over α", None, False, _table5_arguments),
+    "curves": Command(_curves_main, "test accuracy and train loss vs step, one line per LR, of "
+                                    "one train run", None, False, _curves_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig6_train",
-        "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
-        "science.md §3 fig6, §4 tab5",
-        analyses=(
-            "fig6",
-            "table5",
-        ),
-        claims=FIG6_TRAIN,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-        reads=('fig6',),
-    ),
-)
+    Experiment("fig6_train", "Figure 6 (trainability) / Table 5: the rank grid trained on CIFAR-10",
+               "the study, fig6, tab5", analyses=("fig6", "table5"), claims=FIG6_TRAIN,
+               needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig6',)),)

@@ -14,36 +14,22 @@ from rankexp.theory import activation_constants
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std, seedwise
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
 from ..core.style import save
 
 PROBE_N = "task.options.representation.n"
 
-
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
 
 
 def spike_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Scalars of the mean spike per (M, σ, n), mean over runs.
-
-    Columns: ``branch_input_cos_cross`` (per-input cross-layer cosine), ``branch_mean_cos_cross``
-    (cosine between branch means), ``c_prediction`` (the coherence c at the measured
-    preactivation variance for M = 1, 0 for M = 2), ``branch_mean_sum_exponent`` (log–log slope
-    of ‖Σ m_k‖: 1 aligned, ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``,
-    ``runs``.
-    """
-    cols = [
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-        "rep_erank_min",
-        "branch_mean_snr",
-        "branch_input_cos_cross_std",
-        "branch_mean_cos_cross_std",
-    ]
+    """Mean spike scalars per (M, σ, n): cross-layer cosines (per input, of branch means),
+    ``c_prediction`` (c for M = 1, 0 for M = 2), ``branch_mean_sum_exponent`` (1 aligned,
+    ½ random), ``rep_erank_final``, ``rep_erank_min``, ``branch_mean_snr``, ``runs``."""
+    cols = ["branch_input_cos_cross", "branch_mean_cos_cross", "coherence_theory",
+            "branch_mean_sum_exponent", "rep_erank_final", "rep_erank_min", "branch_mean_snr",
+            "branch_input_cos_cross_std", "branch_mean_cos_cross_std"]
     cols = [c for c in cols if c in df]
     t = df.groupby(["matrices", "activation", "n"])[cols].mean()
     t["runs"] = df.groupby(["matrices", "activation", "n"]).size()
@@ -82,14 +68,8 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
                yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
                label=f"branch means {style.name('branch_mean_cos_cross')}")
-        ax.plot(
-            x,
-            sub["c_prediction"],
-            "k_",
-            ms=16,
-            mew=1.5,
-            label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0",
-        )
+        ax.plot(x, sub["c_prediction"], "k_", ms=16, mew=1.5,
+                label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0")
         if m == 1:
             ax.axhline(1 / np.pi, **style.THEORY, label=r"$1/\pi$ (ReLU)")
         ax.axhline(0, color="grey", lw=0.5)
@@ -130,21 +110,9 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
     return fig
 
 
-def _spike_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig7")
-
-
 def _spike_main(args: argparse.Namespace) -> list[Path]:
-    needs = [
-        "matrices",
-        "activation",
-        "depth",
-        "branch_input_cos_cross",
-        "branch_mean_cos_cross",
-        "coherence_theory",
-        "branch_mean_sum_exponent",
-        "rep_erank_final",
-    ]
+    needs = ["matrices", "activation", "depth", "branch_input_cos_cross", "branch_mean_cos_cross",
+             "coherence_theory", "branch_mean_sum_exponent", "rep_erank_final"]
     df = load(args, needs, probe="representation")
     df = df.assign(n=df[PROBE_N].astype(float) if PROBE_N in df else float(DEFAULT_N))
     df["n"] = df["n"].fillna(DEFAULT_N).astype(int)
@@ -156,10 +124,6 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
         f"$n \\in \\{{{', '.join(str(int(n)) for n in sorted(df['n'].unique()))}\\}}$ probe inputs",
         "bars: largest $n$, ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "spike", table)
-
-
-SPIKE_COMMAND = Command(_spike_arguments, _spike_main, "Figure 7: mean spike — cross-layer cosines vs c, "
-                        "‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ")
 
 
 def _spike_runs(runs: Runs, m: int) -> pd.DataFrame:
@@ -224,30 +188,23 @@ def _rep_collapse(runs: Runs) -> Measured:
 
 FIG7 = (
     Claim("fig7.cos_relu", "M = 1, ReLU: cross-layer cosine = c = 1/π",
-          "science.md §3 fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu),
+          "the study, fig7", "0.318", near(1 / math.pi, 0.03), _cos_relu),
     Claim("fig7.cos_c", "M = 1: cross-layer cosine = c_σ of each σ (Table 1)",
-          "science.md §3 fig7", "c_σ", at_most(0.03), _cos_c),
-    Claim("fig7.cos_zero", "M = 2: cross-layer cosines ≈ 0", "science.md §3 fig7",
+          "the study, fig7", "c_σ", at_most(0.03), _cos_c),
+    Claim("fig7.cos_zero", "M = 2: cross-layer cosines ≈ 0", "the study, fig7",
           "≈ 0", at_most(0.03), _cos_zero),
-    Claim("fig7.sum_linear", "M = 1: ‖Σ_k m_k‖ ∝ l", "science.md §3 fig7",
+    Claim("fig7.sum_linear", "M = 1: ‖Σ_k m_k‖ ∝ l", "the study, fig7",
           "1 (exponent)", near(1.0, 0.15), _exponent(1)),
-    Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "science.md §3 fig7",
+    Claim("fig7.sum_sqrt", "M = 2: ‖Σ_k m_k‖ ∝ √l", "the study, fig7",
           "0.5 (exponent)", near(0.5, 0.15), _exponent(2)),
     Claim("fig7.rep_collapse_m1", "erank(Z_l) collapses only for M = 1",
-          "science.md §3 fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse),
-)
+          "the study, fig7", "≪ 1 (ratio)", at_most(0.5), _rep_collapse))
 
-
-COMMANDS = {"spike": SPIKE_COMMAND}
-
+COMMANDS = {"spike": Command(
+    _spike_main,
+    "Figure 7: mean spike — cross-layer cosines vs c, ‖Σ m_k‖ vs l, erank(Z_l)/d vs l, per M and σ",
+    experiment="fig7")}
 
 EXPERIMENTS = (
-    Experiment(
-        "fig7",
-        "Figure 7: the mean spike",
-        "science.md §3 fig7",
-        analyses=("spike --experiment fig7",),
-        claims=FIG7,
-        needs=Needs(gpu_full=True),
-    ),
-)
+    Experiment("fig7", "Figure 7: the mean spike", "the study, fig7",
+               analyses=("spike --experiment fig7",), claims=FIG7, needs=Needs(gpu_full=True)),)

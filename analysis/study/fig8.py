@@ -22,7 +22,7 @@ from rankexp.tracking import download_artifact
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_most, near
 from ..core.registry import Experiment
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, warn_mixed
 from ..core.style import save
 
@@ -35,33 +35,19 @@ def activation_order(values) -> list[str]:
     return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
 
 
-MP_COLUMNS = [
-    "erank_branch",
-    "erank_branch_std",
-    "erank_branch_reference",
-    "mp_gamma",
-    "mp_ks",
-    "masked_rank",
-    "masked_rank_theory",
-    "mp_zero_fraction",
-    "mp_atom_theory",
-    "survival_theory",
-    "survival_measured",
-]
+MP_COLUMNS = ["erank_branch", "erank_branch_std", "erank_branch_reference", "mp_gamma", "mp_ks",
+              "masked_rank", "masked_rank_theory", "mp_zero_fraction", "mp_atom_theory",
+              "survival_theory", "survival_measured"]
 
 
 def mp_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean over runs of the branch-Jacobian scalars per (activation, width, expansion).
-
-    Adds ``threshold_expansion`` = 1/P(σ′≠0) (where ``rank(D W_up)`` reaches d; 1/p = 2 for
-    ReLU) and ``runs``.
-    """
+    """Mean branch-Jacobian scalars per (activation, width, expansion), ``threshold_expansion`` =
+    1/P(σ′≠0) (where rank(D W_up) reaches d) and ``runs``."""
     keys = ["activation", "width", "expansion"]
     cols = [c for c in MP_COLUMNS if c in df]
     t = df.groupby(keys)[cols].mean()
     t["threshold_expansion"] = [
-        1.0 / activation_constants(a, 1.0).survival_rate for a in t.index.get_level_values(0)
-    ]
+        1.0 / activation_constants(a, 1.0).survival_rate for a in t.index.get_level_values(0)]
     t["runs"] = df.groupby(keys).size()
     return t
 
@@ -111,15 +97,8 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
 
 
 def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame:
-    """Long table of the logged MP histograms at ``width``: the newest run per (σ, m/d).
-
-    Columns: activation, expansion, gamma, ks, zero_fraction, atom_theory, run_id, center,
-    density (measured, per unit of normalized eigenvalue), theory (MP density at the center).
-
-    Raises:
-        TrackingError: a run has no ``arrays.npz`` (logged with ``tracking.log_arrays=false``).
-        SelectionError: ``arrays.npz`` lacks the histogram (not a ``branch_jacobian`` run).
-    """
+    """Long table of the logged MP histograms at ``width``, newest run per (σ, m/d): activation,
+    expansion, gamma, ks, zero_fraction, atom_theory, run_id, center, density, theory."""
     sub = df[df["width"] == width]
     if "start_time" in sub:
         sub = sub.sort_values("start_time", ascending=False)
@@ -134,21 +113,12 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
                     raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
                 centers, density = z["mp_hist_centers"], z["mp_hist_density"]
             parts.append(
-                pd.DataFrame(
-                    {
-                        "activation": r["activation"],
-                        "expansion": r["expansion"],
-                        "gamma": r["mp_gamma"],
-                        "ks": r["mp_ks"],
-                        "zero_fraction": r.get("mp_zero_fraction", np.nan),
-                        "atom_theory": r.get("mp_atom_theory", np.nan),
-                        "run_id": r["run_id"],
-                        "center": centers,
-                        "density": density,
-                        "theory": marchenko_pastur_density(centers, float(r["mp_gamma"])),
-                    }
-                )
-            )
+                pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
+                              "gamma": r["mp_gamma"], "ks": r["mp_ks"],
+                              "zero_fraction": r.get("mp_zero_fraction", np.nan),
+                              "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
+                              "center": centers, "density": density,
+                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -179,18 +149,11 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             ax.set_title(
                 f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
                 f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$",
-                fontsize=6.5,
-            )
+                fontsize=6.5)
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
-                ax.text(
-                    0.97,
-                    0.9,
-                    f"zeros {z:.2f} (MP {atom:.2f})",
-                    transform=ax.transAxes,
-                    ha="right",
-                    fontsize=6,
-                )
+                ax.text(0.97, 0.9, f"zeros {z:.2f} (MP {atom:.2f})", transform=ax.transAxes,
+                        ha="right", fontsize=6)
             if i == len(acts) - 1:
                 ax.set_xlabel(r"eigenvalue $\lambda/\bar\lambda$")
             if j == 0:
@@ -203,25 +166,15 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
 
 
 def _mp_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "fig8")
-    p.add_argument(
-        "--width",
-        type=int,
-        default=None,
-        help="width d of the histogram grid (default: the largest width run)",
-    )
-    p.add_argument(
-        "--reference-draws",
-        type=int,
-        default=4,
-        help="Monte Carlo draws per point of the Gaussian-product curve (default 4)",
-    )
+    p.add_argument("--width", type=int, default=None,
+                   help="width d of the histogram grid (default: the largest width run)")
+    p.add_argument("--reference-draws", type=int, default=4,
+                   help="Monte Carlo draws per point of the Gaussian-product curve (default 4)")
 
 
 def _mp_main(args: argparse.Namespace) -> list[Path]:
     needs = ["activation", "width", "expansion"] + [
-        c for c in MP_COLUMNS if c != "survival_measured"
-    ]
+        c for c in MP_COLUMNS if c != "survival_measured"]
     df = load(args, needs, probe="branch_jacobian")
     warn_mixed(df, (), args.experiment, keys=("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"))
     table = mp_table(df)
@@ -239,10 +192,6 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df[df["width"] == width], args.experiment, ["all seeds' eigenvalues pooled"])
     paths += save(fig, out, f"mp_histograms_d{width}", hist.set_index(["activation", "expansion"]))
     return paths
-
-
-MP_COMMAND = Command(_mp_arguments, _mp_main, "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; "
-                     "Marchenko–Pastur histograms of D W_up")
 
 
 def _fig8(runs: Runs, *cols: str, acts: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -284,12 +233,8 @@ def _jf_reference(runs: Runs) -> Measured:
 
 
 def mp_atom_allowance(width: int, expansion: float, p: float) -> float:
-    """E|atom_emp − atom_MP|: the expected gap between the empirical mass at zero of the Gram
-    spectrum of D W_up and Marchenko–Pastur's, exactly, over the active-unit count k ~ Bin(m,
-    p) (m = expansion·d; D's entries are 0/1 or ±1, nonzero with probability p): the Gram has
-    max(0, d − k)/d zero eigenvalues, MP(γ = p·m/d) max(0, 1 − γ).  At γ = 1 it is ≈ 0.28/√d
-    — an atom the iid Kolmogorov value cannot absorb at any width; pooled over seeds the gap
-    is at most this (|mean| ≤ mean |·|)."""
+    """E|atom_emp − atom_MP| over the active-unit count k ~ Bin(m, p), exactly: the Gram of D W_up
+    has max(0, d − k)/d zero eigenvalues, MP(γ = p·m/d) max(0, 1 − γ) (≈ 0.28/√d at γ = 1)."""
     from scipy.stats import binom
 
     d, m = int(width), int(round(expansion * width))
@@ -326,28 +271,21 @@ def _masked_rank(runs: Runs) -> Measured:
 
 
 FIG8 = (
-    Claim("fig8.erank_rises", "erank(J_f)/d rises with m/d", "science.md §3 fig8",
+    Claim("fig8.erank_rises", "erank(J_f)/d rises with m/d", "the study, fig8",
           "rises", above(0.0), _jf_rises),
     Claim("fig8.gaussian_product", "erank(J_f)/d follows the Gaussian-product "
-          "reference at γ = p·m/d (relu, abs)", "science.md §2.7, Figure 8", "0 (bias)",
+          "reference at γ = p·m/d (relu, abs)", "the study, Figure 8", "0 (bias)",
           near(0.0, 0.02), _jf_reference),
     Claim("fig9.mp_exact", "Gram spectrum of D W_up is Marchenko–Pastur at γ, "
-          "exact for relu/abs", "science.md §3 fig8/9, §4 fig17", "exact",
+          "exact for relu/abs", "the study, fig8/9, fig17", "exact",
           at_most(1.0), _mp_ks),
     Claim("fig8.threshold", "rank(D W_up)/d = min(1, P(σ′≠0)·m/d): full rank from "
-          "m/d = 1/p", "science.md §3 fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank),
-)
+          "m/d = 1/p", "the study, fig8/9", "0 (bias)", near(0.0, 0.02), _masked_rank))
 
+COMMANDS = {"mp": Command(
+    _mp_main,
+    "Figures 8/9/17: erank(J_f)/d vs m/d and γ = p·m/d; Marchenko–Pastur histograms of D W_up",
+    experiment="fig8", arguments=_mp_arguments)}
 
-COMMANDS = {"mp": MP_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "fig8",
-        "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
-        "science.md §3 fig8/9",
-        analyses=("mp --experiment fig8",),
-        claims=FIG8,
-    ),
-)
+EXPERIMENTS = (Experiment("fig8", "Figures 8/9: the branch Jacobian and Marchenko–Pastur",
+                          "the study, fig8/9", analyses=("mp --experiment fig8",), claims=FIG8),)

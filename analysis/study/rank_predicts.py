@@ -21,42 +21,30 @@ from ..core.registry import Experiment, Needs, default
 from ..core.runner import Command, set_experiment_default
 from ..core.runs import load_runs
 from ..core.select import SelectionError
-from ..core.tables import write_markdown
+from ..core.style import write_markdown
 
 log = logging.getLogger("analysis")
 
-
 #: init quantity → the probe that logs it
-QUANTITIES = {
-    "erank_io": "io_jacobian",
-    "stable_rank_io": "io_jacobian",
-    "mean_path_order": "path_order",
-    "log_gain_io": "io_jacobian",
-    "grad_norm_proxy": "grad_norm_proxy",
-    "jacob_cov": "jacob_cov",
-    "log_synflow": "synflow",
-}
-
+QUANTITIES = {"erank_io": "io_jacobian", "stable_rank_io": "io_jacobian",
+              "mean_path_order": "path_order", "log_gain_io": "io_jacobian",
+              "grad_norm_proxy": "grad_norm_proxy", "jacob_cov": "jacob_cov",
+              "log_synflow": "synflow"}
 
 #: the trained outcomes ρ is taken against
 TARGETS = ("max_stable_lr", "best_test_accuracy")
 
-
 #: the statistics of the table, in its order: ρ against each target, AUC of "trainable"
 STATISTICS = tuple(f"rho:{t}" for t in TARGETS) + ("auc:trainable",)
-
 
 #: this analysis' own task=measure grid: every quantity on the trained grids' networks
 INIT_EXPERIMENT = "rank_predicts"
 
-
 #: bootstrap resamples and seed (stated in the table and the figure)
 RESAMPLES, SEED = 2000, 0
 
-
 #: fewer joined configs than this: no statistic (NaN), the claims are not judged
 MIN_CONFIGS = 6
-
 
 #: the knobs that define the network (rankexp/knobs.py's rows of the architecture and the
 #: general block: not the task's, the seeds', the precision or where it runs), and the model
@@ -150,12 +138,8 @@ def join_init(train: pd.DataFrame, init: pd.DataFrame) -> pd.DataFrame:
 
 
 def joined_configs(uri: str | None, experiments: list[str] | None = None) -> pd.DataFrame:
-    """Every trained config of ``experiments`` (default :func:`trained_experiments`) in the store,
-    joined with its init quantities (:func:`join_init`); column ``grid`` = its experiment.
-
-    Raises:
-        SelectionError: no trained run in the store.
-    """
+    """Every trained config of ``experiments`` joined with its init quantities, ``grid`` = its
+    experiment; SelectionError without trained runs."""
     reg = default()
     frames = []
     own = _load(INIT_EXPERIMENT, uri)
@@ -289,14 +273,9 @@ def _main(args: argparse.Namespace) -> list[Path]:
 
 def measured(df: pd.DataFrame, quantity: str, statistic: str, *, none: float = 0.0,
              resamples: int = RESAMPLES, min_configs: int = MIN_CONFIGS) -> Measured:
-    """ρ or AUC (``statistic`` of :data:`STATISTICS`) of ``quantity`` over the joined configs
-    ``df`` as a claim's :class:`Measured`: ``value`` the statistic, ``spread`` its distance to
-    the bootstrap interval's lower end — so ``value − spread`` is that end and the check
-    ``above(none)`` holds exactly when the interval lies above the no-information value.
-
-    Raises:
-        NotRun: fewer than ``min_configs`` configs have the quantity and the outcome.
-    """
+    """ρ or AUC of ``quantity`` over ``df`` as :class:`Measured`: ``spread`` is its distance to
+    the bootstrap interval's lower end, so ``above(none)`` holds when the interval does; NotRun
+    below ``min_configs``."""
     x, _ = _columns(df, quantity, statistic)
     if len(x) < min_configs:
         raise NotRun(f"{len(x)} trained configs joined with {quantity} (probe "
@@ -324,33 +303,27 @@ RANK_PREDICTS = (
     Claim("rank_predicts.erank_lr", "Rank at initialization predicts trainability: "
           "erank(∂h_L/∂h_0)/d at init rises with the max stable learning rate over every "
           "trained config (Spearman ρ > 0, its bootstrap 95 % interval above 0)",
-          "science.md §1, §9 (the central claim); issue 21", "ρ > 0", above(0.0),
+          "the study (the central claim); issue 21", "ρ > 0", above(0.0),
           lambda runs: measured(_joined(runs), "erank_io", "rho:max_stable_lr"), size="cpu"),
     Claim("rank_predicts.erank_auc", "erank(∂h_L/∂h_0)/d at init separates trainable configs "
           "(a stable LR exists) from the rest: ROC-AUC > 0.5, its bootstrap 95 % interval "
-          "above 0.5", "science.md §1, §9; issue 21", "AUC > 0.5", above(0.5),
+          "above 0.5", "the study; issue 21", "AUC > 0.5", above(0.5),
           lambda runs: measured(_joined(runs), "erank_io", "auc:trainable", none=0.5),
-          size="cpu"),
-)
-
+          size="cpu"))
 
 COMMANDS = {
-    'rank_predicts': Command(_arguments, _main, "Spearman ρ and ROC-AUC of each init "
+    'rank_predicts': Command(_main, "Spearman ρ and ROC-AUC of each init "
                                      "quantity against max stable LR and best test accuracy, "
-                                     "over every trained grid"),
-}
-
+                                     "over every trained grid", arguments=_arguments)}
 
 EXPERIMENTS = (
     Experiment(
         INIT_EXPERIMENT,
         "Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid",
-        "science.md §1, §9; issue 21 item 4",
+        "the study; issue 21 item 4",
         analyses=("rank_predicts",),
         claims=RANK_PREDICTS,
         needs=Needs(gpu_full=True),
         # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
         # analysis reads every trained grid the store holds (trained_experiments())
-        reads=("fig6_train",),
-    ),
-)
+        reads=("fig6_train",)),)

@@ -16,50 +16,38 @@ from rankexp.theory import activation_constants
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, warn_mixed
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.style import save, write_markdown
 from .fig8 import activation_order
 
 log = logging.getLogger("analysis")
 
 
 def table1(df: pd.DataFrame) -> pd.DataFrame:
-    """Table 1: quadrature constants at unit variance beside the measured stable rank of σ(W h).
-
-    Columns: ``c``, ``1/c`` (∞ for c = 0), ``p`` = E[σ′²], ``P(σ′≠0)``, ``κ`` = E[σ²];
-    ``stable_rank`` (mean over runs of the seed mean of ``hidden_stable_rank``),
-    ``stable_rank_std`` (seed spread), ``coherence_measured`` (mean(A)²/mean(A²)),
-    ``stable_rank/(1/c)`` (NaN when c = 0), ``runs``.  Index: activation, Table 1 order.
-    """
+    """Table 1 per activation: ``c``, ``1/c``, ``p`` = E[σ′²], ``P(σ′≠0)``, ``κ`` = E[σ²] at q = 1
+    beside ``stable_rank`` (seed mean) ± ``stable_rank_std``, ``coherence_measured``,
+    ``stable_rank/(1/c)`` (NaN at c = 0), ``runs``."""
     rows = []
     for act in activation_order(df["activation"]):
         g = df[df["activation"] == act]
         k = activation_constants(act, 1.0)
         sr = float(g["hidden_stable_rank"].mean())
-        rows.append(
-            {
-                "activation": act,
-                "c": k.coherence,
-                "1/c": k.spike_bound,
-                "p": k.survival,
-                "P(σ′≠0)": k.survival_rate,
-                "κ": k.kappa,
-                "stable_rank": sr,
-                "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
-                if "hidden_stable_rank_std" in g
-                else math.nan,
-                "coherence_measured": float(g["hidden_coherence"].mean()),
-                "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
-                "runs": len(g),
-            }
-        )
+        rows.append({
+                        "activation": act,
+                        "c": k.coherence,
+                        "1/c": k.spike_bound,
+                        "p": k.survival,
+                        "P(σ′≠0)": k.survival_rate,
+                        "κ": k.kappa,
+                        "stable_rank": sr,
+                        "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
+                        if "hidden_stable_rank_std" in g
+                        else math.nan,
+                        "coherence_measured": float(g["hidden_coherence"].mean()),
+                        "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
+                        "runs": len(g)})
     return pd.DataFrame(rows).set_index("activation")
-
-
-def _table1_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "tab1")
 
 
 def _table1_main(args: argparse.Namespace) -> list[Path]:
@@ -81,8 +69,7 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
         f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
         "stable rank of σ(W h)",
         t,
-        runs=df,
-    )
+        runs=df)
     return [*paths, md]
 
 
@@ -116,10 +103,6 @@ def draw_table1(t: pd.DataFrame):
     return fig
 
 
-TABLE1_COMMAND = Command(_table1_arguments, _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the "
-                         "measured stable rank of σ(W h)")
-
-
 def _stable_rank(runs: Runs) -> Measured:
     df = runs("tab1")
     need(df, "hidden_stable_rank")
@@ -147,22 +130,14 @@ def _coherence(runs: Runs) -> Measured:
 
 TAB1 = (
     Claim("tab1.stable_rank", "Measured stable rank of σ(W h) within 6 % of the "
-          "spike bound 1/c", "science.md §3 tab1", "≤ 6 %", at_most(0.06), _stable_rank),
+          "spike bound 1/c", "the study, tab1", "≤ 6 %", at_most(0.06), _stable_rank),
     Claim("tab1.coherence", "Coherence of σ(W h) is c of the quadrature (relu 1/π, "
-          "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "science.md §2.8", "c_σ",
-          at_most(0.02), _coherence),
-)
+          "abs 2/π, gelu 0.187, silu 0.120, tanh 0)", "the study, Table 1", "c_σ",
+          at_most(0.02), _coherence))
 
+COMMANDS = {"table1": Command(
+    _table1_main, "Table 1: c, 1/c, p, κ by quadrature beside the measured stable rank of σ(W h)",
+    experiment="tab1")}
 
-COMMANDS = {"table1": TABLE1_COMMAND}
-
-
-EXPERIMENTS = (
-    Experiment(
-        "tab1",
-        "Table 1: activation constants beside the measured stable rank",
-        "science.md §3 tab1",
-        analyses=("table1 --experiment tab1",),
-        claims=TAB1,
-    ),
-)
+EXPERIMENTS = (Experiment("tab1", "Table 1: activation constants beside the measured stable rank",
+                          "the study, tab1", analyses=("table1 --experiment tab1",), claims=TAB1),)

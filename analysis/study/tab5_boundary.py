@@ -20,7 +20,7 @@ BOUNDARY_READING = 0.25
 
 def boundary_cells(df: pd.DataFrame) -> pd.Series:
     """One-rate runs of ``experiment=tab5_boundary`` as each (placement, depth, α) cell's
-    max stable LR (:func:`analysis.study.training.table5`: the bisection's midpoint; NaN where
+    max stable LR (:func:`analysis.study.fig6_train.table5`: the bisection's midpoint; NaN where
     no rate was stable), a Series indexed by (placement, depth, α)."""
 
     need(df, "max_stable_lr", "lr")
@@ -118,34 +118,28 @@ def _b_narrows(runs: Runs) -> Measured:
 TAB5_BOUNDARY = (
     Claim("tab5_boundary.pre_top", "Table 5 by root finding: Pre-Norm's max stable LR is 1e-2 "
           "(the LR range's top) at every depth (log10, the boundary's reading ±0.25 decades)",
-          "science.md §4 tab5", "−2 (1e-2)", at_least(-2.0 - BOUNDARY_READING),
+          "the study, tab5", "−2 (1e-2)", at_least(-2.0 - BOUNDARY_READING),
           _b_pre_top, size="cpu"),
     Claim("tab5_boundary.pre_above_post", "Table 5 by root finding: Pre-Norm's max stable LR is at "
           "least Post-Norm's in every (L, α) cell (log10 ratio; two readings of ±0.25 decades)",
-          "science.md §4 tab5", "≥ 0 (1e-2 vs ≤ 1e-2)", at_least(-2 * BOUNDARY_READING),
+          "the study, tab5", "≥ 0 (1e-2 vs ≤ 1e-2)", at_least(-2 * BOUNDARY_READING),
           _b_pre_above, size="cpu"),
     Claim("tab5_boundary.post_lr_shrinks", "Table 5 by root finding: Post-Norm's max stable LR "
           "shrinks with depth as Table 5 says (α = 0.5; measured − Table 5 fall in decades, ± half "
-          "a decade: the bisection's bracket)", "science.md §3 fig6, §4 tab5", "Table 5's fall",
+          "a decade: the bisection's bracket)", "the study, fig6, tab5", "Table 5's fall",
           near(0.0, 2 * BOUNDARY_READING), _b_post_shrinks,
           size="full"),
     Claim("tab5_boundary.post_alpha_half", "Table 5 by root finding: Post-Norm α = 0.5, max stable "
-          "LR 10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384 (max |Δ log10|)", "science.md §4 tab5",
+          "LR 10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384 (max |Δ log10|)", "the study, tab5",
           "Table 5", at_most(2 * BOUNDARY_READING), _b_post_table5, size="full"),
     Claim("tab5_boundary.post_narrows_with_alpha", "Table 5 by root finding: Post-Norm's stable LR "
           "range narrows faster with depth at larger α (fall at the largest α − fall at the "
-          "smallest, decades)", "science.md §4 tab5", "< 0", below(0.0),
-          _b_narrows, size="full"),
-)
-
+          "smallest, decades)", "the study, tab5", "< 0", below(0.0),
+          _b_narrows, size="full"))
 
 EXPERIMENTS = (
     Experiment(
         "tab5_boundary",
         "Table 5 by root finding: the max stable learning rate traced by hydra/sweeper=contour",
-        "science.md §4 tab5",
-        analyses=("table5 --experiment tab5_boundary",),
-        claims=TAB5_BOUNDARY,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+        "the study, tab5", analyses=("table5 --experiment tab5_boundary",), claims=TAB5_BOUNDARY,
+        needs=Needs(cifar10=True, train=True, gpu_full=True)),)

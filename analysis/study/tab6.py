@@ -13,23 +13,16 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir, set_experiment_default
+from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
-from ..core.style import save
-from ..core.tables import write_markdown
+from ..core.style import save, write_markdown
 
 log = logging.getLogger("analysis")
 
 
 def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame:
-    """``erank(Z_l)/d`` per (matrices, activation, width) (rows) and l (columns), mean over runs.
-
-    Values come from each run's ``rep_erank`` series (step = l); an l beyond every run's
-    depth is left out.
-
-    Raises:
-        SelectionError: no requested layer exists in any run.
-    """
+    """``erank(Z_l)/d`` per (matrices, activation, width) and l (the ``rep_erank`` series); an l
+    beyond every run's depth is left out (SelectionError if all are)."""
     rows = []
     for _, r in df.iterrows():
         steps, values = series(uri, r["run_id"], "rep_erank")
@@ -37,18 +30,11 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
         for l in layers:
             if l in at:
                 rows.append(
-                    {
-                        "matrices": r["matrices"],
-                        "activation": r["activation"],
-                        "d": int(r["width"]),
-                        "l": l,
-                        "erank": at[l],
-                    }
-                )
+                    {"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
+                     "l": l, "erank": at[l]})
     if not rows:
         raise SelectionError(
-            f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})"
-        )
+            f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})")
     long = pd.DataFrame(rows)
     t = long.groupby(["matrices", "activation", "d", "l"])["erank"].mean().unstack("l")
     t.columns = [f"l={c}" for c in t.columns]
@@ -56,14 +42,8 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
 
 
 def _table6_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, "tab6")
-    p.add_argument(
-        "--layers",
-        type=int,
-        nargs="+",
-        default=[32, 64, 128, 256, 512],
-        help="layers l to tabulate (default: 32 64 128 256 512)",
-    )
+    p.add_argument("--layers", type=int, nargs="+", default=[32, 64, 128, 256, 512],
+                   help="layers l to tabulate (default: 32 64 128 256 512)")
 
 
 def _table6_main(args: argparse.Namespace) -> list[Path]:
@@ -93,19 +73,9 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, ["mean over seeds"])
     paths = save(fig, out, "table6", t)
     paths.append(
-        write_markdown(
-            out / "table6.md",
-            f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
-            t,
-            floatfmt=".3f",
-            runs=df,
-        )
-    )
+        write_markdown(out / "table6.md", f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
+                       t, floatfmt=".3f", runs=df))
     return paths
-
-
-TABLE6_COMMAND = Command(_table6_arguments, _table6_main, "Table 6: erank(Z_l)/d at each width d and layer l "
-                         "(M = 1 representation collapse)")
 
 
 def _tab6_collapse(runs: Runs) -> Measured:
@@ -128,22 +98,15 @@ def _tab6_value(runs: Runs) -> Measured:
 
 TAB6 = (
     Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
-          "science.md §3 tab6", "collapse", at_most(0.5), _tab6_collapse),
+          "the study, tab6", "collapse", at_most(0.5), _tab6_collapse),
     Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-          "0.009", "science.md §4 fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"),
-)
+          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"))
 
-
-COMMANDS = {"table6": TABLE6_COMMAND}
-
+COMMANDS = {"table6": Command(
+    _table6_main,
+    "Table 6: erank(Z_l)/d at each width d and layer l (M = 1 representation collapse)",
+    experiment="tab6", arguments=_table6_arguments)}
 
 EXPERIMENTS = (
-    Experiment(
-        "tab6",
-        "Table 6: M = 1 representation collapse at every width",
-        "science.md §3 tab6",
-        analyses=("table6 --experiment tab6",),
-        claims=TAB6,
-        needs=Needs(gpu_full=True),
-    ),
-)
+    Experiment("tab6", "Table 6: M = 1 representation collapse at every width", "the study, tab6",
+               analyses=("table6 --experiment tab6",), claims=TAB6, needs=Needs(gpu_full=True)),)

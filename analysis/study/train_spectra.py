@@ -12,37 +12,29 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, add_where, set_experiment_default
+from ..core.runner import Command, set_experiment_default
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, ordered, series
 from ..core.style import save
 from .fig6_train import run_lrs
 
 EXPERIMENT = "train_spectra"
 
-
 #: the probed quantities drawn, in row order (per-member scalars of the probes)
 QUANTITIES = ("erank_io", "branch_ratio_last", "mean_path_order", "rep_erank_final")
 
-
-#: erank/d at or below which a network counts as collapsed (science.md §3 fig6: Post-Norm
+#: erank/d at or below which a network counts as collapsed (the study, fig6: Post-Norm
 #: trains at chance where its rank ≤ 1–2 % of width)
 COLLAPSE = 0.02
 
-
-#: the Pre-Norm floor of erank/d (science.md §3 reference magnitudes: ≈ 0.2 across the grid)
+#: the Pre-Norm floor of erank/d (the study, reference magnitudes: ≈ 0.2 across the grid)
 PRE_FLOOR = 0.2
-
 
 CELL = ("alpha", "depth")
 
 
 def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) -> pd.DataFrame:
-    """Long table, one row per (run, lr, quantity, step): ``run_id``, ``norm.placement``,
-    ``alpha``, ``depth``, ``lr``, ``diverged``, ``quantity``, ``step``, ``value``.
-
-    Raises:
-        SelectionError: a run without per-LR metrics, or without one of the series.
-    """
+    """One row per (run, lr, quantity, step): run_id, norm.placement, alpha, depth, lr, diverged,
+    quantity, step, value."""
     rows = []
     for _, run in runs.iterrows():
         lrs = run_lrs(run.dropna().to_frame().T)
@@ -59,12 +51,7 @@ def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) ->
 
 
 def init_and_final(table: pd.DataFrame, quantity: str) -> pd.DataFrame:
-    """Per (run, lr) of the members that did not diverge: ``init`` (step 0), ``final`` (the
-    last step), ``low`` (the minimum over steps) of ``quantity``, with the cell's params.
-
-    Raises:
-        NotRun: no such series, or every member diverged.
-    """
+    """Per non-diverged (run, lr): ``init``, ``final``, ``low`` (min over steps) of ``quantity``."""
     t = table[(table["quantity"] == quantity) & ~table["diverged"]]
     if t.empty:
         raise NotRun(f"no {quantity} series of a learning rate that did not diverge")
@@ -77,12 +64,7 @@ def init_and_final(table: pd.DataFrame, quantity: str) -> pd.DataFrame:
 
 
 def post_recovery(table: pd.DataFrame) -> Measured:
-    """The largest final erank/d among Post-Norm members collapsed at step 0 (erank/d ≤
-    :data:`COLLAPSE`): at most :data:`COLLAPSE` = the collapse persists.
-
-    Raises:
-        NotRun: no Post-Norm member collapsed at initialization.
-    """
+    """Largest final erank/d of Post-Norm members collapsed at step 0 (≤ :data:`COLLAPSE`)."""
     df = init_and_final(table, "erank_io")
     low = df[(df[PLACEMENT] == "post") & (df["init"] <= COLLAPSE)]
     if low.empty:
@@ -95,11 +77,7 @@ def post_recovery(table: pd.DataFrame) -> Measured:
 
 
 def pre_floor_kept(table: pd.DataFrame) -> Measured:
-    """The lowest erank/d over steps, Pre-Norm members that did not diverge: ≥ :data:`PRE_FLOOR`.
-
-    Raises:
-        NotRun: no Pre-Norm member.
-    """
+    """Lowest erank/d over steps of non-diverged Pre-Norm members (≥ :data:`PRE_FLOOR`)."""
     df = init_and_final(table, "erank_io")
     pre = df[df[PLACEMENT] == "pre"]
     if pre.empty:
@@ -111,12 +89,7 @@ def pre_floor_kept(table: pd.DataFrame) -> Measured:
 
 
 def path_order_shift(table: pd.DataFrame) -> Measured:
-    """Median over members that did not diverge of ⟨k⟩(final) − ⟨k⟩(0), in path orders: > 0 =
-    training moves the Jacobian's weight toward longer paths (§9 conjecture).
-
-    Raises:
-        NotRun: no ``mean_path_order`` series.
-    """
+    """Median of ⟨k⟩(final) − ⟨k⟩(0) over non-diverged members (> 0: toward longer paths)."""
     df = init_and_final(table, "mean_path_order")
     shift = df["final"] - df["init"]
     q25, q75 = np.nanpercentile(shift, [25, 75])
@@ -135,16 +108,15 @@ def _table(runs: Runs) -> pd.DataFrame:
 CLAIMS = (
     Claim("train_spectra.post_stays_collapsed", "Post-Norm's rank collapsed at initialization "
           f"stays collapsed through training at every rate that does not diverge (final erank/d "
-          f"≤ {COLLAPSE:g})", "science.md §6 train_spectra (question 1)", f"≤ {COLLAPSE:g}",
+          f"≤ {COLLAPSE:g})", "the study, train_spectra (question 1)", f"≤ {COLLAPSE:g}",
           at_most(COLLAPSE), lambda runs: post_recovery(_table(runs)), size="full"),
     Claim("train_spectra.pre_floor", "Pre-Norm keeps its rank floor (erank/d ≥ 0.2) at every "
-          "probed step of training", "science.md §3 reference magnitudes, §6 train_spectra",
+          "probed step of training", "the study, reference magnitudes, train_spectra",
           f"≥ {PRE_FLOOR:g}", at_least(PRE_FLOOR), lambda runs: pre_floor_kept(_table(runs)),
           size="cpu"),
     Claim("train_spectra.longer_paths", "Training moves ⟨k⟩ toward longer paths (median "
-          "⟨k⟩(final) − ⟨k⟩(0) > 0)", "science.md §6 train_spectra (question 2, the study's §9)",
-          "> 0", above(0.0), lambda runs: path_order_shift(_table(runs)), size="cpu"),
-)
+          "⟨k⟩(final) − ⟨k⟩(0) > 0)", "the study, train_spectra (question 2)",
+          "> 0", above(0.0), lambda runs: path_order_shift(_table(runs)), size="cpu"))
 
 
 def draw_cell(cell: pd.DataFrame):
@@ -181,7 +153,6 @@ def draw_cell(cell: pd.DataFrame):
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, [EXPERIMENT], f"task=train experiment(s) with probes during training (default: {EXPERIMENT})")
-    add_where(p)
 
 
 def _main(args: argparse.Namespace) -> list[Path]:
@@ -199,18 +170,11 @@ def _main(args: argparse.Namespace) -> list[Path]:
 
 
 COMMANDS = {
-    'train-spectra': Command(_arguments, _main, "probed spectra vs optimizer step, per "
-                                     "learning rate, Pre vs Post (experiment train_spectra)"),
-}
-
+    "train-spectra": Command(_main, "probed spectra vs optimizer step, per learning rate, Pre vs "
+                                    "Post (experiment train_spectra)", None, True, _arguments)}
 
 EXPERIMENTS = (
     Experiment(
-        EXPERIMENT,
-        "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
-        "science.md §6 train_spectra (the study's §9 future work)",
-        analyses=("train-spectra",),
-        claims=CLAIMS,
-        needs=Needs(cifar10=True, train=True, gpu_full=True),
-    ),
-)
+        EXPERIMENT, "Spectra during training: the fig6 grid probed at log-spaced optimizer steps",
+        "the study, train_spectra (future work)", analyses=("train-spectra",),
+        claims=CLAIMS, needs=Needs(cifar10=True, train=True, gpu_full=True)),)
