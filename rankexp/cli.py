@@ -173,7 +173,6 @@ def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     argv = sys.argv[1:]
     if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
-
         raise SystemExit(sweepctl.main(argv))
     sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted
     if not {"-sc", "--shell-completion"} & set(argv):  # completion's `install=bash` is no key

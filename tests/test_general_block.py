@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from test_engine import live_model  # the first seeds whose tiny ReLU nets are differentiable
 from torch.func import jacrev
 
 from rankexp.config import config_hash, register_configs, resolved_container, validate
@@ -40,21 +41,6 @@ PBR = [
 def _rel(a, b, floor=1e-2 * 6**0.5):
     a, b = a.detach(), b.detach()
     return float((torch.linalg.matrix_norm(a - b) / torch.linalg.matrix_norm(b).clamp(min=floor)).max())
-
-
-def _alive(model) -> bool:
-    """Whether no branch output of ``model`` is exactly zero at its input (a norm of zero has no
-    Jacobian; a 6-unit ReLU branch dies with probability 2⁻⁶ a layer)."""
-    hs = model.trajectory(gaussian_input(model.seeds, model.width))
-    return all(bool((b.f(b.pre_norm(h)) != 0).any()) for b, h in zip(model.blocks, hs, strict=False))
-
-
-def live_model(**kw):
-    """``ResidualMLP(6, 3, **kw)`` of the first two seeds whose networks are differentiable at
-    their inputs (:func:`_alive`), and those seeds."""
-    found = (s for s in itertools.count() if _alive(ResidualMLP(6, 3, seeds=[s], **kw)))
-    seeds = [next(found), next(found)]
-    return ResidualMLP(6, 3, seeds=seeds, **kw), seeds
 
 
 def _reverse_partials(model, h0):

@@ -121,18 +121,15 @@ def _draw_row(axes, r: pd.Series, uri: str | None) -> None:
     bx.set_ylim(0, 2.4 * float(np.max(coh)))  # room for the legend above the curves
     bx.set_title(r"(b) accumulated branch $/\sqrt{d}$")
     bx.legend(loc="upper left", fontsize=5.5, handlelength=1.2)
-    l_rms, v_rms = series(uri, r["run_id"], "rms")
-    keep = l_rms >= first
-    cx.plot(l_rms[keep], v_rms[keep], "o-", ms=2.5)
-    cx.set_xlabel(r"block $l$")
-    cx.set_ylabel(r"$\mathrm{rms}(h_l)$")
-    cx.set_title("(c) stream")
-    l_r, v_r = series(uri, r["run_id"], "ffn_ratio")
-    keep = l_r >= first
-    dx.plot(l_r[keep], v_r[keep], "o-", ms=2.5)
-    dx.set_xlabel(r"block $l$")
-    dx.set_ylabel(r"$r_l = \|J_l\|_F/\sqrt{d}$")
-    dx.set_title("(d) branch-to-skip ratio")
+    for ax, key, ylabel, title in (
+            (cx, "rms", r"$\mathrm{rms}(h_l)$", "(c) stream"),
+            (dx, "ffn_ratio", r"$r_l = \|J_l\|_F/\sqrt{d}$", "(d) branch-to-skip ratio")):
+        layers, values = series(uri, r["run_id"], key)
+        keep = layers >= first
+        ax.plot(layers[keep], values[keep], "o-", ms=2.5)
+        ax.set_xlabel(r"block $l$")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
     for a in axes:
         a.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
