@@ -8,7 +8,11 @@ they read (no "runs differ in …" averaging), and every claim its entry lists i
 The registry is the list: its ids are the configs of ``conf/experiment/``, its commands exist.
 Experiments whose smoke size trains on CIFAR-10 (``Needs.train``, theirs or a read one's) run here under ``-m slow``:
 their training loops are the subject of test_analysis_training / _meanfield / _degradation, and
-they skip (saying why) where the data set is missing.  The ``cpu`` sizes (``make figures``) run
+they skip (saying why) where the data set is missing.  The default run sweeps a representative
+few (``DEFAULT``: the demo, a two-grid sweep with a twin left out, the contour sweeper, and the
+mean-field part, whose stores test_analysis_meanfield reads anyway); every other experiment's
+smoke store runs under ``-m slow``, and every experiment's smoke sweep is composed and planned in
+the default run by test_sizes / test_conventions.  The ``cpu`` sizes (``make figures``) run
 under ``-m slow`` for every experiment that does not train.
 """
 
@@ -19,16 +23,18 @@ from pathlib import Path
 import pytest
 from conftest import runs_in
 from figure_checks import problems
+from plans import composed, plan
 from smoke_stores import sweep, uri_of
 
 from analysis.core import claims
 from analysis.core.registry import PARTS, Registry, default
 from analysis.core.runner import commands, parser, run
 from analysis.core.style import recording
-from hydra_plugins.rankexp_plugins.grids import sweep_plan
 from rankexp.cli import CONF_DIR
 
 REGISTRY = default()
+#: the experiments whose smoke store and analyses the default run checks (the rest: ``-m slow``)
+DEFAULT = {"demo", "fig4", "tab4_contour", *(e.id for e in REGISTRY if e.part == "meanfield")}
 
 
 def trains(name: str) -> bool:
@@ -55,7 +61,7 @@ def check_runs(folder: Path, name: str, size: str) -> None:
     """The store holds exactly the runs the experiment's grids plan, all FINISHED at ``size``,
     under one parent run, with distinct names."""
     runs = job_runs(uri_of(folder), name)
-    planned = sweep_plan(f"experiment={name}", f"size={size}")
+    planned = plan(name, size)
     parents = [r for r in runs_in(uri_of(folder), name) if r.data.tags.get("rankexp.role") == "sweep"]
     if parents and "contour_cells" in parents[0].data.metrics:  # hydra/sweeper=contour: its rounds
         # plan the jobs; the grid is its trace points, each measured at ≥ 2 values of the axis
@@ -95,7 +101,7 @@ def check_claims(folder: Path, name: str) -> None:
     assert not bad, bad
 
 
-@pytest.mark.parametrize("name", [case(e.id) for e in REGISTRY])
+@pytest.mark.parametrize("name", [case(e.id, slow=e.id not in DEFAULT) for e in REGISTRY])
 def test_experiment_runs_at_smoke_size_its_analysis_draws_and_its_claims_are_decided(name, smoke_store):
     folder = smoke_store(name)
     for exp in (*REGISTRY[name].reads, name):
@@ -135,11 +141,8 @@ def test_the_registry_is_the_list_of_experiments():
 def test_what_an_entry_says_it_needs_is_what_its_config_runs():
     """``Needs.train``: its full size trains; ``cifar10``: it trains or its model reads
     CIFAR-10 (the ConvNets); ``transformers``: its model is a Hugging Face LM."""
-    from hydra import compose, initialize_config_dir
-
     for entry in REGISTRY:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("config", [f"experiment={entry.id}"])
+        cfg = composed(entry.id)
         trains, model = cfg.task.name == "train", cfg.model.name
         assert entry.needs.train == trains, entry.id
         assert entry.needs.cifar10 == (trains or model == "cifar_resnet"), entry.id

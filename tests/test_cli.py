@@ -97,17 +97,18 @@ def test_issue_sweep_leaves_four_finished_runs_and_a_heatmap(cli):
     assert sorted(table["mean"]) == pytest.approx(sorted(er.values()), rel=1e-12)
 
 
+SLOW = pytest.mark.slow  # the same check for another key of the same kind: -m slow
 BAD = [
     ("depth=0", "depth"),
-    ("width=-4", "width"),
-    ("alpha=0", "alpha"),
-    ("expansion=0", "expansion"),
+    pytest.param("width=-4", "width", marks=SLOW),
+    pytest.param("alpha=0", "alpha", marks=SLOW),
+    pytest.param("expansion=0", "expansion", marks=SLOW),
     ("matrices=3", "matrices"),
-    ("activation=foo", "activation"),
+    pytest.param("activation=foo", "activation", marks=SLOW),
     ("norm=sideways", "norm"),
     ("norm.op=magic", "op"),
-    ("seeds=0", "seeds"),
-    ("beta_scaling=cube", "beta_scaling"),
+    pytest.param("seeds=0", "seeds", marks=SLOW),
+    pytest.param("beta_scaling=cube", "beta_scaling", marks=SLOW),
 ]
 
 

@@ -236,6 +236,7 @@ def _artifact(uri: str, run_id: str, name: str) -> pd.DataFrame:
     return pd.read_csv(path) if name.endswith(".csv") else pd.read_json(io.StringIO(open(path).read()))
 
 
+@pytest.mark.slow  # ~25 s; resume by config hash: test_resume, test_cli's rerun (default run)
 def test_contour_sweep_killed_after_a_round_resumes_from_the_store(cli):
     """SIGTERM once the first round's 9 jobs are FINISHED: exit 143, the parent KILLED with the
     contour so far attached; the rerun reuses those runs (SKIPPED) and every crossing of the

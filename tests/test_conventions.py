@@ -11,29 +11,29 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from plans import EXPERIMENTS, PLANNED_BY_HASH, plan
 
-from hydra_plugins.rankexp_plugins.grids import sweep_plan
 from rankexp import naming
 from rankexp.__main__ import CONF_DIR
 from rankexp.config import ConfigError, check_override_keys, config_groups, config_hash
 from rankexp.probes import PROBES
 
-EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiments_sweep_has_distinct_run_names(experiment):
+@pytest.mark.parametrize(("experiment", "size"), [  # the full plans that compose every job: slow
+    pytest.param(e, s, marks=[pytest.mark.slow] * (s == "full" and e in PLANNED_BY_HASH))
+    for e in EXPERIMENTS for s in ("smoke", "full")])
+def test_every_experiments_sweep_has_distinct_run_names(experiment, size):
     """Row 1: for every experiment's sweep (every grid of its config), at size=smoke and full,
     the names built from the swept axes (led by the grid's name where there are several) are
     pairwise distinct — without the ``#n`` fallback — and short."""
-    for size in ("smoke", "full"):
-        plan = sweep_plan(f"experiment={experiment}", f"size={size}")
-        names = plan.names(["base"] * len(plan.jobs))
-        assert len(set(names)) == len(names), (experiment, size, names)
-        assert not any("#" in n for n in names) and max(map(len, names)) <= 60, names
-        if len(plan.jobs) > 1:
-            assert all(names) and "base" not in names, names
+    planned = plan(experiment, size)
+    names = planned.names(["base"] * len(planned.jobs))
+    assert len(set(names)) == len(names), (experiment, size, names)
+    assert not any("#" in n for n in names) and max(map(len, names)) <= 60, names
+    if len(planned.jobs) > 1:
+        assert all(names) and "base" not in names, names
 
 
 def test_names_show_the_axes_in_the_fields_notation():

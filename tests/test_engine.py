@@ -89,10 +89,15 @@ def test_norm_jacobian_closed_form_equals_jacfwd_and_jacrev(op):
     torch.testing.assert_close(nj.right_(b.clone()), b @ dense, rtol=1e-13, atol=1e-13)
 
 
+SHAPES = list(itertools.product((1, 2), (0, 1, 3)))  # (matrices, skip_every)
+#: every block (placement, norm op, activation) at every shape under ``-m slow``; the default run
+#: takes each block at one shape, the shapes in turn (each placement and op meets every shape)
 BLOCK_CASES = [
-    (p, op, act, m, k)
-    for p, op, act, m, k in itertools.product(PLACEMENTS, NORM_OPS, SCALAR_ACTIVATIONS, (1, 2), (0, 1, 3))
-    if not (p == "none" and op != "rmsnorm")
+    pytest.param(p, op, act, m, k, marks=[] if (m, k) == SHAPES[i % len(SHAPES)] else [pytest.mark.slow])
+    for i, (p, op, act) in enumerate(
+        (p, op, act) for p, op, act in itertools.product(PLACEMENTS, NORM_OPS, SCALAR_ACTIVATIONS)
+        if not (p == "none" and op != "rmsnorm"))
+    for m, k in SHAPES
 ]
 
 

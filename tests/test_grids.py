@@ -10,6 +10,7 @@ import itertools
 import pytest
 from conftest import runs_in
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from plans import plan
 
 from hydra_plugins.rankexp_plugins.grids import expand, named_grids, sweep_plan
 
@@ -85,11 +86,11 @@ def test_names_lead_with_the_grid_and_differ_across_grids():
 def test_a_job_whose_config_another_grid_already_has_is_left_out():
     """fig15's two grids both hold Pre-RMSNorm with B = none (``norm.out=none`` is what the
     preset puts there): other overrides, one config — planned once, like fig4's R = none, L = 48."""
-    plan = sweep_plan("experiment=fig15", "size=smoke")
-    assert len(plan.jobs) == 5 and len(plan.dropped) == 1
-    job, twin = plan.dropped[0]
+    fig15 = plan("fig15", "smoke")
+    assert len(fig15.jobs) == 5 and len(fig15.dropped) == 1
+    job, twin = fig15.dropped[0]
     assert "norm.out=none" in job and twin == "pre_op"
-    fig4 = sweep_plan("experiment=fig4", "size=smoke")
+    fig4 = plan("fig4", "smoke")
     assert len(fig4.jobs) == 4 * 2 + 5 * 2 - 1 and fig4.grid.count("control") == 9
 
 

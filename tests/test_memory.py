@@ -88,7 +88,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [  # two fresh processes each: two cases by default
+    pytest.param(c, marks=[pytest.mark.slow] * (c in ("streamed weights", "path orders"))) for c in CASES])
 def test_the_per_seed_estimate_is_within_1_5x_of_what_a_seed_uses(device, case):
     """Per seed = the slope of the peak from 1 to 3 seeds in one batch (what a chunk adds per
     seed, the process's own footprint and one-off workspaces cancelled), live memory."""

@@ -39,6 +39,8 @@ def server():
         s.stop()
 
 
+@pytest.mark.slow  # ~1 min (a server started, stopped, restarted); the default run's server
+# store: test_tracking_server; its sync of job directories: test_store_errors
 def test_server_stopped_mid_sweep_then_sync_logs_every_config_once(server, tmp_path):
     # each job 1 s longer, idle (RANKEXP_FAULT_SLEEP): the stop below lands while ≥ 3 are left,
     # however fast the jobs' start-up (6 tiny jobs once ended in 2 s, before the poll saw two)

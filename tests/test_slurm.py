@@ -98,6 +98,7 @@ def test_cluster_daemons_listen_on_loopback_only_and_keep_passwords_out_of_argv(
             continue
 
 
+@pytest.mark.slow  # ≥ 1.5 min waiting for Slurm's 1-minute limit; a killed job: test_resume
 def test_killed_and_timed_out_jobs_are_failed_with_slurms_verdict(slurm_cluster, tmp_path):
     """Issue 8, row 3, and a killed job (issue 5).  ``timeout_min=1``: the warning signal is
     derived from the limit (15 s before it, not the plugin's 120 s that landed at the start).

@@ -211,6 +211,7 @@ def test_an_unreachable_postgres_uri_is_refused_in_seconds(tmp_path):
     assert not list(tmp_path.glob("outputs/**/run.json"))
 
 
+@pytest.mark.slow  # ~30 s; a SIGKILLed sweep reconciled by the next command: test_resume
 def test_a_kill_9_sweep_is_counted_over_its_whole_plan(tmp_path):
     """Row 8: a sweep of 8 jobs SIGKILLed (whole process group) after two finished; the rerun
     closes its parent with counts over all 8 jobs of its plan (before: jobs_total=3,
