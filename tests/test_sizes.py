@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from plans import EXPERIMENTS, PLANNED_BY_HASH, plan
+from plans import EXPERIMENTS, plan
 from plans import composed as compose_experiment
 
 from rankexp.__main__ import CONF_DIR
@@ -29,8 +29,15 @@ def network_width(cfg, plan) -> int:
     return max(given or [int(default)])
 
 
-@pytest.mark.parametrize("name", [  # PLANNED_BY_HASH: 5–15 s of planning each, under -m slow
-    pytest.param(e, marks=[pytest.mark.slow] * (e in PLANNED_BY_HASH)) for e in EXPERIMENTS])
+#: the experiments whose sizes the default run checks (the rest: ``-m slow``, 2–15 s each): the
+#: demo, a cpu size that measures what the full size trains, a training one, the contour sweeper,
+#: a mean-field one, a plain grid; every experiment's smoke and full sweeps are planned in the
+#: default run by test_conventions
+DEFAULT = {"demo", "degradation", "fig6_train", "tab4_contour", "mf_phase", "fig5"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(e, marks=[pytest.mark.slow] * (e not in DEFAULT)) for e in EXPERIMENTS])
 def test_every_experiment_has_three_sizes_that_shrink(name):
     cfgs = {size: compose_experiment(name, f"size={size}") for size in SIZES}
     assert [cfgs[s].size.value for s in SIZES] == list(SIZES)
