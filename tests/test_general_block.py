@@ -5,6 +5,7 @@ config surface, and Figure 4b's sweep through the analysis."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,14 +179,18 @@ def test_projection_split_of_a_pre_plus_post_network():
 
 
 # --------------------------------------------------------------------------- Figure 4b end to end
-def test_fig4_sweeps_and_the_control_panel(tmp_path, smoke_store):
-    """``rankexp experiment=fig4 size=smoke -m`` (the session's smoke store, shared with
-    test_analysis_experiments): its placements grid and its Figure 4b control grid in one sweep
-    into one store; the analysis draws panel (b) from the runs with the Pre-RMSNorm control and
-    keeps them out of panel (a)'s bars."""
+def test_fig4_sweeps_and_the_control_panel(tmp_path):
+    """``rankexp experiment=fig4 size=smoke -m``: its placements grid and its Figure 4b control
+    grid in one sweep into one store; the analysis draws panel (b) from the runs with the
+    Pre-RMSNorm control and keeps them out of panel (a)'s bars."""
     from analysis.core.runner import main as analysis_main
 
-    uri = f"sqlite:///{smoke_store('fig4') / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RANKEXP_STAMP"))}
+    env.update(OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "rankexp", "experiment=fig4", "size=smoke", "width=8",
+                        "-m"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert analysis_main(["placements", "--experiment", "fig4", "--uri", uri, "--out", str(tmp_path / "f")]) == 0
     control = pd.read_csv(tmp_path / "f" / "fig4" / "placements_control_erank_io.csv")
     from analysis.core.runs import load_runs
