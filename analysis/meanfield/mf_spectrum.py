@@ -95,8 +95,7 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
                           label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={var_text(r['lambda_var'])} "
                                 rf"(theory {var_text(r['lambda_var_theory'])})")
             ax.set_title(f"{act}, {init}", fontsize=9)
-            ax.set_xlabel(r"$\log_{10}\lambda$")
-            ax.set_ylabel("density")
+            ax.set(xlabel=r"$\log_{10}\lambda$", ylabel="density")
             if len(cell):
                 ax.legend(fontsize=7)
     fig.suptitle(r"Squared singular values $\lambda$ of $\partial h_L/\partial h_0$ (mean 1); "

@@ -15,11 +15,12 @@ from tqdm import tqdm
 from rankexp.theory import activation_constants, prenorm_branch_ratio, prenorm_stream_rms
 
 from ..core import style
-from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most, seedwise
+from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
+from . import mean_ratio
 
 log = logging.getLogger("analysis")
 
@@ -33,6 +34,14 @@ def _cells(df: pd.DataFrame, keys: list[str]):
         yield (values if isinstance(values, tuple) else (values,)), runs
 
 
+def seed_sd(uri: str | None, run_id: str, metric: str, like: np.ndarray) -> np.ndarray:
+    """The run's ``<metric>_std`` series; zeros shaped as ``like`` if it logged none."""
+    try:
+        return series(uri, run_id, f"{metric}_std")[1]
+    except KeyError:
+        return np.zeros_like(like, dtype=float)
+
+
 def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
                   metric: str = "erank_profile") -> pd.DataFrame:
     """Long table of the per-layer ``metric`` per cell of ``keys``: ``keys…``, ``layer``,
@@ -44,10 +53,7 @@ def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
         parts = []
         for _, r in runs.iterrows():
             steps, v = series(uri, r["run_id"], metric)
-            try:
-                _, s = series(uri, r["run_id"], f"{metric}_std")
-            except KeyError:
-                s = np.zeros_like(v)
+            s = seed_sd(uri, r["run_id"], metric, v)
             n = float(r["seeds"]) if "seeds" in r and pd.notna(r["seeds"]) else 1.0
             parts.append(pd.DataFrame({"layer": steps, "m": v, "s": s, "n": n}))
             bar.update()
@@ -202,15 +208,8 @@ def kappa_theory(activation: str, alpha: float) -> float:
 def _fig1_noskip_collapse(runs: Runs) -> Measured:
     df = only(runs("fig1"), beta_scaling="const")
     need(df, "erank_io", "skip_every")
-    plain, skip = only(df, skip_every=0), only(df, skip_every=1)
-
-    def ratio(d):
-        return d[d["skip_every"] == 0]["erank_io"].mean() / d[d["skip_every"] == 1][
-            "erank_io"].mean()
-
-    both = pd.concat([plain, skip], ignore_index=True)
-    return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),
-                    "erank(∂h_L/∂h_0): no skip / skip every block, β const, mean over m/d")
+    return mean_ratio(runs, only(df, skip_every=0), only(df, skip_every=1), "erank_io",
+                      "erank(∂h_L/∂h_0): no skip / skip every block, β const, mean over m/d")
 
 
 def _fig1_flat(runs: Runs) -> Measured:

@@ -80,9 +80,8 @@ def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | 
         grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
         im = draw_panel(ax, grid, vmin, vmax, log_color)
-        ax.set_xlabel(style.name(x))
-        ax.set_ylabel(style.name(y))
-        ax.set_title(style.value_label(panel, p) if panel else style.name(metric))
+        ax.set(xlabel=style.name(x), ylabel=style.name(y),
+               title=style.value_label(panel, p) if panel else style.name(metric))
     style.colorbar(fig, im, axes, metric)
     if title:
         fig.suptitle(title)
@@ -203,8 +202,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
                         label=None if numeric else style.value_label(args.color, c))
             line = s.groupby(args.x)[args.metric].mean().sort_index()
             ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
-        ax.set_xscale("log")
-        ax.set_xlabel(xname)
+        ax.set(xscale="log", xlabel=xname)
         pv = pv if isinstance(pv, tuple) else (pv,)
         ax.set_title(", ".join(style.value_label(k, v) for k, v in zip(args.panel, pv, strict=True)))
     for ax in axes[:: min(2, len(axes))]:  # the first panel of each row (max_cols=2)

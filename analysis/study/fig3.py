@@ -17,7 +17,7 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
+from ..core.select import PLACEMENT, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
 
 log = logging.getLogger("analysis")
@@ -94,33 +94,31 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
 
 
-def _scalings(values) -> list[str]:
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda s: (BETA_SCALINGS.index(s) if s in BETA_SCALINGS else 9, s))
+def _beta_panels(summary: pd.DataFrame) -> list[tuple[float, str]]:
+    """The runs' (β, β scaling) pairs, scalings in :data:`BETA_SCALINGS` order, large β first."""
+    order = ordered(summary["beta_scaling"], list(BETA_SCALINGS))
+    pairs = summary[["beta", "beta_scaling"]].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(pairs, key=lambda p: (order.index(p[1]), -p[0]))
 
 
 def draw_profiles(profiles: pd.DataFrame, summary: pd.DataFrame):
     """One panel per (β, β scaling); one line per α (mean over its runs), theory dashed."""
-    panels = summary[["beta", "beta_scaling"]].drop_duplicates()
-    order = {sc: i for i, sc in enumerate(_scalings(panels["beta_scaling"]))}
-    panels = sorted(panels.itertuples(index=False), key=lambda p: (order[p.beta_scaling], -p.beta))
+    panels = _beta_panels(summary)
     alphas = sorted(summary["alpha"].unique())
     colors, sm = style.value_colors(alphas, "viridis")
     mean = profiles.groupby(["beta", "beta_scaling", "alpha", "k"])[["profile", "theory"]].mean()
     visible = mean.index.get_level_values("k")[mean["profile"] > 1e-3 * mean["profile"].max()]
     kmax = max(10, int(visible.max()) + 2) if len(visible) else 10
     fig, axes = style.panels(len(panels), max_cols=3, aspect=0.8, sharey=True)
-    for ax, p in zip(axes, panels, strict=True):
+    for ax, (beta, scaling) in zip(axes, panels, strict=True):
         for a in alphas:
-            key = (p.beta, p.beta_scaling, a)
+            key = (beta, scaling, a)
             if key not in mean.index.droplevel("k"):
                 continue
             t = mean.loc[key]
             ax.plot(t.index, t["profile"], "o-", ms=2.5, color=colors[a])
             ax.plot(t.index, t["theory"], "--", color=colors[a], lw=0.8)
-        ax.set_xlim(-0.5, kmax)
-        ax.set_xlabel("path order $k$")
-        ax.set_title(beta_label(p.beta, p.beta_scaling))
+        ax.set(xlim=(-0.5, kmax), xlabel="path order $k$", title=beta_label(beta, scaling))
     axes[0].set_ylabel(style.name("path_profile"))
     axes[0].plot([], [], **style.THEORY, label=r"uncorrelated: $\sqrt{\mathrm{Binomial}(L, \rho/(1+\rho))}$")
     axes[0].legend(loc="upper right")
@@ -138,9 +136,8 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     for ax, col, what in (
         (axes[0], "mean_path_order", r"$\langle k\rangle$ under $\mu_k$"),
         (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$")):
-        groups = summary.groupby(["beta", "beta_scaling"])
-        order = {sc: i for i, sc in enumerate(_scalings(summary["beta_scaling"]))}
-        for (beta, scaling), g in sorted(groups, key=lambda kv: (order[kv[0][1]], -kv[0][0])):
+        for beta, scaling in _beta_panels(summary):
+            g = summary[(summary["beta"] == beta) & (summary["beta_scaling"] == scaling)]
             ax.errorbar(g["nominal_ratio"], g[col],
                         yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
                         fmt=markers.get(scaling, "^"), ms=4, mfc="none", lw=0.6,
@@ -152,21 +149,14 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
                     [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid])
             except ValueError:
                 continue
-            ax.plot(
-                grid,
-                th[:, 0 if col == "mean_path_order" else 1],
-                **{**style.THEORY, "ls": "-"},
-                label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
-                f"{style.value_label('activation', act)}, $L = {depth}$)")
-        if (
-            col == "mean_path_order_energy"
-            and summary["mean_path_order_uncorrelated"].notna().any()
-        ):
-            ax.plot(summary["nominal_ratio"], summary["mean_path_order_uncorrelated"], "k.", ms=3,
+            ax.plot(grid, th[:, int(col != "mean_path_order")], **{**style.THEORY, "ls": "-"},
+                    label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
+                          f"{style.value_label('activation', act)}, $L = {depth}$)")
+        unc = summary["mean_path_order_uncorrelated"]
+        if col == "mean_path_order_energy" and unc.notna().any():
+            ax.plot(summary["nominal_ratio"], unc, "k.", ms=3,
                     label=r"uncorrelated, measured $r_\ell$")
-        ax.set_xscale("log")
-        ax.set_xlabel(style.name("nominal_ratio"))
-        ax.set_ylabel(what)
+        ax.set(xscale="log", xlabel=style.name("nominal_ratio"), ylabel=what)
         ax.legend()
     return fig
 

@@ -42,6 +42,7 @@ from ..core.select import (
     warn_mixed,
 )
 from ..core.style import save, to_markdown, write_text
+from . import mean_of
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
 
@@ -182,8 +183,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                 a0 = np.exp(np.log(pt["alpha"]).mean())
                 L0 = np.exp(np.log(pt["depth"]).mean())
                 ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="0.55", ls="--", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set(xscale="log", yscale="log", xlabel=style.name("alpha"), ylabel=style.name("depth"),
+               title=", ".join(style.value_label(k, v) for k, v in key.items()))
         ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
         alphas = grid.columns.to_numpy(float)
         every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
@@ -192,13 +193,12 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                                    for i, a in enumerate(alphas)])
         ax.minorticks_off()
         ax.grid(False)
-        ax.set_xlabel(style.name("alpha"))
-        ax.set_ylabel(style.name("depth"))
-        ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
         if ax is axes[0]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
-        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2, frameon=True,
-                  framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$", title_fontsize=5)
+        if ax.get_legend_handles_labels()[0]:  # no contour crossed and not the first panel
+                ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+                      frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
+                      title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
     style.caption(fig, df, args.experiment, [
@@ -263,14 +263,13 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
         s = long[long["run_id"] == r["run_id"]].iloc[1:]  # l = 0 has x = 0 (log axes)
         ax.plot(s["x"], s["y"], color=colors[r["alpha"]], lw=0.7, alpha=0.7)
     xs = np.geomspace(long["x"][long["x"] > 0].min(), long["x"].max(), 50)
-    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
+    kappas = sorted(per_run["kappa_theory"].round(12).unique())
+    for kt in kappas:
         ax.plot(xs, kt * xs, **style.THEORY, label=rf"$\kappa = \mathrm{{E}}[\sigma^2] = {kt:.3g}$")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(r"$(\beta\alpha^M)^2\,\ell$")
-    ax.set_ylabel(r"$\mathrm{rms}(h_\ell)^2 - \mathrm{rms}(h_0)^2$")
+        bx.axhline(kt, **style.THEORY)
+    ax.set(xscale="log", yscale="log", xlabel=r"$(\beta\alpha^M)^2\,\ell$",
+           ylabel=r"$\mathrm{rms}(h_\ell)^2 - \mathrm{rms}(h_0)^2$", title="stream growth")
     ax.legend()
-    ax.set_title("stream growth")
     style.colorbar(fig, sm, ax, "alpha")
     markers = dict(zip(sorted(per_run["expansion"].unique()), "os^Dv", strict=False))
     for (e, a), sub in per_run.groupby(["expansion", "alpha"]):
@@ -279,13 +278,9 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
                     lw=0.6)
     for e, m in markers.items():
         bx.plot([], [], m, color="0.3", mfc="none", label=style.value_label("expansion", e))
-    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
-        bx.axhline(kt, **style.THEORY)
-    bx.set_xscale("log")
-    bx.set_xlabel(style.name("depth_factor"))
-    bx.set_ylabel(style.name("stream_kappa"))
+    bx.set(xscale="log", xlabel=style.name("depth_factor"), ylabel=style.name("stream_kappa"),
+           title=r"$\kappa$ per run (±1 s.d. over seeds)")
     bx.legend()
-    bx.set_title(r"$\kappa$ per run (±1 s.d. over seeds)")
     fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
     style.caption(fig, df, args.experiment, ["dashed: theory κ"])
     summary = per_run.groupby("nominal_ratio").agg(
@@ -304,42 +299,38 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
 
 
 def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,
-                        alpha: float) -> np.ndarray:
+                        alpha: float, coherent: bool = False) -> np.ndarray:
     """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
-    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
-    k = np.asarray(layers, dtype=float)
-    full = np.arange(1, int(k.max()) + 1)
-    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
-    return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
-
-
-def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str,
-                    alpha: float) -> np.ndarray:
-    """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
-    with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
-    only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
-    k = np.asarray(layers, dtype=float)
-    full = np.arange(1, int(k.max()) + 1)
-    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
-    return np.cumsum(r)[k.astype(int) - 1]
+    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm); ``coherent``:
+    the ceiling ``Σ_{l≤k} r_l`` of all βJ_l aligned (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
+    k = np.asarray(layers, dtype=int)
+    r = branch_ratio_theory(np.arange(1, k.max() + 1), placement, nominal_ratio, activation, alpha)
+    return (np.cumsum(r) if coherent else np.sqrt(np.cumsum(r**2)))[k - 1]
 
 
 def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     """One row per (run, k): ``accumulated``, ``uncorrelated`` (logged, from the measured r_l),
-    ``theory`` (:func:`uncorrelated_theory`), ``coherent`` (:func:`coherent_theory`), run params."""
+    ``theory`` and ``coherent`` (:func:`uncorrelated_theory`), run params."""
     rows = []
     for _, r in tqdm(df.iterrows(), total=len(df), desc="accumulated series", disable=None,
                      leave=False):
         k, acc = series(uri, r["run_id"], "accumulated_branch")
         _, unc = series(uri, r["run_id"], "accumulated_branch_uncorrelated")
         ctx = (r[PLACEMENT], r["nominal_ratio"], str(r["activation"]), float(r["alpha"]))
-        th = uncorrelated_theory(k, *ctx)
         rows.append(
             pd.DataFrame(
                 {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
                  "alpha": r["alpha"], "depth": int(r["depth"]), "k": k, "accumulated": acc,
-                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}))
+                 "uncorrelated": unc, "theory": uncorrelated_theory(k, *ctx),
+                 "coherent": uncorrelated_theory(k, *ctx, coherent=True)}))
     return pd.concat(rows, ignore_index=True)
+
+
+def depth_slopes(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.Series:
+    """d log ``metric`` / d log L per group of ``keys`` that has ≥ 2 depths."""
+    slopes = {k: np.polyfit(np.log(g["depth"]), np.log(g[metric]), 1)[0]
+              for k, g in df.groupby(keys) if g["depth"].nunique() >= 2}
+    return pd.Series(slopes, dtype=float).rename_axis(keys) if slopes else pd.Series(dtype=float)
 
 
 def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
@@ -376,11 +367,9 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
                     label=r"uncorrelated $(\Sigma_l r_l^2)^{1/2}$")
             ax.plot(longest["k"], longest["coherent"], color="0.45", ls=":", lw=0.9,
                     label=r"coherent $\Sigma_l r_l$")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(r"$k$ (blocks summed)")
-        ax.set_ylabel(style.name("accumulated_branch"))
-        ax.set_title(f"{style.value_label(PLACEMENT, pl)}, {style.value_label('alpha', a0)}")
+        ax.set(xscale="log", yscale="log", xlabel=r"$k$ (blocks summed)",
+               ylabel=style.name("accumulated_branch"),
+               title=f"{style.value_label(PLACEMENT, pl)}, {style.value_label('alpha', a0)}")
         ax.legend()
         fin = final[final[PLACEMENT] == pl]
         for (a, e), s in fin.groupby(["alpha", "expansion"]):
@@ -388,13 +377,11 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
             bx.plot(s["depth"], s["accumulated"], "o", color=acolors[a], ls=styles[e], ms=2.5,
                     lw=0.8)
             bx.plot(s["depth"], s["theory"], color=acolors[a], ls="--", lw=0.6)
-        bx.set_xscale("log")
-        bx.set_yscale("log")
+        bx.set(xscale="log", yscale="log", xlabel=style.name("depth"),
+               ylabel=style.name("accumulated_branch_final"),
+               title=f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
         bx.set_xticks(depths, [str(d) for d in depths])
         bx.minorticks_off()
-        bx.set_xlabel(style.name("depth"))
-        bx.set_ylabel(style.name("accumulated_branch_final"))
-        bx.set_title(f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
         if i == 0:
             for e in expansions:
                 bx.plot([], [], color="0.3", ls=styles[e], label=style.value_label("expansion", e))
@@ -404,16 +391,9 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle("Figure 5b/12: accumulated branch")
     style.caption(fig, df, args.experiment, [
         r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"])
-    slope = []
-    for (pl, e, a), s in final.groupby([PLACEMENT, "expansion", "alpha"]):
-        if s["depth"].nunique() >= 2:
-            b = np.polyfit(np.log(s["depth"]), np.log(s["accumulated"]), 1)[0]
-            slope.append({PLACEMENT: pl, "expansion": e, "alpha": a, "slope_log_L": b})
-    if slope:
-        st = (
-            pd.DataFrame(slope) .groupby([PLACEMENT, "expansion"])["slope_log_L"]
-            .agg(["mean", "min", "max"])
-        )
+    slope = depth_slopes(final, "accumulated", [PLACEMENT, "expansion", "alpha"])
+    if len(slope):
+        st = slope.groupby(level=[0, 1]).agg(["mean", "min", "max"])
         print(
             "d log(accumulated branch at L) / d log L, over α "
             "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
@@ -482,23 +462,16 @@ def _kappa(runs: Runs) -> Measured:
                     f"{len(df)} Pre-Norm runs with (βα^M)² L ≥ 2")
 
 
-def _rms384(runs: Runs) -> Measured:
-    df = only(runs("fig5"), norm_placement="pre", depth=384, alpha=1.0, nominal_ratio=1.0)
-    need(df, "rms_final")
-    return Measured(float(df["rms_final"].mean()), seed_std(df, "rms_final"))
-
-
 def _acc_slope(placement: str):
     def measure(runs: Runs) -> Measured:
         df = only(runs("fig5"), norm_placement=placement)
         need(df, "accumulated_branch_final")
 
         def stat(d):
-            slopes = [np.polyfit(np.log(g["depth"]), np.log(g["accumulated_branch_final"]), 1)[0]
-                      for _, g in d.groupby(["alpha", "expansion"]) if g["depth"].nunique() >= 2]
-            if not slopes:
+            slopes = depth_slopes(d, "accumulated_branch_final", ["alpha", "expansion"])
+            if slopes.empty:
                 raise NotRun("needs ≥ 2 depths")
-            return float(np.mean(slopes))
+            return float(slopes.mean())
 
         return Measured(stat(df), seedwise(runs, df, ["accumulated_branch_final"], stat),
                         "d log(accumulated branch at L)/d log L, mean over α and m/d")
@@ -556,7 +529,9 @@ FIG5_STREAM = (
           "κ = E[σ²] = ½ (measured ≈ 0.51)", "the study, fig11", "0.51",
           near(0.51, 0.05), _kappa),
     Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
+          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7),
+          mean_of("fig5", "rms_final", norm_placement="pre", depth=384, alpha=1.0,
+                  nominal_ratio=1.0), size="full"),
     Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
           "Post-Norm", "the study, fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
           _acc_slope("post")),

@@ -85,9 +85,8 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
         for i, p in enumerate(placements):
             grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
             im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
-            axes[i, j].set_xlabel(style.name("alpha"))
-            axes[i, j].set_ylabel(style.name("depth"))
-            axes[i, j].set_title(style.value_label(PLACEMENT, p))
+            axes[i, j].set(xlabel=style.name("alpha"), ylabel=style.name("depth"),
+                           title=style.value_label(PLACEMENT, p))
         style.colorbar(fig, im, axes[:, j].tolist(), metric)
     return fig
 
@@ -309,8 +308,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         for lr, g in curves[curves["metric"] == metric].groupby("lr"):
             ax.plot(g["step"], g["value"], marker="o" if metric == "test_acc" else None,
                     color=colors[lr], ms=2.5)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(style.name(metric))
+        ax.set(xlabel="optimizer step", ylabel=style.name(metric))
     axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
     axes[0].legend()
     style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")

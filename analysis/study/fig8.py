@@ -23,7 +23,7 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_most, near
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, SelectionError, load, need, warn_mixed
+from ..core.select import PLACEMENT, SelectionError, load, need, ordered, warn_mixed
 from ..core.style import save
 
 #: Table 1's row order; activations not listed follow alphabetically.
@@ -31,8 +31,7 @@ TABLE1_ORDER = ("abs", "relu", "gelu", "silu", "tanh", "leaky_relu", "swiglu", "
 
 
 def activation_order(values) -> list[str]:
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
+    return ordered(values, list(TABLE1_ORDER))
 
 
 MP_COLUMNS = ["erank_branch", "erank_branch_std", "erank_branch_reference", "mp_gamma", "mp_ks",
@@ -76,15 +75,11 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
                  label=rf"Gaussian product $G_2G_1$, inner $\gamma d$ ($d = {d}$)")
     for ax in axes:
         ax.set_xscale("log", base=2)
-    axes[0].set_xlabel(style.name("expansion"))
-    axes[0].set_ylabel(style.name("erank_branch"))
-    axes[0].set_title(r"vs $m/d$ (dotted: reference at each $\gamma$)")
-    axes[1].set_xlabel(style.name("mp_gamma"))
-    axes[1].set_ylabel(style.name("erank_branch"))
-    axes[1].set_title(r"vs $\gamma$")
-    axes[2].set_xlabel(style.name("expansion"))
-    axes[2].set_ylabel(style.name("masked_rank"))
-    axes[2].set_title(r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$")
+    for ax, x, y, title in zip(axes, ("expansion", "mp_gamma", "expansion"),
+                               ("erank_branch", "erank_branch", "masked_rank"),
+                               (r"vs $m/d$ (dotted: reference at each $\gamma$)", r"vs $\gamma$",
+                                r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$"), strict=True):
+        ax.set(xlabel=style.name(x), ylabel=style.name(y), title=title)
     axes[1].legend(fontsize=5.5, loc="lower right")
     # one legend for what colour and line style mean, not one entry per line
     for act in acts:
@@ -146,10 +141,8 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             for edge in (lo, hi):
                 ax.axvline(edge, color="grey", lw=0.5, ls="--")
             ax.grid(False)
-            ax.set_title(
-                f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
-                f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$",
-                fontsize=6.5)
+            ax.set_title(f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
+                         f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$", fontsize=6.5)
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
                 ax.text(0.97, 0.9, f"zeros {z:.2f} (MP {atom:.2f})", transform=ax.transAxes,

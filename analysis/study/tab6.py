@@ -11,11 +11,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..core import style
-from ..core.claims import Claim, Measured, Runs, at_most, near, seed_std
+from ..core.claims import Claim, Measured, Runs, at_most, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
 from ..core.style import save, write_markdown
+from . import mean_of
 
 log = logging.getLogger("analysis")
 
@@ -65,8 +66,7 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
                 label=f"{style.value_label('matrices', idx[0])}, "
                 f"{style.value_label('activation', idx[1])}" if idx[2] == ds[0] else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(style.name("layer"))
-    ax.set_ylabel(style.name("rep_erank"))
+    ax.set(xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
     ax.legend()
     style.colorbar(fig, sm, ax, "width")
     fig.suptitle("Table 6: representation collapse")
@@ -90,17 +90,12 @@ def _tab6_collapse(runs: Runs) -> Measured:
                     f"max over d ∈ {sorted(ratios)} of erank(Z_L)/erank(Z_0) (worst: d = {worst})")
 
 
-def _tab6_value(runs: Runs) -> Measured:
-    df = only(runs("tab6"), matrices=1, width=256, depth=512)
-    need(df, "rep_erank_final")
-    return Measured(float(df["rep_erank_final"].mean()), seed_std(df, "rep_erank_final"))
-
-
 TAB6 = (
     Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
           "the study, tab6", "collapse", at_most(0.5), _tab6_collapse),
     Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"))
+          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005),
+          mean_of("tab6", "rep_erank_final", matrices=1, width=256, depth=512), size="full"))
 
 COMMANDS = {"table6": Command(
     _table6_main,
