@@ -4,7 +4,6 @@ claims and the registry entry."""
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 from pathlib import Path
 
@@ -29,9 +28,7 @@ from ..core.select import (
     varying,
     warn_mixed,
 )
-from ..core.style import save, to_markdown
-
-log = logging.getLogger("analysis")
+from ..core.style import save, to_markdown, write_text
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
@@ -221,9 +218,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     table = df[[c for c in cols if c in df]].sort_values([args.x, args.color])
     stem = f"collapse_{args.metric}_vs_{args.x}"
     paths = save(fig, out_dir(args), stem, table.set_index("run_id"))
-    spread.to_csv(out_dir(args) / f"{stem}_spread.csv", index=False)
-    paths.append(out_dir(args) / f"{stem}_spread.csv")
-    log.info("wrote %s", paths[-1])
+    paths.append(write_text(out_dir(args) / f"{stem}_spread.csv", spread.to_csv(index=False)))
     print(
         f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
         f"{len(spread)} groups of runs that share {xname} and differ only in "

@@ -203,17 +203,14 @@ def _main(args: argparse.Namespace) -> list[Path]:
               + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items()))
     split = split_table(df)
     if split.empty:
-        log.warning(
-            "no projection_split metrics in the post runs of %s (add projection_split "
-            "to task.probes); no split table",
-            args.experiment)
+        log.warning("no projection_split metrics in the post runs of %s (add projection_split "
+                    "to task.probes); no split table", args.experiment)
     else:
         md = to_markdown(split)
         print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
         print(md)
-        split.to_csv(out / "projection_split.csv")
-        paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
-        log.info("wrote %s", out / "projection_split.csv")
+        paths += [write_text(out / "projection_split.csv", split.to_csv()),
+                  write_text(out / "projection_split.md", md + "\n")]
     return paths
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 from pathlib import Path
 
@@ -45,8 +44,6 @@ from ..core.style import save, to_markdown, write_text
 from . import mean_of
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
-
-log = logging.getLogger("analysis")
 
 
 def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
@@ -165,18 +162,14 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
             im = ax.pcolormesh(a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r",
                                vmin=0, vmax=1)
         key = dict(zip(args.panel, pv, strict=True))
-        sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
-        for k, v in key.items():
-            sel &= (points[k] == v).to_numpy()
-            sel_s &= (flat[k] == v).to_numpy()
+        mine = points[(points[list(key)] == pd.Series(key)).all(axis=1)]
+        ratios = flat[(flat[list(key)] == pd.Series(key)).all(axis=1)].set_index("level")
         m = float(sub["matrices"].iloc[0]) if "matrices" in sub else 2.0
         for level in args.levels:
-            pt = points[sel & (points["level"] == level).to_numpy()]
-            color = level_colors[level]
-            s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_ratio"].iloc[0]
+            pt, s = mine[mine["level"] == level], ratios.loc[level, "slope_ratio"]
             if pt.empty:
                 continue
-            ax.plot(pt["alpha"], pt["depth"], "o-", color=color, ms=2.5, lw=1.0,
+            ax.plot(pt["alpha"], pt["depth"], "o-", color=level_colors[level], ms=2.5, lw=1.0,
                     label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
             if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
                 L = np.geomspace(pt["depth"].min(), pt["depth"].max(), 20)
@@ -196,7 +189,7 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         if ax is axes[0]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
         if ax.get_legend_handles_labels()[0]:  # no contour crossed and not the first panel
-                ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+            ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
                       frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
                       title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
@@ -212,10 +205,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     print(md)
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
-    points.to_csv(out / f"isorank_{args.metric}_points.csv", index=False)
-    paths += [out / f"isorank_{args.metric}_points.csv",
-              write_text(out / f"isorank_{args.metric}.md", md + "\n")]
-    return paths
+    return paths + [write_text(out / f"isorank_{args.metric}_points.csv", points.to_csv(index=False)),
+                    write_text(out / f"isorank_{args.metric}.md", md + "\n")]
 
 
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -292,10 +283,7 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     print(to_markdown(summary))
     out = out_dir(args)
     paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
-    long.to_csv(out / "stream_series.csv", index=False)
-    paths.append(out / "stream_series.csv")
-    log.info("wrote %s", paths[-1])
-    return paths
+    return paths + [write_text(out / "stream_series.csv", long.to_csv(index=False))]
 
 
 def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,

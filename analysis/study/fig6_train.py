@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import re
 from pathlib import Path
@@ -28,10 +27,8 @@ from ..core.select import (
     require,
     warn_mixed,
 )
-from ..core.style import save, to_markdown
+from ..core.style import save, to_markdown, write_text
 from .fig2 import draw_panel, heatmap_table
-
-log = logging.getLogger("analysis")
 
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 
@@ -241,11 +238,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
         thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
     style.caption(fig, df, args.experiment, [f"stable: final test accuracy ≥ {thr}"])
     out = Path(args.out) / "_".join(args.experiment)
-    paths = save(fig, out, "table5_max_stable_lr", table)
-    paths.append(out / "table5_max_stable_lr.md")
-    paths[-1].write_text(md + "\n")
-    log.info("wrote %s", paths[-1])
-    return paths
+    return [*save(fig, out, "table5_max_stable_lr", table),
+            write_text(out / "table5_max_stable_lr.md", md + "\n")]
 
 
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:

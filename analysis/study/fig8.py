@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,6 @@ from rankexp.theory import (
     marchenko_pastur_density,
     marchenko_pastur_edges,
 )
-from rankexp.tracking import download_artifact
 
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_most, near
@@ -25,6 +23,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, ordered, warn_mixed
 from ..core.style import save
+from ..meanfield import arrays
 
 #: Table 1's row order; activations not listed follow alphabetically.
 TABLE1_ORDER = ("abs", "relu", "gelu", "silu", "tanh", "leaky_relu", "swiglu", "linear")
@@ -99,21 +98,18 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
         sub = sub.sort_values("start_time", ascending=False)
     sub = sub.drop_duplicates(["activation", "expansion"])
     parts = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for _, r in sub.iterrows():
-            dst = Path(tmp) / r["run_id"]
-            dst.mkdir()
-            with np.load(download_artifact(uri, r["run_id"], "arrays.npz", str(dst))) as z:
-                if "mp_hist_centers" not in z:
-                    raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
-                centers, density = z["mp_hist_centers"], z["mp_hist_density"]
-            parts.append(
-                pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
-                              "gamma": r["mp_gamma"], "ks": r["mp_ks"],
-                              "zero_fraction": r.get("mp_zero_fraction", np.nan),
-                              "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
-                              "center": centers, "density": density,
-                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
+    for _, r in sub.iterrows():
+        z = arrays(uri, r["run_id"])
+        if "mp_hist_centers" not in z:
+            raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
+        centers, density = z["mp_hist_centers"], z["mp_hist_density"]
+        parts.append(
+            pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
+                          "gamma": r["mp_gamma"], "ks": r["mp_ks"],
+                          "zero_fraction": r.get("mp_zero_fraction", np.nan),
+                          "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
+                          "center": centers, "density": density,
+                          "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
     return pd.concat(parts, ignore_index=True)
 
 
