@@ -113,14 +113,10 @@ def deep_linear_asymptote(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"s = {r['s']:g}, a₀ = {r['a0']:g}, N = {r['N']:g}")
 
 
-def _deep_linear_runs(runs: Runs) -> pd.DataFrame:
-    return runs("deep_linear")
-
-
 DEEP_LINEAR = (
     claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
            "T(N, a₀) of the quadrature 215.8", "the chapter, 215.8", "0",
-           _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
+           "deep_linear", deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
            "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"))
 

@@ -128,12 +128,9 @@ def bn_growth(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"L = {r['depth']:g}", " per layer")
 
 
-#: why the lag-1 autocorrelation misses the chapter's decay laws (measured: ``tests`` and the
-#: report of issue 17 item 4): the laws are Balduzzi et al.'s correlations of gradients at two
-#: inputs whose activation patterns are independent; neighbours on a grid of spacing
-#: δ = 4/(P − 1) share their pattern except for the units with a kink between them, so the
-#: lag-1 value depends on δ (plain + BN, L = 8, width 200: 0.07 at P = 32, 0.66 at P = 256,
-#: 0.95 at P = 2048) and reaches the laws only once the kinks along the line are denser than δ
+#: why the lag-1 autocorrelation misses the chapter's decay laws (Balduzzi et al.'s are at two
+#: inputs with independent activation patterns; grid neighbours δ = 4/(P − 1) apart share theirs
+#: but for the units with a kink between them; measured at L = 8, width 200)
 SHATTERED_WHY = ("the lag-1 autocorrelation on a grid of spacing δ is not the quantity of the "
                  "decay laws (gradients at inputs with independent activation patterns): it "
                  "depends on δ — plain + BN, L = 8: 0.07 / 0.66 / 0.95 at P = 32 / 256 / 2048 "

@@ -110,17 +110,12 @@ def _series_theory(metric: str, runs: pd.DataFrame, layers: np.ndarray) -> np.nd
     if f is None or any(k not in runs for k in _THEORY_INPUTS):
         return np.full(layers.shape, np.nan)
     ctx = runs[list(_THEORY_INPUTS)].drop_duplicates()
-    if (
-        ctx[PLACEMENT].nunique() > 1
-        or ctx["activation"].nunique() > 1
-        or not np.allclose(ctx["nominal_ratio"], ctx["nominal_ratio"].iloc[0], rtol=1e-6)
-    ):
+    if ctx[PLACEMENT].nunique() > 1 or ctx["activation"].nunique() > 1 or not np.allclose(
+            ctx["nominal_ratio"], ctx["nominal_ratio"].iloc[0], rtol=1e-6):
         return np.full(layers.shape, np.nan)  # a line over several contexts has no one prediction
     c = ctx.iloc[0]
-    return np.asarray(
-        f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
-          float(c["alpha"])),
-        dtype=float)
+    return np.asarray(f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
+                        float(c["alpha"])), dtype=float)
 
 
 def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: str, ylabel: str):
@@ -137,10 +132,8 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
         for j, c in enumerate(cv):
             ax = axes[i, j]
             sub = table
-            if rows:
-                sub = sub[sub[rows] == r]
-            if cols:
-                sub = sub[sub[cols] == c]
+            for key, v in ((rows, r), (cols, c)):
+                sub = sub[sub[key] == v] if key else sub
             for h in hv:
                 line = sub[sub[hue] == h] if hue else sub
                 if line.empty:
@@ -153,8 +146,7 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
                 if line["theory"].notna().any():
                     ax.plot(line["layer"], line["theory"], color=color, ls="--", lw=0.8)
                     theory_drawn = True
-            title = ", ".join(style.value_label(k, v) for k, v in ((rows, r), (cols, c)) if k)
-            ax.set_title(title)
+            ax.set_title(", ".join(style.value_label(k, v) for k, v in ((rows, r), (cols, c)) if k))
             if metric.startswith("erank"):
                 ax.set_ylim(0, 1.02)
             if i == len(rv) - 1:

@@ -151,8 +151,7 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
         rows.append(
             {**dict(zip(keys, values[:-1], strict=True)), x: float(runs[x].min()),
              "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()})
-    cols = keys + [x, "runs", "min", "max", "spread"]
-    out = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=keys + [x, "runs", "min", "max", "spread"])
     return out.sort_values("spread", ascending=False, ignore_index=True)
 
 
@@ -165,12 +164,9 @@ def _collapse_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"one colour per value of this param (default: {PLACEMENT})")
     p.add_argument("--panel", nargs="*", default=[],
                    help="one panel per combination of these params (default: one panel)")
-    p.add_argument(
-        "--match-rtol",
-        type=float,
-        default=1e-9,
-        help="runs share x when their x agree to this relative tolerance "
-        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
+    p.add_argument("--match-rtol", type=float, default=1e-9,
+                   help="runs share x when their x agree to this relative tolerance "
+                   "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
 
 
 def _collapse_main(args: argparse.Namespace) -> list[Path]:
@@ -219,11 +215,10 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     stem = f"collapse_{args.metric}_vs_{args.x}"
     paths = save(fig, out_dir(args), stem, table.set_index("run_id"))
     paths.append(write_text(out_dir(args) / f"{stem}_spread.csv", spread.to_csv(index=False)))
-    print(
-        f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
-        f"{len(spread)} groups of runs that share {xname} and differ only in "
-        f"{', '.join(INGREDIENTS[args.x])}" + (f"; max spread = {worst:.3g}" if len(spread) else "")
-    )
+    print(f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
+          f"{len(spread)} groups of runs that share {xname} and differ only in "
+          f"{', '.join(INGREDIENTS[args.x])}"
+          + (f"; max spread = {worst:.3g}" if len(spread) else ""))
     if len(spread):
         print(to_markdown(spread.head(10)))
     return paths
@@ -249,11 +244,8 @@ COMMANDS = {
                         "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
                         experiment="fig2", where=True, arguments=_collapse_arguments)}
 
-EXPERIMENTS = (Experiment(
-                   "fig2",
-                   "Figure 2: rank over α × β collapses onto βα^M",
-                   "the study, fig2",
-                   analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
-                             "collapse --experiment fig2"),
-                   claims=FIG2,
-                   needs=Needs(gpu_full=True)),)
+EXPERIMENTS = (Experiment("fig2", "Figure 2: rank over α × β collapses onto βα^M",
+                          "the study, fig2",
+                          analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
+                                    "collapse --experiment fig2"),
+                          claims=FIG2, needs=Needs(gpu_full=True)),)

@@ -27,6 +27,14 @@ BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
 
 
+#: the per-run summary of :func:`paths_tables`, in its column order
+SUMMARY_COLUMNS = (
+    "run_id", "beta_scaling", "beta", "beta_eff", "alpha", "depth", "nominal_ratio",
+    "mean_path_order", "mean_path_order_std", "mean_path_order_theory", "mean_path_order_energy",
+    "mean_path_order_energy_std", "mean_path_order_energy_theory", "mean_path_order_uncorrelated",
+    "path_order_peak")
+
+
 def uncorrelated_orders(ratio: float, depth: int, activation: str, placement: str) -> np.ndarray:
     """Energy profile ``μ_k² / Σ_j μ_j²``, ``(L+1,)``, if paths were uncorrelated: ``ρ_l = p r̃_l²``
     (Eq. 22 for Pre-Norm, ``βα^M`` for Post-Norm), then
@@ -68,17 +76,9 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
         except ValueError as e:
             log.warning("%s: no theory overlay", e)
             energy, th_mu, th_en = None, np.nan, np.nan
-        rows.append(
-            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
-             "beta_eff": rec["beta_eff"], "alpha": rec["alpha"], "depth": depth,
-             "nominal_ratio": rec["nominal_ratio"], "mean_path_order": rec["mean_path_order"],
-             "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
-             "mean_path_order_theory": th_mu,
-             "mean_path_order_energy": rec["mean_path_order_energy"],
-             "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
-             "mean_path_order_energy_theory": th_en,
-             "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
-             "path_order_peak": rec["path_order_peak"]})
+        own = {"depth": depth, "mean_path_order_theory": th_mu,
+               "mean_path_order_energy_theory": th_en}
+        rows.append({c: own[c] if c in own else rec.get(c, np.nan) for c in SUMMARY_COLUMNS})
         steps, values = series(uri, rec["run_id"], "path_profile")
         theory = np.full(steps.size, np.nan)
         if energy is not None:
@@ -86,11 +86,9 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             mu /= mu.sum()
             ok = steps < mu.size
             theory[ok] = mu[steps[ok].astype(int)]
-        prof.append(
-            pd.DataFrame(
-                {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
-                 "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}
-            ))
+        prof.append(pd.DataFrame(
+            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+             "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}))
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
 
 
@@ -145,8 +143,8 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
         for ctx in contexts.itertuples(index=False):
             depth, act, place = int(ctx[0]), str(ctx[1]), str(ctx[2])
             try:
-                th = np.array(
-                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid])
+                th = np.array([mean_orders(uncorrelated_orders(r, depth, act, place))
+                               for r in grid])
             except ValueError:
                 continue
             ax.plot(grid, th[:, int(col != "mean_path_order")], **{**style.THEORY, "ls": "-"},

@@ -214,13 +214,9 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.DataFrame:
-    return only(df, norm_placement=placement, norm_op=op, alpha=alpha)
-
-
 def _fig4_post_like_none(runs: Runs) -> Measured:
     df = _fig4_runs(runs)
-    return mean_ratio(runs, _fig4_cell(df, "post", "rmsnorm", 1.0),
+    return mean_ratio(runs, only(df, norm_placement="post", norm_op="rmsnorm", alpha=1.0),
                       only(df, norm_placement="none", alpha=1.0), "erank_io",
                       "erank/d Post-RMSNorm ÷ no norm, α = 1")
 
@@ -246,8 +242,8 @@ def _fig4_detached(runs: Runs) -> Measured:
     det, rms = only(df, norm_op="detached"), only(df, norm_op="rmsnorm")
     worst, spread = -1.0, math.nan
     for a in sorted(set(det["alpha"]) & set(rms["alpha"])):
-        pair = pd.concat([_fig4_cell(df, "post", "detached", a).head(1),
-                          _fig4_cell(df, "post", "rmsnorm", a).head(1)], ignore_index=True)
+        pair = pd.concat([only(df, norm_op=op, alpha=a).head(1) for op in ("detached", "rmsnorm")],
+                         ignore_index=True)
         gap = abs(pair["erank_io"].iloc[0] - pair["erank_io"].iloc[1])
         if gap > worst:
             per = runs.per_seed(pair, "erank_io")

@@ -198,10 +198,9 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         "grey: mean over seeds", r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
         r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
-    print(
-        f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
-        "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
-        "(study, Table 4: ≈ −0.50 for post)\n")
+    print(f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
+          "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
+          "(study, Table 4: ≈ −0.50 for post)\n")
     print(md)
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
@@ -226,25 +225,21 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
              "kappa_fit_mean": float((x * y).sum() / (x * x).sum()), "kappa_theory": kt,
              "rms_final": r["rms_final"],
              "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))})
-        rows.append(
-            pd.DataFrame(
-                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
+        rows.append(pd.DataFrame(
+            {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
     return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--placement", default="pre",
-        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)")
+    p.add_argument("--placement", default="pre", help="norm placement whose runs to draw "
+                   "(default: pre, where κ is defined; '' for all)")
 
 
 def _stream_main(args: argparse.Namespace) -> list[Path]:
     if args.placement:
         args.where = [*args.where, f"{PLACEMENT}={args.placement}"]
-    df = load(
-        args,
-        ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation", "expansion",
-         PLACEMENT])
+    df = load(args, ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation",
+                     "expansion", PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
                args.experiment)
     per_run, long = stream_tables(df, args.uri)
@@ -277,9 +272,8 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     summary = per_run.groupby("nominal_ratio").agg(
         runs=("kappa_fit", "size"), kappa_fit=("kappa_fit", "mean"),
         kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
-    print(
-        f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
-        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
+    print(f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
+          f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
     paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
@@ -327,10 +321,8 @@ def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _accumulated_main(args: argparse.Namespace) -> list[Path]:
-    df = load(
-        args,
-        ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion", "activation",
-         PLACEMENT])
+    df = load(args, ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion",
+                     "activation", PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
     table = accumulated_table(df, args.uri)
     final = table.sort_values("k").groupby("run_id").tail(1).set_index("run_id")
@@ -382,9 +374,8 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     slope = depth_slopes(final, "accumulated", [PLACEMENT, "expansion", "alpha"])
     if len(slope):
         st = slope.groupby(level=[0, 1]).agg(["mean", "min", "max"])
-        print(
-            "d log(accumulated branch at L) / d log L, over α "
-            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
+        print("d log(accumulated branch at L) / d log L, over α "
+              "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
         print(to_markdown(st))
         write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
@@ -547,15 +538,11 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment(
-        "fig5",
-        "Figure 5 / Table 4: depth against init scale",
-        "the study, fig5, tab4",
+        "fig5", "Figure 5 / Table 4: depth against init scale", "the study, fig5, tab4",
         analyses=(
-            "stream --experiment fig5",
-            "accumulated --experiment fig5",
+            "stream --experiment fig5", "accumulated --experiment fig5",
             "profiles --experiment fig5 --metric branch_ratio --rows norm.placement --cols expansion --hue alpha",
             "isorank --experiment fig5",
             "collapse --experiment fig5 --x depth_factor --color depth --panel norm.placement expansion --match-rtol 0.01",
         ),
-        claims=FIG5_ISORANK + FIG5_STREAM,
-        needs=Needs(gpu_full=True)),)
+        claims=FIG5_ISORANK + FIG5_STREAM, needs=Needs(gpu_full=True)),)

@@ -59,12 +59,11 @@ def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "eran
                train_metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
     ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
-    halves = []
-    for df, metric in ((rank, rank_metric), (train, train_metric)):
-        t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
-        halves.append(
-            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"}))
-    table = halves[0].join(halves[1], how="outer")
+    rank_t, train_t = (
+        heatmap_table(df, m, "alpha", "depth", PLACEMENT).rename(
+            columns={"mean": m, "std": f"{m}_std", "count": f"{m}_runs"})
+        for df, m in ((rank, rank_metric), (train, train_metric)))
+    table = rank_t.join(train_t, how="outer")
     order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
     return table.sort_index(level=[0, 1, 2],
                             key=lambda s: s.map(order) if s.name == PLACEMENT else s)
@@ -95,9 +94,8 @@ def _fig6_arguments(p: argparse.ArgumentParser) -> None:
                    help="task=train runs (default: fig6_train)")
     p.add_argument("--rank-metric", default="erank_io",
                    help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)")
-    p.add_argument(
-        "--train-metric", default="best_test_accuracy",
-        help="right column (default: best_test_accuracy, best final test accuracy over LRs)")
+    p.add_argument("--train-metric", default="best_test_accuracy", help="right column (default: "
+                   "best_test_accuracy, best final test accuracy over LRs)")
     p.add_argument("--log-color", action="store_true",
                    help="logarithmic colour scale for the rank column")
     p.add_argument("--figure", default="6",
@@ -115,9 +113,8 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
                        args.rank_metric, args.train_metric)
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
-    fig.suptitle(
-        f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
-        f"{style.name(args.train_metric)}")
+    fig.suptitle(f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+                 f"{style.name(args.train_metric)}")
     style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
                   [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
     return save(fig, Path(args.out) / args.train_experiment,
@@ -137,15 +134,10 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
     lrs = run_lrs(df)
     if not lrs:
         raise SelectionError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
-    stable = pd.DataFrame(
-        {
-            k: np.where(
-                (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
-                & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
-                lr,
-                np.nan)
-            for k, lr in lrs.items()},
-        index=df.index)
+    never = pd.Series(0.0, index=df.index)
+    ok = {k: (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
+          & (df.get(f"diverged_lr{k}", never).fillna(0) == 0) for k in lrs}
+    stable = pd.DataFrame({k: np.where(ok[k], lr, np.nan) for k, lr in lrs.items()}, index=df.index)
     return stable.max(axis=1)
 
 
@@ -196,19 +188,14 @@ def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFra
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
                            "one-rate runs such as tab5_boundary's give each cell its boundary)")
-    p.add_argument(
-        "--stable-accuracy",
-        type=float,
-        default=None,
-        help="recompute stability at this final test accuracy (default: the logged "
-        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
+    p.add_argument("--stable-accuracy", type=float, default=None,
+                   help="recompute stability at this final test accuracy (default: the logged "
+                   "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
-    columns = ["alpha", "depth", PLACEMENT] + (
-        ["max_stable_lr"] if args.stable_accuracy is None else []
-    )
-    df = load(args, columns)
+    df = load(args, ["alpha", "depth", PLACEMENT]
+              + (["max_stable_lr"] if args.stable_accuracy is None else []))
     warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment, keys=CONTEXT)
     table = table5(df, args.stable_accuracy)
     thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
@@ -218,9 +205,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     md = to_markdown(lr_cells(table, ran))
     how = ("the boundary: midpoint in log of the largest stable and the next unstable rate"
            if one_rate(df) else "the largest stable rate trained")
-    print(
-        f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
-        f"blank = not run), {', '.join(args.experiment)}\n")
+    print(f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
+          f"blank = not run), {', '.join(args.experiment)}\n")
     print(md)
     fig, (ax,) = style.panels(1)
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
@@ -259,9 +245,8 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
             mask &= col.astype(str) == value
     hits = df[mask]
     if len(hits) != 1:
-        names = df.loc[
-            mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
-        ].to_string(index=False)
+        names = df.loc[mask if len(hits) else slice(None),
+                       ["run_id", "tags.mlflow.runName"]].to_string(index=False)
         raise SelectionError(
             f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}")
     return hits.iloc[0]
@@ -271,9 +256,8 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
     """Long table (lr, metric, step, value) of the run's ``test_acc_lr*`` and ``train_loss_lr*`` series."""
     lrs = run_lrs(run.dropna().to_frame().T)
     if not lrs:
-        raise SelectionError(
-            f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); is it a task=train run?"
-        )
+        raise SelectionError(f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); "
+                             "is it a task=train run?")
     rows = []
     for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
         for metric in ("test_acc", "train_loss"):

@@ -59,12 +59,10 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         sub = sub.groupby("activation").last()
         sub = sub.reindex([a for a in acts if a in sub.index])
         x = np.arange(len(sub))
-        ax.bar(x - 0.2, sub["branch_input_cos_cross"], 0.4, color="C0",
-               yerr=sub.get("branch_input_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"per input {style.name('branch_input_cos_cross')}")
-        ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
-               yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"branch means {style.name('branch_mean_cos_cross')}")
+        for dx, c, col, what in ((-0.2, "C0", "branch_input_cos_cross", "per input"),
+                                 (0.2, "C1", "branch_mean_cos_cross", "branch means")):
+            ax.bar(x + dx, sub[col], 0.4, color=c, yerr=sub.get(f"{col}_std"),
+                   error_kw={"elinewidth": 0.6}, label=f"{what} {style.name(col)}")
         ax.plot(x, sub["c_prediction"], "k_", ms=16, mew=1.5,
                 label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0")
         if m == 1:

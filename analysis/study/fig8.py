@@ -148,9 +148,8 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             if j == 0:
                 ax.set_ylabel("density")
     axes[0, 0].legend(fontsize=5.5)
-    fig.suptitle(
-        rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur (dashed: edges), $d = {width}$"
-    )
+    fig.suptitle(rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur "
+                 rf"(dashed: edges), $d = {width}$")
     return fig
 
 
@@ -162,8 +161,7 @@ def _mp_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _mp_main(args: argparse.Namespace) -> list[Path]:
-    needs = ["activation", "width", "expansion"] + [
-        c for c in MP_COLUMNS if c != "survival_measured"]
+    needs = ["activation", "width", "expansion", *MP_COLUMNS[:-1]]  # not survival_measured
     df = load(args, needs, probe="branch_jacobian")
     warn_mixed(df, (), args.experiment, keys=("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"))
     table = mp_table(df)

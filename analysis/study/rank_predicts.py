@@ -319,10 +319,7 @@ EXPERIMENTS = (
     Experiment(
         INIT_EXPERIMENT,
         "Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid",
-        "the study; issue 21 item 4",
-        analyses=("rank_predicts",),
-        claims=RANK_PREDICTS,
+        "the study; issue 21 item 4", analyses=("rank_predicts",), claims=RANK_PREDICTS,
         needs=Needs(gpu_full=True),
-        # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
-        # analysis reads every trained grid the store holds (trained_experiments())
+        # the smoke end to end trains fig6_train only; the analysis reads every trained grid
         reads=("fig6_train",)),)

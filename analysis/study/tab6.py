@@ -28,16 +28,13 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
     for _, r in df.iterrows():
         steps, values = series(uri, r["run_id"], "rep_erank")
         at = dict(zip(steps.astype(int), values, strict=True))
-        for l in layers:
-            if l in at:
-                rows.append(
-                    {"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
-                     "l": l, "erank": at[l]})
+        rows += [{"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
+                  "l": l, "erank": at[l]} for l in layers if l in at]
     if not rows:
         raise SelectionError(
             f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})")
-    long = pd.DataFrame(rows)
-    t = long.groupby(["matrices", "activation", "d", "l"])["erank"].mean().unstack("l")
+    t = pd.DataFrame(rows).groupby(["matrices", "activation", "d", "l"])["erank"].mean()
+    t = t.unstack("l")
     t.columns = [f"l={c}" for c in t.columns]
     return t
 
@@ -71,11 +68,9 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     style.colorbar(fig, sm, ax, "width")
     fig.suptitle("Table 6: representation collapse")
     style.caption(fig, df, args.experiment, ["mean over seeds"])
-    paths = save(fig, out, "table6", t)
-    paths.append(
-        write_markdown(out / "table6.md", f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
-                       t, floatfmt=".3f", runs=df))
-    return paths
+    head = f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d"
+    return [*save(fig, out, "table6", t),
+            write_markdown(out / "table6.md", head, t, floatfmt=".3f", runs=df)]
 
 
 def _tab6_collapse(runs: Runs) -> Measured:
