@@ -73,21 +73,22 @@ def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "")
                     f"{len(rows)} row(s)")
 
 
-#: claim id → (table name, pure function of that table)
 #: claim id → (the table it reads, a pure function of that table → Measured)
-FUNCTIONS: dict[str, tuple[Callable[[Runs], pd.DataFrame], Callable[[pd.DataFrame], Measured]]] = {}
+FUNCTIONS: dict[str, tuple[Callable[[Runs], pd.DataFrame] | str,
+                           Callable[[pd.DataFrame], Measured]]] = {}
 
 
-def claim(cid: str, statement: str, source: str, study: str, table: Callable[[Runs], pd.DataFrame],
-          fn: Callable[[pd.DataFrame], Measured], check: Check = WITHIN, size: str = "cpu") -> Claim:
-    """A chapter claim: ``fn`` of ``table(runs)`` (built once per store, ``Runs.cache``); a
-    column the runs lack is *not run*."""
+def claim(cid: str, statement: str, source: str, study: str,
+          table: Callable[[Runs], pd.DataFrame] | str, fn: Callable[[pd.DataFrame], Measured],
+          check: Check = WITHIN, size: str = "cpu") -> Claim:
+    """A chapter claim: ``fn`` of ``table(runs)`` (an experiment's name: its runs), built once
+    per store (``Runs.cache``); a column the runs lack is *not run*."""
     FUNCTIONS[cid] = (table, fn)
 
     def measure(runs: Runs) -> Measured:
         if table not in runs.cache:
             try:
-                runs.cache[table] = table(runs)
+                runs.cache[table] = runs(table) if isinstance(table, str) else table(runs)
             except KeyError as e:
                 raise NotRun(f"the runs lack the column {e}") from e
         return fn(runs.cache[table])

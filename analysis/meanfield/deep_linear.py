@@ -61,8 +61,7 @@ def draw_deep_linear(t: pd.DataFrame):
             ax.semilogy(g["N"], g["T_sim"], "o", mfc="none", color=col, ms=7)
         ax.plot([], [], "k--", lw=0.8, label=r"asymptote $a_0^{-(N-2)}/(s(N-2))$")
         ax.plot([], [], "ko", mfc="none", label="gradient flow on a real chain")
-        ax.set_xlabel("layers $N$")
-        ax.set_ylabel(r"time $T(N, a_0)$ to reach $s/2$")
+        ax.set(xlabel="layers $N$", ylabel=r"time $T(N, a_0)$ to reach $s/2$")
         ax.set_title(rf"target $s$ = {s:g} (lines: quadrature of 215.8)", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle("The deep-linear plateau: learning time grows like $a_0^{-N}$")
@@ -114,14 +113,10 @@ def deep_linear_asymptote(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"s = {r['s']:g}, a₀ = {r['a0']:g}, N = {r['N']:g}")
 
 
-def _deep_linear_runs(runs: Runs) -> pd.DataFrame:
-    return runs("deep_linear")
-
-
 DEEP_LINEAR = (
     claim("deep_linear.flow", "Gradient flow on real deep linear chains takes the time "
            "T(N, a₀) of the quadrature 215.8", "the chapter, 215.8", "0",
-           _deep_linear_runs, deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
+           "deep_linear", deep_linear_flow, at_most(FLOW_TOL), size="smoke"),
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
            "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"))
 

@@ -67,8 +67,7 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
             ax.semilogy(steps, ref, **{**style.THEORY, "color": "grey", "lw": 0.8})
         ax.set_title(r"plain + BN: $\|\partial\ell/\partial W_\ell\|_F$ per layer"
                      "\n" r"(dashed: $\sqrt{\pi/(\pi-1)}$ per layer toward the input)", fontsize=9)
-        ax.set_xlabel(r"layer $\ell$")
-        ax.set_ylabel("weight-gradient norm")
+        ax.set(xlabel=r"layer $\ell$", ylabel="weight-gradient norm")
         ax.legend(fontsize=7)
     ax = axes[1]
     for a in archs:  # a log axis: no error bars (the caption states the seed spread)
@@ -77,9 +76,7 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     depths = np.array(sorted(t.index.get_level_values("depth").unique()), dtype=float)
     ax.plot(depths, theory.BN_RELU_GRADIENT_GROWTH ** (depths - 1), **style.THEORY,
             label=r"$(\pi/(\pi-1))^{(L-1)/2}$ (Yang et al.)")  # dotted is panel 3's 1/√L
-    ax.set_yscale("log")
-    ax.set_xlabel(style.name("depth"))
-    ax.set_ylabel(r"$\|\nabla W_1\| / \|\nabla W_L\|$")
+    ax.set(yscale="log", xlabel=style.name("depth"), ylabel=r"$\|\nabla W_1\| / \|\nabla W_L\|$")
     ax.set_title("gradient ratio first / last layer", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[2]
@@ -95,9 +92,9 @@ def draw_bn(t: pd.DataFrame, uri: str | None):
     ax.plot(lay, 1 / np.sqrt(lay), "k:", lw=0.8, label=r"$1/\sqrt{L}$")
     ax.set_xscale("log")
     plain_log_ticks(ax, "x")
-    ax.set_ylim(-0.2, 1.05)
-    ax.set_xlabel("depth $L$ (lines: every layer of the deepest run; markers: each run)")
-    ax.set_ylabel("lag-1 autocorrelation of $d(v^\\top h_L)/dx$")
+    ax.set(ylim=(-0.2, 1.05),
+           xlabel="depth $L$ (lines: every layer of the deepest run; markers: each run)",
+           ylabel="lag-1 autocorrelation of $d(v^\\top h_L)/dx$")
     ax.set_title("shattered gradients (Balduzzi et al. 2017; references from the chapter)", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle("Batch normalization at initialization: exploding and shattered gradients")
@@ -131,12 +128,9 @@ def bn_growth(t: pd.DataFrame) -> Measured:
     return worst(rows, lambda r: f"L = {r['depth']:g}", " per layer")
 
 
-#: why the lag-1 autocorrelation misses the chapter's decay laws (measured: ``tests`` and the
-#: report of issue 17 item 4): the laws are Balduzzi et al.'s correlations of gradients at two
-#: inputs whose activation patterns are independent; neighbours on a grid of spacing
-#: δ = 4/(P − 1) share their pattern except for the units with a kink between them, so the
-#: lag-1 value depends on δ (plain + BN, L = 8, width 200: 0.07 at P = 32, 0.66 at P = 256,
-#: 0.95 at P = 2048) and reaches the laws only once the kinks along the line are denser than δ
+#: why the lag-1 autocorrelation misses the chapter's decay laws (Balduzzi et al.'s are at two
+#: inputs with independent activation patterns; grid neighbours δ = 4/(P − 1) apart share theirs
+#: but for the units with a kink between them; measured at L = 8, width 200)
 SHATTERED_WHY = ("the lag-1 autocorrelation on a grid of spacing δ is not the quantity of the "
                  "decay laws (gradients at inputs with independent activation patterns): it "
                  "depends on δ — plain + BN, L = 8: 0.07 / 0.66 / 0.95 at P = 32 / 256 / 2048 "

@@ -70,10 +70,8 @@ def draw_phase(table: pd.DataFrame, resolution: int):
         cs = ax.contour(tw, tb, xi_theory, levels=[2, 5, 10, 20, 50], colors="w", linewidths=0.8,
                         linestyles="--")
         ax.clabel(cs, fmt=lambda v: rf"$\xi_c$={v:g}", fontsize=7)
-        ax.set_xlim(xe[0], xe[-1])
-        ax.set_ylim(ye[0], ye[-1])
-        ax.set_xlabel(r"$\sigma_w^2$")
-        ax.set_ylabel(r"$\sigma_b^2$")
+        ax.set(xlim=(xe[0], xe[-1]), ylim=(ye[0], ye[-1]), xlabel=r"$\sigma_w^2$",
+               ylabel=r"$\sigma_b^2$")
         ax.set_title(title + "\n(dashed: theory $\\xi_c$ contours)", fontsize=9)
     axes[0].legend(loc="upper left", fontsize=7)
     ax = axes[2]
@@ -85,8 +83,7 @@ def draw_phase(table: pd.DataFrame, resolution: int):
                   label=r"fit of $c_\ell$ (vs the same fit of the iterated map)")
     lim = [1, max(10.0, float(np.nanmax(table.loc[ok, "xi_c_theory"])) if ok.any() else 10.0)]
     ax.plot(lim, lim, "k-", lw=0.8, label="measured = theory")
-    ax.set_xlabel(r"theory $\xi_c$")
-    ax.set_ylabel(r"measured $\xi_c$")
+    ax.set(xlabel=r"theory $\xi_c$", ylabel=r"measured $\xi_c$")
     ax.set_title(r"depth scale: measured vs theory", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle(r"Phase diagram of plain tanh networks: order ($\chi_1<1$) and chaos ($\chi_1>1$)")

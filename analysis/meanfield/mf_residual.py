@@ -21,47 +21,32 @@ from ..core.style import save
 from . import claim, newest, standard_error, worst
 
 
-def residual_rows(runs: Runs, df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run and layer: q_l, c_l, their s.e., (1+β²)^l q_0, the residual map, its
-    ODE at t = l/L (τ = β²L) and n."""
-    out = []
+def residual_table(df: pd.DataFrame, uri: str | None, se: bool = False) -> pd.DataFrame:
+    """Long table per (β scaling, L, l): measured q_l, c_l; (1+β²)^l q_0; the residual map; the
+    ODE limit at t = l/L with τ = β²L; with ``se``: also n, q_0 and the s.e. of q_l and c_l."""
+    rows = []
     for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
-        depth, beta, seeds = int(r["depth"]), float(r["beta_eff"]), int(r["seeds"])
-        steps, q = runs.series(r["run_id"], "mf_q")
-        _, c = runs.series(r["run_id"], "mf_c")
-        qs = runs.series(r["run_id"], "mf_q_std")[1] if seeds > 1 else np.full_like(q, np.nan)
-        cs = runs.series(r["run_id"], "mf_c_std")[1] if seeds > 1 else np.full_like(c, np.nan)
-        out.append(pd.DataFrame({
-            "beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
-            "width": float(r["width"]), "q0": float(q[0]), "q": q, "q_se": standard_error(qs, np.full(len(q), seeds)),
-            "q_theory": q[0] * (1 + beta**2) ** steps, "c": c, "c_se": standard_error(cs, np.full(len(c), seeds)),
-            "c_map": theory.residual_relu_correlation(float(c[0]), depth, beta)[steps],
-            "c_ode": theory.residual_relu_correlation_ode(float(c[0]), steps / depth, beta**2 * depth)}))
-    return pd.concat(out, ignore_index=True)
+        depth, beta = int(r["depth"]), float(r["beta_eff"])
+        steps, q = series(uri, r["run_id"], "mf_q")
+        _, c = series(uri, r["run_id"], "mf_c")
+        c0, tau = float(c[0]), beta**2 * depth
+        row = {"beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
+               "t": steps / depth, "q": q, "q_theory": q[0] * (1 + beta**2) ** steps,
+               "q_ode": q[0] * np.exp(tau * steps / depth), "c": c,
+               "c_map": theory.residual_relu_correlation(c0, depth, beta)[steps],
+               "c_ode": theory.residual_relu_correlation_ode(c0, steps / depth, tau)}
+        if se:
+            seeds = int(r["seeds"])
+            row |= {"width": float(r["width"]), "q0": float(q[0])}
+            for k, v in (("q", q), ("c", c)):
+                std = series(uri, r["run_id"], f"mf_{k}_std")[1] if seeds > 1 else np.nan * v
+                row[f"{k}_se"] = standard_error(std, seeds)
+        rows.append(pd.DataFrame(row))
+    return pd.concat(rows, ignore_index=True)
 
 
 def _residual(runs: Runs) -> pd.DataFrame:
-    return residual_rows(runs, runs("mf_residual"))
-
-
-def residual_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
-    """Long table per (β scaling, L, l): measured q_l, c_l; (1+β²)^l q_0; the residual map;
-    the ODE limit at t = l/L with τ = β²L."""
-    rows = []
-    for _, r in newest(df, ["beta_scaling", "depth", "width"]).iterrows():
-        depth = int(r["depth"])
-        beta = float(r["beta_eff"])
-        steps, q = series(uri, r["run_id"], "mf_q")
-        _, c = series(uri, r["run_id"], "mf_c")
-        c0 = float(c[0])
-        tau = beta**2 * depth
-        rows.append(pd.DataFrame({
-            "beta_scaling": r["beta_scaling"], "depth": depth, "beta": beta, "layer": steps,
-            "t": steps / depth, "q": q, "q_theory": q[0] * (1 + beta**2) ** steps,
-            "q_ode": q[0] * np.exp(tau * steps / depth), "c": c,
-            "c_map": theory.residual_relu_correlation(c0, depth, beta)[steps],
-            "c_ode": theory.residual_relu_correlation_ode(c0, steps / depth, tau)}))
-    return pd.concat(rows, ignore_index=True)
+    return residual_table(runs("mf_residual"), runs.uri, se=True)
 
 
 def draw_residual(t: pd.DataFrame):
@@ -83,16 +68,13 @@ def draw_residual(t: pd.DataFrame):
         c0 = float(inv["c"].iloc[0])
         axes[2].plot(tt, theory.residual_relu_correlation_ode(c0, tt, 1.0), "k--", lw=1.2,
                      label=r"ODE $\dot c = f(c)-c$ ($\beta^2 L$ = 1)")
-    axes[0].set_xlabel(r"layer $\ell$")
-    axes[0].set_ylabel(r"stream variance $q_\ell$")
-    axes[0].set_title(r"lines: $q_0(1+\beta^2)^\ell$", fontsize=9)
-    axes[1].set_xlabel(r"$t = \ell/L$")
-    axes[1].set_ylabel(r"$q_\ell$")
-    axes[1].set_title(r"$\beta = 1/\sqrt{L}$: $(1+1/L)^{tL} \to e^{t}$", fontsize=9)
-    axes[2].set_xlabel(r"$t = \ell/L$")
-    axes[2].set_ylabel(r"correlation $c_\ell$")
-    axes[2].set_title(r"lines: residual map $c \mapsto (c + \beta^2 f(c))/(1+\beta^2)$", fontsize=9)
-    for ax in axes:
+    for ax, x, y, title in zip(
+            axes, (r"layer $\ell$", r"$t = \ell/L$", r"$t = \ell/L$"),
+            (r"stream variance $q_\ell$", r"$q_\ell$", r"correlation $c_\ell$"),
+            (r"lines: $q_0(1+\beta^2)^\ell$", r"$\beta = 1/\sqrt{L}$: $(1+1/L)^{tL} \to e^{t}$",
+             r"lines: residual map $c \mapsto (c + \beta^2 f(c))/(1+\beta^2)$"), strict=True):
+        ax.set(xlabel=x, ylabel=y)
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(r"Residual ReLU networks: variance $(1+\beta^2)^L$ and the depth limit $\beta^2 L = O(1)$")
     return fig
@@ -119,12 +101,17 @@ def residual_variance(t: pd.DataFrame) -> Measured:
     return worst(rows, _run)
 
 
-def residual_variance_e(t: pd.DataFrame) -> Measured:
-    """β = 1/√L, deepest L: q_L/q_0 → e; bias |(1 + 1/L)^L − e| (≈ e/(2L), the finite-L term)."""
+def _deepest_inv(t: pd.DataFrame) -> pd.DataFrame:
+    """The last layer of the deepest β = 1/√L run."""
     inv = t[(t["beta_scaling"] == "inv_sqrt_depth") & (t["layer"] == t["depth"])]
     if inv.empty:
         raise NotRun("no β = 1/√L runs")
-    deep = inv[inv["depth"] == inv["depth"].max()]
+    return inv[inv["depth"] == inv["depth"].max()]
+
+
+def residual_variance_e(t: pd.DataFrame) -> Measured:
+    """β = 1/√L, deepest L: q_L/q_0 → e; bias |(1 + 1/L)^L − e| (≈ e/(2L), the finite-L term)."""
+    deep = _deepest_inv(t)
     rows = deep.assign(measured=deep["q"] / deep["q0"], theory=math.e, se=deep["q_se"] / deep["q0"],
                        bias=((1 + deep["beta"] ** 2) ** deep["layer"] - math.e).abs())
     return worst(rows, _run)
@@ -141,10 +128,7 @@ def residual_correlation(t: pd.DataFrame) -> Measured:
 def residual_ode(t: pd.DataFrame) -> Measured:
     """β = 1/√L, deepest L, l = L: c_L vs the ODE dc/dt = β²L (f(c) − c) at t = 1; bias = the
     map's own distance from the ODE there (O(1/L)) + 1/n."""
-    inv = t[(t["beta_scaling"] == "inv_sqrt_depth") & (t["layer"] == t["depth"])]
-    if inv.empty:
-        raise NotRun("no β = 1/√L runs")
-    deep = inv[inv["depth"] == inv["depth"].max()]
+    deep = _deepest_inv(t)
     rows = deep.assign(measured=deep["c"], theory=deep["c_ode"], se=deep["c_se"],
                        bias=(deep["c_map"] - deep["c_ode"]).abs() + 1 / deep["width"])
     return worst(rows, _run)

@@ -16,7 +16,7 @@ from ..core import style
 from ..core.claims import Check, Measured, NotRun, Runs
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import load, only
+from ..core.select import load, only, ordered
 from ..core.style import save, write_text
 from . import arrays, claim, newest, standard_error, worst
 
@@ -64,9 +64,7 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
     depths = sorted(t.index.get_level_values("depth").unique())
     lines = ["| activation | init | " + " | ".join(f"L={d} measured | L={d} L(v_W+v_D)" for d in depths) + " |",
              "|---|---|" + "---|---|" * len(depths)]
-    acts = sorted(t.index.get_level_values(0).unique(),
-                  key=lambda a: SPECTRUM_ORDER.index(a) if a in SPECTRUM_ORDER else 9)
-    for act in acts:
+    for act in ordered(t.index.get_level_values(0), SPECTRUM_ORDER):
         for init in ("gaussian", "orthogonal"):
             cells = []
             for d in depths:
@@ -82,7 +80,7 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
 
 def draw_spectrum(df: pd.DataFrame, uri: str | None):
     d = newest(df, ["activation", "init", "depth"])
-    acts = sorted(d["activation"].unique(), key=lambda a: SPECTRUM_ORDER.index(a) if a in SPECTRUM_ORDER else 9)
+    acts = ordered(d["activation"], SPECTRUM_ORDER)
     inits = ["gaussian", "orthogonal"]
     fig, axes = style.grid(len(acts), 2, aspect=0.45)
     for i, act in enumerate(acts):
@@ -95,8 +93,7 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
                           label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={var_text(r['lambda_var'])} "
                                 rf"(theory {var_text(r['lambda_var_theory'])})")
             ax.set_title(f"{act}, {init}", fontsize=9)
-            ax.set_xlabel(r"$\log_{10}\lambda$")
-            ax.set_ylabel("density")
+            ax.set(xlabel=r"$\log_{10}\lambda$", ylabel="density")
             if len(cell):
                 ax.legend(fontsize=7)
     fig.suptitle(r"Squared singular values $\lambda$ of $\partial h_L/\partial h_0$ (mean 1); "
@@ -112,10 +109,6 @@ def _spectrum_main(args: argparse.Namespace) -> list[Path]:
     fig = draw_spectrum(df, args.uri)
     style.caption(fig, df, args.experiment)
     return save(fig, out, "mf_spectrum", t)
-
-
-def _spectrum_runs(runs: Runs) -> pd.DataFrame:
-    return runs("mf_spectrum")
 
 
 def spectrum_row_claim(activation: str, init: str) -> Callable[[pd.DataFrame], Measured]:
@@ -155,7 +148,7 @@ MF_SPECTRUM = tuple(
     for act, init, study in _SPECTRUM_ROWS) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
            "χ₁ = 1 and q* the length map's fixed point", "the chapter, 215.3, 215.7",
-           "χ₁ = 1, q* = 1/64", _spectrum_runs, critical_tanh,
+           "χ₁ = 1, q* = 1/64", "mf_spectrum", critical_tanh,
            Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),)
 
 COMMANDS = {"mf_spectrum": Command(

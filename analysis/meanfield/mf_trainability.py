@@ -52,12 +52,10 @@ def draw_trainability(t: pd.DataFrame, activation: str):
         if activation == "tanh":
             ax.axvline(theory.tanh_critical_line(sb2), color="w", ls="--", lw=1,
                        label=r"critical $\chi_1 = 1$")
-        ax.set_yscale("log")
-        ax.set_ylim(ye[0], ye[-1])
+        ax.set(yscale="log", ylim=(ye[0], ye[-1]))
         ax.set_yticks(depths, [f"{d:g}" for d in depths])
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_xlabel(r"$\sigma_w^2$")
-        ax.set_ylabel(style.name("depth"))
+        ax.set(xlabel=r"$\sigma_w^2$", ylabel=style.name("depth"))
         ax.set_title(rf"{activation}, $\sigma_b^2$ = {sb2:.3g}", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Trainability of plain networks on CIFAR-10 vs the correlation depth scale "

@@ -15,11 +15,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import load, need, only, pooled, warn_mixed
 from ..core.style import save, to_markdown, write_text
-from ..study.fig4 import by_post, deepest
-
-PRE, OUT, POST = "norm.pre", "norm.out", "norm.post"
-
-R_ORDER = ["none", "rmsnorm", "detached", "meansub", "layernorm"]
+from ..study.fig4 import OUT, POST, PRE, R_ORDER, by_post, deepest
 
 RESCALING = ("rmsnorm", "layernorm")
 
@@ -58,10 +54,6 @@ def control_gap(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).rename_axis("depth")
 
 
-def _line(ax, t: pd.DataFrame, **kw) -> None:
-    ax.plot(t.index, t["mean"], marker="o", **kw)  # log–log axes: no error bars (see spread_note)
-
-
 def draw(table: pd.DataFrame, metric: str):
     """Panels (a) and (b) side by side (log–log axes over depth)."""
     fig, axes = style.panels(2, max_cols=2, aspect=0.8)
@@ -71,19 +63,19 @@ def draw(table: pd.DataFrame, metric: str):
     if "none" in pres:
         free = table.xs("none", level=0)
         for r in [o for o in R_ORDER if o in free.index.get_level_values(0)]:
-            _line(axes[0], free.xs(r, level=0), color=colors[r], label=f"$R$ = {style.OP_NAMES.get(r, r)}")
+            t = free.xs(r, level=0)  # log–log axes: no error bars (see spread_note)
+            axes[0].plot(t.index, t["mean"], marker="o", color=colors[r],
+                         label=f"$R$ = {style.OP_NAMES.get(r, r)}")
     axes[0].set_title("(a) no Pre-Norm ($P$ = identity)")
     for r in RESCALING:
         for p, ls, what in (("none", "-", "without"), ("rmsnorm", "--", "with")):
             if (p, r) in table.index.droplevel(2):
-                _line(axes[1], table.xs((p, r), level=(0, 1)), color=colors[r], ls=ls,
-                      label=f"Post-{style.OP_NAMES[r]}, {what} Pre-RMSNorm")
+                t = table.xs((p, r), level=(0, 1))
+                axes[1].plot(t.index, t["mean"], marker="o", color=colors[r], ls=ls,
+                             label=f"Post-{style.OP_NAMES[r]}, {what} Pre-RMSNorm")
     axes[1].set_title("(b) with vs without the control")
     for ax in axes:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(style.name("depth"))
-        ax.set_ylabel(style.name(metric))
+        ax.set(xscale="log", yscale="log", xlabel=style.name("depth"), ylabel=style.name(metric))
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     return fig

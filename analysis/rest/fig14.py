@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from rankexp.tracking import download_artifact
 
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near, seed_std
@@ -19,6 +16,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, only, pooled
 from ..core.style import save, write_markdown
+from ..meanfield import arrays
 
 log = logging.getLogger("analysis")
 
@@ -26,14 +24,16 @@ KEYS = ["matrices", "activation"]
 
 MATRIX = "branch_mean_cos_matrix"
 
+PROBE_N = "task.options.representation.n"
+
 
 def seed_matrices(uri: str | None, run_id: str) -> np.ndarray:
     """The run's per-seed ``cos(m_l, m_l′)``, ``(E, L, L)``, from its ``arrays.npz``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        with np.load(download_artifact(uri, run_id, "arrays.npz", tmp)) as z:
-            if MATRIX not in z.files:
-                raise SelectionError(f"run {run_id} has no {MATRIX} in arrays.npz (probe representation, L ≥ 2)")
-            return z[MATRIX]
+    got = arrays(uri, run_id)
+    if MATRIX not in got:
+        raise SelectionError(
+            f"run {run_id} has no {MATRIX} in arrays.npz (probe representation, L ≥ 2)")
+    return got[MATRIX]
 
 
 def by_separation(c: np.ndarray) -> np.ndarray:
@@ -60,9 +60,8 @@ def draw_fields(fields: dict, every: int):
         idx = np.arange(every - 1, L, every) if L >= 2 * every else np.arange(L)
         im = ax.imshow(c[np.ix_(idx, idx)], cmap="RdBu_r", vmin=-1, vmax=1, origin="lower",
                        extent=(idx[0] + 0.5, idx[-1] + 1.5, idx[0] + 0.5, idx[-1] + 1.5))
-        ax.set_title(f"{config_title(*key)}: mean {off_diagonal(c):.3f}")
-        ax.set_xlabel(style.name("layer"))
-        ax.set_ylabel(r"layer $\ell'$")
+        ax.set(title=f"{config_title(*key)}: mean {off_diagonal(c):.3f}",
+               xlabel=style.name("layer"), ylabel=r"layer $\ell'$")
         ax.grid(False)
     fig.colorbar(im, ax=axes, shrink=0.8, label=r"$\cos(m_\ell, m_{\ell'})$")
     return fig
@@ -78,11 +77,16 @@ def draw_separation(fields: dict, coherence: dict):
         if np.isfinite(coherence.get(key, np.nan)):
             ax.axhline(coherence[key], **{**style.THEORY, "color": colors[k]})
     ax.plot([], [], **style.THEORY, label=r"$c = E[\sigma]^2/E[\sigma^2]$ (Table 1)")
-    ax.set_xscale("log")
-    ax.set_xlabel(r"layer separation $|\ell - \ell'|$")
-    ax.set_ylabel(r"mean $\cos(m_\ell, m_{\ell'})$")
+    ax.set(xscale="log", xlabel=r"layer separation $|\ell - \ell'|$",
+           ylabel=r"mean $\cos(m_\ell, m_{\ell'})$")
     ax.legend()
     return fig
+
+
+def probe_inputs(df: pd.DataFrame) -> list[str]:
+    """The caption's ``n = …/… probe inputs`` of the representation probe (none if not logged)."""
+    n = sorted({int(v) for v in df.get(PROBE_N, pd.Series(dtype=float)).dropna()})
+    return [f"n = {'/'.join(map(str, n))} probe inputs"] if n else []
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -115,8 +119,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     out = out_dir(args)
     fig = draw_fields(fields, args.every)
     fig.suptitle(r"Figure 14: pairwise $\cos(m_\ell, m_{\ell'})$ of the branch means")
-    n = sorted({int(v) for v in df.get("task.options.representation.n", pd.Series(dtype=float)).dropna()})
-    extra = [f"n = {'/'.join(map(str, n))} probe inputs"] if n else []
+    extra = probe_inputs(df)
     style.caption(fig, df, args.experiment, [*extra, f"every {args.every}th layer", "mean over seeds"])
     paths = save(fig, out, "cos_field", table)
     fig = draw_separation(fields, coherence)

@@ -10,11 +10,14 @@ import numpy as np
 import pandas as pd
 
 from ..core import style
-from ..core.claims import Claim, Measured, Runs, near, seed_std
+from ..core.claims import Claim, near
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import load, need, only, pooled, series
+from ..core.select import load, pooled, series
 from ..core.style import save, write_markdown
+from ..study import mean_of
+from ..study.fig1 import seed_sd
+from .fig14 import probe_inputs
 
 PRE, OUT = "norm.pre", "norm.out"
 
@@ -36,12 +39,7 @@ def mean_profile(uri: str | None, runs: pd.DataFrame) -> tuple[np.ndarray, np.nd
     got = [series(uri, rid, "rep_erank") for rid in runs["run_id"]]
     steps = got[0][0]
     vals = np.stack([v for s, v in got if len(s) == len(steps)])
-    sd = []
-    for rid in runs["run_id"]:
-        try:
-            sd.append(series(uri, rid, "rep_erank_std")[1])
-        except KeyError:
-            sd.append(np.zeros_like(steps, dtype=float))
+    sd = [seed_sd(uri, rid, "rep_erank", steps) for rid in runs["run_id"]]
     return steps, vals.mean(0), np.sqrt(np.mean(np.square(sd), 0))
 
 
@@ -66,9 +64,7 @@ def draw(df: pd.DataFrame, uri: str | None):
     axes[1].set_title("(b) Pre-RMSNorm + branch-output op $B$")
     for ax in axes:
         ax.set_xscale("symlog", linthresh=1)
-        ax.set_yscale("log")
-        ax.set_xlabel(style.name("layer"))
-        ax.set_ylabel(style.name("rep_erank"))
+        ax.set(yscale="log", xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     return fig
@@ -79,9 +75,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     table = final_table(df)
     fig = draw(df, args.uri)
     fig.suptitle("Figure 15: representation rank of $M = 1$ branches — centring, not rescaling")
-    n = sorted({int(v) for v in df.get("task.options.representation.n", pd.Series(dtype=float)).dropna()})
-    style.caption(fig, df, args.experiment, [*([f"n = {'/'.join(map(str, n))} probe inputs"] if n else []),
-                                             "bands: ±1 s.d. over seeds"])
+    style.caption(fig, df, args.experiment, [*probe_inputs(df), "bands: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, "centring", table)
     head = f"Figure 15: erank(Z_L)/d by pre-branch op P and branch-output op B ({', '.join(args.experiment)})"
@@ -89,19 +83,14 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def _fig15(pre: str, out: str):
-    def measure(runs: Runs) -> Measured:
-        df = only(runs("fig15"), norm__pre=pre, norm__out=out)
-        need(df, "rep_erank_final")
-        return Measured(float(df["rep_erank_final"].mean()), seed_std(df, "rep_erank_final"),
-                        f"erank(Z_L)/d at L = {int(df['depth'].max())}")
-
-    return measure
+def _at_depth(df: pd.DataFrame) -> str:
+    return f"erank(Z_L)/d at L = {int(df['depth'].max())}"
 
 
 FIG15 = tuple(
     Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"the study, fig15({cid[0]})",
-          f"{value} (d = 256, L = 512)", near(value, tol), _fig15(pre, out))
+          f"{value} (d = 256, L = 512)", near(value, tol),
+          mean_of("fig15", "rep_erank_final", _at_depth, norm__pre=pre, norm__out=out))
     for cid, pre, out, what, value, tol in (
         ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
         ("a_pre_rmsnorm", "rmsnorm", "none", "pre-RMSNorm collapses", 0.009, 0.005),

@@ -36,13 +36,9 @@ def table3(df: pd.DataFrame) -> pd.DataFrame:
     if not lengths:
         raise SelectionError(f"runs have no walk_erank_L<L> metrics (was projection_walk in task.probes?); "
                        f"columns: {', '.join(sorted(map(str, df.columns)))}")
-    rows = []
-    for L in lengths:
-        t = pooled(df, f"walk_erank_L{L}", [EPS]).reset_index()
-        t["L"] = L
-        rows.append(t)
-    t = pd.concat(rows, ignore_index=True).rename(columns={EPS: "epsilon"})
-    t = t.dropna(subset=["mean"])
+    t = pd.concat([pooled(df, f"walk_erank_L{L}", [EPS]).reset_index().assign(L=L)
+                   for L in lengths], ignore_index=True)
+    t = t.rename(columns={EPS: "epsilon"}).dropna(subset=["mean"])
 
     def study(eps: float, L: int) -> float:
         for e, values in TABLE3.items():
@@ -66,9 +62,8 @@ def draw_table3(t: pd.DataFrame):
             ax.plot(g.index, g["study"], ls="none", marker="s", mfc="none", color=colors[e])
     ax.plot([], [], ls="none", marker="s", mfc="none", color="0.3", label="study (Table 3)")
     ax.plot([], [], marker="o", color="0.3", label="measured")
-    ax.set_xscale("log")
-    ax.set_xlabel(r"product length $L$")
-    ax.set_ylabel(r"$\mathrm{erank}(\Pi_\ell (I - x_\ell x_\ell^\top))/d$")
+    ax.set(xscale="log", xlabel=r"product length $L$",
+           ylabel=r"$\mathrm{erank}(\Pi_\ell (I - x_\ell x_\ell^\top))/d$")
     ax.legend()
     style.colorbar(fig, sm, ax, "epsilon", label=r"step angle $\varepsilon$")
     return fig
@@ -94,11 +89,10 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
 
 def _tab3(runs: Runs) -> pd.DataFrame:
     df = runs("tab3")
-    eps = "task.options.projection_walk.step_angle"
-    need(df, eps)
+    need(df, EPS)
     rows = []
     for e, values in TABLE3.items():
-        g = df[np.isclose(df[eps].astype(float), e)]
+        g = df[np.isclose(df[EPS].astype(float), e)]
         for L, v in zip(TABLE3_DEPTHS, values, strict=True):
             col = f"walk_erank_L{L}"
             if len(g) and col in g:

@@ -15,11 +15,12 @@ from tqdm import tqdm
 from rankexp.theory import activation_constants, prenorm_branch_ratio, prenorm_stream_rms
 
 from ..core import style
-from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most, seedwise
+from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
+from . import mean_ratio
 
 log = logging.getLogger("analysis")
 
@@ -33,6 +34,14 @@ def _cells(df: pd.DataFrame, keys: list[str]):
         yield (values if isinstance(values, tuple) else (values,)), runs
 
 
+def seed_sd(uri: str | None, run_id: str, metric: str, like: np.ndarray) -> np.ndarray:
+    """The run's ``<metric>_std`` series; zeros shaped as ``like`` if it logged none."""
+    try:
+        return series(uri, run_id, f"{metric}_std")[1]
+    except KeyError:
+        return np.zeros_like(like, dtype=float)
+
+
 def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
                   metric: str = "erank_profile") -> pd.DataFrame:
     """Long table of the per-layer ``metric`` per cell of ``keys``: ``keys…``, ``layer``,
@@ -44,10 +53,7 @@ def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
         parts = []
         for _, r in runs.iterrows():
             steps, v = series(uri, r["run_id"], metric)
-            try:
-                _, s = series(uri, r["run_id"], f"{metric}_std")
-            except KeyError:
-                s = np.zeros_like(v)
+            s = seed_sd(uri, r["run_id"], metric, v)
             n = float(r["seeds"]) if "seeds" in r and pd.notna(r["seeds"]) else 1.0
             parts.append(pd.DataFrame({"layer": steps, "m": v, "s": s, "n": n}))
             bar.update()
@@ -104,17 +110,12 @@ def _series_theory(metric: str, runs: pd.DataFrame, layers: np.ndarray) -> np.nd
     if f is None or any(k not in runs for k in _THEORY_INPUTS):
         return np.full(layers.shape, np.nan)
     ctx = runs[list(_THEORY_INPUTS)].drop_duplicates()
-    if (
-        ctx[PLACEMENT].nunique() > 1
-        or ctx["activation"].nunique() > 1
-        or not np.allclose(ctx["nominal_ratio"], ctx["nominal_ratio"].iloc[0], rtol=1e-6)
-    ):
+    if ctx[PLACEMENT].nunique() > 1 or ctx["activation"].nunique() > 1 or not np.allclose(
+            ctx["nominal_ratio"], ctx["nominal_ratio"].iloc[0], rtol=1e-6):
         return np.full(layers.shape, np.nan)  # a line over several contexts has no one prediction
     c = ctx.iloc[0]
-    return np.asarray(
-        f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
-          float(c["alpha"])),
-        dtype=float)
+    return np.asarray(f(layers, str(c[PLACEMENT]), float(c["nominal_ratio"]), str(c["activation"]),
+                        float(c["alpha"])), dtype=float)
 
 
 def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: str, ylabel: str):
@@ -131,10 +132,8 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
         for j, c in enumerate(cv):
             ax = axes[i, j]
             sub = table
-            if rows:
-                sub = sub[sub[rows] == r]
-            if cols:
-                sub = sub[sub[cols] == c]
+            for key, v in ((rows, r), (cols, c)):
+                sub = sub[sub[key] == v] if key else sub
             for h in hv:
                 line = sub[sub[hue] == h] if hue else sub
                 if line.empty:
@@ -147,8 +146,7 @@ def draw_profiles(table: pd.DataFrame, metric: str, rows: str, cols: str, hue: s
                 if line["theory"].notna().any():
                     ax.plot(line["layer"], line["theory"], color=color, ls="--", lw=0.8)
                     theory_drawn = True
-            title = ", ".join(style.value_label(k, v) for k, v in ((rows, r), (cols, c)) if k)
-            ax.set_title(title)
+            ax.set_title(", ".join(style.value_label(k, v) for k, v in ((rows, r), (cols, c)) if k))
             if metric.startswith("erank"):
                 ax.set_ylim(0, 1.02)
             if i == len(rv) - 1:
@@ -202,15 +200,8 @@ def kappa_theory(activation: str, alpha: float) -> float:
 def _fig1_noskip_collapse(runs: Runs) -> Measured:
     df = only(runs("fig1"), beta_scaling="const")
     need(df, "erank_io", "skip_every")
-    plain, skip = only(df, skip_every=0), only(df, skip_every=1)
-
-    def ratio(d):
-        return d[d["skip_every"] == 0]["erank_io"].mean() / d[d["skip_every"] == 1][
-            "erank_io"].mean()
-
-    both = pd.concat([plain, skip], ignore_index=True)
-    return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),
-                    "erank(∂h_L/∂h_0): no skip / skip every block, β const, mean over m/d")
+    return mean_ratio(runs, only(df, skip_every=0), only(df, skip_every=1), "erank_io",
+                      "erank(∂h_L/∂h_0): no skip / skip every block, β const, mean over m/d")
 
 
 def _fig1_flat(runs: Runs) -> Measured:

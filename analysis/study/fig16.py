@@ -40,10 +40,10 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     for m in sorted(table.index.get_level_values(0).unique()):
         for p in ordered(table.loc[m].index.get_level_values(0), PLACEMENT_ORDER):
             s = table.loc[(m, p)]
-            ax.errorbar(
-                s.index, s["mean"], yerr=s["std"].fillna(0), marker="o",
-                linestyle="-" if m == 2 else "--",
-                label=f"{style.value_label('matrices', m)}, {style.value_label(PLACEMENT, p)}")
+            ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0), marker="o",
+                        linestyle="-" if m == 2 else "--",
+                        label=f"{style.value_label('matrices', m)}, "
+                        f"{style.value_label(PLACEMENT, p)}")
     ax.axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance (10 classes)")
     depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))

@@ -4,7 +4,6 @@ claims and the registry entry."""
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 from pathlib import Path
 
@@ -29,9 +28,7 @@ from ..core.select import (
     varying,
     warn_mixed,
 )
-from ..core.style import save, to_markdown
-
-log = logging.getLogger("analysis")
+from ..core.style import save, to_markdown, write_text
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
@@ -80,9 +77,8 @@ def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | 
         grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
         grid = grid.reindex(sorted(grid.columns), axis=1)
         im = draw_panel(ax, grid, vmin, vmax, log_color)
-        ax.set_xlabel(style.name(x))
-        ax.set_ylabel(style.name(y))
-        ax.set_title(style.value_label(panel, p) if panel else style.name(metric))
+        ax.set(xlabel=style.name(x), ylabel=style.name(y),
+               title=style.value_label(panel, p) if panel else style.name(metric))
     style.colorbar(fig, im, axes, metric)
     if title:
         fig.suptitle(title)
@@ -155,8 +151,7 @@ def collapse_spread(df: pd.DataFrame, metric: str, x: str, rtol: float = 1e-9) -
         rows.append(
             {**dict(zip(keys, values[:-1], strict=True)), x: float(runs[x].min()),
              "runs": len(runs), "min": v.min(), "max": v.max(), "spread": v.max() - v.min()})
-    cols = keys + [x, "runs", "min", "max", "spread"]
-    out = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=keys + [x, "runs", "min", "max", "spread"])
     return out.sort_values("spread", ascending=False, ignore_index=True)
 
 
@@ -169,12 +164,9 @@ def _collapse_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"one colour per value of this param (default: {PLACEMENT})")
     p.add_argument("--panel", nargs="*", default=[],
                    help="one panel per combination of these params (default: one panel)")
-    p.add_argument(
-        "--match-rtol",
-        type=float,
-        default=1e-9,
-        help="runs share x when their x agree to this relative tolerance "
-        "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
+    p.add_argument("--match-rtol", type=float, default=1e-9,
+                   help="runs share x when their x agree to this relative tolerance "
+                   "(default: 1e-9, exact up to rounding; e.g. 0.01 for a rounded α grid)")
 
 
 def _collapse_main(args: argparse.Namespace) -> list[Path]:
@@ -203,8 +195,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
                         label=None if numeric else style.value_label(args.color, c))
             line = s.groupby(args.x)[args.metric].mean().sort_index()
             ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
-        ax.set_xscale("log")
-        ax.set_xlabel(xname)
+        ax.set(xscale="log", xlabel=xname)
         pv = pv if isinstance(pv, tuple) else (pv,)
         ax.set_title(", ".join(style.value_label(k, v) for k, v in zip(args.panel, pv, strict=True)))
     for ax in axes[:: min(2, len(axes))]:  # the first panel of each row (max_cols=2)
@@ -223,14 +214,11 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     table = df[[c for c in cols if c in df]].sort_values([args.x, args.color])
     stem = f"collapse_{args.metric}_vs_{args.x}"
     paths = save(fig, out_dir(args), stem, table.set_index("run_id"))
-    spread.to_csv(out_dir(args) / f"{stem}_spread.csv", index=False)
-    paths.append(out_dir(args) / f"{stem}_spread.csv")
-    log.info("wrote %s", paths[-1])
-    print(
-        f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
-        f"{len(spread)} groups of runs that share {xname} and differ only in "
-        f"{', '.join(INGREDIENTS[args.x])}" + (f"; max spread = {worst:.3g}" if len(spread) else "")
-    )
+    paths.append(write_text(out_dir(args) / f"{stem}_spread.csv", spread.to_csv(index=False)))
+    print(f"Collapse of {args.metric} onto {xname} ({', '.join(args.experiment)}): "
+          f"{len(spread)} groups of runs that share {xname} and differ only in "
+          f"{', '.join(INGREDIENTS[args.x])}"
+          + (f"; max spread = {worst:.3g}" if len(spread) else ""))
     if len(spread):
         print(to_markdown(spread.head(10)))
     return paths
@@ -256,11 +244,8 @@ COMMANDS = {
                         "Figure 2b/5d: a metric vs βα^M or βα^M√L, and how exact the collapse is",
                         experiment="fig2", where=True, arguments=_collapse_arguments)}
 
-EXPERIMENTS = (Experiment(
-                   "fig2",
-                   "Figure 2: rank over α × β collapses onto βα^M",
-                   "the study, fig2",
-                   analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
-                             "collapse --experiment fig2"),
-                   claims=FIG2,
-                   needs=Needs(gpu_full=True)),)
+EXPERIMENTS = (Experiment("fig2", "Figure 2: rank over α × β collapses onto βα^M",
+                          "the study, fig2",
+                          analyses=("heatmap --experiment fig2 --x alpha --y beta --log-color",
+                                    "collapse --experiment fig2"),
+                          claims=FIG2, needs=Needs(gpu_full=True)),)

@@ -17,7 +17,7 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
+from ..core.select import PLACEMENT, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
 
 log = logging.getLogger("analysis")
@@ -25,6 +25,14 @@ log = logging.getLogger("analysis")
 BETA_SCALINGS = ("const", "inv_sqrt_depth", "inv_depth")
 
 SCALING_LABEL = {"const": "", "inv_sqrt_depth": r"/\sqrt{L}", "inv_depth": "/L"}
+
+
+#: the per-run summary of :func:`paths_tables`, in its column order
+SUMMARY_COLUMNS = (
+    "run_id", "beta_scaling", "beta", "beta_eff", "alpha", "depth", "nominal_ratio",
+    "mean_path_order", "mean_path_order_std", "mean_path_order_theory", "mean_path_order_energy",
+    "mean_path_order_energy_std", "mean_path_order_energy_theory", "mean_path_order_uncorrelated",
+    "path_order_peak")
 
 
 def uncorrelated_orders(ratio: float, depth: int, activation: str, placement: str) -> np.ndarray:
@@ -68,17 +76,9 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
         except ValueError as e:
             log.warning("%s: no theory overlay", e)
             energy, th_mu, th_en = None, np.nan, np.nan
-        rows.append(
-            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
-             "beta_eff": rec["beta_eff"], "alpha": rec["alpha"], "depth": depth,
-             "nominal_ratio": rec["nominal_ratio"], "mean_path_order": rec["mean_path_order"],
-             "mean_path_order_std": rec.get("mean_path_order_std", np.nan),
-             "mean_path_order_theory": th_mu,
-             "mean_path_order_energy": rec["mean_path_order_energy"],
-             "mean_path_order_energy_std": rec.get("mean_path_order_energy_std", np.nan),
-             "mean_path_order_energy_theory": th_en,
-             "mean_path_order_uncorrelated": rec.get("mean_path_order_uncorrelated", np.nan),
-             "path_order_peak": rec["path_order_peak"]})
+        own = {"depth": depth, "mean_path_order_theory": th_mu,
+               "mean_path_order_energy_theory": th_en}
+        rows.append({c: own[c] if c in own else rec.get(c, np.nan) for c in SUMMARY_COLUMNS})
         steps, values = series(uri, rec["run_id"], "path_profile")
         theory = np.full(steps.size, np.nan)
         if energy is not None:
@@ -86,41 +86,37 @@ def paths_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.Da
             mu /= mu.sum()
             ok = steps < mu.size
             theory[ok] = mu[steps[ok].astype(int)]
-        prof.append(
-            pd.DataFrame(
-                {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
-                 "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}
-            ))
+        prof.append(pd.DataFrame(
+            {"run_id": rec["run_id"], "beta_scaling": rec["beta_scaling"], "beta": rec["beta"],
+             "alpha": rec["alpha"], "k": steps.astype(int), "profile": values, "theory": theory}))
     return pd.DataFrame(rows).set_index("run_id"), pd.concat(prof, ignore_index=True)
 
 
-def _scalings(values) -> list[str]:
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda s: (BETA_SCALINGS.index(s) if s in BETA_SCALINGS else 9, s))
+def _beta_panels(summary: pd.DataFrame) -> list[tuple[float, str]]:
+    """The runs' (β, β scaling) pairs, scalings in :data:`BETA_SCALINGS` order, large β first."""
+    order = ordered(summary["beta_scaling"], list(BETA_SCALINGS))
+    pairs = summary[["beta", "beta_scaling"]].drop_duplicates().itertuples(index=False, name=None)
+    return sorted(pairs, key=lambda p: (order.index(p[1]), -p[0]))
 
 
 def draw_profiles(profiles: pd.DataFrame, summary: pd.DataFrame):
     """One panel per (β, β scaling); one line per α (mean over its runs), theory dashed."""
-    panels = summary[["beta", "beta_scaling"]].drop_duplicates()
-    order = {sc: i for i, sc in enumerate(_scalings(panels["beta_scaling"]))}
-    panels = sorted(panels.itertuples(index=False), key=lambda p: (order[p.beta_scaling], -p.beta))
+    panels = _beta_panels(summary)
     alphas = sorted(summary["alpha"].unique())
     colors, sm = style.value_colors(alphas, "viridis")
     mean = profiles.groupby(["beta", "beta_scaling", "alpha", "k"])[["profile", "theory"]].mean()
     visible = mean.index.get_level_values("k")[mean["profile"] > 1e-3 * mean["profile"].max()]
     kmax = max(10, int(visible.max()) + 2) if len(visible) else 10
     fig, axes = style.panels(len(panels), max_cols=3, aspect=0.8, sharey=True)
-    for ax, p in zip(axes, panels, strict=True):
+    for ax, (beta, scaling) in zip(axes, panels, strict=True):
         for a in alphas:
-            key = (p.beta, p.beta_scaling, a)
+            key = (beta, scaling, a)
             if key not in mean.index.droplevel("k"):
                 continue
             t = mean.loc[key]
             ax.plot(t.index, t["profile"], "o-", ms=2.5, color=colors[a])
             ax.plot(t.index, t["theory"], "--", color=colors[a], lw=0.8)
-        ax.set_xlim(-0.5, kmax)
-        ax.set_xlabel("path order $k$")
-        ax.set_title(beta_label(p.beta, p.beta_scaling))
+        ax.set(xlim=(-0.5, kmax), xlabel="path order $k$", title=beta_label(beta, scaling))
     axes[0].set_ylabel(style.name("path_profile"))
     axes[0].plot([], [], **style.THEORY, label=r"uncorrelated: $\sqrt{\mathrm{Binomial}(L, \rho/(1+\rho))}$")
     axes[0].legend(loc="upper right")
@@ -138,9 +134,8 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
     for ax, col, what in (
         (axes[0], "mean_path_order", r"$\langle k\rangle$ under $\mu_k$"),
         (axes[1], "mean_path_order_energy", r"$\langle k\rangle$ under $\mu_k^2$")):
-        groups = summary.groupby(["beta", "beta_scaling"])
-        order = {sc: i for i, sc in enumerate(_scalings(summary["beta_scaling"]))}
-        for (beta, scaling), g in sorted(groups, key=lambda kv: (order[kv[0][1]], -kv[0][0])):
+        for beta, scaling in _beta_panels(summary):
+            g = summary[(summary["beta"] == beta) & (summary["beta_scaling"] == scaling)]
             ax.errorbar(g["nominal_ratio"], g[col],
                         yerr=g[f"{col}_std"] if f"{col}_std" in g else None,
                         fmt=markers.get(scaling, "^"), ms=4, mfc="none", lw=0.6,
@@ -148,25 +143,18 @@ def draw_mean_order(summary: pd.DataFrame, df: pd.DataFrame):
         for ctx in contexts.itertuples(index=False):
             depth, act, place = int(ctx[0]), str(ctx[1]), str(ctx[2])
             try:
-                th = np.array(
-                    [mean_orders(uncorrelated_orders(r, depth, act, place)) for r in grid])
+                th = np.array([mean_orders(uncorrelated_orders(r, depth, act, place))
+                               for r in grid])
             except ValueError:
                 continue
-            ax.plot(
-                grid,
-                th[:, 0 if col == "mean_path_order" else 1],
-                **{**style.THEORY, "ls": "-"},
-                label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
-                f"{style.value_label('activation', act)}, $L = {depth}$)")
-        if (
-            col == "mean_path_order_energy"
-            and summary["mean_path_order_uncorrelated"].notna().any()
-        ):
-            ax.plot(summary["nominal_ratio"], summary["mean_path_order_uncorrelated"], "k.", ms=3,
+            ax.plot(grid, th[:, int(col != "mean_path_order")], **{**style.THEORY, "ls": "-"},
+                    label=f"uncorrelated ({style.value_label(PLACEMENT, place)}, "
+                          f"{style.value_label('activation', act)}, $L = {depth}$)")
+        unc = summary["mean_path_order_uncorrelated"]
+        if col == "mean_path_order_energy" and unc.notna().any():
+            ax.plot(summary["nominal_ratio"], unc, "k.", ms=3,
                     label=r"uncorrelated, measured $r_\ell$")
-        ax.set_xscale("log")
-        ax.set_xlabel(style.name("nominal_ratio"))
-        ax.set_ylabel(what)
+        ax.set(xscale="log", xlabel=style.name("nominal_ratio"), ylabel=what)
         ax.legend()
     return fig
 

@@ -14,11 +14,12 @@ import pandas as pd
 from rankexp.models.norms import PRESET_SLOTS
 
 from ..core import style
-from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near, seedwise
+from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import OP_ORDER, PLACEMENT, load, need, only, pooled, warn_mixed
 from ..core.style import save, to_markdown, write_text
+from . import mean_ratio
 
 log = logging.getLogger("analysis")
 
@@ -87,10 +88,7 @@ def draw_control(table: pd.DataFrame, metric: str):
         t = table.xs(op, level=0)
         ax.plot(t.index, t["mean"], marker="o", color=colors[k],  # log axis: no error bars
                 label=f"$R$ = {style.OP_NAMES.get(op, op)}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(style.name("depth"))
-    ax.set_ylabel(style.name(metric))
+    ax.set(xscale="log", yscale="log", xlabel=style.name("depth"), ylabel=style.name(metric))
     ax.legend(title="Pre-RMSNorm +")
     return fig
 
@@ -151,8 +149,7 @@ def draw_placements(table: pd.DataFrame, metric: str, gap: pd.Series | None = No
         xs = np.arange(len(configs)) + (k - (len(alphas) - 1) / 2) * width
         ax.bar(xs, t["mean"], width, color=colors[a])  # log axis: the seed spread is in the caption
     ax.set_xticks(range(len(configs)), [_tick(c) for c in configs], fontsize=6.5)
-    ax.set_ylabel(style.name(metric))
-    ax.set_yscale("log")
+    ax.set(ylabel=style.name(metric), yscale="log")
     means = table["mean"][table["mean"] > 0]
     if len(means):  # bars start at 0: bound the log axis by the data, so its ticks are labelled
         ax.set_ylim(float(means.min()) / 1.6, float(means.max()) * 1.25)
@@ -206,34 +203,22 @@ def _main(args: argparse.Namespace) -> list[Path]:
               + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items()))
     split = split_table(df)
     if split.empty:
-        log.warning(
-            "no projection_split metrics in the post runs of %s (add projection_split "
-            "to task.probes); no split table",
-            args.experiment)
+        log.warning("no projection_split metrics in the post runs of %s (add projection_split "
+                    "to task.probes); no split table", args.experiment)
     else:
         md = to_markdown(split)
         print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
         print(md)
-        split.to_csv(out / "projection_split.csv")
-        paths += [out / "projection_split.csv", write_text(out / "projection_split.md", md + "\n")]
-        log.info("wrote %s", out / "projection_split.csv")
+        paths += [write_text(out / "projection_split.csv", split.to_csv()),
+                  write_text(out / "projection_split.md", md + "\n")]
     return paths
-
-
-def _fig4_cell(df: pd.DataFrame, placement: str, op: str, alpha: float) -> pd.DataFrame:
-    return only(df, norm_placement=placement, norm_op=op, alpha=alpha)
 
 
 def _fig4_post_like_none(runs: Runs) -> Measured:
     df = _fig4_runs(runs)
-    post, none = _fig4_cell(df, "post", "rmsnorm", 1.0), only(df, norm_placement="none", alpha=1.0)
-    both = pd.concat([post.assign(_g="post"), none.assign(_g="none")], ignore_index=True)
-
-    def ratio(d):
-        return d[d["_g"] == "post"]["erank_io"].mean() / d[d["_g"] == "none"]["erank_io"].mean()
-
-    return Measured(ratio(both), seedwise(runs, both, ["erank_io"], ratio),
-                    "erank/d Post-RMSNorm ÷ no norm, α = 1")
+    return mean_ratio(runs, only(df, norm_placement="post", norm_op="rmsnorm", alpha=1.0),
+                      only(df, norm_placement="none", alpha=1.0), "erank_io",
+                      "erank/d Post-RMSNorm ÷ no norm, α = 1")
 
 
 def _fig4_runs(runs: Runs) -> pd.DataFrame:
@@ -257,8 +242,8 @@ def _fig4_detached(runs: Runs) -> Measured:
     det, rms = only(df, norm_op="detached"), only(df, norm_op="rmsnorm")
     worst, spread = -1.0, math.nan
     for a in sorted(set(det["alpha"]) & set(rms["alpha"])):
-        pair = pd.concat([_fig4_cell(df, "post", "detached", a).head(1),
-                          _fig4_cell(df, "post", "rmsnorm", a).head(1)], ignore_index=True)
+        pair = pd.concat([only(df, norm_op=op, alpha=a).head(1) for op in ("detached", "rmsnorm")],
+                         ignore_index=True)
         gap = abs(pair["erank_io"].iloc[0] - pair["erank_io"].iloc[1])
         if gap > worst:
             per = runs.per_seed(pair, "erank_io")

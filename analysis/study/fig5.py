@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 from pathlib import Path
 
@@ -42,10 +41,9 @@ from ..core.select import (
     warn_mixed,
 )
 from ..core.style import save, to_markdown, write_text
+from . import mean_of
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
-
-log = logging.getLogger("analysis")
 
 
 def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
@@ -164,26 +162,22 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
             im = ax.pcolormesh(a, L, grid.to_numpy(float), shading="nearest", cmap="Greys_r",
                                vmin=0, vmax=1)
         key = dict(zip(args.panel, pv, strict=True))
-        sel, sel_s = np.ones(len(points), dtype=bool), np.ones(len(flat), dtype=bool)
-        for k, v in key.items():
-            sel &= (points[k] == v).to_numpy()
-            sel_s &= (flat[k] == v).to_numpy()
+        mine = points[(points[list(key)] == pd.Series(key)).all(axis=1)]
+        ratios = flat[(flat[list(key)] == pd.Series(key)).all(axis=1)].set_index("level")
         m = float(sub["matrices"].iloc[0]) if "matrices" in sub else 2.0
         for level in args.levels:
-            pt = points[sel & (points["level"] == level).to_numpy()]
-            color = level_colors[level]
-            s = flat.loc[sel_s & (flat["level"] == level).to_numpy(), "slope_ratio"].iloc[0]
+            pt, s = mine[mine["level"] == level], ratios.loc[level, "slope_ratio"]
             if pt.empty:
                 continue
-            ax.plot(pt["alpha"], pt["depth"], "o-", color=color, ms=2.5, lw=1.0,
+            ax.plot(pt["alpha"], pt["depth"], "o-", color=level_colors[level], ms=2.5, lw=1.0,
                     label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
             if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
                 L = np.geomspace(pt["depth"].min(), pt["depth"].max(), 20)
                 a0 = np.exp(np.log(pt["alpha"]).mean())
                 L0 = np.exp(np.log(pt["depth"]).mean())
                 ax.plot(a0 * (L / L0) ** (-0.5 / m), L, color="0.55", ls="--", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set(xscale="log", yscale="log", xlabel=style.name("alpha"), ylabel=style.name("depth"),
+               title=", ".join(style.value_label(k, v) for k, v in key.items()))
         ax.set_yticks(grid.index, [str(int(d)) for d in grid.index])
         alphas = grid.columns.to_numpy(float)
         every = 1 if len(alphas) <= 5 else 2  # keep the α labels apart
@@ -192,30 +186,26 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                                    for i, a in enumerate(alphas)])
         ax.minorticks_off()
         ax.grid(False)
-        ax.set_xlabel(style.name("alpha"))
-        ax.set_ylabel(style.name("depth"))
-        ax.set_title(", ".join(style.value_label(k, v) for k, v in key.items()))
         if ax is axes[0]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
-        ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2, frameon=True,
-                  framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$", title_fontsize=5)
+        if ax.get_legend_handles_labels()[0]:  # no contour crossed and not the first panel
+            ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
+                      frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
+                      title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
     style.caption(fig, df, args.experiment, [
         "grey: mean over seeds", r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
         r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
     md = to_markdown(slopes)
-    print(
-        f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
-        "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
-        "(study, Table 4: ≈ −0.50 for post)\n")
+    print(f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
+          "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
+          "(study, Table 4: ≈ −0.50 for post)\n")
     print(md)
     out = out_dir(args)
     paths = save(fig, out, f"isorank_{args.metric}", slopes)
-    points.to_csv(out / f"isorank_{args.metric}_points.csv", index=False)
-    paths += [out / f"isorank_{args.metric}_points.csv",
-              write_text(out / f"isorank_{args.metric}.md", md + "\n")]
-    return paths
+    return paths + [write_text(out / f"isorank_{args.metric}_points.csv", points.to_csv(index=False)),
+                    write_text(out / f"isorank_{args.metric}.md", md + "\n")]
 
 
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -235,25 +225,21 @@ def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.D
              "kappa_fit_mean": float((x * y).sum() / (x * x).sum()), "kappa_theory": kt,
              "rms_final": r["rms_final"],
              "rms_final_theory": float(prenorm_stream_rms(r["depth"], r["nominal_ratio"], kt))})
-        rows.append(
-            pd.DataFrame(
-                {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
+        rows.append(pd.DataFrame(
+            {"run_id": r["run_id"], "layer": steps, "x": x, "y": y, "y_theory": kt * x}))
     return pd.DataFrame(runs), pd.concat(rows, ignore_index=True)
 
 
 def _stream_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--placement", default="pre",
-        help="norm placement whose runs to draw (default: pre, where κ is defined; '' for all)")
+    p.add_argument("--placement", default="pre", help="norm placement whose runs to draw "
+                   "(default: pre, where κ is defined; '' for all)")
 
 
 def _stream_main(args: argparse.Namespace) -> list[Path]:
     if args.placement:
         args.where = [*args.where, f"{PLACEMENT}={args.placement}"]
-    df = load(
-        args,
-        ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation", "expansion",
-         PLACEMENT])
+    df = load(args, ["rms_final", "stream_kappa", "nominal_ratio", "alpha", "depth", "activation",
+                     "expansion", PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", "beta", "beta_scaling", "norm.placement"],
                args.experiment)
     per_run, long = stream_tables(df, args.uri)
@@ -263,14 +249,13 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
         s = long[long["run_id"] == r["run_id"]].iloc[1:]  # l = 0 has x = 0 (log axes)
         ax.plot(s["x"], s["y"], color=colors[r["alpha"]], lw=0.7, alpha=0.7)
     xs = np.geomspace(long["x"][long["x"] > 0].min(), long["x"].max(), 50)
-    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
+    kappas = sorted(per_run["kappa_theory"].round(12).unique())
+    for kt in kappas:
         ax.plot(xs, kt * xs, **style.THEORY, label=rf"$\kappa = \mathrm{{E}}[\sigma^2] = {kt:.3g}$")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(r"$(\beta\alpha^M)^2\,\ell$")
-    ax.set_ylabel(r"$\mathrm{rms}(h_\ell)^2 - \mathrm{rms}(h_0)^2$")
+        bx.axhline(kt, **style.THEORY)
+    ax.set(xscale="log", yscale="log", xlabel=r"$(\beta\alpha^M)^2\,\ell$",
+           ylabel=r"$\mathrm{rms}(h_\ell)^2 - \mathrm{rms}(h_0)^2$", title="stream growth")
     ax.legend()
-    ax.set_title("stream growth")
     style.colorbar(fig, sm, ax, "alpha")
     markers = dict(zip(sorted(per_run["expansion"].unique()), "os^Dv", strict=False))
     for (e, a), sub in per_run.groupby(["expansion", "alpha"]):
@@ -279,67 +264,55 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
                     lw=0.6)
     for e, m in markers.items():
         bx.plot([], [], m, color="0.3", mfc="none", label=style.value_label("expansion", e))
-    for kt in sorted(per_run["kappa_theory"].round(12).unique()):
-        bx.axhline(kt, **style.THEORY)
-    bx.set_xscale("log")
-    bx.set_xlabel(style.name("depth_factor"))
-    bx.set_ylabel(style.name("stream_kappa"))
+    bx.set(xscale="log", xlabel=style.name("depth_factor"), ylabel=style.name("stream_kappa"),
+           title=r"$\kappa$ per run (±1 s.d. over seeds)")
     bx.legend()
-    bx.set_title(r"$\kappa$ per run (±1 s.d. over seeds)")
     fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
     style.caption(fig, df, args.experiment, ["dashed: theory κ"])
     summary = per_run.groupby("nominal_ratio").agg(
         runs=("kappa_fit", "size"), kappa_fit=("kappa_fit", "mean"),
         kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
-    print(
-        f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
-        f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
+    print(f"Stream growth κ per βα^M, mean over runs ({', '.join(args.experiment)}, "
+          f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
     paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
-    long.to_csv(out / "stream_series.csv", index=False)
-    paths.append(out / "stream_series.csv")
-    log.info("wrote %s", paths[-1])
-    return paths
+    return paths + [write_text(out / "stream_series.csv", long.to_csv(index=False))]
 
 
 def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,
-                        alpha: float) -> np.ndarray:
+                        alpha: float, coherent: bool = False) -> np.ndarray:
     """Uncorrelated prediction ``(Σ_{l≤k} r_l²)^{1/2}`` at each k of ``layers``, r_l as
-    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm)."""
-    k = np.asarray(layers, dtype=float)
-    full = np.arange(1, int(k.max()) + 1)
-    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
-    return np.sqrt(np.cumsum(r**2))[k.astype(int) - 1]
-
-
-def coherent_theory(layers, placement: str, nominal_ratio: float, activation: str,
-                    alpha: float) -> np.ndarray:
-    """The fully coherent sum ``Σ_{l≤k} r_l`` (all βJ_l aligned, ‖Σ‖_F = Σ‖·‖_F) at each k,
-    with the r_l of :func:`branch_ratio_theory`: the ceiling the accumulated branch reaches
-    only if every block adds the same direction (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
-    k = np.asarray(layers, dtype=float)
-    full = np.arange(1, int(k.max()) + 1)
-    r = branch_ratio_theory(full, placement, nominal_ratio, activation, alpha)
-    return np.cumsum(r)[k.astype(int) - 1]
+    :func:`~analysis.study.fig1.branch_ratio_theory` (βα^M √(p k) off Pre-Norm); ``coherent``:
+    the ceiling ``Σ_{l≤k} r_l`` of all βJ_l aligned (∝ k for Post-Norm, ∝ √k for Pre-Norm)."""
+    k = np.asarray(layers, dtype=int)
+    r = branch_ratio_theory(np.arange(1, k.max() + 1), placement, nominal_ratio, activation, alpha)
+    return (np.cumsum(r) if coherent else np.sqrt(np.cumsum(r**2)))[k - 1]
 
 
 def accumulated_table(df: pd.DataFrame, uri: str | None) -> pd.DataFrame:
     """One row per (run, k): ``accumulated``, ``uncorrelated`` (logged, from the measured r_l),
-    ``theory`` (:func:`uncorrelated_theory`), ``coherent`` (:func:`coherent_theory`), run params."""
+    ``theory`` and ``coherent`` (:func:`uncorrelated_theory`), run params."""
     rows = []
     for _, r in tqdm(df.iterrows(), total=len(df), desc="accumulated series", disable=None,
                      leave=False):
         k, acc = series(uri, r["run_id"], "accumulated_branch")
         _, unc = series(uri, r["run_id"], "accumulated_branch_uncorrelated")
         ctx = (r[PLACEMENT], r["nominal_ratio"], str(r["activation"]), float(r["alpha"]))
-        th = uncorrelated_theory(k, *ctx)
         rows.append(
             pd.DataFrame(
                 {"run_id": r["run_id"], PLACEMENT: r[PLACEMENT], "expansion": r["expansion"],
                  "alpha": r["alpha"], "depth": int(r["depth"]), "k": k, "accumulated": acc,
-                 "uncorrelated": unc, "theory": th, "coherent": coherent_theory(k, *ctx)}))
+                 "uncorrelated": unc, "theory": uncorrelated_theory(k, *ctx),
+                 "coherent": uncorrelated_theory(k, *ctx, coherent=True)}))
     return pd.concat(rows, ignore_index=True)
+
+
+def depth_slopes(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.Series:
+    """d log ``metric`` / d log L per group of ``keys`` that has ≥ 2 depths."""
+    slopes = {k: np.polyfit(np.log(g["depth"]), np.log(g[metric]), 1)[0]
+              for k, g in df.groupby(keys) if g["depth"].nunique() >= 2}
+    return pd.Series(slopes, dtype=float).rename_axis(keys) if slopes else pd.Series(dtype=float)
 
 
 def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
@@ -348,10 +321,8 @@ def _accumulated_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _accumulated_main(args: argparse.Namespace) -> list[Path]:
-    df = load(
-        args,
-        ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion", "activation",
-         PLACEMENT])
+    df = load(args, ["accumulated_branch_final", "nominal_ratio", "alpha", "depth", "expansion",
+                     "activation", PLACEMENT])
     warn_mixed(df, ["alpha", "depth", "expansion", PLACEMENT], args.experiment)
     table = accumulated_table(df, args.uri)
     final = table.sort_values("k").groupby("run_id").tail(1).set_index("run_id")
@@ -376,11 +347,9 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
                     label=r"uncorrelated $(\Sigma_l r_l^2)^{1/2}$")
             ax.plot(longest["k"], longest["coherent"], color="0.45", ls=":", lw=0.9,
                     label=r"coherent $\Sigma_l r_l$")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(r"$k$ (blocks summed)")
-        ax.set_ylabel(style.name("accumulated_branch"))
-        ax.set_title(f"{style.value_label(PLACEMENT, pl)}, {style.value_label('alpha', a0)}")
+        ax.set(xscale="log", yscale="log", xlabel=r"$k$ (blocks summed)",
+               ylabel=style.name("accumulated_branch"),
+               title=f"{style.value_label(PLACEMENT, pl)}, {style.value_label('alpha', a0)}")
         ax.legend()
         fin = final[final[PLACEMENT] == pl]
         for (a, e), s in fin.groupby(["alpha", "expansion"]):
@@ -388,13 +357,11 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
             bx.plot(s["depth"], s["accumulated"], "o", color=acolors[a], ls=styles[e], ms=2.5,
                     lw=0.8)
             bx.plot(s["depth"], s["theory"], color=acolors[a], ls="--", lw=0.6)
-        bx.set_xscale("log")
-        bx.set_yscale("log")
+        bx.set(xscale="log", yscale="log", xlabel=style.name("depth"),
+               ylabel=style.name("accumulated_branch_final"),
+               title=f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
         bx.set_xticks(depths, [str(d) for d in depths])
         bx.minorticks_off()
-        bx.set_xlabel(style.name("depth"))
-        bx.set_ylabel(style.name("accumulated_branch_final"))
-        bx.set_title(f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
         if i == 0:
             for e in expansions:
                 bx.plot([], [], color="0.3", ls=styles[e], label=style.value_label("expansion", e))
@@ -404,19 +371,11 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
     fig.suptitle("Figure 5b/12: accumulated branch")
     style.caption(fig, df, args.experiment, [
         r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"])
-    slope = []
-    for (pl, e, a), s in final.groupby([PLACEMENT, "expansion", "alpha"]):
-        if s["depth"].nunique() >= 2:
-            b = np.polyfit(np.log(s["depth"]), np.log(s["accumulated"]), 1)[0]
-            slope.append({PLACEMENT: pl, "expansion": e, "alpha": a, "slope_log_L": b})
-    if slope:
-        st = (
-            pd.DataFrame(slope) .groupby([PLACEMENT, "expansion"])["slope_log_L"]
-            .agg(["mean", "min", "max"])
-        )
-        print(
-            "d log(accumulated branch at L) / d log L, over α "
-            "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
+    slope = depth_slopes(final, "accumulated", [PLACEMENT, "expansion", "alpha"])
+    if len(slope):
+        st = slope.groupby(level=[0, 1]).agg(["mean", "min", "max"])
+        print("d log(accumulated branch at L) / d log L, over α "
+              "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
         print(to_markdown(st))
         write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
     return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
@@ -482,23 +441,16 @@ def _kappa(runs: Runs) -> Measured:
                     f"{len(df)} Pre-Norm runs with (βα^M)² L ≥ 2")
 
 
-def _rms384(runs: Runs) -> Measured:
-    df = only(runs("fig5"), norm_placement="pre", depth=384, alpha=1.0, nominal_ratio=1.0)
-    need(df, "rms_final")
-    return Measured(float(df["rms_final"].mean()), seed_std(df, "rms_final"))
-
-
 def _acc_slope(placement: str):
     def measure(runs: Runs) -> Measured:
         df = only(runs("fig5"), norm_placement=placement)
         need(df, "accumulated_branch_final")
 
         def stat(d):
-            slopes = [np.polyfit(np.log(g["depth"]), np.log(g["accumulated_branch_final"]), 1)[0]
-                      for _, g in d.groupby(["alpha", "expansion"]) if g["depth"].nunique() >= 2]
-            if not slopes:
+            slopes = depth_slopes(d, "accumulated_branch_final", ["alpha", "expansion"])
+            if slopes.empty:
                 raise NotRun("needs ≥ 2 depths")
-            return float(np.mean(slopes))
+            return float(slopes.mean())
 
         return Measured(stat(df), seedwise(runs, df, ["accumulated_branch_final"], stat),
                         "d log(accumulated branch at L)/d log L, mean over α and m/d")
@@ -556,7 +508,9 @@ FIG5_STREAM = (
           "κ = E[σ²] = ½ (measured ≈ 0.51)", "the study, fig11", "0.51",
           near(0.51, 0.05), _kappa),
     Claim("fig11.rms_384", "At L = 384, α = β = 1 the Pre-Norm stream reaches "
-          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7), _rms384, size="full"),
+          "rms ≈ 14.5", "the study, fig11", "14.5", near(14.5, 0.7),
+          mean_of("fig5", "rms_final", norm_placement="pre", depth=384, alpha=1.0,
+                  nominal_ratio=1.0), size="full"),
     Claim("fig5.accumulated_post_sqrt_L", "Accumulated branch grows ∝ √L for "
           "Post-Norm", "the study, fig5, Figure 5b/12", "0.5 (slope)", near(0.5, 0.1),
           _acc_slope("post")),
@@ -584,15 +538,11 @@ COMMANDS = {
 
 EXPERIMENTS = (
     Experiment(
-        "fig5",
-        "Figure 5 / Table 4: depth against init scale",
-        "the study, fig5, tab4",
+        "fig5", "Figure 5 / Table 4: depth against init scale", "the study, fig5, tab4",
         analyses=(
-            "stream --experiment fig5",
-            "accumulated --experiment fig5",
+            "stream --experiment fig5", "accumulated --experiment fig5",
             "profiles --experiment fig5 --metric branch_ratio --rows norm.placement --cols expansion --hue alpha",
             "isorank --experiment fig5",
             "collapse --experiment fig5 --x depth_factor --color depth --panel norm.placement expansion --match-rtol 0.01",
         ),
-        claims=FIG5_ISORANK + FIG5_STREAM,
-        needs=Needs(gpu_full=True)),)
+        claims=FIG5_ISORANK + FIG5_STREAM, needs=Needs(gpu_full=True)),)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import re
 from pathlib import Path
@@ -28,10 +27,8 @@ from ..core.select import (
     require,
     warn_mixed,
 )
-from ..core.style import save, to_markdown
+from ..core.style import save, to_markdown, write_text
 from .fig2 import draw_panel, heatmap_table
-
-log = logging.getLogger("analysis")
 
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 
@@ -62,12 +59,11 @@ def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "eran
                train_metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
     ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
-    halves = []
-    for df, metric in ((rank, rank_metric), (train, train_metric)):
-        t = heatmap_table(df, metric, "alpha", "depth", PLACEMENT)
-        halves.append(
-            t.rename(columns={"mean": metric, "std": f"{metric}_std", "count": f"{metric}_runs"}))
-    table = halves[0].join(halves[1], how="outer")
+    rank_t, train_t = (
+        heatmap_table(df, m, "alpha", "depth", PLACEMENT).rename(
+            columns={"mean": m, "std": f"{m}_std", "count": f"{m}_runs"})
+        for df, m in ((rank, rank_metric), (train, train_metric)))
+    table = rank_t.join(train_t, how="outer")
     order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
     return table.sort_index(level=[0, 1, 2],
                             key=lambda s: s.map(order) if s.name == PLACEMENT else s)
@@ -85,9 +81,8 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
         for i, p in enumerate(placements):
             grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
             im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
-            axes[i, j].set_xlabel(style.name("alpha"))
-            axes[i, j].set_ylabel(style.name("depth"))
-            axes[i, j].set_title(style.value_label(PLACEMENT, p))
+            axes[i, j].set(xlabel=style.name("alpha"), ylabel=style.name("depth"),
+                           title=style.value_label(PLACEMENT, p))
         style.colorbar(fig, im, axes[:, j].tolist(), metric)
     return fig
 
@@ -99,9 +94,8 @@ def _fig6_arguments(p: argparse.ArgumentParser) -> None:
                    help="task=train runs (default: fig6_train)")
     p.add_argument("--rank-metric", default="erank_io",
                    help="left column (default: erank_io = erank(∂h_L/∂h_0)/d)")
-    p.add_argument(
-        "--train-metric", default="best_test_accuracy",
-        help="right column (default: best_test_accuracy, best final test accuracy over LRs)")
+    p.add_argument("--train-metric", default="best_test_accuracy", help="right column (default: "
+                   "best_test_accuracy, best final test accuracy over LRs)")
     p.add_argument("--log-color", action="store_true",
                    help="logarithmic colour scale for the rank column")
     p.add_argument("--figure", default="6",
@@ -119,9 +113,8 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
     table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
                        args.rank_metric, args.train_metric)
     fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
-    fig.suptitle(
-        f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
-        f"{style.name(args.train_metric)}")
+    fig.suptitle(f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+                 f"{style.name(args.train_metric)}")
     style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
                   [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
     return save(fig, Path(args.out) / args.train_experiment,
@@ -141,15 +134,10 @@ def max_stable_lr(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.
     lrs = run_lrs(df)
     if not lrs:
         raise SelectionError("runs have no final_test_acc_lr<lr> columns to recompute max_stable_lr from")
-    stable = pd.DataFrame(
-        {
-            k: np.where(
-                (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
-                & (df.get(f"diverged_lr{k}", pd.Series(0.0, index=df.index)).fillna(0) == 0),
-                lr,
-                np.nan)
-            for k, lr in lrs.items()},
-        index=df.index)
+    never = pd.Series(0.0, index=df.index)
+    ok = {k: (df[f"final_test_acc_lr{k}"] >= stable_accuracy)
+          & (df.get(f"diverged_lr{k}", never).fillna(0) == 0) for k in lrs}
+    stable = pd.DataFrame({k: np.where(ok[k], lr, np.nan) for k, lr in lrs.items()}, index=df.index)
     return stable.max(axis=1)
 
 
@@ -200,19 +188,14 @@ def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFra
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
     set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
                            "one-rate runs such as tab5_boundary's give each cell its boundary)")
-    p.add_argument(
-        "--stable-accuracy",
-        type=float,
-        default=None,
-        help="recompute stability at this final test accuracy (default: the logged "
-        "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
+    p.add_argument("--stable-accuracy", type=float, default=None,
+                   help="recompute stability at this final test accuracy (default: the logged "
+                   "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
 
 
 def _table5_main(args: argparse.Namespace) -> list[Path]:
-    columns = ["alpha", "depth", PLACEMENT] + (
-        ["max_stable_lr"] if args.stable_accuracy is None else []
-    )
-    df = load(args, columns)
+    df = load(args, ["alpha", "depth", PLACEMENT]
+              + (["max_stable_lr"] if args.stable_accuracy is None else []))
     warn_mixed(df, ["alpha", "depth", PLACEMENT], args.experiment, keys=CONTEXT)
     table = table5(df, args.stable_accuracy)
     thr = args.stable_accuracy if args.stable_accuracy is not None else "task.stable_accuracy"
@@ -222,9 +205,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     md = to_markdown(lr_cells(table, ran))
     how = ("the boundary: midpoint in log of the largest stable and the next unstable rate"
            if one_rate(df) else "the largest stable rate trained")
-    print(
-        f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
-        f"blank = not run), {', '.join(args.experiment)}\n")
+    print(f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
+          f"blank = not run), {', '.join(args.experiment)}\n")
     print(md)
     fig, (ax,) = style.panels(1)
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
@@ -242,11 +224,8 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
         thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
     style.caption(fig, df, args.experiment, [f"stable: final test accuracy ≥ {thr}"])
     out = Path(args.out) / "_".join(args.experiment)
-    paths = save(fig, out, "table5_max_stable_lr", table)
-    paths.append(out / "table5_max_stable_lr.md")
-    paths[-1].write_text(md + "\n")
-    log.info("wrote %s", paths[-1])
-    return paths
+    return [*save(fig, out, "table5_max_stable_lr", table),
+            write_text(out / "table5_max_stable_lr.md", md + "\n")]
 
 
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
@@ -266,9 +245,8 @@ def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Ser
             mask &= col.astype(str) == value
     hits = df[mask]
     if len(hits) != 1:
-        names = df.loc[
-            mask if len(hits) else slice(None), ["run_id", "tags.mlflow.runName"]
-        ].to_string(index=False)
+        names = df.loc[mask if len(hits) else slice(None),
+                       ["run_id", "tags.mlflow.runName"]].to_string(index=False)
         raise SelectionError(
             f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}")
     return hits.iloc[0]
@@ -278,9 +256,8 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
     """Long table (lr, metric, step, value) of the run's ``test_acc_lr*`` and ``train_loss_lr*`` series."""
     lrs = run_lrs(run.dropna().to_frame().T)
     if not lrs:
-        raise SelectionError(
-            f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); is it a task=train run?"
-        )
+        raise SelectionError(f"run {run['run_id']} has no per-LR metrics (final_test_acc_lr<lr>); "
+                             "is it a task=train run?")
     rows = []
     for k, lr in sorted(lrs.items(), key=lambda kv: kv[1]):
         for metric in ("test_acc", "train_loss"):
@@ -309,8 +286,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         for lr, g in curves[curves["metric"] == metric].groupby("lr"):
             ax.plot(g["step"], g["value"], marker="o" if metric == "test_acc" else None,
                     color=colors[lr], ms=2.5)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(style.name(metric))
+        ax.set(xlabel="optimizer step", ylabel=style.name(metric))
     axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
     axes[0].legend()
     style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")

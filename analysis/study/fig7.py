@@ -12,15 +12,18 @@ import pandas as pd
 from rankexp.theory import activation_constants
 
 from ..core import style
-from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std, seedwise
+from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, load, need, only, series, warn_mixed
+from ..core.select import PLACEMENT, load, need, only, ordered, series, warn_mixed
 from ..core.style import save
+from . import mean_ratio
 
 PROBE_N = "task.options.representation.n"
 
 DEFAULT_N = 1024  # the representation probe's default number of probe inputs
+
+FIG7_ORDER = ["relu", "gelu", "tanh", "swiglu", "silu", "abs", "leaky_relu", "linear"]
 
 
 def spike_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -38,16 +41,10 @@ def spike_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def _activation_order(values) -> list[str]:
-    order = ["relu", "gelu", "tanh", "swiglu", "silu", "abs", "leaky_relu", "linear"]
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda a: (order.index(a) if a in order else 99, a))
-
-
 def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
     """Rows = M; columns = cosines vs c, ‖Σ m_k‖ vs l (log–log), erank(Z_l)/d vs l."""
     ms = sorted(df["matrices"].unique())
-    acts = _activation_order(df["activation"])
+    acts = ordered(df["activation"], FIG7_ORDER)
     ns = sorted(df["n"].unique())
     colors = {a: f"C{k % 10}" for k, a in enumerate(acts)}
     styles = dict(zip(reversed(ns), ["-", "--", ":", "-."] * 4, strict=False))
@@ -62,12 +59,10 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         sub = sub.groupby("activation").last()
         sub = sub.reindex([a for a in acts if a in sub.index])
         x = np.arange(len(sub))
-        ax.bar(x - 0.2, sub["branch_input_cos_cross"], 0.4, color="C0",
-               yerr=sub.get("branch_input_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"per input {style.name('branch_input_cos_cross')}")
-        ax.bar(x + 0.2, sub["branch_mean_cos_cross"], 0.4, color="C1",
-               yerr=sub.get("branch_mean_cos_cross_std"), error_kw={"elinewidth": 0.6},
-               label=f"branch means {style.name('branch_mean_cos_cross')}")
+        for dx, c, col, what in ((-0.2, "C0", "branch_input_cos_cross", "per input"),
+                                 (0.2, "C1", "branch_mean_cos_cross", "branch means")):
+            ax.bar(x + dx, sub[col], 0.4, color=c, yerr=sub.get(f"{col}_std"),
+                   error_kw={"elinewidth": 0.6}, label=f"{what} {style.name(col)}")
         ax.plot(x, sub["c_prediction"], "k_", ms=16, mew=1.5,
                 label=r"$c_\sigma$ (Table 1)" if m == 1 else "prediction 0")
         if m == 1:
@@ -75,9 +70,8 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xticks(x, [style.value_label("activation", a) for a in sub.index])
         ax.grid(axis="x", visible=False)
-        ax.set_ylim(*cos_lim)  # the same scale in every row: M = 2's ≈ 0 beside M = 1's c
-        ax.set_ylabel("cross-layer cosine")
-        ax.set_title(f"$M = {m}$: cross-layer cosines")
+        # the same scale in every row: M = 2's ≈ 0 beside M = 1's c
+        ax.set(ylim=cos_lim, ylabel="cross-layer cosine", title=f"$M = {m}$: cross-layer cosines")
         ax.legend(loc="upper right", fontsize=5.5)
         first = []
         for _, rec in df[df["matrices"] == m].iterrows():
@@ -93,14 +87,11 @@ def draw_spike(df: pd.DataFrame, table: pd.DataFrame, uri: str | None):
             axes[i, 1].loglog(l, a * l, **style.THEORY, label=r"coherent $\propto \ell$")
             axes[i, 1].loglog(l, a * np.sqrt(l), color="k", ls=":", lw=0.9,
                               label=r"uncorrelated $\propto \sqrt{\ell}$")
-        axes[i, 1].set_xlabel(style.name("layer"))
-        axes[i, 1].set_ylabel(style.name("branch_mean_sum_norm"))
-        axes[i, 1].set_title(f"$M = {m}$: accumulated branch mean")
+        axes[i, 1].set(xlabel=style.name("layer"), ylabel=style.name("branch_mean_sum_norm"),
+                       title=f"$M = {m}$: accumulated branch mean")
         axes[i, 1].legend(fontsize=5.5, loc="lower right")
-        axes[i, 2].set_xlabel(style.name("layer"))
-        axes[i, 2].set_ylabel(style.name("rep_erank"))
-        axes[i, 2].set_ylim(0, 1.02)
-        axes[i, 2].set_title(f"$M = {m}$: representation rank")
+        axes[i, 2].set(xlabel=style.name("layer"), ylabel=style.name("rep_erank"), ylim=(0, 1.02),
+                       title=f"$M = {m}$: representation rank")
     # one key for colour (σ) and line style (n) instead of an entry per line
     for a in acts:
         axes[0, 2].plot([], [], color=colors[a], label=style.value_label("activation", a))
@@ -129,9 +120,8 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
 def _spike_runs(runs: Runs, m: int) -> pd.DataFrame:
     df = only(runs("fig7"), matrices=m)
     need(df, "branch_input_cos_cross")
-    n = "task.options.representation.n"
-    if n in df:  # the largest probe count: the least noisy means
-        df = df[df[n] == df[n].max()]
+    if PROBE_N in df:  # the largest probe count: the least noisy means
+        df = df[df[PROBE_N] == df[PROBE_N].max()]
     return df.reset_index(drop=True)
 
 
@@ -141,13 +131,18 @@ def _cos_relu(runs: Runs) -> Measured:
                     seed_std(df, "branch_input_cos_cross"))
 
 
-def _cos_c(runs: Runs) -> Measured:
-    df = _spike_runs(runs, 1)
-    dev = {a: abs(g["branch_input_cos_cross"].mean() - activation_constants(a, 1.0).coherence)
+def coherence_gap(df: pd.DataFrame, metric: str, what: str, note: str = "") -> Measured:
+    """Largest |mean ``metric`` − c_σ| over the activations σ of ``df`` (c at unit variance)."""
+    dev = {a: abs(g[metric].mean() - activation_constants(a, 1.0).coherence)
            for a, g in df.groupby("activation")}
     worst = max(dev, key=dev.get)
-    return Measured(float(dev[worst]), math.nan, f"max over σ ∈ {sorted(dev)} (worst: {worst}; "
-                    "c at unit variance)")
+    return Measured(float(dev[worst]), math.nan,
+                    f"{what} over σ ∈ {sorted(dev)} (worst: {worst}{note})")
+
+
+def _cos_c(runs: Runs) -> Measured:
+    return coherence_gap(_spike_runs(runs, 1), "branch_input_cos_cross", "max",
+                         "; c at unit variance")
 
 
 def _cos_zero(runs: Runs) -> Measured:
@@ -175,15 +170,9 @@ def _exponent(m: int):
 
 def _rep_collapse(runs: Runs) -> Measured:
     one = only(_spike_runs(runs, 1), activation="relu")
-    two = only(_spike_runs(runs, 2), activation="relu")
     need(one, "rep_erank_final")
-    both = pd.concat([one.assign(_m=1), two.assign(_m=2)], ignore_index=True)
-
-    def ratio(d):
-        return d[d["_m"] == 1]["rep_erank_final"].mean() / d[d["_m"] == 2]["rep_erank_final"].mean()
-
-    return Measured(ratio(both), seedwise(runs, both, ["rep_erank_final"], ratio),
-                    "erank(Z_L)/d: M = 1 ÷ M = 2, ReLU")
+    return mean_ratio(runs, one, only(_spike_runs(runs, 2), activation="relu"), "rep_erank_final",
+                      "erank(Z_L)/d: M = 1 ÷ M = 2, ReLU")
 
 
 FIG7 = (

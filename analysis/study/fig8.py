@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,22 +16,21 @@ from rankexp.theory import (
     marchenko_pastur_density,
     marchenko_pastur_edges,
 )
-from rankexp.tracking import download_artifact
 
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_most, near
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, SelectionError, load, need, warn_mixed
+from ..core.select import PLACEMENT, SelectionError, load, need, ordered, warn_mixed
 from ..core.style import save
+from ..meanfield import arrays
 
 #: Table 1's row order; activations not listed follow alphabetically.
 TABLE1_ORDER = ("abs", "relu", "gelu", "silu", "tanh", "leaky_relu", "swiglu", "linear")
 
 
 def activation_order(values) -> list[str]:
-    values = list(dict.fromkeys(values))
-    return sorted(values, key=lambda a: (TABLE1_ORDER.index(a) if a in TABLE1_ORDER else 99, a))
+    return ordered(values, list(TABLE1_ORDER))
 
 
 MP_COLUMNS = ["erank_branch", "erank_branch_std", "erank_branch_reference", "mp_gamma", "mp_ks",
@@ -76,15 +74,11 @@ def draw_mp_erank(table: pd.DataFrame, reference_draws: int = 4):
                  label=rf"Gaussian product $G_2G_1$, inner $\gamma d$ ($d = {d}$)")
     for ax in axes:
         ax.set_xscale("log", base=2)
-    axes[0].set_xlabel(style.name("expansion"))
-    axes[0].set_ylabel(style.name("erank_branch"))
-    axes[0].set_title(r"vs $m/d$ (dotted: reference at each $\gamma$)")
-    axes[1].set_xlabel(style.name("mp_gamma"))
-    axes[1].set_ylabel(style.name("erank_branch"))
-    axes[1].set_title(r"vs $\gamma$")
-    axes[2].set_xlabel(style.name("expansion"))
-    axes[2].set_ylabel(style.name("masked_rank"))
-    axes[2].set_title(r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$")
+    for ax, x, y, title in zip(axes, ("expansion", "mp_gamma", "expansion"),
+                               ("erank_branch", "erank_branch", "masked_rank"),
+                               (r"vs $m/d$ (dotted: reference at each $\gamma$)", r"vs $\gamma$",
+                                r"dotted: $\min(1, P(\sigma'\neq 0)\,m/d)$"), strict=True):
+        ax.set(xlabel=style.name(x), ylabel=style.name(y), title=title)
     axes[1].legend(fontsize=5.5, loc="lower right")
     # one legend for what colour and line style mean, not one entry per line
     for act in acts:
@@ -104,21 +98,18 @@ def mp_histograms(df: pd.DataFrame, uri: str | None, width: int) -> pd.DataFrame
         sub = sub.sort_values("start_time", ascending=False)
     sub = sub.drop_duplicates(["activation", "expansion"])
     parts = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for _, r in sub.iterrows():
-            dst = Path(tmp) / r["run_id"]
-            dst.mkdir()
-            with np.load(download_artifact(uri, r["run_id"], "arrays.npz", str(dst))) as z:
-                if "mp_hist_centers" not in z:
-                    raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
-                centers, density = z["mp_hist_centers"], z["mp_hist_density"]
-            parts.append(
-                pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
-                              "gamma": r["mp_gamma"], "ks": r["mp_ks"],
-                              "zero_fraction": r.get("mp_zero_fraction", np.nan),
-                              "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
-                              "center": centers, "density": density,
-                              "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
+    for _, r in sub.iterrows():
+        z = arrays(uri, r["run_id"])
+        if "mp_hist_centers" not in z:
+            raise SelectionError(f"arrays.npz of run {r['run_id']} has no mp_hist_centers")
+        centers, density = z["mp_hist_centers"], z["mp_hist_density"]
+        parts.append(
+            pd.DataFrame({"activation": r["activation"], "expansion": r["expansion"],
+                          "gamma": r["mp_gamma"], "ks": r["mp_ks"],
+                          "zero_fraction": r.get("mp_zero_fraction", np.nan),
+                          "atom_theory": r.get("mp_atom_theory", np.nan), "run_id": r["run_id"],
+                          "center": centers, "density": density,
+                          "theory": marchenko_pastur_density(centers, float(r["mp_gamma"]))}))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -146,10 +137,8 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             for edge in (lo, hi):
                 ax.axvline(edge, color="grey", lw=0.5, ls="--")
             ax.grid(False)
-            ax.set_title(
-                f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
-                f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$",
-                fontsize=6.5)
+            ax.set_title(f"{style.value_label('activation', act)}, $m/d = {e:g}$: "
+                         f"$\\gamma = {gamma:.2f}$, KS $= {h['ks'].iloc[0]:.3f}$", fontsize=6.5)
             z, atom = h["zero_fraction"].iloc[0], h["atom_theory"].iloc[0]
             if np.isfinite(z) and (z > 0 or atom > 0):
                 ax.text(0.97, 0.9, f"zeros {z:.2f} (MP {atom:.2f})", transform=ax.transAxes,
@@ -159,9 +148,8 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             if j == 0:
                 ax.set_ylabel("density")
     axes[0, 0].legend(fontsize=5.5)
-    fig.suptitle(
-        rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur (dashed: edges), $d = {width}$"
-    )
+    fig.suptitle(rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur "
+                 rf"(dashed: edges), $d = {width}$")
     return fig
 
 
@@ -173,8 +161,7 @@ def _mp_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _mp_main(args: argparse.Namespace) -> list[Path]:
-    needs = ["activation", "width", "expansion"] + [
-        c for c in MP_COLUMNS if c != "survival_measured"]
+    needs = ["activation", "width", "expansion", *MP_COLUMNS[:-1]]  # not survival_measured
     df = load(args, needs, probe="branch_jacobian")
     warn_mixed(df, (), args.experiment, keys=("depth", "matrices", "alpha", "beta", PLACEMENT, "seeds"))
     table = mp_table(df)

@@ -239,8 +239,7 @@ def draw(table: pd.DataFrame, grid: str = "all"):
                             ha="left", va="bottom", fontsize=6, color="0.35")
         ax.set_xlim(-1.05, 1.05) if s.startswith("rho") else ax.set_xlim(-0.02, 1.02)
         ax.set_yticks(y, [style.name(q) for q in quantities] if ax is axes[0] else [])
-        ax.set_ylim(len(quantities) - 0.5, -0.5)
-        ax.set_xlabel(xlabel)
+        ax.set(ylim=(len(quantities) - 0.5, -0.5), xlabel=xlabel)
         if ax is axes[0]:
             ax.set_ylabel("quantity at initialization")
         ax.set_title(title, fontsize="small")
@@ -320,10 +319,7 @@ EXPERIMENTS = (
     Experiment(
         INIT_EXPERIMENT,
         "Rank at init predicts trainability: Spearman ρ and ROC-AUC over every trained grid",
-        "the study; issue 21 item 4",
-        analyses=("rank_predicts",),
-        claims=RANK_PREDICTS,
+        "the study; issue 21 item 4", analyses=("rank_predicts",), claims=RANK_PREDICTS,
         needs=Needs(gpu_full=True),
-        # the smoke end to end (tests/test_analysis_experiments.py) trains fig6_train only; the
-        # analysis reads every trained grid the store holds (trained_experiments())
+        # the smoke end to end trains fig6_train only; the analysis reads every trained grid
         reads=("fig6_train",)),)

@@ -19,6 +19,7 @@ from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, warn_mixed
 from ..core.style import save, write_markdown
+from .fig7 import coherence_gap
 from .fig8 import activation_order
 
 log = logging.getLogger("analysis")
@@ -34,19 +35,13 @@ def table1(df: pd.DataFrame) -> pd.DataFrame:
         k = activation_constants(act, 1.0)
         sr = float(g["hidden_stable_rank"].mean())
         rows.append({
-                        "activation": act,
-                        "c": k.coherence,
-                        "1/c": k.spike_bound,
-                        "p": k.survival,
-                        "P(σ′≠0)": k.survival_rate,
-                        "κ": k.kappa,
-                        "stable_rank": sr,
-                        "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
-                        if "hidden_stable_rank_std" in g
-                        else math.nan,
-                        "coherence_measured": float(g["hidden_coherence"].mean()),
-                        "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
-                        "runs": len(g)})
+            "activation": act, "c": k.coherence, "1/c": k.spike_bound, "p": k.survival,
+            "P(σ′≠0)": k.survival_rate, "κ": k.kappa, "stable_rank": sr,
+            "stable_rank_std": float(g["hidden_stable_rank_std"].mean())
+            if "hidden_stable_rank_std" in g else math.nan,
+            "coherence_measured": float(g["hidden_coherence"].mean()),
+            "stable_rank/(1/c)": sr * k.coherence if k.coherence > 0 else math.nan,
+            "runs": len(g)})
     return pd.DataFrame(rows).set_index("activation")
 
 
@@ -64,12 +59,8 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
     style.caption(fig, df, args.experiment, [f"bars: mean over seeds (s.d. ≤ {spread:.0%} of the "
                                              "mean; per activation in table1.csv)"])
     paths = save(fig, out, "table1", t)
-    md = write_markdown(
-        out / "table1.md",
-        f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured "
-        "stable rank of σ(W h)",
-        t,
-        runs=df)
+    md = write_markdown(out / "table1.md", f"Table 1 ({', '.join(args.experiment)}): quadrature "
+                        "at q = 1 vs measured stable rank of σ(W h)", t, runs=df)
     return [*paths, md]
 
 
@@ -85,20 +76,15 @@ def draw_table1(t: pd.DataFrame):
     ax.bar(x, t["stable_rank"], 0.6, color="C0", label=style.name("hidden_stable_rank"))
     bound = t["1/c"].where(np.isfinite(t["1/c"]))
     ax.plot(x, bound, "k_", ms=14, mew=1.5, label=r"spike bound $1/c$ (quadrature)")
-    ax.set_xticks(x, names)
-    ax.set_yscale("log")
+    ax.set(yscale="log", ylabel="stable rank", title=r"stable rank of $\sigma(W h)$")
     style.plain_log_ticks(ax)
-    ax.grid(axis="x", visible=False)
-    ax.set_ylabel("stable rank")
-    ax.legend()
-    ax.set_title(r"stable rank of $\sigma(W h)$")
     bx.bar(x - 0.2, t["coherence_measured"], 0.4, color="C1", label="measured")
     bx.bar(x + 0.2, t["c"], 0.4, color="0.3", label="quadrature")
-    bx.set_xticks(x, names)
-    bx.grid(axis="x", visible=False)
-    bx.set_ylabel(r"coherence $c = \mathrm{E}[\sigma]^2/\mathrm{E}[\sigma^2]$")
-    bx.legend()
-    bx.set_title("coherence")
+    bx.set(ylabel=r"coherence $c = \mathrm{E}[\sigma]^2/\mathrm{E}[\sigma^2]$", title="coherence")
+    for a in (ax, bx):
+        a.set_xticks(x, names)
+        a.grid(axis="x", visible=False)
+        a.legend()
     fig.suptitle(r"Table 1: activation constants at $q = 1$ vs $\sigma(W h)$")
     return fig
 
@@ -121,11 +107,7 @@ def _stable_rank(runs: Runs) -> Measured:
 def _coherence(runs: Runs) -> Measured:
     df = runs("tab1")
     need(df, "hidden_coherence")
-    dev = {a: abs(g["hidden_coherence"].mean() - activation_constants(a, 1.0).coherence)
-           for a, g in df.groupby("activation")}
-    worst = max(dev, key=dev.get)
-    return Measured(float(dev[worst]), math.nan,
-                    f"max |measured − quadrature c| over σ ∈ {sorted(dev)} (worst: {worst})")
+    return coherence_gap(df, "hidden_coherence", "max |measured − quadrature c|")
 
 
 TAB1 = (

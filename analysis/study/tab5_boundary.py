@@ -82,6 +82,11 @@ def post_narrows_with_alpha(cells: pd.Series) -> Measured:
                     f"vs α = {alphas[0]:g} {small:.3g}")
 
 
+def _on_cells(fn):
+    """``fn`` of the boundary cells (:func:`boundary_cells`) of the store's tab5_boundary runs."""
+    return lambda runs: fn(boundary_cells(runs("tab5_boundary")))
+
+
 def _post_half(runs: Runs) -> pd.Series:
     cells = boundary_cells(runs("tab5_boundary"))
     post = cells[[p == "post" and math.isclose(float(a), 0.5) for p, _, a in cells.index]]
@@ -99,35 +104,19 @@ def _b_post_table5(runs: Runs) -> Measured:
     return Measured(float(max(dev)), math.nan, f"max |Δ log10 LR| over L ∈ {[int(d) for d in lr.index]}")
 
 
-def _b_pre_top(runs: Runs) -> Measured:
-    return pre_top_lr(boundary_cells(runs("tab5_boundary")))
-
-
-def _b_pre_above(runs: Runs) -> Measured:
-    return pre_above_post(boundary_cells(runs("tab5_boundary")))
-
-
-def _b_post_shrinks(runs: Runs) -> Measured:
-    return post_lr_shrink_error(_post_half(runs))
-
-
-def _b_narrows(runs: Runs) -> Measured:
-    return post_narrows_with_alpha(boundary_cells(runs("tab5_boundary")))
-
-
 TAB5_BOUNDARY = (
     Claim("tab5_boundary.pre_top", "Table 5 by root finding: Pre-Norm's max stable LR is 1e-2 "
           "(the LR range's top) at every depth (log10, the boundary's reading ±0.25 decades)",
           "the study, tab5", "−2 (1e-2)", at_least(-2.0 - BOUNDARY_READING),
-          _b_pre_top, size="cpu"),
+          _on_cells(pre_top_lr), size="cpu"),
     Claim("tab5_boundary.pre_above_post", "Table 5 by root finding: Pre-Norm's max stable LR is at "
           "least Post-Norm's in every (L, α) cell (log10 ratio; two readings of ±0.25 decades)",
           "the study, tab5", "≥ 0 (1e-2 vs ≤ 1e-2)", at_least(-2 * BOUNDARY_READING),
-          _b_pre_above, size="cpu"),
+          _on_cells(pre_above_post), size="cpu"),
     Claim("tab5_boundary.post_lr_shrinks", "Table 5 by root finding: Post-Norm's max stable LR "
           "shrinks with depth as Table 5 says (α = 0.5; measured − Table 5 fall in decades, ± half "
           "a decade: the bisection's bracket)", "the study, fig6, tab5", "Table 5's fall",
-          near(0.0, 2 * BOUNDARY_READING), _b_post_shrinks,
+          near(0.0, 2 * BOUNDARY_READING), lambda runs: post_lr_shrink_error(_post_half(runs)),
           size="full"),
     Claim("tab5_boundary.post_alpha_half", "Table 5 by root finding: Post-Norm α = 0.5, max stable "
           "LR 10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384 (max |Δ log10|)", "the study, tab5",
@@ -135,7 +124,7 @@ TAB5_BOUNDARY = (
     Claim("tab5_boundary.post_narrows_with_alpha", "Table 5 by root finding: Post-Norm's stable LR "
           "range narrows faster with depth at larger α (fall at the largest α − fall at the "
           "smallest, decades)", "the study, tab5", "< 0", below(0.0),
-          _b_narrows, size="full"))
+          _on_cells(post_narrows_with_alpha), size="full"))
 
 EXPERIMENTS = (
     Experiment(

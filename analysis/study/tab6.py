@@ -11,11 +11,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..core import style
-from ..core.claims import Claim, Measured, Runs, at_most, near, seed_std
+from ..core.claims import Claim, Measured, Runs, at_most, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
 from ..core.style import save, write_markdown
+from . import mean_of
 
 log = logging.getLogger("analysis")
 
@@ -27,16 +28,13 @@ def table6(df: pd.DataFrame, uri: str | None, layers: list[int]) -> pd.DataFrame
     for _, r in df.iterrows():
         steps, values = series(uri, r["run_id"], "rep_erank")
         at = dict(zip(steps.astype(int), values, strict=True))
-        for l in layers:
-            if l in at:
-                rows.append(
-                    {"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
-                     "l": l, "erank": at[l]})
+        rows += [{"matrices": r["matrices"], "activation": r["activation"], "d": int(r["width"]),
+                  "l": l, "erank": at[l]} for l in layers if l in at]
     if not rows:
         raise SelectionError(
             f"no run reaches any of the layers {layers} (depths: {sorted(df['depth'].unique())})")
-    long = pd.DataFrame(rows)
-    t = long.groupby(["matrices", "activation", "d", "l"])["erank"].mean().unstack("l")
+    t = pd.DataFrame(rows).groupby(["matrices", "activation", "d", "l"])["erank"].mean()
+    t = t.unstack("l")
     t.columns = [f"l={c}" for c in t.columns]
     return t
 
@@ -65,17 +63,14 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
                 label=f"{style.value_label('matrices', idx[0])}, "
                 f"{style.value_label('activation', idx[1])}" if idx[2] == ds[0] else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(style.name("layer"))
-    ax.set_ylabel(style.name("rep_erank"))
+    ax.set(xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
     ax.legend()
     style.colorbar(fig, sm, ax, "width")
     fig.suptitle("Table 6: representation collapse")
     style.caption(fig, df, args.experiment, ["mean over seeds"])
-    paths = save(fig, out, "table6", t)
-    paths.append(
-        write_markdown(out / "table6.md", f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d",
-                       t, floatfmt=".3f", runs=df))
-    return paths
+    head = f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d"
+    return [*save(fig, out, "table6", t),
+            write_markdown(out / "table6.md", head, t, floatfmt=".3f", runs=df)]
 
 
 def _tab6_collapse(runs: Runs) -> Measured:
@@ -90,17 +85,12 @@ def _tab6_collapse(runs: Runs) -> Measured:
                     f"max over d ∈ {sorted(ratios)} of erank(Z_L)/erank(Z_0) (worst: d = {worst})")
 
 
-def _tab6_value(runs: Runs) -> Measured:
-    df = only(runs("tab6"), matrices=1, width=256, depth=512)
-    need(df, "rep_erank_final")
-    return Measured(float(df["rep_erank_final"].mean()), seed_std(df, "rep_erank_final"))
-
-
 TAB6 = (
     Claim("tab6.collapse", "M = 1 ReLU: representation collapse at every width",
           "the study, tab6", "collapse", at_most(0.5), _tab6_collapse),
     Claim("fig15.pre_rms_512", "M = 1 ReLU, Pre-RMSNorm, d = 256: erank(Z_512)/d ≈ "
-          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005), _tab6_value, size="full"))
+          "0.009", "the study, fig15(a)", "0.009", near(0.009, 0.005),
+          mean_of("tab6", "rep_erank_final", matrices=1, width=256, depth=512), size="full"))
 
 COMMANDS = {"table6": Command(
     _table6_main,

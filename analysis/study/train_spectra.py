@@ -138,8 +138,7 @@ def draw_cell(cell: pd.DataFrame):
                 ax.axhline(init, color="0.35", lw=0.8, ls="--", label="init (step 0)")
             if q == "erank_io":
                 ax.axhline(COLLAPSE, color="tab:red", lw=0.8, ls="-.", label=f"collapse ({COLLAPSE:g})")
-            ax.set_xscale("log")
-            ax.set_ylabel(style.name(q))
+            ax.set(xscale="log", ylabel=style.name(q))
             if i == 0:
                 ax.set_title(style.value_label(PLACEMENT, p))
             if i == len(quantities) - 1:
