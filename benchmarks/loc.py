@@ -5,8 +5,8 @@
 
 A line is a line of ``str.splitlines`` (``wc -l`` plus an unterminated last line); a counted
 file is any file without a NUL byte in it (``.py``, ``.sh``, ``.c``, ``.j2`` …) except the
-documentation (``.md``); ``conf/`` and ``tests/`` are not product lines.  Another commit is read with
-``git archive`` (nothing is checked out).
+documentation (``.md``); ``conf/`` and ``tests/`` are not product lines.  Another commit is
+read with ``git archive`` (nothing is checked out).
 """
 
 from __future__ import annotations

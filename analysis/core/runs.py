@@ -47,11 +47,6 @@ PARENT_COLUMN = "tags.mlflow.parentRunId"
 Series = tuple[np.ndarray, np.ndarray]
 
 
-def series_column(key: str) -> str:
-    """The table column holding series ``key`` (``series:<key>``)."""
-    return SERIES_PREFIX + key
-
-
 def _numeric(s: pd.Series) -> pd.Series:
     converted = pd.to_numeric(s, errors="coerce")
     return converted if converted.notna().sum() == s.notna().sum() else s
@@ -102,7 +97,7 @@ def load_runs(experiments: str | list[str], uri: str | None = None, *, filter_st
     session.members.update(raw.attrs.get(MEMBERS_ATTR, {}))
     if series:
         got = session.fetch(list(table["run_id"]), list(series))
-        extra = {series_column(k): [got.get((rid, k)) for rid in table["run_id"]] for k in series}
+        extra = {SERIES_PREFIX + k: [got.get((rid, k)) for rid in table["run_id"]] for k in series}
         table = pd.concat([table, pd.DataFrame(extra, index=table.index)], axis=1)
     return table
 
@@ -230,7 +225,6 @@ class _Session:
                 for r in runs:
                     self.cache.add(r, self.end_times.get(r), {k: self.memory[(r, k)] for k in missing})
         return {(r, k): self.memory[(r, k)] for r in run_ids for k in keys}
-
 
     def _sources(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
         """``{(training run, name_lr<k>): (member run, name)}`` for the ``wanted`` keys a

@@ -479,6 +479,11 @@ def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return tables
 
 
+def _error(tables: dict[str, pd.DataFrame], depth: int, network: str) -> float:
+    """The final test error (%) of ``network`` (plain, ResNet) at ``depth``."""
+    return float(tables["errors"].loc[depth, f"{network}_test"])
+
+
 def _measure(value):
     """A claim's ``measure``: ``value`` of the store's tables (:func:`claim_tables`); a table
     or an entry they lack is *not run*."""
@@ -507,17 +512,18 @@ DEGRADATION: tuple[Claim, ...] = (
           "ResNets' gradient ratio stays within an order of magnitude of 1", "the chapter",
           "|log10| ≤ 1", at_most(1), _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
     Claim("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
-          "He et al. 2016 Fig. 6", "> 0 pp", above(0), size="full", measure=_measure(
-              lambda t: float(t["errors"].loc[56, "plain_test"] - t["errors"].loc[20, "plain_test"]))),
+          "He et al. 2016 Fig. 6", "> 0 pp", above(0),
+          _measure(lambda t: _error(t, 56, "plain") - _error(t, 20, "plain")), size="full"),
     Claim("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
-          "He et al. 2016 Table 6", "8.75 → 6.43 %", above(0), size="full", measure=_measure(
-              lambda t: float(t["errors"].loc[20, "ResNet_test"] - t["errors"].loc[110, "ResNet_test"]))),
+          "He et al. 2016 Table 6", "8.75 → 6.43 %", above(0),
+          _measure(lambda t: _error(t, 20, "ResNet") - _error(t, 110, "ResNet")), size="full"),
     Claim("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
-          "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %", Check("≤ 1 pp", lambda v: v <= 1.0),
-          _measure(lambda t: resnet_vs_he(t["errors"])), size="full"),
+          "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %",
+          Check("≤ 1 pp", lambda v: v <= 1.0), _measure(lambda t: resnet_vs_he(t["errors"])),
+          size="full"),
     Claim("degradation.plain110_fails", "plain-110 stays above 60 % test error",
           "He et al. 2016 §4.2", "> 60 %", above(HE_PLAIN110_ERROR),
-          _measure(lambda t: float(t["errors"].loc[110, "plain_test"])), size="full"),
+          _measure(lambda t: _error(t, 110, "plain")), size="full"),
     Claim("degradation.lesion_resnet_milder",
           "lesioning one block hurts a ResNet less than a plain net", "Veit et al. 2016", "< 0 pp",
           below(0), _measure(lambda t: lesion_gap(t["lesion"]))),
