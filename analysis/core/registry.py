@@ -41,13 +41,13 @@ class Needs:
     def missing(self) -> str:
         """What of it this machine lacks, as text ("" when nothing): CIFAR-10 under ``data.root``
         (``$RANKEXP_DATA``, else ``../shared/data``), an uninstalled package."""
-        from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
-
         out = []
-        root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
-        if self.cifar10 and not any((root / n).exists() for n in (ARCHIVE_NAME, FOLDER_NAME,
-                                                                   TORCHVISION_FOLDER)):
-            out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
+        if self.cifar10:
+            from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
+
+            root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
+            if not any((root / n).exists() for n in (ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER)):
+                out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
         out += [f"the package {p}" for p in self.packages if importlib.util.find_spec(p) is None]
         return ", ".join(out)
 

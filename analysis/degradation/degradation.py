@@ -39,14 +39,6 @@ PAPER_YLIM = 20.0
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
 
-SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
-           "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
-           "relative_depth": r"relative depth $i/(6n+1)$", "response_std": r"std of layer response",
-           "layer": r"3$\times$3 layer $i$ (network order)",
-           "layer_sorted": r"3$\times$3 layer (sorted by magnitude)", "error": r"error (%)",
-           "epoch": "epoch", "block_position": r"relative block position $(b-\frac{1}{2})/3n$"}
-
-
 def networks(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``residual`` (bool) and ``depth`` (int), plain→ResNet, by depth; SelectionError
     without ``model.residual`` (not ``model=cifar_resnet`` runs)."""
@@ -212,7 +204,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
                         label=f"$L = {depth}$")
         ax.set_yscale("log")
         ax.set_title(f"{PANEL_TITLES[res]} at initialization")
-        ax.set_xlabel(SYMBOLS["relative_depth"])
+        ax.set_xlabel("relative depth $i/(6n+1)$")
     plain = {d: c for (r, d), c in curves.items() if not r}
     if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
         layers, norms = plain[max(plain)]
@@ -220,7 +212,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
                      **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
     for ax in axes:  # the plain curves fill the upper left
         _legend(ax, loc="upper right")
-    axes[0].set_ylabel(SYMBOLS["grad_norm"])
+    axes[0].set_ylabel(r"$\|\partial\ell/\partial W_i\|_F$")
     fig.suptitle("Gradients at initialization: plain nets explode toward the input, ResNets do not")
     batch = style.values(runs, "task.options.init_gradient_norms.batch") or [256]
     _caption(fig, runs, args, f"one fixed batch of {int(float(batch[0]))} training images",
@@ -239,8 +231,9 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
     axes = list(grid[:, 0])
     rows = []
-    for ax, key, xlabel in ((axes[0], "response_std", SYMBOLS["layer"]),
-                            (axes[1], "response_std_sorted", SYMBOLS["layer_sorted"])):
+    for ax, key, xlabel in (
+            (axes[0], "response_std", r"3$\times$3 layer $i$ (network order)"),
+            (axes[1], "response_std_sorted", r"3$\times$3 layer (sorted by magnitude)")):
         for (res, depth), (layers, std) in mean_series(args.uri, runs, key).items():
             ax.plot(layers, std, color=colors[depth], ls="-" if res else "--", lw=1.0,
                     label=_label(res, depth))
@@ -248,7 +241,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
                 rows += [{"network": FAMILY_NAMES[res], "depth": depth, "layer": int(i),
                           "std": float(s)} for i, s in zip(layers, std, strict=True)]
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(SYMBOLS["response_std"])
+        ax.set_ylabel("std of layer response")
         ax.ticklabel_format(axis="y", useOffset=False)
         if task == "measure":  # BN (scale 1) with batch statistics: 1 up to ε, by construction
             ax.axhline(1.0, **style.THEORY, label="BN at initialization: 1")
@@ -319,9 +312,9 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         if top > PAPER_YLIM:
             ax.axhline(PAPER_YLIM, color="0.6", lw=0.6, ls=":")
         ax.set_title(PANEL_TITLES[res])
-        ax.set_xlabel(SYMBOLS["epoch"])
+        ax.set_xlabel("epoch")
         _legend(ax)
-    axes[0].set_ylabel(SYMBOLS["error"])
+    axes[0].set_ylabel("error (%)")
     fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not (He et al. 2016, Fig. 6)")
     _caption(fig, runs, args, "bold: test error", "dashed: train error (augmented batches)")
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
@@ -374,7 +367,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
             ax.axvline(x, color="0.5", ls=":", lw=0.7)
         ax.set_xlim(0, 1)
         ax.set_title(PANEL_TITLES[res])
-        ax.set_xlabel(SYMBOLS["block_position"])
+        ax.set_xlabel(r"relative block position $(b-\frac{1}{2})/3n$")
         _legend(ax)
     axes[0].set_ylabel("test error, one block lesioned (%)")
     fig.suptitle("Lesions: one block replaced by its shortcut (Veit et al. 2016)")
