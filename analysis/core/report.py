@@ -121,12 +121,6 @@ def build_sections(runs: claims.Runs, names: list[str], out: Path, with_figures:
     return sections
 
 
-def experiment_order(present: list[str], reg: Registry) -> list[str]:
-    """The store's experiments: the registry's in document order, then the others by name."""
-    known = [e for e in reg.ids() if e in present]
-    return known + sorted(set(present) - set(known))
-
-
 # --------------------------------------------------------------------------- rendering
 def md_to_html(table: str) -> str:
     """A GitHub-Markdown table (as :func:`analysis.core.style.to_markdown` writes) as HTML."""
@@ -218,7 +212,8 @@ def build_report(uri: str | None, out: Path, experiments: list[str] | None = Non
     reg = registry or default()
     uri = resolve_uri(uri)
     present = experiment_names(uri)
-    names = experiment_order(experiments or present, reg)
+    wanted = experiments or present  # the registry's in document order, then the others by name
+    names = [e for e in reg.ids() if e in wanted] + sorted(set(wanted) - set(reg.ids()))
     missing = [e for e in names if e not in present]
     if experiments and len(missing) == len(names):
         raise TrackingError(f"the store {uri} holds none of {experiments}; it has: {present}")
