@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.registry import Experiment, Registry, default
-from .core.runner import run
+from .core.runner import run_logged
 
 REPO = Path(__file__).resolve().parent.parent
 log = logging.getLogger("analysis.figures")
@@ -64,10 +64,9 @@ def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
 def run_sweep(experiment: str, overrides: list[str], out: Path) -> tuple[int, float]:
     """One experiment's sweep in a subprocess; output appended to ``out/logs/<id>.log``."""
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    argv = [
-        sys.executable, "-m", "rankexp", f"experiment={experiment}", *overrides,
-        f"tracking.uri={uri}",
-        f"hydra.sweep.dir={(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}", "-m"]
+    sweep_dir = f"{(out / 'multirun' / experiment).resolve()}/${{rankexp_stamp:}}"
+    argv = [sys.executable, "-m", "rankexp", f"experiment={experiment}", *overrides,
+            f"tracking.uri={uri}", f"hydra.sweep.dir={sweep_dir}", "-m"]
     env = {k: v for k, v in os.environ.items() if k != "RANKEXP_STAMP"}
     logfile = out / "logs" / f"{experiment}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -120,12 +119,9 @@ def make_figures(out: Path, only: list[str] | None = None, extra: list[str] | No
 def _draw(res: Outcome, argv: list[str], out: Path, uri: str) -> None:
     """One analysis command of an experiment, its output appended to the experiment's log."""
     t0 = time.perf_counter()
-    rc, text, files = run(argv, out, uri)
+    rc, text, files = run_logged(argv, out, uri, out / "logs" / f"{res.experiment}.log")
     res.analysis_s += time.perf_counter() - t0
     res.files += files
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    with open(out / "logs" / f"{res.experiment}.log", "a") as fh:
-        fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
     if rc != 0:
         res.status = "failed"
         last = text.strip().splitlines()[-1] if text.strip() else ""
@@ -137,17 +133,13 @@ def _draw(res: Outcome, argv: list[str], out: Path, uri: str) -> None:
 
 def summary(outcomes: list[Outcome], total_s: float) -> str:
     """A Markdown table of the outcomes."""
-    lines = [
-        f"make figures: {sum(o.status == 'ok' for o in outcomes)} ok, "
-        f"{sum(o.status == 'failed' for o in outcomes)} failed, "
-        f"{sum(o.status == 'skipped' for o in outcomes)} skipped in {total_s / 60:.1f} min",
-        "",
-        "| experiment | status | sweep s | analysis s | files | note |",
-        "|---|---|---|---|---|---|"]
-    for o in outcomes:
-        lines.append(
-            f"| {o.experiment} | {o.status} | {o.sweep_s:.0f} | {o.analysis_s:.0f} | "
-            f"{len(o.files)} | {o.note.strip('; ')} |")
+    n = {s: sum(o.status == s for o in outcomes) for s in ("ok", "failed", "skipped")}
+    lines = [f"make figures: {n['ok']} ok, {n['failed']} failed, {n['skipped']} skipped in "
+             f"{total_s / 60:.1f} min", "",
+             "| experiment | status | sweep s | analysis s | files | note |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {o.experiment} | {o.status} | {o.sweep_s:.0f} | {o.analysis_s:.0f} | "
+              f"{len(o.files)} | {o.note.strip('; ')} |" for o in outcomes]
     return "\n".join(lines)
 
 
@@ -158,12 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="output folder: tracking store, figures, logs (default: figures/cpu)")
     p.add_argument("--only", type=lambda s: [v for v in s.split(",") if v], default=None,
                    help="comma-separated experiment ids (default: all)")
-    p.add_argument(
-        "--extra",
-        nargs="*",
-        default=[],
-        help="overrides for every sweep; they replace an override of the same "
-        "key, e.g. hydra/launcher=local or seeds=1")
+    p.add_argument("--extra", nargs="*", default=[], help="overrides for every sweep; they "
+                   "replace an override of the same key, e.g. hydra/launcher=local or seeds=1")
     p.add_argument("--size", default="cpu", choices=["smoke", "cpu", "full"],
                    help="the experiments' size (conf/size/<experiment>/<size>.yaml; default cpu)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

@@ -25,15 +25,9 @@ import torch
 from rankexp.models.mlp import ResidualMLP
 from rankexp.probes import PROBES
 from rankexp.probes.jacobian import forward_sweep
+from rankexp.spectra import erank_from_sv, gram_eigenvalues
 
 from .common import alternate, header, load, ratio, spread, timer
-
-
-def erank(j: torch.Tensor) -> torch.Tensor:
-    """Effective rank of matrices ``(..., d, d)`` from the eigenvalues of ``JᵀJ``."""
-    s = torch.linalg.eigvalsh(j.mT @ j).clamp(min=0).sqrt()
-    p = s / s.sum(-1, keepdim=True)
-    return torch.exp(-torch.special.xlogy(p, p).sum(-1))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def trajectory(x: torch.Tensor, upto: int | None = None) -> torch.Tensor:
         return torch.stack(model.trajectory(x.reshape(1, 1, d), upto)[1:]).reshape(-1, d)
+
+    def erank(j: torch.Tensor) -> torch.Tensor:  # from the eigenvalues of JᵀJ
+        return erank_from_sv(gram_eigenvalues(j).sqrt())
 
     def forward_mode() -> torch.Tensor:
         return erank(torch.func.jacfwd(trajectory)(h0.reshape(d)))

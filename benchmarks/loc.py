@@ -5,14 +5,16 @@
 
 A line is a line of ``str.splitlines`` (``wc -l`` plus an unterminated last line); a counted
 file is any file without a NUL byte in it (``.py``, ``.sh``, ``.c``, ``.j2`` …) except the
-documentation (``.md``); ``conf/`` and ``tests/`` are not product lines.  Another commit is read with ``git ls-tree`` and
-``git cat-file`` (nothing is checked out).
+documentation (``.md``); ``conf/`` and ``tests/`` are not product lines.  Another commit is
+read with ``git archive`` (nothing is checked out).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -43,18 +45,9 @@ def working_tree() -> dict[str, bytes]:
 
 
 def at(rev: str) -> dict[str, bytes]:
-    """``{path: content}`` of ``rev``'s files under :data:`FOLDERS` (one ``git cat-file --batch``)."""
-    rows = git("ls-tree", "-r", "-z", rev, "--", *FOLDERS).decode().split("\0")
-    blobs = [(r.split("\t", 1)[1], r.split()[2]) for r in rows if r and r.split()[1] == "blob"]
-    out = subprocess.run(["git", "-C", str(ROOT), "cat-file", "--batch"], check=True,
-                         capture_output=True, input="".join(f"{sha}\n" for _, sha in blobs).encode()).stdout
-    files, pos = {}, 0
-    for path, _ in blobs:  # each answer: "<sha> blob <size>\n<content>\n"
-        head_end = out.index(b"\n", pos)
-        size = int(out[pos:head_end].split()[2])
-        files[path] = out[head_end + 1:head_end + 1 + size]
-        pos = head_end + 1 + size + 1
-    return files
+    """``{path: content}`` of ``rev``'s files under :data:`FOLDERS` (one ``git archive``)."""
+    with tarfile.open(fileobj=io.BytesIO(git("archive", rev, "--", *FOLDERS))) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
 
 
 def main(argv: list[str] | None = None) -> None:

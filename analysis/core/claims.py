@@ -104,10 +104,8 @@ def above(bound: float) -> Check:
 def sentence(text: str) -> str:
     """``text`` as a sentence: a capital first letter and a final full stop."""
     text = " ".join(str(text).split())
-    if not text:
-        return text
-    text = text[0].upper() + text[1:]
-    return text if text[-1] in ".!?" else text + "."
+    text = text[:1].upper() + text[1:]
+    return text if not text or text[-1] in ".!?" else text + "."
 
 
 @dataclass(frozen=True)
@@ -170,9 +168,7 @@ class Verdict:
 
 def format_measured(m: Measured) -> str:
     def f(v: float) -> str:
-        if math.isinf(v):
-            return "−∞" if v < 0 else "∞"
-        return f"{v:.3g}"
+        return ("−∞" if v < 0 else "∞") if math.isinf(v) else f"{v:.3g}"
 
     if math.isnan(m.value):
         return "—"
@@ -221,9 +217,8 @@ class Runs:
             df = self(experiment)
         except NotRun:
             return ""
-        if key not in df:
-            return ""
-        vals = sorted(pd.to_numeric(df[key], errors="coerce").dropna().unique())
+        vals = sorted(pd.to_numeric(df[key], errors="coerce").dropna().unique()) if key in df \
+            else []
         text = [f"{v:g}" for v in vals]
         return "" if not text else text[0] if len(text) == 1 else "{" + ", ".join(text) + "}"
 
@@ -321,22 +316,22 @@ def evaluate(runs: Runs, selected: list[Claim]) -> list[Verdict]:
     size, the seed interval's verdict, or ``error`` (traceback logged) for any other exception."""
     out = []
     for c in selected:
+        m = None
         try:
             m = c.measure(runs)
+            reason = (m.note or "no value could be measured") if np.isnan(m.value) else ""
         except NotRun as e:
-            why, what = why_not(c, runs)
-            out.append(Verdict(c, NOT_RUN, note=" ".join(filter(None, [what, sentence(str(e))])), why=why))
-            continue
+            reason = str(e)
         except Exception as e:  # noqa: BLE001 — reported in the table, traceback in the log
             log.error("claim %s failed:\n%s", c.id, traceback.format_exc())
             out.append(Verdict(c, ERROR, note=f"{type(e).__name__}: {e}"))
             continue
-        if not np.isfinite(m.value) and not np.isinf(m.value):
-            why, what = why_not(c, runs)
-            note = sentence(m.note or "no value could be measured")
-            out.append(Verdict(c, NOT_RUN, m, note=" ".join(filter(None, [what, note])), why=why))
+        if m is not None and not reason:
+            out.append(_judged(c, runs, m))
             continue
-        out.append(_judged(c, runs, m))
+        why, what = why_not(c, runs)
+        note = " ".join(filter(None, [what, sentence(reason)]))
+        out.append(Verdict(c, NOT_RUN, m, note=note, why=why))
     return out
 
 

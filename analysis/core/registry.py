@@ -42,8 +42,12 @@ class Needs:
         """What of it this machine lacks, as text ("" when nothing): CIFAR-10 under ``data.root``
         (``$RANKEXP_DATA``, else ``../shared/data``), an uninstalled package."""
         out = []
-        if self.cifar10 and not _have_cifar10():
-            out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
+        if self.cifar10:
+            from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
+
+            root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
+            if not any((root / n).exists() for n in (ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER)):
+                out.append("the CIFAR-10 data set (data.root, $RANKEXP_DATA or ../shared/data)")
         out += [f"the package {p}" for p in self.packages if importlib.util.find_spec(p) is None]
         return ", ".join(out)
 
@@ -52,13 +56,6 @@ class Needs:
         parts = (["CIFAR-10"] if self.cifar10 else []) + (["training"] if self.train else [])
         parts += (["GPU at full size"] if self.gpu_full else []) + list(self.packages)
         return ", ".join(parts) or "—"
-
-
-def _have_cifar10() -> bool:
-    from rankexp.tasks.data import ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER
-
-    root = resolve_path(os.environ.get("RANKEXP_DATA") or "../shared/data")
-    return any((root / name).exists() for name in (ARCHIVE_NAME, FOLDER_NAME, TORCHVISION_FOLDER))
 
 
 @dataclass(frozen=True)
@@ -126,12 +123,11 @@ class Registry:
         order = {p: i for i, p in enumerate(PARTS)}
         self.entries = sorted(entries, key=lambda e: (order.get(e.part, len(PARTS)), not e.reproduce,
                                                       _natural(e.id)))
-        ids = [e.id for e in self.entries]
-        if len(ids) != len(set(ids)):
-            raise ValueError(f"experiments registered twice: {sorted({i for i in ids if ids.count(i) > 1})}")
-        claims = [c.id for c in self.claims()]
-        if len(claims) != len(set(claims)):
-            raise ValueError(f"claims registered twice: {sorted({i for i in claims if claims.count(i) > 1})}")
+        ids = self.ids()
+        for what, names in (("experiments", ids), ("claims", [c.id for c in self.claims()])):
+            twice = sorted({i for i in names if names.count(i) > 1})
+            if twice:
+                raise ValueError(f"{what} registered twice: {twice}")
         for e in self.entries:
             unknown = [r for r in e.reads if r not in ids]
             if unknown:

@@ -25,12 +25,11 @@ from markupsafe import Markup
 
 from rankexp.tracking import TrackingError, experiment_names, resolve_uri
 
-from . import claims
+from . import claims, style
 from .registry import Registry, default
-from .runner import Command, run, set_experiment_default
+from .runner import Command, run_logged, set_experiment_default
 from .runs import load_runs
 from .select import CONFIG_KEYS
-from .style import to_markdown
 
 log = logging.getLogger("analysis")
 
@@ -59,9 +58,7 @@ class Section:
 
 # --------------------------------------------------------------------------- sections
 def _fmt(v) -> str:
-    if isinstance(v, float | np.floating):
-        return f"{float(v):g}"
-    return str(v)
+    return f"{float(v):g}" if isinstance(v, float | np.floating) else str(v)
 
 
 def summarize(df: pd.DataFrame) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -69,9 +66,7 @@ def summarize(df: pd.DataFrame) -> tuple[list[tuple[str, str]], list[tuple[str, 
     ``(param, values)`` of those that take several (the sweep's axes)."""
     fixed, swept = [], []
     for key in dict.fromkeys(SUMMARY_KEYS):
-        if key not in df:
-            continue
-        values = sorted(df[key].dropna().unique().tolist(), key=lambda v: (isinstance(v, str), v))
+        values = style.values(df, key)
         if not values:
             continue
         if len(values) == 1:
@@ -84,33 +79,22 @@ def summarize(df: pd.DataFrame) -> tuple[list[tuple[str, str]], list[tuple[str, 
 
 def draw(section: Section, argvs: list[list[str]], uri: str, out: Path) -> None:
     """Run the experiment's analysis commands (``argvs``) on ``uri`` into ``out/figures``."""
-    figs = out / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     for argv in argvs:
-        rc, text, files = run(argv, figs, uri)
-        with open(logs / f"{section.experiment}.log", "a") as fh:
-            fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
+        log_file = out / "logs" / f"{section.experiment}.log"
+        rc, text, files = run_logged(argv, out / "figures", uri, log_file)
         tail = text.strip().splitlines()[-1][:300] if rc and text.strip() else ""
         section.commands.append((" ".join(argv), rc, tail))
         section.figures += [f for f in files if f.suffix == ".png"]
-        for f in files:
-            if f.suffix == ".md":
-                section.tables.append((f.stem.replace("_", " "), _md_table(f.read_text())))
         stems = {f.stem for f in files if f.suffix == ".md"}
         for f in files:
-            if f.suffix == ".csv" and f.stem not in stems:
+            if f.suffix == ".md":
+                lines = [line for line in f.read_text().splitlines() if line.startswith("|")]
+                section.tables.append((f.stem.replace("_", " "), "\n".join(lines)))
+            elif f.suffix == ".csv" and f.stem not in stems:
                 try:
                     section.previews.append((f, pd.read_csv(f, nrows=CSV_PREVIEW_ROWS)))
                 except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
                     continue
-
-
-def _md_table(text: str) -> str:
-    """The Markdown table of a file our commands wrote (a title line may precede it)."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    return "\n".join(lines)
 
 
 def build_sections(runs: claims.Runs, names: list[str], out: Path, with_figures: bool,
@@ -137,70 +121,47 @@ def build_sections(runs: claims.Runs, names: list[str], out: Path, with_figures:
     return sections
 
 
-def experiment_order(present: list[str], reg: Registry) -> list[str]:
-    """The store's experiments: the registry's in document order, then the others by name."""
-    known = [e for e in reg.ids() if e in present]
-    return known + sorted(set(present) - set(known))
-
-
 # --------------------------------------------------------------------------- rendering
-def _data_uri(png: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
-
-
 def md_to_html(table: str) -> str:
     """A GitHub-Markdown table (as :func:`analysis.core.style.to_markdown` writes) as HTML."""
-    rows = [
-        [c.strip() for c in line.strip().strip("|").split("|")]
-        for line in table.splitlines()
-        if line.strip().startswith("|")]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.strip().startswith("|")]
     rows = [r for r in rows if not all(re.fullmatch(r":?-{3,}:?", c) for c in r)]
     if not rows:
         return ""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                   for r in rows[1:])
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _claim_rows(verdicts: list[claims.Verdict]) -> list[dict]:
-    return [v.row() for v in verdicts]
-
-
-def render_html(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
+def render_html(sections: list[Section], verdicts, meta: dict) -> str:
     template = jinja2.Environment(
         loader=jinja2.FunctionLoader(
             lambda name: resources.files("analysis.core").joinpath(name).read_text()),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined).get_template("report.html.j2")
-    return template.render(
-        meta=meta,
-        claims=_claim_rows(verdicts),
-        counts=_counts(verdicts),
-        summary=summary(_counts(verdicts)),
-        sections=[
-            {
-                "s": s,
-                "figures": [(p.stem, _data_uri(p)) for p in s.figures],
-                "tables": [(t, Markup(md_to_html(md))) for t, md in s.tables],
-                "previews": [
-                    (p.name, Markup(d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                              classes="data", border=0)))
-                    for p, d in s.previews],
-                "claims": _claim_rows(s.verdicts)}
-            for s in sections])
+
+    def png(p: Path) -> str:
+        return "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode()
+
+    rows = [{"s": s, "figures": [(p.stem, png(p)) for p in s.figures],
+             "tables": [(t, Markup(md_to_html(md))) for t, md in s.tables],
+             "previews": [(p.name, Markup(d.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                                    classes="data", border=0)))
+                          for p, d in s.previews],
+             "claims": [v.row() for v in s.verdicts]} for s in sections]
+    return template.render(meta=meta, claims=[v.row() for v in verdicts], summary=summary(verdicts),
+                           sections=rows)
 
 
-def _counts(verdicts) -> dict[str, int]:
-    return {k: sum(v.verdict == k for v in verdicts) for k in claims.VERDICTS}
-
-
-def summary(counts: dict[str, int]) -> str:
+def summary(verdicts: list[claims.Verdict]) -> str:
     """``3 hold, 1 inconclusive, 0 do not hold, 5 not judged at this size, 2 not run``."""
-    parts = [f"{counts[claims.HOLDS]} hold", f"{counts[claims.INCONCLUSIVE]} inconclusive",
-             f"{counts[claims.FAILS]} do not hold", f"{counts[claims.NOT_JUDGED]} not judged at this size",
-             f"{counts[claims.NOT_RUN]} not run"]
-    return ", ".join(parts + ([f"{counts[claims.ERROR]} errors"] if counts[claims.ERROR] else []))
+    n = {k: sum(v.verdict == k for v in verdicts) for k in claims.VERDICTS}
+    parts = [f"{n[claims.HOLDS]} hold", f"{n[claims.INCONCLUSIVE]} inconclusive",
+             f"{n[claims.FAILS]} do not hold", f"{n[claims.NOT_JUDGED]} not judged at this size",
+             f"{n[claims.NOT_RUN]} not run"]
+    return ", ".join(parts + ([f"{n[claims.ERROR]} errors"] if n[claims.ERROR] else []))
 
 
 def _md_claims(verdicts) -> str:
@@ -210,23 +171,14 @@ def _md_claims(verdicts) -> str:
     cols = ["claim", "experiment", "study", "measured", "tolerance", "verdict", "size", "valid_from",
             "d", "L", "note"]
     t = t.assign(claim=t["id"] + ": " + t["claim"])[cols]
-    return to_markdown(t.map(lambda v: str(v).replace("|", "\\|")))
+    return style.to_markdown(t.map(lambda v: str(v).replace("|", "\\|")))
 
 
 def render_markdown(sections: list[Section], verdicts, meta: dict, out: Path) -> str:
-    c = _counts(verdicts)
-    lines = [
-        f"# {meta['title']}",
-        "",
-        f"Store `{meta['uri']}` · {meta['runs']} finished runs in {len(sections)} experiments"
-        f" · sizes: {meta['sizes']} · written {meta['when']} · commit {meta['commit']}",
-        "",
-        "## Claims",
-        "",
-        summary(c) + ".",
-        "",
-        _md_claims(verdicts),
-        ""]
+    lines = [f"# {meta['title']}", "",
+             f"Store `{meta['uri']}` · {meta['runs']} finished runs in {len(sections)} experiments"
+             f" · sizes: {meta['sizes']} · written {meta['when']} · commit {meta['commit']}", "",
+             "## Claims", "", summary(verdicts) + ".", "", _md_claims(verdicts), ""]
     for s in sections:
         lines += [f"## {s.experiment}", ""]
         if s.description:
@@ -260,7 +212,8 @@ def build_report(uri: str | None, out: Path, experiments: list[str] | None = Non
     reg = registry or default()
     uri = resolve_uri(uri)
     present = experiment_names(uri)
-    names = experiment_order(experiments or present, reg)
+    wanted = experiments or present  # the registry's in document order, then the others by name
+    names = [e for e in reg.ids() if e in wanted] + sorted(set(wanted) - set(reg.ids()))
     missing = [e for e in names if e not in present]
     if experiments and len(missing) == len(names):
         raise TrackingError(f"the store {uri} holds none of {experiments}; it has: {present}")
@@ -277,23 +230,20 @@ def build_report(uri: str | None, out: Path, experiments: list[str] | None = Non
             by_exp[v.claim.experiment].verdicts.append(v)
     frames = [f for name, f in runs.loaded().items() if name in by_exp]
     every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    meta = {
-        "title": title,
-        "uri": uri,
-        "runs": sum(s.runs for s in sections),
-        "sizes": ", ".join(sorted(every["size"].dropna().astype(str).unique()))
-        if "size" in every
-        else "full",
-        "commit": ", ".join(sorted(every["tags.git_commit"].dropna().astype(str).str[:10].unique()))
-        if "tags.git_commit" in every
-        else "—",
-        "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
+
+    def distinct(key: str, absent: str, n: int | None = None) -> str:
+        if key not in every:
+            return absent
+        return ", ".join(sorted(every[key].dropna().astype(str).str[:n].unique()))
+
+    meta = {"title": title, "uri": uri, "runs": sum(s.runs for s in sections),
+            "sizes": distinct("size", "full"), "commit": distinct("tags.git_commit", "—", 10),
+            "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M")}
     paths = [out / "report.html", out / "report.md", out / "claims.csv"]
-    paths[0].write_text(render_html(sections, verdicts, meta, out))
+    paths[0].write_text(render_html(sections, verdicts, meta))
     paths[1].write_text(render_markdown(sections, verdicts, meta, out))
     claims.table(verdicts).to_csv(paths[2], index=False)
-    c = _counts(verdicts)
-    log.info("claims: %s", summary(c))
+    log.info("claims: %s", summary(verdicts))
     for p in paths:
         log.info("wrote %s", p)
     return paths

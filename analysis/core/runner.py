@@ -63,17 +63,6 @@ def set_experiment_default(p: argparse.ArgumentParser, default: list[str] | str 
             action.help = help_ or f"MLflow experiment(s) (default: {' '.join(names or [])})"
 
 
-def add_where(p: argparse.ArgumentParser) -> None:
-    """``--where KEY=VALUE`` (repeatable): keep runs whose param equals VALUE."""
-    p.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keep runs with param KEY = VALUE (numeric compare where the column is numeric); "
-        "repeatable, e.g. --where expansion=4 --where norm.placement=post")
-
-
 def out_dir(args: argparse.Namespace) -> Path:
     """``--out/<experiment(s)>``: where a command writes its files."""
     return Path(args.out) / "_".join(args.experiment)
@@ -96,29 +85,23 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--filter", default="", help="MLflow search filter, e.g. \"params.width = '256'\"")
         sp.add_argument("--out", default="figures", help="output folder (default: figures/<experiment>/)")
         if command.where:
-            add_where(sp)
+            sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                            help="keep runs with param KEY = VALUE (numeric compare where the "
+                            "column is numeric); repeatable, e.g. --where expansion=4 --where "
+                            "norm.placement=post")
         if command.arguments:
             command.arguments(sp)
         sp.set_defaults(run=command.main)
     return p
 
 
-#: third-party loggers whose INFO lines are not the analysis' (matplotlib's mathtext logs
-#: "Substituting symbol \\ell from …" at INFO for every glyph it borrows from a fallback font)
-QUIET_LOGGERS = ("matplotlib", "PIL", "urllib3", "alembic")
-
-
-def quiet_consoles() -> None:
-    """No MLflow download bar (unless set) and :data:`QUIET_LOGGERS` at WARNING."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command line; 0 done, 2 the runs or the store lack what the command needs."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    quiet_consoles()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # third-party INFO lines (matplotlib's mathtext logs every glyph it borrows from a fallback)
+    for name in ("matplotlib", "PIL", "urllib3", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     args = parser().parse_args(argv)
     try:
         args.run(args)
@@ -154,13 +137,18 @@ def run(argv: list[str], out: Path, uri: str) -> tuple[int, str, list[Path]]:
                 rc = 1
     finally:
         root.handlers = saved
-    return rc, buf.getvalue(), written_since(out, t0)
-
-
-def written_since(out: Path, t0: float) -> list[Path]:
-    """Figure/table files under ``out/<experiment>/`` modified at or after ``t0``."""
-    if not out.is_dir():
-        return []
+    # the figure/table files under out/<experiment>/ written since t0
     skip = {"multirun", "mlartifacts", "logs", "report"}
-    dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip]
-    return sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)
+    dirs = [d for d in out.iterdir() if d.is_dir() and d.name not in skip] if out.is_dir() else []
+    files = sorted(p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_mtime >= t0)
+    return rc, buf.getvalue(), files
+
+
+def run_logged(argv: list[str], out: Path, uri: str, log_file: Path) -> tuple[int, str, list[Path]]:
+    """:func:`run`, its output appended to ``log_file`` after the command line."""
+    out.mkdir(parents=True, exist_ok=True)
+    rc, text, files = run(argv, out, uri)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as fh:
+        fh.write(f"\n$ python -m analysis {' '.join(argv)}\n{text}")
+    return rc, text, files

@@ -47,11 +47,6 @@ PARENT_COLUMN = "tags.mlflow.parentRunId"
 Series = tuple[np.ndarray, np.ndarray]
 
 
-def series_column(key: str) -> str:
-    """The table column holding series ``key`` (``series:<key>``)."""
-    return SERIES_PREFIX + key
-
-
 def _numeric(s: pd.Series) -> pd.Series:
     converted = pd.to_numeric(s, errors="coerce")
     return converted if converted.notna().sum() == s.notna().sum() else s
@@ -102,7 +97,7 @@ def load_runs(experiments: str | list[str], uri: str | None = None, *, filter_st
     session.members.update(raw.attrs.get(MEMBERS_ATTR, {}))
     if series:
         got = session.fetch(list(table["run_id"]), list(series))
-        extra = {series_column(k): [got.get((rid, k)) for rid in table["run_id"]] for k in series}
+        extra = {SERIES_PREFIX + k: [got.get((rid, k)) for rid in table["run_id"]] for k in series}
         table = pd.concat([table, pd.DataFrame(extra, index=table.index)], axis=1)
     return table
 
@@ -179,7 +174,8 @@ class _Session:
 
     def __init__(self, uri: str):
         self.uri = uri
-        self.cache: SeriesCache | None = None
+        #: the disk cache of its series, ``<cache dir>/<store digest>/`` (:func:`_cached`)
+        self.cache: Path | None = None
         self.memory: dict[tuple[str, str], Series | None] = {}
         self.end_times: dict[str, float] = {}
         #: training run → {``rankexp.lr`` tag: member run}; which runs were looked up
@@ -192,10 +188,8 @@ class _Session:
         session = cls._open.setdefault(uri, cls(uri))
         if cache_dir is True:
             cache_dir = default_cache_dir(uri)
-        if cache_dir is False:
-            session.cache = None
-        elif session.cache is None or session.cache.root != Path(cache_dir):
-            session.cache = SeriesCache(cache_dir, uri)
+        session.cache = None if cache_dir is False else \
+            Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16]
         return session
 
     def remember(self, table: pd.DataFrame) -> None:
@@ -212,7 +206,7 @@ class _Session:
         wanted = [(r, k) for r in run_ids for k in keys if (r, k) not in self.memory]
         if self.cache is not None and wanted:
             for run_id in dict.fromkeys(r for r, _ in wanted):
-                hit = self.cache.get(run_id, self.end_times.get(run_id))
+                hit = _cached(self.cache, run_id, self.end_times.get(run_id))
                 for k, v in (hit or {}).items():
                     self.memory[(run_id, k)] = v
             wanted = [(r, k) for r, k in wanted if (r, k) not in self.memory]
@@ -228,9 +222,9 @@ class _Session:
                 self.memory[(r, k)] = (got.get(at) if at else None) or got.get((r, k))
             if self.cache is not None:
                 for r in runs:
-                    self.cache.add(r, self.end_times.get(r), {k: self.memory[(r, k)] for k in missing})
+                    held = {k: self.memory[(r, k)] for k in missing}
+                    _cache(self.cache, r, self.end_times.get(r), held)
         return {(r, k): self.memory[(r, k)] for r in run_ids for k in keys}
-
 
     def _sources(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, str]]:
         """``{(training run, name_lr<k>): (member run, name)}`` for the ``wanted`` keys a
@@ -251,47 +245,42 @@ class _Session:
         return out
 
 
-class SeriesCache:
-    """Series of finished runs on disk, ``<dir>/<store digest>/<run_id>.npz``: every key read so
-    far (``None`` = never logged) and the finish time it is valid for; written atomically."""
+def _cached(folder: Path, run_id: str, end_time: float | None) -> dict[str, Series | None] | None:
+    """The series of ``folder/<run_id>.npz`` (the disk cache of a finished run's series: every
+    key read so far, ``None`` = never logged), if written for the finish time ``end_time``."""
+    file = folder / f"{run_id}.npz"
+    if not _finished(end_time) or not file.is_file():
+        return None
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            if float(z["end_time"]) != float(end_time):
+                return None
+            out: dict[str, Series | None] = {str(k): None for k in z["absent"]}
+            for name in z.files:
+                if name.startswith("steps:"):
+                    k = name[len("steps:"):]
+                    out[k] = (z[name], z[f"values:{k}"])
+            return out
+    except (OSError, ValueError, KeyError) as err:  # a damaged cache file is read again
+        log.warning("ignoring series cache %s (%s)", file, err)
+        return None
 
-    def __init__(self, root: str | Path, uri: str):
-        self.root = Path(root)
-        self.dir = self.root / hashlib.sha256(uri.encode()).hexdigest()[:16]
 
-    def _file(self, run_id: str) -> Path:
-        return self.dir / f"{run_id}.npz"
-
-    def get(self, run_id: str, end_time: float | None) -> dict[str, Series | None] | None:
-        if not _finished(end_time) or not self._file(run_id).is_file():
-            return None
-        try:
-            with np.load(self._file(run_id), allow_pickle=False) as z:
-                if float(z["end_time"]) != float(end_time):
-                    return None
-                out: dict[str, Series | None] = {str(k): None for k in z["absent"]}
-                for name in z.files:
-                    if name.startswith("steps:"):
-                        k = name[len("steps:"):]
-                        out[k] = (z[name], z[f"values:{k}"])
-                return out
-        except (OSError, ValueError, KeyError) as err:  # a damaged cache file is read again
-            log.warning("ignoring series cache %s (%s)", self._file(run_id), err)
-            return None
-
-    def add(self, run_id: str, end_time: float | None, series: dict[str, Series | None]) -> None:
-        if not _finished(end_time):
-            return
-        merged = {**(self.get(run_id, end_time) or {}), **series}
-        arrays: dict[str, np.ndarray] = {"end_time": np.float64(end_time)}
-        arrays["absent"] = np.array(sorted(k for k, v in merged.items() if v is None), dtype=str)
-        for k, v in merged.items():
-            if v is not None:
-                arrays[f"steps:{k}"], arrays[f"values:{k}"] = v
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._file(run_id).with_name(f"{run_id}.tmp{os.getpid()}.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self._file(run_id))
+def _cache(folder: Path, run_id: str, end_time: float | None,
+           series: dict[str, Series | None]) -> None:
+    """Add ``series`` to the run's cache file (:func:`_cached`), written atomically."""
+    if not _finished(end_time):
+        return
+    merged = {**(_cached(folder, run_id, end_time) or {}), **series}
+    arrays: dict[str, np.ndarray] = {"end_time": np.float64(end_time)}
+    arrays["absent"] = np.array(sorted(k for k, v in merged.items() if v is None), dtype=str)
+    for k, v in merged.items():
+        if v is not None:
+            arrays[f"steps:{k}"], arrays[f"values:{k}"] = v
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{run_id}.tmp{os.getpid()}.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, folder / f"{run_id}.npz")
 
 
 def _finished(end_time: float | None) -> bool:

@@ -196,14 +196,6 @@ def refuse_mixed(df: pd.DataFrame, cells: Sequence[str], command: str) -> None:
 
 
 # --------------------------------------------------------------------------- seed spread
-def seed_counts(df: pd.DataFrame) -> pd.Series:
-    """Seeds per run: the ``seeds`` param of measure runs, 1 for train runs (or no param)."""
-    n = df["seeds"].astype(float) if "seeds" in df else pd.Series(1.0, index=df.index)
-    if "task.name" in df:
-        n = n.where(df["task.name"].astype(str) != "train", 1.0)
-    return n.fillna(1.0)
-
-
 def pooled(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
     """Mean and seed standard deviation of ``metric`` per cell of ``keys``, over every seed of
     every run of the cell (a ``task=train`` run is one seed).
@@ -217,7 +209,10 @@ def pooled(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:
     if missing:
         raise SelectionError(f"runs have no column(s) {missing}")
     s = df[f"{metric}_std"].astype(float).fillna(0.0) if f"{metric}_std" in df else 0.0
-    d = pd.DataFrame({"m": df[metric].astype(float), "s": s, "n": seed_counts(df)})
+    n = df["seeds"].astype(float) if "seeds" in df else pd.Series(1.0, index=df.index)
+    if "task.name" in df:  # a train run is one seed
+        n = n.where(df["task.name"].astype(str) != "train", 1.0)
+    d = pd.DataFrame({"m": df[metric].astype(float), "s": s, "n": n.fillna(1.0)})
     d[keys] = df[keys]
     d = d[np.isfinite(d["m"])]
 

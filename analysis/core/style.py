@@ -30,32 +30,15 @@ TWO_COLUMN = 7.0  # inches: the full text width
 PAGE_HEIGHT = 8.5  # inches: the tallest figure a page takes with its caption
 
 RC = {
-    "font.family": "serif",
-    "font.serif": ["DejaVu Serif"],
-    "mathtext.fontset": "dejavuserif",
-    "font.size": 8,
-    "axes.titlesize": 8,
-    "axes.labelsize": 8,
-    "xtick.labelsize": 7,
-    "ytick.labelsize": 7,
-    "legend.fontsize": 6.5,
-    "legend.title_fontsize": 6.5,
-    "legend.frameon": False,
+    "font.family": "serif", "font.serif": ["DejaVu Serif"], "mathtext.fontset": "dejavuserif",
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
+    "ytick.labelsize": 7, "figure.titlesize": 9,
+    "legend.fontsize": 6.5, "legend.title_fontsize": 6.5, "legend.frameon": False,
     "legend.handlelength": 1.6,
-    "figure.titlesize": 9,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linewidth": 0.5,
-    "axes.linewidth": 0.6,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "lines.linewidth": 1.1,
-    "lines.markersize": 3.5,
-    "errorbar.capsize": 1.5,
-    "image.cmap": "viridis",
-    "savefig.dpi": 200,
-    "savefig.bbox": "tight",
-    "savefig.pad_inches": 0.04,
+    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5, "axes.linewidth": 0.6,
+    "axes.spines.top": False, "axes.spines.right": False,
+    "lines.linewidth": 1.1, "lines.markersize": 3.5, "errorbar.capsize": 1.5, "image.cmap": "viridis",
+    "savefig.dpi": 200, "savefig.bbox": "tight", "savefig.pad_inches": 0.04,
     "pdf.fonttype": 42,  # TrueType: text stays text in the PDF
     "ps.fonttype": 42}
 
@@ -68,14 +51,9 @@ VALUE_STYLES = ("-", "-.", (0, (6, 2)), (0, (3, 1, 1, 1, 1, 1)))
 CAPTION_FONTSIZE = 6.5
 
 
-def use() -> None:
-    """Apply :data:`RC` to matplotlib's global rcParams."""
-    mpl.rcParams.update(RC)
-
-
 log = logging.getLogger("analysis")
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # PDF font subsetting chatter
-use()
+mpl.rcParams.update(RC)
 
 # --------------------------------------------------------------------------- names
 #: metric keys and config params → their name in the study (mathtext)
@@ -198,11 +176,9 @@ def grid(nrows: int, ncols: int, *, width: float = TWO_COLUMN, aspect: float = 0
     inches wide (at most :data:`TWO_COLUMN`), each panel ``aspect`` as tall as wide, and no
     taller in all than :data:`PAGE_HEIGHT` (panels flatten to fit)."""
     width = min(width, TWO_COLUMN)
-    panel_h = width / ncols * aspect
-    height = min(nrows * panel_h + 0.3, PAGE_HEIGHT)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
-                             layout="constrained", **subplot_kw)
-    return fig, axes
+    height = min(nrows * width / ncols * aspect + 0.3, PAGE_HEIGHT)
+    return plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False, layout="constrained",
+                        **subplot_kw)
 
 
 def panels(n: int, *, max_cols: int = 3, width: float | None = None, aspect: float = 0.75,
@@ -299,53 +275,36 @@ def values(df: pd.DataFrame, key: str) -> list:
     return sorted(df[key].dropna().unique().tolist(), key=lambda v: (isinstance(v, str), v))
 
 
-def _set(values: Sequence, fmt=number, limit: int = 5) -> str:
-    if len(values) == 1:
-        return f"= {fmt(values[0])}"
-    if len(values) > limit:
-        return rf"\in \{{{fmt(values[0])}, \ldots, {fmt(values[-1])}\}}"
-    return r"\in \{" + ", ".join(fmt(v) for v in values) + r"\}"
-
-
-def seeds_text(df: pd.DataFrame) -> str:
-    """``seeds: 4 per run`` (measure runs batch their seeds) or ``seeds: 1 per run × 3 offsets``
-    (train runs are one seed each; several ``seed`` values are several runs)."""
-    train = "task.name" in df and (df["task.name"].astype(str) == "train").all()
-    per_run = [1] if train else [int(v) for v in values(df, "seeds")]
-    offsets = values(df, "seed")
-    text = "seeds: " + (str(per_run[0]) if len(per_run) == 1 else "/".join(map(str, per_run)))
-    text += " per run"
-    if len(offsets) > 1:
-        text += f" × {len(offsets)} seed offsets"
-    return text
-
-
-def size_text(df: pd.DataFrame) -> str:
-    """``size = cpu`` from the runs' ``size`` param (``full`` where not logged)."""
-    sizes = [str(s) for s in values(df, "size")] or ["full"]
-    return "size = " + "/".join(sizes)
-
-
 def caption_parts(df: pd.DataFrame, experiments: Sequence[str] | str, extra: Sequence[str] = ()):
-    """The pieces of :func:`caption`'s line, in order."""
+    """The pieces of :func:`caption`'s line, in order; seeds as ``seeds: 4 per run`` (a train
+    run is one seed; ``× 3 seed offsets`` for several ``seed`` values), size ``full`` where
+    not logged."""
     exps = [experiments] if isinstance(experiments, str) else list(experiments)
     parts = [f"{', '.join(exps)}: {len(df)} run{'s' if len(df) != 1 else ''}"]
-    plain = values(df, "model.name") == ["plain"]  # plain nets have no MLP branch: no m/d, M
+    # plain nets have no MLP branch (no m/d, M); M = 1 has no hidden width
+    skip = {"expansion", "matrices"} if values(df, "model.name") == ["plain"] else \
+        {"expansion"} if values(df, "matrices") == [1] else set()
     for key in ("width", "expansion", "depth", "matrices"):
         vals = values(df, key)
-        if key == "expansion" and values(df, "matrices") == [1]:
-            continue  # M = 1 has no hidden width
-        if plain and key in ("expansion", "matrices"):
+        if not vals or key in skip:
             continue
-        if vals:
-            parts.append(f"{name(key)[:-1]} {_set(vals)}$")
+        if len(vals) == 1:
+            shown = f"= {number(vals[0])}"
+        elif len(vals) > 5:
+            shown = rf"\in \{{{number(vals[0])}, \ldots, {number(vals[-1])}\}}"
+        else:
+            shown = r"\in \{" + ", ".join(map(number, vals)) + r"\}"
+        parts.append(f"{name(key)[:-1]} {shown}$")
     acts = values(df, "activation")
     if acts:
         parts.append("σ: " + ", ".join(ACTIVATION_NAMES.get(a, a) for a in acts))
-    parts.append(seeds_text(df))
-    parts.append(size_text(df))
-    parts += list(extra)
-    return parts
+    train = "task.name" in df and (df["task.name"].astype(str) == "train").all()
+    per_run = "1" if train else "/".join(str(int(v)) for v in values(df, "seeds"))
+    offsets = len(values(df, "seed"))
+    parts.append(f"seeds: {per_run} per run"
+                 + (f" × {offsets} seed offsets" if offsets > 1 else ""))
+    parts.append("size = " + ("/".join(map(str, values(df, "size"))) or "full"))
+    return parts + list(extra)
 
 
 def caption(fig, df: pd.DataFrame, experiments: Sequence[str] | str, extra: Sequence[str] = ()):
@@ -400,8 +359,8 @@ def save(fig, out_dir: Path, stem: str, table=None) -> list[Path]:
     finish(fig)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    fig.savefig(paths[0])
-    fig.savefig(paths[1])
+    for p in paths:
+        fig.savefig(p)
     if _recorders:
         fig.set_label(stem)
         _recorders[-1].append(fig)

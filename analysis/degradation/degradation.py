@@ -16,7 +16,7 @@ from rankexp import theory
 from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 
 from ..core import style
-from ..core.claims import Check, Claim, Measured, NotRun, Runs, near
+from ..core.claims import Check, Claim, Measured, NotRun, Runs, above, at_most, below, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, series
@@ -38,14 +38,6 @@ PAPER_YLIM = 20.0
 
 #: He et al. §4.2: the plain 110-layer network "has >60% error"
 HE_PLAIN110_ERROR = 60.0
-
-SYMBOLS = {"grad_norm": r"$\|\partial\ell/\partial W_i\|_F$",
-           "grad_ratio": r"$\|\nabla W_2\|_F\,/\,\|\nabla W_{6n+1}\|_F$",
-           "relative_depth": r"relative depth $i/(6n+1)$", "response_std": r"std of layer response",
-           "layer": r"3$\times$3 layer $i$ (network order)",
-           "layer_sorted": r"3$\times$3 layer (sorted by magnitude)", "error": r"error (%)",
-           "epoch": "epoch", "block_position": r"relative block position $(b-\frac{1}{2})/3n$"}
-
 
 def networks(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``residual`` (bool) and ``depth`` (int), plain→ResNet, by depth; SelectionError
@@ -110,13 +102,10 @@ def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-#: the caption's note on a ConvNet's width (:func:`caption_frame` states d = stage-1 filters)
-WIDTH_NOTE = "$d$: stage-1 filters (2$d$, 4$d$ after)"
-
-
-def _panels(n: int = 2, *, sharey: bool = True):
-    """Plain | ResNet panels (or one) in the house grid (:func:`analysis.core.style.panels`)."""
-    return style.panels(n, sharey=sharey) if n > 1 else style.panels(n)
+def _caption(fig, runs: pd.DataFrame, args: argparse.Namespace, *extra: str) -> None:
+    """:func:`analysis.core.style.caption` of a ConvNet's runs, noting what its ``d`` is."""
+    style.caption(fig, caption_frame(runs), args.experiment[0],
+                  ["$d$: stage-1 filters (2$d$, 4$d$ after)", *extra])
 
 
 def _label(res: bool, depth: int) -> str:
@@ -195,14 +184,10 @@ def lesion_table(uri: str | None, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _task_argument(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--task", choices=["measure", "train", "any"], default=default,
-                   help=f"which runs: task=measure (initialization), task=train, or any "
-                        f"(default: {default})")
-
-
-def _init_gradients_arguments(p: argparse.ArgumentParser) -> None:
-    _task_argument(p, "any")
+def _task_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=["measure", "train", "any"], default="any",
+                   help="which runs: task=measure (initialization), task=train, or any "
+                        "(default: any)")
 
 
 def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
@@ -211,7 +196,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
     table = gradient_ratio_table(runs)
     curves = mean_series(args.uri, runs, "grad_norm")
     colors = depth_colors(runs["depth"])
-    fig, axes = _panels()
+    fig, axes = style.panels(2, sharey=True)
     for ax, res in zip(axes, (False, True), strict=True):
         for (r, depth), (layers, norms) in curves.items():
             if r == res:
@@ -219,7 +204,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
                         label=f"$L = {depth}$")
         ax.set_yscale("log")
         ax.set_title(f"{PANEL_TITLES[res]} at initialization")
-        ax.set_xlabel(SYMBOLS["relative_depth"])
+        ax.set_xlabel("relative depth $i/(6n+1)$")
     plain = {d: c for (r, d), c in curves.items() if not r}
     if plain:  # the mean-field rate, anchored at the deepest plain net's last conv
         layers, norms = plain[max(plain)]
@@ -227,19 +212,16 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
                      **style.THEORY, label=r"mean field: $\sqrt{\pi/(\pi-1)}$ per layer")
     for ax in axes:  # the plain curves fill the upper left
         _legend(ax, loc="upper right")
-    axes[0].set_ylabel(SYMBOLS["grad_norm"])
+    axes[0].set_ylabel(r"$\|\partial\ell/\partial W_i\|_F$")
     fig.suptitle("Gradients at initialization: plain nets explode toward the input, ResNets do not")
     batch = style.values(runs, "task.options.init_gradient_norms.batch") or [256]
-    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"one fixed batch of {int(float(batch[0]))} training images", f"task = {task}"])
+    _caption(fig, runs, args, f"one fixed batch of {int(float(batch[0]))} training images",
+             f"task = {task}")
     out = out_dir(args)
     paths = save(fig, out, "init_gradient_norms", table)
     paths.append(write_text(out / "init_gradient_ratio.md", to_markdown(table, ".3g")))
     log.info("gradient ratio ‖∇W₂‖/‖∇W_last‖ at initialization:\n%s", to_markdown(table, ".3g"))
     return paths
-
-
-def _responses_arguments(p: argparse.ArgumentParser) -> None:
-    _task_argument(p, "any")
 
 
 def _responses_main(args: argparse.Namespace) -> list[Path]:
@@ -249,8 +231,9 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
     axes = list(grid[:, 0])
     rows = []
-    for ax, key, xlabel in ((axes[0], "response_std", SYMBOLS["layer"]),
-                            (axes[1], "response_std_sorted", SYMBOLS["layer_sorted"])):
+    for ax, key, xlabel in (
+            (axes[0], "response_std", r"3$\times$3 layer $i$ (network order)"),
+            (axes[1], "response_std_sorted", r"3$\times$3 layer (sorted by magnitude)")):
         for (res, depth), (layers, std) in mean_series(args.uri, runs, key).items():
             ax.plot(layers, std, color=colors[depth], ls="-" if res else "--", lw=1.0,
                     label=_label(res, depth))
@@ -258,7 +241,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
                 rows += [{"network": FAMILY_NAMES[res], "depth": depth, "layer": int(i),
                           "std": float(s)} for i, s in zip(layers, std, strict=True)]
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(SYMBOLS["response_std"])
+        ax.set_ylabel("std of layer response")
         ax.ticklabel_format(axis="y", useOffset=False)
         if task == "measure":  # BN (scale 1) with batch statistics: 1 up to ε, by construction
             ax.axhline(1.0, **style.THEORY, label="BN at initialization: 1")
@@ -266,7 +249,7 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     axes[0].legend(ncol=2)
     state = "trained" if task == "train" else "at initialization (BN with batch statistics)"
     fig.suptitle(f"3×3 layer responses (after BN, before add/ReLU), {state}")
-    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, f"task = {task}", "plain dashed, ResNet solid"])
+    _caption(fig, runs, args, f"task = {task}", "plain dashed, ResNet solid")
     table = pd.DataFrame(rows)
     return save(fig, out_dir(args), f"layer_responses_{task}", table)
 
@@ -296,7 +279,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
     colors = depth_colors(runs["depth"])
-    fig, axes = _panels()
+    fig, axes = style.panels(2, sharey=True)
     rows, finals = [], []
     for (res, depth), group in runs.groupby(["residual", "depth"]):
         curves = {}
@@ -329,11 +312,11 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         if top > PAPER_YLIM:
             ax.axhline(PAPER_YLIM, color="0.6", lw=0.6, ls=":")
         ax.set_title(PANEL_TITLES[res])
-        ax.set_xlabel(SYMBOLS["epoch"])
+        ax.set_xlabel("epoch")
         _legend(ax)
-    axes[0].set_ylabel(SYMBOLS["error"])
+    axes[0].set_ylabel("error (%)")
     fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not (He et al. 2016, Fig. 6)")
-    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "bold: test error", "dashed: train error (augmented batches)"])
+    _caption(fig, runs, args, "bold: test error", "dashed: train error (augmented batches)")
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
@@ -341,7 +324,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, DEPTH]))
     runs, _ = with_task(df, "train", ("train",))
     table = final_error_table(runs)
-    fig, axes = _panels(1)
+    fig, axes = style.panels(1)
     ax = axes[0]
     for name, kw in (("plain_test", dict(color="C3", ls="--", marker="s")),
                      ("ResNet_test", dict(color="C0", marker="o"))):
@@ -357,7 +340,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     ax.set_ylabel("final test error (%)")
     ax.set_title("Final test error vs depth (He et al. 2016, Table 6)")
     ax.legend()
-    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE])
+    _caption(fig, runs, args)
     out = out_dir(args)
     paths = save(fig, out, "final_errors", table)
     paths.append(write_text(out / "final_errors.md", to_markdown(table, ".3g")))
@@ -370,7 +353,7 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
     runs, _ = with_task(df, "train", ("train",))
     table = lesion_table(args.uri, runs)
     colors = depth_colors(table["depth"])
-    fig, axes = _panels()
+    fig, axes = style.panels(2, sharey=True)
     for ax, res in zip(axes, (False, True), strict=True):
         for depth, t in table[table["residual"] == res].groupby("depth"):
             c = colors[depth]
@@ -384,12 +367,12 @@ def _lesion_main(args: argparse.Namespace) -> list[Path]:
             ax.axvline(x, color="0.5", ls=":", lw=0.7)
         ax.set_xlim(0, 1)
         ax.set_title(PANEL_TITLES[res])
-        ax.set_xlabel(SYMBOLS["block_position"])
+        ax.set_xlabel(r"relative block position $(b-\frac{1}{2})/3n$")
         _legend(ax)
     axes[0].set_ylabel("test error, one block lesioned (%)")
     fig.suptitle("Lesions: one block replaced by its shortcut (Veit et al. 2016)")
-    style.caption(fig, caption_frame(runs), args.experiment[0], [WIDTH_NOTE, "open circles: downsampling blocks (option A)", "dotted: stage boundaries",
-             "dashed: intact network"])
+    _caption(fig, runs, args, "open circles: downsampling blocks (option A)",
+             "dotted: stage boundaries", "dashed: intact network")
     return save(fig, out_dir(args), "lesion", table)
 
 
@@ -438,16 +421,6 @@ def resnet_ratio_spread(ratio: pd.DataFrame) -> float:
     if r.empty:
         raise SelectionError("no ResNet grad_ratio")
     return float(np.abs(np.log10(r.to_numpy())).max())
-
-
-def plain_degradation(errors: pd.DataFrame) -> float:
-    """Plain-56 minus plain-20 final test error (pp; > 0: the deeper plain net is worse)."""
-    return float(errors.loc[56, "plain_test"] - errors.loc[20, "plain_test"])
-
-
-def resnet_gain(errors: pd.DataFrame) -> float:
-    """ResNet-20 minus ResNet-110 final test error (pp; > 0: depth helps the ResNet)."""
-    return float(errors.loc[20, "ResNet_test"] - errors.loc[110, "ResNet_test"])
 
 
 def resnet_vs_he(errors: pd.DataFrame) -> float:
@@ -499,6 +472,11 @@ def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return tables
 
 
+def _error(tables: dict[str, pd.DataFrame], depth: int, network: str) -> float:
+    """The final test error (%) of ``network`` (plain, ResNet) at ``depth``."""
+    return float(tables["errors"].loc[depth, f"{network}_test"])
+
+
 def _measure(value):
     """A claim's ``measure``: ``value`` of the store's tables (:func:`claim_tables`); a table
     or an entry they lack is *not run*."""
@@ -519,46 +497,40 @@ def _measure(value):
 
 DEGRADATION: tuple[Claim, ...] = (
     Claim("degradation.plain_grad_ratio_grows", "plain nets' gradient ratio ‖∇W₂‖/‖∇W_last‖ "
-              "at initialization grows geometrically with depth, by ≈ 1.13 per conv layer",
+          "at initialization grows geometrically with depth, by ≈ 1.13 per conv layer",
           "the chapter (BN paradox); the replication at size=cpu",
-          f"≈ {PLAIN_GROWTH_PER_CONV:g} per conv",
-          near(PLAIN_GROWTH_PER_CONV, PLAIN_GROWTH_TOL),
+          f"≈ {PLAIN_GROWTH_PER_CONV:g} per conv", near(PLAIN_GROWTH_PER_CONV, PLAIN_GROWTH_TOL),
           _measure(lambda t: plain_growth_per_conv(t["ratio"])), size="cpu"),
-    Claim("degradation.resnet_grad_ratio_bounded", "ResNets' gradient ratio stays within an "
-              "order of magnitude of 1",
-          "the chapter", "|log10| ≤ 1",
-          Check("≤ 1", lambda v: v <= 1),
-          _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
+    Claim("degradation.resnet_grad_ratio_bounded",
+          "ResNets' gradient ratio stays within an order of magnitude of 1", "the chapter",
+          "|log10| ≤ 1", at_most(1), _measure(lambda t: resnet_ratio_spread(t["ratio"]))),
     Claim("degradation.plain_degrades", "plain-56 ends with higher test error than plain-20",
-          "He et al. 2016 Fig. 6", "> 0 pp", Check("> 0", lambda v: v > 0),
-          _measure(lambda t: plain_degradation(t["errors"])), size="full"),
+          "He et al. 2016 Fig. 6", "> 0 pp", above(0),
+          _measure(lambda t: _error(t, 56, "plain") - _error(t, 20, "plain")), size="full"),
     Claim("degradation.resnet_improves", "ResNet-110 ends with lower test error than ResNet-20",
-          "He et al. 2016 Table 6", "8.75 → 6.43 %", Check("> 0", lambda v: v > 0),
-          _measure(lambda t: resnet_gain(t["errors"])), size="full"),
+          "He et al. 2016 Table 6", "8.75 → 6.43 %", above(0),
+          _measure(lambda t: _error(t, 20, "ResNet") - _error(t, 110, "ResNet")), size="full"),
     Claim("degradation.resnet_matches_he", "ResNet test errors match He et al.'s",
           "He et al. 2016 Table 6", "8.75/7.51/7.17/6.97/6.43 %",
-          Check("≤ 1 pp", lambda v: v <= 1.0),
-          _measure(lambda t: resnet_vs_he(t["errors"])), size="full"),
+          Check("≤ 1 pp", lambda v: v <= 1.0), _measure(lambda t: resnet_vs_he(t["errors"])),
+          size="full"),
     Claim("degradation.plain110_fails", "plain-110 stays above 60 % test error",
-          "He et al. 2016 §4.2", "> 60 %", Check("> 60", lambda v: v > HE_PLAIN110_ERROR),
-          _measure(lambda t: float(t["errors"].loc[110, "plain_test"])), size="full"),
-    Claim("degradation.lesion_resnet_milder", "lesioning one block hurts a ResNet less than a "
-              "plain net",
-          "Veit et al. 2016", "< 0 pp",
-          Check("< 0", lambda v: v < 0),
-          _measure(lambda t: lesion_gap(t["lesion"]))),
-    Claim("degradation.resnet_smaller_responses", "trained ResNets have smaller layer "
-              "responses than their plain counterparts",
-          "He et al. 2016 Fig. 7", "< 1",
-          Check("< 1", lambda v: v < 1),
+          "He et al. 2016 §4.2", "> 60 %", above(HE_PLAIN110_ERROR),
+          _measure(lambda t: _error(t, 110, "plain")), size="full"),
+    Claim("degradation.lesion_resnet_milder",
+          "lesioning one block hurts a ResNet less than a plain net", "Veit et al. 2016", "< 0 pp",
+          below(0), _measure(lambda t: lesion_gap(t["lesion"]))),
+    Claim("degradation.resnet_smaller_responses",
+          "trained ResNets have smaller layer responses than their plain counterparts",
+          "He et al. 2016 Fig. 7", "< 1", below(1),
           _measure(lambda t: response_ratio(t["responses"]))))
 
 COMMANDS = {
     "init-gradients": Command(_init_gradients_main, "degradation: per-conv gradient norms at init "
                               "vs relative depth (log), plain | ResNet, and the ratio table",
-                              EXPERIMENT, True, _init_gradients_arguments),
+                              EXPERIMENT, True, _task_argument),
     "responses": Command(_responses_main, "degradation / He et al. Fig. 7: response std per 3×3 "
-                         "layer, layer order and sorted", EXPERIMENT, True, _responses_arguments),
+                         "layer, layer order and sorted", EXPERIMENT, True, _task_argument),
     "error-curves": Command(_curves_main, "degradation / He et al. Fig. 6: train and test error vs "
                             "epoch, plain | ResNet", EXPERIMENT, True, _curves_arguments),
     "error-table": Command(_table_main, "degradation / He et al. Table 6: final errors per depth "

@@ -160,9 +160,6 @@ def _main(args: argparse.Namespace) -> list[Path]:
 PRETRAINED = ("pretrained GPT-2 checkpoints: python -m rankexp experiment=fig12 "
               "model.pretrained=gpt2,gpt2-medium seeds=1 -m (a hub or local copies)")
 
-#: GPT-2 Small and Medium widths (the study's two networks)
-SMALL, MEDIUM = 768, 1024
-
 
 def _runs(runs: Runs, pretrained: bool, width: int | None = None) -> pd.DataFrame:
     df = with_pretrained(runs("fig12"))
@@ -207,8 +204,8 @@ FIG12 = (
 
 FIG12_TRAINED = tuple(
     claim
-    for width, name, cos, acc, coherent in ((SMALL, "small", 0.18, 1.78, 3.26),
-                                            (MEDIUM, "medium", 0.15, 2.23, 4.59))
+    for width, name, cos, acc, coherent in ((768, "small", 0.18, 1.78, 3.26),  # GPT-2 Small, Medium
+                                            (1024, "medium", 0.15, 2.23, 4.59))
     for claim in (
         Claim(f"fig12.cos_trained_{name}",
               f"Trained GPT-2 {name.title()}: off-diagonal mean cosine of the FFN Jacobians",
