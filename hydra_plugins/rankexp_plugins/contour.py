@@ -99,8 +99,6 @@ class Cell:
 
 def _signs(f: np.ndarray, level: float, boolean: bool) -> np.ndarray:
     """``+1`` above the level, ``−1`` below, ``0`` on it; boolean: ``±1`` (NaN ``−1``)."""
-
-
     if boolean:
         return np.where(np.nan_to_num(f, nan=-np.inf) >= level, 1.0, -1.0)
     return np.sign(f - level)
@@ -163,12 +161,8 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
     narrow = cell.width <= tol * (1 + 1e-9) and not budget
-    if boolean:
-        uhat = 0.5 * (a + b)
-    elif narrow:  # the final estimate: linear across the bracket
-        uhat = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
-    else:
-        uhat = _interpolate(u, f, i, j, level)
+    linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+    uhat = 0.5 * (a + b) if boolean else linear if narrow else _interpolate(u, f, i, j, level)
     cell.crossing = axis.x(uhat)
     cell.error = 0.5 * cell.width
     if narrow or (boolean and cell.width <= tol * (1 + 1e-9)):
@@ -178,7 +172,6 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
     if budget:
         step = abs(uhat - prior) if prior is not None else math.inf
-        linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
         gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
         if min(step, cell.error, gap) <= allowed:
             cell.status, cell.error = "converged", min(step, cell.error, gap)
@@ -212,8 +205,7 @@ def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool)
 def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
     """A boolean cell measured at one bracket end only: holding at the top or failing at the
     bottom, unbracketed (monotone); otherwise open at the midpoint and the other end."""
-    top = abs(u0 - axis.u(axis.hi)) <= 1e-9 * max(1.0, abs(u0))
-    bottom = abs(u0 - axis.u(axis.lo)) <= 1e-9 * max(1.0, abs(u0))
+    top, bottom = (abs(u0 - axis.u(end)) <= 1e-9 * max(1.0, abs(u0)) for end in (axis.hi, axis.lo))
     if (top and sign > 0) or (bottom and sign < 0):
         cell.note = "f ≥ level at the bracket's top" if top else "f < level at the bracket's bottom"
         return
@@ -289,7 +281,6 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
     """The exponent ``s`` of ``y ∝ L^s`` (Table 4: ``y = βα*^M`` at the crossing, ``L`` depth)
     for positive ``L``, ``y`` of length ``n``; ``err``: half-widths of ``log y`` or None; the
     interval is ``s ± t_{n−2} · SE(s)``.  All NaN under two points."""
-
     from scipy import stats
 
     lx, ly = np.log(np.asarray(L, dtype=float)), np.log(np.asarray(y, dtype=float))
@@ -329,7 +320,7 @@ def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Spec:
-    """``hydra.sweeper.contour``, checked (see the module docstring)."""
+    """``hydra.sweeper.contour``, checked."""
 
     metric: str
     levels: tuple
@@ -397,13 +388,10 @@ class Contour:
         self.spec, self.trace = spec, trace
         self.labels = [{k: v for k, v in (o.lstrip("+~").split("=", 1) for o in job) if k in swept}
                        for job in trace]
-        self.values: list[dict[float, float]] = [{} for _ in trace]
-        self.ratios: list[dict[float, float]] = [{} for _ in trace]
-        self.width: dict[tuple[int, float], float] = {}
-        self.cells: dict[tuple[int, float], Any] = {}
-        self.estimate: dict[tuple[int, float], float] = {}  # a cell's last crossing (in u)
-        self.solved: dict[int, int] = {}  # points of each trace point when last solved
-        self.rounds = 0
+        # per trace point {x: metric} and {x: nominal ratio}; per (t, level) cell its bracket
+        # width, Cell and last crossing (in u); per t its points when last solved
+        self.values, self.ratios = [{} for _ in trace], [{} for _ in trace]
+        self.width, self.cells, self.estimate, self.solved, self.rounds = {}, {}, {}, {}, 0
         fo = spec.fit_over
         self.depth = [math.log(float(lab[fo])) if fo in lab else math.nan for lab in self.labels]
         groups: dict[tuple, list[int]] = {}

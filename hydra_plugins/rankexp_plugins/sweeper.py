@@ -1,21 +1,17 @@
 """``hydra/sweeper=rankexp`` (the default): a sweep checked as a whole, with its parent run.
 
-A Sweeper plugin on Hydra's public interface (the pattern of Hydra's example sweeper plugin:
-the launcher from ``Plugins.instance().instantiate_launcher``, jobs from ``OverridesParser``
-and ``itertools.product``, each job composed by the config loader's ``load_sweep_config``):
+A Sweeper plugin on Hydra's public interface (as Hydra's example sweeper plugin: the launcher
+from ``Plugins.instance().instantiate_launcher``, each job composed by ``load_sweep_config``):
 
-0. **A sweep can be a union of grids** (``hydra.sweeper.grids``, :mod:`.grids`).
-1. **The whole sweep is checked before its first job starts**: every job composed and checked
-   (:func:`rankexp.config.check_task`: keys, values, paths, the device for local launchers)
-   and each store the jobs log to (:func:`rankexp.tracking.check_store`).  Any bad job: every
-   bad combination is listed, the command exits 2, nothing is created.  A job whose config
-   hash an earlier job has is left out.  A job the basic launcher runs in this process takes
-   the check's composition (:class:`ComposedOnce`) and result
-   (:data:`rankexp.config.CHECKED_JOBS`) instead of composing and checking again.
-2. **It owns the sweep's parent run** (:class:`rankexp.tracking.SweepRun`), closed with the
-   true outcome of every job, whatever stopped the sweep.
-3. **Exit status**: 0 when every job FINISHED or was skipped, 1 when a job failed, was killed
-   or did not run, 2 for an invalid sweep, 128+N when signal N stopped it (its runs KILLED).
+1. Its jobs are a union of grids (:mod:`.grids`).
+2. Every job is composed and checked (:func:`rankexp.config.check_task`) and each store
+   (:func:`rankexp.tracking.check_store`) before the first job starts: any bad job, every bad
+   one listed, exit 2, nothing created.  A job whose config hash an earlier job has is left
+   out; an in-process job reuses the check's composition (:class:`ComposedOnce`) and result
+   (:data:`rankexp.config.CHECKED_JOBS`).
+3. It owns the parent run (:class:`rankexp.tracking.SweepRun`), closed with every job's outcome.
+4. Exit status: 0 every job FINISHED or skipped, 1 a job failed, was killed or did not run, 2
+   an invalid sweep, 128+N when signal N stopped it (its runs KILLED).
 """
 
 import logging
@@ -43,9 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def _message(e: BaseException) -> str:
-    """One line for a composition or config error: rankexp's (:func:`rankexp.cli.one_line`),
-    else the first lines of Hydra's message and its cause's."""
-
+    """One line for a composition or config error: :func:`rankexp.cli.one_line`, else the
+    first lines of Hydra's message and its cause's."""
     line = cli.one_line(e)
     if line is not None:
         return line
@@ -137,8 +132,7 @@ class RankexpSweeper(Sweeper):
         returns += self._launch(self.jobs)
 
     def _plan(self, arguments: list[str]) -> grids.Plan:
-        """The union of ``hydra.sweeper.grids`` (without grids the product of ``params`` and
-        the command line).  Exits 2 on malformed grids."""
+        """The jobs (:func:`.grids.expand`); exits 2 on malformed grids."""
         try:
             return grids.expand(self.params, self.grids, arguments, OverridesParser.create())
         except grids.GridError as e:
@@ -149,7 +143,6 @@ class RankexpSweeper(Sweeper):
         """Compose and check every job (numbered from ``first``) and every store; exit 2 listing
         every problem.  ``keys``: each job's (config hash, store, experiment); a job whose key
         an earlier job has is left out (and not numbered)."""
-
         if not jobs:
             self._refuse(0, ["  the sweep has no jobs: "
                              f"{' '.join(self.config.hydra.overrides.task)} expands to nothing "
@@ -259,10 +252,8 @@ class RankexpSweeper(Sweeper):
         """The jobs in batches of ``max_batch_size`` through the launcher, numbered from
         ``first``; a failed job does not stop the sweep."""
         n = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else len(jobs)
-        returns = []
-        for i in range(0, len(jobs), n):
-            returns.append(self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i))
-        return returns
+        return [self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i)
+                for i in range(0, len(jobs), n)]
 
     def _finish(self, parent, interrupted: str | None, returns: list) -> str:
         """Report failed jobs one line each, close the parent (or just count), return its status."""
