@@ -23,7 +23,7 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -320,17 +320,17 @@ def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Spec:
-    """``hydra.sweeper.contour``, checked."""
+    """``hydra.sweeper.contour``, checked (the defaults: conf/hydra/sweeper/contour.yaml's)."""
 
     metric: str
     levels: tuple
     axis: Axis
-    start: int
-    tol: float
-    method: str
-    boolean: bool
-    max_rounds: int
-    fit_over: str | None
+    start: int = 5
+    tol: float = 0.02
+    method: str = "secant"
+    boolean: bool = False
+    max_rounds: int = 12
+    fit_over: str | None = None
     s_tol: float | None = None
     warm: bool = False
     warm_across: tuple = ()
@@ -341,44 +341,39 @@ def parse_spec(node: Any) -> Spec:
     from omegaconf import OmegaConf
 
     c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
-    known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over", "s_tol", "warm", "warm_across"}
+    known = {f.name for f in fields(Spec)} | {"bracket", "scale"}
     if unknown := sorted(set(c) - known):
         raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
-    if not c.get("metric") or not c.get("axis"):
-        raise ValueError("hydra.sweeper.contour: give metric (e.g. erank_io) and axis (e.g. alpha)")
-    levels = c.get("levels")
+    levels, bracket, fo, s_tol = c.get("levels"), c.get("bracket"), c.get("fit_over"), c.get("s_tol")
     levels = [levels] if isinstance(levels, int | float) else levels
-    if not levels or not all(isinstance(v, int | float) for v in levels):
-        raise ValueError(f"hydra.sweeper.contour.levels: a list of numbers, got {c.get('levels')!r}")
-    bracket = c.get("bracket")
-    if not isinstance(bracket, list) or len(bracket) != 2:
-        raise ValueError(f"hydra.sweeper.contour.bracket: [lo, hi], got {bracket!r}")
-    method = c.get("method", "secant")
-    if method not in ("secant", "bisect"):
-        raise ValueError(f"hydra.sweeper.contour.method: secant or bisect, got {method!r}")
+    method, warm = c.get("method", "secant"), c.get("warm", False)
     tol, start, rounds = float(c.get("tol", 0.02)), int(c.get("start", 5)), int(c.get("max_rounds", 12))
-    if not (tol > 0 and start >= 2 and rounds >= 1):
-        raise ValueError("hydra.sweeper.contour: tol > 0, start ≥ 2 and max_rounds ≥ 1, got "
-                         f"tol={tol}, start={start}, max_rounds={rounds}")
-    s_tol = c.get("s_tol")
-    if s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and c.get("fit_over")):
-        raise ValueError(f"hydra.sweeper.contour.s_tol: the exponent's tolerance, a number > 0 with "
-                         f"fit_over set, got s_tol={s_tol!r}, fit_over={c.get('fit_over')!r}")
-    warm = c.get("warm", False)
-    if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
-        raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
-                         f"(the axis it warm-starts along), got warm={warm!r}")
     across = c.get("warm_across") or []
     across = [across] if isinstance(across, str) else across
-    if not isinstance(across, list) or not all(isinstance(k, str) for k in across) or \
-            (across and not warm) or c.get("fit_over") in across or c["axis"] in across:
-        raise ValueError(f"hydra.sweeper.contour.warm_across: a list of trace axes (not fit_over, "
-                         f"not the axis), only with warm: true, got {c.get('warm_across')!r}")
+    for bad, message in [
+            (not c.get("metric") or not c.get("axis"),
+             ": give metric (e.g. erank_io) and axis (e.g. alpha)"),
+            (not levels or not all(isinstance(v, int | float) for v in levels),
+             f".levels: a list of numbers, got {c.get('levels')!r}"),
+            (not isinstance(bracket, list) or len(bracket) != 2, f".bracket: [lo, hi], got {bracket!r}"),
+            (method not in ("secant", "bisect"), f".method: secant or bisect, got {method!r}"),
+            (not (tol > 0 and start >= 2 and rounds >= 1), ": tol > 0, start ≥ 2 and max_rounds ≥ 1, "
+             f"got tol={tol}, start={start}, max_rounds={rounds}"),
+            (s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and fo),
+             f".s_tol: the exponent's tolerance, a number > 0 with fit_over set, got s_tol={s_tol!r}, "
+             f"fit_over={fo!r}"),
+            (not isinstance(warm, bool) or (warm and not fo), ".warm: true or false, true only with "
+             f"fit_over (the axis it warm-starts along), got warm={warm!r}"),
+            (not isinstance(across, list) or not all(isinstance(k, str) for k in across)
+             or (across and not warm) or fo in across or c.get("axis") in across,
+             ".warm_across: a list of trace axes (not fit_over, not the axis), only with warm: "
+             f"true, got {c.get('warm_across')!r}")]:
+        if bad:
+            raise ValueError(f"hydra.sweeper.contour{message}")
     axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
     return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
-                bool(c.get("boolean", False)), rounds, c.get("fit_over"),
-                None if s_tol is None else float(s_tol), warm, tuple(across))
+                bool(c.get("boolean", False)), rounds, fo, None if s_tol is None else float(s_tol),
+                warm, tuple(across))
 
 
 class Contour:
