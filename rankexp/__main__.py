@@ -1,9 +1,7 @@
-"""``python -m rankexp [overrides] [-m]``: the same as the console script ``rankexp``
-(:mod:`rankexp.cli`).  Imports are absolute so that ``python rankexp/__main__.py`` works."""
+"""``python -m rankexp [overrides] [-m]``: the console script ``rankexp`` (:mod:`rankexp.cli`);
+absolute imports, so that ``python rankexp/__main__.py`` works too."""
 
-from rankexp.cli import CONF_DIR, cli
-
-__all__ = ["CONF_DIR", "cli"]
+from rankexp.cli import cli
 
 if __name__ == "__main__":
     cli()

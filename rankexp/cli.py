@@ -1,16 +1,13 @@
 """The command line: ``python -m rankexp [overrides] [-m]`` and ``rankexp status|cancel|detach …``.
 
-Exit status: 0 done; 1 a job failed (or, for a single run, its result could not be logged: it
-is in the job directory for ``python -m rankexp.sync``); 2 a config or store error, before any
-run exists; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM), the runs then KILLED.
+Exit status: 0 done; 1 a job failed (or a single run's result could not be logged: it is in the
+job directory for ``python -m rankexp.sync``); 2 a config or store error, before any run exists;
+128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM), the runs then KILLED.
 
-Errors: a key typo is refused before Hydra runs (:func:`rankexp.config.check_override_keys`,
-with a did-you-mean).  The rest of what a user can mistype — a group choice that does not exist
-(``norm=psot``), a value OmegaConf cannot convert (``alpha=abc``) — Hydra finds while composing;
-:func:`cli` runs Hydra with its documented ``HYDRA_FULL_ERROR=1``, so that Hydra raises instead
-of printing, and :func:`one_line` turns what it raises into one line: key, value, what is
-allowed (from Hydra's exception: the options it listed, the node type OmegaConf refused) and
-the closest allowed name.  A user's own ``HYDRA_FULL_ERROR=1`` keeps Hydra's stack trace.
+A key typo is refused before Hydra runs (:func:`rankexp.config.check_override_keys`).  What
+Hydra finds while composing (``norm=psot``, ``alpha=abc``) it raises under its documented
+``HYDRA_FULL_ERROR=1``, and :func:`one_line` makes it one line: key, value, what is allowed, the
+closest allowed name.  A user's own ``HYDRA_FULL_ERROR=1`` keeps Hydra's stack trace.
 """
 
 from __future__ import annotations
@@ -78,13 +75,8 @@ def _fail(message: str, code: int) -> None:
 
 
 class CheckFirst(Callback):
-    """A single run's config checked before Hydra makes its run directory
-    (``conf/config.yaml``: ``hydra.callbacks.check_first``), in ``on_run_start``; the result
-    waits for the job in :data:`rankexp.config.CHECKED_JOBS` (checked once).
-
-    Raises:
-        SystemExit: 2 with the one-line message when the check refuses the config.
-    """
+    """``hydra.callbacks.check_first``: a single run's config checked before Hydra makes its
+    run directory (the result waits in :data:`rankexp.config.CHECKED_JOBS`); exit 2 if refused."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from .config import CHECKED_JOBS, check_task
@@ -100,8 +92,8 @@ class CheckFirst(Callback):
 
 
 def _discard_run_dir() -> None:
-    """Remove the single run's directory this process made (and the empty folders above it that
-    it made), when the job is refused before its run exists: only Hydra's files are in it."""
+    """Remove the single run's directory (and empty folders above) this process made, when the
+    job is refused before its run exists: only Hydra's files are in it."""
     run_dir, made = _State.run_dir, _State.made
     _State.run_dir = _State.made = None
     if run_dir is None or not run_dir.is_dir() \
@@ -156,10 +148,8 @@ def _overrides(argv: Sequence[str]) -> list[str]:
 
 
 def app_help(overrides: list[str]) -> None:
-    """``rankexp --help``: the template of conf/hydra/help/rankexp.yaml with the command line's
-    overrides, composed through Hydra's compose API.  (Hydra's own ``--help`` also lists every
-    config group — ~50 with the per-experiment ``size/`` folders, a copy of the ConfigStore each,
-    4–5 s here — for placeholders this template does not use.)"""
+    """``rankexp --help``: conf/hydra/help/rankexp.yaml composed with the overrides (Hydra's own
+    ``--help`` lists every config group, 4–5 s, for placeholders this template does not use)."""
     import string
 
     from hydra import compose, initialize_config_dir
@@ -210,16 +200,9 @@ _TYPES = {"IntegerNode": "an integer", "FloatNode": "a number", "BooleanNode": "
 
 
 def one_line(e: BaseException) -> str | None:
-    """The one-line message for a composition error Hydra raised, or None when ``e`` is not one.
-
-    Args:
-        e: what Hydra raised while composing: ``MissingConfigException`` (a group choice that
-            does not exist), ``ConfigCompositionException`` caused by OmegaConf's
-            ``ValidationError`` (a value of the wrong type), ``OverrideParseException``.
-
-    Returns:
-        ``invalid config: <key>=<value> — did you mean '<closest>'? allowed: …``; None else.
-    """
+    """``invalid config: <key>=<value> — did you mean '<closest>'? allowed: …`` for a
+    composition error Hydra raised (``MissingConfigException``, ``OverrideParseException``,
+    ``ConfigCompositionException`` from OmegaConf); None when ``e`` is not one."""
     if isinstance(e, MissingConfigException):
         return _missing_choice(e)
     if isinstance(e, OverrideParseException):

@@ -1,11 +1,6 @@
-"""``rankexp --help``: the sections of the app help built from the code (conf/hydra/help/rankexp.yaml).
-
-The help template is YAML; what would go stale there comes from its source of truth through the
-resolver ``rankexp_help``: the knobs (every task's and task=train's) from the knob table
-:data:`rankexp.knobs.KNOBS`, the probes, their needs and options from
-:data:`rankexp.probes.PROBES`, the config groups a user chooses from the folders of ``conf/``
-(not the schema nodes of the ConfigStore, not the per-experiment ``size/<experiment>/`` files).
-"""
+"""``rankexp --help``: the sections of conf/hydra/help/rankexp.yaml built from their source of
+truth through the resolver ``rankexp_help``: knobs (:data:`rankexp.knobs.KNOBS`), probes
+(:data:`rankexp.probes.PROBES`), config groups (the folders of ``conf/``)."""
 
 from __future__ import annotations
 
@@ -30,20 +25,9 @@ GROUPS = {
     "hydra/launcher": "how jobs run: in this process (basic), joblib (local), Slurm",
     "hydra/sweeper": "rankexp (whole-sweep check, parent run) or Hydra's basic",
 }
-HYDRA_CHOICES = {"hydra/launcher": ["basic", "local", "slurm", "slurm_gpu"],
-                 "hydra/sweeper": ["rankexp", "basic"]}
-
-
-#: size choices in the order they grow
-SIZES = ["smoke", "cpu", "full"]
-
-
-def _choices(group: str) -> list[str]:
-    if group in HYDRA_CHOICES:
-        return HYDRA_CHOICES[group]
-    if group == "size":
-        return SIZES
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+#: the choices of groups that are not a conf/ folder of their own (size: in the order they grow)
+FIXED_CHOICES = {"hydra/launcher": ["basic", "local", "slurm", "slurm_gpu"],
+                 "hydra/sweeper": ["rankexp", "basic"], "size": ["smoke", "cpu", "full"]}
 
 
 def _knob_lines(root, rows) -> list[str]:
@@ -67,22 +51,12 @@ def _knob_lines(root, rows) -> list[str]:
 _ABSENT = object()
 
 
-def knobs(root) -> str:
-    """One line per knob every task reads (:data:`rankexp.knobs.KNOBS`): ``key=value`` as
-    composed (the default unless overridden) and its meaning."""
-    return "\n".join(_knob_lines(root, [k for k in KNOBS if k.task != "train"]))
-
-
-def train_knobs(root) -> str:
-    """One line per ``task=train`` knob: as composed under ``task=train``, else its default."""
-    return "\n".join(_knob_lines(root, for_task("train")))
-
-
 def groups() -> str:
     """One line per config group: its choices and what it picks."""
     lines = []
     for g, what in GROUPS.items():
-        lines += textwrap.wrap(f"{g}: {', '.join(_choices(g))}", 94, initial_indent="  ",
+        choices = FIXED_CHOICES.get(g) or sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
+        lines += textwrap.wrap(f"{g}: {', '.join(choices)}", 94, initial_indent="  ",
                                subsequent_indent="      ")
         lines.append(f"      {what}")
     return "\n".join(lines)
@@ -124,10 +98,13 @@ def plain_text(doc: str) -> str:
 
 
 def section(name: str, *, _root_) -> str:
-    """Resolver ``rankexp_help:<name>``: the text of a help section (``knobs``,
-    ``train_knobs``, ``groups``, ``probes``), ``$`` escaped for the template Hydra fills in."""
-    if name in ("knobs", "train_knobs"):
-        text = {"knobs": knobs, "train_knobs": train_knobs}[name](_root_)
+    """Resolver ``rankexp_help:<name>``: a help section (``knobs``: every task's knob as
+    composed, ``train_knobs``: task=train's, ``groups``, ``probes``), ``$`` escaped."""
+    if name == "knobs":
+        text = "\n".join(_knob_lines(_root_, [k for k in KNOBS if k.task != "train"]))
+    elif name == "train_knobs":
+        text = "\n".join(_knob_lines(_root_, for_task("train")))
     else:
         text = {"groups": groups, "probes": probes}[name]()
     return text.replace("$", "$$")
+

@@ -1,28 +1,21 @@
-"""Slurm around the stock submitit launcher: the cluster pre-check, ``rankexp detach``,
-``rankexp status`` and ``rankexp cancel``.
+"""Slurm around the stock submitit launcher.
 
-* :class:`SlurmCheck` (``hydra.callbacks.slurm_check`` of ``hydra/launcher=slurm*``): before the
-  sweeper starts, the launcher's request is checked against the cluster (:func:`check_cluster`)
-  and its time-limit signal against its limit (:func:`rankexp.config.check_slurm_limits`);
-  any problem: one line each, exit 2, nothing submitted.
-* ``rankexp detach OVERRIDES -m``: the whole sweep as one small Slurm job, the *driver*
-  (``submitit``), which runs ``rankexp OVERRIDES -m`` on a compute node — the normal sweep:
-  its check, its parent run, its array (``hydra/launcher=slurm``) or its jobs in the driver
-  itself (the default launcher, or ``hydra/launcher=local`` on the driver's CPUs).  The
-  command returns once the driver is queued; :data:`DETACHED_FILE` in the sweep directory
-  names it.
-* ``rankexp status DIR|JOBID``: the driver's and the array tasks' Slurm states, the jobs done
-  (their ``status.json``) and an ETA; the driver's last log lines once it failed.
-* ``rankexp cancel DIR|JOBID``: SIGTERM to the driver (its sweep closes the parent run KILLED),
-  then to the arrays it submitted (each job closes its run KILLED; pending tasks cancelled),
-  ``scancel`` after :data:`WAIT_S` at the latest.
+* :class:`SlurmCheck` (``hydra.callbacks.slurm_check`` of ``hydra/launcher=slurm*``): the
+  launcher's request checked against the cluster (:func:`check_cluster`) and its signal delay
+  against its limit before the sweep starts; any problem: one line each, exit 2.
+* ``rankexp detach OVERRIDES -m``: the whole sweep as one small Slurm job, the *driver*, which
+  runs ``rankexp OVERRIDES -m`` on a compute node; :data:`DETACHED_FILE` in the sweep
+  directory names it.
+* ``rankexp status DIR|JOBID``: the driver's and array tasks' Slurm states, the jobs done and
+  an ETA; the driver's last log lines once it failed.
+* ``rankexp cancel DIR|JOBID``: SIGTERM to the driver, then to its arrays (the runs close
+  KILLED), ``scancel`` after :data:`WAIT_S` at the latest.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 import os
 import re
@@ -70,11 +63,9 @@ class SlurmCheck(Callback):
 
 
 def check_cluster(launcher: Any, who: str = "hydra/launcher=slurm") -> list[str]:
-    """What the cluster says about a launcher request (``hydra.launcher``): Slurm answers
-    (``sinfo``), the partition exists and is up, one job's CPUs (``cpus_per_task`` ×
-    ``tasks_per_node``), memory (``mem_gb``), GPUs (``gpus_per_node``), nodes and
-    ``timeout_min`` fit its largest node and its limit, and every ``additional_parameters``
-    key is an sbatch option (``sbatch --help``).  Returns one message per problem."""
+    """One message per problem of a launcher request with the cluster (``sinfo``): the
+    partition is up, CPUs, memory, GPUs, nodes and ``timeout_min`` fit, and every
+    ``additional_parameters`` key is an sbatch option."""
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
         local = ", or drop it for a local sweep" if who.startswith("hydra/") else ""
         return [f"{who} needs Slurm, and sbatch/sinfo are not on PATH: this machine is not a Slurm "
@@ -108,7 +99,7 @@ def _sinfo(args: list[str]) -> list[dict[str, str]] | str:
 
 
 def _number(text: str) -> float:
-    """``"2"``, ``"2+"``, ``"21695"`` → the number; anything else (``n/a``) → infinity."""
+    """``"2+"`` → 2; no leading number (``n/a``) → infinity."""
     m = re.match(r"\d+", text.strip())
     return float(m[0]) if m else math.inf
 
@@ -215,14 +206,11 @@ def detach(argv: list[str], out=sys.stdout) -> int:
 # --------------------------------------------------------------------------- status, cancel
 def locate(target: str) -> tuple[Path, dict]:
     """The sweep directory and :data:`DETACHED_FILE` named by ``target``: a directory, or the
-    driver's Slurm job id (looked for under ``multirun/`` where it was submitted, else here).
-
-    Raises:
-        SweepNotFound: nothing matches (the message says what was tried).
-    """
+    driver's Slurm job id (under ``multirun/`` where it was submitted, else here);
+    :class:`SweepNotFound` when nothing matches."""
     path = Path(target).expanduser()
     if path.is_dir():
-        doc = _read(path / DETACHED_FILE)
+        doc = tracking.read_json(path / DETACHED_FILE)
         if not doc:
             raise SweepNotFound(f"{path} is no detached sweep (it has no {DETACHED_FILE}); a sweep "
                                 "in the foreground stops with Ctrl-C")
@@ -235,18 +223,11 @@ def locate(target: str) -> tuple[Path, dict]:
             roots = [Path(w) for w in where[:1]] + roots
         for root in roots:
             for f in root.glob(f"multirun/*/*/{DETACHED_FILE}"):
-                doc = _read(f)
+                doc = tracking.read_json(f) or {}
                 if str(doc.get("job_id")) == target:
                     return f.parent, doc
     raise SweepNotFound(f"{target!r} is no directory, nor the Slurm job id of a sweep detached "
                         "here or in its submit directory (rankexp detach); give its directory")
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _jobs(sweep: Path, doc: dict) -> tuple[Any, list]:
@@ -258,8 +239,7 @@ def _jobs(sweep: Path, doc: dict) -> tuple[Any, list]:
 
 
 def eta_seconds(done: int, total: int, elapsed: float) -> float | None:
-    """Seconds until every job has ended at the rate jobs ended so far; None before the first
-    ended, 0 once all did."""
+    """Seconds until every job has ended at the rate so far; None before the first ended."""
     if done >= total:
         return 0.0
     return (total - done) * elapsed / done if done else None
@@ -282,8 +262,8 @@ def status(target: str, out=sys.stdout) -> int:
         arrays = sorted({t.job_id.split("_")[0] for t in tasks})
         print(f"array {','.join(arrays)}: "
               + ", ".join(f"{n} {s}" for s, n in sorted(states.items())), file=out)
-    plan = _read(sweep / tracking.NAMES_FILE)
-    docs = [_read(Path(d) / "status.json") for d in plan.get("job_dirs") or []]
+    plan = tracking.read_json(sweep / tracking.NAMES_FILE) or {}
+    docs = [tracking.read_json(Path(d) / "status.json") or {} for d in plan.get("job_dirs") or []]
     if docs:
         counts = Counter((d.get("status") or "not started").lower() for d in docs)
         done = sum(counts[s.lower()] for s in ENDED)
@@ -300,14 +280,13 @@ def status(target: str, out=sys.stdout) -> int:
 
 
 def cancel(target: str, out=sys.stdout) -> int:
-    """``rankexp cancel DIR|JOBID``: stop the driver (its sweep closes the parent run KILLED),
-    then the arrays it submitted (each job closes its run KILLED); returns 0."""
+    """``rankexp cancel DIR|JOBID``: stop the driver, then the arrays it submitted; returns 0."""
     sweep, doc = locate(target)
     driver, _ = _jobs(sweep, doc)
     _stop([driver.job_id], [driver])
     _, tasks = _jobs(sweep, doc)  # every array it submitted, now that it submits no more
     _stop(sorted({t.job_id.split("_")[0] for t in tasks}), tasks)
-    dirs = [Path(d) for d in _read(sweep / tracking.NAMES_FILE).get("job_dirs") or []]
+    dirs = [Path(d) for d in (tracking.read_json(sweep / tracking.NAMES_FILE) or {}).get("job_dirs") or []]
     print(f"cancelled Slurm job {driver.job_id} and its {len(tasks)} array tasks; {sweep}: "
           f"{tracking.summary(tracking.count_jobs(dirs))}", file=out)
     return 0
@@ -315,7 +294,7 @@ def cancel(target: str, out=sys.stdout) -> int:
 
 def _stop(ids: list[str], jobs: list) -> None:
     """Pending jobs cancelled; running ones sent SIGTERM and given :data:`WAIT_S` to close their
-    runs and exit (a plain ``scancel`` kills them ``KillWait`` seconds after it), then cancelled."""
+    runs, then cancelled."""
     if not ids:
         return
     for how in ("--state=PENDING", "--signal=TERM"):

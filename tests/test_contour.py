@@ -32,10 +32,20 @@ def closed_alpha(level: float, depth: float) -> float:
     return ((1 / level - 1) ** 0.5 / math.sqrt(depth)) ** 0.5
 
 
+def run_in_process(state: Contour, evaluate) -> None:
+    """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of jobs."""
+    jobs = state.first_round()
+    while jobs:
+        state.record(jobs, [evaluate(t, x) for t, x in jobs])
+        jobs = state.next_round()
+        if state.rounds >= state.spec.max_rounds:
+            break
+
+
 def replay(spec_node: dict, depths, f) -> Contour:
     """Run the sweeper's rounds in this process with ``f(alpha, depth)`` as every job's result."""
     state = Contour(parse_spec(spec_node), [[f"depth={L}"] for L in depths], ["depth"])
-    state.run_in_process(lambda t, x: (f(x, depths[t]), x**2))
+    run_in_process(state, lambda t, x: (f(x, depths[t]), x**2))
     return state
 
 
@@ -167,7 +177,7 @@ def test_a_warm_start_that_misses_steps_out_and_a_boundary_warm_starts_to_two_ru
             "boolean": True, "start": 3, "tol": math.log(10) / 2, "method": "bisect",
             "fit_over": "depth", "warm": True}
     st = Contour(parse_spec(spec), [[f"depth={L}"] for L in DEPTHS], ["depth"])
-    st.run_in_process(lambda t, x: (stable(x, DEPTHS[t]), 1.0))
+    run_in_process(st, lambda t, x: (stable(x, DEPTHS[t]), 1.0))
     contour, fits = st.tables()
     assert (contour["status"] == "converged").all(), contour
     exact = 1e-2 / np.sqrt(contour["depth"].astype(float))
@@ -327,7 +337,7 @@ def test_warm_across_starts_each_line_from_its_leaders_crossing_at_the_same_dept
 
     def run(node):
         st = Contour(parse_spec(node), trace, ["expansion", "depth"])
-        st.run_in_process(lambda t, x: (sigmoid_rank(x * scale[st.labels[t]["expansion"]],
+        run_in_process(st, lambda t, x: (sigmoid_rank(x * scale[st.labels[t]["expansion"]],
                                                      float(st.labels[t]["depth"])), x**2))
         return st
 
@@ -359,7 +369,7 @@ def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
 
     def run(boundary):
         st = Contour(parse_spec(spec), trace, ["alpha", "depth"])
-        st.run_in_process(lambda t, x: (x if x <= boundary[t] else math.nan, 1.0))
+        run_in_process(st, lambda t, x: (x if x <= boundary[t] else math.nan, 1.0))
         return st, st.tables()[0]
 
     st, contour = run([1.0, 1.0, 1.0, 1.0])  # stable everywhere

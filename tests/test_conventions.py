@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from plans import EXPERIMENTS, PLANNED_BY_HASH, plan
 
 from rankexp import naming
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 from rankexp.config import ConfigError, check_override_keys, config_groups, config_hash
 from rankexp.probes import PROBES
 

@@ -1,49 +1,35 @@
 """``hydra/sweeper=contour``: a sweep that finds a level set (or a boundary) itself, and its math.
 
-A grid spends most of its runs far from the contour it is there to locate (Table 4's iso-rank
-exponents from fig5's α × L grid; Table 5's max stable LR from a fixed LR grid).  This sweeper
-traces the contour directly, in rounds: each round is one batch of ordinary jobs through the
-configured launcher (each a normal run: config hash, resume, the sweep's parent run); after a
-round the metric of every job is read back from the store by config hash and each (trace
-point, level) cell is narrowed until its crossing is bracketed to ``tol``; non-monotone and
-unbracketed cells are reported, never guessed.  Every round is checked as a whole before it
-runs (:class:`~.sweeper.RankexpSweeper`).  The proposals are a deterministic function of the
-values read back, so a rerun proposes the same jobs and resume-by-config-hash skips the
-finished ones.
+It traces the contour in rounds (Table 4's iso-rank exponents, Table 5's max stable LR): each
+round is a batch of ordinary jobs through the configured launcher, checked as a whole first
+(:class:`~.sweeper.RankexpSweeper`); the metric of each job is read back from the store by
+config hash and each (trace point, level) cell is narrowed until its crossing is bracketed to
+``tol``; non-monotone and unbracketed cells are reported, never guessed.  Proposals are a
+deterministic function of the values read, so a rerun resumes by config hash.
 
-* ``hydra.sweeper.params`` / ``grids``: the **trace points** (``depth=12,…,384``, ``norm`` …).
-* ``hydra.sweeper.contour``: ``metric`` (a logged metric or a param such as ``depth_factor``),
-  ``levels``, the ``axis`` (a numeric config key) with its ``bracket`` and ``scale``
-  (log/linear: the coordinate ``u = log x`` or ``x``; ``tol`` is a bracket width in ``u``),
-  ``start`` points of the first round, ``method`` (``secant``: regula falsi with a PCHIP
-  curvature correction, measured at ``û ± 0.45·tol``, bisecting whenever a round did not halve
-  the bracket — Brent's safeguard, Brent 1973 ch. 4; ``bisect``), ``boolean`` (the target is
-  ``metric ≥ level``, a missing value counting as not — Table 5's boundary; failing below a
-  holding stretch is a floor, not the boundary), ``max_rounds``, ``fit_over`` (the trace axis
-  ``L`` of the power law ``βα^M ∝ L^s``), ``warm`` (only the ends of each ``fit_over`` line
-  start from ``start`` points; the others around the crossing their settled neighbours'
-  power law predicts, stepping outwards when they miss), ``warm_across`` (trace axes whose
-  later values start around the first value's crossing at the same depth, shifted by the
-  lines' mean offset) and ``s_tol`` (each cell stops at the error the fitted exponent ``s``
-  can take from it, by its least-squares weight).
-
-The parent run holds ``contour/contour.csv`` (one row per cell) and ``contour/exponents.csv``
-(``s`` per level and fixed trace values with its 95 % Student-t interval and the contour's own
-resolution, :func:`fit_exponent`) and the metrics ``contour_rounds``, ``contour_cells``,
-``contour_converged``.
+``hydra.sweeper.params`` / ``grids`` give the trace points; ``hydra.sweeper.contour`` the
+``metric``, ``levels``, ``axis`` with ``bracket`` and ``scale`` (``u = log x`` or ``x``; ``tol``
+is a width in ``u``), ``start``, ``method`` (``secant``: regula falsi with a PCHIP correction at
+``û ± 0.45·tol``, bisecting when a round did not halve the bracket — Brent 1973 ch. 4;
+``bisect``), ``boolean`` (target ``metric ≥ level``, NaN counting as not: Table 5's boundary),
+``max_rounds``, ``fit_over`` (the ``L`` of ``βα^M ∝ L^s``), ``warm``, ``warm_across`` and
+``s_tol`` (conf/hydra/sweeper/contour.yaml).  The parent run holds ``contour/contour.csv``,
+``contour/exponents.csv`` (:func:`fit_exponent`) and the metrics ``contour_rounds``,
+``contour_cells``, ``contour_converged``.
 """
 
 import logging
 import math
-import signal
 import sys
-from dataclasses import dataclass, field
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rankexp import cli, interrupt, jobdir, naming, tracking
+from rankexp import cli, jobdir, naming, tracking
 
 from .sweeper import RankexpSweeper
 
@@ -62,11 +48,7 @@ STATUSES = ("converged", "open", "unbracketed", "non_monotone")
 
 @dataclass(frozen=True)
 class Axis:
-    """The axis solved along: config key, bracket ``[lo, hi]`` and scale (``log``/``linear``).
-
-    Raises:
-        ValueError: ``lo ≥ hi``, a non-positive bound on a log axis, or an unknown scale.
-    """
+    """The axis solved along: config key, bracket ``[lo, hi]``, scale; ValueError if invalid."""
 
     key: str
     lo: float
@@ -82,12 +64,10 @@ class Axis:
             raise ValueError(f"contour axis {self.key}: a log axis needs lo > 0, got {self.lo}")
 
     def u(self, x: float) -> float:
-        """The solving coordinate of ``x``: ``log x`` (log axis) or ``x``."""
         return math.log(x) if self.scale == "log" else float(x)
 
     def x(self, u: float) -> float:
-        """The axis value at coordinate ``u``, rounded to :data:`DIGITS` significant digits
-        (so that a rerun proposes the very same override, hence config hash)."""
+        """The axis value at ``u``, to :data:`DIGITS` digits (a rerun's same config hash)."""
         return float(f"{math.exp(u) if self.scale == 'log' else u:.{DIGITS}g}")
 
     def start(self, n: int) -> list[float]:
@@ -99,13 +79,9 @@ class Axis:
 
 @dataclass
 class Cell:
-    """One (trace point, level): where the metric crosses the level.
-
-    ``status`` ∈ :data:`STATUSES`; ``lo``/``hi`` the bracket (axis values, NaN if none),
-    ``f_lo``/``f_hi`` the metric there, ``crossing`` the estimate (NaN unless converged or
-    open with a bracket), ``width`` the bracket width in ``u``, ``error`` the crossing's
-    uncertainty in ``u`` (half the bracket, or the last secant step under ``s_tol``),
-    ``note`` why a cell is not converged."""
+    """One (trace point, level): ``status`` ∈ :data:`STATUSES`, the bracket ``lo``/``hi``
+    (axis values) with ``f_lo``/``f_hi``, the ``crossing`` estimate, ``width`` and ``error``
+    in ``u``; ``note``: why it is not converged."""
 
     level: float
     status: str
@@ -122,8 +98,7 @@ class Cell:
 
 
 def _signs(f: np.ndarray, level: float, boolean: bool) -> np.ndarray:
-    """``+1`` above the level, ``−1`` below, ``0`` on it (level mode); boolean: ``+1`` when
-    ``f ≥ level`` (a NaN — diverged — is ``−1``)."""
+    """``+1`` above the level, ``−1`` below, ``0`` on it; boolean: ``±1`` (NaN ``−1``)."""
     if boolean:
         return np.where(np.nan_to_num(f, nan=-np.inf) >= level, 1.0, -1.0)
     return np.sign(f - level)
@@ -132,31 +107,16 @@ def _signs(f: np.ndarray, level: float, boolean: bool) -> np.ndarray:
 def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
           boolean: bool = False, method: str = "secant", previous_width: float = math.inf,
           prior: float | None = None, allowed: float | None = None, expand: bool = False) -> Cell:
-    """The state of one cell from the points measured so far, and the points to measure next.
+    """One cell's state from the points ``{x: f(x)}`` measured so far (NaN: no value)
+    and the points to measure next (``proposals``, empty unless ``status == "open"``).
 
-    Args:
-        points: ``{x: f(x)}`` measured at one trace point (NaN: the run has no value).
-        level: the level ``r*`` (boolean: the threshold of ``f ≥ r*``).
-        axis: the solved axis; ``tol``: the bracket width (in ``u``) that ends the search.
-        method: ``secant`` (safeguarded, see the module docstring) or ``bisect``; a boolean
-            target always bisects.
-        previous_width: this cell's bracket width one round earlier (the safeguard).
-        prior: the cell's crossing estimate (in ``u``) before this round's points — the last
-            round's, or the prediction a warm start measured around; with ``allowed`` (the
-            error in ``u`` the fitted exponent can take from this cell, :meth:`Contour.allowed`)
-            a bracketed level cell converges once the new estimate moved by ≤ ``allowed``
-            (the secant's own stopping rule: its error is second order in that step), its
-            half-width is ≤ ``allowed``, or — a bracket at most :data:`LOCAL` wide — its cubic
-            (PCHIP) and linear interpolants agree to ``allowed`` (the linear one's error
-            estimate); ``tol`` then ends nothing, and an open one proposes one point, the
-            estimate itself (the bisection safeguard stays, unless the estimate moved by less
-            than :data:`SETTLING` of the bracket: a secant settling inside it).
-        expand: a cell whose points never cross the level, but whose bracket end on the side
-            the crossing lies (by the points' slope) is unmeasured, stays open and proposes a
-            point outwards (a warm start measured only near its predicted crossing).
-
-    Returns:
-        The :class:`Cell`; ``proposals`` (axis values) is empty unless ``status == "open"``.
+    ``tol`` is the bracket width in ``u`` that ends the search; a boolean target always
+    bisects; ``previous_width`` (one round earlier) drives the bisection safeguard.  With
+    ``allowed`` (the error in ``u`` the fitted exponent can take, :meth:`Contour.allowed`) a
+    bracketed level cell converges once the estimate moved by ≤ ``allowed`` from ``prior``,
+    its half-width is ≤ ``allowed``, or (bracket ≤ :data:`LOCAL`) its PCHIP and linear
+    estimates agree to it; ``tol`` then ends nothing.  ``expand``: a cell that never crosses
+    but whose bracket end on the crossing's side is unmeasured proposes a point outwards.
     """
     xs = np.array(sorted(points), dtype=float)
     f = np.array([points[x] for x in xs], dtype=float)
@@ -201,12 +161,8 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     cell.lo, cell.hi, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[j], f[i], f[j], b - a
     budget = allowed is not None and not boolean and method == "secant"  # the exponent's rule
     narrow = cell.width <= tol * (1 + 1e-9) and not budget
-    if boolean:
-        uhat = 0.5 * (a + b)
-    elif narrow:  # the final estimate: linear across the bracket
-        uhat = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
-    else:
-        uhat = _interpolate(u, f, i, j, level)
+    linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
+    uhat = 0.5 * (a + b) if boolean else linear if narrow else _interpolate(u, f, i, j, level)
     cell.crossing = axis.x(uhat)
     cell.error = 0.5 * cell.width
     if narrow or (boolean and cell.width <= tol * (1 + 1e-9)):
@@ -216,7 +172,6 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
     if budget:
         step = abs(uhat - prior) if prior is not None else math.inf
-        linear = a + (f[i] - level) / (f[i] - f[j]) * (b - a)
         gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
         if min(step, cell.error, gap) <= allowed:
             cell.status, cell.error = "converged", min(step, cell.error, gap)
@@ -232,16 +187,14 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
 
 def _on_level(cell: Cell, xs: np.ndarray, f: np.ndarray, i: int) -> Cell:
     """A cell measured exactly on the level at ``xs[i]``: converged there, width 0."""
-    cell.status, cell.lo = "converged", xs[i]
-    cell.hi, cell.crossing, cell.f_lo, cell.f_hi, cell.width = xs[i], xs[i], f[i], f[i], 0.0
-    cell.error = 0.0
+    cell.status, cell.lo, cell.hi, cell.crossing = "converged", xs[i], xs[i], xs[i]
+    cell.f_lo, cell.f_hi, cell.width, cell.error = f[i], f[i], 0.0, 0.0
     return cell
 
 
 def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool) -> Cell:
-    """A boolean cell failing up to ``xs[i]`` and holding from ``xs[j]`` on (rates too small to
-    reach the accuracy in the steps given): holds at the top, unbracketed; warm (``expand``),
-    open at the bracket's top until it is measured."""
+    """A boolean cell failing up to ``xs[i]``, holding from ``xs[j]`` on: unbracketed (warm:
+    open at the bracket's top until it is measured)."""
     cell.note = (f"f < level up to {xs[i]:.4g}, f ≥ level from {xs[j]:.4g} to {xs[-1]:.4g}: "
                  "holds at the top; the crossing is the wrong way (a floor), not the boundary")
     if expand and axis.u(axis.hi) - axis.u(xs[-1]) > 1e-9 * max(1.0, abs(axis.u(xs[-1]))):
@@ -250,13 +203,9 @@ def _floor(cell: Cell, xs: np.ndarray, i: int, j: int, axis: Axis, expand: bool)
 
 
 def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
-    """A boolean cell measured at one end of the bracket only (a warm start whose donor held,
-    or failed, over the whole bracket): holding at the top, or failing at the bottom, it is
-    unbracketed like its donor (stable below the boundary: every lower rate holds too, every
-    higher one fails — the monotonicity bisection assumes); otherwise open, at the bracket's
-    midpoint and other end."""
-    top = abs(u0 - axis.u(axis.hi)) <= 1e-9 * max(1.0, abs(u0))
-    bottom = abs(u0 - axis.u(axis.lo)) <= 1e-9 * max(1.0, abs(u0))
+    """A boolean cell measured at one bracket end only: holding at the top or failing at the
+    bottom, unbracketed (monotone); otherwise open at the midpoint and the other end."""
+    top, bottom = (abs(u0 - axis.u(end)) <= 1e-9 * max(1.0, abs(u0)) for end in (axis.hi, axis.lo))
     if (top and sign > 0) or (bottom and sign < 0):
         cell.note = "f ≥ level at the bracket's top" if top else "f < level at the bracket's bottom"
         return
@@ -266,12 +215,10 @@ def _one_end(cell: Cell, u0: float, sign: float, axis: Axis) -> None:
 
 def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis, tol: float,
             boolean: bool) -> None:
-    """An unbracketed cell's step outwards, towards the side its crossing lies on (level: by the
-    points' slope; boolean: up when every point holds, down when none does — Table 5's rates
-    are stable below the boundary): twice the measured span (at least ``4·tol``) past the
-    outermost point, clipped to the bracket end; none once that end is measured (then it is
-    unbracketed for good)."""
-    if boolean:  # stable (+1) at small rates: a crossing lies above when all are stable
+    """An unbracketed cell's step towards its crossing's side (level: by the points' slope;
+    boolean: up when every point holds): twice the measured span (≥ ``4·tol``) past the
+    outermost point, clipped to the bracket; none once that end is measured."""
+    if boolean:
         right = s[0] > 0
     else:
         finite = np.isfinite(f)
@@ -291,8 +238,7 @@ def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis,
 
 def _interpolate(u: np.ndarray, f: np.ndarray, i: int, j: int, level: float) -> float:
     """Where the monotone cubic (PCHIP, Fritsch & Carlson 1980) through the bracket's ends
-    ``i < j`` and their neighbours on the same monotone stretch crosses ``level`` (the
-    secant step, with curvature: regula falsi stalls on a curve like ``e^u``)."""
+    ``i < j`` and one monotone neighbour each side crosses ``level``."""
     from scipy.interpolate import PchipInterpolator
     from scipy.optimize import brentq
 
@@ -311,8 +257,7 @@ def _interpolate(u: np.ndarray, f: np.ndarray, i: int, j: int, level: float) -> 
 
 
 def _next(a: float, b: float, uhat: float, tol: float, bisect: bool, axis: Axis) -> list[float]:
-    """The next axis values inside ``(a, b)``: the midpoint, or ``û ± 0.45·tol`` (clipped to
-    the bracket's inside; one point when the other would fall outside)."""
+    """The next axis values inside ``(a, b)``: the midpoint, or those of ``û ± 0.45·tol``."""
     if bisect:
         return [axis.x(0.5 * (a + b))]
     h = SECANT_HALF * tol
@@ -321,9 +266,9 @@ def _next(a: float, b: float, uhat: float, tol: float, bisect: bool, axis: Axis)
 
 @dataclass(frozen=True)
 class Fit:
-    """``log y = s log L + c`` by least squares: slope ``s``, its 95 % Student-t interval
-    ``[lo, hi]`` (NaN with fewer than three points), ``n`` points, and ``resolution``: the
-    largest change of ``s`` the points' own uncertainties (``±err`` in log y) can make."""
+    """``log y = s log L + c``: slope ``s``, its Student-t interval ``[lo, hi]`` (NaN under
+    three points), ``n`` points, ``resolution``: the largest change of ``s`` the points'
+    uncertainties (``±err`` in log y) can make."""
 
     s: float
     lo: float
@@ -333,16 +278,9 @@ class Fit:
 
 
 def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
-    """The exponent ``s`` of ``y ∝ L^s`` (Table 4: ``y = βα*^M`` at the crossing, ``L`` depth).
-
-    Args:
-        L, y: positive arrays of equal length ``n``.
-        err: half-widths of ``log y`` (the crossings' resolution), or None.
-        confidence: of the interval ``s ± t_{n−2} · SE(s)``.
-
-    Returns:
-        :class:`Fit`; all NaN with fewer than two points.
-    """
+    """The exponent ``s`` of ``y ∝ L^s`` (Table 4: ``y = βα*^M`` at the crossing, ``L`` depth)
+    for positive ``L``, ``y`` of length ``n``; ``err``: half-widths of ``log y`` or None; the
+    interval is ``s ± t_{n−2} · SE(s)``.  All NaN under two points."""
     from scipy import stats
 
     lx, ly = np.log(np.asarray(L, dtype=float)), np.log(np.asarray(y, dtype=float))
@@ -363,10 +301,8 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
 
 # --------------------------------------------------------------------------- a contour sweep
 def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
-    """The warm-start stage of each trace point of a line sorted along ``fit_over``: its two
-    ends 0, then the middle of every gap between started ones (1, 2, …; bisection order); a
-    boolean line of two points starts its second from its first (a boundary's prediction
-    from one neighbour is its own value, measured ±tol/2)."""
+    """The warm-start stage of each point of a line sorted along ``fit_over``: the ends 0,
+    then the middle of every gap (1, 2, …); a boolean line of two: 0 and 1."""
     n = len(group)
     if boolean and n == 2:
         return {group[0]: 0, group[1]: 1}
@@ -384,86 +320,73 @@ def _stages(group: list[int], boolean: bool = False) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Spec:
-    """``hydra.sweeper.contour``, checked (see the module docstring)."""
+    """``hydra.sweeper.contour``, checked (the defaults: conf/hydra/sweeper/contour.yaml's)."""
 
     metric: str
     levels: tuple
     axis: Axis
-    start: int
-    tol: float
-    method: str
-    boolean: bool
-    max_rounds: int
-    fit_over: str | None
+    start: int = 5
+    tol: float = 0.02
+    method: str = "secant"
+    boolean: bool = False
+    max_rounds: int = 12
+    fit_over: str | None = None
     s_tol: float | None = None
     warm: bool = False
     warm_across: tuple = ()
 
 
 def parse_spec(node: Any) -> Spec:
-    """:class:`Spec` of ``hydra.sweeper.contour``.
-
-    Raises:
-        ValueError: a missing or malformed field (one line naming it).
-    """
+    """:class:`Spec` of ``hydra.sweeper.contour``; ValueError (one line) for a bad field."""
     from omegaconf import OmegaConf
 
     c = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
-    known = {"metric", "levels", "axis", "bracket", "scale", "start", "tol", "method", "boolean",
-             "max_rounds", "fit_over", "s_tol", "warm", "warm_across"}
+    known = {f.name for f in fields(Spec)} | {"bracket", "scale"}
     if unknown := sorted(set(c) - known):
         raise ValueError(f"hydra.sweeper.contour: unknown key(s) {unknown}; known: {sorted(known)}")
-    if not c.get("metric") or not c.get("axis"):
-        raise ValueError("hydra.sweeper.contour: give metric (e.g. erank_io) and axis (e.g. alpha)")
-    levels = c.get("levels")
+    levels, bracket, fo, s_tol = c.get("levels"), c.get("bracket"), c.get("fit_over"), c.get("s_tol")
     levels = [levels] if isinstance(levels, int | float) else levels
-    if not levels or not all(isinstance(v, int | float) for v in levels):
-        raise ValueError(f"hydra.sweeper.contour.levels: a list of numbers, got {c.get('levels')!r}")
-    bracket = c.get("bracket")
-    if not isinstance(bracket, list) or len(bracket) != 2:
-        raise ValueError(f"hydra.sweeper.contour.bracket: [lo, hi], got {bracket!r}")
-    method = c.get("method", "secant")
-    if method not in ("secant", "bisect"):
-        raise ValueError(f"hydra.sweeper.contour.method: secant or bisect, got {method!r}")
+    method, warm = c.get("method", "secant"), c.get("warm", False)
     tol, start, rounds = float(c.get("tol", 0.02)), int(c.get("start", 5)), int(c.get("max_rounds", 12))
-    if not (tol > 0 and start >= 2 and rounds >= 1):
-        raise ValueError("hydra.sweeper.contour: tol > 0, start ≥ 2 and max_rounds ≥ 1, got "
-                         f"tol={tol}, start={start}, max_rounds={rounds}")
-    s_tol = c.get("s_tol")
-    if s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and c.get("fit_over")):
-        raise ValueError(f"hydra.sweeper.contour.s_tol: the exponent's tolerance, a number > 0 with "
-                         f"fit_over set, got s_tol={s_tol!r}, fit_over={c.get('fit_over')!r}")
-    warm = c.get("warm", False)
-    if not isinstance(warm, bool) or (warm and not c.get("fit_over")):
-        raise ValueError(f"hydra.sweeper.contour.warm: true or false, true only with fit_over "
-                         f"(the axis it warm-starts along), got warm={warm!r}")
     across = c.get("warm_across") or []
     across = [across] if isinstance(across, str) else across
-    if not isinstance(across, list) or not all(isinstance(k, str) for k in across) or \
-            (across and not warm) or c.get("fit_over") in across or c["axis"] in across:
-        raise ValueError(f"hydra.sweeper.contour.warm_across: a list of trace axes (not fit_over, "
-                         f"not the axis), only with warm: true, got {c.get('warm_across')!r}")
+    for bad, message in [
+            (not c.get("metric") or not c.get("axis"),
+             ": give metric (e.g. erank_io) and axis (e.g. alpha)"),
+            (not levels or not all(isinstance(v, int | float) for v in levels),
+             f".levels: a list of numbers, got {c.get('levels')!r}"),
+            (not isinstance(bracket, list) or len(bracket) != 2, f".bracket: [lo, hi], got {bracket!r}"),
+            (method not in ("secant", "bisect"), f".method: secant or bisect, got {method!r}"),
+            (not (tol > 0 and start >= 2 and rounds >= 1), ": tol > 0, start ≥ 2 and max_rounds ≥ 1, "
+             f"got tol={tol}, start={start}, max_rounds={rounds}"),
+            (s_tol is not None and not (isinstance(s_tol, int | float) and s_tol > 0 and fo),
+             f".s_tol: the exponent's tolerance, a number > 0 with fit_over set, got s_tol={s_tol!r}, "
+             f"fit_over={fo!r}"),
+            (not isinstance(warm, bool) or (warm and not fo), ".warm: true or false, true only with "
+             f"fit_over (the axis it warm-starts along), got warm={warm!r}"),
+            (not isinstance(across, list) or not all(isinstance(k, str) for k in across)
+             or (across and not warm) or fo in across or c.get("axis") in across,
+             ".warm_across: a list of trace axes (not fit_over, not the axis), only with warm: "
+             f"true, got {c.get('warm_across')!r}")]:
+        if bad:
+            raise ValueError(f"hydra.sweeper.contour{message}")
     axis = Axis(str(c["axis"]), float(bracket[0]), float(bracket[1]), str(c.get("scale", "log")))
     return Spec(str(c["metric"]), tuple(float(v) for v in levels), axis, start, tol, method,
-                bool(c.get("boolean", False)), rounds, c.get("fit_over"),
-                None if s_tol is None else float(s_tol), warm, tuple(across))
+                bool(c.get("boolean", False)), rounds, fo, None if s_tol is None else float(s_tol),
+                warm, tuple(across))
 
 
 class Contour:
-    """The state of a contour sweep: trace points, measured values, cells (pure bookkeeping;
-    the sweeper launches and reads back)."""
+    """A contour sweep's trace points, values and cells (the sweeper launches, reads back)."""
 
     def __init__(self, spec: Spec, trace: list[list[str]], swept: list[str]):
         self.spec, self.trace = spec, trace
         self.labels = [{k: v for k, v in (o.lstrip("+~").split("=", 1) for o in job) if k in swept}
                        for job in trace]
-        self.values: list[dict[float, float]] = [{} for _ in trace]
-        self.ratios: list[dict[float, float]] = [{} for _ in trace]
-        self.width: dict[tuple[int, float], float] = {}
-        self.cells: dict[tuple[int, float], Any] = {}
-        self.estimate: dict[tuple[int, float], float] = {}  # a cell's last crossing (in u)
-        self.solved: dict[int, int] = {}  # points of each trace point when last solved
-        self.rounds = 0
+        # per trace point {x: metric} and {x: nominal ratio}; per (t, level) cell its bracket
+        # width, Cell and last crossing (in u); per t its points when last solved
+        self.values, self.ratios = [{} for _ in trace], [{} for _ in trace]
+        self.width, self.cells, self.estimate, self.solved, self.rounds = {}, {}, {}, {}, 0
         fo = spec.fit_over
         self.depth = [math.log(float(lab[fo])) if fo in lab else math.nan for lab in self.labels]
         groups: dict[tuple, list[int]] = {}
@@ -475,9 +398,8 @@ class Contour:
         self.donor = self._donors()
 
     def _donors(self) -> dict[int, int]:
-        """``warm_across``: each trace point of a line whose labels differ from an earlier line's
-        only in the ``warm_across`` axes (m/d, α …) → that first line's point at the same
-        ``fit_over`` value (its donor: the crossing there predicts this one's)."""
+        """``warm_across``: trace point → its donor, the first such line's point at the same
+        ``fit_over`` value (lines differing only in the ``warm_across`` axes)."""
         fo, across, first, out = self.spec.fit_over, self.spec.warm_across, {}, {}
         for t, lab in enumerate(self.labels):
             key = tuple((k, v) for k, v in lab.items() if k not in across)  # fit_over kept
@@ -489,8 +411,7 @@ class Contour:
         return {t: d for t, d in out.items() if d is not None}
 
     def first_round(self) -> list[tuple[int, float]]:
-        """Every trace point at ``start`` values spanning the bracket (warm: only the ends of
-        each trace line, e.g. the smallest and largest depth; the others start from them)."""
+        """Every trace point at ``start`` values spanning the bracket (warm: stage 0 only)."""
         xs = self.spec.axis.start(self.spec.start)
         return [(t, x) for t in range(len(self.trace)) for x in xs
                 if not self.spec.warm or (self.stage[t] == 0 and t not in self.donor)]
@@ -506,8 +427,7 @@ class Contour:
         self.rounds += 1
 
     def next_round(self) -> list[tuple[int, float]]:
-        """Solve every cell on the values so far; the new (trace point, x) jobs they ask for,
-        and (warm) the first points of each trace point whose earlier stages are settled."""
+        """Solve every cell on the values so far; the (trace point, x) jobs they ask for."""
         s, new = self.spec, []
         for t in range(len(self.trace)):
             if not self.values[t] or self.solved.get(t) == len(self.values[t]):
@@ -535,9 +455,8 @@ class Contour:
             (t, lv) in self.cells and self.cells[(t, lv)].status != "open" for lv in self.spec.levels)
 
     def _warm_starts(self) -> list[tuple[int, float]]:
-        """The first points of each unstarted trace point whose group's earlier stages are all
-        settled: around each level's crossing predicted from the settled neighbours
-        (:meth:`predict`); the ``start`` points where no neighbour has one."""
+        """The first points of each unstarted trace point whose earlier stages are settled:
+        around each level's :meth:`predict`, else the ``start`` points."""
         s, out = self.spec, []
         for t in range(len(self.trace)):
             g = self.group[t]
@@ -566,11 +485,9 @@ class Contour:
         return out
 
     def _end_hint(self, t: int, unpredicted: bool) -> float | None:
-        """A boolean target's bracket end to measure ``t`` at first, from a settled neighbour
-        that is unbracketed at that end: its nearest depth on the same line, else (when nothing
-        predicts a crossing) its ``warm_across`` donor — holding at the top (every rate, or
-        above a floor), ``t`` is measured at the top; failing everywhere, at the bottom.  One
-        run tells whether ``t`` does the same (:func:`_one_end`); None otherwise."""
+        """A boolean target's bracket end to measure ``t`` at first: the top when its nearest
+        settled depth (else, with nothing predicted, its donor) held at the top, the bottom
+        when it failed everywhere (:func:`_one_end`); None otherwise."""
         s = self.spec
         if not s.boolean or len(s.levels) != 1:
             return None
@@ -588,13 +505,10 @@ class Contour:
         return None
 
     def predict(self, t: int, level: float) -> tuple[float, float] | None:
-        """The crossing of ``level`` at trace point ``t`` (in u) from the power law through the
-        settled neighbours along ``fit_over`` (linear in log L: between the nearest below and
-        above, else through the two nearest), and the half-width to measure around it:
-        twice its gap to the least-squares law over every settled depth (≥ 3 of them), at
-        least ``tol`` (boolean: ``tol``/2, so two points bracket it to ``tol``).  None when
-        no neighbour has a converged crossing.  With a donor (``warm_across``,
-        :meth:`_across`) its crossing, shifted by the lines' mean offset, comes first."""
+        """The crossing of ``level`` at ``t`` (in u), linear in log L between the converged
+        neighbours along ``fit_over`` (a donor's first, :meth:`_across`), and the half-width
+        to measure around it: twice its gap to the least-squares law (≥ 3 depths), at least
+        ``tol`` (boolean: ``tol``/2).  None when no neighbour has converged."""
         s = self.spec
         if (across := self._across(t, level)) is not None:
             return across
@@ -625,10 +539,9 @@ class Contour:
         return self._settled(t) and self.cells[(t, level)].status == "converged"
 
     def _across(self, t: int, level: float) -> tuple[float, float] | None:
-        """The crossing at ``t`` predicted by its donor's (the same ``fit_over`` value on the
-        leading line, :meth:`_donors`) plus the mean offset of the two lines over the depths
-        converged on both (0 before any), and the half-width around it: twice the offsets'
-        range, at least ``tol`` (boolean: ``tol``/2).  None without a converged donor."""
+        """The donor's crossing plus the two lines' mean offset over the depths converged on
+        both, and a half-width of twice the offsets' range, at least ``tol`` (boolean:
+        ``tol``/2).  None without a converged donor."""
         d = self.donor.get(t)
         if d is None or not self._converged(d, level):
             return None
@@ -641,12 +554,9 @@ class Contour:
         return u, max(self.spec.tol, 2 * float(np.ptp(offsets)) if offsets else 0.0)
 
     def allowed(self, t: int, level: float) -> float | None:
-        """The error (in u) the cell ``(t, level)`` may leave in the fitted exponent's budget
-        ``s_tol``: the slope's worst case ``Σ_i |w_i| · M · e_i ≤ s_tol`` (``w_i`` the
-        least-squares weights ``(log L_i − mean)/Sxx`` of the depths whose cell is not
-        unsolvable, ``M = d log(βα^M)/du`` from the runs' nominal ratios, 1 without) split
-        evenly over the depths that weigh; ``inf`` for a depth of weight 0; None without
-        ``s_tol``."""
+        """The error (in u) cell ``(t, level)`` may leave in ``s_tol``: the slope's worst case
+        ``Σ_i |w_i| · M · e_i ≤ s_tol`` (``w_i`` the least-squares weights, ``M`` =
+        :meth:`_slope`) split evenly over the depths that weigh; ``inf`` at weight 0."""
         s = self.spec
         if s.s_tol is None or not math.isfinite(self.depth[t]):
             return None
@@ -662,31 +572,16 @@ class Contour:
         return s.s_tol / (n * self._slope(t) * wt)
 
     def _slope(self, t: int) -> float:
-        """``|d log(nominal ratio)/du|`` from trace point ``t``'s runs (M for α, 1 for β); 1
-        when they logged none."""
+        """``|d log(nominal ratio)/du|`` from ``t``'s runs (M for α, 1 for β; 1 without)."""
         pts = [(self.spec.axis.u(x), r) for x, r in self.ratios[t].items() if r > 0]
         if len(pts) < 2:
             return 1.0
         (ua, ra), (ub, rb) = min(pts), max(pts)
         return abs(math.log(rb / ra) / (ub - ua)) if ub != ua and rb != ra else 1.0
 
-    def run_in_process(self, evaluate) -> int:
-        """The sweeper's rounds with ``evaluate(t, x) -> (metric, nominal ratio)`` in place of
-        jobs (benchmarks, tests); returns the number of evaluations."""
-        jobs, n = self.first_round(), 0
-        while jobs:
-            self.record(jobs, [evaluate(t, x) for t, x in jobs])
-            n += len(jobs)
-            jobs = self.next_round()
-            if self.rounds >= self.spec.max_rounds:
-                break
-        return n
-
     def _ratio(self, t: int, cell) -> tuple[float, float]:
-        """βα^M at the crossing (log-linear in u between the bracket's runs: exact when the
-        axis is α or β on a log axis) and its uncertainty in log; NaN and the crossing's own
-        when the axis leaves βα^M alone (a learning rate: the exponent is then the
-        crossing's)."""
+        """βα^M at the crossing (log-linear in u across the bracket) and its error in log;
+        NaN and the crossing's error when the axis leaves βα^M alone (a learning rate)."""
         r = self.ratios[t]
         ra, rb = r.get(cell.lo, math.nan), r.get(cell.hi, math.nan)
         if not (ra > 0 and rb > 0) or all(abs(v / ra - 1) < 1e-12 for v in r.values() if v > 0):
@@ -737,77 +632,33 @@ class ContourSweeper(RankexpSweeper):
         self.contour = contour
 
     def sweep(self, arguments: list[str]) -> Any:
-
         cli.mark_composed()
-        # the rounds' steps and the exponent's interval use SciPy: imported
-        # here, before any job, so a signal between two rounds never lands inside its import
-        # (a half-imported scipy.stats then fails to load again in Hydra's error report: exit 1)
+        # SciPy imported before any job: a signal between two rounds never lands inside its
+        # import (a half-imported scipy.stats fails to load again in Hydra's error report)
         import scipy.interpolate  # noqa: F401
         import scipy.optimize  # noqa: F401
         import scipy.stats  # noqa: F401
 
         try:
-            spec = parse_spec(self.contour)
+            self.spec = parse_spec(self.contour)
         except ValueError as e:
             self._refuse(0, [f"  {e}"])
-        plan = self._plan(arguments)
+        return super().sweep(arguments)
+
+    def _prepare(self, plan):
+        spec = self.spec
         if spec.axis.key in plan.swept:
             self._refuse(len(plan.jobs), [f"  {spec.axis.key} is the contour's axis "
                                           "(hydra.sweeper.contour.axis): do not sweep it too"])
-        state, self.spec = Contour(spec, plan.jobs, plan.swept), spec
+        self.state = Contour(spec, plan.jobs, plan.swept)
         self.swept = set(plan.swept) | {spec.axis.key}
         self.jobs, self.dirs, self.names, self.hashes = [], [], [], []
-        jobs = state.first_round()
-        with interrupt.installed():
-            try:
-                checked = self._check_round(state, jobs)
-                parent = self._open_parent(checked)
-            except interrupt.JobInterrupted as e:
-                raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
-            interrupted, returns = None, []
-            try:
-                self._rounds(state, jobs, parent, returns)
-            except interrupt.JobInterrupted as e:
-                interrupted = e.signal_name
-            except KeyboardInterrupt:
-                interrupted = "SIGINT"
-            finally:
-                with interrupt.deferred():
-                    self._report(state, parent)
-                    status = self._close(parent, self.dirs, interrupted, returns, self.jobs, self.swept)
-        if interrupted:
-            raise SystemExit(128 + signal.Signals[interrupted].value)
-        if status != "FINISHED":
-            raise SystemExit(1)
-        return returns
+        self.first = self.state.first_round()
+        return self._open_parent(self._check_round(self.state, self.first))
 
-    def _check_round(self, state: Contour, jobs: list[tuple[int, float]]) -> dict[str, Any]:
-        """Compose and check a round's jobs (numbered after the earlier rounds'); exit 2 on any
-        problem, or when the jobs do not log to a store (the contour is read back from it)."""
-
-        overrides = state.overrides(jobs)
-        checked = self._check_all(overrides, self.swept, first=len(self.jobs))
-        if len(checked.pop("keys")) != len(checked["hashes"]):
-            self._refuse(len(jobs), ["  two trace points compose to one config: give each its "
-                                     "own values (hydra.sweeper.params / grids)"])
-        if not checked["settings"][0].tracking.enabled:
-            self._refuse(len(jobs), ["  hydra/sweeper=contour reads each round back from the "
-                                     "store: tracking.enabled=false cannot be contoured"])
-        names = naming.job_names(overrides, [*state.labels[0], state.spec.axis.key], checked["names"])
-        taken = set(self.names)
-        names = [f"{n}{naming.SEP}#{len(self.jobs) + i}" if n in taken else n
-                 for i, n in enumerate(names)]
-        self.jobs += overrides
-        self.dirs += checked["job_dirs"]
-        self.names += names
-        self.hashes += checked["hashes"]
-        self.uri = checked["settings"][0].tracking.uri
-        self.resume = checked["settings"][0].tracking.resume and not checked["settings"][0].tracking.force
-        return {**checked, "job_dirs": list(self.dirs), "names": list(self.names)}
-
-    def _rounds(self, state: Contour, jobs: list[tuple[int, float]], parent, returns: list) -> None:
+    def _execute(self, parent, returns: list) -> None:
         """Launch round after round until every cell is settled or ``max_rounds`` ran."""
-
+        state, jobs = self.state, self.first
         while jobs:
             first = len(self.jobs) - len(jobs)
             log.info("contour round %d: %d jobs", state.rounds + 1, len(jobs))
@@ -823,63 +674,79 @@ class ContourSweeper(RankexpSweeper):
                 self._check_round(state, jobs)
                 _extend_sweep(parent, self.dirs, self.names)
 
+    def _finish(self, parent, interrupted: str | None, returns: list) -> str:
+        self._report(self.state, parent)
+        return super()._finish(parent, interrupted, returns)
+
+    def _check_round(self, state: Contour, jobs: list[tuple[int, float]]) -> dict[str, Any]:
+        """Compose and check a round's jobs (numbered after the earlier rounds'); exit 2 on any
+        problem, or when the jobs do not log to a store (the contour is read back from it)."""
+        overrides = state.overrides(jobs)
+        checked = self._check_all(overrides, self.swept, first=len(self.jobs))
+        if len(checked.pop("keys")) != len(checked["hashes"]):
+            self._refuse(len(jobs), ["  two trace points compose to one config: give each its "
+                                     "own values (hydra.sweeper.params / grids)"])
+        if not checked["settings"][0].tracking.enabled:
+            self._refuse(len(jobs), ["  hydra/sweeper=contour reads each round back from the "
+                                     "store: tracking.enabled=false cannot be contoured"])
+        names = naming.job_names(overrides, [*state.labels[0], state.spec.axis.key], checked["names"])
+        taken = set(self.names)
+        self.names += [f"{n}{naming.SEP}#{len(self.jobs) + i}" if n in taken else n
+                       for i, n in enumerate(names)]
+        self.jobs += overrides
+        self.dirs += checked["job_dirs"]
+        self.hashes += checked["hashes"]
+        return {**checked, "job_dirs": list(self.dirs), "names": list(self.names)}
+
     def _read_back(self, parent, hashes: list[str]) -> list[tuple[float, float]]:
         """(metric, nominal_ratio) of each config hash's FINISHED run in the store (NaN when
         there is none: the job failed or logged offline)."""
-
-        spec = self.spec
         df = tracking.runs_table([parent.experiment], parent.uri)
         out = {}
         if not df.empty and "tags.config_hash" in df:
-            col = next((c for c in (f"metrics.{spec.metric}", f"params.{spec.metric}") if c in df), None)
+            metric = self.spec.metric
+            col = next((c for c in (f"metrics.{metric}", f"params.{metric}") if c in df), None)
             ratio = df["params.nominal_ratio"] if "params.nominal_ratio" in df else None
             for i, h in enumerate(df["tags.config_hash"]):
-                if h in out:
-                    continue
                 v = float(df[col].iloc[i]) if col is not None and df[col].iloc[i] is not None else math.nan
                 r = float(ratio.iloc[i]) if ratio is not None and ratio.iloc[i] is not None else math.nan
-                out[h] = (v, r)
+                out.setdefault(h, (v, r))
         return [out.get(h, (math.nan, math.nan)) for h in hashes]
 
     def _report(self, state: Contour, parent) -> None:
-        """Log the contour and its exponents (and the unsettled cells) and attach them to the
-        parent run."""
+        """Log the contour, its exponents and unsettled cells; attach them to the parent run."""
+        import pandas as pd
 
         if not state.cells:
             return
         contour, fits = state.tables()
-        bad = contour[contour["status"] != "converged"]
-        for _, row in bad.iterrows():
+        for _, row in contour[contour["status"] != "converged"].iterrows():
             log.warning("contour cell %s level %g: %s (%s)", " ".join(f"{k}={row[k]}" for k in
                         state.labels[0]), row["level"], row["status"], row["note"])
-        with_pd_options(lambda: log.info("contour after %d rounds, %d runs:\n%s", state.rounds,
-                                         len(self.jobs), contour.to_string(index=False)))
-        if not fits.empty:
-            with_pd_options(lambda: log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the "
-                                             "crossing where the axis leaves βα^M alone):\n%s", fits.to_string(index=False)))
+        with pd.option_context("display.max_columns", None, "display.width", 200):
+            log.info("contour after %d rounds, %d runs:\n%s", state.rounds, len(self.jobs),
+                     contour.to_string(index=False))
+            if not fits.empty:
+                log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the crossing where "
+                         "the axis leaves βα^M alone):\n%s", fits.to_string(index=False))
         if parent is None or parent.run_id is None:
             return
         try:
-            _log_tables(parent, {"contour": contour, "exponents": fits}, {
-                "contour_rounds": state.rounds, "contour_cells": len(contour),
-                "contour_converged": int((contour["status"] == "converged").sum())})
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, df in {"contour": contour, "exponents": fits}.items():
+                    df.to_csv(Path(tmp) / f"{name}.csv", index=False)
+                    df.to_json(Path(tmp) / f"{name}.json", orient="records", indent=1)
+                parent.client.log_artifacts(parent.run_id, tmp, "contour")
+            for k, v in {"contour_rounds": state.rounds, "contour_cells": len(contour),
+                         "contour_converged": (contour["status"] == "converged").sum()}.items():
+                parent.client.log_metric(parent.run_id, tracking.metric_key(k), float(v))
         except Exception as e:  # noqa: BLE001 — the runs are safe; the table can be redrawn (isorank)
             print(f"warning: could not attach the contour to the sweep run: {e}", file=sys.stderr)
-
-
-def with_pd_options(fn) -> None:
-    """Run ``fn`` with pandas printing every column, wide."""
-    import pandas as pd
-
-    with pd.option_context("display.max_columns", None, "display.width", 200):
-        fn()
 
 
 def _extend_sweep(run, job_dirs: list, names: list[str]) -> None:
     """Tell the parent and the jobs of every job so far (a sweep that learns its jobs round by
     round): the plan file (names and job dirs) and the parent's ``jobs_total`` tag."""
-    import time
-
     if run is None:
         return
     record = jobdir.read_json(run.sweep_dir / jobdir.NAMES_FILE) or {}
@@ -889,17 +756,3 @@ def _extend_sweep(run, job_dirs: list, names: list[str]) -> None:
     run.job_dirs = list(job_dirs)
     if run.run_id is not None:
         run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
-
-
-def _log_tables(run, tables: dict, scalars: dict[str, float], folder: str = "contour") -> None:
-    """``<folder>/<name>.csv|json`` artifacts and ``scalars`` as metrics of the parent run."""
-    import tempfile
-
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, df in tables.items():
-            df.to_csv(Path(tmp) / f"{name}.csv", index=False)
-            df.to_json(Path(tmp) / f"{name}.json", orient="records", indent=1)
-        run.client.log_artifacts(run.run_id, tmp, folder)
-    for k, v in scalars.items():
-        run.client.log_metric(run.run_id, tracking.metric_key(k), float(v))

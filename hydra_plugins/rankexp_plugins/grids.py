@@ -1,32 +1,24 @@
 """A sweep as a union of grids: the job list of :class:`~.sweeper.RankexpSweeper`.
 
-An experiment whose figures need configurations no single Cartesian product holds declares
-them as named grids:
-
 .. code-block:: yaml
 
     hydra:
       sweeper:
         params:            # axes every grid shares (Hydra's basic-sweeper syntax)
           depth: 12,24,48
-        grids:             # name → the grid's own overrides, laid over params
+        grids:             # name (or a list) → the grid's own overrides, laid over params
           placements: {norm: "pre,post", norm.op: "rmsnorm,detached"}
           control: {norm: pre, norm.post: "none,rmsnorm,detached"}
 
-Each grid is ``params`` with the grid's keys laid over them, then the command line's overrides
-over both (``depth=4,8`` replaces ``depth`` in every grid); its jobs are their Cartesian product
-(``itertools.product`` of each override's ``sweep_string_iterator``, as Hydra's basic sweeper
-builds it).  The sweep is the union of the grids' jobs in grid order; a job two grids both
-produce is kept once, and the sweeper leaves out a job whose config hash an earlier job has.
-A list of grids is taken too (named ``0``, ``1``, …); ``~hydra.sweeper.grids.control`` on the
-command line leaves a grid out.  A grid's dotted keys (``norm.op``) are single YAML keys that
-an overlay file can reach but a command-line path cannot: give the axis itself there.
-
-Run names: with several grids a job's name starts with its grid's name, then the labels of the
-axes that grid sweeps (:func:`rankexp.naming.job_names`): ``control·pre·R:rmsnorm·L48``.
+A grid's jobs are the Cartesian product (as Hydra's basic sweeper builds it) of ``params``, the
+grid's keys over them, and the command line's overrides over both; the sweep is their union in
+grid order, a job two grids produce kept once (and a job whose config hash an earlier job has
+left out by the sweeper).  ``~hydra.sweeper.grids.control`` leaves a grid out.  With several
+grids a run name starts with its grid's name: ``control·pre·R:rmsnorm·L48``.
 """
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,11 +48,8 @@ def override(key: str, value: Any) -> str:
 
 
 def named_grids(grids: Any) -> dict[str, dict[str, Any]]:
-    """``{name: {key: value}}`` of ``hydra.sweeper.grids`` (a mapping, a list, or unset).
-
-    Raises:
-        GridError: a grid that is not a mapping, or a grid value that is a mapping.
-    """
+    """``{name: {key: value}}`` of ``hydra.sweeper.grids`` (a mapping, a list, or unset);
+    :class:`GridError` for a grid, or a grid value, that is not one override each."""
     grids = _plain(grids)
     if grids is None:
         return {}
@@ -83,8 +72,7 @@ def named_grids(grids: Any) -> dict[str, dict[str, Any]]:
 
 @dataclass  # (no `from __future__ import annotations`: Hydra's plugin scan imports this module
 class Plan:  # without registering it in sys.modules, which string-annotated dataclasses need)
-    """The jobs of a sweep (each a list of override strings), the grid each comes from and the
-    axes each grid sweeps."""
+    """A sweep's jobs (override lists), the grid of each, the axes each grid sweeps."""
 
     jobs: list[list[str]]
     grid: list[str]
@@ -97,8 +85,7 @@ class Plan:  # without registering it in sys.modules, which string-annotated dat
         return list(dict.fromkeys(k for keys in self.axes.values() for k in keys))
 
     def drop(self, keys: Sequence[str | None]) -> "Plan":
-        """The plan without the jobs whose ``keys[i]`` (a config hash; ``None``: unknown) an
-        earlier job already has."""
+        """The plan without the jobs whose ``keys[i]`` (a config hash or None) an earlier job has."""
         seen: dict[str, int] = {}
         keep = []
         for i, key in enumerate(keys):
@@ -112,28 +99,21 @@ class Plan:  # without registering it in sys.modules, which string-annotated dat
                     self.dropped)
 
     def names(self, fallback: Sequence[str]) -> list[str]:
-        """Distinct run names: per grid :func:`rankexp.naming.job_names` over the axes that grid
-        sweeps, prefixed by the grid's name when there are several grids."""
-
+        """Distinct run names: per grid :func:`rankexp.naming.job_names` over its axes,
+        prefixed by the grid's name when there are several grids."""
         names = [""] * len(self.jobs)
         for g, axes in self.axes.items():
             idx = [i for i, name in enumerate(self.grid) if name == g]
             got = naming.job_names([self.jobs[i] for i in idx], axes, [fallback[i] for i in idx])
             for i, n in zip(idx, got, strict=True):
                 names[i] = f"{g}{naming.SEP}{n}" if len(self.axes) > 1 else n
-        seen: dict[str, int] = {}
-        for n in names:
-            seen[n] = seen.get(n, 0) + 1
+        seen = Counter(names)
         return [f"{n}{naming.SEP}#{i}" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
 def product(parsed: Sequence[Any]) -> list[list[str]]:
-    """The Cartesian product of parsed overrides (a sweep's values, a plain override once), in
-    the order Hydra's basic sweeper builds it; a key given twice keeps its last value.
-
-    Raises:
-        GridError: an interval sweep (``interval(0,1)``), which has no list of values.
-    """
+    """The Cartesian product of parsed overrides in the order Hydra's basic sweeper builds it
+    (a key given twice keeps its last value); :class:`GridError` for an interval sweep."""
     axes: dict[str, list[str]] = {}
     for o in parsed:
         key = o.get_key_element()
@@ -147,13 +127,8 @@ def product(parsed: Sequence[Any]) -> list[list[str]]:
 
 def expand(params: Mapping[str, Any] | None, grids: Any, arguments: Sequence[str],
            parser: OverridesParser) -> Plan:
-    """The union of the grids' jobs (see the module docstring); without grids, the product of
-    ``params`` and ``arguments``.
-
-    Raises:
-        GridError: a malformed ``hydra.sweeper.grids``.
-        hydra.errors.OverrideParseException: an override Hydra cannot parse.
-    """
+    """The union of the grids' jobs; without grids, the product of ``params`` and
+    ``arguments``.  Raises :class:`GridError` or Hydra's ``OverrideParseException``."""
     shared = [override(k, v) for k, v in (_plain(params) or {}).items()]
     jobs, grid_of, axes, dropped = [], [], {}, []
     seen: dict[tuple[str, ...], str] = {}
@@ -173,8 +148,8 @@ def expand(params: Mapping[str, Any] | None, grids: Any, arguments: Sequence[str
 
 
 def twin_candidates(plan: Plan) -> set[int]:
-    """The jobs that could have a twin in another grid: those agreeing with some job of another
-    grid on every key both set (only these need composing to find the twins)."""
+    """The jobs agreeing with a job of another grid on every key both set (only these can
+    have a twin there, so only these are composed)."""
     given = [dict(o.lstrip("+~").split("=", 1) for o in job) for job in plan.jobs]
     out: set[int] = set()
     for i, j in itertools.combinations(range(len(given)), 2):
@@ -190,7 +165,6 @@ def sweep_plan(*overrides: str) -> Plan:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
@@ -208,7 +182,6 @@ def sweep_plan(*overrides: str) -> Plan:
 def _hash(loader, master: DictConfig, job: list[str]) -> str | None:
     """The config hash of one job, or None when it does not compose (the sweep reports that)."""
     from omegaconf import open_dict
-
 
     try:
         cfg = loader.load_sweep_config(master, job)

@@ -1,21 +1,17 @@
 """``hydra/sweeper=rankexp`` (the default): a sweep checked as a whole, with its parent run.
 
-A Sweeper plugin on Hydra's public interface (the pattern of Hydra's example sweeper plugin:
-the launcher from ``Plugins.instance().instantiate_launcher``, jobs from ``OverridesParser``
-and ``itertools.product``, each job composed by the config loader's ``load_sweep_config``):
+A Sweeper plugin on Hydra's public interface (as Hydra's example sweeper plugin: the launcher
+from ``Plugins.instance().instantiate_launcher``, each job composed by ``load_sweep_config``):
 
-0. **A sweep can be a union of grids** (``hydra.sweeper.grids``, :mod:`.grids`).
-1. **The whole sweep is checked before its first job starts**: every job composed and checked
-   (:func:`rankexp.config.check_task`: keys, values, paths, the device for local launchers)
-   and each store the jobs log to (:func:`rankexp.tracking.check_store`).  Any bad job: every
-   bad combination is listed, the command exits 2, nothing is created.  A job whose config
-   hash an earlier job has is left out.  A job the basic launcher runs in this process takes
-   the check's composition (:class:`ComposedOnce`) and result
-   (:data:`rankexp.config.CHECKED_JOBS`) instead of composing and checking again.
-2. **It owns the sweep's parent run** (:class:`rankexp.tracking.SweepRun`), closed with the
-   true outcome of every job, whatever stopped the sweep.
-3. **Exit status**: 0 when every job FINISHED or was skipped, 1 when a job failed, was killed
-   or did not run, 2 for an invalid sweep, 128+N when signal N stopped it (its runs KILLED).
+1. Its jobs are a union of grids (:mod:`.grids`).
+2. Every job is composed and checked (:func:`rankexp.config.check_task`) and each store
+   (:func:`rankexp.tracking.check_store`) before the first job starts: any bad job, every bad
+   one listed, exit 2, nothing created.  A job whose config hash an earlier job has is left
+   out; an in-process job reuses the check's composition (:class:`ComposedOnce`) and result
+   (:data:`rankexp.config.CHECKED_JOBS`).
+3. It owns the parent run (:class:`rankexp.tracking.SweepRun`), closed with every job's outcome.
+4. Exit status: 0 every job FINISHED or skipped, 1 a job failed, was killed or did not run, 2
+   an invalid sweep, 128+N when signal N stopped it (its runs KILLED).
 """
 
 import logging
@@ -34,10 +30,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rankexp import cli, interrupt, tracking
-from rankexp.cli import one_line
+from rankexp import cli, interrupt, naming, tracking
 from rankexp.config import CHECKED_JOBS, check_task
-from rankexp.naming import config_name
 
 from . import grids
 
@@ -45,10 +39,9 @@ log = logging.getLogger(__name__)
 
 
 def _message(e: BaseException) -> str:
-    """One line for a composition or config error: rankexp's (:func:`rankexp.cli.one_line`),
-    else the first lines of Hydra's message and its cause's."""
-
-    line = one_line(e)
+    """One line for a composition or config error: :func:`rankexp.cli.one_line`, else the
+    first lines of Hydra's message and its cause's."""
+    line = cli.one_line(e)
     if line is not None:
         return line
     parts = [str(e).strip()] + ([str(e.__cause__).strip()] if e.__cause__ is not None else [])
@@ -61,13 +54,16 @@ def _label(job: list[str], swept: Any) -> str:
     return " ".join(o for o in job if o.split("=", 1)[0].lstrip("+~") in swept) or " ".join(job)
 
 
-class ComposedOnce(ConfigLoader):
-    """Hydra's config loader (the public :class:`~hydra.core.config_loader.ConfigLoader`
-    interface) whose ``load_sweep_config`` hands the in-process basic launcher the config the
-    whole-sweep check composed for that job, so that each job is composed once (~0.1 s each)."""
+class ComposedOnce:
+    """Hydra's config loader whose ``load_sweep_config`` hands the in-process basic launcher the
+    config the whole-sweep check composed for that job (each job composed once, ~0.1 s); the
+    rest of the loader's interface is the wrapped loader's."""
 
     def __init__(self, inner: ConfigLoader) -> None:
         self.inner, self.composed = inner, {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         cfg = self.composed.pop(tuple(sweep_overrides), None)
@@ -75,24 +71,6 @@ class ComposedOnce(ConfigLoader):
             return self.inner.load_sweep_config(master_config, sweep_overrides)
         OmegaConf.set_readonly(cfg.hydra, None)  # resolving the job dir may have locked it
         return cfg
-
-    def load_configuration(self, *args, **kwargs):
-        return self.inner.load_configuration(*args, **kwargs)
-
-    def get_search_path(self):
-        return self.inner.get_search_path()
-
-    def get_sources(self):
-        return self.inner.get_sources()
-
-    def list_groups(self, parent_name: str):
-        return self.inner.list_groups(parent_name)
-
-    def get_group_options(self, *args, **kwargs):
-        return self.inner.get_group_options(*args, **kwargs)
-
-    def compute_defaults_list(self, *args, **kwargs):
-        return self.inner.compute_defaults_list(*args, **kwargs)
 
 
 class RankexpSweeper(Sweeper):
@@ -116,40 +94,45 @@ class RankexpSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-
         cli.mark_composed()
         plan = self._plan(arguments)
         with interrupt.installed():
             try:
-                checked = self._check_all(plan.jobs, set(plan.swept))
-                plan = plan.drop(checked.pop("keys"))
-                for job, twin in plan.dropped:
-                    log.info("left out %s: the same config as a job%s", _label(job, plan.swept),
-                             f" of grid {twin!r}" if twin else "")
-                checked["names"] = plan.names(checked["names"])
-                parent = self._open_parent(checked)
+                parent = self._prepare(plan)
             except interrupt.JobInterrupted as e:
                 raise SystemExit(128 + signal.Signals[e.signal_name].value) from None
             interrupted, returns = None, []
             try:
-                returns = self._launch(plan.jobs)
+                self._execute(parent, returns)
             except interrupt.JobInterrupted as e:
                 interrupted = e.signal_name
             except KeyboardInterrupt:
                 interrupted = "SIGINT"
             finally:
                 with interrupt.deferred():
-                    status = self._close(parent, checked["job_dirs"], interrupted, returns,
-                                         plan.jobs, set(plan.swept))
+                    status = self._finish(parent, interrupted, returns)
         if interrupted:
             raise SystemExit(128 + signal.Signals[interrupted].value)
         if status != "FINISHED":
             raise SystemExit(1)
         return returns
 
+    def _prepare(self, plan: grids.Plan):
+        """Check the whole sweep, leave out the twins, open the parent run (None offline)."""
+        checked = self._check_all(plan.jobs, set(plan.swept))
+        plan = plan.drop(checked.pop("keys"))
+        for job, twin in plan.dropped:
+            log.info("left out %s: the same config as a job%s", _label(job, plan.swept),
+                     f" of grid {twin!r}" if twin else "")
+        checked["names"] = plan.names(checked["names"])
+        self.jobs, self.swept, self.dirs = plan.jobs, set(plan.swept), checked["job_dirs"]
+        return self._open_parent(checked)
+
+    def _execute(self, parent, returns: list) -> None:
+        returns += self._launch(self.jobs)
+
     def _plan(self, arguments: list[str]) -> grids.Plan:
-        """The union of ``hydra.sweeper.grids`` (without grids the product of ``params`` and
-        the command line).  Exits 2 on malformed grids."""
+        """The jobs (:func:`.grids.expand`); exits 2 on malformed grids."""
         try:
             return grids.expand(self.params, self.grids, arguments, OverridesParser.create())
         except grids.GridError as e:
@@ -160,7 +143,6 @@ class RankexpSweeper(Sweeper):
         """Compose and check every job (numbered from ``first``) and every store; exit 2 listing
         every problem.  ``keys``: each job's (config hash, store, experiment); a job whose key
         an earlier job has is left out (and not numbered)."""
-
         if not jobs:
             self._refuse(0, ["  the sweep has no jobs: "
                              f"{' '.join(self.config.hydra.overrides.task)} expands to nothing "
@@ -193,7 +175,7 @@ class RankexpSweeper(Sweeper):
                 job_dirs.append(self._job_dir(cfg))
                 hashes.append(checked.config_hash)
                 settings.append(checked.settings)
-                names.append(config_name(checked.settings))
+                names.append(naming.config_name(checked.settings))
         finally:
             HydraConfig.instance().cfg = original
         stores: set[str] = set()
@@ -237,8 +219,6 @@ class RankexpSweeper(Sweeper):
 
     def _open_parent(self, checked: dict[str, Any]):
         """The sweep directory and, when the jobs log to MLflow, the parent run."""
-        from rankexp import naming, tracking
-
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -272,24 +252,18 @@ class RankexpSweeper(Sweeper):
         """The jobs in batches of ``max_batch_size`` through the launcher, numbered from
         ``first``; a failed job does not stop the sweep."""
         n = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else len(jobs)
-        returns = []
-        for i in range(0, len(jobs), n):
-            returns.append(self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i))
-        return returns
+        return [self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i)
+                for i in range(0, len(jobs), n)]
 
-    def _close(self, parent, job_dirs: list[Path], interrupted: str | None, returns: list,
-               jobs: list[list[str]], swept: set[str]) -> str:
+    def _finish(self, parent, interrupted: str | None, returns: list) -> str:
         """Report failed jobs one line each, close the parent (or just count), return its status."""
-        from rankexp import tracking
-
         for idx, r in enumerate(r for batch in returns for r in batch):
             if isinstance(r, JobReturn) and r.status == JobStatus.FAILED:
-                log.error("job #%d (%s) failed: %s (job dir %s)", idx, _label(jobs[idx], swept),
-                          _message(r._return_value), job_dirs[idx])
+                log.error("job #%d (%s) failed: %s (job dir %s)", idx, _label(self.jobs[idx], self.swept),
+                          _message(r._return_value), self.dirs[idx])
         if parent is not None:
-            status, _ = parent.close(interrupted)
-            return status
-        counts = tracking.count_jobs(job_dirs)
+            return parent.close(interrupted)[0]
+        counts = tracking.count_jobs(self.dirs)
         log.info("sweep %s: %s", self.config.hydra.sweep.dir, tracking.summary(counts))
         bad = counts["failed"] or counts["killed"] or counts["not_run"]
         return "KILLED" if interrupted else "FAILED" if bad else "FINISHED"
