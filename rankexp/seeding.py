@@ -104,10 +104,7 @@ def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[i
                  stream: int = STREAM_WEIGHTS) -> None:
     """Fill each ``(out, block, scale)`` of ``targets``: ``out[e]`` ``(E, …)`` ←
     ``scale · N(0, 1)`` from :func:`block_generator` ``(seeds[e], stream, block)``, row-major.
-
-    Raises:
-        ValueError: an ``out`` whose leading (member) axis is not ``len(seeds)``.
-    """
+    Raises ValueError: an ``out`` whose leading (member) axis is not ``len(seeds)``."""
     _draw(targets, seeds, stream, None)
 
 

@@ -97,11 +97,7 @@ def spectral_ranks(a: Tensor, method: str = "gram") -> tuple[Tensor, Tensor]:
     """``(erank, stable rank)`` of ``a`` ``(..., n, k)``, unnormalized (Eq. 3).
 
     ``gram``: from :func:`gram_ranks`, with an SVD for the matrices it cannot resolve (one host
-    sync per batch); ``svd``: singular values for all.
-
-    Raises:
-        ValueError: an unknown method.
-    """
+    sync per batch); ``svd``: singular values for all. Raises ValueError: an unknown method."""
     if method == "svd":
         s = singular_values(a)
         return erank_from_sv(s), stable_rank_from_sv(s)

@@ -66,10 +66,7 @@ def _split_rule(n: int = _LEGENDRE_NODES, t: float = _TRUNCATION) -> tuple[np.nd
 
 def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "split") -> float:
     """``E_{z~N(0,1)}[g(z)]``; ``rule`` is ``split`` (default) or ``hermite`` (smooth g only).
-
-    Raises:
-        ValueError: unknown ``rule``.
-    """
+    Raises ValueError: unknown ``rule``."""
     if rule not in ("split", "hermite"):
         raise ValueError(f"rule={rule!r} is not one of split, hermite")
     if rule == "split":
@@ -80,22 +77,8 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     return float(np.dot(w, g(x)))
 
 
-def _silu(x):
-    return x * special.expit(x)
-
-
-def _silu_prime(x):
-    s = special.expit(x)
-    return s * (1.0 + x * (1.0 - s))
-
-
-def _gelu(x):
-    return x * special.ndtr(x)
-
-
-def _gelu_prime(x):
-    return special.ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
-
+_SILU = (lambda x: x * special.expit(x),
+         lambda x: special.expit(x) * (1.0 + x * (1.0 - special.expit(x))))
 
 #: name → (σ, σ′) as NumPy functions (σ′ at the kink: right derivative, a null set).
 _SIGMA: dict[str, tuple[Callable, Callable]] = {
@@ -103,21 +86,19 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "abs": (np.abs, np.sign),
     "leaky_relu": (lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
                    lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE)),
-    "gelu": (_gelu, _gelu_prime),
-    "silu": (_silu, _silu_prime),
+    "gelu": (lambda x: x * special.ndtr(x),
+             lambda x: special.ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)),
+    "silu": _SILU,
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
     "linear": (lambda x: x, np.ones_like),
-    "swiglu": (_silu, _silu_prime),  # the gate; see activation_constants for the gated unit
+    "swiglu": _SILU,  # the gate; see activation_constants for the gated unit
 }
 
 
 def sigma_numpy(name: str
 ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """NumPy ``(σ, σ′)`` for activation ``name`` (the scalar gate for ``swiglu``).
-
-    Raises:
-        ValueError: unknown ``name``.
-    """
+    Raises ValueError: unknown ``name``."""
     if name not in _SIGMA:
         raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")
     return _SIGMA[name]
@@ -147,10 +128,7 @@ def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
 
     ``swiglu`` (``silu(g)·u``, independent ``g, u ~ N(0, q)``) is approximate: mean 0, c = 0,
     κ = ``E[silu(g)²]·q``, ``p = q·E[silu′(g)²] + E[silu(g)²]``.
-
-    Raises:
-        ValueError: unknown activation, or ``q ≤ 0``.
-    """
+    Raises ValueError: unknown activation, or ``q ≤ 0``."""
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     sig, dsig = sigma_numpy(name)
@@ -190,10 +168,7 @@ def prenorm_stream_rms(layer, nominal_ratio: float, kappa: float):
 
 def marchenko_pastur_edges(gamma: float) -> tuple[float, float]:
     """Bulk edges ``((1−1/√γ)², (1+1/√γ)²)`` of ``G = (D W_up)ᵀ(D W_up)`` over ``tr(G)/d`` (Figure 9).
-
-    Raises:
-        ValueError: γ ≤ 0.
-    """
+    Raises ValueError: γ ≤ 0."""
     if not gamma > 0:
         raise ValueError(f"gamma={gamma} must be > 0 (γ = p·m/d)")
     r = 1.0 / math.sqrt(gamma)
@@ -303,10 +278,7 @@ def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
 def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *, q0: float = 1.0,
                        iters: int = 10_000, tol: float = 1e-13) -> float:
     """Fixed point ``q*`` of :func:`length_map` by iteration from ``q0``.
-
-    Raises:
-        ValueError: the iteration diverges or does not settle within ``iters`` steps.
-    """
+    Raises ValueError: the iteration diverges or does not settle within ``iters`` steps."""
     q = q0
     for _ in range(iters):
         nq = length_map(q, activation, sigma_w2, sigma_b2)
@@ -353,6 +325,13 @@ def _polar_rule(c: float, n_angle: int = 48, n_radius: int = 96
     return rr * np.cos(tt), rr * np.sin(tt), np.outer(wr, wt)
 
 
+def _pair_expectation(f: Callable, g: Callable, c: float, s_a: float, s_b: float) -> float:
+    """``E[f(s_a z₁) g(s_b (c z₁ + √(1−c²) z₂))]``, z standard 2-D normal (:func:`_polar_rule`)."""
+    z1, z2, ww = _polar_rule(float(c))
+    u2 = c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2
+    return float(np.sum(ww * f(s_a * z1) * g(s_b * u2)))
+
+
 def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star: float):
     """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``.
 
@@ -360,22 +339,14 @@ def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star
     """
     sig, _ = sigma_numpy(activation)
     s = math.sqrt(q_star)
-    cs = np.atleast_1d(np.asarray(c, dtype=float))
-    out = []
-    for v in cs:
-        z1, z2, ww = _polar_rule(float(v))
-        u2 = v * z1 + math.sqrt(max(0.0, 1 - v * v)) * z2
-        out.append((sigma_w2 * np.sum(ww * sig(s * z1) * sig(s * u2)) + sigma_b2) / q_star)
-    out = np.array(out)
+    out = np.array([(sigma_w2 * _pair_expectation(sig, sig, v, s, s) + sigma_b2) / q_star
+                    for v in np.atleast_1d(np.asarray(c, dtype=float))])
     return out if np.ndim(c) else float(out[0])
 
 
 def depth_scale(chi: float) -> float:
     """Correlation depth scale ``ξ_c = −1/log χ_c`` (layers); ∞ for χ_c ≥ 1.
-
-    Raises:
-        ValueError: χ_c ≤ 0.
-    """
+    Raises ValueError: χ_c ≤ 0."""
     if not chi > 0:
         raise ValueError(f"chi={chi} must be > 0")
     return math.inf if chi >= 1 else -1.0 / math.log(chi)
@@ -387,13 +358,18 @@ def relu_correlation_map(c):
     return (np.sqrt(1.0 - c * c) + (np.pi - np.arccos(c)) * c) / np.pi
 
 
+def _iterates(f: Callable[[float], float], x0: float, steps: int) -> np.ndarray:
+    """``x_0, f(x_0), …, f^steps(x_0)``, ``(steps+1,)``."""
+    out = np.empty(steps + 1)
+    out[0] = x0
+    for l in range(steps):
+        out[l + 1] = f(out[l])
+    return out
+
+
 def relu_correlation_iterates(c0: float, layers: int) -> np.ndarray:
     """``c_0, c_1 = f(c_0), …, c_layers`` under :func:`relu_correlation_map`, ``(layers+1,)``."""
-    out = np.empty(layers + 1)
-    out[0] = c0
-    for l in range(layers):
-        out[l + 1] = relu_correlation_map(out[l])
-    return out
+    return _iterates(relu_correlation_map, c0, layers)
 
 
 def relu_correlation_gap(layer):
@@ -427,19 +403,13 @@ def random_walk_projection_product(width: int, depth: int, step: float, *, seed:
 def covariance_map(q_a: float, q_b: float, c: float, activation: str, sigma_w2: float,
                    sigma_b2: float = 0.0) -> tuple[float, float, float]:
     """One layer of the two-input mean-field maps (215.1/215.2): ``(q_a', q_b', c')``.
-
-    Raises:
-        ValueError: ``q_a`` or ``q_b`` ≤ 0, or ``|c| > 1``.
-    """
+    Raises ValueError: ``q_a`` or ``q_b`` ≤ 0, or ``|c| > 1``."""
     if not (q_a > 0 and q_b > 0) or abs(c) > 1:
         raise ValueError(f"q_a={q_a}, q_b={q_b} must be > 0 and |c|={abs(c)} ≤ 1")
     sig, _ = sigma_numpy(activation)
-    z1, z2, ww = _polar_rule(float(c))
-    u_a = math.sqrt(q_a) * z1
-    u_b = math.sqrt(q_b) * (c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2)
-    qa = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_a) * z) ** 2) + sigma_b2
-    qb = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_b) * z) ** 2) + sigma_b2
-    qab = sigma_w2 * float(np.sum(ww * sig(u_a) * sig(u_b))) + sigma_b2
+    qa = length_map(q_a, activation, sigma_w2, sigma_b2)
+    qb = length_map(q_b, activation, sigma_w2, sigma_b2)
+    qab = sigma_w2 * _pair_expectation(sig, sig, c, math.sqrt(q_a), math.sqrt(q_b)) + sigma_b2
     return qa, qb, float(np.clip(qab / math.sqrt(qa * qb), -1.0, 1.0))
 
 
@@ -470,10 +440,7 @@ def correlation_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 
 
     Ordered phase (χ₁ ≤ 1 + 1e−9): 1. Chaotic phase: the root of ``f(c) − c`` on ``[0, 1 − 10⁻⁶]``
     (Brent), else the limit of the iteration from c = 0.
-
-    Raises:
-        ValueError: no finite q*, or no convergence.
-    """
+    Raises ValueError: no finite q*, or no convergence."""
     from scipy.optimize import brentq
 
     q = length_fixed_point(activation, sigma_w2, sigma_b2)
@@ -509,10 +476,7 @@ class DepthScale:
 
 def correlation_depth_scale(activation: str, sigma_w2: float, sigma_b2: float = 0.0) -> DepthScale:
     """:class:`DepthScale` of ``activation`` at ``(σ_w², σ_b²)`` (215.1–215.4).
-
-    Raises:
-        ValueError: no finite q* (e.g. relu with σ_w² > 2).
-    """
+    Raises ValueError: no finite q* (e.g. relu with σ_w² > 2)."""
     q = length_fixed_point(activation, sigma_w2, sigma_b2)
     chi = chi_1(activation, sigma_w2, q)
     c = correlation_fixed_point(activation, sigma_w2, sigma_b2)
@@ -520,19 +484,13 @@ def correlation_depth_scale(activation: str, sigma_w2: float, sigma_b2: float = 
         chic = chi
     else:
         _, dsig = sigma_numpy(activation)
-        z1, z2, ww = _polar_rule(c)
-        s = math.sqrt(q)
-        u2 = c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2
-        chic = sigma_w2 * float(np.sum(ww * dsig(s * z1) * dsig(s * u2)))
+        chic = sigma_w2 * _pair_expectation(dsig, dsig, c, math.sqrt(q), math.sqrt(q))
     return DepthScale(q, chi, c, chic, depth_scale(chic) if chic > 0 else 0.0)
 
 
 def tanh_critical_point(q_star: float) -> tuple[float, float]:
     """``(σ_w², σ_b²)`` on the tanh critical line χ₁ = 1 with fixed point q* (215.1/215.3).
-
-    Raises:
-        ValueError: q* ≤ 0.
-    """
+    Raises ValueError: q* ≤ 0."""
     if not q_star > 0:
         raise ValueError(f"q_star={q_star} must be > 0")
     s = math.sqrt(q_star)
@@ -543,10 +501,7 @@ def tanh_critical_point(q_star: float) -> tuple[float, float]:
 
 def tanh_critical_line(sigma_b2) -> np.ndarray | float:
     """σ_w² on the tanh critical line χ₁ = 1 at bias variance σ_b² (scalar or array); 1 at 0.
-
-    Raises:
-        ValueError: σ_b² < 0.
-    """
+    Raises ValueError: σ_b² < 0."""
     from scipy.optimize import brentq
 
     sb = np.atleast_1d(np.asarray(sigma_b2, dtype=float))
@@ -569,10 +524,7 @@ def tanh_critical_line(sigma_b2) -> np.ndarray | float:
 
 def activation_vd(activation: str, q: float = 1.0) -> float:
     """v_D (215.7) = ``E[φ′(√q z)⁴] / E[φ′(√q z)²]² − 1`` (0 linear, 1 relu).
-
-    Raises:
-        ValueError: q ≤ 0, or φ′ vanishes almost surely.
-    """
+    Raises ValueError: q ≤ 0, or φ′ vanishes almost surely."""
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     _, dsig = sigma_numpy(activation)
@@ -587,11 +539,7 @@ def activation_vd(activation: str, q: float = 1.0) -> float:
 def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float = 1.0) -> float:
     """Var(λ) = L (v_W + v_D) of the squared singular values of ∂h_L/∂h_0 (215.7).
 
-    v_W = 1 (gaussian) or 0 (orthogonal).
-
-    Raises:
-        ValueError: unknown ``init``.
-    """
+    v_W = 1 (gaussian) or 0 (orthogonal). Raises ValueError: unknown ``init``."""
     v_w = {"gaussian": 1.0, "orthogonal": 0.0}.get(init)
     if v_w is None:
         raise ValueError(f"init={init!r} is not one of gaussian, orthogonal")
@@ -603,12 +551,8 @@ def residual_relu_correlation(c0: float, depth: int, gain: float) -> np.ndarray:
 
     ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)``, f = :func:`relu_correlation_map`.
     """
-    out = np.empty(depth + 1)
-    out[0] = c0
     g2 = gain * gain
-    for l in range(depth):
-        out[l + 1] = (out[l] + g2 * relu_correlation_map(out[l])) / (1.0 + g2)
-    return out
+    return _iterates(lambda c: (c + g2 * relu_correlation_map(c)) / (1.0 + g2), c0, depth)
 
 
 def residual_relu_correlation_ode(c0: float, t, tau: float) -> np.ndarray:
@@ -628,10 +572,7 @@ def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
     """Time to s/2 of the deep-linear plateau (215.8) from ``a_i(0) = a₀``, N = ``depth`` layers.
 
     ``T = ∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` by adaptive quadrature; 0 if already past.
-
-    Raises:
-        ValueError: N < 1, a₀ ≤ 0 or s ≤ 0.
-    """
+    Raises ValueError: N < 1, a₀ ≤ 0 or s ≤ 0."""
     from scipy.integrate import quad
 
     if depth < 1 or not a0 > 0 or not s > 0:
@@ -647,10 +588,7 @@ def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
 
 def deep_linear_time_asymptote(depth: int, a0: float, s: float = 1.0) -> float:
     """Small-start asymptote of :func:`deep_linear_time` (215.9): ``a₀^{−(N−2)} / (s (N−2))``.
-
-    Raises:
-        ValueError: N ≤ 2.
-    """
+    Raises ValueError: N ≤ 2."""
     if depth <= 2:
         raise ValueError(f"the asymptote 215.9 needs N > 2, got N={depth}")
     return a0 ** (-(depth - 2)) / (s * (depth - 2))

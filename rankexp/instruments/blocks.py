@@ -190,10 +190,7 @@ def _torchvision_blocks(model: nn.Module) -> list[BlockSpec]:
 
 def discover(model: nn.Module) -> list[BlockSpec]:
     """The blocks of a Hugging Face causal LM or a torchvision ResNet.
-
-    Raises:
-        BlockError: none found.
-    """
+    Raises BlockError: none found."""
     specs = _hf_blocks(model) if is_hf(model) else _torchvision_blocks(model)
     if not specs:
         raise BlockError(
@@ -205,10 +202,7 @@ def discover(model: nn.Module) -> list[BlockSpec]:
 
 def resolve(model: nn.Module, blocks) -> list[BlockSpec]:
     """``blocks`` (names, modules or :class:`BlockSpec`; ``None``: :func:`discover`) as specs.
-
-    Raises:
-        BlockError: an empty list, an unknown name, a module that is not part of ``model``.
-    """
+    Raises BlockError: an empty list, an unknown name, a module that is not part of ``model``."""
     if blocks is None:
         return discover(model)
     names = {id(m): n for n, m in model.named_modules()}
@@ -290,10 +284,7 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
             token: bool, stats: bool = True) -> list[_Seen]:
     """One forward pass recording each block's arguments at input ``point``, its output, the branch's
     input and the representation statistics.
-
-    Raises:
-        BlockError: a block not called exactly once, or not shape-preserving.
-    """
+    Raises BlockError: a block not called exactly once, or not shape-preserving."""
     seen = [_Seen() for _ in specs]
     handles = _hooks(specs, seen, point, token, stats)
     try:

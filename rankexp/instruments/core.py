@@ -92,10 +92,7 @@ class BlockRecord:
 
 def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     """``probes`` as a set of :data:`PROBES` (aliases of :data:`PROBE_ALIASES` mapped).
-
-    Raises:
-        ValueError: an unknown name, or none.
-    """
+    Raises ValueError: an unknown name, or none."""
     if probes is None:
         return frozenset(PROBES)
     names = [probes] if isinstance(probes, str) else list(probes)
@@ -208,9 +205,7 @@ def _chains(units: Sequence[UnitBlock]) -> list[list[UnitBlock]]:
 
 def _method(plan: _Plan, chain: Sequence[UnitBlock]) -> str:
     """``dense`` or ``matrix_free`` for a chain of dimension D.
-
-    Raises:
-        SizeError: the method asked for does not fit (names the block, D, bytes and the knobs).
+    Raises SizeError: the method asked for does not fit (names the block, D, bytes and the knobs).
     """
     u, d = chain[0], chain[0].dim
     dense = DENSE_WORDS * d * d * 8

@@ -32,10 +32,7 @@ FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
     """``(h, h0)``: inputs ``(E, n, d)`` of a ResidualMLP / PlainNet and the Jacobian point ``(E, 1, d)``, from
     an int n (the probes' own inputs; ``point`` 0), ``(n, d)`` or ``(E, n, d)``.
-
-    Raises:
-        ValueError: another shape, or a point outside the inputs.
-    """
+    Raises ValueError: another shape, or a point outside the inputs."""
     p = next(model.parameters())
     kw = {"dtype": p.dtype, "device": p.device}
     if isinstance(inputs, int):
@@ -69,10 +66,7 @@ def _stats(rows: Tensor, on: bool) -> dict:
 def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
                    representation: bool = True) -> list[UnitBlock]:
     """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet`.
-
-    Raises:
-        BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch).
-    """
+    Raises BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch)."""
     if model.skip_every > 1:
         raise BlockError(f"skip_every={model.skip_every}: block l adds h_(l−k), so the stream is "
                          "not a chain of blocks; the closed form (method='auto' or 'closed_form' "

@@ -66,8 +66,8 @@ class SpectralMonitor:
         prefix: prepended to every metric name.
         **analyze_kwargs: the rest of :func:`analyze`'s arguments.
 
-    Raises:
-        ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or a bad ``log``.
+    Raises ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or a bad
+    ``log``.
     """
 
     def __init__(self, model: nn.Module, inputs=None, *, every: int | None = 100,
@@ -145,10 +145,7 @@ class SpectralMonitor:
 def spectral_callback_class() -> type:
     """``SpectralCallback``: a ``transformers.TrainerCallback`` running a :class:`SpectralMonitor`
     at step 0 (if due) and after every optimizer step, on the main process only.
-
-    Raises:
-        ImportError: ``transformers`` is not installed (names the extra).
-    """
+    Raises ImportError: ``transformers`` is not installed (names the extra)."""
     from ..models.gpt2 import transformers_module
 
     tf = transformers_module()

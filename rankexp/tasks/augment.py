@@ -18,10 +18,7 @@ STREAM_AUGMENT = 4
 
 class PadCropFlip:
     """Random pad-crop-flip of whole batches on their device from ``seed``'s ``STREAM_AUGMENT``.
-
-    Raises:
-        ValueError: non-positive steps or batch size, negative pad.
-    """
+    Raises ValueError: non-positive steps or batch size, negative pad."""
 
     def __init__(self, steps: int, batch_size: int, seed: int, *, pad: int = 4,
                  fill: Tensor | None = None, image_shape: tuple[int, int, int] = (3, 32, 32),

@@ -151,15 +151,10 @@ def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
             found.setdefault("imagefolder", tree)
     if (root / ARCHIVE_NAME).is_file():
         found["archive"] = root / ARCHIVE_NAME
-    if source == "auto":
-        for kind in ("torchvision", "imagefolder", "archive"):
-            if kind in found:
-                return kind, found[kind]
-        if download:
-            return "torchvision", root
-    elif source in found:
-        return source, found[source]
-    elif source == "torchvision" and download:
+    for kind in ("torchvision", "imagefolder", "archive") if source == "auto" else (source,):
+        if kind in found:
+            return kind, found[kind]
+    if download and source in ("auto", "torchvision"):
         return "torchvision", root
     wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
               "torchvision": f"{TORCHVISION_FOLDER}/",
@@ -291,9 +286,8 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
         started = time.perf_counter()
         for start in range(0, len(paths), _DECODE_CHUNK):
             chunk = paths[start : start + _DECODE_CHUNK]
-            raw = [
-                torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in chunk
-            ]
+            raw = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
+                   for p in chunk]
             with warnings.catch_warnings():
                 # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
                 warnings.filterwarnings(
@@ -304,17 +298,13 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
                     decoded = None
                 for i, p in enumerate(chunk):
                     try:
-                        img = (
-                            decoded[i] if decoded else decode_image(raw[i], mode=ImageReadMode.RGB)
-                        )
+                        img = decoded[i] if decoded else decode_image(raw[i], ImageReadMode.RGB)
                     except RuntimeError as err:
                         raise CorruptDataError(
-                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}"
-                        ) from err
+                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}") from err
                     if tuple(img.shape) != IMAGE_SHAPE:
-                        raise CorruptDataError(
-                            f"{p}: image is {tuple(img.shape)}, CIFAR-10 images are 3×32×32. {HOW_TO_GET}"
-                        )
+                        raise CorruptDataError(f"{p}: image is {tuple(img.shape)}, CIFAR-10 images "
+                                               f"are 3×32×32. {HOW_TO_GET}")
                     images[start + i] = img
             bar.update(len(chunk))
         bar.close()
@@ -340,10 +330,8 @@ def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
                     tar.extractall(tmp)
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CorruptDataError(
-                f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is "
-                f"damaged. {HOW_TO_GET}"
-            ) from err
+            raise CorruptDataError(f"{archive}: cannot extract ({type(err).__name__}: {err}); "
+                                   f"the archive is damaged. {HOW_TO_GET}") from err
         if not (tmp / FOLDER_NAME / "train").is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
@@ -388,10 +376,7 @@ class DeviceDataset:
                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> DeviceDataset:
         """Move uint8 images ``(N, 3, H, W)`` to ``device`` once, then convert there.
-
-        Raises:
-            ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch.
-        """
+        Raises ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch."""
         for x, y in ((x_train, y_train), (x_test, y_test)):
             if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[0] != y.shape[0]:
                 raise ValueError(

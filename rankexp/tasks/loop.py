@@ -110,35 +110,6 @@ class TrainResult:
     probe_seconds: float = 0.0
 
 
-def _summarize(lrs: list[float], steps_done: int, completed: bool, loss: np.ndarray,
-               train_error: np.ndarray, diverged_step: np.ndarray, eval_steps: list[int],
-               test_acc: list[np.ndarray], wall_time_s: float, steps_per_s: float, loss_window: int,
-               stable_accuracy: float) -> TrainResult:
-    members = len(lrs)
-    acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
-    final = acc[-1] if len(acc) else np.full(members, np.nan)
-    best = acc.max(0) if len(acc) else np.full(members, np.nan)
-    diverged = diverged_step >= 0
-    window = loss[-loss_window:] if steps_done else np.full((1, members), np.nan)
-    best_lr, best_acc = None, float("nan")
-    if len(acc):
-        # a diverged rate is frozen at weights of no use: it is best only when every rate diverged
-        ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
-        i = int(np.argmax(ranked))
-        best_lr, best_acc = lrs[i], float(final[i])
-    stable = [
-        lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
-    ]
-    return TrainResult(lrs=list(lrs), steps=steps_done, completed=completed,
-                       final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
-                       best_test_acc=best, diverged=diverged, diverged_step=diverged_step,
-                       loss=loss, train_error=train_error,
-                       eval_steps=np.asarray(eval_steps, dtype=np.int64), test_acc=acc,
-                       best_lr=best_lr, best_acc=best_acc,
-                       max_stable_lr=max(stable) if stable else None, wall_time_s=wall_time_s,
-                       steps_per_s=steps_per_s)
-
-
 @dataclass
 class LoopState:
     """The loop's device state besides model and optimizer (a CUDA graph updates it in place).
@@ -158,14 +129,14 @@ class LoopState:
 
     @classmethod
     def fresh(cls, members: int, steps: int, device: torch.device) -> LoopState:
-        return cls(
-            done=torch.zeros((), dtype=torch.int64, device=device),
-            alive=torch.ones(members, dtype=torch.bool, device=device),
-            diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
-            loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                            device=device),
-            error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                             device=device))
+        def record() -> Tensor:
+            return torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
+                              device=device)
+
+        return cls(done=torch.zeros((), dtype=torch.int64, device=device),
+                   alive=torch.ones(members, dtype=torch.bool, device=device),
+                   diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
+                   loss=record(), error=record())
 
     def tensors(self) -> list[Tensor]:
         return [self.done, self.alive, self.diverged_step, self.loss, self.error]
@@ -319,11 +290,10 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
             f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)")
     if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
         raise ValueError(f"lrs={lrs}: every learning rate must be finite and > 0")
-    for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size"):
-        if getattr(plan, name) < 1:
-            raise ValueError(f"{name}={getattr(plan, name)} must be ≥ 1")
-    if plan.log_every is not None and plan.log_every < 1:
-        raise ValueError(f"log_every={plan.log_every} must be ≥ 1")
+    for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size", "log_every"):
+        value = getattr(plan, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be ≥ 1")
     if not plan.divergence_factor > 1:
         raise ValueError(f"divergence_factor={plan.divergence_factor} must be > 1 (a multiple "
                          "of the initial loss; inf: only non-finite losses count)")
@@ -533,18 +503,34 @@ class _Loop:
 
     def result(self, start: int, end: int, loss_window: int, stable_accuracy: float
                ) -> TrainResult:
-        done = end
+        h, lrs, members = self.history, self.lrs, len(self.lrs)
         diverged_step = self.state.diverged_step.cpu().numpy()
         self._warn_diverged(diverged_step)
+        loss = self.state.loss[:end].cpu().numpy()
+        acc = np.asarray(h.test_acc, dtype=np.float64).reshape(len(h.eval_steps), members)
+        final = acc[-1] if len(acc) else np.full(members, np.nan)
+        diverged = diverged_step >= 0
+        window = loss[-loss_window:] if end else np.full((1, members), np.nan)
+        best_lr, best_acc = None, float("nan")
+        if len(acc):
+            # a diverged rate is frozen at weights of no use: best only when every rate diverged
+            ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
+            i = int(np.argmax(ranked))
+            best_lr, best_acc = lrs[i], float(final[i])
+        stable = [lr for lr, a, d in zip(lrs, final, diverged, strict=True)
+                  if not d and a >= stable_accuracy]
         step_time = self.call_time - self.side_time
-        out = _summarize(
-            self.lrs, done, done == self.plan.steps, self.state.loss[:done].cpu().numpy(),
-            self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
-            self.history.elapsed_before + self.call_time,
-            (done - start) / step_time if step_time > 0 and done > start else 0.0,
-            loss_window, stable_accuracy)
-        out.probes, out.probe_seconds = dict(sorted(self.history.probes.items())), self.history.probe_seconds
-        return out
+        return TrainResult(
+            lrs=list(lrs), steps=end, completed=end == self.plan.steps,
+            final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
+            best_test_acc=acc.max(0) if len(acc) else np.full(members, np.nan),
+            diverged=diverged, diverged_step=diverged_step, loss=loss,
+            train_error=self.state.error[:end].cpu().numpy(),
+            eval_steps=np.asarray(h.eval_steps, dtype=np.int64), test_acc=acc, best_lr=best_lr,
+            best_acc=best_acc, max_stable_lr=max(stable) if stable else None,
+            wall_time_s=h.elapsed_before + self.call_time,
+            steps_per_s=(end - start) / step_time if step_time > 0 and end > start else 0.0,
+            probes=dict(sorted(h.probes.items())), probe_seconds=h.probe_seconds)
 
 
 def _lr_key(lr: float) -> str:

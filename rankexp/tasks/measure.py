@@ -81,19 +81,15 @@ def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                progress: Callable[[str], None] | None = None,
                context: ContextFactory | None = None) -> Measurement:
     """Run ``probes`` on ``model`` (members = seeds) as one batch; ``h0`` ``(E, 1, d)`` defaults to each seed's Gaussian.
-
-    Raises:
-        KeyError: an unknown probe name.
-    """
+    Raises KeyError: an unknown probe name."""
     m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress, context=context)
     return _reduce(m, probes, ctx)
 
 
 def join_seeds(parts: Sequence[Measurement]) -> Measurement:
     """Join the per-seed results of disjoint seed chunks (in seed order) into one.
-
-    Raises:
-        ValueError: a value that is not per-seed differs between chunks (a pooled value without a ``reduce``).
+    Raises ValueError: a value that is not per-seed differs between chunks (a pooled value
+    without a ``reduce``).
     """
     if len(parts) == 1:
         return parts[0]
@@ -197,10 +193,8 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     for wall, cpu in draws:  # drawn inside the sweep: drawing, not measurement
         built[0] += wall
         built[1] += cpu
-    result.scalars["measure_seconds"] = time.perf_counter() - t0 - built[0]
-    result.scalars["build_seconds"] = built[0]
-    result.scalars["measure_cpu_seconds"] = time.process_time() - c0 - built[1]
-    result.scalars["build_cpu_seconds"] = built[1]
-    result.scalars["peak_memory_gb"] = peak_memory_gb(device)
-    result.scalars["seed_chunk"] = float(chunk)
+    result.scalars.update(
+        measure_seconds=time.perf_counter() - t0 - built[0], build_seconds=built[0],
+        measure_cpu_seconds=time.process_time() - c0 - built[1], build_cpu_seconds=built[1],
+        peak_memory_gb=peak_memory_gb(device), seed_chunk=float(chunk))
     return result

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from .augment import PadCropFlip
-from .optim import ADAM, Recipe, constant, copy_in_place, member_adam, member_setup
+from .optim import ADAM, MemberOptimizer, Recipe, constant, member_adam
 
 
-class MemberSGD:
+class MemberSGD(MemberOptimizer):
     """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members:
     ``d = g + λ·w``, ``v ← μ·v + d``, ``w ← w − lr_e·v`` (λ where ``decay``; default all). A frozen
     member gets ``d = 0`` and rate 0.
@@ -27,10 +27,12 @@ class MemberSGD:
             axis, or ``decay`` of another length.
     """
 
+    name, buffer_kind = "sgd", "velocity"
+
     def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float], *,
                  momentum: float = 0.9, weight_decay: float = 0.0,
                  decay: Sequence[bool] | None = None):
-        members, _ = member_setup(self, params, lrs)
+        super().__init__(params, lrs)
         if not 0 <= momentum < 1 or not (weight_decay >= 0 and math.isfinite(weight_decay)):
             raise ValueError(f"momentum={momentum} must be in [0, 1), weight_decay={weight_decay} ≥ 0")
         decay = [True] * len(self.params) if decay is None else [bool(d) for d in decay]
@@ -38,7 +40,6 @@ class MemberSGD:
             raise ValueError(f"decay has {len(decay)} entries for {len(self.params)} parameters")
         self.momentum, self.weight_decay, self.decay = float(momentum), float(weight_decay), decay
         self.velocity = [torch.zeros_like(p) for p in self.params]
-        self._shapes = [(members,) + (1,) * (p.dim() - 1) for p in self.params]
 
     @torch.no_grad()
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
@@ -62,24 +63,12 @@ class MemberSGD:
             v.mul_(self.momentum).add_(g)
             p.addcmul_(v, rate.view(shape))
 
-    def state_dict(self) -> dict:
-        return {"name": "sgd", "momentum": self.momentum, "weight_decay": self.weight_decay,
-                "decay": list(self.decay), "velocity": [v.clone() for v in self.velocity]}
+    def constants(self) -> dict:
+        return {"momentum": self.momentum, "weight_decay": self.weight_decay,
+                "decay": list(self.decay)}
 
-    @torch.no_grad()
-    def load_state_dict(self, state: dict) -> None:
-        """Restore in place (a captured CUDA graph stays valid).
-
-        Raises:
-            ValueError: another optimizer's state, other constants, or other shapes.
-        """
-        if state.get("name") != "sgd" or len(state["velocity"]) != len(self.params):
-            raise ValueError(f"not the state of this MemberSGD ({len(self.params)} parameters)")
-        if (state["momentum"], state["weight_decay"], list(state["decay"])) != (
-                self.momentum, self.weight_decay, self.decay):
-            raise ValueError("SGD constants differ: "
-                             f"{state['momentum']}, {state['weight_decay']}, {state['decay']}")
-        copy_in_place(self.velocity, list(state["velocity"]), "velocity")
+    def buffers(self) -> dict[str, list[Tensor]]:
+        return {"velocity": self.velocity}
 
 
 def decays(p: Tensor) -> bool:
