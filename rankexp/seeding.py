@@ -34,15 +34,12 @@ def seeded_generator(seed: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(key) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def gaussian_input(
-    seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64, device="cpu"
-) -> Tensor:
+def gaussian_input(seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64,
+                   device="cpu") -> Tensor:
     """Standard Gaussian inputs ``h_0``, shape ``(E, batch, width)``, one draw per seed
     (``E[h_0²] = 1`` per coordinate)."""
-    rows = [
-        torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT), dtype=torch.float64)
-        for s in seeds
-    ]
+    rows = [torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT),
+                        dtype=torch.float64) for s in seeds]
     return torch.stack(rows).to(device=device, dtype=dtype)
 
 

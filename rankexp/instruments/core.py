@@ -320,13 +320,11 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
             branch[e][lj.layer - 1] = dense_spectrum(jb[e])
         bar.update(members)
 
-    needs = {PARTIAL_SPECTRA} if "prefix" in plan.probes else set()
     take_branch = "branch" in plan.probes
-    sw = None
-    if needs or take_branch:
-        needs |= {BRANCH_NORMS} if take_branch else set()
-        sw = forward_sweep(model, h0, needs=needs,
-                           on_layer=on_layer if take_branch else None)
+    needs = ({PARTIAL_SPECTRA} if "prefix" in plan.probes else set()) | (
+        {BRANCH_NORMS} if take_branch else set())
+    sw = forward_sweep(model, h0, needs=needs, on_layer=on_layer if take_branch else None
+                       ) if needs else None
     rep = {}
     if "representation" in plan.probes:
         for l, hl in model.states(h):

@@ -134,7 +134,7 @@ class SpectralMonitor:
         metrics[f"{self.prefix}spectra_seconds"] = seconds
         sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
         if is_mlflow and self.artifacts:
-                tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+            tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
 
     def callback(self):
         """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""

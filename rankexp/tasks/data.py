@@ -176,9 +176,7 @@ def _content_key(kind: str, path: Path) -> dict:
     elif kind == "imagefolder":
         # A folder's mtime changes when entries are added, removed or renamed.
         entries = [stat(path / split) for split in ("train", "test")]
-        entries += [
-            stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())
-        ]
+        entries += [stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())]
     else:
         folder = path / TORCHVISION_FOLDER
         entries = [stat(f) for f in sorted(folder.iterdir())] if folder.is_dir() else []

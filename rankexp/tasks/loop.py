@@ -298,9 +298,8 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
         raise ValueError(f"divergence_factor={plan.divergence_factor} must be > 1 (a multiple "
                          "of the initial loss; inf: only non-finite losses count)")
     if data.device != params[0].device:
-        raise ValueError(
-            f"data is on {data.device}, the classifier on {params[0].device}; put both on one device"
-        )
+        raise ValueError(f"data is on {data.device}, the classifier on {params[0].device}; "
+                         "put both on one device")
     want = getattr(model, "in_features", data.in_features)
     if data.in_features != want:
         raise ValueError(f"data has {data.in_features} features, classifier expects {want}")

@@ -60,13 +60,10 @@ def member_scalars(values: dict[str, Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in values.items() if v.ndim == 1}
 
 
-def write_arrays(result_dir: Path, probes: dict[int, dict[str, Tensor]], lrs: list[float]) -> list[Path]:
-    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step (with ``lrs``); returns the files."""
+def write_arrays(result_dir: Path, probes: dict[int, dict[str, Tensor]], lrs: list[float]) -> None:
+    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step (with ``lrs``)."""
     folder = result_dir / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    files = []
     for step, values in probes.items():
-        f = folder / f"step_{step:06d}.npz"
-        np.savez_compressed(f, lrs=np.asarray(lrs), **{k: v.numpy() for k, v in values.items()})
-        files.append(f)
-    return files
+        np.savez_compressed(folder / f"step_{step:06d}.npz", lrs=np.asarray(lrs),
+                            **{k: v.numpy() for k, v in values.items()})

@@ -104,18 +104,15 @@ class StepSchedule:
 def recipe(task, *, depth: int, steps: int, batch_size: int, seed: int,
            fill: Tensor | None, device: torch.device) -> Recipe:
     """The :class:`Recipe` the ``task`` config asks for (:data:`ADAM` itself for the defaults)."""
-    optimizer = _value(task.optimizer)
-    schedule_name = _value(task.schedule)
-    augment = _value(task.augment)
+    optimizer, schedule_name, augment = (
+        getattr(v, "value", v) for v in (task.optimizer, task.schedule, task.augment))
     if (optimizer, schedule_name, augment) == ("adam", "constant", "none"):
         return ADAM
-    parts: list[str] = []
+    opt: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam
+    parts = ["adam"]
     if optimizer == "sgd":
-        opt: Callable[[nn.Module, Tensor], object] = _sgd_factory(task.momentum, task.weight_decay)
-        parts.append(f"sgd(m={task.momentum:g},wd={task.weight_decay:g})")
-    else:
-        opt = member_adam
-        parts.append("adam")
+        opt = _sgd_factory(task.momentum, task.weight_decay)
+        parts = [f"sgd(m={task.momentum:g},wd={task.weight_decay:g})"]
     schedule: Callable[[int, int], float] = constant
     if schedule_name == "step":
         warm = task.warmup_steps if depth >= task.warmup_min_depth else 0
@@ -139,7 +136,3 @@ def _sgd_factory(momentum: float, weight_decay: float):
                          decay=[decays(p) for p in params])
 
     return member_sgd
-
-
-def _value(v) -> str:
-    return getattr(v, "value", v)

@@ -149,12 +149,16 @@ class _Probing:
                      len(lrs), probe_memory_line(s, len(lrs), str(device)))
 
     def before(self, out: Measurement) -> None:
-        t = self.s.task
-        before = [p for p in t.probes if p in INIT_PROBES]
-        if before and not self.schedule:
-            out.update(_probes(self.net, self.data, before, t.options, trained=False))
-            if len(self.lrs) > 1:  # (one rate: its scalars are the run's, as before)
-                log_member_series(self.run, [0], _member_rows(out, self.lrs))
+        if not self.schedule:
+            self._once(out, [p for p in self.s.task.probes if p in INIT_PROBES], False, 0)
+
+    def _once(self, out: Measurement, probes: list[str], trained: bool, step: int) -> None:
+        """``probes`` of the initial or trained network, logged per member at ``step``."""
+        if probes:
+            m = _probes(self.net, self.data, probes, self.s.task.options, trained=trained)
+            out.update(m)
+            if len(self.lrs) > 1:  # (one rate: its scalars are the run's)
+                log_member_series(self.run, [step], _member_rows(m, self.lrs))
 
     def on_probe(self, step: int) -> dict[str, torch.Tensor]:
         t = self.s.task
@@ -167,16 +171,11 @@ class _Probing:
         return values
 
     def after(self, out: Measurement, res: TrainResult, result_dir: Path) -> None:
-        t = self.s.task
         if self.schedule:
             _probe_results(out, res, self.lrs, self.live, self.run, result_dir)
-            return
-        after = [p for p in t.probes if p not in INIT_PROBES]
-        if after:
-            trained = _probes(self.net, self.data, after, t.options, trained=True)
-            out.update(trained)
-            if len(self.lrs) > 1:
-                log_member_series(self.run, [res.steps], _member_rows(trained, self.lrs))
+        else:
+            self._once(out, [p for p in self.s.task.probes if p not in INIT_PROBES], True,
+                       res.steps)
 
 
 def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str, np.ndarray]) -> None:
