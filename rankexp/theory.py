@@ -10,12 +10,9 @@ times the normal density (exact for kinked σ); Gauss–Hermite (``rule="hermite
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
@@ -24,21 +21,12 @@ from numpy.polynomial.legendre import leggauss
 from .models.activations import ACTIVATIONS, LEAKY_SLOPE
 
 
-def _lazy_module(name: str) -> ModuleType:
-    """``name`` imported on first attribute access (:class:`importlib.util.LazyLoader`)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _special():
+    """``scipy.special``, imported on first use (every job imports this module; scipy is slow)."""
+    from scipy import special
 
+    return special
 
-# every job imports this module: scipy loads on first use (scipy.stats alone costs ~0.5 s)
-special = _lazy_module("scipy.special")
-stats = _lazy_module("scipy.stats")
 
 _HERMITE_NODES = 160
 _LEGENDRE_NODES = 160
@@ -77,8 +65,8 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     return float(np.dot(w, g(x)))
 
 
-_SILU = (lambda x: x * special.expit(x),
-         lambda x: special.expit(x) * (1.0 + x * (1.0 - special.expit(x))))
+_SILU = (lambda x: x * _special().expit(x),
+         lambda x: _special().expit(x) * (1.0 + x * (1.0 - _special().expit(x))))
 
 #: name → (σ, σ′) as NumPy functions (σ′ at the kink: right derivative, a null set).
 _SIGMA: dict[str, tuple[Callable, Callable]] = {
@@ -86,8 +74,8 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "abs": (np.abs, np.sign),
     "leaky_relu": (lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
                    lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE)),
-    "gelu": (lambda x: x * special.ndtr(x),
-             lambda x: special.ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)),
+    "gelu": (lambda x: x * _special().ndtr(x),
+             lambda x: _special().ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)),
     "silu": _SILU,
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
     "linear": (lambda x: x, np.ones_like),
@@ -262,7 +250,9 @@ def uncorrelated_path_profile(rho) -> np.ndarray:
 
 def path_order_distribution(n: int, rho: float) -> np.ndarray:
     """Effective path distribution Binomial(n, ρ/(1+ρ)) over k = 0…n (mean-field chapter)."""
-    return stats.binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
+    from scipy.stats import binom
+
+    return binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
 
 
 def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
