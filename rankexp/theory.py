@@ -1,10 +1,7 @@
-"""Closed forms and quadrature references the probes are compared against.
+"""Closed forms and quadrature references the probes are compared against (deterministic NumPy).
 
-Deterministic NumPy: Gaussian activation constants (Table 1), the Pre-Norm ratio and stream
-(Eq. 21/22), Marchenko–Pastur (Figure 9/17), the Gaussian-product reference for ``erank(J_f)``
-(Figure 8), the uncorrelated path-order profile (Eq. 5/11), and the mean-field maps of the
-chapter (215.1–215.9). ``E_{z~N(0,1)}[g(z)]`` uses Gauss–Legendre on ``[−12, 0] ∪ [0, 12]``
-times the normal density (exact for kinked σ); Gauss–Hermite (``rule="hermite"``) is for smooth g.
+``E_{z~N(0,1)}[g(z)]`` uses Gauss–Legendre on ``[−12, 0] ∪ [0, 12]`` times the normal density
+(exact for kinked σ); Gauss–Hermite (``rule="hermite"``) is for smooth g.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from numpy.polynomial.legendre import leggauss
 from .models.activations import ACTIVATIONS, LEAKY_SLOPE
 
 
-def _special():
-    """``scipy.special``, imported on first use (every job imports this module; scipy is slow)."""
+def _special():  # scipy is slow to import; every job imports this module
     from scipy import special
 
     return special
@@ -35,7 +31,6 @@ _TRUNCATION = 12.0
 
 @functools.cache
 def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Legendre nodes and weights on [−1, 1], cached read-only per n."""
     y, v = leggauss(n)
     y.flags.writeable = v.flags.writeable = False
     return y, v
@@ -43,12 +38,11 @@ def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.cache
 def _split_rule(n: int = _LEGENDRE_NODES, t: float = _TRUNCATION) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Legendre on ``[−t, 0] ∪ [0, t]`` times the standard normal density."""
     y, v = _legendre(n)
     half = 0.5 * t * (y + 1.0)  # nodes on (0, t)
     x = np.concatenate([-half[::-1], half])
     w = np.concatenate([v[::-1], v]) * 0.5 * t * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
-    x.flags.writeable = w.flags.writeable = False  # cached: shared by every caller
+    x.flags.writeable = w.flags.writeable = False
     return x, w
 
 
@@ -63,6 +57,11 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
         x, w = hermegauss(_HERMITE_NODES)
         w = w / math.sqrt(2 * math.pi)
     return float(np.dot(w, g(x)))
+
+
+def _moment(f: Callable, q: float, power: int = 1) -> float:
+    s = math.sqrt(q)
+    return gaussian_expectation(lambda z: f(s * z) ** power)
 
 
 _SILU = (lambda x: x * _special().expit(x),
@@ -94,12 +93,9 @@ def sigma_numpy(name: str
 
 @dataclass(frozen=True)
 class ActivationConstants:
-    """Gaussian constants of one activation at ``z ~ N(0, q)`` (Table 1).
-
-    ``mean`` = E[σ], ``kappa`` = κ = E[σ²] (Eq. 22), ``coherence`` = c = E[σ]²/E[σ²] (0 when
-    κ = 0), ``spike_bound`` = 1/c, ``survival`` = p = E[σ′²] (Eq. 9/25; γ = p·m/d),
-    ``survival_rate`` = P(σ′ ≠ 0).
-    """
+    """Gaussian constants at ``z ~ N(0, q)`` (Table 1): ``mean`` E[σ], ``kappa`` κ = E[σ²] (Eq. 22),
+    ``coherence`` c = E[σ]²/κ, ``spike_bound`` 1/c, ``survival`` p = E[σ′²] (Eq. 9/25),
+    ``survival_rate`` P(σ′ ≠ 0)."""
 
     name: str
     q: float
@@ -112,24 +108,16 @@ class ActivationConstants:
 
 
 def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
-    """Table 1 constants of σ = ``name`` for ``z ~ N(0, q)`` by quadrature.
-
-    ``swiglu`` (``silu(g)·u``, independent ``g, u ~ N(0, q)``) is approximate: mean 0, c = 0,
-    κ = ``E[silu(g)²]·q``, ``p = q·E[silu′(g)²] + E[silu(g)²]``.
-    Raises ValueError: unknown activation, or ``q ≤ 0``."""
+    """Table 1 constants of σ = ``name`` at ``z ~ N(0, q)`` by quadrature (``swiglu``: approximate,
+    independent gate and value). Raises ValueError: unknown activation, or ``q ≤ 0``."""
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     sig, dsig = sigma_numpy(name)
-    s = math.sqrt(q)
+    kappa, p = _moment(sig, q, 2), _moment(dsig, q, 2)
     if name == "swiglu":
-        e_s2 = gaussian_expectation(lambda z: sig(s * z) ** 2)
-        e_d2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-        mean, kappa, p, rate = 0.0, e_s2 * q, q * e_d2 + e_s2, 1.0
+        mean, kappa, p, rate = 0.0, kappa * q, q * p + kappa, 1.0
     else:
-        mean = gaussian_expectation(lambda z: sig(s * z))
-        kappa = gaussian_expectation(lambda z: sig(s * z) ** 2)
-        p = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-        rate = gaussian_expectation(lambda z: (dsig(s * z) != 0).astype(float))
+        mean, rate = _moment(sig, q), _moment(lambda x: (dsig(x) != 0).astype(float), q)
     c = mean**2 / kappa if kappa > 0 else 0.0
     if c < 1e-14:  # symmetric σ: the quadrature's rounding is not a spike
         c = 0.0
@@ -139,11 +127,8 @@ def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
 
 
 def prenorm_branch_ratio(layer, nominal_ratio: float, kappa: float):
-    """Pre-Norm branch-to-skip ratio (Eq. 22): ``r̃_l = βα^M / sqrt(1 + κ(βα^M)²(l−1))``.
-
-    The measured Frobenius ratio (Eq. 4) is ``r_l ≈ √p · r̃_l``, p = E[σ′²]. ``layer``: l ≥ 1
-    (scalar or array); ``nominal_ratio``: βα^M; ``kappa``: κ. Returns the shape of ``layer``.
-    """
+    """Pre-Norm branch-to-skip ratio (Eq. 22) ``βα^M / sqrt(1 + κ(βα^M)²(l−1))`` at ``layer`` l ≥ 1
+    (scalar or array, shape kept); the measured ratio (Eq. 4) is ``√p`` times it."""
     l = np.asarray(layer, dtype=float)
     return nominal_ratio / np.sqrt(1.0 + kappa * nominal_ratio**2 * (l - 1.0))
 
@@ -197,10 +182,8 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
 
 
 def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> float:
-    """Kolmogorov–Smirnov distance ∈ [0, 1] between normalized eigenvalues and MP(γ).
-
-    Eigenvalues below ``zero_tol · max`` count as the atom at 0.
-    """
+    """KS distance ∈ [0, 1] between normalized eigenvalues and MP(γ); those below
+    ``zero_tol · max`` count as the atom at 0."""
     ev = np.sort(np.asarray(eigenvalues, dtype=float).ravel())
     n = ev.size
     ev = np.where(ev < zero_tol * ev[-1], 0.0, ev)
@@ -215,10 +198,8 @@ def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> fl
 
 
 def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int = 0) -> float:
-    """Reference for ``erank(J_f)/d`` (Figure 8): erank/d of ``G₂ G₁``, ``G₁ ∈ R^{inner×d}``.
-
-    Mean over ``draws`` seeded Monte Carlo draws; 0 when ``inner == 0``.
-    """
+    """Reference for ``erank(J_f)/d`` (Figure 8): mean erank/d of ``G₂ G₁``, ``G₁ ∈ R^{inner×d}``,
+    over ``draws`` seeded draws; 0 when ``inner == 0``."""
     if inner <= 0:
         return 0.0
     rng = np.random.default_rng(seed)
@@ -233,11 +214,8 @@ def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int 
 
 
 def uncorrelated_path_profile(rho) -> np.ndarray:
-    """Energy profile over path order k = 0…L if paths are uncorrelated (Eq. 5/11).
-
-    ``rho``: ``(L,)`` squared ratios ``r_l²``; returns ``(L+1,)`` Poisson-binomial probabilities with
-    success ``ρ_l/(1+ρ_l)``.
-    """
+    """Energy profile ``(L+1,)`` over path order if paths are uncorrelated (Eq. 5/11):
+    Poisson-binomial with success ``ρ_l/(1+ρ_l)`` for ``rho`` ``(L,)`` = ``r_l²``."""
     rho = np.asarray(rho, dtype=float)
     pk = np.zeros(rho.size + 1)
     pk[0] = 1.0
@@ -259,9 +237,7 @@ def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     """Mean-field length map ``q ↦ σ_w² E[φ(√q z)²] + σ_b²`` (scalar or array ``q > 0``)."""
     sig, _ = sigma_numpy(activation)
     qs = np.atleast_1d(np.asarray(q, dtype=float))
-    out = np.array(
-        [sigma_w2 * gaussian_expectation(lambda z, v=v: sig(math.sqrt(v) * z) ** 2) for v in qs])
-    out = out + sigma_b2
+    out = np.array([sigma_w2 * _moment(sig, v, 2) for v in qs]) + sigma_b2
     return out if np.ndim(q) else float(out[0])
 
 
@@ -284,17 +260,12 @@ def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, 
 
 def chi_1(activation: str, sigma_w2: float, q_star: float) -> float:
     """χ₁ = ``σ_w² E[φ′(√q* z)²]``: slope of the correlation map at c = 1 (order/chaos: χ₁ ≶ 1)."""
-    _, dsig = sigma_numpy(activation)
-    s = math.sqrt(q_star)
-    return sigma_w2 * gaussian_expectation(lambda z: dsig(s * z) ** 2)
+    return sigma_w2 * _moment(sigma_numpy(activation)[1], q_star, 2)
 
 
 def _polar_rule(c: float, n_angle: int = 48, n_radius: int = 96
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nodes ``(z₁, z₂)`` and weights for ``E[g(z₁, z₂)]``, z standard 2-D normal.
-
-    Polar Gauss–Legendre with the angle split at the kinks ``z₁ = 0`` and ``c z₁ + √(1−c²) z₂ = 0``.
-    """
+    """Polar Gauss–Legendre ``(z₁, z₂, w)`` for a 2-D normal, angles split at the kinks of c."""
     s = math.sqrt(max(0.0, 1.0 - c * c))
     phi = math.atan2(s, c)
     cuts = np.sort(
@@ -323,10 +294,8 @@ def _pair_expectation(f: Callable, g: Callable, c: float, s_a: float, s_b: float
 
 
 def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star: float):
-    """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``.
-
-    ``u₁ = √q* z₁``, ``u₂ = √q* (c z₁ + √(1−c²) z₂)`` (:func:`_polar_rule`).
-    """
+    """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``, ``u`` of variance q*
+    and correlation c."""
     sig, _ = sigma_numpy(activation)
     s = math.sqrt(q_star)
     out = np.array([(sigma_w2 * _pair_expectation(sig, sig, v, s, s) + sigma_b2) / q_star
@@ -349,7 +318,6 @@ def relu_correlation_map(c):
 
 
 def _iterates(f: Callable[[float], float], x0: float, steps: int) -> np.ndarray:
-    """``x_0, f(x_0), …, f^steps(x_0)``, ``(steps+1,)``."""
     out = np.empty(steps + 1)
     out[0] = x0
     for l in range(steps):
@@ -375,10 +343,8 @@ def residual_variance(alpha: float, depth: int, q0: float = 1.0) -> float:
 
 def random_walk_projection_product(width: int, depth: int, step: float, *, seed: int = 0
 ) -> np.ndarray:
-    """Singular values ``(d,)`` of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), descending.
-
-    Unit normals follow a random walk ``u_l ∝ u_{l−1} + step·g_l/√d`` (``step = βα^M``).
-    """
+    """Singular values ``(d,)``, descending, of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), unit normals
+    on a random walk ``u_l ∝ u_{l−1} + step·g_l/√d`` (``step = βα^M``)."""
     rng = np.random.default_rng(seed)
     u = rng.standard_normal(width)
     u /= np.linalg.norm(u)
@@ -406,11 +372,8 @@ def covariance_map(q_a: float, q_b: float, c: float, activation: str, sigma_w2: 
 def covariance_iterates(q0: float, c0: float, layers: int, activation: str, sigma_w2: float,
                         sigma_b2: float = 0.0, *, gain: float | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """``(q_l, c_l)``, two ``(layers+1,)`` arrays, from two inputs of length q0, correlation c0.
-
-    Plain (``gain=None``): :func:`covariance_map` iterated. Residual with branch gain g
-    (``h_l = h_{l−1} + g (W φ(h_{l−1}) + b)``): second moments add, ``q_l = q_{l−1} + g² q'``.
-    """
+    """``(q_l, c_l)``, two ``(layers+1,)`` arrays, from length q0 and correlation c0 under
+    :func:`covariance_map`; with ``gain`` g, residual: ``q_l = q_{l−1} + g² q'``."""
     q, c = np.empty(layers + 1), np.empty(layers + 1)
     q[0], c[0] = q0, c0
     for l in range(layers):
@@ -426,10 +389,7 @@ def covariance_iterates(q0: float, c0: float, layers: int, activation: str, sigm
 
 def correlation_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *,
                             iters: int = 20_000, tol: float = 1e-13) -> float:
-    """The stable fixed point c* of :func:`correlation_map` at q* (215.2).
-
-    Ordered phase (χ₁ ≤ 1 + 1e−9): 1. Chaotic phase: the root of ``f(c) − c`` on ``[0, 1 − 10⁻⁶]``
-    (Brent), else the limit of the iteration from c = 0.
+    """The stable fixed point c* of :func:`correlation_map` at q* (215.2); 1 in the ordered phase.
     Raises ValueError: no finite q*, or no convergence."""
     from scipy.optimize import brentq
 
@@ -518,9 +478,7 @@ def activation_vd(activation: str, q: float = 1.0) -> float:
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     _, dsig = sigma_numpy(activation)
-    s = math.sqrt(q)
-    m2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-    m4 = gaussian_expectation(lambda z: dsig(s * z) ** 4)
+    m2, m4 = _moment(dsig, q, 2), _moment(dsig, q, 4)
     if not m2 > 0:
         raise ValueError(f"{activation}: E[φ′²] = 0 at q={q}")
     return max(m4 / m2**2 - 1.0, 0.0)  # ≥ 0 by Jensen; rounding can dip below
@@ -537,10 +495,8 @@ def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float 
 
 
 def residual_relu_correlation(c0: float, depth: int, gain: float) -> np.ndarray:
-    """``(depth+1,)`` correlations of a residual ReLU net with branch gain g (the chapter).
-
-    ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)``, f = :func:`relu_correlation_map`.
-    """
+    """``(depth+1,)`` correlations ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)`` of a residual
+    ReLU net with branch gain g, f = :func:`relu_correlation_map`."""
     g2 = gain * gain
     return _iterates(lambda c: (c + g2 * relu_correlation_map(c)) / (1.0 + g2), c0, depth)
 
@@ -559,10 +515,8 @@ def residual_relu_correlation_ode(c0: float, t, tau: float) -> np.ndarray:
 
 
 def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
-    """Time to s/2 of the deep-linear plateau (215.8) from ``a_i(0) = a₀``, N = ``depth`` layers.
-
-    ``T = ∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` by adaptive quadrature; 0 if already past.
-    Raises ValueError: N < 1, a₀ ≤ 0 or s ≤ 0."""
+    """Time ``∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` to s/2 of the deep-linear plateau
+    (215.8), N = ``depth``; 0 if already past. Raises ValueError: N < 1, a₀ ≤ 0 or s ≤ 0."""
     from scipy.integrate import quad
 
     if depth < 1 or not a0 > 0 or not s > 0:
@@ -570,10 +524,8 @@ def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
     a_half = (s / 2.0) ** (1.0 / depth)
     if a0 >= a_half:
         return 0.0
-    n = depth
-    val, _ = quad(lambda a: 1.0 / (a ** (n - 1) * (s - a**n)), a0, a_half,
-                  epsabs=0.0, epsrel=1e-13, limit=200)
-    return float(val)
+    return float(quad(lambda a: 1.0 / (a ** (depth - 1) * (s - a**depth)), a0, a_half,
+                      epsabs=0.0, epsrel=1e-13, limit=200)[0])
 
 
 def deep_linear_time_asymptote(depth: int, a0: float, s: float = 1.0) -> float:

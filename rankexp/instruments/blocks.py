@@ -1,11 +1,6 @@
-"""Blocks of any network as maps of one stream vector to itself.
-
-A *block* maps ``h_{l−1} ↦ h_l`` (shape-preserving) around a *branch* ``f``; a *unit* is one
-input's state or, for token models, one token (other tokens held: under causal masking the
-product of same-token Jacobians is the same-token block of ``∂h_l/∂h_0``). Blocks are found
-in Hugging Face causal LMs (branch ``mlp(ln₂(x))``, Figure 12), torchvision ResNets (branch F)
-and rankexp's families, or given as ``blocks=``. Consecutive blocks chained output to input
-form a *stage*; the prefix Jacobian restarts where the chain breaks.
+"""Blocks of any network as maps ``h_{l−1} ↦ h_l`` of one stream vector (a *unit*: one input,
+or one token) around a *branch* ``f``; found in Hugging Face causal LMs (Figure 12), torchvision
+ResNets and rankexp's families, or given. Blocks chained output to input form a *stage*.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ HF_BLOCK_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_
                   "transformer.blocks", "model.language_model.layers", "h", "layers")
 #: (FFN norm, FFN) names to try outside :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2, Llama)
 HF_FFN_NAMES = (("ln_2", "mlp"), ("post_attention_layernorm", "mlp"))
-#: what the branch column says for each kind of branch
 BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USER = (
     "ffn", "residual_function", "β·B(f(P(h)))", "block(h) − h", "block(h)", "user")
 
@@ -40,11 +34,9 @@ class BlockError(ValueError):
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """One block as the user (or discovery) describes it: ``branch`` ``f`` (``None``: block − identity
-    when ``residual``, else the block), ``branch_input`` (the submodule whose input is where ``f``
-    reads the stream, e.g. ``ln_2``), ``label`` (the ``branch_kind`` column), ``tokenwise`` (``f``
-    acts on each token alone).
-    """
+    """One block: ``branch`` f (``None``: block − I when ``residual``, else the block),
+    ``branch_input`` (the submodule whose input f reads, e.g. ``ln_2``), ``label`` (the
+    ``branch_kind`` column), ``tokenwise`` (f acts on each token alone)."""
 
     module: nn.Module
     name: str = ""
@@ -57,9 +49,8 @@ class BlockSpec:
 
 @dataclass
 class UnitBlock:
-    """One block at one unit of the stream: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
-    (``None``: ``step − I`` or ``step``), and the representation statistics over every input.
-    """
+    """One block at one unit: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
+    (``None``: ``step − I`` or ``step``), representation statistics over every input."""
 
     index: int
     name: str
@@ -103,7 +94,6 @@ def _first_tensor(out):
 
 
 def _take(v, point: int, batch: int):
-    """``v`` with every tensor whose leading axis is the batch cut to input ``point``."""
     if isinstance(v, Tensor):
         return v[point:point + 1] if batch > 1 and v.dim() > 0 and v.shape[0] == batch else v
     if isinstance(v, tuple):
@@ -131,8 +121,7 @@ def is_hf(model: nn.Module) -> bool:
 
 def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     """``(erank(Z)/D, rms, rows)`` of block outputs ``h`` ``(B, …)``, rows uncentred (inputs, or
-    inputs × tokens), as :func:`rankexp.probes.representation.stack_spectrum` but with the Gram in ``h``'s dtype.
-    """
+    inputs × tokens)."""
     z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
     n, d = z.shape
     gram = z.mT @ z if n >= d else z @ z.mT
@@ -282,8 +271,7 @@ def _hooks(specs, seen, point, token, stats):
 
 def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
             token: bool, stats: bool = True) -> list[_Seen]:
-    """One forward pass recording each block's arguments at input ``point``, its output, the branch's
-    input and the representation statistics.
+    """One forward pass recording each block's input at ``point``, output, branch input and stats.
     Raises BlockError: a block not called exactly once, or not shape-preserving."""
     seen = [_Seen() for _ in specs]
     handles = _hooks(specs, seen, point, token, stats)

@@ -25,14 +25,12 @@ from .blocks import (
     rows_stats,
 )
 
-#: the families :func:`family_units` knows
 FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 
 
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
-    """``(h, h0)``: inputs ``(E, n, d)`` of a ResidualMLP / PlainNet and the Jacobian point ``(E, 1, d)``, from
-    an int n (the probes' own inputs; ``point`` 0), ``(n, d)`` or ``(E, n, d)``.
-    Raises ValueError: another shape, or a point outside the inputs."""
+    """``(h, h0)``: inputs ``(E, n, d)`` and Jacobian point ``(E, 1, d)`` from an int n (the probes'
+    inputs), ``(n, d)`` or ``(E, n, d)``. Raises ValueError: another shape, or a bad point."""
     p = next(model.parameters())
     kw = {"dtype": p.dtype, "device": p.device}
     if isinstance(inputs, int):
@@ -58,7 +56,6 @@ def _member_params(module: nn.Module, e: int) -> dict[str, Tensor]:
 
 
 def _stats(rows: Tensor, on: bool) -> dict:
-    """The representation fields of a unit from its block's output rows ``(n, D)``."""
     er, rms, n = rows_stats(rows) if on else (None, None, 0)
     return {"representation": er, "rms": rms, "rows": n}
 

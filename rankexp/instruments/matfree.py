@@ -1,11 +1,9 @@
 """Spectral summaries of one Jacobian ``J`` (``D_out × D``), exact or matrix-free.
 
-:func:`slq_spectrum` estimates them from products with ``A = JᵀJ`` alone: ``‖J‖_F² = tr A``
-(Hutchinson 1989), ``‖J‖₂²`` the top Ritz value of the same Lanczos runs (a lower bound with
-its residual bound, Parlett 1998, Thm. 13.1.1), and ``erank = exp(ln S − tr g(A)/S)``,
-``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` by stochastic Lanczos quadrature (Ubaru, Chen & Saad
-2017). Errors: the spread over probe vectors (delta method) combined with the quadrature's,
-extrapolated from the erank's change over the last ``check`` steps as for a ``k⁻²`` tail.
+:func:`slq_spectrum` uses ``A = JᵀJ`` products only: ``‖J‖_F² = tr A`` (Hutchinson 1989),
+``‖J‖₂²`` the top Ritz value (Parlett 1998, Thm. 13.1.1), ``erank = exp(ln S − tr g(A)/S)``,
+``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` (Ubaru, Chen & Saad 2017); errors: probe spread plus
+the quadrature's ``k⁻²`` tail.
 """
 
 from __future__ import annotations
@@ -206,7 +204,7 @@ def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: Matrix
     er, er_se = q.erank()
     k = lz.steps
     quad_err = 0.0
-    if k > settings.check:  # the tail of a k⁻² convergence, from its last change (module docstring)
+    if k > settings.check:  # the k⁻² tail, from its last change
         change = abs(er - _quadrature(lz, dim, k - settings.check).erank()[0])
         quad_err = change * k / (2 * settings.check)
     p = settings.vectors

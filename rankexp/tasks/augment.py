@@ -1,7 +1,5 @@
-"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2): crop offsets uniform on
-``{0, …, 2·pad}²``, flips with probability ½, black padding. The run's draws are one uint8
-table ``(steps, B, 3)`` made on the CPU and indexed on the device, so the transform is a pure
-function of ``(batch, step)`` and CUDA-graph safe.
+"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2), a pure function of
+``(batch, step)`` (one uint8 draw table), CUDA-graph safe.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ..seeding import STREAM_DATA
 
 log = logging.getLogger(__name__)
 
-#: Standard CIFAR-10 label order (= class folders sorted by name = torchvision's order).
+#: CIFAR-10 label order (class folders sorted = torchvision's order).
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
            "truck")
 IMAGE_SHAPE = (3, 32, 32)
@@ -69,9 +69,7 @@ class CorruptDataError(DataError, ValueError):
 
 @dataclass(frozen=True)
 class DataSource:
-    """Where a loaded CIFAR-10 came from (an MLflow dataset input): ``kind``, ``path``,
-    ``cache_file``, ``sha256`` (hex, :func:`tensors_sha256`) and the splits' row counts.
-    """
+    """Where a loaded CIFAR-10 came from (an MLflow dataset input); ``sha256``: hex."""
 
     kind: str
     path: Path
@@ -95,16 +93,10 @@ def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path =
                         expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
                         progress: bool = True
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
-    """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
-
-    Returns ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
-    (memory-mapped when cached) and int64 ``(N,)`` labels in :data:`CLASSES` order.
-
-    Raises:
-        MissingDataError: no source at ``root``.
-        CorruptDataError: unreadable, or not CIFAR-10's classes, shapes or counts.
-        ValueError: unknown ``source``.
-    """
+    """``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images and
+    int64 ``(N,)`` labels in :data:`CLASSES` order, decoded once and cached.
+    Raises MissingDataError: no source at ``root``; CorruptDataError: unreadable or not
+    CIFAR-10; ValueError: unknown ``source``."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is not one of {', '.join(SOURCES)}")
     root, cache_dir = Path(root).expanduser(), Path(cache_dir).expanduser()
@@ -174,7 +166,6 @@ def _content_key(kind: str, path: Path) -> dict:
     if kind == "archive":
         entries = [stat(path)]
     elif kind == "imagefolder":
-        # A folder's mtime changes when entries are added, removed or renamed.
         entries = [stat(path / split) for split in ("train", "test")]
         entries += [stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())]
     else:
@@ -357,9 +348,8 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class DeviceDataset:
-    """The whole data set on the training device: ``x_*`` float ``(N, 3072)`` standardized
-    per channel with the train split's ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``.
-    """
+    """The data set on the device: ``x_*`` ``(N, 3072)`` standardized by the train split's
+    ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``."""
 
     x_train: Tensor
     y_train: Tensor
@@ -383,7 +373,6 @@ class DeviceDataset:
         mean, std = channel_stats(x_train)
 
         def convert(x: Tensor) -> Tensor:
-            # uint8 travels (4× smaller than float); the conversion runs on the device.
             x = x.to(device=device).to(dtype)
             shape = (1, -1, 1, 1)
             x.sub_((255.0 * mean).to(x).view(shape)).div_((255.0 * std).to(x).view(shape))
@@ -421,10 +410,8 @@ def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceData
 
 
 class BatchSampler:
-    """Shuffled index batches on the device, a pure function of ``(seed, step)``: epoch k is a
-    permutation seeded from ``(seed, STREAM_DATA, k)`` (partial batch dropped), so a resumed run draws
-    the batches an uninterrupted one would.
-    """
+    """Shuffled index batches on the device, a pure function of ``(seed, step)`` (epoch k seeded
+    from ``(seed, STREAM_DATA, k)``, partial batch dropped)."""
 
     def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):
         if not 1 <= batch_size <= n:

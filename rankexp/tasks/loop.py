@@ -1,9 +1,5 @@
-"""The training loop engine of the ``train`` task: pure PyTorch (the glue is :mod:`rankexp.tasks.train`).
-
-A learning-rate sweep is one batched model (member ``e`` at ``lrs[e]``): one forward and one
-backward per step, data on the device, host reads only at reports and checkpoints, optionally
-one CUDA graph per step. Diverged members are frozen; on a stop request the loop checkpoints and
-raises :class:`~rankexp.interrupt.JobInterrupted` (the rerun resumes bit-identically on CPU).
+"""The ``train`` task's loop, pure PyTorch: a learning-rate sweep as one batched model (member
+``e`` at ``lrs[e]``), data on the device, host reads only at reports and checkpoints.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ log = logging.getLogger(__name__)
 STUDY_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 #: Final test accuracy at or above which a learning rate counts as stable (Table 5).
 STABLE_ACCURACY = 0.4
-#: a member whose loss exceeds this multiple of its initial loss diverged (healthy runs: ≤ 28×)
+#: a member whose loss exceeds this multiple of its initial loss diverged
 DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 
@@ -46,7 +42,6 @@ def member_errors(logits: Tensor, y: Tensor) -> Tensor:
 def member_losses(logits: Tensor, y: Tensor) -> Tensor:
     """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
     members, batch, classes = logits.shape
-    # (cross_entropy runs in float32 under autocast; float64 stays float64)
     per_sample = F.cross_entropy(logits.reshape(-1, classes), y.repeat(members), reduction="none")
     return per_sample.view(members, batch).mean(1)
 
@@ -56,7 +51,7 @@ def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2
              autocast_bf16: bool = False) -> Tensor:
     """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``, in eval mode."""
     was_training = classifier.training
-    classifier.eval()  # (no-op for the MLP; batch norm of later families needs it)
+    classifier.eval()
     try:
         correct = None
         with _autocast(x.device, autocast_bf16):
@@ -74,20 +69,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _autocast(device: torch.device, enabled: bool):
-    # no weight-cast cache: each weight is cast once per step anyway, and CUDA graph capture
-    # requires it off
+def _autocast(device: torch.device, enabled: bool):  # no cast cache: CUDA graphs need it off
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled,
                           cache_enabled=False)
 
 
 @dataclass
 class TrainResult:
-    """What one learning-rate sweep produced; arrays are per member (= per learning rate):
-    ``(steps, E)`` per-step ``loss``/``train_error``, ``(n_evals, E)`` ``test_acc`` at ``eval_steps``,
-    ``(E,)`` finals; ``max_stable_lr`` is the largest non-diverged rate with final accuracy ≥
-    ``stable_accuracy`` (Table 5).
-    """
+    """One sweep's result per member: ``(steps, E)`` ``loss``/``train_error``, ``(n_evals, E)``
+    ``test_acc`` at ``eval_steps``, ``(E,)`` finals; ``max_stable_lr``: Table 5."""
 
     lrs: list[float]
     steps: int
@@ -112,12 +102,8 @@ class TrainResult:
 
 @dataclass
 class LoopState:
-    """The loop's device state besides model and optimizer (a CUDA graph updates it in place).
-
-    ``done`` int64 ``()``, ``alive`` bool ``(E,)``, ``diverged_step`` int64 ``(E,)``, ``loss``/``error``
-    float32 ``(steps + SLACK, E)`` (row 0 of ``loss`` is the initial loss; the slack rows absorb the
-    graph warm-up).
-    """
+    """The loop's device state: ``done`` ``()``, ``alive`` ``(E,)``, ``diverged_step`` ``(E,)``,
+    ``loss``/``error`` float32 ``(steps + SLACK, E)`` (SLACK absorbs the graph warm-up)."""
 
     SLACK = 4
 
@@ -177,11 +163,7 @@ def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, d
 
 
 class _GraphedStep:
-    """The whole step captured once as a CUDA graph and replayed (PyTorch's whole-network recipe).
-
-    The warm-up steps on a side stream are real updates, so model, optimizer and loop state are
-    snapshotted before and restored after: training is unchanged by graphing.
-    """
+    """The step as one CUDA graph; warm-up updates are undone, so graphing changes nothing."""
 
     WARMUP = 3  # ≤ LoopState.SLACK
 
@@ -231,8 +213,8 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
     Args:
         classifier: ``(B, …)`` → ``(E, B, C)`` logits, every parameter with the leading member
             axis E = ``len(lrs)``, on ``data``'s device; trained in place.
-        checkpoint_path: written atomically every ``checkpoint_every`` steps, at the end and on a
-            stop request; a run finding it resumes (an unusable one goes to ``*.corrupt``).
+        checkpoint_path: written every ``checkpoint_every`` steps, at the end and on a stop
+            request; a run finding it resumes.
         log_every: report every this many steps (None: at evaluations) to ``on_log(step, metrics)``.
         stop_after: end after this many steps without a checkpoint, as if killed (tests).
         probe_at: steps (0: before the first) after which ``on_probe(step)`` runs; it must leave
@@ -262,8 +244,6 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
 
 @dataclass(frozen=True)
 class _Plan:
-    """The settings of one :func:`train` call (see its arguments)."""
-
     steps: int
     batch_size: int
     eval_every: int
@@ -312,8 +292,6 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
 
 @dataclass
 class _History:
-    """The host side of the run: evaluations so far and time spent in earlier calls."""
-
     eval_steps: list[int] = field(default_factory=list)
     test_acc: list[np.ndarray] = field(default_factory=list)
     elapsed_before: float = 0.0
@@ -323,8 +301,6 @@ class _History:
 
 
 class _Loop:
-    """One :func:`train` call: setup, resume, the steps with their bookkeeping, the result."""
-
     def __init__(self, model: nn.Module, data: DeviceDataset, lrs: list[float], seed: int,
                  plan: _Plan, on_log, on_probe=None):
         self.model, self.data, self.lrs, self.plan, self.on_log = model, data, lrs, plan, on_log
@@ -354,12 +330,11 @@ class _Loop:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.state.loss[:start] = ckpt["loss"]
-            if "error" in ckpt:  # (checkpoints written before the error record have none)
+            if "error" in ckpt:
                 self.state.error[:start] = ckpt["error"]
             self.state.alive.copy_(ckpt["alive"])
             self.state.diverged_step.copy_(ckpt["diverged_step"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
-            # same identity but contents that do not fit: damaged; start from the initial network
             self.model.load_state_dict(initial)
             self.optimizer = self.plan.recipe.optimizer(
                 self.model, torch.tensor(self.lrs, dtype=torch.float64, device=self.device))
@@ -431,7 +406,6 @@ class _Loop:
         self.call_time = time.perf_counter() - self.t0
 
     def _stop(self, done: int) -> None:
-        """Checkpoint the completed step, then raise JobInterrupted."""
         name = interrupt.requested()
         if self.plan.checkpoint_path is not None:
             if self.saved_at != done:
@@ -466,7 +440,6 @@ class _Loop:
         self.side_time += time.perf_counter() - t_side
 
     def _probe(self, done: int) -> None:
-        """``on_probe(done)``, timed; its result joins the history (and so the checkpoint)."""
         t = time.perf_counter()
         self.history.probes[done] = self.on_probe(done)
         _synchronize(self.device)

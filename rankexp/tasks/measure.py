@@ -1,7 +1,5 @@
-"""The ``measure`` task: run the chosen probes on a freshly initialized network.
-
-Seeds run in chunks that fit the memory budget (:func:`rankexp.memory.chunking`); the joined
-result is the one a single batch gives, number for number.
+"""The ``measure`` task: the chosen probes on a freshly initialized network, seeds in chunks
+that fit the memory budget, joined number for number as one batch.
 """
 
 from __future__ import annotations
@@ -44,10 +42,7 @@ def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                 h0: Tensor | None = None, options: dict | None = None,
                 progress: Callable[[str], None] | None = None,
                 context: ContextFactory | None = None) -> tuple[Measurement, Any]:
-    """Run the probes' ``fn`` on one batch of seeds (no pooling yet): ``(Measurement, context)``.
-
-    ``context`` builds the probes' context for ``model`` (default: a :class:`ProbeContext` on ``h0``).
-    """
+    """The probes' ``fn`` on one batch of seeds, unpooled: ``(Measurement, context)``."""
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
@@ -87,10 +82,8 @@ def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
 
 
 def join_seeds(parts: Sequence[Measurement]) -> Measurement:
-    """Join the per-seed results of disjoint seed chunks (in seed order) into one.
-    Raises ValueError: a value that is not per-seed differs between chunks (a pooled value
-    without a ``reduce``).
-    """
+    """Join the results of disjoint seed chunks (in seed order).
+    Raises ValueError: a value that is not per-seed differs between chunks (no ``reduce``)."""
     if len(parts) == 1:
         return parts[0]
     first, out = parts[0], Measurement()
@@ -129,10 +122,8 @@ def measure_seeds(build: Callable[[range], nn.Module], seeds: range, probes: Seq
                   chunk: int, options: dict | None = None,
                   progress: Callable[[str], None] | None = None,
                   context: ContextFactory | None = None) -> Measurement:
-    """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each network from ``build(seed_range)``.
-
-    Returns the :class:`Measurement` one batch of all seeds gives.
-    """
+    """``probes`` on ``seeds`` in chunks of ``chunk``, networks from ``build(seed_range)``: the
+    :class:`Measurement` one batch of all seeds gives."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} seeds: need at least 1")
     parts, ctx = [], None
@@ -156,10 +147,7 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=measure``: run ``task.probes`` on all seeds, in chunks that fit the memory budget.
-
-    Adds :data:`RUN_FACTS`: wall and CPU seconds of measuring and of drawing weights, ``peak_memory_gb``, ``seed_chunk``.
-    """
+    """``task=measure``: ``task.probes`` on all seeds, plus :data:`RUN_FACTS`."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     context = None

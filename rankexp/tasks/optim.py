@@ -1,8 +1,5 @@
-"""Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
-
-Every operation is elementwise or broadcasts an ``(E,)`` coefficient, so member ``e`` follows a
-one-member model at ``lrs[e]`` exactly; a frozen member stays bit-for-bit (gradients cleared with
-``masked_fill``: ``0 · NaN`` is NaN).
+"""Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate:
+elementwise, so member ``e`` follows a one-member model at ``lrs[e]`` exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ class MemberOptimizer:
     Raises ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without axis E."""
 
     name = ""
-    buffer_kind = "buffer"  # what a shape error calls the buffers
+    buffer_kind = "buffer"
 
     def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float]):
         self.params = list(params)
@@ -39,6 +36,10 @@ class MemberOptimizer:
         """One update from ``.grad``: member e at ``lrs[e] · lr_scale``, frozen members unchanged."""
         raise NotImplementedError
 
+    @staticmethod
+    def _must_clear(alive: Tensor) -> bool:  # on CUDA always: reading ``alive`` is a host sync
+        return alive.device.type != "cpu" or not bool(alive.all())
+
     def constants(self) -> dict:
         return {}
 
@@ -52,11 +53,7 @@ class MemberOptimizer:
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         """Restore in place (a captured CUDA graph stays valid).
-
-        Raises:
-            ValueError: another optimizer's state, other constants, or other shapes (every shape
-                checked before anything changes).
-        """
+        Raises ValueError: another optimizer's state, other constants, or other shapes."""
         mine = self.buffers()
         if state.get("name") != self.name or any(len(state[k]) != len(self.params) for k in mine):
             raise ValueError(
@@ -86,10 +83,9 @@ class MemberAdam(MemberOptimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(params, lrs)
         self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
-        self.t = torch.zeros((), dtype=torch.float64, device=self.device)  # steps taken
+        self.t = torch.zeros((), dtype=torch.float64, device=self.device)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-        # the denominator's buffer: allocated once (a fresh one per step costs page faults on CPU)
         self._denom = [torch.empty_like(p) for p in self.params]
 
     @torch.no_grad()
@@ -106,9 +102,7 @@ class MemberAdam(MemberOptimizer):
     @torch.no_grad()
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
         a, b = self.coefficients(alive, lr_scale)
-        # On CPU reading ``alive`` is free, so the clearing pass runs only once a member is
-        # frozen; on CUDA that read would be a host sync, so it always runs (graphs fuse it).
-        clear = alive.device.type != "cpu" or not bool(alive.all())
+        clear = self._must_clear(alive)
         self.t += 1
         beta1, beta2 = self.betas
         dead = ~alive
@@ -152,10 +146,8 @@ def constant(step: int, steps: int) -> float:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How the members of a model are optimized: ``optimizer(model, lrs)``, ``schedule(step, steps)``
-    (the factor on every rate, host arithmetic) and ``batch_transform(x, step)`` (on-device, ``step``
-    a 0-dim device counter, so it is graph-safe); ``name`` identifies it in checkpoints.
-    """
+    """``optimizer(model, lrs)``, ``schedule(step, steps)`` (factor on every rate) and the on-device
+    ``batch_transform(x, step)`` (``step`` a 0-dim device tensor); ``name`` goes in checkpoints."""
 
     name: str = "adam"
     optimizer: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam

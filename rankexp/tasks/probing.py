@@ -1,7 +1,5 @@
-"""Probes during training, at the steps of ``task.probe_every``/``probe_steps``, on every
-learning-rate member: a copy of the network is measured under a forked RNG, so training with
-probes is bit-identical to training without.
-"""
+"""Probes at ``task.probe_every``/``probe_steps`` on every member, on a copy under a forked RNG
+(training unchanged)."""
 
 from __future__ import annotations
 

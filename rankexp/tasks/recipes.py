@@ -20,12 +20,8 @@ from .optim import ADAM, MemberOptimizer, Recipe, constant, member_adam
 class MemberSGD(MemberOptimizer):
     """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members:
     ``d = g + λ·w``, ``v ← μ·v + d``, ``w ← w − lr_e·v`` (λ where ``decay``; default all). A frozen
-    member gets ``d = 0`` and rate 0.
-
-    Raises:
-        ValueError: bad ``lrs``, ``momentum`` or ``weight_decay``, a parameter without the member
-            axis, or ``decay`` of another length.
-    """
+    member gets ``d = 0`` and rate 0. Raises ValueError: bad ``lrs``, ``momentum`` or
+    ``weight_decay``, a parameter without the member axis, or ``decay`` of another length."""
 
     name, buffer_kind = "sgd", "velocity"
 
@@ -45,8 +41,7 @@ class MemberSGD(MemberOptimizer):
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
         rate = torch.where(alive, -(self.lrs * lr_scale), 0.0).to(self.dtype)  # (E,)
         wd = torch.where(alive, self.weight_decay, 0.0).to(self.dtype)
-        # on CPU the read is free: the masking passes run only once a member is frozen
-        clear = alive.device.type != "cpu" or not bool(alive.all())
+        clear = self._must_clear(alive)
         dead = ~alive
         for p, v, decays, shape in zip(self.params, self.velocity, self.decay, self._shapes,
                                        strict=True):
@@ -78,9 +73,7 @@ def decays(p: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """Step decay ``gamma^k`` (k = milestones passed, milestone m at ``round(m·steps)``), times
-    ``warmup_factor`` for ``step < warmup_steps``.
-    """
+    """``gamma^k`` (k milestones ``round(m·steps)`` passed), × ``warmup_factor`` in warm-up."""
 
     milestones: tuple[float, ...] = (0.5, 0.75)
     gamma: float = 0.1

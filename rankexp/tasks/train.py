@@ -1,7 +1,5 @@
-"""``task=train``: the glue between a config and the training loop (:mod:`rankexp.tasks.loop`,
-whose public names are re-exported here) — data, network, recipe, checkpoint, live metrics,
-and the probes before, during and after training.
-"""
+"""``task=train``: config to :mod:`rankexp.tasks.loop` (re-exported) — data, network, recipe,
+checkpoint, live metrics and probes."""
 
 from __future__ import annotations
 
@@ -44,13 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched model.
-
-    The network is the config's family (an MLP stack inside a :class:`Classifier`, or a CIFAR
-    ConvNet). Each learning rate is a nested member run with its curves and finals; the job's run
-    keeps the sweep's summary (``best_test_accuracy``, ``best_lr``, ``max_stable_lr``, per-LR finals
-    ``<name>_lr<lr>``), the probes' metrics, and CIFAR-10 as its dataset input.
-    """
+    """``task=train``: CIFAR-10, every rate of ``task.lrs`` (or ``lr``) as one batched model; each
+    rate a nested member run, the job's run the summary (``best_test_accuracy``, ``best_lr``,
+    ``max_stable_lr``, finals ``<name>_lr<lr>``), probes and the dataset input."""
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
     dtype = DTYPES[t.dtype.value]
@@ -61,8 +55,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
             "source": f"{src.kind}: {src.path}", "train_rows": src.train_rows,
             "test_rows": src.test_rows})
     net = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
-    # the MLP families (residual MLP, plain mean-field nets) get the projection and head; a
-    # ConvNet classifies images itself
     model = net if isinstance(net, CifarResNet) else Classifier(net)
     per_epoch = data.y_train.shape[0] // t.batch_size
     if t.epochs is None:
@@ -134,9 +126,7 @@ def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]
 
 
 class _Probing:
-    """The run's ``task.probes``: before and after training, or at the optimizer steps of
-    ``task.probe_every``/``probe_steps`` on every rate (logged live, backfilled after a resume).
-    """
+    """``task.probes`` before and after training, or at ``probe_every``/``probe_steps``."""
 
     def __init__(self, s: RankexpConfig, net: nn.Module, data: DeviceDataset, lrs: list[float],
                  run: Any, steps: int, device: torch.device):
@@ -153,7 +143,6 @@ class _Probing:
             self._once(out, [p for p in self.s.task.probes if p in INIT_PROBES], False, 0)
 
     def _once(self, out: Measurement, probes: list[str], trained: bool, step: int) -> None:
-        """``probes`` of the initial or trained network, logged per member at ``step``."""
         if probes:
             m = _probes(self.net, self.data, probes, self.s.task.options, trained=trained)
             out.update(m)
@@ -179,9 +168,7 @@ class _Probing:
 
 
 def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str, np.ndarray]) -> None:
-    """Log ``metrics[name]`` ``(len(steps), E)`` at ``steps`` to each learning rate's member run;
-    no-op when ``run`` is None or ``metrics`` is empty.
-    """
+    """Log ``metrics[name]`` ``(len(steps), E)`` at ``steps`` to each rate's member run (if any)."""
     if run is None or not metrics:
         return
     run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
