@@ -48,10 +48,7 @@ def _fill(out: Tensor, seed: int, stream: int, block: int, scale: float, low: fl
     direct = out.device.type == "cpu" and out.dtype == torch.float64 and out.is_contiguous()
     buf = out.detach().numpy().reshape(-1) if direct else np.empty(out.numel())
     g = block_generator(seed, stream, block)
-    if low is None:
-        g.standard_normal(out=buf)
-    else:
-        g.random(out=buf)
+    (g.standard_normal if low is None else g.random)(out=buf)
     buf *= scale
     if low is not None:
         buf += low

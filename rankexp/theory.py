@@ -78,7 +78,7 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "silu": _SILU,
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
     "linear": (lambda x: x, np.ones_like),
-    "swiglu": _SILU,  # the gate; see activation_constants for the gated unit
+    "swiglu": _SILU,  # the gate
 }
 
 
@@ -169,7 +169,6 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
     theta = np.linspace(0.0, np.pi, grid)
     xt = 0.5 * (a + b) - 0.5 * (b - a) * np.cos(theta)
     half = 0.5 * (b - a)
-    # density · dx/dθ = half² sin²θ γ / (2π x); at γ = 1 (a = 0) its limit at θ = 0 is half γ/π
     integrand = np.where(xt > 0,
                          (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
                          half * gamma / np.pi)

@@ -297,7 +297,7 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
 
 
 def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``: the whole input or token ``position``."""
+    """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``."""
     if position is None:
         shape = sub.shape
         return (lambda x: x.reshape(shape)), (lambda h: h.reshape(-1))
@@ -313,7 +313,6 @@ def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor]
 
 
 def _through(fn: Callable[[Tensor], Tensor], put, get) -> VectorMap:
-    """``v ↦ get(fn(put(v)))``: a stream map seen at one unit."""
     return lambda v: get(fn(put(v)))
 
 
@@ -326,7 +325,7 @@ def _block_call(module: nn.Module, s: _Seen) -> Callable[[Tensor], Tensor]:
 
 
 def _stages(seen: Sequence[_Seen]) -> list[int]:
-    """Chain index per block: a new stage wherever a block's input is not the previous output."""
+    """Stage per block: a new one wherever a block's input is not the previous output."""
     stage, out = 1, []
     for i, s in enumerate(seen):
         if i and not (s.x.shape == seen[i - 1].out.shape and torch.equal(s.x, seen[i - 1].out)):
@@ -337,9 +336,8 @@ def _stages(seen: Sequence[_Seen]) -> list[int]:
 
 def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
                  position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
-    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass of any ``nn.Module`` (``position``:
-    the token of a ``(B, T, d)`` stream, ``None``: whole inputs).
-    """
+    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass (``position``: the token of a
+    ``(B, T, d)`` stream, ``None``: whole inputs)."""
     seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
     units = []
     for i, (spec, s, stage) in enumerate(zip(specs, seen, _stages(seen), strict=True), start=1):

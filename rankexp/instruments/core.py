@@ -26,14 +26,13 @@ from .matfree import DENSE, MatrixFree, Spectrum, dense_spectrum, slq_spectrum
 
 log = logging.getLogger(__name__)
 
-#: the instrument groups (``probes=``) and the study's probe names that select them
 PROBES = ("branch", "prefix", "representation")
 PROBE_ALIASES = {"branch_ratio": "branch", "branch_jacobian": "branch", "io_jacobian": "prefix",
                  "profile": "prefix", "stream": "representation"}
 CLOSED_FORM = "closed_form"
 FORWARD = "forward"
 METHODS = ("auto", CLOSED_FORM, DENSE, "matrix_free")
-#: dense working set per stage, in float64 numbers per D² (J, J_f, two prefix buffers, the SVD's copy)
+#: dense working set per stage, in float64 numbers per D²
 DENSE_WORDS = 5
 
 
@@ -116,8 +115,8 @@ def _gib(n: float) -> str:
 
 
 def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None = None) -> Tensor:
-    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)`` by forward mode: ``vmap`` of ``jvp`` over the
-    basis vectors, ``chunk`` at a time (``None``: all at once)."""
+    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)``: ``vmap`` of ``jvp``, ``chunk`` basis vectors at a
+    time."""
     eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
     cols = vmap(lambda v: jvp(fn, (x,), (v,))[1], chunk_size=chunk)(eye)
     return cols.T
@@ -125,9 +124,8 @@ def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None 
 
 def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
                 ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``: with ``keep``, ``J v`` is the vjp of a kept
-    pullback (faster than forward mode; ``jvp`` without a double backward), else recomputed.
-    """
+    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``; ``keep``: the pullback is kept (and
+    ``J v`` is its double backward where supported), else recomputed."""
     if keep:
         y, pull = vjp(fn, x)
         try:
@@ -407,17 +405,14 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
     """The study's instruments on any network: a pandas DataFrame, one row per block (and member).
 
     Args:
-        model: any ``nn.Module`` whose blocks are found (:mod:`rankexp.instruments.blocks`) or given.
-        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (Hugging Face
-            LM: token ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a
-            ``CausalLM``: ``None`` for its prompt); floats cast to the model's dtype and device.
-        blocks: ``None`` (found), or module names, modules or
-            :class:`~rankexp.instruments.blocks.BlockSpec` s.
+        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (HF LM: token
+            ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a ``CausalLM``:
+            ``None`` for its prompt); floats cast to the model's dtype and device.
+        blocks: ``None`` (found), or module names, modules or ``BlockSpec`` s.
         probes: any of ``branch``, ``prefix``, ``representation`` (default all) or study names.
         method: ``auto``, ``closed_form`` (ResidualMLP only), ``dense`` or ``matrix_free``.
         point: the input (batch index) the Jacobians are taken at.
         position: the token of a token model (HF LMs: default −1, the last).
-        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings.
         max_dense_bytes: a stage is dense when 5·D² float64 numbers fit (default 1 GiB).
         max_bytes: memory budget of any path (default half the device's free memory).
         progress: tqdm bar over blocks (``None``: only on a terminal).

@@ -129,7 +129,6 @@ def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Te
 
 
 def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
-    """The source kind and its concrete path."""
     found: dict[str, Path] = {}
     if root.is_file():
         if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
@@ -191,7 +190,6 @@ def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
 
 
 def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] | None:
-    """``(tensors, SHA-256)`` of a cache file matching ``key`` and its checksum, else None."""
     if not cache_file.is_file():
         return None
     try:
@@ -210,7 +208,6 @@ def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] |
 
 
 def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> str:
-    """Write the cache (atomically); returns the tensors' SHA-256."""
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     sha = tensors_sha256(tensors)
     blob = dict(zip(_SPLITS, tensors, strict=True), key=key, sha256=sha)
@@ -222,7 +219,6 @@ def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> st
 
 
 def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, where: Path) -> None:
-    """Shapes, dtypes, label range and (optionally) split sizes of decoded CIFAR-10."""
     x_train, y_train, x_test, y_test = tensors
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if x.dtype != torch.uint8 or tuple(x.shape[1:]) != IMAGE_SHAPE or x.shape[0] != y.shape[0]:
@@ -278,8 +274,7 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             raw = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
                    for p in chunk]
             with warnings.catch_warnings():
-                # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
-                warnings.filterwarnings(
+                warnings.filterwarnings(  # torchvision ≥ 0.29 deprecates its codecs
                     "ignore", ".*TorchVision are deprecated", DeprecationWarning)
                 try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
                     decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
@@ -334,7 +329,8 @@ def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
 
 
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8 ``(N, 3, H, W)``, from histograms."""
+    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8
+    ``(N, 3, H, W)``."""
     levels = torch.arange(256, dtype=torch.float64) / 255.0
     means, stds = [], []
     for c in range(images.shape[1]):

@@ -129,7 +129,6 @@ class LoopState:
 
 
 def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor:
-    """Record this step's losses ``(E,)``, freeze diverged members; returns ``state.alive``."""
     row = losses.detach().to(state.loss.dtype)
     state.loss.index_copy_(0, state.done.view(1), row[None])  # device index: graph-safe
     bad = ~torch.isfinite(row) | (row > factor * state.loss[0])
@@ -143,7 +142,6 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
 def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
                loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
                divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
-    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only (graph-safe)."""
     params = list(model.parameters())
 
     def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
@@ -318,7 +316,6 @@ class _Loop:
                          "divergence_factor": plan.divergence_factor, "architecture": arch}
 
     def resume(self) -> int:
-        """Restore from a usable checkpoint; returns the step to start at."""
         path = self.plan.checkpoint_path
         ckpt = None if path is None else checkpoint.load(
             path, self.device, self.identity, self.plan.steps)
@@ -506,7 +503,6 @@ class _Loop:
 
 
 def _lr_key(lr: float) -> str:
-    """``lr0.001``: a learning rate in metric names and report lines."""
     return f"lr{lr:g}"
 
 

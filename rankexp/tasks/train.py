@@ -107,7 +107,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     for name, values in finals.items():  # the config's row keeps them (one row per config)
         out.scalars.update({f"{name}_{_lr_key(lr)}": float(v) for lr, v in zip(lrs, values, strict=True)})
     probes.after(out, res, job_dir / RESULT_DIR)
-    # points from before a resume were logged by the interrupted run: backfill them here
     resumed_before = first_live[0] if first_live else res.steps + 1
     if run is not None:
         _backfill(run, res, resumed_before, log_every, unit)
@@ -118,7 +117,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
 
 
 def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Each member's final scalars ``{name: (members,)}``."""
     return {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
             "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
             "diverged": res.diverged.astype(np.float64),
@@ -175,7 +173,6 @@ def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str
 
 
 def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
-    """The per-member scalars of ``m`` as one row ``(1, E)`` each."""
     return {k: v[None] for k, v in probing.member_scalars(probing.member_values(m, len(lrs))).items()}
 
 
@@ -204,7 +201,6 @@ def _steps_text(steps: list[int]) -> str:
 
 def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
             trained: bool) -> Measurement:
-    """``probes`` of the network: a ConvNet on CIFAR-10, the MLP stack on Gaussian inputs."""
     log.info("probes of the %s network: %s", "trained" if trained else "initial", ", ".join(probes))
     if isinstance(net, ResidualMLP):
         return run_probes(net, probes, options=options)
@@ -213,14 +209,12 @@ def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dic
 
 
 def _backfill(run: Any, res: TrainResult, resumed_before: int, log_every: int, unit: int) -> None:
-    """Log the live series' points before ``resumed_before`` from the result's per-step arrays."""
     early = res.eval_steps < resumed_before
     if early.any():
         acc = res.test_acc[early]
         run.log_member_series(res.eval_steps[early] // unit, {"test_acc": acc, "test_error": 1.0 - acc})
     ends = np.arange(log_every, min(resumed_before, res.steps + 1), log_every)
-    if ends.size:
-        # torch's mean over the window, as the live report takes it (the same float32 values)
+    if ends.size:  # torch's float32 mean, as the live report takes it
         means = {name: np.stack([torch.as_tensor(values[e - log_every:e]).mean(0).numpy()
                                  for e in ends])
                  for name, values in (("train_loss", res.loss), ("train_error", res.train_error))}
