@@ -115,8 +115,8 @@ def _gib(n: float) -> str:
 
 
 def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None = None) -> Tensor:
-    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)``: ``vmap`` of ``jvp``, ``chunk`` basis vectors at a
-    time."""
+    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)``: ``vmap`` of ``jvp``, ``chunk`` basis vectors
+    at a time."""
     eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
     cols = vmap(lambda v: jvp(fn, (x,), (v,))[1], chunk_size=chunk)(eye)
     return cols.T

@@ -1,6 +1,4 @@
-"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s: one chain per
-member (``functional_call`` on member ``e``'s weight slices, so a Jacobian is D × D).
-"""
+"""rankexp's families as :class:`~rankexp.instruments.blocks.UnitBlock` s, a chain per member."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class Spectrum:
 
 
 def dense_spectrum(j: Tensor) -> Spectrum:
-    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` (float64 SVD; a zero matrix: NaN ranks)."""
+    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` (float64; a zero matrix: NaN ranks)."""
     s = torch.linalg.svdvals(j.detach().to(torch.float64))
     fro = float(s.square().sum())
     return Spectrum(dim=j.shape[-1], frobenius_sq=fro, top_sq=float(s[0].square()),
@@ -123,7 +123,7 @@ def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
 
 @dataclass(frozen=True)
 class _Quadrature:
-    """Traces ``(p, 3)`` (``tr A, tr A^{1/2}, tr g(A)``), the top Ritz value and its residual bound."""
+    """Traces ``(p, 3)`` (``tr A, tr A^{1/2}, tr g(A)``), the top Ritz value, its residual bound."""
 
     traces: Tensor
     top: float

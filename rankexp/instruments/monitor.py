@@ -26,7 +26,7 @@ ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "bran
 
 
 def metric_names(frame, prefix: str = "") -> dict[str, float]:
-    """One checkpoint's frame as metrics ``<prefix><column>/block<l>[_m<e>]``; ``*_err`` only for matrix-free rows."""
+    """A frame as metrics ``<prefix><column>/block<l>[_m<e>]`` (``*_err``: matrix-free only)."""
     several = frame["member"].nunique() > 1
     width = len(str(int(frame["block"].max())))
     out = {}
@@ -79,7 +79,7 @@ class SpectralMonitor:
         return step in self.steps or (self.every is not None and step % self.every == 0)
 
     def step(self, step: int, *, force: bool = False):
-        """Measure at ``step`` if due (or ``force``): that checkpoint's frame (with ``step``), else ``None``."""
+        """Measure at ``step`` if due (or ``force``): the frame (with ``step``), else ``None``."""
         if not (force or self.due(step)):
             return None
         t0 = time.perf_counter()

@@ -49,7 +49,7 @@ def member_losses(logits: Tensor, y: Tensor) -> Tensor:
 @torch.no_grad()
 def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2000,
              autocast_bf16: bool = False) -> Tensor:
-    """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``, in eval mode."""
+    """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``."""
     was_training = classifier.training
     classifier.eval()
     try:
@@ -415,7 +415,7 @@ class _Loop:
         raise interrupt.JobInterrupted(name)
 
     def _bookkeeping(self, done: int, bar) -> None:
-        """Reports, evaluations, probes and checkpoints due after step ``done``: the only host reads."""
+        """Reports, evaluations, probes and checkpoints due after step ``done`` (the host reads)."""
         plan = self.plan
         evaluating = done % plan.eval_every == 0 or done == plan.steps
         reporting = evaluating or (plan.log_every is not None and done % plan.log_every == 0)
@@ -516,7 +516,7 @@ def duration(seconds: float) -> str:
 
 def progress_line(done: int, total: int, elapsed: float, steps_run: int, lrs: list[float],
                   metrics: dict[str, np.ndarray]) -> str:
-    """One report line: step/total, elapsed, ETA and each metric per learning rate (``lr0.001=1.887``)."""
+    """One report line: step/total, elapsed, ETA and each metric per rate (``lr0.001=1.887``)."""
     eta = elapsed / steps_run * (total - done) if steps_run > 0 else float("nan")
     values = "  ".join(f"{k} " + " ".join(f"{_lr_key(lr)}={float(v):.4g}" for lr, v in zip(lrs, vals, strict=True))
                        for k, vals in metrics.items())

@@ -24,16 +24,15 @@ PROBE_DIR = "probes"
 
 
 def probes_at(step: int, probes: list[str]) -> list[str]:
-    """The probes that run at ``step``: at 0 all but the trained network's, later all but the initial one's."""
+    """The probes at ``step``: at 0 all but ``TRAINED_PROBES``, later all but ``INIT_PROBES``."""
     skip = TRAINED_PROBES if step == 0 else INIT_PROBES
     return [p for p in probes if p not in skip]
 
 
 def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
                   trained: bool, dtype: torch.dtype | None = None) -> Measurement:
-    """``probes`` of every member of ``net`` on a copy under a forked RNG (``dtype``: the MLP copy's;
-    ``trained``: a ConvNet's BN as tested); per-member values in ``seed_arrays``.
-    """
+    """``probes`` of every member of ``net`` on a copy under a forked RNG; per-member values in
+    ``seed_arrays``."""
     p = next(net.parameters())
     devices = [p.device] if p.device.type == "cuda" else []
     copy_ = copy.deepcopy(net)
