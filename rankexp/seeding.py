@@ -1,16 +1,9 @@
 """Independent random streams per seed, shared by every model family and task.
 
-**Weights** (:func:`normal_many_`, :func:`uniform_`): draw number k of a network (its k-th
-matrix in the network's order) for seed s comes from its own NumPy generator,
-``Generator(SFC64(SeedSequence([s, stream, k])))`` (:func:`block_generator`), in float64 on the
-CPU, scaled in float64, then rounded to the weight's dtype and moved to its device.  So member e
-of a batch equals the one-member network of its seed, chunks of seeds equal one batch, a matrix
-drawn when a sweep reaches it equals the whole draw, float32 weights are the float64 ones
-rounded, and CPU and CUDA hold the same weights — bit for bit.  SFC64 is NumPy's fastest bit
-generator (with NumPy's ziggurat ≈ 8 ns a float64 normal, one thread); ``SeedSequence`` makes
-the keys' streams independent.
-
-Inputs and the other small draws use :func:`seeded_generator` (torch's CPU generator).
+Weight draw k of seed s comes from ``Generator(SFC64(SeedSequence([s, stream, k])))``
+(:func:`block_generator`) in float64 on the CPU, then rounded to the weight's dtype and device:
+a member equals the one-member network of its seed, and CPU and CUDA hold the same weights, bit
+for bit. Inputs and other small draws use :func:`seeded_generator` (torch's CPU generator).
 """
 
 from __future__ import annotations
@@ -22,33 +15,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
-#: Independent random streams derived from one seed (see :func:`seeded_generator`).
 STREAM_WEIGHTS, STREAM_INPUT, STREAM_HEAD, STREAM_DATA = 0, 1, 2, 3
 
 
 def seeded_generator(seed: int, stream: int) -> torch.Generator:
-    """A CPU generator for one independent random stream of one seed, keyed by NumPy's
-    ``SeedSequence([seed, stream])``: the weights of seed 1 never share bits with the input of
-    seed 0."""
+    """A CPU generator for ``stream`` of ``seed``, keyed by ``SeedSequence([seed, stream])``."""
     key = np.random.SeedSequence([int(seed), int(stream)]).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(key) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def gaussian_input(
-    seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64, device="cpu"
-) -> Tensor:
-    """Standard Gaussian inputs ``h_0``, shape ``(E, batch, width)``, one draw per seed
-    (``E[h_0²] = 1`` per coordinate)."""
-    rows = [
-        torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT), dtype=torch.float64)
-        for s in seeds
-    ]
+def gaussian_input(seeds: Sequence[int], width: int, batch: int = 1, *, dtype=torch.float64,
+                   device="cpu") -> Tensor:
+    """Standard Gaussian inputs ``h_0`` ``(E, batch, width)``, one draw per seed."""
+    rows = [torch.randn(batch, width, generator=seeded_generator(s, STREAM_INPUT),
+                        dtype=torch.float64) for s in seeds]
     return torch.stack(rows).to(device=device, dtype=dtype)
 
 
 def subset_indices(total: int, n: int, seed: int = 0) -> Tensor | None:
-    """A fixed random subset of ``n`` of ``range(total)`` (int64 ``(n,)``, CPU); None when
-    ``n ≥ total`` (take them all, in order).  Data sets stored sorted by class need this."""
+    """A fixed random subset (int64 ``(n,)``) of ``range(total)``; None when ``n ≥ total``."""
     if n >= total:
         return None
     return torch.randperm(int(total), generator=seeded_generator(seed, STREAM_INPUT))[: int(n)]
@@ -60,14 +45,10 @@ def block_generator(seed: int, stream: int, block: int) -> np.random.Generator:
 
 
 def _fill(out: Tensor, seed: int, stream: int, block: int, scale: float, low: float | None) -> None:
-    """``out`` (one member) ← scale·N(0, 1), or U(low, low + scale) when ``low`` is given."""
     direct = out.device.type == "cpu" and out.dtype == torch.float64 and out.is_contiguous()
     buf = out.detach().numpy().reshape(-1) if direct else np.empty(out.numel())
     g = block_generator(seed, stream, block)
-    if low is None:
-        g.standard_normal(out=buf)
-    else:
-        g.random(out=buf)
+    (g.standard_normal if low is None else g.random)(out=buf)
     buf *= scale
     if low is not None:
         buf += low
@@ -76,8 +57,7 @@ def _fill(out: Tensor, seed: int, stream: int, block: int, scale: float, low: fl
 
 
 def draw_threads(jobs: int) -> int:
-    """Threads the draws run on: torch's intra-op thread count (a joblib worker's share), at
-    most one per job.  NumPy releases the GIL while it fills an array."""
+    """Threads the draws run on: torch's intra-op thread count, at most one per job."""
     return max(1, min(torch.get_num_threads(), jobs))
 
 
@@ -104,10 +84,7 @@ def normal_many_(targets: Sequence[tuple[Tensor, int, float]], seeds: Sequence[i
                  stream: int = STREAM_WEIGHTS) -> None:
     """Fill each ``(out, block, scale)`` of ``targets``: ``out[e]`` ``(E, …)`` ←
     ``scale · N(0, 1)`` from :func:`block_generator` ``(seeds[e], stream, block)``, row-major.
-
-    Raises:
-        ValueError: an ``out`` whose leading (member) axis is not ``len(seeds)``.
-    """
+    Raises ValueError: an ``out`` whose leading (member) axis is not ``len(seeds)``."""
     _draw(targets, seeds, stream, None)
 
 

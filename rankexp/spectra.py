@@ -1,6 +1,4 @@
-"""Spectral measures of matrices: effective rank (the study, Eq. 3) and stable rank, batched
-over ``(..., N, K)`` matrices or ``(..., n)`` singular values.
-"""
+"""Effective rank (Eq. 3) and stable rank, batched over ``(..., N, K)`` or ``(..., n)`` values."""
 
 from __future__ import annotations
 
@@ -14,10 +12,8 @@ def singular_values(a: Tensor) -> Tensor:
 
 
 def erank_from_sv(s: Tensor) -> Tensor:
-    """Effective rank ``exp(−Σ p_k ln p_k)``, ``p_k = s_k / Σ s_j`` (Eq. 3; Roy & Vetterli 2007).
-
-    ``s`` ``(..., n)`` → ``(...)`` in ``[1, n]``, unnormalized, scale invariant; NaN for a zero matrix.
-    """
+    """Effective rank ``exp(−Σ p_k ln p_k)``, ``p_k = s_k / Σ s_j`` (Eq. 3; Roy & Vetterli 2007):
+    ``(..., n)`` → ``(...)`` in ``[1, n]``; NaN for a zero matrix."""
     p = s / s.sum(dim=-1, keepdim=True)
     return torch.exp(-torch.special.xlogy(p, p).sum(dim=-1))
 
@@ -40,9 +36,7 @@ def stable_rank(a: Tensor) -> Tensor:
 
 def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
     """Eigenvalues ``(..., m)``, ascending, ≥ 0, of the smaller Gram matrix of ``a`` ``(..., n, k)``
-    (``smaller=False``: of ``aᵀa``). Where LAPACK does not converge (a collapsed representation)
-    they come from an SVD of ``a``.
-    """
+    (``smaller=False``: of ``aᵀa``); from an SVD where LAPACK does not converge."""
     n, k = a.shape[-2:]
     right = n >= k or not smaller
     try:
@@ -54,17 +48,12 @@ def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
         return ev
 
 
-#: the relative erank error a Gram spectrum may carry before that matrix gets an SVD
 GRAM_TOLERANCE = 1e-10
 
 
 def gram_error_estimate(lam: Tensor, frobenius_sq: Tensor) -> Tensor:
-    """First-order estimate of ``|δ erank| / erank`` when erank is taken from the computed eigenvalues
-    ``lam`` ``(..., n)`` of ``AᵀA`` instead of the singular values of A (``frobenius_sq`` ``‖A‖_F²``).
-
-    Rounding moves each eigenvalue by ``η ≈ 2ε‖A‖_F²``, a singular value s by ``η/s``, and H by
-    ``Σ |ln p_k + H| δs_k / Σs``; values at the noise floor (λ ≤ 4η) add at most the entropy of √(5η).
-    """
+    """First-order ``|δ erank| / erank`` ``(...)`` of erank from eigenvalues ``lam`` ``(..., n)`` of
+    ``AᵀA`` (``frobenius_sq`` = ``‖A‖_F²``): rounding moves each by ``η ≈ 2ε‖A‖_F²``."""
     eps = torch.finfo(lam.dtype).eps
     eta = (2 * eps) * frobenius_sq[..., None]
     lam = lam.clamp(min=0)
@@ -94,14 +83,8 @@ def gram_ranks(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def spectral_ranks(a: Tensor, method: str = "gram") -> tuple[Tensor, Tensor]:
-    """``(erank, stable rank)`` of ``a`` ``(..., n, k)``, unnormalized (Eq. 3).
-
-    ``gram``: from :func:`gram_ranks`, with an SVD for the matrices it cannot resolve (one host
-    sync per batch); ``svd``: singular values for all.
-
-    Raises:
-        ValueError: an unknown method.
-    """
+    """``(erank, stable rank)`` of ``a`` ``(..., n, k)`` (Eq. 3) by ``gram`` (:func:`gram_ranks`,
+    SVD where inexact) or ``svd``. Raises ValueError: an unknown method."""
     if method == "svd":
         s = singular_values(a)
         return erank_from_sv(s), stable_rank_from_sv(s)

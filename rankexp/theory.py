@@ -1,21 +1,15 @@
-"""Closed forms and quadrature references the probes are compared against.
+"""Closed forms and quadrature references the probes are compared against (deterministic NumPy).
 
-Deterministic NumPy: Gaussian activation constants (Table 1), the Pre-Norm ratio and stream
-(Eq. 21/22), Marchenko–Pastur (Figure 9/17), the Gaussian-product reference for ``erank(J_f)``
-(Figure 8), the uncorrelated path-order profile (Eq. 5/11), and the mean-field maps of the
-chapter (215.1–215.9). ``E_{z~N(0,1)}[g(z)]`` uses Gauss–Legendre on ``[−12, 0] ∪ [0, 12]``
-times the normal density (exact for kinked σ); Gauss–Hermite (``rule="hermite"``) is for smooth g.
+``E_{z~N(0,1)}[g(z)]`` uses Gauss–Legendre on ``[−12, 0] ∪ [0, 12]`` times the normal density
+(exact for kinked σ); Gauss–Hermite (``rule="hermite"``) is for smooth g.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
@@ -24,21 +18,11 @@ from numpy.polynomial.legendre import leggauss
 from .models.activations import ACTIVATIONS, LEAKY_SLOPE
 
 
-def _lazy_module(name: str) -> ModuleType:
-    """``name`` imported on first attribute access (:class:`importlib.util.LazyLoader`)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _special():  # scipy is slow to import; every job imports this module
+    from scipy import special
 
+    return special
 
-# every job imports this module: scipy loads on first use (scipy.stats alone costs ~0.5 s)
-special = _lazy_module("scipy.special")
-stats = _lazy_module("scipy.stats")
 
 _HERMITE_NODES = 160
 _LEGENDRE_NODES = 160
@@ -47,7 +31,6 @@ _TRUNCATION = 12.0
 
 @functools.cache
 def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Legendre nodes and weights on [−1, 1], cached read-only per n."""
     y, v = leggauss(n)
     y.flags.writeable = v.flags.writeable = False
     return y, v
@@ -55,21 +38,17 @@ def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.cache
 def _split_rule(n: int = _LEGENDRE_NODES, t: float = _TRUNCATION) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Legendre on ``[−t, 0] ∪ [0, t]`` times the standard normal density."""
     y, v = _legendre(n)
     half = 0.5 * t * (y + 1.0)  # nodes on (0, t)
     x = np.concatenate([-half[::-1], half])
     w = np.concatenate([v[::-1], v]) * 0.5 * t * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
-    x.flags.writeable = w.flags.writeable = False  # cached: shared by every caller
+    x.flags.writeable = w.flags.writeable = False
     return x, w
 
 
 def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "split") -> float:
     """``E_{z~N(0,1)}[g(z)]``; ``rule`` is ``split`` (default) or ``hermite`` (smooth g only).
-
-    Raises:
-        ValueError: unknown ``rule``.
-    """
+    Raises ValueError: unknown ``rule``."""
     if rule not in ("split", "hermite"):
         raise ValueError(f"rule={rule!r} is not one of split, hermite")
     if rule == "split":
@@ -80,22 +59,13 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     return float(np.dot(w, g(x)))
 
 
-def _silu(x):
-    return x * special.expit(x)
+def _moment(f: Callable, q: float, power: int = 1) -> float:
+    s = math.sqrt(q)
+    return gaussian_expectation(lambda z: f(s * z) ** power)
 
 
-def _silu_prime(x):
-    s = special.expit(x)
-    return s * (1.0 + x * (1.0 - s))
-
-
-def _gelu(x):
-    return x * special.ndtr(x)
-
-
-def _gelu_prime(x):
-    return special.ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
-
+_SILU = (lambda x: x * _special().expit(x),
+         lambda x: _special().expit(x) * (1.0 + x * (1.0 - _special().expit(x))))
 
 #: name → (σ, σ′) as NumPy functions (σ′ at the kink: right derivative, a null set).
 _SIGMA: dict[str, tuple[Callable, Callable]] = {
@@ -103,21 +73,19 @@ _SIGMA: dict[str, tuple[Callable, Callable]] = {
     "abs": (np.abs, np.sign),
     "leaky_relu": (lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
                    lambda x: np.where(x > 0, 1.0, LEAKY_SLOPE)),
-    "gelu": (_gelu, _gelu_prime),
-    "silu": (_silu, _silu_prime),
+    "gelu": (lambda x: x * _special().ndtr(x),
+             lambda x: _special().ndtr(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)),
+    "silu": _SILU,
     "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2),
     "linear": (lambda x: x, np.ones_like),
-    "swiglu": (_silu, _silu_prime),  # the gate; see activation_constants for the gated unit
+    "swiglu": _SILU,  # the gate
 }
 
 
 def sigma_numpy(name: str
 ) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """NumPy ``(σ, σ′)`` for activation ``name`` (the scalar gate for ``swiglu``).
-
-    Raises:
-        ValueError: unknown ``name``.
-    """
+    Raises ValueError: unknown ``name``."""
     if name not in _SIGMA:
         raise ValueError(f"activation={name!r} is not one of {', '.join(ACTIVATIONS)}")
     return _SIGMA[name]
@@ -125,12 +93,9 @@ def sigma_numpy(name: str
 
 @dataclass(frozen=True)
 class ActivationConstants:
-    """Gaussian constants of one activation at ``z ~ N(0, q)`` (Table 1).
-
-    ``mean`` = E[σ], ``kappa`` = κ = E[σ²] (Eq. 22), ``coherence`` = c = E[σ]²/E[σ²] (0 when
-    κ = 0), ``spike_bound`` = 1/c, ``survival`` = p = E[σ′²] (Eq. 9/25; γ = p·m/d),
-    ``survival_rate`` = P(σ′ ≠ 0).
-    """
+    """Gaussian constants at ``z ~ N(0, q)`` (Table 1): ``mean`` E[σ], ``kappa`` κ = E[σ²] (Eq. 22),
+    ``coherence`` c = E[σ]²/κ, ``spike_bound`` 1/c, ``survival`` p = E[σ′²] (Eq. 9/25),
+    ``survival_rate`` P(σ′ ≠ 0)."""
 
     name: str
     q: float
@@ -143,27 +108,16 @@ class ActivationConstants:
 
 
 def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
-    """Table 1 constants of σ = ``name`` for ``z ~ N(0, q)`` by quadrature.
-
-    ``swiglu`` (``silu(g)·u``, independent ``g, u ~ N(0, q)``) is approximate: mean 0, c = 0,
-    κ = ``E[silu(g)²]·q``, ``p = q·E[silu′(g)²] + E[silu(g)²]``.
-
-    Raises:
-        ValueError: unknown activation, or ``q ≤ 0``.
-    """
+    """Table 1 constants of σ = ``name`` at ``z ~ N(0, q)`` by quadrature (``swiglu``: approximate,
+    independent gate and value). Raises ValueError: unknown activation, or ``q ≤ 0``."""
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     sig, dsig = sigma_numpy(name)
-    s = math.sqrt(q)
+    kappa, p = _moment(sig, q, 2), _moment(dsig, q, 2)
     if name == "swiglu":
-        e_s2 = gaussian_expectation(lambda z: sig(s * z) ** 2)
-        e_d2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-        mean, kappa, p, rate = 0.0, e_s2 * q, q * e_d2 + e_s2, 1.0
+        mean, kappa, p, rate = 0.0, kappa * q, q * p + kappa, 1.0
     else:
-        mean = gaussian_expectation(lambda z: sig(s * z))
-        kappa = gaussian_expectation(lambda z: sig(s * z) ** 2)
-        p = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-        rate = gaussian_expectation(lambda z: (dsig(s * z) != 0).astype(float))
+        mean, rate = _moment(sig, q), _moment(lambda x: (dsig(x) != 0).astype(float), q)
     c = mean**2 / kappa if kappa > 0 else 0.0
     if c < 1e-14:  # symmetric σ: the quadrature's rounding is not a spike
         c = 0.0
@@ -173,11 +127,8 @@ def activation_constants(name: str, q: float = 1.0) -> ActivationConstants:
 
 
 def prenorm_branch_ratio(layer, nominal_ratio: float, kappa: float):
-    """Pre-Norm branch-to-skip ratio (Eq. 22): ``r̃_l = βα^M / sqrt(1 + κ(βα^M)²(l−1))``.
-
-    The measured Frobenius ratio (Eq. 4) is ``r_l ≈ √p · r̃_l``, p = E[σ′²]. ``layer``: l ≥ 1
-    (scalar or array); ``nominal_ratio``: βα^M; ``kappa``: κ. Returns the shape of ``layer``.
-    """
+    """Pre-Norm branch-to-skip ratio (Eq. 22) ``βα^M / sqrt(1 + κ(βα^M)²(l−1))`` at ``layer`` l ≥ 1
+    (scalar or array, shape kept); the measured ratio (Eq. 4) is ``√p`` times it."""
     l = np.asarray(layer, dtype=float)
     return nominal_ratio / np.sqrt(1.0 + kappa * nominal_ratio**2 * (l - 1.0))
 
@@ -190,10 +141,7 @@ def prenorm_stream_rms(layer, nominal_ratio: float, kappa: float):
 
 def marchenko_pastur_edges(gamma: float) -> tuple[float, float]:
     """Bulk edges ``((1−1/√γ)², (1+1/√γ)²)`` of ``G = (D W_up)ᵀ(D W_up)`` over ``tr(G)/d`` (Figure 9).
-
-    Raises:
-        ValueError: γ ≤ 0.
-    """
+    Raises ValueError: γ ≤ 0."""
     if not gamma > 0:
         raise ValueError(f"gamma={gamma} must be > 0 (γ = p·m/d)")
     r = 1.0 / math.sqrt(gamma)
@@ -221,7 +169,6 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
     theta = np.linspace(0.0, np.pi, grid)
     xt = 0.5 * (a + b) - 0.5 * (b - a) * np.cos(theta)
     half = 0.5 * (b - a)
-    # density · dx/dθ = half² sin²θ γ / (2π x); at γ = 1 (a = 0) its limit at θ = 0 is half γ/π
     integrand = np.where(xt > 0,
                          (half * np.sin(theta)) ** 2 * gamma / (2 * np.pi * np.maximum(xt, 1e-300)),
                          half * gamma / np.pi)
@@ -234,10 +181,8 @@ def marchenko_pastur_cdf(x, gamma: float, grid: int = 20001):
 
 
 def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> float:
-    """Kolmogorov–Smirnov distance ∈ [0, 1] between normalized eigenvalues and MP(γ).
-
-    Eigenvalues below ``zero_tol · max`` count as the atom at 0.
-    """
+    """KS distance ∈ [0, 1] between normalized eigenvalues and MP(γ); those below
+    ``zero_tol · max`` count as the atom at 0."""
     ev = np.sort(np.asarray(eigenvalues, dtype=float).ravel())
     n = ev.size
     ev = np.where(ev < zero_tol * ev[-1], 0.0, ev)
@@ -252,10 +197,8 @@ def marchenko_pastur_ks(eigenvalues, gamma: float, zero_tol: float = 1e-9) -> fl
 
 
 def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int = 0) -> float:
-    """Reference for ``erank(J_f)/d`` (Figure 8): erank/d of ``G₂ G₁``, ``G₁ ∈ R^{inner×d}``.
-
-    Mean over ``draws`` seeded Monte Carlo draws; 0 when ``inner == 0``.
-    """
+    """Reference for ``erank(J_f)/d`` (Figure 8): mean erank/d of ``G₂ G₁``, ``G₁ ∈ R^{inner×d}``,
+    over ``draws`` seeded draws; 0 when ``inner == 0``."""
     if inner <= 0:
         return 0.0
     rng = np.random.default_rng(seed)
@@ -270,11 +213,8 @@ def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int 
 
 
 def uncorrelated_path_profile(rho) -> np.ndarray:
-    """Energy profile over path order k = 0…L if paths are uncorrelated (Eq. 5/11).
-
-    ``rho``: ``(L,)`` squared ratios ``r_l²``; returns ``(L+1,)`` Poisson-binomial probabilities with
-    success ``ρ_l/(1+ρ_l)``.
-    """
+    """Energy profile ``(L+1,)`` over path order if paths are uncorrelated (Eq. 5/11):
+    Poisson-binomial with success ``ρ_l/(1+ρ_l)`` for ``rho`` ``(L,)`` = ``r_l²``."""
     rho = np.asarray(rho, dtype=float)
     pk = np.zeros(rho.size + 1)
     pk[0] = 1.0
@@ -287,26 +227,23 @@ def uncorrelated_path_profile(rho) -> np.ndarray:
 
 def path_order_distribution(n: int, rho: float) -> np.ndarray:
     """Effective path distribution Binomial(n, ρ/(1+ρ)) over k = 0…n (mean-field chapter)."""
-    return stats.binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
+    from scipy.stats import binom
+
+    return binom.pmf(np.arange(n + 1), n, rho / (1.0 + rho))
 
 
 def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     """Mean-field length map ``q ↦ σ_w² E[φ(√q z)²] + σ_b²`` (scalar or array ``q > 0``)."""
     sig, _ = sigma_numpy(activation)
     qs = np.atleast_1d(np.asarray(q, dtype=float))
-    out = np.array(
-        [sigma_w2 * gaussian_expectation(lambda z, v=v: sig(math.sqrt(v) * z) ** 2) for v in qs])
-    out = out + sigma_b2
+    out = np.array([sigma_w2 * _moment(sig, v, 2) for v in qs]) + sigma_b2
     return out if np.ndim(q) else float(out[0])
 
 
 def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *, q0: float = 1.0,
                        iters: int = 10_000, tol: float = 1e-13) -> float:
     """Fixed point ``q*`` of :func:`length_map` by iteration from ``q0``.
-
-    Raises:
-        ValueError: the iteration diverges or does not settle within ``iters`` steps.
-    """
+    Raises ValueError: the iteration diverges or does not settle within ``iters`` steps."""
     q = q0
     for _ in range(iters):
         nq = length_map(q, activation, sigma_w2, sigma_b2)
@@ -322,17 +259,12 @@ def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, 
 
 def chi_1(activation: str, sigma_w2: float, q_star: float) -> float:
     """χ₁ = ``σ_w² E[φ′(√q* z)²]``: slope of the correlation map at c = 1 (order/chaos: χ₁ ≶ 1)."""
-    _, dsig = sigma_numpy(activation)
-    s = math.sqrt(q_star)
-    return sigma_w2 * gaussian_expectation(lambda z: dsig(s * z) ** 2)
+    return sigma_w2 * _moment(sigma_numpy(activation)[1], q_star, 2)
 
 
 def _polar_rule(c: float, n_angle: int = 48, n_radius: int = 96
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nodes ``(z₁, z₂)`` and weights for ``E[g(z₁, z₂)]``, z standard 2-D normal.
-
-    Polar Gauss–Legendre with the angle split at the kinks ``z₁ = 0`` and ``c z₁ + √(1−c²) z₂ = 0``.
-    """
+    """Polar Gauss–Legendre ``(z₁, z₂, w)`` for a 2-D normal, angles split at the kinks of c."""
     s = math.sqrt(max(0.0, 1.0 - c * c))
     phi = math.atan2(s, c)
     cuts = np.sort(
@@ -353,29 +285,26 @@ def _polar_rule(c: float, n_angle: int = 48, n_radius: int = 96
     return rr * np.cos(tt), rr * np.sin(tt), np.outer(wr, wt)
 
 
-def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star: float):
-    """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``.
+def _pair_expectation(f: Callable, g: Callable, c: float, s_a: float, s_b: float) -> float:
+    """``E[f(s_a z₁) g(s_b (c z₁ + √(1−c²) z₂))]``, z standard 2-D normal (:func:`_polar_rule`)."""
+    z1, z2, ww = _polar_rule(float(c))
+    u2 = c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2
+    return float(np.sum(ww * f(s_a * z1) * g(s_b * u2)))
 
-    ``u₁ = √q* z₁``, ``u₂ = √q* (c z₁ + √(1−c²) z₂)`` (:func:`_polar_rule`).
-    """
+
+def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star: float):
+    """Mean-field correlation map ``c ↦ (σ_w² E[φ(u₁)φ(u₂)] + σ_b²)/q*``, ``u`` of variance q*
+    and correlation c."""
     sig, _ = sigma_numpy(activation)
     s = math.sqrt(q_star)
-    cs = np.atleast_1d(np.asarray(c, dtype=float))
-    out = []
-    for v in cs:
-        z1, z2, ww = _polar_rule(float(v))
-        u2 = v * z1 + math.sqrt(max(0.0, 1 - v * v)) * z2
-        out.append((sigma_w2 * np.sum(ww * sig(s * z1) * sig(s * u2)) + sigma_b2) / q_star)
-    out = np.array(out)
+    out = np.array([(sigma_w2 * _pair_expectation(sig, sig, v, s, s) + sigma_b2) / q_star
+                    for v in np.atleast_1d(np.asarray(c, dtype=float))])
     return out if np.ndim(c) else float(out[0])
 
 
 def depth_scale(chi: float) -> float:
     """Correlation depth scale ``ξ_c = −1/log χ_c`` (layers); ∞ for χ_c ≥ 1.
-
-    Raises:
-        ValueError: χ_c ≤ 0.
-    """
+    Raises ValueError: χ_c ≤ 0."""
     if not chi > 0:
         raise ValueError(f"chi={chi} must be > 0")
     return math.inf if chi >= 1 else -1.0 / math.log(chi)
@@ -387,13 +316,17 @@ def relu_correlation_map(c):
     return (np.sqrt(1.0 - c * c) + (np.pi - np.arccos(c)) * c) / np.pi
 
 
+def _iterates(f: Callable[[float], float], x0: float, steps: int) -> np.ndarray:
+    out = np.empty(steps + 1)
+    out[0] = x0
+    for l in range(steps):
+        out[l + 1] = f(out[l])
+    return out
+
+
 def relu_correlation_iterates(c0: float, layers: int) -> np.ndarray:
     """``c_0, c_1 = f(c_0), …, c_layers`` under :func:`relu_correlation_map`, ``(layers+1,)``."""
-    out = np.empty(layers + 1)
-    out[0] = c0
-    for l in range(layers):
-        out[l + 1] = relu_correlation_map(out[l])
-    return out
+    return _iterates(relu_correlation_map, c0, layers)
 
 
 def relu_correlation_gap(layer):
@@ -409,10 +342,8 @@ def residual_variance(alpha: float, depth: int, q0: float = 1.0) -> float:
 
 def random_walk_projection_product(width: int, depth: int, step: float, *, seed: int = 0
 ) -> np.ndarray:
-    """Singular values ``(d,)`` of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), descending.
-
-    Unit normals follow a random walk ``u_l ∝ u_{l−1} + step·g_l/√d`` (``step = βα^M``).
-    """
+    """Singular values ``(d,)``, descending, of ``Q_L = Π (I − u_l u_lᵀ)`` (Table 3), unit normals
+    on a random walk ``u_l ∝ u_{l−1} + step·g_l/√d`` (``step = βα^M``)."""
     rng = np.random.default_rng(seed)
     u = rng.standard_normal(width)
     u /= np.linalg.norm(u)
@@ -427,30 +358,21 @@ def random_walk_projection_product(width: int, depth: int, step: float, *, seed:
 def covariance_map(q_a: float, q_b: float, c: float, activation: str, sigma_w2: float,
                    sigma_b2: float = 0.0) -> tuple[float, float, float]:
     """One layer of the two-input mean-field maps (215.1/215.2): ``(q_a', q_b', c')``.
-
-    Raises:
-        ValueError: ``q_a`` or ``q_b`` ≤ 0, or ``|c| > 1``.
-    """
+    Raises ValueError: ``q_a`` or ``q_b`` ≤ 0, or ``|c| > 1``."""
     if not (q_a > 0 and q_b > 0) or abs(c) > 1:
         raise ValueError(f"q_a={q_a}, q_b={q_b} must be > 0 and |c|={abs(c)} ≤ 1")
     sig, _ = sigma_numpy(activation)
-    z1, z2, ww = _polar_rule(float(c))
-    u_a = math.sqrt(q_a) * z1
-    u_b = math.sqrt(q_b) * (c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2)
-    qa = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_a) * z) ** 2) + sigma_b2
-    qb = sigma_w2 * gaussian_expectation(lambda z: sig(math.sqrt(q_b) * z) ** 2) + sigma_b2
-    qab = sigma_w2 * float(np.sum(ww * sig(u_a) * sig(u_b))) + sigma_b2
+    qa = length_map(q_a, activation, sigma_w2, sigma_b2)
+    qb = length_map(q_b, activation, sigma_w2, sigma_b2)
+    qab = sigma_w2 * _pair_expectation(sig, sig, c, math.sqrt(q_a), math.sqrt(q_b)) + sigma_b2
     return qa, qb, float(np.clip(qab / math.sqrt(qa * qb), -1.0, 1.0))
 
 
 def covariance_iterates(q0: float, c0: float, layers: int, activation: str, sigma_w2: float,
                         sigma_b2: float = 0.0, *, gain: float | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """``(q_l, c_l)``, two ``(layers+1,)`` arrays, from two inputs of length q0, correlation c0.
-
-    Plain (``gain=None``): :func:`covariance_map` iterated. Residual with branch gain g
-    (``h_l = h_{l−1} + g (W φ(h_{l−1}) + b)``): second moments add, ``q_l = q_{l−1} + g² q'``.
-    """
+    """``(q_l, c_l)``, two ``(layers+1,)`` arrays, from length q0 and correlation c0 under
+    :func:`covariance_map`; with ``gain`` g, residual: ``q_l = q_{l−1} + g² q'``."""
     q, c = np.empty(layers + 1), np.empty(layers + 1)
     q[0], c[0] = q0, c0
     for l in range(layers):
@@ -466,14 +388,8 @@ def covariance_iterates(q0: float, c0: float, layers: int, activation: str, sigm
 
 def correlation_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *,
                             iters: int = 20_000, tol: float = 1e-13) -> float:
-    """The stable fixed point c* of :func:`correlation_map` at q* (215.2).
-
-    Ordered phase (χ₁ ≤ 1 + 1e−9): 1. Chaotic phase: the root of ``f(c) − c`` on ``[0, 1 − 10⁻⁶]``
-    (Brent), else the limit of the iteration from c = 0.
-
-    Raises:
-        ValueError: no finite q*, or no convergence.
-    """
+    """The stable fixed point c* of :func:`correlation_map` at q* (215.2); 1 in the ordered phase.
+    Raises ValueError: no finite q*, or no convergence."""
     from scipy.optimize import brentq
 
     q = length_fixed_point(activation, sigma_w2, sigma_b2)
@@ -509,10 +425,7 @@ class DepthScale:
 
 def correlation_depth_scale(activation: str, sigma_w2: float, sigma_b2: float = 0.0) -> DepthScale:
     """:class:`DepthScale` of ``activation`` at ``(σ_w², σ_b²)`` (215.1–215.4).
-
-    Raises:
-        ValueError: no finite q* (e.g. relu with σ_w² > 2).
-    """
+    Raises ValueError: no finite q* (e.g. relu with σ_w² > 2)."""
     q = length_fixed_point(activation, sigma_w2, sigma_b2)
     chi = chi_1(activation, sigma_w2, q)
     c = correlation_fixed_point(activation, sigma_w2, sigma_b2)
@@ -520,19 +433,13 @@ def correlation_depth_scale(activation: str, sigma_w2: float, sigma_b2: float = 
         chic = chi
     else:
         _, dsig = sigma_numpy(activation)
-        z1, z2, ww = _polar_rule(c)
-        s = math.sqrt(q)
-        u2 = c * z1 + math.sqrt(max(0.0, 1 - c * c)) * z2
-        chic = sigma_w2 * float(np.sum(ww * dsig(s * z1) * dsig(s * u2)))
+        chic = sigma_w2 * _pair_expectation(dsig, dsig, c, math.sqrt(q), math.sqrt(q))
     return DepthScale(q, chi, c, chic, depth_scale(chic) if chic > 0 else 0.0)
 
 
 def tanh_critical_point(q_star: float) -> tuple[float, float]:
     """``(σ_w², σ_b²)`` on the tanh critical line χ₁ = 1 with fixed point q* (215.1/215.3).
-
-    Raises:
-        ValueError: q* ≤ 0.
-    """
+    Raises ValueError: q* ≤ 0."""
     if not q_star > 0:
         raise ValueError(f"q_star={q_star} must be > 0")
     s = math.sqrt(q_star)
@@ -543,10 +450,7 @@ def tanh_critical_point(q_star: float) -> tuple[float, float]:
 
 def tanh_critical_line(sigma_b2) -> np.ndarray | float:
     """σ_w² on the tanh critical line χ₁ = 1 at bias variance σ_b² (scalar or array); 1 at 0.
-
-    Raises:
-        ValueError: σ_b² < 0.
-    """
+    Raises ValueError: σ_b² < 0."""
     from scipy.optimize import brentq
 
     sb = np.atleast_1d(np.asarray(sigma_b2, dtype=float))
@@ -569,16 +473,11 @@ def tanh_critical_line(sigma_b2) -> np.ndarray | float:
 
 def activation_vd(activation: str, q: float = 1.0) -> float:
     """v_D (215.7) = ``E[φ′(√q z)⁴] / E[φ′(√q z)²]² − 1`` (0 linear, 1 relu).
-
-    Raises:
-        ValueError: q ≤ 0, or φ′ vanishes almost surely.
-    """
+    Raises ValueError: q ≤ 0, or φ′ vanishes almost surely."""
     if not q > 0:
         raise ValueError(f"q={q} must be > 0 (a preactivation variance)")
     _, dsig = sigma_numpy(activation)
-    s = math.sqrt(q)
-    m2 = gaussian_expectation(lambda z: dsig(s * z) ** 2)
-    m4 = gaussian_expectation(lambda z: dsig(s * z) ** 4)
+    m2, m4 = _moment(dsig, q, 2), _moment(dsig, q, 4)
     if not m2 > 0:
         raise ValueError(f"{activation}: E[φ′²] = 0 at q={q}")
     return max(m4 / m2**2 - 1.0, 0.0)  # ≥ 0 by Jensen; rounding can dip below
@@ -587,11 +486,7 @@ def activation_vd(activation: str, q: float = 1.0) -> float:
 def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float = 1.0) -> float:
     """Var(λ) = L (v_W + v_D) of the squared singular values of ∂h_L/∂h_0 (215.7).
 
-    v_W = 1 (gaussian) or 0 (orthogonal).
-
-    Raises:
-        ValueError: unknown ``init``.
-    """
+    v_W = 1 (gaussian) or 0 (orthogonal). Raises ValueError: unknown ``init``."""
     v_w = {"gaussian": 1.0, "orthogonal": 0.0}.get(init)
     if v_w is None:
         raise ValueError(f"init={init!r} is not one of gaussian, orthogonal")
@@ -599,16 +494,10 @@ def jacobian_spectrum_variance(depth: int, activation: str, init: str, q: float 
 
 
 def residual_relu_correlation(c0: float, depth: int, gain: float) -> np.ndarray:
-    """``(depth+1,)`` correlations of a residual ReLU net with branch gain g (the chapter).
-
-    ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)``, f = :func:`relu_correlation_map`.
-    """
-    out = np.empty(depth + 1)
-    out[0] = c0
+    """``(depth+1,)`` correlations ``c_l = (c_{l−1} + g² f(c_{l−1})) / (1 + g²)`` of a residual
+    ReLU net with branch gain g, f = :func:`relu_correlation_map`."""
     g2 = gain * gain
-    for l in range(depth):
-        out[l + 1] = (out[l] + g2 * relu_correlation_map(out[l])) / (1.0 + g2)
-    return out
+    return _iterates(lambda c: (c + g2 * relu_correlation_map(c)) / (1.0 + g2), c0, depth)
 
 
 def residual_relu_correlation_ode(c0: float, t, tau: float) -> np.ndarray:
@@ -625,13 +514,8 @@ def residual_relu_correlation_ode(c0: float, t, tau: float) -> np.ndarray:
 
 
 def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
-    """Time to s/2 of the deep-linear plateau (215.8) from ``a_i(0) = a₀``, N = ``depth`` layers.
-
-    ``T = ∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` by adaptive quadrature; 0 if already past.
-
-    Raises:
-        ValueError: N < 1, a₀ ≤ 0 or s ≤ 0.
-    """
+    """Time ``∫_{a₀}^{(s/2)^{1/N}} da / (a^{N−1} (s − a^N))`` to s/2 of the deep-linear plateau
+    (215.8), N = ``depth``; 0 if already past. Raises ValueError: N < 1, a₀ ≤ 0 or s ≤ 0."""
     from scipy.integrate import quad
 
     if depth < 1 or not a0 > 0 or not s > 0:
@@ -639,18 +523,13 @@ def deep_linear_time(depth: int, a0: float, s: float = 1.0) -> float:
     a_half = (s / 2.0) ** (1.0 / depth)
     if a0 >= a_half:
         return 0.0
-    n = depth
-    val, _ = quad(lambda a: 1.0 / (a ** (n - 1) * (s - a**n)), a0, a_half,
-                  epsabs=0.0, epsrel=1e-13, limit=200)
-    return float(val)
+    return float(quad(lambda a: 1.0 / (a ** (depth - 1) * (s - a**depth)), a0, a_half,
+                      epsabs=0.0, epsrel=1e-13, limit=200)[0])
 
 
 def deep_linear_time_asymptote(depth: int, a0: float, s: float = 1.0) -> float:
     """Small-start asymptote of :func:`deep_linear_time` (215.9): ``a₀^{−(N−2)} / (s (N−2))``.
-
-    Raises:
-        ValueError: N ≤ 2.
-    """
+    Raises ValueError: N ≤ 2."""
     if depth <= 2:
         raise ValueError(f"the asymptote 215.9 needs N > 2, got N={depth}")
     return a0 ** (-(depth - 2)) / (s * (depth - 2))

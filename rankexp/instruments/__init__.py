@@ -1,6 +1,4 @@
-"""The study's instruments on any PyTorch network (:func:`analyze`, :func:`block_records`) and
-during anyone's training (:class:`SpectralMonitor`, ``SpectralCallback``).
-"""
+"""The study's instruments on any PyTorch network (:func:`analyze`) and during training."""
 
 from .blocks import BlockError, BlockSpec, UnitBlock, discover
 from .core import PROBES, BlockRecord, SizeError, analyze, block_records, records_frame

@@ -1,11 +1,6 @@
-"""Blocks of any network as maps of one stream vector to itself.
-
-A *block* maps ``h_{l−1} ↦ h_l`` (shape-preserving) around a *branch* ``f``; a *unit* is one
-input's state or, for token models, one token (other tokens held: under causal masking the
-product of same-token Jacobians is the same-token block of ``∂h_l/∂h_0``). Blocks are found
-in Hugging Face causal LMs (branch ``mlp(ln₂(x))``, Figure 12), torchvision ResNets (branch F)
-and rankexp's families, or given as ``blocks=``. Consecutive blocks chained output to input
-form a *stage*; the prefix Jacobian restarts where the chain breaks.
+"""Blocks of any network as maps ``h_{l−1} ↦ h_l`` of one stream vector (a *unit*: one input,
+or one token) around a *branch* ``f``; found in Hugging Face causal LMs (Figure 12), torchvision
+ResNets and rankexp's families, or given. Blocks chained output to input form a *stage*.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ HF_BLOCK_PATHS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_
                   "transformer.blocks", "model.language_model.layers", "h", "layers")
 #: (FFN norm, FFN) names to try outside :data:`rankexp.models.gpt2.ARCHITECTURES` (GPT-2, Llama)
 HF_FFN_NAMES = (("ln_2", "mlp"), ("post_attention_layernorm", "mlp"))
-#: what the branch column says for each kind of branch
 BRANCH_FFN, BRANCH_RESIDUAL, BRANCH_MLP, BRANCH_UPDATE, BRANCH_LAYER, BRANCH_USER = (
     "ffn", "residual_function", "β·B(f(P(h)))", "block(h) − h", "block(h)", "user")
 
@@ -40,11 +34,9 @@ class BlockError(ValueError):
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """One block as the user (or discovery) describes it: ``branch`` ``f`` (``None``: block − identity
-    when ``residual``, else the block), ``branch_input`` (the submodule whose input is where ``f``
-    reads the stream, e.g. ``ln_2``), ``label`` (the ``branch_kind`` column), ``tokenwise`` (``f``
-    acts on each token alone).
-    """
+    """One block: ``branch`` f (``None``: block − I when ``residual``, else the block),
+    ``branch_input`` (the submodule whose input f reads, e.g. ``ln_2``), ``label`` (the
+    ``branch_kind`` column), ``tokenwise`` (f acts on each token alone)."""
 
     module: nn.Module
     name: str = ""
@@ -57,9 +49,8 @@ class BlockSpec:
 
 @dataclass
 class UnitBlock:
-    """One block at one unit of the stream: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
-    (``None``: ``step − I`` or ``step``), and the representation statistics over every input.
-    """
+    """One block at one unit: input ``x`` ``(D,)``, ``step`` ``x ↦ h_l``, ``branch`` at ``branch_x``
+    (``None``: ``step − I`` or ``step``), representation statistics over every input."""
 
     index: int
     name: str
@@ -103,7 +94,6 @@ def _first_tensor(out):
 
 
 def _take(v, point: int, batch: int):
-    """``v`` with every tensor whose leading axis is the batch cut to input ``point``."""
     if isinstance(v, Tensor):
         return v[point:point + 1] if batch > 1 and v.dim() > 0 and v.shape[0] == batch else v
     if isinstance(v, tuple):
@@ -131,8 +121,7 @@ def is_hf(model: nn.Module) -> bool:
 
 def rows_stats(h: Tensor, token: bool = False) -> tuple[float, float, int]:
     """``(erank(Z)/D, rms, rows)`` of block outputs ``h`` ``(B, …)``, rows uncentred (inputs, or
-    inputs × tokens), as :func:`rankexp.probes.representation.stack_spectrum` but with the Gram in ``h``'s dtype.
-    """
+    inputs × tokens)."""
     z = h.reshape(-1, h.shape[-1]) if token else h.reshape(h.shape[0], -1)
     n, d = z.shape
     gram = z.mT @ z if n >= d else z @ z.mT
@@ -190,10 +179,7 @@ def _torchvision_blocks(model: nn.Module) -> list[BlockSpec]:
 
 def discover(model: nn.Module) -> list[BlockSpec]:
     """The blocks of a Hugging Face causal LM or a torchvision ResNet.
-
-    Raises:
-        BlockError: none found.
-    """
+    Raises BlockError: none found."""
     specs = _hf_blocks(model) if is_hf(model) else _torchvision_blocks(model)
     if not specs:
         raise BlockError(
@@ -205,10 +191,7 @@ def discover(model: nn.Module) -> list[BlockSpec]:
 
 def resolve(model: nn.Module, blocks) -> list[BlockSpec]:
     """``blocks`` (names, modules or :class:`BlockSpec`; ``None``: :func:`discover`) as specs.
-
-    Raises:
-        BlockError: an empty list, an unknown name, a module that is not part of ``model``.
-    """
+    Raises BlockError: an empty list, an unknown name, a module that is not part of ``model``."""
     if blocks is None:
         return discover(model)
     names = {id(m): n for n, m in model.named_modules()}
@@ -288,12 +271,8 @@ def _hooks(specs, seen, point, token, stats):
 
 def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
             token: bool, stats: bool = True) -> list[_Seen]:
-    """One forward pass recording each block's arguments at input ``point``, its output, the branch's
-    input and the representation statistics.
-
-    Raises:
-        BlockError: a block not called exactly once, or not shape-preserving.
-    """
+    """One forward pass recording each block's input at ``point``, output, branch input and stats.
+    Raises BlockError: a block not called exactly once, or not shape-preserving."""
     seen = [_Seen() for _ in specs]
     handles = _hooks(specs, seen, point, token, stats)
     try:
@@ -318,7 +297,7 @@ def capture(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
 
 
 def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``: the whole input or token ``position``."""
+    """``(put, get)`` between a unit vector ``(D,)`` and ``sub`` ``(1, …)``."""
     if position is None:
         shape = sub.shape
         return (lambda x: x.reshape(shape)), (lambda h: h.reshape(-1))
@@ -334,7 +313,6 @@ def _unit(sub: Tensor, position: int | None) -> tuple[Callable[[Tensor], Tensor]
 
 
 def _through(fn: Callable[[Tensor], Tensor], put, get) -> VectorMap:
-    """``v ↦ get(fn(put(v)))``: a stream map seen at one unit."""
     return lambda v: get(fn(put(v)))
 
 
@@ -347,7 +325,7 @@ def _block_call(module: nn.Module, s: _Seen) -> Callable[[Tensor], Tensor]:
 
 
 def _stages(seen: Sequence[_Seen]) -> list[int]:
-    """Chain index per block: a new stage wherever a block's input is not the previous output."""
+    """Stage per block: a new one wherever a block's input is not the previous output."""
     stage, out = 1, []
     for i, s in enumerate(seen):
         if i and not (s.x.shape == seen[i - 1].out.shape and torch.equal(s.x, seen[i - 1].out)):
@@ -358,9 +336,8 @@ def _stages(seen: Sequence[_Seen]) -> list[int]:
 
 def hooked_units(model: nn.Module, inputs, specs: Sequence[BlockSpec], *, point: int,
                  position: int | None, member: int = 0, representation: bool = True) -> list[UnitBlock]:
-    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass of any ``nn.Module`` (``position``:
-    the token of a ``(B, T, d)`` stream, ``None``: whole inputs).
-    """
+    """:class:`UnitBlock` s of ``specs`` from one hooked forward pass (``position``: the token of a
+    ``(B, T, d)`` stream, ``None``: whole inputs)."""
     seen = capture(model, inputs, specs, point=point, token=position is not None, stats=representation)
     units = []
     for i, (spec, s, stage) in enumerate(zip(specs, seen, _stages(seen), strict=True), start=1):

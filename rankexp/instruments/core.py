@@ -1,12 +1,6 @@
-"""``rankexp.analyze``: the study's instruments on any PyTorch network, one row per block.
-
-Per block at input ``point`` (token ``position``): **branch** erank/D, stable rank and
-``r_l = ‖J_f‖_F/‖I‖_F`` (Eq. 4); **prefix** erank/D, stable rank and ``ln ‖·‖_F`` of
-``∂h_l/∂h_0`` (Eq. 2/10); **representation** ``erank(Z_l)/D`` and ``rms(h_l)`` (Figure 7/11).
-``method``: ``closed_form`` (ResidualMLP, :func:`rankexp.probes.jacobian.forward_sweep`),
-``dense`` (``vmap`` of ``jvp``, memory-bounded chunks) or ``matrix_free``
-(:func:`~rankexp.instruments.matfree.slq_spectrum`, errors in ``*_err``); ``auto`` is exact
-while a dense stage fits. Nothing is left on the model; the global RNG is untouched.
+"""``rankexp.analyze``: the study's instruments on any PyTorch network, one row per block:
+branch (Eq. 3/4), prefix ``∂h_l/∂h_0`` (Eq. 2/10) and representation (Figure 7/11), exact while a
+dense stage fits, else matrix-free. Nothing is left on the model; the global RNG is untouched.
 """
 
 from __future__ import annotations
@@ -32,15 +26,13 @@ from .matfree import DENSE, MatrixFree, Spectrum, dense_spectrum, slq_spectrum
 
 log = logging.getLogger(__name__)
 
-#: the instrument groups (``probes=``) and the study's probe names that select them
 PROBES = ("branch", "prefix", "representation")
 PROBE_ALIASES = {"branch_ratio": "branch", "branch_jacobian": "branch", "io_jacobian": "prefix",
                  "profile": "prefix", "stream": "representation"}
 CLOSED_FORM = "closed_form"
-#: the ``method`` of a row with no Jacobian (``probes=["representation"]``): one forward pass
 FORWARD = "forward"
 METHODS = ("auto", CLOSED_FORM, DENSE, "matrix_free")
-#: dense working set per stage, in float64 numbers per D² (J, J_f, two prefix buffers, the SVD's copy)
+#: dense working set per stage, in float64 numbers per D²
 DENSE_WORDS = 5
 
 
@@ -50,11 +42,7 @@ class SizeError(ValueError):
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """The instruments on one block (one member): one row of :func:`analyze`.
-
-    ``prefix`` is the :class:`Spectrum` of ``∂h_l/∂h_0 / ‖∂h_l/∂h_0‖_F`` (its scale is
-    ``log_gain``); the other fields are :func:`analyze`'s columns.
-    """
+    """One row of :func:`analyze`; ``prefix``: ``∂h_l/∂h_0`` at unit norm (scale ``log_gain``)."""
 
     index: int
     name: str
@@ -72,7 +60,6 @@ class BlockRecord:
     rows: int = 0
 
     def row(self) -> dict:
-        """The record as one row of :func:`analyze`'s frame (only the asked-for columns)."""
         out = {"block": self.index, "name": self.name, "member": self.member, "stage": self.stage,
                "dim": self.dim, "method": self.method, "branch_kind": self.label}
         d = self.dim
@@ -92,10 +79,7 @@ class BlockRecord:
 
 def resolve_probes(probes: Iterable[str] | str | None) -> frozenset[str]:
     """``probes`` as a set of :data:`PROBES` (aliases of :data:`PROBE_ALIASES` mapped).
-
-    Raises:
-        ValueError: an unknown name, or none.
-    """
+    Raises ValueError: an unknown name, or none."""
     if probes is None:
         return frozenset(PROBES)
     names = [probes] if isinstance(probes, str) else list(probes)
@@ -131,8 +115,8 @@ def _gib(n: float) -> str:
 
 
 def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None = None) -> Tensor:
-    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)`` by forward mode: ``vmap`` of ``jvp`` over the
-    basis vectors, ``chunk`` at a time (``None``: all at once)."""
+    """``∂fn/∂x`` at ``x`` ``(D,)`` → ``(D_out, D)``: ``vmap`` of ``jvp``, ``chunk`` basis vectors
+    at a time."""
     eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
     cols = vmap(lambda v: jvp(fn, (x,), (v,))[1], chunk_size=chunk)(eye)
     return cols.T
@@ -140,9 +124,8 @@ def dense_jacobian(fn: Callable[[Tensor], Tensor], x: Tensor, chunk: int | None 
 
 def linear_maps(fn: Callable[[Tensor], Tensor], x: Tensor, *, keep: bool = True
                 ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
-    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``: with ``keep``, ``J v`` is the vjp of a kept
-    pullback (faster than forward mode; ``jvp`` without a double backward), else recomputed.
-    """
+    """``(v ↦ J v, u ↦ Jᵀ u)`` for ``J = ∂fn/∂x`` at ``x``; ``keep``: the pullback is kept (and
+    ``J v`` is its double backward where supported), else recomputed."""
     if keep:
         y, pull = vjp(fn, x)
         try:
@@ -175,7 +158,6 @@ def _compose(steps: Sequence[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], 
 
 
 def _unit_scale(s: Spectrum) -> Spectrum:
-    """``s`` of ``P/‖P‖_F``: ``‖·‖_F² = 1``, errors relative."""
     f = s.frobenius_sq
     return replace(s, frobenius_sq=1.0, frobenius_sq_err=s.frobenius_sq_err / f,
                    top_sq=s.top_sq / f, top_sq_err=s.top_sq_err / f)
@@ -183,8 +165,6 @@ def _unit_scale(s: Spectrum) -> Spectrum:
 
 @dataclass(frozen=True)
 class _Plan:
-    """What one analysis computes and within which bounds."""
-
     probes: frozenset[str]
     method: str
     settings: MatrixFree
@@ -207,11 +187,7 @@ def _chains(units: Sequence[UnitBlock]) -> list[list[UnitBlock]]:
 
 
 def _method(plan: _Plan, chain: Sequence[UnitBlock]) -> str:
-    """``dense`` or ``matrix_free`` for a chain of dimension D.
-
-    Raises:
-        SizeError: the method asked for does not fit (names the block, D, bytes and the knobs).
-    """
+    """``dense`` or ``matrix_free`` for a chain. Raises SizeError: the asked method does not fit."""
     u, d = chain[0], chain[0].dim
     dense = DENSE_WORDS * d * d * 8
     fits = dense <= min(plan.max_dense_bytes, plan.budget)
@@ -241,14 +217,12 @@ def _record(u: UnitBlock, method: str, **kw) -> BlockRecord:
 
 
 def _branch_fn(u: UnitBlock) -> tuple[Callable[[Tensor], Tensor], Tensor, bool]:
-    """``(fn, point, minus_identity)`` whose Jacobian is the branch's."""
     if u.branch is not None:
         return u.branch, u.branch_x, False
     return u.step, u.x, u.residual
 
 
 def _dense_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRecord]:
-    """Exact records of one chain: dense Jacobians, the prefix as unit matrix + log-norm."""
     d = chain[0].dim
     x0 = chain[0].x
     per = 2 * max(working_bytes(u.step, u.x, plan.exclude) for u in chain) + 2 * d * x0.element_size()
@@ -275,9 +249,7 @@ def _dense_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockReco
 
 
 def _matfree_chain(chain: Sequence[UnitBlock], plan: _Plan, bar) -> list[BlockRecord]:
-    """Matrix-free records of one chain (:func:`slq_spectrum` per branch and per prefix);
-    an operator keeps its graph when 3× its working set fits beside the Lanczos basis.
-    """
+    """Matrix-free records of one chain; an operator keeps its graph when 3× it fits."""
     d, x0, s = chain[0].dim, chain[0].x, plan.settings
     itemsize = x0.element_size()
     basis = s.basis_bytes(d, itemsize)
@@ -314,7 +286,6 @@ def _closed_form_fits(model: nn.Module, plan: _Plan) -> bool:
 
 
 def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar) -> list[BlockRecord]:
-    """The engine's numbers for a :class:`~rankexp.models.mlp.ResidualMLP` from one forward sweep."""
     h, h0 = ensemble_inputs(model, inputs, point)
     members, depth, d = model.members, model.depth, model.width
     branch: list[list[Spectrum | None]] = [[None] * depth for _ in range(members)]
@@ -325,13 +296,11 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
             branch[e][lj.layer - 1] = dense_spectrum(jb[e])
         bar.update(members)
 
-    needs = {PARTIAL_SPECTRA} if "prefix" in plan.probes else set()
     take_branch = "branch" in plan.probes
-    sw = None
-    if needs or take_branch:
-        needs |= {BRANCH_NORMS} if take_branch else set()
-        sw = forward_sweep(model, h0, needs=needs,
-                           on_layer=on_layer if take_branch else None)
+    needs = ({PARTIAL_SPECTRA} if "prefix" in plan.probes else set()) | (
+        {BRANCH_NORMS} if take_branch else set())
+    sw = forward_sweep(model, h0, needs=needs, on_layer=on_layer if take_branch else None
+                       ) if needs else None
     rep = {}
     if "representation" in plan.probes:
         for l, hl in model.states(h):
@@ -356,7 +325,6 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
 
 
 def _to_model(inputs, device: torch.device, dtype: torch.dtype):
-    """Tensors of ``inputs`` on ``device``, floating ones in the model's ``dtype``."""
     if isinstance(inputs, Tensor):
         return inputs.to(device=device, dtype=dtype if inputs.is_floating_point() else None)
     if isinstance(inputs, (tuple, list)):
@@ -437,17 +405,14 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
     """The study's instruments on any network: a pandas DataFrame, one row per block (and member).
 
     Args:
-        model: any ``nn.Module`` whose blocks are found (:mod:`rankexp.instruments.blocks`) or given.
-        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (Hugging Face
-            LM: token ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a
-            ``CausalLM``: ``None`` for its prompt); floats cast to the model's dtype and device.
-        blocks: ``None`` (found), or module names, modules or
-            :class:`~rankexp.instruments.blocks.BlockSpec` s.
+        inputs: a tensor, a tuple of positional or a mapping of keyword arguments (HF LM: token
+            ids ``(B, T)``; rankexp's MLP: ``(E, n, d)``, ``(n, d)`` or an int n; a ``CausalLM``:
+            ``None`` for its prompt); floats cast to the model's dtype and device.
+        blocks: ``None`` (found), or module names, modules or ``BlockSpec`` s.
         probes: any of ``branch``, ``prefix``, ``representation`` (default all) or study names.
         method: ``auto``, ``closed_form`` (ResidualMLP only), ``dense`` or ``matrix_free``.
         point: the input (batch index) the Jacobians are taken at.
         position: the token of a token model (HF LMs: default −1, the last).
-        matrix_free: :class:`~rankexp.instruments.matfree.MatrixFree` settings.
         max_dense_bytes: a stage is dense when 5·D² float64 numbers fit (default 1 GiB).
         max_bytes: memory budget of any path (default half the device's free memory).
         progress: tqdm bar over blocks (``None``: only on a terminal).

@@ -1,6 +1,4 @@
-"""rankexp's own model families as :class:`~rankexp.instruments.blocks.UnitBlock` s: one chain per
-member (``functional_call`` on member ``e``'s weight slices, so a Jacobian is D × D).
-"""
+"""rankexp's families as :class:`~rankexp.instruments.blocks.UnitBlock` s, a chain per member."""
 
 from __future__ import annotations
 
@@ -25,17 +23,12 @@ from .blocks import (
     rows_stats,
 )
 
-#: the families :func:`family_units` knows
 FAMILIES = (ResidualMLP, PlainNet, CifarResNet, CausalLM)
 
 
 def ensemble_inputs(model: nn.Module, inputs, point: int = 0) -> tuple[Tensor, Tensor]:
-    """``(h, h0)``: inputs ``(E, n, d)`` of a ResidualMLP / PlainNet and the Jacobian point ``(E, 1, d)``, from
-    an int n (the probes' own inputs; ``point`` 0), ``(n, d)`` or ``(E, n, d)``.
-
-    Raises:
-        ValueError: another shape, or a point outside the inputs.
-    """
+    """``(h, h0)``: inputs ``(E, n, d)`` and Jacobian point ``(E, 1, d)`` from an int n (the probes'
+    inputs), ``(n, d)`` or ``(E, n, d)``. Raises ValueError: another shape, or a bad point."""
     p = next(model.parameters())
     kw = {"dtype": p.dtype, "device": p.device}
     if isinstance(inputs, int):
@@ -61,7 +54,6 @@ def _member_params(module: nn.Module, e: int) -> dict[str, Tensor]:
 
 
 def _stats(rows: Tensor, on: bool) -> dict:
-    """The representation fields of a unit from its block's output rows ``(n, D)``."""
     er, rms, n = rows_stats(rows) if on else (None, None, 0)
     return {"representation": er, "rms": rms, "rows": n}
 
@@ -69,10 +61,7 @@ def _stats(rows: Tensor, on: bool) -> dict:
 def ensemble_units(model: ResidualMLP | PlainNet, inputs, *, point: int,
                    representation: bool = True) -> list[UnitBlock]:
     """Units of every member of a :class:`ResidualMLP` or :class:`PlainNet`.
-
-    Raises:
-        BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch).
-    """
+    Raises BlockError: ``skip_every`` > 1, or a batch norm (it couples the inputs of a batch)."""
     if model.skip_every > 1:
         raise BlockError(f"skip_every={model.skip_every}: block l adds h_(l−k), so the stream is "
                          "not a chain of blocks; the closed form (method='auto' or 'closed_form' "

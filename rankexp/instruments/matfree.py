@@ -1,11 +1,9 @@
 """Spectral summaries of one Jacobian ``J`` (``D_out × D``), exact or matrix-free.
 
-:func:`slq_spectrum` estimates them from products with ``A = JᵀJ`` alone: ``‖J‖_F² = tr A``
-(Hutchinson 1989), ``‖J‖₂²`` the top Ritz value of the same Lanczos runs (a lower bound with
-its residual bound, Parlett 1998, Thm. 13.1.1), and ``erank = exp(ln S − tr g(A)/S)``,
-``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` by stochastic Lanczos quadrature (Ubaru, Chen & Saad
-2017). Errors: the spread over probe vectors (delta method) combined with the quadrature's,
-extrapolated from the erank's change over the last ``check`` steps as for a ``k⁻²`` tail.
+:func:`slq_spectrum` uses ``A = JᵀJ`` products only: ``‖J‖_F² = tr A`` (Hutchinson 1989),
+``‖J‖₂²`` the top Ritz value (Parlett 1998, Thm. 13.1.1), ``erank = exp(ln S − tr g(A)/S)``,
+``S = tr A^{1/2}``, ``g(λ) = √λ ln √λ`` (Ubaru, Chen & Saad 2017); errors: probe spread plus
+the quadrature's ``k⁻²`` tail.
 """
 
 from __future__ import annotations
@@ -19,15 +17,13 @@ from torch import Tensor
 
 from ..spectra import erank_from_sv, stable_rank_from_sv
 
-#: the ``method`` of an exact spectrum (from the singular values) and of an estimate
 DENSE, MATRIX_FREE = "dense", "matrix_free"
 
 
 @dataclass(frozen=True)
 class Spectrum:
-    """What the study reads off one matrix ``J`` with ``dim`` = D columns, exact or estimated: ``‖J‖_F²``,
-    ``‖J‖₂²``, erank (Eq. 3) and stable rank, each with one standard error (0 when exact).
-    """
+    """``‖J‖_F²``, ``‖J‖₂²``, erank (Eq. 3) and stable rank of ``J`` with ``dim`` = D columns, each
+    with one standard error (0 when exact)."""
 
     dim: int
     frobenius_sq: float
@@ -57,7 +53,7 @@ class Spectrum:
 
 
 def dense_spectrum(j: Tensor) -> Spectrum:
-    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` from its float64 singular values (a zero matrix: NaN ranks)."""
+    """The exact :class:`Spectrum` of ``j`` ``(D_out, D)`` (float64; a zero matrix: NaN ranks)."""
     s = torch.linalg.svdvals(j.detach().to(torch.float64))
     fro = float(s.square().sum())
     return Spectrum(dim=j.shape[-1], frobenius_sq=fro, top_sq=float(s[0].square()),
@@ -66,7 +62,7 @@ def dense_spectrum(j: Tensor) -> Spectrum:
 
 def rademacher(vectors: int, dim: int, *, seed: int, dtype: torch.dtype,
                device: torch.device | str) -> Tensor:
-    """``(vectors, dim)`` ±1 entries drawn on the CPU from ``seed`` (the same on every device), moved to ``device``."""
+    """``(vectors, dim)`` ±1 entries drawn on the CPU from ``seed`` (the same on every device)."""
     g = torch.Generator().manual_seed(int(seed))
     v = torch.randint(0, 2, (vectors, dim), generator=g, dtype=torch.int8)
     return (v.to(torch.float64) * 2 - 1).to(device=device, dtype=dtype)
@@ -84,9 +80,8 @@ class Lanczos:
         return self.alpha.shape[1]
 
     def nodes_weights(self, k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Gauss quadrature of the first ``k`` steps, float64: nodes θ ``(p, k)`` (clamped at 0),
-        weights τ² ``(p, k)`` and the eigenvectors' last components ``(p, k)``.
-        """
+        """Gauss quadrature of the first ``k`` steps, float64 ``(p, k)`` each: nodes θ ≥ 0,
+        weights τ², the eigenvectors' last components."""
         k = self.steps if k is None else k
         a, b = self.alpha[:, :k].double(), self.beta[:, : k - 1].double()
         t = torch.diag_embed(a) + torch.diag_embed(b, 1) + torch.diag_embed(b, -1)
@@ -96,9 +91,8 @@ class Lanczos:
 
 def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
             check: int = 8, converged: Callable[[Lanczos], bool] | None = None) -> Lanczos:
-    """Lanczos with full reorthogonalization on ``gram`` ``(p, D) → (p, D)`` from ``start`` ``(p, D)``; every
-    ``check`` steps ``converged(partial)`` may stop it. Memory ``p (steps + 1) D`` numbers.
-    """
+    """Lanczos, fully reorthogonalized, on ``gram`` ``(p, D) → (p, D)`` from ``start`` ``(p, D)``;
+    every ``check`` steps ``converged(partial)`` may stop it."""
     p, dim = start.shape
     steps = max(1, min(int(steps), dim))
     basis = start.new_zeros(p, steps + 1, dim)
@@ -129,14 +123,13 @@ def lanczos(gram: Callable[[Tensor], Tensor], start: Tensor, steps: int, *,
 
 @dataclass(frozen=True)
 class _Quadrature:
-    """Per-vector traces ``(p, 3)`` (``tr A, tr A^{1/2}, tr g(A)``), the top Ritz value and its residual bound."""
+    """Traces ``(p, 3)`` (``tr A, tr A^{1/2}, tr g(A)``), the top Ritz value, its residual bound."""
 
     traces: Tensor
     top: float
     top_bound: float
 
     def erank(self) -> tuple[float, float]:
-        """``(erank, standard error)`` from the means and covariance of the traces."""
         p = self.traces.shape[0]
         mean = self.traces.mean(0)
         s, t = float(mean[1]), float(mean[2])
@@ -163,9 +156,8 @@ def _quadrature(lz: Lanczos, dim: int, k: int | None = None) -> _Quadrature:
 
 @dataclass(frozen=True)
 class MatrixFree:
-    """Settings of :func:`slq_spectrum`: Rademacher ``vectors``, at most ``steps`` Lanczos steps, stop at
-    relative change < ``tol`` over ``check`` steps, probe ``seed``.
-    """
+    """:func:`slq_spectrum` settings: Rademacher ``vectors``, ≤ ``steps`` Lanczos steps, stop at
+    relative change < ``tol`` over ``check`` steps, probe ``seed``."""
 
     vectors: int = 16
     steps: int = 64
@@ -187,9 +179,8 @@ class MatrixFree:
 def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: MatrixFree = MatrixFree(),
                  seed_offset: int = 0, dtype: torch.dtype = torch.float64,
                  device: torch.device | str = "cpu") -> Spectrum:
-    """Matrix-free :class:`Spectrum` of J from ``gram`` ``(p, D) → (p, D)``, ``v ↦ Jᵀ(J v)`` (probes seeded
-    ``settings.seed + seed_offset``); ‖J‖₂² is a lower bound with the Ritz residual as its error.
-    """
+    """Matrix-free :class:`Spectrum` of J from ``gram`` ``v ↦ Jᵀ(J v)``, ``(p, D) → (p, D)`` (probes
+    seeded ``settings.seed + seed_offset``); ‖J‖₂²: a lower bound, the Ritz residual its error."""
     v = rademacher(settings.vectors, dim, seed=settings.seed + seed_offset, dtype=dtype, device=device)
     state: dict[str, tuple[float, float]] = {}
 
@@ -206,7 +197,7 @@ def slq_spectrum(gram: Callable[[Tensor], Tensor], dim: int, *, settings: Matrix
     er, er_se = q.erank()
     k = lz.steps
     quad_err = 0.0
-    if k > settings.check:  # the tail of a k⁻² convergence, from its last change (module docstring)
+    if k > settings.check:  # the k⁻² tail, from its last change
         change = abs(er - _quadrature(lz, dim, k - settings.check).erank()[0])
         quad_err = change * k / (2 * settings.check)
     p = settings.vectors

@@ -1,17 +1,7 @@
-"""``rankexp.SpectralMonitor``: the instruments every N optimizer steps of anyone's training loop.
+"""``rankexp.SpectralMonitor``: :func:`rankexp.instruments.analyze` every N optimizer steps.
 
-::
-
-    monitor = rankexp.SpectralMonitor(model, batch, every=100)
-    with mlflow.start_run():
-        for step in range(steps):
-            ...                     # forward, backward, optimizer.step()
-            monitor.step(step)      # analyze() when due; metrics logged at step = `step`
-    monitor.frame                   # every checkpoint's rows, with a `step` column
-
-Each checkpoint is one :func:`rankexp.instruments.analyze` call (training unchanged by it):
-metrics ``<quantity>/block<l>`` (``…_m<e>`` per member) at ``step``, the table as
-``spectra/step_<step>.csv`` and ``spectra_seconds``, to the active MLflow run or any callable
+Metrics ``<quantity>/block<l>`` (``…_m<e>`` per member) at ``step``, the table as
+``spectra/step_<step>.csv`` and ``spectra_seconds``, go to the active MLflow run or any callable
 ``log(metrics, step)``. :func:`spectral_callback_class` wraps it as a Hugging Face ``TrainerCallback``.
 """
 
@@ -32,12 +22,11 @@ from .core import analyze, resolve_probes
 
 log = logging.getLogger(__name__)
 
-#: the frame's columns that name a row rather than measure something
 ID_COLUMNS = ("step", "block", "name", "member", "stage", "dim", "method", "branch_kind", "rows")
 
 
 def metric_names(frame, prefix: str = "") -> dict[str, float]:
-    """One checkpoint's frame as metrics ``<prefix><column>/block<l>[_m<e>]``; ``*_err`` only for matrix-free rows."""
+    """A frame as metrics ``<prefix><column>/block<l>[_m<e>]`` (``*_err``: matrix-free only)."""
     several = frame["member"].nunique() > 1
     width = len(str(int(frame["block"].max())))
     out = {}
@@ -54,20 +43,16 @@ class SpectralMonitor:
     """:func:`~rankexp.instruments.analyze` at chosen optimizer steps, logged and accumulated.
 
     Args:
-        model: the network being trained (measured in place).
-        inputs: the fixed inputs of every checkpoint (as :func:`analyze` takes them).
+        inputs: the fixed inputs of every checkpoint.
         every: measure when ``step % every == 0``; ``None``: only at ``steps``.
         steps: explicit steps to measure at as well.
-        probes: instrument groups (default all), as :func:`analyze`.
-        blocks: as :func:`analyze`.
         log: ``"auto"`` (the active MLflow run if any), ``"mlflow"`` (required), ``None`` (frames
             only) or a callable ``log(metrics, step)``.
         artifacts: also log each table as ``spectra/step_<step>.csv`` (MLflow only).
         prefix: prepended to every metric name.
-        **analyze_kwargs: the rest of :func:`analyze`'s arguments.
+        **analyze_kwargs: ``probes``, ``blocks`` and the rest as :func:`analyze`.
 
-    Raises:
-        ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, or a bad ``log``.
+    Raises ValueError: neither ``every`` nor ``steps``, ``every`` < 1, unknown probes, bad ``log``.
     """
 
     def __init__(self, model: nn.Module, inputs=None, *, every: int | None = 100,
@@ -94,7 +79,7 @@ class SpectralMonitor:
         return step in self.steps or (self.every is not None and step % self.every == 0)
 
     def step(self, step: int, *, force: bool = False):
-        """Measure at ``step`` if due (or ``force``): that checkpoint's frame (with ``step``), else ``None``."""
+        """Measure at ``step`` if due (or ``force``): the frame (with ``step``), else ``None``."""
         if not (force or self.due(step)):
             return None
         t0 = time.perf_counter()
@@ -134,7 +119,7 @@ class SpectralMonitor:
         metrics[f"{self.prefix}spectra_seconds"] = seconds
         sink({k: v for k, v in metrics.items() if not math.isnan(v)} if is_mlflow else metrics, step)
         if is_mlflow and self.artifacts:
-                tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
+            tracking.log_active_text(frame.to_csv(index=False), f"spectra/step_{step:08d}.csv")
 
     def callback(self):
         """This monitor as a Hugging Face ``TrainerCallback`` (:func:`spectral_callback_class`)."""
@@ -143,19 +128,13 @@ class SpectralMonitor:
 
 @functools.cache
 def spectral_callback_class() -> type:
-    """``SpectralCallback``: a ``transformers.TrainerCallback`` running a :class:`SpectralMonitor`
-    at step 0 (if due) and after every optimizer step, on the main process only.
-
-    Raises:
-        ImportError: ``transformers`` is not installed (names the extra).
-    """
+    """``SpectralCallback``: a ``TrainerCallback`` stepping a :class:`SpectralMonitor` at step 0
+    and after every optimizer step, on the main process. Raises ImportError: no ``transformers``."""
     from ..models.gpt2 import transformers_module
 
     tf = transformers_module()
 
     class SpectralCallback(tf.TrainerCallback):
-        """Runs ``monitor.step(state.global_step)`` after every optimizer step."""
-
         def __init__(self, monitor: SpectralMonitor):
             self.monitor = monitor
 

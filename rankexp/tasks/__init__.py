@@ -1,30 +1,21 @@
 """Tasks: :data:`TASKS` maps ``task.name`` to ``fn(settings, device, job_dir, run_or_None,
-config_hash) -> Measurement``, importing the task's module on first look-up.
+config_hash) -> Measurement``, importing the task's module when it runs.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 from ..result import Measurement
 
-#: task name → ``"module:function"`` of this package
-_TASKS = {"measure": "measure:task_measure", "train": "train:task_train"}
+
+def _lazy(module: str, attr: str) -> Callable[..., Measurement]:
+    def task(*args) -> Measurement:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)(*args)
+
+    return task
 
 
-class _Tasks(Mapping[str, Callable[..., Measurement]]):
-    """Task name → function, imported on first look-up."""
-
-    def __getitem__(self, name: str) -> Callable[..., Measurement]:
-        module, _, attr = _TASKS[name].partition(":")
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_TASKS)
-
-    def __len__(self) -> int:
-        return len(_TASKS)
-
-
-TASKS: Mapping[str, Callable[..., Measurement]] = _Tasks()
+TASKS: dict[str, Callable[..., Measurement]] = {
+    "measure": _lazy("measure", "task_measure"), "train": _lazy("train", "task_train")}

@@ -1,7 +1,5 @@
-"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2): crop offsets uniform on
-``{0, …, 2·pad}²``, flips with probability ½, black padding. The run's draws are one uint8
-table ``(steps, B, 3)`` made on the CPU and indexed on the device, so the transform is a pure
-function of ``(batch, step)`` and CUDA-graph safe.
+"""On-device pad-crop-flip for CIFAR-10 (He et al. 2016, §4.2), a pure function of
+``(batch, step)`` (one uint8 draw table), CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -18,10 +16,7 @@ STREAM_AUGMENT = 4
 
 class PadCropFlip:
     """Random pad-crop-flip of whole batches on their device from ``seed``'s ``STREAM_AUGMENT``.
-
-    Raises:
-        ValueError: non-positive steps or batch size, negative pad.
-    """
+    Raises ValueError: non-positive steps or batch size, negative pad."""
 
     def __init__(self, steps: int, batch_size: int, seed: int, *, pad: int = 4,
                  fill: Tensor | None = None, image_shape: tuple[int, int, int] = (3, 32, 32),

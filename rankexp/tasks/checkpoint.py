@@ -1,9 +1,5 @@
-"""Training checkpoints: written atomically, read back or moved aside, never half-trusted.
-
-A run finding one resumes from it (identity equal, file readable), refuses it with a
-:class:`ValueError` naming the differing key, or moves it to ``<name>.corrupt`` with a warning
-and trains from step 0 (truncated, unreadable or an older format).
-"""
+"""Training checkpoints: written atomically; resumed, refused (another run's) or moved to
+``<name>.corrupt`` (unreadable or an older format)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: 2: per-member Adam state (:class:`~rankexp.tasks.optim.MemberAdam`), divergence factor.
 FORMAT = 2
 _REQUIRED = ("format", "step", "model", "optimizer", "alive", "diverged_step", "loss",
              "eval_steps", "test_acc", "elapsed_s")
@@ -33,13 +28,9 @@ def save(path: Path, payload: dict) -> None:
 
 
 def load(path: Path, device: torch.device, identity: dict, steps: int) -> dict | None:
-    """The checkpoint at ``path`` (tensors on ``device``) if this run can resume from it; ``None``
-    when there is none or it was moved to ``<path>.corrupt``.
-
-    Raises:
-        ValueError: another run's checkpoint (an identity key differs) or past ``steps``.
-        OSError: the file cannot be read or moved.
-    """
+    """The checkpoint at ``path`` (tensors on ``device``) if resumable; ``None`` when absent or
+    moved to ``<path>.corrupt``. Raises ValueError: another run's checkpoint (an identity key
+    differs) or past ``steps``; OSError: the file cannot be read or moved."""
     if not path.exists():
         return None
     with open(path, "rb") as f:  # a file-system error (permissions) propagates from here

@@ -30,7 +30,7 @@ from ..seeding import STREAM_DATA
 
 log = logging.getLogger(__name__)
 
-#: Standard CIFAR-10 label order (= class folders sorted by name = torchvision's order).
+#: CIFAR-10 label order (class folders sorted = torchvision's order).
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
            "truck")
 IMAGE_SHAPE = (3, 32, 32)
@@ -69,9 +69,7 @@ class CorruptDataError(DataError, ValueError):
 
 @dataclass(frozen=True)
 class DataSource:
-    """Where a loaded CIFAR-10 came from (an MLflow dataset input): ``kind``, ``path``,
-    ``cache_file``, ``sha256`` (hex, :func:`tensors_sha256`) and the splits' row counts.
-    """
+    """Where a loaded CIFAR-10 came from (an MLflow dataset input); ``sha256``: hex."""
 
     kind: str
     path: Path
@@ -95,16 +93,10 @@ def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path =
                         expect_counts: tuple[int, int] | None = CIFAR10_COUNTS,
                         progress: bool = True
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], DataSource]:
-    """CIFAR-10 as uint8 tensors, decoded once and cached, and where it came from.
-
-    Returns ``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images
-    (memory-mapped when cached) and int64 ``(N,)`` labels in :data:`CLASSES` order.
-
-    Raises:
-        MissingDataError: no source at ``root``.
-        CorruptDataError: unreadable, or not CIFAR-10's classes, shapes or counts.
-        ValueError: unknown ``source``.
-    """
+    """``((x_train, y_train, x_test, y_test), source)``: uint8 ``(N, 3, 32, 32)`` RGB images and
+    int64 ``(N,)`` labels in :data:`CLASSES` order, decoded once and cached.
+    Raises MissingDataError: no source at ``root``; CorruptDataError: unreadable or not
+    CIFAR-10; ValueError: unknown ``source``."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is not one of {', '.join(SOURCES)}")
     root, cache_dir = Path(root).expanduser(), Path(cache_dir).expanduser()
@@ -137,7 +129,6 @@ def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Te
 
 
 def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
-    """The source kind and its concrete path."""
     found: dict[str, Path] = {}
     if root.is_file():
         if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
@@ -151,15 +142,10 @@ def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
             found.setdefault("imagefolder", tree)
     if (root / ARCHIVE_NAME).is_file():
         found["archive"] = root / ARCHIVE_NAME
-    if source == "auto":
-        for kind in ("torchvision", "imagefolder", "archive"):
-            if kind in found:
-                return kind, found[kind]
-        if download:
-            return "torchvision", root
-    elif source in found:
-        return source, found[source]
-    elif source == "torchvision" and download:
+    for kind in ("torchvision", "imagefolder", "archive") if source == "auto" else (source,):
+        if kind in found:
+            return kind, found[kind]
+    if download and source in ("auto", "torchvision"):
         return "torchvision", root
     wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
               "torchvision": f"{TORCHVISION_FOLDER}/",
@@ -179,11 +165,8 @@ def _content_key(kind: str, path: Path) -> dict:
     if kind == "archive":
         entries = [stat(path)]
     elif kind == "imagefolder":
-        # A folder's mtime changes when entries are added, removed or renamed.
         entries = [stat(path / split) for split in ("train", "test")]
-        entries += [
-            stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())
-        ]
+        entries += [stat(d) for split in ("train", "test") for d in sorted((path / split).iterdir())]
     else:
         folder = path / TORCHVISION_FOLDER
         entries = [stat(f) for f in sorted(folder.iterdir())] if folder.is_dir() else []
@@ -207,7 +190,6 @@ def tensors_sha256(tensors: tuple[Tensor, ...]) -> str:
 
 
 def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] | None:
-    """``(tensors, SHA-256)`` of a cache file matching ``key`` and its checksum, else None."""
     if not cache_file.is_file():
         return None
     try:
@@ -226,7 +208,6 @@ def _read_cache(cache_file: Path, key: dict) -> tuple[tuple[Tensor, ...], str] |
 
 
 def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> str:
-    """Write the cache (atomically); returns the tensors' SHA-256."""
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     sha = tensors_sha256(tensors)
     blob = dict(zip(_SPLITS, tensors, strict=True), key=key, sha256=sha)
@@ -238,7 +219,6 @@ def _write_cache(cache_file: Path, key: dict, tensors: tuple[Tensor, ...]) -> st
 
 
 def _check(tensors: tuple[Tensor, ...], expect_counts: tuple[int, int] | None, where: Path) -> None:
-    """Shapes, dtypes, label range and (optionally) split sizes of decoded CIFAR-10."""
     x_train, y_train, x_test, y_test = tensors
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if x.dtype != torch.uint8 or tuple(x.shape[1:]) != IMAGE_SHAPE or x.shape[0] != y.shape[0]:
@@ -291,12 +271,10 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
         started = time.perf_counter()
         for start in range(0, len(paths), _DECODE_CHUNK):
             chunk = paths[start : start + _DECODE_CHUNK]
-            raw = [
-                torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in chunk
-            ]
+            raw = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
+                   for p in chunk]
             with warnings.catch_warnings():
-                # torchvision 0.29 deprecates its codecs in favour of TorchCodec; libjpeg still works.
-                warnings.filterwarnings(
+                warnings.filterwarnings(  # torchvision ≥ 0.29 deprecates its codecs
                     "ignore", ".*TorchVision are deprecated", DeprecationWarning)
                 try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
                     decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
@@ -304,17 +282,13 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
                     decoded = None
                 for i, p in enumerate(chunk):
                     try:
-                        img = (
-                            decoded[i] if decoded else decode_image(raw[i], mode=ImageReadMode.RGB)
-                        )
+                        img = decoded[i] if decoded else decode_image(raw[i], ImageReadMode.RGB)
                     except RuntimeError as err:
                         raise CorruptDataError(
-                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}"
-                        ) from err
+                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}") from err
                     if tuple(img.shape) != IMAGE_SHAPE:
-                        raise CorruptDataError(
-                            f"{p}: image is {tuple(img.shape)}, CIFAR-10 images are 3×32×32. {HOW_TO_GET}"
-                        )
+                        raise CorruptDataError(f"{p}: image is {tuple(img.shape)}, CIFAR-10 images "
+                                               f"are 3×32×32. {HOW_TO_GET}")
                     images[start + i] = img
             bar.update(len(chunk))
         bar.close()
@@ -340,10 +314,8 @@ def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
                     tar.extractall(tmp)
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CorruptDataError(
-                f"{archive}: cannot extract ({type(err).__name__}: {err}); the archive is "
-                f"damaged. {HOW_TO_GET}"
-            ) from err
+            raise CorruptDataError(f"{archive}: cannot extract ({type(err).__name__}: {err}); "
+                                   f"the archive is damaged. {HOW_TO_GET}") from err
         if not (tmp / FOLDER_NAME / "train").is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             raise CorruptDataError(
@@ -357,7 +329,8 @@ def _decode_archive(archive: Path, cache_dir: Path, key: dict, progress: bool
 
 
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8 ``(N, 3, H, W)``, from histograms."""
+    """Exact per-channel mean and population std (float64 ``(3,)`` each, 0–1 scale) of uint8
+    ``(N, 3, H, W)``."""
     levels = torch.arange(256, dtype=torch.float64) / 255.0
     means, stds = [], []
     for c in range(images.shape[1]):
@@ -371,9 +344,8 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class DeviceDataset:
-    """The whole data set on the training device: ``x_*`` float ``(N, 3072)`` standardized
-    per channel with the train split's ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``.
-    """
+    """The data set on the device: ``x_*`` ``(N, 3072)`` standardized by the train split's
+    ``mean``/``std`` (float64 ``(3,)``), ``y_*`` int64 ``(N,)``."""
 
     x_train: Tensor
     y_train: Tensor
@@ -388,10 +360,7 @@ class DeviceDataset:
                    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> DeviceDataset:
         """Move uint8 images ``(N, 3, H, W)`` to ``device`` once, then convert there.
-
-        Raises:
-            ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch.
-        """
+        Raises ValueError: images not uint8 ``(N, 3, H, W)`` or label count mismatch."""
         for x, y in ((x_train, y_train), (x_test, y_test)):
             if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[0] != y.shape[0]:
                 raise ValueError(
@@ -400,7 +369,6 @@ class DeviceDataset:
         mean, std = channel_stats(x_train)
 
         def convert(x: Tensor) -> Tensor:
-            # uint8 travels (4× smaller than float); the conversion runs on the device.
             x = x.to(device=device).to(dtype)
             shape = (1, -1, 1, 1)
             x.sub_((255.0 * mean).to(x).view(shape)).div_((255.0 * std).to(x).view(shape))
@@ -438,10 +406,8 @@ def dataset_for(s, device: str | torch.device, dtype: torch.dtype) -> DeviceData
 
 
 class BatchSampler:
-    """Shuffled index batches on the device, a pure function of ``(seed, step)``: epoch k is a
-    permutation seeded from ``(seed, STREAM_DATA, k)`` (partial batch dropped), so a resumed run draws
-    the batches an uninterrupted one would.
-    """
+    """Shuffled index batches on the device, a pure function of ``(seed, step)`` (epoch k seeded
+    from ``(seed, STREAM_DATA, k)``, partial batch dropped)."""
 
     def __init__(self, n: int, batch_size: int, seed: int, device: str | torch.device = "cpu"):
         if not 1 <= batch_size <= n:

@@ -1,9 +1,5 @@
-"""The training loop engine of the ``train`` task: pure PyTorch (the glue is :mod:`rankexp.tasks.train`).
-
-A learning-rate sweep is one batched model (member ``e`` at ``lrs[e]``): one forward and one
-backward per step, data on the device, host reads only at reports and checkpoints, optionally
-one CUDA graph per step. Diverged members are frozen; on a stop request the loop checkpoints and
-raises :class:`~rankexp.interrupt.JobInterrupted` (the rerun resumes bit-identically on CPU).
+"""The ``train`` task's loop, pure PyTorch: a learning-rate sweep as one batched model (member
+``e`` at ``lrs[e]``), data on the device, host reads only at reports and checkpoints.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ log = logging.getLogger(__name__)
 STUDY_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 #: Final test accuracy at or above which a learning rate counts as stable (Table 5).
 STABLE_ACCURACY = 0.4
-#: a member whose loss exceeds this multiple of its initial loss diverged (healthy runs: ≤ 28×)
+#: a member whose loss exceeds this multiple of its initial loss diverged
 DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 
@@ -46,7 +42,6 @@ def member_errors(logits: Tensor, y: Tensor) -> Tensor:
 def member_losses(logits: Tensor, y: Tensor) -> Tensor:
     """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
     members, batch, classes = logits.shape
-    # (cross_entropy runs in float32 under autocast; float64 stays float64)
     per_sample = F.cross_entropy(logits.reshape(-1, classes), y.repeat(members), reduction="none")
     return per_sample.view(members, batch).mean(1)
 
@@ -54,9 +49,9 @@ def member_losses(logits: Tensor, y: Tensor) -> Tensor:
 @torch.no_grad()
 def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2000,
              autocast_bf16: bool = False) -> Tensor:
-    """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``, in eval mode."""
+    """Accuracy ``(E,)`` (float64, on the device) of every member on ``x (N, …)``, ``y (N,)``."""
     was_training = classifier.training
-    classifier.eval()  # (no-op for the MLP; batch norm of later families needs it)
+    classifier.eval()
     try:
         correct = None
         with _autocast(x.device, autocast_bf16):
@@ -74,20 +69,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _autocast(device: torch.device, enabled: bool):
-    # no weight-cast cache: each weight is cast once per step anyway, and CUDA graph capture
-    # requires it off
+def _autocast(device: torch.device, enabled: bool):  # no cast cache: CUDA graphs need it off
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled,
                           cache_enabled=False)
 
 
 @dataclass
 class TrainResult:
-    """What one learning-rate sweep produced; arrays are per member (= per learning rate):
-    ``(steps, E)`` per-step ``loss``/``train_error``, ``(n_evals, E)`` ``test_acc`` at ``eval_steps``,
-    ``(E,)`` finals; ``max_stable_lr`` is the largest non-diverged rate with final accuracy ≥
-    ``stable_accuracy`` (Table 5).
-    """
+    """One sweep's result per member: ``(steps, E)`` ``loss``/``train_error``, ``(n_evals, E)``
+    ``test_acc`` at ``eval_steps``, ``(E,)`` finals; ``max_stable_lr``: Table 5."""
 
     lrs: list[float]
     steps: int
@@ -110,43 +100,10 @@ class TrainResult:
     probe_seconds: float = 0.0
 
 
-def _summarize(lrs: list[float], steps_done: int, completed: bool, loss: np.ndarray,
-               train_error: np.ndarray, diverged_step: np.ndarray, eval_steps: list[int],
-               test_acc: list[np.ndarray], wall_time_s: float, steps_per_s: float, loss_window: int,
-               stable_accuracy: float) -> TrainResult:
-    members = len(lrs)
-    acc = np.asarray(test_acc, dtype=np.float64).reshape(len(eval_steps), members)
-    final = acc[-1] if len(acc) else np.full(members, np.nan)
-    best = acc.max(0) if len(acc) else np.full(members, np.nan)
-    diverged = diverged_step >= 0
-    window = loss[-loss_window:] if steps_done else np.full((1, members), np.nan)
-    best_lr, best_acc = None, float("nan")
-    if len(acc):
-        # a diverged rate is frozen at weights of no use: it is best only when every rate diverged
-        ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
-        i = int(np.argmax(ranked))
-        best_lr, best_acc = lrs[i], float(final[i])
-    stable = [
-        lr for lr, a, d in zip(lrs, final, diverged, strict=True) if not d and a >= stable_accuracy
-    ]
-    return TrainResult(lrs=list(lrs), steps=steps_done, completed=completed,
-                       final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
-                       best_test_acc=best, diverged=diverged, diverged_step=diverged_step,
-                       loss=loss, train_error=train_error,
-                       eval_steps=np.asarray(eval_steps, dtype=np.int64), test_acc=acc,
-                       best_lr=best_lr, best_acc=best_acc,
-                       max_stable_lr=max(stable) if stable else None, wall_time_s=wall_time_s,
-                       steps_per_s=steps_per_s)
-
-
 @dataclass
 class LoopState:
-    """The loop's device state besides model and optimizer (a CUDA graph updates it in place).
-
-    ``done`` int64 ``()``, ``alive`` bool ``(E,)``, ``diverged_step`` int64 ``(E,)``, ``loss``/``error``
-    float32 ``(steps + SLACK, E)`` (row 0 of ``loss`` is the initial loss; the slack rows absorb the
-    graph warm-up).
-    """
+    """The loop's device state: ``done`` ``()``, ``alive`` ``(E,)``, ``diverged_step`` ``(E,)``,
+    ``loss``/``error`` float32 ``(steps + SLACK, E)`` (SLACK absorbs the graph warm-up)."""
 
     SLACK = 4
 
@@ -158,21 +115,20 @@ class LoopState:
 
     @classmethod
     def fresh(cls, members: int, steps: int, device: torch.device) -> LoopState:
-        return cls(
-            done=torch.zeros((), dtype=torch.int64, device=device),
-            alive=torch.ones(members, dtype=torch.bool, device=device),
-            diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
-            loss=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                            device=device),
-            error=torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
-                             device=device))
+        def record() -> Tensor:
+            return torch.full((steps + cls.SLACK, members), math.nan, dtype=torch.float32,
+                              device=device)
+
+        return cls(done=torch.zeros((), dtype=torch.int64, device=device),
+                   alive=torch.ones(members, dtype=torch.bool, device=device),
+                   diverged_step=torch.full((members,), -1, dtype=torch.int64, device=device),
+                   loss=record(), error=record())
 
     def tensors(self) -> list[Tensor]:
         return [self.done, self.alive, self.diverged_step, self.loss, self.error]
 
 
 def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor:
-    """Record this step's losses ``(E,)``, freeze diverged members; returns ``state.alive``."""
     row = losses.detach().to(state.loss.dtype)
     state.loss.index_copy_(0, state.done.view(1), row[None])  # device index: graph-safe
     bad = ~torch.isfinite(row) | (row > factor * state.loss[0])
@@ -186,7 +142,6 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
 def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
                loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
                divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
-    """One optimizer step as ``body(idx, lr_scale, step)``, from device tensors only (graph-safe)."""
     params = list(model.parameters())
 
     def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
@@ -206,11 +161,7 @@ def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, d
 
 
 class _GraphedStep:
-    """The whole step captured once as a CUDA graph and replayed (PyTorch's whole-network recipe).
-
-    The warm-up steps on a side stream are real updates, so model, optimizer and loop state are
-    snapshotted before and restored after: training is unchanged by graphing.
-    """
+    """The step as one CUDA graph; warm-up updates are undone, so graphing changes nothing."""
 
     WARMUP = 3  # ≤ LoopState.SLACK
 
@@ -260,8 +211,8 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
     Args:
         classifier: ``(B, …)`` → ``(E, B, C)`` logits, every parameter with the leading member
             axis E = ``len(lrs)``, on ``data``'s device; trained in place.
-        checkpoint_path: written atomically every ``checkpoint_every`` steps, at the end and on a
-            stop request; a run finding it resumes (an unusable one goes to ``*.corrupt``).
+        checkpoint_path: written every ``checkpoint_every`` steps, at the end and on a stop
+            request; a run finding it resumes.
         log_every: report every this many steps (None: at evaluations) to ``on_log(step, metrics)``.
         stop_after: end after this many steps without a checkpoint, as if killed (tests).
         probe_at: steps (0: before the first) after which ``on_probe(step)`` runs; it must leave
@@ -291,8 +242,6 @@ def train(classifier: nn.Module, data: DeviceDataset, lrs: Sequence[float], *, s
 
 @dataclass(frozen=True)
 class _Plan:
-    """The settings of one :func:`train` call (see its arguments)."""
-
     steps: int
     batch_size: int
     eval_every: int
@@ -319,18 +268,16 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
             f"len(lrs)={len(lrs)} but the classifier has {members} members (one per lr)")
     if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
         raise ValueError(f"lrs={lrs}: every learning rate must be finite and > 0")
-    for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size"):
-        if getattr(plan, name) < 1:
-            raise ValueError(f"{name}={getattr(plan, name)} must be ≥ 1")
-    if plan.log_every is not None and plan.log_every < 1:
-        raise ValueError(f"log_every={plan.log_every} must be ≥ 1")
+    for name in ("steps", "eval_every", "checkpoint_every", "eval_batch_size", "log_every"):
+        value = getattr(plan, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be ≥ 1")
     if not plan.divergence_factor > 1:
         raise ValueError(f"divergence_factor={plan.divergence_factor} must be > 1 (a multiple "
                          "of the initial loss; inf: only non-finite losses count)")
     if data.device != params[0].device:
-        raise ValueError(
-            f"data is on {data.device}, the classifier on {params[0].device}; put both on one device"
-        )
+        raise ValueError(f"data is on {data.device}, the classifier on {params[0].device}; "
+                         "put both on one device")
     want = getattr(model, "in_features", data.in_features)
     if data.in_features != want:
         raise ValueError(f"data has {data.in_features} features, classifier expects {want}")
@@ -343,8 +290,6 @@ def _check_arguments(model: nn.Module, data: DeviceDataset, lrs: Sequence[float]
 
 @dataclass
 class _History:
-    """The host side of the run: evaluations so far and time spent in earlier calls."""
-
     eval_steps: list[int] = field(default_factory=list)
     test_acc: list[np.ndarray] = field(default_factory=list)
     elapsed_before: float = 0.0
@@ -354,8 +299,6 @@ class _History:
 
 
 class _Loop:
-    """One :func:`train` call: setup, resume, the steps with their bookkeeping, the result."""
-
     def __init__(self, model: nn.Module, data: DeviceDataset, lrs: list[float], seed: int,
                  plan: _Plan, on_log, on_probe=None):
         self.model, self.data, self.lrs, self.plan, self.on_log = model, data, lrs, plan, on_log
@@ -373,7 +316,6 @@ class _Loop:
                          "divergence_factor": plan.divergence_factor, "architecture": arch}
 
     def resume(self) -> int:
-        """Restore from a usable checkpoint; returns the step to start at."""
         path = self.plan.checkpoint_path
         ckpt = None if path is None else checkpoint.load(
             path, self.device, self.identity, self.plan.steps)
@@ -385,12 +327,11 @@ class _Loop:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.state.loss[:start] = ckpt["loss"]
-            if "error" in ckpt:  # (checkpoints written before the error record have none)
+            if "error" in ckpt:
                 self.state.error[:start] = ckpt["error"]
             self.state.alive.copy_(ckpt["alive"])
             self.state.diverged_step.copy_(ckpt["diverged_step"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
-            # same identity but contents that do not fit: damaged; start from the initial network
             self.model.load_state_dict(initial)
             self.optimizer = self.plan.recipe.optimizer(
                 self.model, torch.tensor(self.lrs, dtype=torch.float64, device=self.device))
@@ -462,7 +403,6 @@ class _Loop:
         self.call_time = time.perf_counter() - self.t0
 
     def _stop(self, done: int) -> None:
-        """Checkpoint the completed step, then raise JobInterrupted."""
         name = interrupt.requested()
         if self.plan.checkpoint_path is not None:
             if self.saved_at != done:
@@ -475,7 +415,7 @@ class _Loop:
         raise interrupt.JobInterrupted(name)
 
     def _bookkeeping(self, done: int, bar) -> None:
-        """Reports, evaluations, probes and checkpoints due after step ``done``: the only host reads."""
+        """Reports, evaluations, probes and checkpoints due after step ``done`` (the host reads)."""
         plan = self.plan
         evaluating = done % plan.eval_every == 0 or done == plan.steps
         reporting = evaluating or (plan.log_every is not None and done % plan.log_every == 0)
@@ -497,7 +437,6 @@ class _Loop:
         self.side_time += time.perf_counter() - t_side
 
     def _probe(self, done: int) -> None:
-        """``on_probe(done)``, timed; its result joins the history (and so the checkpoint)."""
         t = time.perf_counter()
         self.history.probes[done] = self.on_probe(done)
         _synchronize(self.device)
@@ -533,22 +472,37 @@ class _Loop:
 
     def result(self, start: int, end: int, loss_window: int, stable_accuracy: float
                ) -> TrainResult:
-        done = end
+        h, lrs, members = self.history, self.lrs, len(self.lrs)
         diverged_step = self.state.diverged_step.cpu().numpy()
         self._warn_diverged(diverged_step)
+        loss = self.state.loss[:end].cpu().numpy()
+        acc = np.asarray(h.test_acc, dtype=np.float64).reshape(len(h.eval_steps), members)
+        final = acc[-1] if len(acc) else np.full(members, np.nan)
+        diverged = diverged_step >= 0
+        window = loss[-loss_window:] if end else np.full((1, members), np.nan)
+        best_lr, best_acc = None, float("nan")
+        if len(acc):
+            # a diverged rate is frozen at weights of no use: best only when every rate diverged
+            ranked = np.where(np.isnan(final) | (diverged & ~diverged.all()), -np.inf, final)
+            i = int(np.argmax(ranked))
+            best_lr, best_acc = lrs[i], float(final[i])
+        stable = [lr for lr, a, d in zip(lrs, final, diverged, strict=True)
+                  if not d and a >= stable_accuracy]
         step_time = self.call_time - self.side_time
-        out = _summarize(
-            self.lrs, done, done == self.plan.steps, self.state.loss[:done].cpu().numpy(),
-            self.state.error[:done].cpu().numpy(), diverged_step, self.history.eval_steps, self.history.test_acc,
-            self.history.elapsed_before + self.call_time,
-            (done - start) / step_time if step_time > 0 and done > start else 0.0,
-            loss_window, stable_accuracy)
-        out.probes, out.probe_seconds = dict(sorted(self.history.probes.items())), self.history.probe_seconds
-        return out
+        return TrainResult(
+            lrs=list(lrs), steps=end, completed=end == self.plan.steps,
+            final_train_loss=window.astype(np.float64).mean(0), final_test_acc=final,
+            best_test_acc=acc.max(0) if len(acc) else np.full(members, np.nan),
+            diverged=diverged, diverged_step=diverged_step, loss=loss,
+            train_error=self.state.error[:end].cpu().numpy(),
+            eval_steps=np.asarray(h.eval_steps, dtype=np.int64), test_acc=acc, best_lr=best_lr,
+            best_acc=best_acc, max_stable_lr=max(stable) if stable else None,
+            wall_time_s=h.elapsed_before + self.call_time,
+            steps_per_s=(end - start) / step_time if step_time > 0 and end > start else 0.0,
+            probes=dict(sorted(h.probes.items())), probe_seconds=h.probe_seconds)
 
 
 def _lr_key(lr: float) -> str:
-    """``lr0.001``: a learning rate in metric names and report lines."""
     return f"lr{lr:g}"
 
 
@@ -562,7 +516,7 @@ def duration(seconds: float) -> str:
 
 def progress_line(done: int, total: int, elapsed: float, steps_run: int, lrs: list[float],
                   metrics: dict[str, np.ndarray]) -> str:
-    """One report line: step/total, elapsed, ETA and each metric per learning rate (``lr0.001=1.887``)."""
+    """One report line: step/total, elapsed, ETA and each metric per rate (``lr0.001=1.887``)."""
     eta = elapsed / steps_run * (total - done) if steps_run > 0 else float("nan")
     values = "  ".join(f"{k} " + " ".join(f"{_lr_key(lr)}={float(v):.4g}" for lr, v in zip(lrs, vals, strict=True))
                        for k, vals in metrics.items())

@@ -1,7 +1,5 @@
-"""The ``measure`` task: run the chosen probes on a freshly initialized network.
-
-Seeds run in chunks that fit the memory budget (:func:`rankexp.memory.chunking`); the joined
-result is the one a single batch gives, number for number.
+"""The ``measure`` task: the chosen probes on a freshly initialized network, seeds in chunks
+that fit the memory budget, joined number for number as one batch.
 """
 
 from __future__ import annotations
@@ -44,10 +42,7 @@ def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                 h0: Tensor | None = None, options: dict | None = None,
                 progress: Callable[[str], None] | None = None,
                 context: ContextFactory | None = None) -> tuple[Measurement, Any]:
-    """Run the probes' ``fn`` on one batch of seeds (no pooling yet): ``(Measurement, context)``.
-
-    ``context`` builds the probes' context for ``model`` (default: a :class:`ProbeContext` on ``h0``).
-    """
+    """The probes' ``fn`` on one batch of seeds, unpooled: ``(Measurement, context)``."""
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
@@ -81,20 +76,14 @@ def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                progress: Callable[[str], None] | None = None,
                context: ContextFactory | None = None) -> Measurement:
     """Run ``probes`` on ``model`` (members = seeds) as one batch; ``h0`` ``(E, 1, d)`` defaults to each seed's Gaussian.
-
-    Raises:
-        KeyError: an unknown probe name.
-    """
+    Raises KeyError: an unknown probe name."""
     m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress, context=context)
     return _reduce(m, probes, ctx)
 
 
 def join_seeds(parts: Sequence[Measurement]) -> Measurement:
-    """Join the per-seed results of disjoint seed chunks (in seed order) into one.
-
-    Raises:
-        ValueError: a value that is not per-seed differs between chunks (a pooled value without a ``reduce``).
-    """
+    """Join the results of disjoint seed chunks (in seed order).
+    Raises ValueError: a value that is not per-seed differs between chunks (no ``reduce``)."""
     if len(parts) == 1:
         return parts[0]
     first, out = parts[0], Measurement()
@@ -133,10 +122,8 @@ def measure_seeds(build: Callable[[range], nn.Module], seeds: range, probes: Seq
                   chunk: int, options: dict | None = None,
                   progress: Callable[[str], None] | None = None,
                   context: ContextFactory | None = None) -> Measurement:
-    """Run ``probes`` on ``seeds`` in chunks of ``chunk`` seeds, each network from ``build(seed_range)``.
-
-    Returns the :class:`Measurement` one batch of all seeds gives.
-    """
+    """``probes`` on ``seeds`` in chunks of ``chunk``, networks from ``build(seed_range)``: the
+    :class:`Measurement` one batch of all seeds gives."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} seeds: need at least 1")
     parts, ctx = [], None
@@ -160,10 +147,7 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=measure``: run ``task.probes`` on all seeds, in chunks that fit the memory budget.
-
-    Adds :data:`RUN_FACTS`: wall and CPU seconds of measuring and of drawing weights, ``peak_memory_gb``, ``seed_chunk``.
-    """
+    """``task=measure``: ``task.probes`` on all seeds, plus :data:`RUN_FACTS`."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     context = None
@@ -197,10 +181,8 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
     for wall, cpu in draws:  # drawn inside the sweep: drawing, not measurement
         built[0] += wall
         built[1] += cpu
-    result.scalars["measure_seconds"] = time.perf_counter() - t0 - built[0]
-    result.scalars["build_seconds"] = built[0]
-    result.scalars["measure_cpu_seconds"] = time.process_time() - c0 - built[1]
-    result.scalars["build_cpu_seconds"] = built[1]
-    result.scalars["peak_memory_gb"] = peak_memory_gb(device)
-    result.scalars["seed_chunk"] = float(chunk)
+    result.scalars.update(
+        measure_seconds=time.perf_counter() - t0 - built[0], build_seconds=built[0],
+        measure_cpu_seconds=time.process_time() - c0 - built[1], build_cpu_seconds=built[1],
+        peak_memory_gb=peak_memory_gb(device), seed_chunk=float(chunk))
     return result

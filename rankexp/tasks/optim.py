@@ -1,8 +1,5 @@
-"""Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate.
-
-Every operation is elementwise or broadcasts an ``(E,)`` coefficient, so member ``e`` follows a
-one-member model at ``lrs[e]`` exactly; a frozen member stays bit-for-bit (gradients cleared with
-``masked_fill``: ``0 · NaN`` is NaN).
+"""Optimizers and schedules for ensembles whose member ``e`` trains at its own learning rate:
+elementwise, so member ``e`` follows a one-member model at ``lrs[e]`` exactly.
 """
 
 from __future__ import annotations
@@ -10,42 +7,86 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 
-class MemberOptimizer(Protocol):
-    """What the training loop needs of an optimizer (no host sync in :meth:`step` on CUDA)."""
+class MemberOptimizer:
+    """An optimizer of ``params`` (leading member axis E) with member e at ``lrs[e]``, float64
+    ``(E,)``; subclasses give :meth:`step` (no host sync on CUDA), ``constants`` and ``buffers``.
+    Raises ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without axis E."""
+
+    name = ""
+    buffer_kind = "buffer"
+
+    def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float]):
+        self.params = list(params)
+        self.device, self.dtype = self.params[0].device, self.params[0].dtype
+        self.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(self.device)
+        members = self.lrs.shape[0] if self.lrs.dim() == 1 else -1
+        if members < 1 or not bool(((self.lrs > 0) & torch.isfinite(self.lrs)).all()):
+            raise ValueError(
+                f"lrs={self.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
+        if any(p.dim() < 1 or p.shape[0] != members for p in self.params):
+            raise ValueError(f"every parameter needs the leading member axis E={members}")
+        self._shapes = [(members,) + (1,) * (p.dim() - 1) for p in self.params]
 
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
         """One update from ``.grad``: member e at ``lrs[e] · lr_scale``, frozen members unchanged."""
+        raise NotImplementedError
 
-    def state_dict(self) -> dict: ...
+    @staticmethod
+    def _must_clear(alive: Tensor) -> bool:  # on CUDA always: reading ``alive`` is a host sync
+        return alive.device.type != "cpu" or not bool(alive.all())
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def constants(self) -> dict:
+        return {}
+
+    def buffers(self) -> dict[str, list[Tensor]]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, **self.constants(),
+                **{k: [t.clone() for t in ts] for k, ts in self.buffers().items()}}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore in place (a captured CUDA graph stays valid).
+        Raises ValueError: another optimizer's state, other constants, or other shapes."""
+        mine = self.buffers()
+        if state.get("name") != self.name or any(len(state[k]) != len(self.params) for k in mine):
+            raise ValueError(
+                f"not the state of this {type(self).__name__} ({len(self.params)} parameters)")
+        constants = self.constants()
+        if any(state[k] != v for k, v in constants.items()):
+            raise ValueError(f"{type(self).__name__} constants differ: "
+                             + ", ".join(str(state[k]) for k in constants))
+        pairs = [(m, v) for k in mine for m, v in zip(mine[k], state[k], strict=True)]
+        for m, v in pairs:
+            if m.shape != v.shape:
+                raise ValueError(
+                    f"{self.buffer_kind} of shape {tuple(v.shape)}, expected {tuple(m.shape)}")
+        for m, v in pairs:
+            m.copy_(v)
 
 
-class MemberAdam:
+class MemberAdam(MemberOptimizer):
     """Adam (``torch.optim.Adam``'s defaults) for E members at ``lrs`` ``(E,)``: the step is
     ``m / (a_e √v + b_e)`` with ``a_e = c1 / (lr_e √c2)``, ``b_e = ε c1 / lr_e`` (one broadcast
     multiply-add); a frozen member gets ``a_e = 0, b_e = +inf``, a step of exactly 0.
-
-    Raises:
-        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without the member axis.
     """
+
+    name, buffer_kind = "adam", "moment"
 
     def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float], *,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        members, device = member_setup(self, params, lrs)
+        super().__init__(params, lrs)
         self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
-        self.t = torch.zeros((), dtype=torch.float64, device=device)  # steps taken
+        self.t = torch.zeros((), dtype=torch.float64, device=self.device)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-        # the denominator's buffer: allocated once (a fresh one per step costs page faults on CPU)
         self._denom = [torch.empty_like(p) for p in self.params]
-        self._shapes = [(members,) + (1,) * (p.dim() - 1) for p in self.params]
 
     @torch.no_grad()
     def coefficients(self, alive: Tensor, lr_scale: Tensor | float) -> tuple[Tensor, Tensor]:
@@ -61,9 +102,7 @@ class MemberAdam:
     @torch.no_grad()
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
         a, b = self.coefficients(alive, lr_scale)
-        # On CPU reading ``alive`` is free, so the clearing pass runs only once a member is
-        # frozen; on CUDA that read would be a host sync, so it always runs (graphs fuse it).
-        clear = alive.device.type != "cpu" or not bool(alive.all())
+        clear = self._must_clear(alive)
         self.t += 1
         beta1, beta2 = self.betas
         dead = ~alive
@@ -80,57 +119,19 @@ class MemberAdam:
             d.mul_(a.view(shape)).add_(b.view(shape))
             p.addcdiv_(m, d, value=-1.0)
 
+    def constants(self) -> dict:
+        return {"betas": list(self.betas), "eps": self.eps}
+
+    def buffers(self) -> dict[str, list[Tensor]]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
     def state_dict(self) -> dict:
-        return {"name": "adam", "betas": list(self.betas), "eps": self.eps, "t": self.t.clone(),
-                "exp_avg": [m.clone() for m in self.exp_avg],
-                "exp_avg_sq": [v.clone() for v in self.exp_avg_sq]}
+        return {**super().state_dict(), "t": self.t.clone()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        """Restore in place (a captured CUDA graph stays valid).
-
-        Raises:
-            ValueError: another optimizer's state, other constants, or other shapes.
-        """
-        if state.get("name") != "adam" or len(state["exp_avg"]) != len(self.params):
-            raise ValueError(f"not the state of this MemberAdam ({len(self.params)} parameters)")
-        if tuple(state["betas"]) != self.betas or state["eps"] != self.eps:
-            raise ValueError(f"Adam constants differ: {state['betas']}, {state['eps']}")
-        copy_in_place(self.exp_avg + self.exp_avg_sq,
-                      list(state["exp_avg"]) + list(state["exp_avg_sq"]), "moment")
+        super().load_state_dict(state)
         self.t.copy_(state["t"])
-
-
-def member_setup(opt, params: Sequence[Tensor], lrs) -> tuple[int, torch.device]:
-    """Set ``opt.params``, ``opt.dtype``, ``opt.lrs`` (float64 ``(E,)``); returns ``(E, device)``.
-
-    Raises:
-        ValueError: ``lrs`` not ``(E,)`` positive and finite, or a parameter without axis E.
-    """
-    opt.params = list(params)
-    device, opt.dtype = opt.params[0].device, opt.params[0].dtype
-    opt.lrs = torch.as_tensor(lrs, dtype=torch.float64).to(device)
-    members = opt.lrs.shape[0] if opt.lrs.dim() == 1 else -1
-    if members < 1 or not bool(((opt.lrs > 0) & torch.isfinite(opt.lrs)).all()):
-        raise ValueError(f"lrs={opt.lrs.tolist()} must be a non-empty (E,) of finite rates > 0")
-    if any(p.dim() < 1 or p.shape[0] != members for p in opt.params):
-        raise ValueError(f"every parameter needs the leading member axis E={members}")
-    return members, device
-
-
-@torch.no_grad()
-def copy_in_place(mine: list[Tensor], saved: list[Tensor], what: str) -> None:
-    """Copy ``saved`` into ``mine`` in place, every shape checked before anything changes.
-
-    Raises:
-        ValueError: a shape differs (names ``what``).
-    """
-    pairs = list(zip(mine, saved, strict=True))
-    for m, v in pairs:
-        if m.shape != v.shape:
-            raise ValueError(f"{what} of shape {tuple(v.shape)}, expected {tuple(m.shape)}")
-    for m, v in pairs:
-        m.copy_(v)
 
 
 def member_adam(model: nn.Module, lrs: Tensor) -> MemberAdam:
@@ -145,10 +146,8 @@ def constant(step: int, steps: int) -> float:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How the members of a model are optimized: ``optimizer(model, lrs)``, ``schedule(step, steps)``
-    (the factor on every rate, host arithmetic) and ``batch_transform(x, step)`` (on-device, ``step``
-    a 0-dim device counter, so it is graph-safe); ``name`` identifies it in checkpoints.
-    """
+    """``optimizer(model, lrs)``, ``schedule(step, steps)`` (factor on every rate) and the on-device
+    ``batch_transform(x, step)`` (``step`` a 0-dim device tensor); ``name`` goes in checkpoints."""
 
     name: str = "adam"
     optimizer: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam

@@ -1,7 +1,5 @@
-"""Probes during training, at the steps of ``task.probe_every``/``probe_steps``, on every
-learning-rate member: a copy of the network is measured under a forked RNG, so training with
-probes is bit-identical to training without.
-"""
+"""Probes at ``task.probe_every``/``probe_steps`` on every member, on a copy under a forked RNG
+(training unchanged)."""
 
 from __future__ import annotations
 
@@ -26,16 +24,15 @@ PROBE_DIR = "probes"
 
 
 def probes_at(step: int, probes: list[str]) -> list[str]:
-    """The probes that run at ``step``: at 0 all but the trained network's, later all but the initial one's."""
+    """The probes at ``step``: at 0 all but ``TRAINED_PROBES``, later all but ``INIT_PROBES``."""
     skip = TRAINED_PROBES if step == 0 else INIT_PROBES
     return [p for p in probes if p not in skip]
 
 
 def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
                   trained: bool, dtype: torch.dtype | None = None) -> Measurement:
-    """``probes`` of every member of ``net`` on a copy under a forked RNG (``dtype``: the MLP copy's;
-    ``trained``: a ConvNet's BN as tested); per-member values in ``seed_arrays``.
-    """
+    """``probes`` of every member of ``net`` on a copy under a forked RNG; per-member values in
+    ``seed_arrays``."""
     p = next(net.parameters())
     devices = [p.device] if p.device.type == "cuda" else []
     copy_ = copy.deepcopy(net)
@@ -60,13 +57,10 @@ def member_scalars(values: dict[str, Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in values.items() if v.ndim == 1}
 
 
-def write_arrays(result_dir: Path, probes: dict[int, dict[str, Tensor]], lrs: list[float]) -> list[Path]:
-    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step (with ``lrs``); returns the files."""
+def write_arrays(result_dir: Path, probes: dict[int, dict[str, Tensor]], lrs: list[float]) -> None:
+    """One ``<result_dir>/probes/step_<step:06d>.npz`` per probed step (with ``lrs``)."""
     folder = result_dir / PROBE_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    files = []
     for step, values in probes.items():
-        f = folder / f"step_{step:06d}.npz"
-        np.savez_compressed(f, lrs=np.asarray(lrs), **{k: v.numpy() for k, v in values.items()})
-        files.append(f)
-    return files
+        np.savez_compressed(folder / f"step_{step:06d}.npz", lrs=np.asarray(lrs),
+                            **{k: v.numpy() for k, v in values.items()})

@@ -14,23 +14,21 @@ import torch
 from torch import Tensor, nn
 
 from .augment import PadCropFlip
-from .optim import ADAM, Recipe, constant, copy_in_place, member_adam, member_setup
+from .optim import ADAM, MemberOptimizer, Recipe, constant, member_adam
 
 
-class MemberSGD:
+class MemberSGD(MemberOptimizer):
     """SGD with momentum and weight decay (``torch.optim.SGD``'s update) for E members:
     ``d = g + λ·w``, ``v ← μ·v + d``, ``w ← w − lr_e·v`` (λ where ``decay``; default all). A frozen
-    member gets ``d = 0`` and rate 0.
+    member gets ``d = 0`` and rate 0. Raises ValueError: bad ``lrs``, ``momentum`` or
+    ``weight_decay``, a parameter without the member axis, or ``decay`` of another length."""
 
-    Raises:
-        ValueError: bad ``lrs``, ``momentum`` or ``weight_decay``, a parameter without the member
-            axis, or ``decay`` of another length.
-    """
+    name, buffer_kind = "sgd", "velocity"
 
     def __init__(self, params: Sequence[Tensor], lrs: Tensor | Sequence[float], *,
                  momentum: float = 0.9, weight_decay: float = 0.0,
                  decay: Sequence[bool] | None = None):
-        members, _ = member_setup(self, params, lrs)
+        super().__init__(params, lrs)
         if not 0 <= momentum < 1 or not (weight_decay >= 0 and math.isfinite(weight_decay)):
             raise ValueError(f"momentum={momentum} must be in [0, 1), weight_decay={weight_decay} ≥ 0")
         decay = [True] * len(self.params) if decay is None else [bool(d) for d in decay]
@@ -38,14 +36,12 @@ class MemberSGD:
             raise ValueError(f"decay has {len(decay)} entries for {len(self.params)} parameters")
         self.momentum, self.weight_decay, self.decay = float(momentum), float(weight_decay), decay
         self.velocity = [torch.zeros_like(p) for p in self.params]
-        self._shapes = [(members,) + (1,) * (p.dim() - 1) for p in self.params]
 
     @torch.no_grad()
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
         rate = torch.where(alive, -(self.lrs * lr_scale), 0.0).to(self.dtype)  # (E,)
         wd = torch.where(alive, self.weight_decay, 0.0).to(self.dtype)
-        # on CPU the read is free: the masking passes run only once a member is frozen
-        clear = alive.device.type != "cpu" or not bool(alive.all())
+        clear = self._must_clear(alive)
         dead = ~alive
         for p, v, decays, shape in zip(self.params, self.velocity, self.decay, self._shapes,
                                        strict=True):
@@ -62,24 +58,12 @@ class MemberSGD:
             v.mul_(self.momentum).add_(g)
             p.addcmul_(v, rate.view(shape))
 
-    def state_dict(self) -> dict:
-        return {"name": "sgd", "momentum": self.momentum, "weight_decay": self.weight_decay,
-                "decay": list(self.decay), "velocity": [v.clone() for v in self.velocity]}
+    def constants(self) -> dict:
+        return {"momentum": self.momentum, "weight_decay": self.weight_decay,
+                "decay": list(self.decay)}
 
-    @torch.no_grad()
-    def load_state_dict(self, state: dict) -> None:
-        """Restore in place (a captured CUDA graph stays valid).
-
-        Raises:
-            ValueError: another optimizer's state, other constants, or other shapes.
-        """
-        if state.get("name") != "sgd" or len(state["velocity"]) != len(self.params):
-            raise ValueError(f"not the state of this MemberSGD ({len(self.params)} parameters)")
-        if (state["momentum"], state["weight_decay"], list(state["decay"])) != (
-                self.momentum, self.weight_decay, self.decay):
-            raise ValueError("SGD constants differ: "
-                             f"{state['momentum']}, {state['weight_decay']}, {state['decay']}")
-        copy_in_place(self.velocity, list(state["velocity"]), "velocity")
+    def buffers(self) -> dict[str, list[Tensor]]:
+        return {"velocity": self.velocity}
 
 
 def decays(p: Tensor) -> bool:
@@ -89,9 +73,7 @@ def decays(p: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """Step decay ``gamma^k`` (k = milestones passed, milestone m at ``round(m·steps)``), times
-    ``warmup_factor`` for ``step < warmup_steps``.
-    """
+    """``gamma^k`` (k milestones ``round(m·steps)`` passed), × ``warmup_factor`` in warm-up."""
 
     milestones: tuple[float, ...] = (0.5, 0.75)
     gamma: float = 0.1
@@ -115,18 +97,15 @@ class StepSchedule:
 def recipe(task, *, depth: int, steps: int, batch_size: int, seed: int,
            fill: Tensor | None, device: torch.device) -> Recipe:
     """The :class:`Recipe` the ``task`` config asks for (:data:`ADAM` itself for the defaults)."""
-    optimizer = _value(task.optimizer)
-    schedule_name = _value(task.schedule)
-    augment = _value(task.augment)
+    optimizer, schedule_name, augment = (
+        getattr(v, "value", v) for v in (task.optimizer, task.schedule, task.augment))
     if (optimizer, schedule_name, augment) == ("adam", "constant", "none"):
         return ADAM
-    parts: list[str] = []
+    opt: Callable[[nn.Module, Tensor], MemberOptimizer] = member_adam
+    parts = ["adam"]
     if optimizer == "sgd":
-        opt: Callable[[nn.Module, Tensor], object] = _sgd_factory(task.momentum, task.weight_decay)
-        parts.append(f"sgd(m={task.momentum:g},wd={task.weight_decay:g})")
-    else:
-        opt = member_adam
-        parts.append("adam")
+        opt = _sgd_factory(task.momentum, task.weight_decay)
+        parts = [f"sgd(m={task.momentum:g},wd={task.weight_decay:g})"]
     schedule: Callable[[int, int], float] = constant
     if schedule_name == "step":
         warm = task.warmup_steps if depth >= task.warmup_min_depth else 0
@@ -150,7 +129,3 @@ def _sgd_factory(momentum: float, weight_decay: float):
                          decay=[decays(p) for p in params])
 
     return member_sgd
-
-
-def _value(v) -> str:
-    return getattr(v, "value", v)

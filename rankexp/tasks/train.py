@@ -1,7 +1,5 @@
-"""``task=train``: the glue between a config and the training loop (:mod:`rankexp.tasks.loop`,
-whose public names are re-exported here) — data, network, recipe, checkpoint, live metrics,
-and the probes before, during and after training.
-"""
+"""``task=train``: config to :mod:`rankexp.tasks.loop` (re-exported) — data, network, recipe,
+checkpoint, live metrics and probes."""
 
 from __future__ import annotations
 
@@ -44,13 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, chash: str) -> Measurement:
-    """``task=train``: CIFAR-10, every learning rate of ``task.lrs`` (or ``lr``) as one batched model.
-
-    The network is the config's family (an MLP stack inside a :class:`Classifier`, or a CIFAR
-    ConvNet). Each learning rate is a nested member run with its curves and finals; the job's run
-    keeps the sweep's summary (``best_test_accuracy``, ``best_lr``, ``max_stable_lr``, per-LR finals
-    ``<name>_lr<lr>``), the probes' metrics, and CIFAR-10 as its dataset input.
-    """
+    """``task=train``: CIFAR-10, every rate of ``task.lrs`` (or ``lr``) as one batched model; each
+    rate a nested member run, the job's run the summary (``best_test_accuracy``, ``best_lr``,
+    ``max_stable_lr``, finals ``<name>_lr<lr>``), probes and the dataset input."""
     t = s.task
     lrs = [s.lr] if s.lr is not None else [float(x) for x in t.lrs]
     dtype = DTYPES[t.dtype.value]
@@ -61,8 +55,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
             "source": f"{src.kind}: {src.path}", "train_rows": src.train_rows,
             "test_rows": src.test_rows})
     net = build_model(s, device, seeds=[s.seed] * len(lrs), dtype=dtype)
-    # the MLP families (residual MLP, plain mean-field nets) get the projection and head; a
-    # ConvNet classifies images itself
     model = net if isinstance(net, CifarResNet) else Classifier(net)
     per_epoch = data.y_train.shape[0] // t.batch_size
     if t.epochs is None:
@@ -115,7 +107,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
     for name, values in finals.items():  # the config's row keeps them (one row per config)
         out.scalars.update({f"{name}_{_lr_key(lr)}": float(v) for lr, v in zip(lrs, values, strict=True)})
     probes.after(out, res, job_dir / RESULT_DIR)
-    # points from before a resume were logged by the interrupted run: backfill them here
     resumed_before = first_live[0] if first_live else res.steps + 1
     if run is not None:
         _backfill(run, res, resumed_before, log_every, unit)
@@ -126,7 +117,6 @@ def task_train(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any, 
 
 
 def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Each member's final scalars ``{name: (members,)}``."""
     return {"final_test_acc": res.final_test_acc, "final_test_error": 1.0 - res.final_test_acc,
             "best_test_acc": res.best_test_acc, "final_train_loss": res.final_train_loss,
             "diverged": res.diverged.astype(np.float64),
@@ -134,9 +124,7 @@ def _finals(res: TrainResult, clean: np.ndarray | None) -> dict[str, np.ndarray]
 
 
 class _Probing:
-    """The run's ``task.probes``: before and after training, or at the optimizer steps of
-    ``task.probe_every``/``probe_steps`` on every rate (logged live, backfilled after a resume).
-    """
+    """``task.probes`` before and after training, or at ``probe_every``/``probe_steps``."""
 
     def __init__(self, s: RankexpConfig, net: nn.Module, data: DeviceDataset, lrs: list[float],
                  run: Any, steps: int, device: torch.device):
@@ -149,12 +137,15 @@ class _Probing:
                      len(lrs), probe_memory_line(s, len(lrs), str(device)))
 
     def before(self, out: Measurement) -> None:
-        t = self.s.task
-        before = [p for p in t.probes if p in INIT_PROBES]
-        if before and not self.schedule:
-            out.update(_probes(self.net, self.data, before, t.options, trained=False))
-            if len(self.lrs) > 1:  # (one rate: its scalars are the run's, as before)
-                log_member_series(self.run, [0], _member_rows(out, self.lrs))
+        if not self.schedule:
+            self._once(out, [p for p in self.s.task.probes if p in INIT_PROBES], False, 0)
+
+    def _once(self, out: Measurement, probes: list[str], trained: bool, step: int) -> None:
+        if probes:
+            m = _probes(self.net, self.data, probes, self.s.task.options, trained=trained)
+            out.update(m)
+            if len(self.lrs) > 1:  # (one rate: its scalars are the run's)
+                log_member_series(self.run, [step], _member_rows(m, self.lrs))
 
     def on_probe(self, step: int) -> dict[str, torch.Tensor]:
         t = self.s.task
@@ -167,29 +158,21 @@ class _Probing:
         return values
 
     def after(self, out: Measurement, res: TrainResult, result_dir: Path) -> None:
-        t = self.s.task
         if self.schedule:
             _probe_results(out, res, self.lrs, self.live, self.run, result_dir)
-            return
-        after = [p for p in t.probes if p not in INIT_PROBES]
-        if after:
-            trained = _probes(self.net, self.data, after, t.options, trained=True)
-            out.update(trained)
-            if len(self.lrs) > 1:
-                log_member_series(self.run, [res.steps], _member_rows(trained, self.lrs))
+        else:
+            self._once(out, [p for p in self.s.task.probes if p not in INIT_PROBES], True,
+                       res.steps)
 
 
 def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str, np.ndarray]) -> None:
-    """Log ``metrics[name]`` ``(len(steps), E)`` at ``steps`` to each learning rate's member run;
-    no-op when ``run`` is None or ``metrics`` is empty.
-    """
+    """Log ``metrics[name]`` ``(len(steps), E)`` at ``steps`` to each rate's member run (if any)."""
     if run is None or not metrics:
         return
     run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
 
 
 def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
-    """The per-member scalars of ``m`` as one row ``(1, E)`` each."""
     return {k: v[None] for k, v in probing.member_scalars(probing.member_values(m, len(lrs))).items()}
 
 
@@ -218,7 +201,6 @@ def _steps_text(steps: list[int]) -> str:
 
 def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
             trained: bool) -> Measurement:
-    """``probes`` of the network: a ConvNet on CIFAR-10, the MLP stack on Gaussian inputs."""
     log.info("probes of the %s network: %s", "trained" if trained else "initial", ", ".join(probes))
     if isinstance(net, ResidualMLP):
         return run_probes(net, probes, options=options)
@@ -227,14 +209,12 @@ def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dic
 
 
 def _backfill(run: Any, res: TrainResult, resumed_before: int, log_every: int, unit: int) -> None:
-    """Log the live series' points before ``resumed_before`` from the result's per-step arrays."""
     early = res.eval_steps < resumed_before
     if early.any():
         acc = res.test_acc[early]
         run.log_member_series(res.eval_steps[early] // unit, {"test_acc": acc, "test_error": 1.0 - acc})
     ends = np.arange(log_every, min(resumed_before, res.steps + 1), log_every)
-    if ends.size:
-        # torch's mean over the window, as the live report takes it (the same float32 values)
+    if ends.size:  # torch's float32 mean, as the live report takes it
         means = {name: np.stack([torch.as_tensor(values[e - log_every:e]).mean(0).numpy()
                                  for e in ends])
                  for name, values in (("train_loss", res.loss), ("train_error", res.train_error))}
