@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..models.activations import ACTIVATION_DERIVATIVES as SCALAR_DERIVATIVES
 from ..models.gpt2 import CausalLM
 from ..result import Measurement
 from .base import ProbeContext
@@ -27,16 +28,11 @@ def _gelu_tanh_derivative(z: Tensor) -> Tensor:
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * z * z)
 
 
-def _gelu_erf_derivative(z: Tensor) -> Tensor:
-    """d/dz of ``z Φ(z)``: ``Φ(z) + z φ(z)``."""
-    return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-
-
 #: ``config.activation_function`` → its derivative in closed form
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": _gelu_tanh_derivative, "gelu_pytorch_tanh": _gelu_tanh_derivative,
-    "gelu_fast": _gelu_tanh_derivative, "gelu": _gelu_erf_derivative,
-    "relu": lambda z: (z > 0).to(z.dtype)}
+    "gelu_fast": _gelu_tanh_derivative, "gelu": SCALAR_DERIVATIVES["gelu"],
+    "relu": SCALAR_DERIVATIVES["relu"]}
 
 
 def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
@@ -112,11 +108,6 @@ def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
         "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan}
 
 
-def rms(x: Tensor) -> Tensor:
-    """``rms(x) = (mean x²)^{1/2}`` over the last axis."""
-    return x.pow(2).mean(-1).sqrt()
-
-
 def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM` (``model=gpt2``).
 
@@ -133,7 +124,7 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     for e in range(len(lm.members)):
         stream, ffn_in = lm.trace(e)
         stats = ffn_statistics(ffn_jacobians(lm, e, ffn_in), first)
-        stats["rms"], stats["rms_ffn_input"] = rms(stream), rms(ffn_in)
+        stats["rms"], stats["rms_ffn_input"] = (t.pow(2).mean(-1).sqrt() for t in (stream, ffn_in))
         for k, v in stats.items():
             per.setdefault(k, []).append(v)
     v = {k: torch.stack(x) for k, x in per.items()}
@@ -154,5 +145,3 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     m.add_seed_array("ffn_cosines", v["cosines"])
     m.scalars["ffn_cos_baseline"] = 1.0 / d
     return m
-
-
