@@ -145,15 +145,6 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
 
 
-def hidden_activations(block: Block, h: Tensor) -> Tensor:
-    """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
-    x = block.pre_norm(h)
-    z = block.preactivation(h)
-    if block.gated:
-        return block.sigma(torch.matmul(x, block.w_gate.mT)) * z
-    return block.sigma(z)
-
-
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """Stable rank of ``σ(W h)`` over n probe inputs vs the spike bound ``1/c`` (Table 1).
 
@@ -169,11 +160,13 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
         for l, h in model.states(h0, max(chosen)):
             if l in chosen:
                 block = model.blocks[l - 1]
-                a = hidden_activations(block, x)
+                z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
+                a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
+                     else block.sigma(z))
                 ev = gram_eigenvalues(a)
                 sr.append(ev.sum(-1) / ev.amax(-1))
                 coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
-                qs.append(block.preactivation(x).square().mean((-2, -1)))
+                qs.append(z.square().mean((-2, -1)))
                 steps.append(l)
             x = h
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)

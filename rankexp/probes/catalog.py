@@ -175,13 +175,8 @@ def projection_walk_memory(shape: ModelShape, options: Mapping) -> float:
 CORRELATION_DEFAULTS = {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None,
                         "tangents": 4}
 SPECTRUM_DEFAULTS = {"q0": "fixed_point", "bins": 60}
-DEEP_LINEAR_DEFAULTS = {
-    "depths": list(range(1, 17)),
-    "a0": [0.5, 0.7, 0.9, 1.0],
-    "s": 1.0,
-    "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]],
-    "sim_width": 4,
-}
+DEEP_LINEAR_DEFAULTS = {"depths": list(range(1, 17)), "a0": [0.5, 0.7, 0.9, 1.0], "s": 1.0,
+                        "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]], "sim_width": 4}
 #: options of ``gradient_norms``: Gaussian inputs per member
 GRADIENT_NORMS_OPTIONS = {"batch": 128}
 #: options of ``shattered``: grid points on [lo, hi]

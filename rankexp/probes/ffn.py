@@ -35,13 +35,6 @@ ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": SCALAR_DERIVATIVES["relu"]}
 
 
-def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
-    """σ′(z) elementwise: the closed form of :data:`ACTIVATION_DERIVATIVES`, else one ``jvp`` of ``act``."""
-    if name in ACTIVATION_DERIVATIVES:
-        return ACTIVATION_DERIVATIVES[name](z)
-    return torch.func.jvp(act, (z,), (torch.ones_like(z),))[1]
-
-
 def gpt2_ffn_jacobian(norm: torch.nn.LayerNorm, mlp: torch.nn.Module, x: Tensor,
                       activation: str = "gelu_new") -> Tensor:
     """``J = ∂ mlp(ln₂(x))/∂x`` ``(d, d)`` of a GPT-2 block in closed form at ``x`` ``(d,)``.
@@ -54,7 +47,10 @@ def gpt2_ffn_jacobian(norm: torch.nn.LayerNorm, mlp: torch.nn.Module, x: Tensor,
     s = torch.sqrt(u.pow(2).mean() + norm.eps)
     gamma = norm.weight if norm.weight is not None else torch.ones_like(x)
     z = torch.addmm(mlp.c_fc.bias[None], norm(x)[None], mlp.c_fc.weight)[0]
-    dz = activation_derivative(mlp.act, activation, z)
+    if activation in ACTIVATION_DERIVATIVES:
+        dz = ACTIVATION_DERIVATIVES[activation](z)
+    else:  # one jvp of the module's own σ
+        dz = torch.func.jvp(mlp.act, (z,), (torch.ones_like(z),))[1]
     # B = W_projᵀ diag(σ′) W_fcᵀ diag(γ): the one GEMM; J_ln then enters as a rank-2 correction
     b = (mlp.c_proj.weight.T * dz) @ (mlp.c_fc.weight.T * gamma)
     return b / s - torch.outer(b.sum(1), torch.ones_like(x)) / (d * s) - torch.outer(b @ u, u) / (d * s**3)

@@ -275,12 +275,11 @@ def state_rms(h: Tensor) -> Tensor:
 def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | None = None,
                   keep_partials: bool = False,
                   on_layer: Callable[[LayerJacobian], None] | None = None,
-                  progress: bool | None = False, spectra: bool = True,
-                  sync_free: bool | None = None, spectra_method: str | None = None) -> ForwardSweep:
+                  progress: bool | None = False, sync_free: bool | None = None,
+                  spectra_method: str | None = None) -> ForwardSweep:
     """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep of ``h0`` ``(E, 1, d)``.
 
-    ``needs``: a subset of :data:`SWEEP_NEEDS` (``None``: all, or ``io_jacobian`` only with
-    ``spectra=False``); ``keep_partials``: also
+    ``needs``: a subset of :data:`SWEEP_NEEDS` (``None``: all); ``keep_partials``: also
     every ``∂h_l/∂h_0`` (memory ``L·E·d²``); ``on_layer``: gets each :class:`LayerJacobian`;
     ``sync_free``: no host sync in the loop (default on an accelerator; both paths agree to
     1e-12); ``spectra_method``: ``gram`` or ``svd``. Per masked M = 2 block with |a| active units:
@@ -289,9 +288,8 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
     Raises:
         ValueError: unknown needs.
     """
-    if needs is None:
-        needs = SWEEP_NEEDS if spectra else frozenset({IO_JACOBIAN})
-    elif set(needs) - SWEEP_NEEDS:
+    needs = SWEEP_NEEDS if needs is None else needs
+    if set(needs) - SWEEP_NEEDS:
         raise ValueError(f"unknown sweep need(s) {sorted(set(needs) - SWEEP_NEEDS)}; known: "
                          f"{sorted(SWEEP_NEEDS)}")
     e, _, d = h0.shape

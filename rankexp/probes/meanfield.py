@@ -261,36 +261,25 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("lambda_m2", lam.square().mean(-1))
     m.add_seed_stat("log_lambda_mean", 2 * log_norm + mean[:, 0].log())
     m.add_seed_stat("v_d_measured", vd.mean(1))
-    m.arrays["lambda"] = lam.double().cpu().numpy()
-    m.scalars.update(_log_histogram(m.arrays["lambda"], int(opt["bins"]), m.arrays))
+    lam = m.arrays["lambda"] = lam.double().cpu().numpy()
+    # density of log₁₀ λ over the resolvable λ (above (n ε)² max λ)
+    resolved = lam[lam > (lam.shape[-1] * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)]
+    logs = np.log10(resolved) if resolved.size else np.zeros(1)
+    mid = 0.5 * (logs.min() + logs.max())
+    m.arrays["log_lambda_hist"], m.arrays["log_lambda_edges"] = np.histogram(
+        logs, bins=int(opt["bins"]), range=(min(logs.min(), mid - 0.05), max(logs.max(), mid + 0.05)),
+        density=True)
+    m.scalars["lambda_zero_fraction"] = 1.0 - resolved.size / lam.size
     m.scalars["spectrum_q0"] = q0
     m.scalars.update(_spectrum_theory(model, q0))
     return m
 
 
-def _log_histogram(lam: np.ndarray, bins: int, arrays: dict) -> dict[str, float]:
-    """Density of log₁₀ λ over the resolvable λ (above ``(n ε)² max λ``) into ``arrays``;
-    returns the fraction of numerically-zero λ.
-    """
-    n = lam.shape[-1]
-    floor = (n * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)
-    resolved = lam[lam > floor]
-    logs = np.log10(resolved) if resolved.size else np.zeros(1)
-    lo, hi = logs.min(), logs.max()
-    mid = 0.5 * (lo + hi)
-    lo, hi = min(lo, mid - 0.05), max(hi, mid + 0.05)
-    arrays["log_lambda_hist"], arrays["log_lambda_edges"] = np.histogram(
-        logs, bins=bins, range=(lo, hi), density=True)
-    return {"lambda_zero_fraction": 1.0 - resolved.size / lam.size}
-
-
 def _scaled_gaussian(model, q0: float) -> Tensor:
-    rows = []
-    for s in model.seeds:
-        g = torch.randn(model.width, generator=seeded_generator(s, STREAM_INPUT),
-                        dtype=torch.float64)
-        rows.append(g * math.sqrt(q0 * model.width) / torch.linalg.vector_norm(g))
-    return torch.stack(rows)[:, None, :].to(**_where(model))
+    g = torch.stack([torch.randn(model.width, generator=seeded_generator(s, STREAM_INPUT),
+                                 dtype=torch.float64) for s in model.seeds])
+    x = g * math.sqrt(q0 * model.width) / torch.linalg.vector_norm(g, dim=-1, keepdim=True)
+    return x[:, None, :].to(**_where(model))
 
 
 def _spectrum_theory(model, q0: float) -> dict[str, float]:

@@ -62,22 +62,17 @@ def representation(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     ``(E, L, d)`` and their ``noise_floor``, per-input cosines of branch outputs across layers
     (``input_cos_prev``, ``input_cos_cross``), and ``preact_var`` (Table 1's q) ``(E,)``.
     """
-    e, n, d = h0.shape
-    L = model.depth
-    states = {0: h0}
-    er, top = [None] * (L + 1), [None] * (L + 1)
-    er[0], top[0] = stack_spectrum(h0)
+    (e, n, _), L, keep = h0.shape, model.depth, max(model.skip_every, 1)
+    states, spectra = {0: h0}, [stack_spectrum(h0)]
     means, floor, cos_prev, q = [], [], [], []
     unit_sum = torch.zeros_like(h0)
-    keep = max(model.skip_every, 1)
     with torch.no_grad():
         for l, block in enumerate(model.blocks, start=1):
             # E_W[(w·x)²] = α² rms(x)² for w ~ N(0, α²/d): no extra matmul needed
             q.append(model.alpha**2 * block.pre_norm(states[l - 1]).square().mean((-2, -1)))
-            b, h = _run_block(model, l, block, states)
-            states[l] = h
+            b, states[l] = _run_block(model, l, block, states)
             states.pop(l - keep, None)
-            er[l], top[l] = stack_spectrum(h)
+            spectra.append(stack_spectrum(states[l]))
             means.append(b.mean(1))
             floor.append((b.square().sum(-1).mean(1) / n).sqrt())
             unit = b / b.norm(dim=-1, keepdim=True).clamp(min=_tiny(b))
@@ -86,11 +81,9 @@ def representation(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
             else:
                 cos_prev.append((unit * unit_sum).sum(-1).mean(1) / (l - 1))
             unit_sum += unit
-    cross = (
-        (unit_sum.square().sum(-1) - L) / (L * (L - 1))
-        if L > 1
-        else torch.full((e, n), math.nan, dtype=h0.dtype)
-    )
+    cross = ((unit_sum.square().sum(-1) - L) / (L * (L - 1)) if L > 1
+             else torch.full((e, n), math.nan, dtype=h0.dtype))
+    er, top = zip(*spectra, strict=True)
     return {"erank": torch.stack(er, 1), "top_energy": torch.stack(top, 1),
             "branch_means": torch.stack(means, 1), "noise_floor": torch.stack(floor, 1),
             "input_cos_prev": torch.stack(cos_prev, 1), "input_cos_cross": cross.mean(1),
@@ -108,10 +101,8 @@ def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", cl
     e, n, d = h_last.shape
     dt, dev = h_last.dtype, h_last.device
     if kind == "random":
-        rows = [
-            torch.randn(n, d, generator=seeded_generator(s, STREAM_BACKWARD), dtype=torch.float64)
-            for s in model.seeds
-        ]
+        rows = [torch.randn(n, d, generator=seeded_generator(s, STREAM_BACKWARD),
+                            dtype=torch.float64) for s in model.seeds]
         return torch.stack(rows).to(dtype=dt, device=dev)
     if kind == "cross_entropy":
         if classes < 2:
@@ -146,19 +137,15 @@ def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "ran
                 ckpt[l - 1] = {j: states[j] for j in range(max(0, l - keep), l)}
             states[l] = _run_block(model, l, block, states)[1]
             states.pop(l - keep, None)
-        h_last = states[L]
+    deltas = {L: output_gradient(model, states.pop(L), delta, classes)}
     del states
-    deltas = {L: output_gradient(model, h_last, delta, classes)}
     stats: dict[int, tuple] = {}
 
     def measure(j: int) -> None:
         g = deltas[j]
-        er, top = stack_spectrum(g)
-        n = g.shape[1]
-        mean = g.mean(1)
-        floor = (g.square().sum(-1).mean(1) / n).sqrt()
-        stats[j] = (er, top, g.square().mean((-2, -1)).sqrt().log(), mean.norm(dim=-1) / floor,
-                    _cos(mean, torch.ones_like(mean)))
+        mean, floor = g.mean(1), (g.square().sum(-1).mean(1) / g.shape[1]).sqrt()
+        stats[j] = (*stack_spectrum(g), g.square().mean((-2, -1)).sqrt().log(),
+                    mean.norm(dim=-1) / floor, _cos(mean, torch.ones_like(mean)))
 
     measure(L)
     for start in sorted(ckpt, reverse=True):
