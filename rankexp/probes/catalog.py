@@ -239,11 +239,8 @@ LESION_OPTIONS = {"images": 10000, "batch": 250}
 
 @dataclass(frozen=True)
 class ConvShape:
-    """What a memory estimate needs to know about one member of a :class:`CifarResNet`.
-
-    Attributes:
-        depth: 6n + 2. base_width: stage-1 filters (16). itemsize: bytes per number.
-    """
+    """What a memory estimate needs to know about one member of a :class:`CifarResNet`: ``depth``
+    6n + 2, ``base_width`` (stage-1 filters, 16), ``itemsize`` (bytes per number)."""
 
     depth: int
     base_width: int
@@ -315,12 +312,6 @@ class Ref:
         module, _, attr = self.path.partition(":")
         return getattr(importlib.import_module(f"rankexp.probes.{module}"), attr)
 
-    @property
-    def doc(self) -> str:
-        """The function's docstring, read from its module's source without importing it."""
-        module, _, attr = self.path.partition(":")
-        return _docstrings(module)[attr]
-
 
 @functools.cache
 def _docstrings(module: str) -> dict[str, str]:
@@ -375,8 +366,10 @@ class Probe:
 
     @property
     def doc(self) -> str:
-        """The first paragraph of ``fn``'s docstring, one line (for ``--help``; no import)."""
-        return " ".join(self.ref.doc.strip().split("\n\n")[0].split())
+        """The first paragraph of ``fn``'s docstring, one line, read from its module's source
+        (``--help`` imports no probe code)."""
+        module, _, attr = self.ref.path.partition(":")
+        return " ".join(_docstrings(module)[attr].strip().split("\n\n")[0].split())
 
     def __call__(self, ctx: Any) -> Any:
         """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""

@@ -169,12 +169,6 @@ class LayerJacobian:
                             else branch_jacobian(self.block, self.h_in))
         return self._branch
 
-    def branch_times(self, u: Tensor) -> Tensor:
-        """``J_b u`` for ``u`` ``(E, d, n)``, the cheaper way unless ``J_b`` is already formed."""
-        if self._branch is None and self.linear is not None and self.linear.apply_is_cheaper():
-            return self.linear.apply(u)
-        return self.branch @ u
-
 
 def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> Iterator[LayerJacobian]:
     """Walk the blocks of ``model`` once from ``h0`` ``(E, 1, d)``, yielding each block's :class:`LayerJacobian` (Eq. 17/18)."""
@@ -368,7 +362,7 @@ def _advance(lj: LayerJacobian, units: dict[int, Tensor], logs: dict[int, Tensor
     elif lj.skip_from == l - 1:
         acc = lj.linear.apply(prev_u).add_(prev_u)
     else:
-        acc = lj.branch_times(prev_u)  # at scale exp(prev_log)
+        acc = lj.linear.apply(prev_u) if factored else lj.branch @ prev_u  # at scale e^prev_log
         if lj.skip_from is not None:
             skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
             top = torch.maximum(acc_log, skip_log)

@@ -141,10 +141,8 @@ def probe_correlation(ctx: ProbeContext) -> Measurement:
         hs = model.trajectory(x)
         q = torch.stack([h.square().mean((-2, -1)) for h in hs], 1)  # (E, L+1)
         c = torch.stack([_mean_cosine(h) for h in hs], 1)
-        chis = None
-        if getattr(model.blocks[0], "norm_op", None) != "batchnorm":
-            chis = [layer_chi(layer, h, tangents)
-                    for layer, h in zip(model.blocks, hs[:-1], strict=True)]
+        chis = None if getattr(model.blocks[0], "norm_op", None) == "batchnorm" else [
+            layer_chi(layer, h, tangents) for layer, h in zip(model.blocks, hs[:-1], strict=True)]
     steps = np.arange(L + 1)
     m = Measurement()
     m.add_seed_series("mf_q", q, steps)

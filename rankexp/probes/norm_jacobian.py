@@ -39,10 +39,11 @@ def removed(j: Tensor, v: Tensor) -> Tensor:
 
 
 def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
-    """Table 2 for the op R (``norm.post``) of the first block (ValueError: none).
+    """Table 2 for the op R (``norm.post``) of the first block.
 
     At ``x = h_0 + μ·1`` (option ``input_mean``): the closed form against autograd, the directions
-    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c.
+    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c
+    (ValueError: the first block has no post-residual op).
     """
     op = ctx.model.blocks[0].post_op
     if op is None:

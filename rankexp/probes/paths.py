@@ -81,7 +81,7 @@ class PathOrderDP:
         if chunk < 1:
             raise ValueError(f"chunk={chunk} must be ≥ 1")
         e, d, k = members, width, max_order
-        self.chunk, self.max_order, self.layers_seen, self.width = chunk, k, 0, d
+        self.chunk, self.max_order, self.layers_seen = chunk, k, 0
         self.terms = torch.zeros(e, d, k + 1, d, dtype=dtype, device=device)
         self.terms[:, :, 0, :] = torch.eye(d, dtype=dtype, device=device) / math.sqrt(d)
         self.log_mu = torch.full((e, k + 1), -math.inf, dtype=dtype, device=device)
