@@ -37,14 +37,16 @@ def random_readout(seeds, width: int, batch: int, *, dtype=torch.float64, device
     return (v / math.sqrt(width)).to(dtype=dtype, device=device), g.to(dtype=dtype, device=device)
 
 
-def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor,
-                          weights: list[Tensor] | None = None) -> Tensor:
+def weight_gradient_norms(model, batch: int, weights: list[Tensor] | None = None) -> Tensor:
     """``‖∂ℓ/∂W_l‖_F`` ``(E, L)`` of ``ℓ = (1/B) Σ_b g_b vᵀ h_L^{(b)}`` (one backward, training mode).
 
-    ``h0`` ``(E, B, n)``, ``v`` ``(E, n)``, ``g`` ``(E, B)`` (per-sample weights survive a batchnorm's
-    centring); ``weights``: the ``(E, out, in)`` matrices (default each layer's ``w``).
+    ``h0`` ``(E, B, n)`` Gaussian, ``v`` ``(E, n)``, ``g`` ``(E, B)`` of :func:`random_readout`
+    (per-sample weights survive a batchnorm's centring); ``weights``: the ``(E, out, in)``
+    matrices (default each layer's ``w``).
     """
     weights = [layer.w for layer in model.blocks] if weights is None else weights
+    h0 = gaussian_input(model.seeds, model.width, batch=batch, **_where(model))
+    v, g = random_readout(model.seeds, model.width, batch, **_where(model))
     with torch.enable_grad():
         out = model(h0)
         loss = ((out @ v[:, :, None])[..., 0] * g).mean(-1).sum()
@@ -59,11 +61,8 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     (first/last) and ``grad_growth`` (fitted per-layer factor toward the input).
     """
     opt = ctx.probe_options("gradient_norms", GRADIENT_NORMS_OPTIONS)
-    model, b = ctx.model, int(opt["batch"])
-    where = _where(model)
-    h0 = gaussian_input(model.seeds, model.width, batch=b, **where)
-    v, g = random_readout(model.seeds, model.width, b, **where)
-    norms = weight_gradient_norms(model, h0, v, g).detach()
+    model = ctx.model
+    norms = weight_gradient_norms(model, int(opt["batch"])).detach()
     m = Measurement()
     m.add_seed_series("grad_norm", norms, np.arange(1, model.depth + 1))
     m.add_seed_stat("grad_ratio", norms[:, 0] / norms[:, -1])

@@ -14,7 +14,7 @@ from ..result import Measurement
 from ..seeding import gaussian_input
 from .base import ProbeContext
 from .catalog import GRAD_NORM_PROXY_OPTIONS, JACOB_COV_OPTIONS
-from .gradients import _where, random_readout, weight_gradient_norms
+from .gradients import _where, weight_gradient_norms
 
 
 def probe_grad_norm_proxy(ctx: ProbeContext) -> Measurement:
@@ -22,12 +22,8 @@ def probe_grad_norm_proxy(ctx: ProbeContext) -> Measurement:
 
     The loss of the ``gradient_norms`` probe (option ``batch``; Abdelfattah et al. 2021)."""
     opt = ctx.probe_options("grad_norm_proxy", GRAD_NORM_PROXY_OPTIONS)
-    model, b = ctx.model, int(opt["batch"])
-    where = _where(model)
-    h0 = gaussian_input(model.seeds, model.width, batch=b, **where)
-    v, g = random_readout(model.seeds, model.width, b, **where)
-    weights = [p for p in model.parameters() if p.dim() == 3]  # every (E, out, in) matrix
-    norms = weight_gradient_norms(model, h0, v, g, weights=weights).detach()
+    weights = [p for p in ctx.model.parameters() if p.dim() == 3]  # every (E, out, in) matrix
+    norms = weight_gradient_norms(ctx.model, int(opt["batch"]), weights).detach()
     m = Measurement()
     m.add_seed_stat("grad_norm_proxy", norms.sum(1))
     return m
