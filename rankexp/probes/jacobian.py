@@ -205,6 +205,11 @@ class ForwardSweep:
     io_singular_values: Tensor | None = None
     partials: list[Tensor] = field(default_factory=list)
 
+    @property
+    def io_jacobian(self) -> Tensor:
+        """``∂h_L/∂h_0`` at true scale, ``(E, d, d)`` (may overflow where the gain does)."""
+        return self.io_unit * self.log_gain[:, -1].exp()[:, None, None]
+
 
 #: how the profile's L spectra are taken (``gram``: 0.55 of an ``svdvals`` at d = 256)
 PROFILE_SPECTRA = "gram"
