@@ -78,11 +78,11 @@ def test_representation_stream_equals_the_model(skip_every, placement):
     h0 = gaussian_input([0, 1], 16, batch=40)
     rep = representation(model, h0)
     er, top = stack_spectrum(model(h0).detach())
-    torch.testing.assert_close(rep.erank[:, -1], er)
-    torch.testing.assert_close(rep.top_energy[:, -1], top)
+    torch.testing.assert_close(rep["erank"][:, -1], er)
+    torch.testing.assert_close(rep["top_energy"][:, -1], top)
     # branch means: the first layer's by hand
     b1 = model.blocks[0].branch(h0).detach().mean(1)
-    torch.testing.assert_close(rep.branch_means[:, 0], b1)
+    torch.testing.assert_close(rep["branch_means"][:, 0], b1)
 
 
 @pytest.mark.parametrize(
@@ -108,9 +108,9 @@ def test_backward_gradients_match_autograd(skip_every, placement, activation):
         out = model(x)
         (g,) = torch.autograd.grad(out, x, output_gradient(model, out.detach(), kind))
         er, top = stack_spectrum(g)
-        torch.testing.assert_close(br.erank[:, 0], er, rtol=1e-9, atol=0)
+        torch.testing.assert_close(br["erank"][:, 0], er, rtol=1e-9, atol=0)
         torch.testing.assert_close(
-            br.log_rms[:, 0], g.square().mean((1, 2)).sqrt().log(), rtol=1e-9, atol=0
+            br["log_rms"][:, 0], g.square().mean((1, 2)).sqrt().log(), rtol=1e-9, atol=0
         )
 
 

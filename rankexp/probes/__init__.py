@@ -1,17 +1,14 @@
 """Probes: the measurements a job can run (``task.probes``), declared once in :data:`PROBES`.
 
-Each entry is a :class:`~rankexp.probes.catalog.Probe`: the function ``fn(ctx) -> Measurement``
-(named ``"module:function"``, imported on first use), the intermediates it *needs* (the task
-computes their union: :mod:`rankexp.probes.base`), how it pools seeds (``reduce``), its per-seed
-working memory, its options, and the families and tasks it runs on.  This package imports only
-the torch-free :mod:`~rankexp.probes.catalog` (probe modules never import it: no circle, no
-registration by side effect); the config schema of ``task.options.<probe>`` is built from the
-declared options, so ``task.options.representation.n=512`` overrides as typed.
+Each entry is a :class:`~rankexp.probes.catalog.Probe`: ``fn(ctx) -> Measurement`` (named
+``"module:function"``, imported on first use), the intermediates it *needs*, how it pools seeds
+(``reduce``), its per-seed memory, its options, and the families and tasks it runs on. This
+package imports only the torch-free :mod:`~rankexp.probes.catalog`; the config schema of
+``task.options.<probe>`` is built from the declared options.
 
 To add a probe: write ``fn`` in a module of its family, declare its needs, options and memory in
-:mod:`~rankexp.probes.catalog`, and add one line below.  The CIFAR ConvNets' probes take an
-:class:`~rankexp.probes.convnet.ImageProbeContext` and declare memory on a
-:class:`~rankexp.probes.catalog.ConvShape`.
+:mod:`~rankexp.probes.catalog`, and add one line below (a CIFAR ConvNet's probe takes an
+:class:`~rankexp.probes.convnet.ImageProbeContext`).
 """
 
 from __future__ import annotations
@@ -30,25 +27,21 @@ from .catalog import (
     needs_of,
 )
 
-#: probe name (as in ``task.probes``) → probe; each function is a :class:`~.catalog.Ref`
-#: ``"module:function"`` of this package, imported on first use (the registry imports no torch)
+#: probe name (as in ``task.probes``) → probe
 PROBES: dict[str, Probe] = {
-    "io_jacobian": Probe(Ref("sweep:probe_io_jacobian"), frozenset({IO_JACOBIAN}),
-                         inputs="one", streams=True),
+    "io_jacobian": Probe(Ref("sweep:probe_io_jacobian"), frozenset({IO_JACOBIAN}), inputs="one",
+                         streams=True),
     "profile": Probe(Ref("sweep:probe_profile"), frozenset({PARTIAL_SPECTRA}),
-                     memory=c.profile_memory,
-                     inputs="one", streams=True),
+                     memory=c.profile_memory, inputs="one", streams=True),
     "stream": Probe(Ref("sweep:probe_stream"), memory=c.stream_memory, options=c.STREAM_OPTIONS,
                     inputs="one"),
-    "branch_ratio": Probe(Ref("sweep:probe_branch_ratio"), frozenset({BRANCH_NORMS}),
-                          inputs="one", streams=True),
+    "branch_ratio": Probe(Ref("sweep:probe_branch_ratio"), frozenset({BRANCH_NORMS}), inputs="one",
+                          streams=True),
     "accumulated_branch": Probe(Ref("sweep:probe_accumulated_branch"),
-                                frozenset({BRANCH_NORMS, BRANCH_SUM}),
-                                inputs="one", streams=True),
+                                frozenset({BRANCH_NORMS, BRANCH_SUM}), inputs="one", streams=True),
     "path_order": Probe(Ref("paths:probe_path_order"),
                         frozenset({PATH_ORDERS, IO_JACOBIAN, BRANCH_NORMS}),
-                        memory=c.path_order_memory, options=c.PATH_ORDER_OPTIONS,
-                        inputs="one"),
+                        memory=c.path_order_memory, options=c.PATH_ORDER_OPTIONS, inputs="one"),
     "representation": Probe(Ref("representation:probe_representation"),
                             reduce_ref=Ref("representation:reduce_representation"),
                             memory=c.representation_memory, options=c.REPRESENTATION_OPTIONS),
@@ -64,31 +57,25 @@ PROBES: dict[str, Probe] = {
                               memory=c.activation_spike_memory, options=c.ACTIVATION_SPIKE_OPTIONS),
     "projection_split": Probe(Ref("branch:probe_projection_split"),
                               reduce_ref=Ref("branch:reduce_projection_split"),
-                              memory=c.projection_split_memory,
-                              inputs="one"),
+                              memory=c.projection_split_memory, inputs="one"),
     # Table 2 (the post-residual ops' Jacobians vs autograd) and Table 3 (random-walk projections)
     "norm_jacobian": Probe(Ref("norm_jacobian:probe_norm_jacobian"), memory=c.norm_jacobian_memory,
-                           options=c.NORM_JACOBIAN_DEFAULTS,
-                           inputs="one"),
+                           options=c.NORM_JACOBIAN_DEFAULTS, inputs="one"),
     "projection_walk": Probe(Ref("walk:probe_projection_walk"), memory=c.projection_walk_memory,
                              options=c.WALK_DEFAULTS),
-    # the textbook chapter's mean-field lab (model=plain): they pool over all
-    # seeds at once (fits, histograms), so their seeds are never split into memory chunks
+    # the chapter's mean-field lab (model=plain): they pool over all seeds at once (fits,
+    # histograms), so their seeds are never split into memory chunks
     "correlation": Probe(Ref("meanfield:probe_correlation"), splits_seeds=False,
-                         options=c.CORRELATION_DEFAULTS,
-                         families=c.PLAIN),
+                         options=c.CORRELATION_DEFAULTS, families=c.PLAIN),
     "jacobian_spectrum": Probe(Ref("meanfield:probe_jacobian_spectrum"), splits_seeds=False,
-                               options=c.SPECTRUM_DEFAULTS,
-                               families=c.PLAIN, inputs="one"),
+                               options=c.SPECTRUM_DEFAULTS, families=c.PLAIN, inputs="one"),
     "deep_linear": Probe(Ref("meanfield:probe_deep_linear"), splits_seeds=False,
                          options=c.DEEP_LINEAR_DEFAULTS),
     "gradient_norms": Probe(Ref("gradients:probe_gradient_norms"), splits_seeds=False,
-                            options=c.GRADIENT_NORMS_OPTIONS,
-                            families=c.PLAIN),
+                            options=c.GRADIENT_NORMS_OPTIONS, families=c.PLAIN),
     "shattered": Probe(Ref("gradients:probe_shattered"), splits_seeds=False,
-                       options=c.SHATTERED_OPTIONS,
-                       families=c.PLAIN),
-    # zero-cost proxies of the NAS literature (proxies.py), measured at init beside the ranks
+                       options=c.SHATTERED_OPTIONS, families=c.PLAIN),
+    # zero-cost proxies of the NAS literature, measured at init beside the ranks
     "grad_norm_proxy": Probe(Ref("proxies:probe_grad_norm_proxy"),
                              memory=c.grad_norm_proxy_memory, options=c.GRAD_NORM_PROXY_OPTIONS),
     "jacob_cov": Probe(Ref("proxies:probe_jacob_cov"), memory=c.jacob_cov_memory,
@@ -96,27 +83,17 @@ PROBES: dict[str, Probe] = {
     "synflow": Probe(Ref("proxies:probe_synflow"), memory=c.synflow_memory, inputs="one"),
     # Hugging Face causal LMs (model=gpt2): FFN-branch Jacobians along the stream (Figure 12)
     "ffn_jacobian": Probe(Ref("ffn:probe_ffn_jacobian"), memory=c.ffn_memory,
-                          options=c.FFN_JACOBIAN_OPTIONS,
-                          families=c.LM),
-    # He et al.'s degradation replication (model=cifar_resnet): per member on
-    # CIFAR-10 itself, so seeds split into chunks like the MLP's; memory from the ConvNet's shape
+                          options=c.FFN_JACOBIAN_OPTIONS, families=c.LM),
+    # He et al.'s degradation replication (model=cifar_resnet), per member on CIFAR-10 itself
     "layer_response": Probe(Ref("convnet:probe_layer_response"), memory=c.layer_response_memory,
-                            options=c.LAYER_RESPONSE_OPTIONS,
-                            families=c.CONVNET),
+                            options=c.LAYER_RESPONSE_OPTIONS, families=c.CONVNET),
     "init_gradient_norms": Probe(Ref("convnet:probe_init_gradient_norms"),
                                  memory=c.init_gradient_norms_memory,
-                                 options=c.INIT_GRADIENT_NORMS_OPTIONS,
-                                 families=c.CONVNET),
+                                 options=c.INIT_GRADIENT_NORMS_OPTIONS, families=c.CONVNET),
     "lesion": Probe(Ref("convnet:probe_lesion"), memory=c.lesion_memory, options=c.LESION_OPTIONS,
                     families=c.CONVNET, tasks=c.TRAINED),
 }
 
-#: probes of the mean-field lab that need ``model=plain`` (``deep_linear`` needs no network)
-PLAIN_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.PLAIN)
-#: probes of a causal LM (``model=gpt2``); the only ones that run on it
-LM_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.LM)
-#: probes that differentiate one input per member: a batchnorm has no batch there
-ONE_INPUT_PROBES = tuple(n for n, p in PROBES.items() if p.inputs == "one")
 #: the probes of the CIFAR ConvNets (model=cifar_resnet), and the only ones it runs
 CIFAR_PROBES = tuple(n for n, p in PROBES.items() if p.families == c.CONVNET)
 #: probes of a trained network (task=train only, after training)
@@ -136,10 +113,8 @@ def __getattr__(name: str) -> Any:
         from .paths import PathOrderFold
 
         value: Any = {PATH_ORDERS: PathOrderFold}
-    elif name in ("ProbeContext", "FoldFactory"):
-        from . import base
-
-        value = getattr(base, name)
+    elif name == "ProbeContext":
+        from .base import ProbeContext as value
     elif name == "ImageProbeContext":
         from .convnet import ImageProbeContext as value
     else:
@@ -148,6 +123,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FOLDS", "INIT_PROBES", "LM_PROBES",
-           "ONE_INPUT_PROBES", "PLAIN_PROBES", "PROBES", "TRAINED_PROBES", "ImageProbeContext",
-           "Probe", "ProbeContext", "needs_of"]
+__all__ = ["CIFAR_PROBES", "DEFAULT_PROBES", "FOLDS", "INIT_PROBES", "PROBES", "TRAINED_PROBES",
+           "ImageProbeContext", "Probe", "ProbeContext", "needs_of"]

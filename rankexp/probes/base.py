@@ -58,11 +58,8 @@ class ProbeContext:
         return sweep
 
     def fold(self, name: str) -> Any:
-        """The result of layer fold ``name``: from the shared sweep when declared, else its own walk.
-
-        Raises:
-            KeyError: an unknown fold.
-        """
+        """The result of layer fold ``name`` (KeyError: unknown): from the shared sweep when
+        declared, else its own walk."""
         if name not in self._fold_results:
             if name in self.needs and "sweep" not in self.__dict__:
                 self.sweep  # noqa: B018 — runs the sweep, which fills every declared fold
@@ -78,19 +75,11 @@ class ProbeContext:
         return self.model.width
 
     def probe_options(self, name: str, defaults: dict) -> dict:
-        """``task.options.<name>`` merged over ``defaults``.
-
-        Raises:
-            ValueError: a key the probe does not know.
-        """
+        """``task.options.<name>`` merged over ``defaults`` (ValueError: an unknown key)."""
         return probe_options(self.options, name, defaults)
 
     def probe_inputs(self, n: int) -> Tensor:
-        """n standard Gaussian probe inputs per member ``(E, n, d)`` (stream ``STREAM_INPUT``).
-
-        Raises:
-            ValueError: n < 2.
-        """
+        """n ≥ 2 standard Gaussian probe inputs per member ``(E, n, d)`` (``STREAM_INPUT``)."""
         if n < 2:
             raise ValueError(f"n={n} probe inputs: need at least 2")
         return gaussian_input(self.model.seeds, self.width, batch=int(n), dtype=self.h0.dtype,

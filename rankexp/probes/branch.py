@@ -34,13 +34,10 @@ log = logging.getLogger(__name__)
 
 
 def _sigma_prime(block: Block, z: Tensor) -> Tensor:
-    """σ′(z) elementwise: the closed form, or autograd on the block's σ (any other activation)."""
+    """σ′(z) elementwise: the closed form, else forward mode on the block's σ."""
     if block.activation in ACTIVATION_DERIVATIVES:
         return ACTIVATION_DERIVATIVES[block.activation](z)
-    with torch.enable_grad():
-        z = z.detach().requires_grad_(True)
-        (g,) = torch.autograd.grad(block.sigma(z).sum(), z)
-    return g
+    return torch.func.jvp(block.sigma, (z,), (torch.ones_like(z),))[1]
 
 
 def masked_up_projection(block: Block, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -62,11 +59,15 @@ def masked_up_projection(block: Block, x: Tensor) -> tuple[Tensor, Tensor]:
     return a, block.w_down @ a
 
 
-def _survival_gamma(model: ResidualMLP, q: float) -> tuple[float, float, float]:
-    """(p, survival rate, γ = p·m/d) of the model's activation at preactivation variance q."""
-    k = activation_constants(model.activation, q)
-    hidden = model.blocks[0].hidden
-    return k.survival, k.survival_rate, k.survival * hidden / model.width
+def _layers(model: ResidualMLP, probe: str, layers) -> set[int]:
+    """The 1-based ``task.options.<probe>.layers``, checked against the depth."""
+    chosen = {int(v) for v in layers}
+    if not chosen:
+        raise ValueError(f"task.options.{probe}.layers: list at least one layer")
+    bad = [l for l in chosen if not 1 <= l <= model.depth]
+    if bad:
+        raise ValueError(f"task.options.{probe}.layers: {bad} outside 1…{model.depth}")
+    return chosen
 
 
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
@@ -77,11 +78,8 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     """
     opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
     model, d = ctx.model, ctx.width
-    chosen = set(
-        range(1, model.depth + 1) if opt["layers"] is None else (int(v) for v in opt["layers"]))
-    bad = [l for l in chosen if not 1 <= l <= model.depth]
-    if bad:
-        raise ValueError(f"task.options.branch_jacobian.layers: {bad} outside 1…{model.depth}")
+    chosen = _layers(model, "branch_jacobian", range(1, model.depth + 1)
+                     if opt["layers"] is None else opt["layers"])
     er, eigs, qs, rank, surv, steps = [], [], [], [], [], []
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
     h = ctx.h0
@@ -129,30 +127,22 @@ def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
     ev_np = m.arrays.pop(_EIGENVALUES)
     m.seed_arrays.discard(_EIGENVALUES)
-    p, rate, gamma = _survival_gamma(model, float(m.arrays["mp_preact_var"].mean()))
+    k = activation_constants(model.activation, float(m.arrays["mp_preact_var"].mean()))
+    gamma = k.survival * model.blocks[0].hidden / d  # p·m/d
     lo, hi = marchenko_pastur_edges(gamma)
     m.scalars["erank_branch_reference"] = gaussian_product_erank(
         d, int(round(gamma * d)), draws=int(opt["reference_draws"]), seed=0)
     m.scalars.update(mp_gamma=gamma, mp_ks=marchenko_pastur_ks(ev_np, gamma, zero_tol=tol),
                      mp_edge_lower=lo, mp_edge_upper=hi,
                      mp_atom_theory=marchenko_pastur_atom(gamma),
-                     masked_rank_theory=min(1.0, rate * model.blocks[0].hidden / d),
-                     survival_theory=p)
+                     masked_rank_theory=min(1.0, k.survival_rate * model.blocks[0].hidden / d),
+                     survival_theory=k.survival)
     top = max(hi, float(ev_np.max())) * 1.02
     counts, edges = np.histogram(ev_np[ev_np > tol * ev_np.max()], bins=80, range=(0.0, top))
     centers = 0.5 * (edges[1:] + edges[:-1])
     m.arrays["mp_hist_centers"] = centers
     m.arrays["mp_hist_density"] = counts / (ev_np.size * np.diff(edges))
     m.arrays["mp_theory_density"] = marchenko_pastur_density(centers, gamma)
-
-
-def hidden_activations(block: Block, h: Tensor) -> Tensor:
-    """Hidden activations ``σ(W P(h))`` (gated: ``silu(W_g P(h)) ⊙ W_up P(h)``), ``(E, n, m)``."""
-    x = block.pre_norm(h)
-    z = block.preactivation(h)
-    if block.gated:
-        return block.sigma(torch.matmul(x, block.w_gate.mT)) * z
-    return block.sigma(z)
 
 
 def probe_activation_spike(ctx: ProbeContext) -> Measurement:
@@ -163,23 +153,20 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """
     model = ctx.model
     opt = ctx.probe_options("activation_spike", ACTIVATION_SPIKE_OPTIONS)
-    chosen = {int(v) for v in opt["layers"]}
-    if not chosen:
-        raise ValueError("task.options.activation_spike.layers: list at least one layer")
-    bad = [l for l in chosen if not 1 <= l <= model.depth]
-    if bad:
-        raise ValueError(f"task.options.activation_spike.layers: {bad} outside 1…{model.depth}")
+    chosen = _layers(model, "activation_spike", opt["layers"])
     h0 = x = ctx.probe_inputs(int(opt["n"]))
     sr, coh, qs, steps = [], [], [], []
     with torch.no_grad():
         for l, h in model.states(h0, max(chosen)):
             if l in chosen:
                 block = model.blocks[l - 1]
-                a = hidden_activations(block, x)
+                z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
+                a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
+                     else block.sigma(z))
                 ev = gram_eigenvalues(a)
                 sr.append(ev.sum(-1) / ev.amax(-1))
                 coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
-                qs.append(block.preactivation(x).square().mean((-2, -1)))
+                qs.append(z.square().mean((-2, -1)))
                 steps.append(l)
             x = h
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)
@@ -223,92 +210,81 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
     if model.post_op is None:
         raise ValueError("projection_split needs a post-residual op R (placement='post' or "
                          f"norm.post), got placement={model.placement!r} with R = identity")
+    d = h0.shape[-1]
+    with torch.no_grad():
+        uf, un, up, step = _walk_post(model, h0)
+        uu = _walk_residual(model, h0, prenorm=False)
+        upre = _walk_residual(model, h0, prenorm=True)
+    post, noproj, pre = (_erank_or_nan(u, d) for u in (uf, un, upre))
+    return {"erank_post": post, "erank_post_noproj": noproj, "erank_prenorm": pre,
+            "erank_unnormalized": _erank_or_nan(uu, d), "rank_removed_by_projection": noproj - post,
+            "rank_removed_by_rescaling": pre - noproj, "rank_removed_total": pre - post,
+            "erank_projection_product": _erank_or_nan(up, d), "projection_step": step}
+
+
+def _identity(h0: Tensor) -> tuple[Tensor, Tensor]:
+    """``I`` ``(E, d, d)`` in unit-Frobenius + ln-norm form."""
     e, _, d = h0.shape
     eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
-    zero = torch.zeros(e, dtype=h0.dtype, device=h0.device)
-    keep = max(model.skip_every, 1)
-
-    with torch.no_grad():
-        uf, un, up, step = _walk_post(model, h0, eye, zero, keep)
-        uu = _walk_residual(model, h0, eye, zero, keep, prenorm=False)
-        upre = _walk_residual(model, h0, eye, zero, keep, prenorm=True)
-
-    def er(u: Tensor) -> Tensor:
-        return _erank_or_nan(u, d)
-
-    post, noproj, pre = er(uf), er(un), er(upre)
-    return {"erank_post": post, "erank_post_noproj": noproj, "erank_prenorm": pre,
-            "erank_unnormalized": er(uu), "rank_removed_by_projection": noproj - post,
-            "rank_removed_by_rescaling": pre - noproj, "rank_removed_total": pre - post,
-            "erank_projection_product": er(up), "projection_step": step}
+    return eye / math.sqrt(d), torch.zeros(e, dtype=h0.dtype, device=h0.device)
 
 
-def _walk_post(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _step(prods: dict, l: int, jb: Tensor, skip_from: int | None, keep: int,
+          residual: NormJacobian | None = None) -> None:
+    """``prods[l] = R (J_b prods[l−1] + prods[skip_from])``; the window keeps ``keep`` products."""
+    u, lg = _accumulate(*prods[l - 1], jb)
+    if skip_from is not None:
+        u, lg = _add(u, lg, *prods[skip_from])
+    prods[l] = (u, lg) if residual is None else _accumulate(u, lg, residual)
+    prods.pop(l - keep, None)
+
+
+def _walk_post(model: ResidualMLP, h0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Post-Norm walk: ``Π J_R (I + J_b)``, ``Π (I + J_b)``, ``Π J_R/‖J_R‖_2`` (``(E, d, d)``,
     unit-Frobenius) and the ``(E,)`` mean relative branch step.
     """
-    d = h0.shape[-1]
-    u_full = u_noproj = u_proj = eye / math.sqrt(d)
-    l_full = l_noproj = l_proj = zero
-    skips: dict[int, tuple] = {0: (u_full, l_full, u_noproj, l_noproj)}
+    keep, full, noproj = max(model.skip_every, 1), {0: _identity(h0)}, {0: _identity(h0)}
+    u_proj, l_proj = _identity(h0)
     steps = []
     for lj in layer_jacobians(model, h0):
         branch_out = model.blocks[lj.layer - 1].branch(lj.h_in)
         steps.append((branch_out.norm(dim=-1) / lj.h_in.norm(dim=-1))[:, 0])
-        uf, lf, un, ln_ = skips[lj.layer - 1]
-        nf, nlf = _accumulate(uf, lf, lj.branch)
-        nn_, nln = _accumulate(un, ln_, lj.branch)
-        if lj.skip_from is not None:
-            sf, slf, sn, sln = skips[lj.skip_from]
-            nf, nlf = _add(nf, nlf, sf, slf)
-            nn_, nln = _add(nn_, nln, sn, sln)
-        nf, nlf = _accumulate(nf, nlf, lj.residual)
-        skips[lj.layer] = (nf, nlf, nn_, nln)
-        skips.pop(lj.layer - keep, None)
+        _step(full, lj.layer, lj.branch, lj.skip_from, keep, lj.residual)
+        _step(noproj, lj.layer, lj.branch, lj.skip_from, keep)
         # J_R/‖J_R‖_2 = I − VVᵀ: the projection without the rescaling
         r = NormJacobian(torch.ones_like(lj.residual.scale), lj.residual.basis)
         u_proj, l_proj = _accumulate(u_proj, l_proj, r)
-    uf, _, un, _ = skips[model.depth]
-    return uf, un, u_proj, torch.stack(steps, 1).mean(1)
+    return full[model.depth][0], noproj[model.depth][0], u_proj, torch.stack(steps, 1).mean(1)
 
 
-def _walk_residual(model: ResidualMLP, h0: Tensor, eye: Tensor, zero: Tensor, keep: int,
-                   prenorm: bool) -> Tensor:
+def _walk_residual(model: ResidualMLP, h0: Tensor, prenorm: bool) -> Tensor:
     """Product ``(E, d, d)`` of (skip + J) with R = identity; R's op before the branch if ``prenorm``."""
-    d = h0.shape[-1]
-    states = {0: h0}
-    prods = {0: (eye / math.sqrt(d), zero)}
+    keep, states, prods = max(model.skip_every, 1), {0: h0}, {0: _identity(h0)}
+    op = model.post_op if prenorm else OWN_PRE
     for l, block in enumerate(model.blocks, start=1):
         x = states[l - 1]
-        op = model.post_op if prenorm else OWN_PRE
         s, linear = linearize_branch(block, x, pre_op=op)
         if linear is not None:
             jb = linear.dense()
         else:  # torch.func fallback (gated branch)
             from torch.func import functional_call
 
-            def branch(p, xe, b=block, o=op):
+            def branch(p, xe, b=block):
                 if not prenorm:  # the block's own P, B
                     return functional_call(b, p, (xe,), {"part": "branch"})
-                return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[o](xe),), {"part": "f"}))
+                return b.scale * b.out_norm(functional_call(b, p, (NORM_FNS[op](xe),), {"part": "f"}))
 
             jb = member_jacobian(branch, x, dict(block.named_parameters()))
-        u, lg = _accumulate(*prods[l - 1], jb)
-        if block.has_skip:
-            j = model.skip_source(l)
-            u, lg = _add(u, lg, *prods[j])
-            s = s + states[j]
-        states[l], prods[l] = s, (u, lg)
+        skip_from = model.skip_source(l) if block.has_skip else None
+        _step(prods, l, jb, skip_from, keep)
+        states[l] = s if skip_from is None else s + states[skip_from]
         states.pop(l - keep, None)
-        prods.pop(l - keep, None)
     return prods[model.depth][0]
 
 
 def _erank_or_nan(u: Tensor, d: int) -> Tensor:
     """``erank(u)/d`` per member of ``u`` ``(E, d, d)``; NaN where ``u`` is not finite."""
-    e = u.shape[0]
-    out = torch.full((e,), math.nan, dtype=u.dtype, device=u.device)
+    out = torch.full(u.shape[:1], math.nan, dtype=u.dtype, device=u.device)
     ok = torch.isfinite(u).all(-1).all(-1)
     if ok.any():
         out[ok] = erank_from_sv(singular_values(u[ok])) / d
@@ -352,5 +328,3 @@ def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
     p = sv / sv.sum()
     p = p[p > 0]
     m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width
-
-

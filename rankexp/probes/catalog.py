@@ -1,10 +1,7 @@
 """What every probe declares, without torch: its options, its per-seed memory, its needs.
 
-The config schema (``task.options.<probe>``), ``rankexp --help`` and the checks before any run
-(the memory estimate included) read these declarations, so they live here, in a module that
-imports neither torch nor the probes' code; each probe module imports its own options from here
-(one declaration, read everywhere).  The registry that ties a name to its function is
-:data:`rankexp.probes.PROBES` (:class:`Probe` entries whose functions are imported on first use).
+The config schema, ``rankexp --help`` and the checks before any run read these declarations; each
+probe module imports its options from here. :data:`rankexp.probes.PROBES` ties names to functions.
 """
 
 from __future__ import annotations
@@ -46,6 +43,11 @@ def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
     return {**defaults, **given}
 
 
+def _given(options: Mapping, name: str, defaults: dict) -> dict:
+    """``options[name]`` over ``defaults`` without the key check (memory estimates)."""
+    return {**defaults, **dict(options.get(name) or {})}
+
+
 # --------------------------------------------------------------------------- memory
 #: per-seed working memory of a probe in bytes: ``fn(shape, options)``
 MemoryEstimate = Callable[["ModelShape", Mapping], float]
@@ -53,11 +55,8 @@ MemoryEstimate = Callable[["ModelShape", Mapping], float]
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a memory estimate needs to know about the network (one seed).
-
-    ``deferred_spectra``: the sweep runs on an accelerator, where it keeps every partial
-    Jacobian for one batched spectrum call after the last block (no host sync per layer).
-    """
+    """What a memory estimate needs to know about the network (one seed); ``deferred_spectra``:
+    the sweep keeps every partial Jacobian for one batched spectrum call (on an accelerator)."""
 
     width: int
     depth: int
@@ -75,8 +74,7 @@ def sweep_memory(shape: ModelShape, options: Mapping) -> float:
 
 
 def profile_memory(shape: ModelShape, options: Mapping) -> float:
-    """The sweep's working set, plus — where the spectra are deferred — the L partials they
-    are taken of (L·d² numbers)."""
+    """The sweep's working set, plus the L partials (L·d²) where the spectra are deferred."""
     kept = shape.depth * shape.width**2 * shape.itemsize if shape.deferred_spectra else 0
     return sweep_memory(shape, options) + kept
 
@@ -88,7 +86,7 @@ STREAM_OPTIONS = {"inputs": 1}
 
 def stream_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the skip window of n stream states plus one block's hidden activations."""
-    n = int(dict(options.get("stream") or {}).get("inputs", 1))
+    n = int(_given(options, "stream", STREAM_OPTIONS)["inputs"])
     return n * (shape.width * (max(shape.skip_every, 1) + 3) + 2 * shape.hidden) * shape.itemsize
 
 
@@ -98,7 +96,7 @@ PATH_ORDER_OPTIONS = {"max_order": None, "chunk": 64}
 
 def path_order_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the ``K+1`` stored orders plus a chunk of temporaries, and the sweep's."""
-    opt = {**PATH_ORDER_OPTIONS, **dict(options.get("path_order") or {})}
+    opt = _given(options, "path_order", PATH_ORDER_OPTIONS)
     k = shape.depth if opt["max_order"] is None else min(int(opt["max_order"]), shape.depth)
     chunk = min(int(opt["chunk"]), k + 1)
     return (k + 1 + 3 * chunk) * shape.width**2 * shape.itemsize + sweep_memory(shape, options)
@@ -107,8 +105,6 @@ def path_order_memory(shape: ModelShape, options: Mapping) -> float:
 # --------------------------------------------------------------------------- representations (representation.py, Figures 7/14/15, Appendix C)
 #: options of ``representation``: n probe inputs
 REPRESENTATION_OPTIONS = {"n": 1024}
-
-
 #: options of ``backward_representation``: n inputs, the output gradient δ_L (``random`` or ``cross_entropy``), classes
 BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
 
@@ -116,14 +112,14 @@ BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
 def representation_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the skip window of n states, one block's hidden activations, the running
     unit sum and the L branch means."""
-    n = int(dict(options.get("representation") or {}).get("n", 1024))
+    n = int(_given(options, "representation", REPRESENTATION_OPTIONS)["n"])
     d, m = shape.width, shape.hidden
     return (n * (d * (max(shape.skip_every, 1) + 5) + 2 * m) + shape.depth * d) * shape.itemsize
 
 
 def backward_representation_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: √L checkpoint windows of n states, a segment of states, autograd buffers."""
-    n = int(dict(options.get("backward_representation") or {}).get("n", 1024))
+    n = int(_given(options, "backward_representation", BACKWARD_REPRESENTATION_OPTIONS)["n"])
     d, m, k = shape.width, shape.hidden, max(shape.skip_every, 1)
     seg = math.isqrt(max(shape.depth - 1, 0)) + 1
     return n * (d * (2 * seg * k + 8) + 4 * m) * shape.itemsize
@@ -145,7 +141,7 @@ ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
 
 def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
-    n = int(dict(options.get("activation_spike") or {}).get("n", 2048))
+    n = int(_given(options, "activation_spike", ACTIVATION_SPIKE_OPTIONS)["n"])
     d, m = shape.width, shape.hidden
     return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
 
@@ -171,31 +167,18 @@ WALK_DEFAULTS = {"step_angle": 0.15, "depths": [48, 96, 192, 384], "walk": "gaus
 
 def projection_walk_memory(shape: ModelShape, options: Mapping) -> float:
     """Q, its update and the SVD workspace (≈ 4 d²) plus the walk ((L+1)·d)."""
-    depths = (options.get("projection_walk") or {}).get("depths", WALK_DEFAULTS["depths"])
+    depths = _given(options, "projection_walk", WALK_DEFAULTS)["depths"]
     return (4 * shape.width**2 + (max(depths) + 1) * shape.width) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- the mean-field lab (meanfield.py, gradients.py)
 CORRELATION_DEFAULTS = {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None,
                         "tangents": 4}
-
-
 SPECTRUM_DEFAULTS = {"q0": "fixed_point", "bins": 60}
-
-
-DEEP_LINEAR_DEFAULTS = {
-    "depths": list(range(1, 17)),
-    "a0": [0.5, 0.7, 0.9, 1.0],
-    "s": 1.0,
-    "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]],
-    "sim_width": 4,
-}
-
-
+DEEP_LINEAR_DEFAULTS = {"depths": list(range(1, 17)), "a0": [0.5, 0.7, 0.9, 1.0], "s": 1.0,
+                        "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]], "sim_width": 4}
 #: options of ``gradient_norms``: Gaussian inputs per member
 GRADIENT_NORMS_OPTIONS = {"batch": 128}
-
-
 #: options of ``shattered``: grid points on [lo, hi]
 SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
 
@@ -250,21 +233,14 @@ def ffn_memory(shape: ModelShape, options: Mapping) -> float:
 # --------------------------------------------------------------------------- the CIFAR ConvNets (convnet.py, the degradation replication)
 #: option defaults (``task.options.<probe>``), shared by each probe and its memory estimate
 LAYER_RESPONSE_OPTIONS = {"images": 10000, "batch": 500}
-
-
 INIT_GRADIENT_NORMS_OPTIONS = {"batch": 256, "batch_seed": 0}
-
-
 LESION_OPTIONS = {"images": 10000, "batch": 250}
 
 
 @dataclass(frozen=True)
 class ConvShape:
-    """What a memory estimate needs to know about one member of a :class:`CifarResNet`.
-
-    Attributes:
-        depth: 6n + 2. base_width: stage-1 filters (16). itemsize: bytes per number.
-    """
+    """What a memory estimate needs to know about one member of a :class:`CifarResNet`: ``depth``
+    6n + 2, ``base_width`` (stage-1 filters, 16), ``itemsize`` (bytes per number)."""
 
     depth: int
     base_width: int
@@ -336,12 +312,6 @@ class Ref:
         module, _, attr = self.path.partition(":")
         return getattr(importlib.import_module(f"rankexp.probes.{module}"), attr)
 
-    @property
-    def doc(self) -> str:
-        """The function's docstring, read from its module's source without importing it."""
-        module, _, attr = self.path.partition(":")
-        return _docstrings(module)[attr]
-
 
 @functools.cache
 def _docstrings(module: str) -> dict[str, str]:
@@ -358,28 +328,21 @@ class Probe:
     """A registered probe: the function, what it needs, how to pool seeds, its memory.
 
     Attributes:
-        ref: the function ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities
-            only when ``reduce_ref`` is given), as a :class:`Ref` (``fn`` imports it).
+        ref: ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities only when
+            ``reduce_ref`` is given).
         needs: intermediates read from ``ctx`` (see :mod:`rankexp.probes.base`).
-        reduce_ref: ``reduce(m, ctx)`` adds to the joined measurement of all seeds what is pooled
-            over seeds, from per-seed arrays ``fn`` left in ``m.arrays`` (it may remove them);
-            ``ctx`` is any chunk's context (the architecture and options, not its seeds).
+        reduce_ref: ``reduce(m, ctx)`` adds what is pooled over seeds to the joined measurement,
+            from per-seed arrays ``fn`` left in ``m.arrays``; ``ctx`` is any chunk's context.
         memory: per-seed working memory in bytes beyond the weights (default: the sweep's).
-        splits_seeds: whether the seeds may run in memory chunks; ``False`` for a probe that
-            pools over all seeds inside ``fn`` (a fit or histogram over every seed) without a
-            ``reduce`` — its seeds always run as one batch.
-        options: the probe's options and their defaults (``task.options.<name>.<key>``): the one
-            place they are declared — ``fn`` reads them with
-            :meth:`~rankexp.probes.base.ProbeContext.probe_options`, and the config schema and
-            ``--help`` are built from them.
-        families: the model families (``model.name``) it runs on; a config of another is
-            refused before any run (:func:`rankexp.config.checks.check_family`).
-        tasks: the tasks it runs under (``lesion``: ``train`` only, on the trained network).
-        inputs: ``batch`` (it sees the batch of inputs together) or ``one`` (it differentiates
-            one input per seed, so a batchnorm has no batch to normalize over).
-        streams: it reads the weights only through the shared forward sweep (one in-order
-            walk of the blocks), so a measurement of only such probes may draw each block's
-            weights as the walk reaches it (:func:`rankexp.memory.streams_weights`).
+        splits_seeds: ``False`` for a probe that pools over all seeds inside ``fn`` without a
+            ``reduce``: its seeds always run as one batch.
+        options: ``task.options.<name>`` defaults (the config schema and ``--help`` read them).
+        families: the model families (``model.name``) it runs on; others are refused before
+            any run (:func:`rankexp.config.checks.check_family`).
+        tasks: the tasks it runs under.
+        inputs: ``batch``, or ``one`` (one input per seed: a batchnorm has no batch).
+        streams: it reads the weights only through the shared forward sweep, so a measurement of
+            only such probes may draw weights block by block (:func:`rankexp.memory.streams_weights`).
     """
 
     ref: Ref
@@ -395,18 +358,18 @@ class Probe:
 
     @property
     def fn(self) -> Callable[..., Any]:
-        """``fn(ctx) -> Measurement`` (imported on first use)."""
         return self.ref.resolve()
 
     @property
     def reduce(self) -> Callable[..., None] | None:
-        """``reduce(m, ctx)`` or None (imported on first use)."""
         return None if self.reduce_ref is None else self.reduce_ref.resolve()
 
     @property
     def doc(self) -> str:
-        """The first paragraph of ``fn``'s docstring, one line (for ``--help``; no import)."""
-        return " ".join(self.ref.doc.strip().split("\n\n")[0].split())
+        """The first paragraph of ``fn``'s docstring, one line, read from its module's source
+        (``--help`` imports no probe code)."""
+        module, _, attr = self.ref.path.partition(":")
+        return " ".join(_docstrings(module)[attr].strip().split("\n\n")[0].split())
 
     def __call__(self, ctx: Any) -> Any:
         """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""
@@ -418,7 +381,4 @@ class Probe:
 
 def needs_of(probes: Iterable[Probe]) -> frozenset[str]:
     """The union of the probes' needs: what the context must compute."""
-    out: frozenset[str] = frozenset()
-    for p in probes:
-        out |= p.needs
-    return out
+    return frozenset().union(*(p.needs for p in probes))

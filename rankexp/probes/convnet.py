@@ -37,13 +37,9 @@ class ImageProbeContext:
         return probe_options(self.options, name, defaults)
 
     def images(self, split: str, n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-        """``n`` images of ``split`` (train | test) and labels: all in order, or a fixed random subset of ``seed``.
-
-        Raises:
-            ValueError: n < 1.
-        """
-        x, y = (self.data.x_train, self.data.y_train) if split == "train" else (
-            self.data.x_test, self.data.y_test)
+        """``n`` images of ``split`` (train | test) and labels: all in order, or a fixed random
+        subset of ``seed``. Raises ValueError for n < 1."""
+        x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
         if n < 1:
             raise ValueError(f"{split} images: n={n} must be ≥ 1")
         idx = subset_indices(x.shape[0], n, seed)
@@ -56,8 +52,7 @@ class ImageProbeContext:
 @contextlib.contextmanager
 def training_mode_untouched(model: CifarResNet):
     """Batch norm with batch statistics; running statistics and mode restored afterwards."""
-    saved = {k: b.clone() for k, b in model.named_buffers()}
-    was_training = model.training
+    saved, was_training = {k: b.clone() for k, b in model.named_buffers()}, model.training
     model.train()
     try:
         yield
@@ -72,8 +67,7 @@ def training_mode_untouched(model: CifarResNet):
 def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
 
-    Options ``images``, ``batch``.
-    """
+    Options ``images``, ``batch``."""
     opts = ctx.probe_options("layer_response", LAYER_RESPONSE_OPTIONS)
     model, members, layers = ctx.model, ctx.model.members, ctx.model.conv_layers
     x, _ = ctx.images("test", int(opts["images"]))
@@ -136,10 +130,7 @@ def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
 def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     """Test error of the trained network with each block in turn replaced by its shortcut.
 
-    Options ``images``, ``batch``.
-
-    Raises:
-        ValueError: the network is not trained.
+    Options ``images``, ``batch``; ValueError if the network is not trained.
     """
     if not ctx.trained:
         raise ValueError("lesion measures a trained network (task=train, task.probes=[lesion])")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..models.activations import ACTIVATION_DERIVATIVES as SCALAR_DERIVATIVES
 from ..models.gpt2 import CausalLM
 from ..result import Measurement
 from .base import ProbeContext
@@ -27,23 +28,11 @@ def _gelu_tanh_derivative(z: Tensor) -> Tensor:
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * z * z)
 
 
-def _gelu_erf_derivative(z: Tensor) -> Tensor:
-    """d/dz of ``z Φ(z)``: ``Φ(z) + z φ(z)``."""
-    return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-
-
 #: ``config.activation_function`` → its derivative in closed form
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": _gelu_tanh_derivative, "gelu_pytorch_tanh": _gelu_tanh_derivative,
-    "gelu_fast": _gelu_tanh_derivative, "gelu": _gelu_erf_derivative,
-    "relu": lambda z: (z > 0).to(z.dtype)}
-
-
-def activation_derivative(act: torch.nn.Module, name: str, z: Tensor) -> Tensor:
-    """σ′(z) elementwise: the closed form of :data:`ACTIVATION_DERIVATIVES`, else one ``jvp`` of ``act``."""
-    if name in ACTIVATION_DERIVATIVES:
-        return ACTIVATION_DERIVATIVES[name](z)
-    return torch.func.jvp(act, (z,), (torch.ones_like(z),))[1]
+    "gelu_fast": _gelu_tanh_derivative, "gelu": SCALAR_DERIVATIVES["gelu"],
+    "relu": SCALAR_DERIVATIVES["relu"]}
 
 
 def gpt2_ffn_jacobian(norm: torch.nn.LayerNorm, mlp: torch.nn.Module, x: Tensor,
@@ -58,7 +47,10 @@ def gpt2_ffn_jacobian(norm: torch.nn.LayerNorm, mlp: torch.nn.Module, x: Tensor,
     s = torch.sqrt(u.pow(2).mean() + norm.eps)
     gamma = norm.weight if norm.weight is not None else torch.ones_like(x)
     z = torch.addmm(mlp.c_fc.bias[None], norm(x)[None], mlp.c_fc.weight)[0]
-    dz = activation_derivative(mlp.act, activation, z)
+    if activation in ACTIVATION_DERIVATIVES:
+        dz = ACTIVATION_DERIVATIVES[activation](z)
+    else:  # one jvp of the module's own σ
+        dz = torch.func.jvp(mlp.act, (z,), (torch.ones_like(z),))[1]
     # B = W_projᵀ diag(σ′) W_fcᵀ diag(γ): the one GEMM; J_ln then enters as a rank-2 correction
     b = (mlp.c_proj.weight.T * dz) @ (mlp.c_fc.weight.T * gamma)
     return b / s - torch.outer(b.sum(1), torch.ones_like(x)) / (d * s) - torch.outer(b @ u, u) / (d * s**3)
@@ -112,11 +104,6 @@ def ffn_statistics(jac: Tensor, first_block: int = 2) -> dict[str, Tensor]:
         "cos_offdiag_rms": off.pow(2).mean().sqrt() if off.numel() else nan}
 
 
-def rms(x: Tensor) -> Tensor:
-    """``rms(x) = (mean x²)^{1/2}`` over the last axis."""
-    return x.pow(2).mean(-1).sqrt()
-
-
 def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     """``ffn_jacobian``: Figure 12 on every member of a :class:`CausalLM` (``model=gpt2``).
 
@@ -133,7 +120,7 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     for e in range(len(lm.members)):
         stream, ffn_in = lm.trace(e)
         stats = ffn_statistics(ffn_jacobians(lm, e, ffn_in), first)
-        stats["rms"], stats["rms_ffn_input"] = rms(stream), rms(ffn_in)
+        stats["rms"], stats["rms_ffn_input"] = (t.pow(2).mean(-1).sqrt() for t in (stream, ffn_in))
         for k, v in stats.items():
             per.setdefault(k, []).append(v)
     v = {k: torch.stack(x) for k, x in per.items()}
@@ -154,5 +141,3 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     m.add_seed_array("ffn_cosines", v["cosines"])
     m.scalars["ffn_cos_baseline"] = 1.0 / d
     return m
-
-

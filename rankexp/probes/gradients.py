@@ -23,26 +23,30 @@ def _where(model) -> dict:
     return {"dtype": p.dtype, "device": p.device}
 
 
+def _normal_rows(seeds, stream: int, *sizes: int) -> list[Tensor]:
+    """Per size, ``(E, size)`` standard normal float64 draws, in order from each seed's ``stream``."""
+    gens = [seeded_generator(s, stream) for s in seeds]
+    return [torch.stack([torch.randn(k, generator=g, dtype=torch.float64) for g in gens])
+            for k in sizes]
+
+
 def random_readout(seeds, width: int, batch: int, *, dtype=torch.float64, device="cpu"
                    ) -> tuple[Tensor, Tensor]:
     """Readouts ``v ~ N(0, I/n)`` ``(E, n)`` and sample weights ``g ~ N(0, 1)`` ``(E, batch)`` from each seed's ``STREAM_HEAD``."""
-    vs, gs = [], []
-    for s in seeds:
-        gen = seeded_generator(s, STREAM_HEAD)
-        vs.append(torch.randn(width, generator=gen, dtype=torch.float64) / math.sqrt(width))
-        gs.append(torch.randn(batch, generator=gen, dtype=torch.float64))
-    return (torch.stack(vs).to(dtype=dtype, device=device),
-            torch.stack(gs).to(dtype=dtype, device=device))
+    v, g = _normal_rows(seeds, STREAM_HEAD, width, batch)
+    return (v / math.sqrt(width)).to(dtype=dtype, device=device), g.to(dtype=dtype, device=device)
 
 
-def weight_gradient_norms(model, h0: Tensor, v: Tensor, g: Tensor,
-                          weights: list[Tensor] | None = None) -> Tensor:
+def weight_gradient_norms(model, batch: int, weights: list[Tensor] | None = None) -> Tensor:
     """``‖∂ℓ/∂W_l‖_F`` ``(E, L)`` of ``ℓ = (1/B) Σ_b g_b vᵀ h_L^{(b)}`` (one backward, training mode).
 
-    ``h0`` ``(E, B, n)``, ``v`` ``(E, n)``, ``g`` ``(E, B)`` (per-sample weights survive a batchnorm's
-    centring); ``weights``: the ``(E, out, in)`` matrices (default each layer's ``w``).
+    ``h0`` ``(E, B, n)`` Gaussian, ``v`` ``(E, n)``, ``g`` ``(E, B)`` of :func:`random_readout`
+    (per-sample weights survive a batchnorm's centring); ``weights``: the ``(E, out, in)``
+    matrices (default each layer's ``w``).
     """
     weights = [layer.w for layer in model.blocks] if weights is None else weights
+    h0 = gaussian_input(model.seeds, model.width, batch=batch, **_where(model))
+    v, g = random_readout(model.seeds, model.width, batch, **_where(model))
     with torch.enable_grad():
         out = model(h0)
         loss = ((out @ v[:, :, None])[..., 0] * g).mean(-1).sum()
@@ -57,11 +61,8 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     (first/last) and ``grad_growth`` (fitted per-layer factor toward the input).
     """
     opt = ctx.probe_options("gradient_norms", GRADIENT_NORMS_OPTIONS)
-    model, b = ctx.model, int(opt["batch"])
-    where = _where(model)
-    h0 = gaussian_input(model.seeds, model.width, batch=b, **where)
-    v, g = random_readout(model.seeds, model.width, b, **where)
-    norms = weight_gradient_norms(model, h0, v, g).detach()
+    model = ctx.model
+    norms = weight_gradient_norms(model, int(opt["batch"])).detach()
     m = Measurement()
     m.add_seed_series("grad_norm", norms, np.arange(1, model.depth + 1))
     m.add_seed_stat("grad_ratio", norms[:, 0] / norms[:, -1])
@@ -76,13 +77,8 @@ def scalar_embedding(seeds, width: int, *, dtype=torch.float64, device="cpu") ->
     """``(w, b)`` ``(E, n)`` of the input line ``h_0(x) = x w + b``, w, b ~ N(0, I_n) from ``STREAM_INPUT``
     (b ≠ 0: a bias-free ReLU network is homogeneous through the origin).
     """
-    ws, bs = [], []
-    for s in seeds:
-        gen = seeded_generator(s, STREAM_INPUT)
-        ws.append(torch.randn(width, generator=gen, dtype=torch.float64))
-        bs.append(torch.randn(width, generator=gen, dtype=torch.float64))
-    return (torch.stack(ws).to(dtype=dtype, device=device),
-            torch.stack(bs).to(dtype=dtype, device=device))
+    w, b = _normal_rows(seeds, STREAM_INPUT, width, width)
+    return w.to(dtype=dtype, device=device), b.to(dtype=dtype, device=device)
 
 
 def lag1_autocorrelation(g: Tensor) -> Tensor:

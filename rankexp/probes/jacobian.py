@@ -31,9 +31,8 @@ from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWE
 
 
 def member_jacobian(fn: Callable[..., Tensor], x: Tensor, params: dict | None = None) -> Tensor:
-    """Per-member Jacobian ``(E, d_out, d_in)`` by ``vmap`` of ``jacfwd`` of ``fn(params_e, x_e)``.
-
-    ``x``: points ``(E, 1, d_in)``; ``params``: tensors with leading member axis E.
+    """Per-member Jacobian ``(E, d_out, d_in)`` by ``vmap`` of ``jacfwd`` of ``fn(params_e, x_e)``
+    at ``x`` ``(E, 1, d_in)``; ``params``: tensors with leading member axis E.
 
     Raises:
         ValueError: ``x`` holds more than one point per member.
@@ -54,11 +53,6 @@ def branch_jacobian(block: Block, x: Tensor) -> Tensor:
         lambda p, xe: functional_call(block, p, (xe,), {"part": "branch"}), x, params)
 
 
-def residual_norm_jacobian(block: Block, s: Tensor) -> Tensor:
-    """``J_R`` of the post-residual op by ``torch.func`` at the sum ``s`` ``(E, 1, d)`` → ``(E, d, d)``."""
-    return member_jacobian(lambda _, se: block.res_norm(se), s)
-
-
 @dataclass
 class BranchLinearization:
     """``J_b = β J_B · W_down[:, a] diag(g) W_up[a, :] · J_P`` in factored form (Eq. 9/17/25);
@@ -72,13 +66,6 @@ class BranchLinearization:
     up: Tensor
     down: Tensor | None
     active: list[Tensor] | None = None
-
-    @property
-    def active_units(self) -> float:
-        """Mean number of units that enter ``J_f`` (m unless the activation is masked)."""
-        if self.active is None:
-            return float(self.deriv.shape[-1])
-        return sum(a.numel() for a in self.active) / len(self.active)
 
     def _finish_left(self, y: Tensor) -> Tensor:
         if self.out is not None:
@@ -118,19 +105,14 @@ class BranchLinearization:
 
     def apply_is_cheaper(self) -> bool:
         """Whether ``apply(u)`` on a d×d ``u`` beats ``dense() @ u`` (M = 2: when |a| < d)."""
-        return self.down is None and self.active is not None or (
-            self.down is not None and self.active_units < self.up.shape[-1]
-        )
+        if self.active is None:
+            return self.down is not None and self.deriv.shape[-1] < self.up.shape[-1]
+        return self.down is None or sum(map(len, self.active)) < len(self.active) * self.up.shape[-1]
 
 
 def _columns(w: Tensor, index: Tensor) -> Tensor:
     """``w[:, index]`` (``gather`` is ~3× faster than ``index_select`` along dim 1 on CPU)."""
     return torch.gather(w, 1, index.expand(w.shape[0], -1))
-
-
-def has_closed_form(block: Block) -> bool:
-    """Whether the engine has the branch Jacobian of ``block`` in closed form (every scalar σ)."""
-    return not block.gated and block.activation in ACTIVATION_DERIVATIVES
 
 
 #: ``linearize_branch(…, pre_op=OWN_PRE)``: the block's own P
@@ -155,7 +137,7 @@ def linearize_branch(block: Block, x: Tensor, *, pre_op: str | None = OWN_PRE,
         xp = NORM_FNS[pre_op](x) if pre_op else x
     z, y = block.f_parts(xp)
     branch = block.scale * block.out_norm(y)
-    if not has_closed_form(block):
+    if block.gated or block.activation not in ACTIVATION_DERIVATIVES:  # no closed form
         return branch, None
     deriv = ACTIVATION_DERIVATIVES[block.activation](z[:, 0])
     active = None
@@ -186,12 +168,6 @@ class LayerJacobian:
             self._branch = (self.linear.dense() if self.linear is not None
                             else branch_jacobian(self.block, self.h_in))
         return self._branch
-
-    def branch_times(self, u: Tensor) -> Tensor:
-        """``J_b u`` for ``u`` ``(E, d, n)``, the cheaper way unless ``J_b`` is already formed."""
-        if self._branch is None and self.linear is not None and self.linear.apply_is_cheaper():
-            return self.linear.apply(u)
-        return self.branch @ u
 
 
 def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> Iterator[LayerJacobian]:
@@ -255,12 +231,10 @@ class _Spectra:
         self.final: Tensor | None = None
 
     def add(self, layer: int, unit: Tensor) -> None:
-        if layer == self.depth:  # taken after the loop (finish): ∂h_L/∂h_0 is not overwritten
-            self.last = unit
-            self.er.append(torch.full_like(unit[:, 0, 0], float("nan")))
-            self.sr.append(self.er[-1])
-        elif not self.want or self.deferred:
-            if self.want:
+        if layer == self.depth or not self.want or self.deferred:
+            if layer == self.depth:  # taken in finish: ∂h_L/∂h_0 is not overwritten
+                self.last = unit
+            elif self.want:
                 self.kept.append(unit.clone())  # the next block overwrites this buffer
             self.er.append(torch.full_like(unit[:, 0, 0], float("nan")))
             self.sr.append(self.er[-1])
@@ -287,32 +261,19 @@ class _Spectra:
         return er, sr
 
 
-def resolve_needs(needs: Collection[str] | None, spectra: bool = True) -> frozenset[str]:
-    """``needs`` checked against :data:`SWEEP_NEEDS`; ``None``: everything, or ``io_jacobian`` only (``spectra=False``).
-
-    Raises:
-        ValueError: an unknown need.
-    """
-    if needs is None:
-        return SWEEP_NEEDS if spectra else frozenset({IO_JACOBIAN})
-    unknown = set(needs) - SWEEP_NEEDS
-    if unknown:
-        raise ValueError(f"unknown sweep need(s) {sorted(unknown)}; known: {sorted(SWEEP_NEEDS)}")
-    return frozenset(needs)
-
-
-def _rms(h: Tensor) -> Tensor:
+def state_rms(h: Tensor) -> Tensor:
+    """``rms(h)`` over the last two axes ``(E,)``."""
     return h.square().mean((-2, -1)).sqrt()
 
 
 def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | None = None,
                   keep_partials: bool = False,
                   on_layer: Callable[[LayerJacobian], None] | None = None,
-                  progress: bool | None = False, spectra: bool = True,
-                  sync_free: bool | None = None, spectra_method: str | None = None) -> ForwardSweep:
+                  progress: bool | None = False, sync_free: bool | None = None,
+                  spectra_method: str | None = None) -> ForwardSweep:
     """The partial Jacobians ``∂h_l/∂h_0`` a probe set needs, from one forward sweep of ``h0`` ``(E, 1, d)``.
 
-    ``needs``: a subset of :data:`SWEEP_NEEDS` (:func:`resolve_needs`); ``keep_partials``: also
+    ``needs``: a subset of :data:`SWEEP_NEEDS` (``None``: all); ``keep_partials``: also
     every ``∂h_l/∂h_0`` (memory ``L·E·d²``); ``on_layer``: gets each :class:`LayerJacobian`;
     ``sync_free``: no host sync in the loop (default on an accelerator; both paths agree to
     1e-12); ``spectra_method``: ``gram`` or ``svd``. Per masked M = 2 block with |a| active units:
@@ -321,17 +282,20 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
     Raises:
         ValueError: unknown needs.
     """
-    needs = resolve_needs(needs, spectra)
+    needs = SWEEP_NEEDS if needs is None else needs
+    if set(needs) - SWEEP_NEEDS:
+        raise ValueError(f"unknown sweep need(s) {sorted(set(needs) - SWEEP_NEEDS)}; known: "
+                         f"{sorted(SWEEP_NEEDS)}")
     e, _, d = h0.shape
     want_partials = keep_partials or IO_JACOBIAN in needs or PARTIAL_SPECTRA in needs
     want_dense = on_layer is not None or BRANCH_NORMS in needs or BRANCH_SUM in needs
-    rms = [_rms(h0)]
+    rms = [state_rms(h0)]
     bar = dict(total=model.depth, desc="forward sweep", unit="block", leave=False,
                disable=None if progress is None else not progress)
     if not (want_partials or want_dense):  # forward only
         with torch.no_grad():
             for _, h in tqdm(model.states(h0), **bar):
-                rms.append(_rms(h))
+                rms.append(state_rms(h))
         return ForwardSweep(rms=torch.stack(rms, 1))
 
     eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
@@ -366,7 +330,7 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
                 lg.append(log)
                 if keep_partials:
                     partials.append(unit * log.exp()[:, None, None])
-            rms.append(_rms(lj.h_out))
+            rms.append(state_rms(lj.h_out))
             if on_layer is not None:
                 on_layer(lj)
     out = ForwardSweep(rms=torch.stack(rms, 1), partials=partials)
@@ -398,7 +362,7 @@ def _advance(lj: LayerJacobian, units: dict[int, Tensor], logs: dict[int, Tensor
     elif lj.skip_from == l - 1:
         acc = lj.linear.apply(prev_u).add_(prev_u)
     else:
-        acc = lj.branch_times(prev_u)  # at scale exp(prev_log)
+        acc = lj.linear.apply(prev_u) if factored else lj.branch @ prev_u  # at scale e^prev_log
         if lj.skip_from is not None:
             skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
             top = torch.maximum(acc_log, skip_log)

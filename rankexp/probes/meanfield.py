@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
-from torch.func import functional_call, jacfwd, jvp, vmap
+from torch.func import jvp
 
 from .. import theory
 from ..models.plain import PlainNet
@@ -21,6 +21,7 @@ from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
 from .catalog import CORRELATION_DEFAULTS, DEEP_LINEAR_DEFAULTS, SPECTRUM_DEFAULTS
 from .gradients import _where
+from .jacobian import branch_jacobian
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,8 @@ def mean_field_point(model) -> tuple[str, float, float, float | None] | None:
 
 def correlated_inputs(seeds, width: int, n: int, c0: float, q0: float, *, dtype=torch.float64,
                       device="cpu") -> Tensor:
-    """``(E, n, width)`` inputs with exactly ``‖x‖²/width = q0`` and pairwise correlation c0.
-
-    ``x_i ∝ √c0 u + √(1−c0) v_i`` from orthonormal directions of each seed's ``STREAM_INPUT``
-    (for n = 2 also c0 < 0).
+    """``(E, n, width)`` inputs with exactly ``‖x‖²/width = q0`` and pairwise correlation c0:
+    ``x_i ∝ √c0 u + √(1−c0) v_i``, orthonormal directions from each seed's ``STREAM_INPUT``.
 
     Raises:
         ValueError: n < 2, n ≥ width, |c0| > 1, c0 < 0 with n > 2, or q0 ≤ 0.
@@ -113,17 +112,12 @@ def fit_depth_scale(layers: np.ndarray, c: np.ndarray) -> tuple[float, float]:
     c = np.asarray(c, dtype=float)
     if c.size < 4 or not np.all(np.isfinite(c)) or np.ptp(c) < 1e-12:
         return math.nan, math.nan
-    d = np.diff(c)
-    k0 = 0.1
+    d, k0 = np.diff(c), 0.1
     if d[0] != 0 and d[-1] / d[0] > 0:
         k0 = float(np.clip(-np.log(abs(d[-1] / d[0])) / max(len(d) - 1, 1), 1e-3, 5.0))
-    x = layers - layers[0]
-
-    def model(l, cinf, a, k):
-        return cinf + a * np.exp(-k * l)
-
     try:
-        (cinf, _, k), _ = curve_fit(model, x, c, p0=[c[-1], c[0] - c[-1], k0],
+        (cinf, _, k), _ = curve_fit(lambda l, cinf, a, k: cinf + a * np.exp(-k * l),
+                                    layers - layers[0], c, p0=[c[-1], c[0] - c[-1], k0],
                                     bounds=([-1.5, -3.0, 1e-4], [1.5, 3.0, 20.0]), maxfev=20000)
     except (RuntimeError, ValueError):
         return math.nan, math.nan
@@ -147,10 +141,8 @@ def probe_correlation(ctx: ProbeContext) -> Measurement:
         hs = model.trajectory(x)
         q = torch.stack([h.square().mean((-2, -1)) for h in hs], 1)  # (E, L+1)
         c = torch.stack([_mean_cosine(h) for h in hs], 1)
-        chis = None
-        if getattr(model.blocks[0], "norm_op", None) != "batchnorm":
-            chis = [layer_chi(layer, h, tangents)
-                    for layer, h in zip(model.blocks, hs[:-1], strict=True)]
+        chis = None if getattr(model.blocks[0], "norm_op", None) == "batchnorm" else [
+            layer_chi(layer, h, tangents) for layer, h in zip(model.blocks, hs[:-1], strict=True)]
     steps = np.arange(L + 1)
     m = Measurement()
     m.add_seed_series("mf_q", q, steps)
@@ -216,22 +208,10 @@ def _input_variance(model, option) -> float:
         return 1.0
 
 
-def layer_jacobian(layer, x: Tensor) -> Tensor:
-    """``∂h_l/∂h_{l−1}`` ``(E, n, n)`` at ``x`` ``(E, 1, n)``: ``[I +] g W diag(φ′(x))``, or ``jacfwd`` with a norm op."""
-    if layer.norm_op is None:
-        j = layer.scale * layer.w * _sigma_prime(layer, x)  # (E, n, n) · (E, 1, n)
-    else:
-        params = {"w": layer.w, "b": layer.b}
-        j = vmap(jacfwd(lambda p, xe: functional_call(layer, p, (xe,), {"part": "branch"}),
-                        argnums=1))(params, x[:, 0])
-    if layer.has_skip:
-        j = j + torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    return j
-
-
 def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians (215.7): ``(unit, log_norm,
-    vd)`` with the per-layer measured v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
+    """``∂h_L/∂h_0`` at ``x`` ``(E, 1, n)`` as the product of the layer Jacobians ``[I +] g W
+    diag(φ′(x))`` (``jacfwd`` with a norm op; 215.7): ``(unit, log_norm, vd)`` with the per-layer
+    measured v_D = mean φ′⁴/(mean φ′²)² − 1 ``(E, L)``.
 
     Raises:
         ValueError: skip_every > 1, or a batch-normalized network.
@@ -245,11 +225,15 @@ def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     log_norm = torch.full((e,), 0.5 * math.log(n), dtype=x.dtype, device=x.device)
     vd, h = [], x
     for layer in model.blocks:
-        unit = layer_jacobian(layer, h) @ unit
+        dphi = _sigma_prime(layer, h)  # (E, 1, n)
+        j = layer.scale * layer.w * dphi if layer.norm_op is None else branch_jacobian(layer, h)
+        if layer.has_skip:
+            j = j + torch.eye(n, dtype=x.dtype, device=x.device)
+        unit = j @ unit
         norm = torch.linalg.matrix_norm(unit)
         unit = unit / norm[:, None, None]
         log_norm = log_norm + norm.log()
-        d2 = _sigma_prime(layer, h)[:, 0].square()
+        d2 = dphi[:, 0].square()
         vd.append(d2.square().mean(-1) / d2.mean(-1).square() - 1.0)
         h = layer(h, h if layer.has_skip else None)
     return unit, log_norm, torch.stack(vd, 1)
@@ -275,36 +259,25 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("lambda_m2", lam.square().mean(-1))
     m.add_seed_stat("log_lambda_mean", 2 * log_norm + mean[:, 0].log())
     m.add_seed_stat("v_d_measured", vd.mean(1))
-    m.arrays["lambda"] = lam.double().cpu().numpy()
-    m.scalars.update(_log_histogram(m.arrays["lambda"], int(opt["bins"]), m.arrays))
+    lam = m.arrays["lambda"] = lam.double().cpu().numpy()
+    # density of log₁₀ λ over the resolvable λ (above (n ε)² max λ)
+    resolved = lam[lam > (lam.shape[-1] * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)]
+    logs = np.log10(resolved) if resolved.size else np.zeros(1)
+    mid = 0.5 * (logs.min() + logs.max())
+    m.arrays["log_lambda_hist"], m.arrays["log_lambda_edges"] = np.histogram(
+        logs, bins=int(opt["bins"]), range=(min(logs.min(), mid - 0.05), max(logs.max(), mid + 0.05)),
+        density=True)
+    m.scalars["lambda_zero_fraction"] = 1.0 - resolved.size / lam.size
     m.scalars["spectrum_q0"] = q0
     m.scalars.update(_spectrum_theory(model, q0))
     return m
 
 
-def _log_histogram(lam: np.ndarray, bins: int, arrays: dict) -> dict[str, float]:
-    """Density of log₁₀ λ over the resolvable λ (above ``(n ε)² max λ``) into ``arrays``;
-    returns the fraction of numerically-zero λ.
-    """
-    n = lam.shape[-1]
-    floor = (n * np.finfo(lam.dtype).eps) ** 2 * lam.max(-1, keepdims=True)
-    resolved = lam[lam > floor]
-    logs = np.log10(resolved) if resolved.size else np.zeros(1)
-    lo, hi = logs.min(), logs.max()
-    mid = 0.5 * (lo + hi)
-    lo, hi = min(lo, mid - 0.05), max(hi, mid + 0.05)
-    arrays["log_lambda_hist"], arrays["log_lambda_edges"] = np.histogram(
-        logs, bins=bins, range=(lo, hi), density=True)
-    return {"lambda_zero_fraction": 1.0 - resolved.size / lam.size}
-
-
 def _scaled_gaussian(model, q0: float) -> Tensor:
-    rows = []
-    for s in model.seeds:
-        g = torch.randn(model.width, generator=seeded_generator(s, STREAM_INPUT),
-                        dtype=torch.float64)
-        rows.append(g * math.sqrt(q0 * model.width) / torch.linalg.vector_norm(g))
-    return torch.stack(rows)[:, None, :].to(**_where(model))
+    g = torch.stack([torch.randn(model.width, generator=seeded_generator(s, STREAM_INPUT),
+                                 dtype=torch.float64) for s in model.seeds])
+    x = g * math.sqrt(q0 * model.width) / torch.linalg.vector_norm(g, dim=-1, keepdim=True)
+    return x[:, None, :].to(**_where(model))
 
 
 def _spectrum_theory(model, q0: float) -> dict[str, float]:

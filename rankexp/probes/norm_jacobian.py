@@ -42,10 +42,8 @@ def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     """Table 2 for the op R (``norm.post``) of the first block.
 
     At ``x = h_0 + μ·1`` (option ``input_mean``): the closed form against autograd, the directions
-    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c.
-
-    Raises:
-        ValueError: the first block has no post-residual op.
+    it removes (``‖J v̂‖/‖J‖₂``, 0 = removed), its rank deficit and its scale against Table 2's c
+    (ValueError: the first block has no post-residual op).
     """
     op = ctx.model.blocks[0].post_op
     if op is None:
@@ -72,5 +70,3 @@ def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("jac_sv_spread", (top[:, 0] - low) / top[:, 0])
     m.add_seed_stat("jac_scale_rms", c * x.square().mean(-1).sqrt())
     return m
-
-

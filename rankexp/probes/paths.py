@@ -45,10 +45,6 @@ class PathOrders:
     beta: float
     complete: bool
 
-    @property
-    def orders(self) -> np.ndarray:
-        return np.arange(self.log_mu.shape[1])
-
     def profile(self, power: int = 1) -> Tensor:
         """Normalized profile ``μ_k^power / Σ_j μ_j^power`` ``(E, K+1)`` (power 2: energy)."""
         return torch.softmax(power * self.log_mu, dim=1)
@@ -85,7 +81,7 @@ class PathOrderDP:
         if chunk < 1:
             raise ValueError(f"chunk={chunk} must be ≥ 1")
         e, d, k = members, width, max_order
-        self.chunk, self.max_order, self.layers_seen, self.width = chunk, k, 0, d
+        self.chunk, self.max_order, self.layers_seen = chunk, k, 0
         self.terms = torch.zeros(e, d, k + 1, d, dtype=dtype, device=device)
         self.terms[:, :, 0, :] = torch.eye(d, dtype=dtype, device=device) / math.sqrt(d)
         self.log_mu = torch.full((e, k + 1), -math.inf, dtype=dtype, device=device)
@@ -140,10 +136,13 @@ def _left(j: NormJacobian | Tensor, a: Tensor) -> Tensor:
     return j.left_(a) if isinstance(j, NormJacobian) else j @ a
 
 
-def _check_structure(model: ResidualMLP) -> None:
+def _dp(model: ResidualMLP, h0: Tensor, max_order: int | None, chunk: int) -> PathOrderDP:
     if model.skip_every != 1:
         raise ValueError(f"path-order decomposition (Eq. 12) needs an identity skip on every "
                          f"block; skip_every={model.skip_every} is not supported (use skip_every=1)")
+    k = model.depth if max_order is None else min(int(max_order), model.depth)
+    return PathOrderDP(h0.shape[0], h0.shape[-1], k, chunk=int(chunk), dtype=h0.dtype,
+                       device=h0.device)
 
 
 def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64,
@@ -153,10 +152,7 @@ def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None,
     Raises:
         ValueError: ``skip_every ≠ 1`` or ``max_order < 0``.
     """
-    _check_structure(model)
-    e, _, d = h0.shape
-    k = model.depth if max_order is None else min(int(max_order), model.depth)
-    dp = PathOrderDP(e, d, k, chunk=chunk, dtype=h0.dtype, device=h0.device)
+    dp = _dp(model, h0, max_order, chunk)
     with torch.no_grad():
         for lj in layer_jacobians(model, h0):
             dp.step(lj.branch, lj.residual)
@@ -170,12 +166,7 @@ class PathOrderFold:
 
     def __init__(self, ctx: ProbeContext):
         opt = ctx.probe_options("path_order", PATH_ORDER_OPTIONS)
-        model = ctx.model
-        _check_structure(model)
-        k = model.depth if opt["max_order"] is None else min(int(opt["max_order"]), model.depth)
-        e, _, d = ctx.h0.shape
-        self.model = model
-        self.dp = PathOrderDP(e, d, k, chunk=int(opt["chunk"]), dtype=ctx.h0.dtype, device=ctx.h0.device)
+        self.model, self.dp = ctx.model, _dp(ctx.model, ctx.h0, opt["max_order"], opt["chunk"])
 
     def step(self, lj: LayerJacobian) -> None:
         self.dp.step(lj.branch, lj.residual)
@@ -190,14 +181,9 @@ def probe_path_order(ctx: ProbeContext) -> Measurement:
     Options ``max_order``, ``chunk``. ``mean_path_order_uncorrelated``: Poisson-binomial with
     ρ_l = r_l² (Eq. 4); ``path_reconstruction_error``: relative, against the forward sweep.
     """
-    ctx.probe_options("path_order", PATH_ORDER_OPTIONS)  # unknown keys fail before any work
-    model = ctx.model
-    _check_structure(model)
-    po = ctx.fold("path_orders")
-    sw = ctx.sweep
-
+    model, po, sw = ctx.model, ctx.fold("path_orders"), ctx.sweep  # the fold checks the options
     m = Measurement()
-    orders = po.orders
+    orders = np.arange(po.log_mu.shape[1])
     m.add_seed_series("path_log_mu", po.log_mu.clamp(min=LOG_ZERO), orders)
     m.add_seed_series("path_profile", po.profile(), orders)
     m.add_seed_stat("mean_path_order", po.mean_order())

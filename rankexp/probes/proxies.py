@@ -14,25 +14,16 @@ from ..result import Measurement
 from ..seeding import gaussian_input
 from .base import ProbeContext
 from .catalog import GRAD_NORM_PROXY_OPTIONS, JACOB_COV_OPTIONS
-from .gradients import _where, random_readout, weight_gradient_norms
-
-
-def weight_matrices(model) -> list[Tensor]:
-    """Every ``(E, out, in)`` weight matrix of the network."""
-    return [p for p in model.parameters() if p.dim() == 3]
+from .gradients import _where, weight_gradient_norms
 
 
 def probe_grad_norm_proxy(ctx: ProbeContext) -> Measurement:
     """Zero-cost proxy grad_norm: the sum over every weight matrix of ``‖∂ℓ/∂W‖_F`` at init.
 
-    The loss of the ``gradient_norms`` probe (option ``batch``; Abdelfattah et al. 2021).
-    """
+    The loss of the ``gradient_norms`` probe (option ``batch``; Abdelfattah et al. 2021)."""
     opt = ctx.probe_options("grad_norm_proxy", GRAD_NORM_PROXY_OPTIONS)
-    model, b = ctx.model, int(opt["batch"])
-    where = _where(model)
-    h0 = gaussian_input(model.seeds, model.width, batch=b, **where)
-    v, g = random_readout(model.seeds, model.width, b, **where)
-    norms = weight_gradient_norms(model, h0, v, g, weights=weight_matrices(model)).detach()
+    weights = [p for p in ctx.model.parameters() if p.dim() == 3]  # every (E, out, in) matrix
+    norms = weight_gradient_norms(ctx.model, int(opt["batch"]), weights).detach()
     m = Measurement()
     m.add_seed_stat("grad_norm_proxy", norms.sum(1))
     return m
@@ -66,8 +57,7 @@ def input_jacobians(model, x: Tensor) -> Tensor:
 def probe_jacob_cov(ctx: ProbeContext) -> Measurement:
     """Zero-cost proxy jacob_cov: correlation of per-input Jacobians over a batch (Mellor et al. 2021).
 
-    Options ``batch``, ``k``; NaN for a dead network.
-    """
+    Options ``batch``, ``k``; NaN for a dead network."""
     opt = ctx.probe_options("jacob_cov", JACOB_COV_OPTIONS)
     model = ctx.model
     x = gaussian_input(model.seeds, model.width, batch=int(opt["batch"]), **_where(model))
@@ -96,4 +86,3 @@ def probe_synflow(ctx: ProbeContext) -> Measurement:
     m = Measurement()
     m.add_seed_stat("log_synflow", log_synflow(ctx.model).to(torch.float64))
     return m
-

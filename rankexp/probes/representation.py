@@ -6,7 +6,6 @@ layers (one-matrix branches, Table 1's c) sum ∝ l and collapse ``Z_l``; random
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,7 +32,6 @@ def stack_spectrum(z: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _tiny(x: Tensor) -> float:
-    """Smallest positive normal number of ``x``'s dtype (guards 0/0 in any precision)."""
     return torch.finfo(x.dtype).tiny
 
 
@@ -58,70 +56,23 @@ def _run_block(model: ResidualMLP, l: int, block: Block, states: dict[int, Tenso
     return b, block.res_norm(s)
 
 
-@dataclass
-class Representation:
-    """Forward representation measures on n probe inputs: ``erank``/``top_energy`` of ``Z_l`` ``(E, L+1)``,
-    branch means ``(E, L, d)`` and their noise floor, per-input cosines of branch outputs across
-    layers, and ``preact_var`` (Table 1's q) ``(E,)``.
+def representation(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
+    """Stream the probe inputs ``h0`` ``(E, n, d)`` through the network once (memory
+    ``O(E·n·(d + m) + E·L·d)``): ``erank``/``top_energy`` of ``Z_l`` ``(E, L+1)``, ``branch_means``
+    ``(E, L, d)`` and their ``noise_floor``, per-input cosines of branch outputs across layers
+    (``input_cos_prev``, ``input_cos_cross``), and ``preact_var`` (Table 1's q) ``(E,)``.
     """
-
-    erank: Tensor
-    top_energy: Tensor
-    branch_means: Tensor
-    noise_floor: Tensor
-    input_cos_prev: Tensor
-    input_cos_cross: Tensor
-    preact_var: Tensor
-
-    @property
-    def mean_norm(self) -> Tensor:
-        """``‖m_l‖`` ``(E, L)``."""
-        return self.branch_means.norm(dim=-1)
-
-    @property
-    def mean_sum_norm(self) -> Tensor:
-        """``‖Σ_{k≤l} m_k‖`` ``(E, L)``: ∝ l for aligned means, ∝ √l for random ones."""
-        return self.branch_means.cumsum(1).norm(dim=-1)
-
-    @property
-    def mean_cos_matrix(self) -> Tensor:
-        """Pairwise ``cos(m_l, m_k)`` ``(E, L, L)``."""
-        u = self.branch_means / self.branch_means.norm(dim=-1, keepdim=True).clamp(
-            min=_tiny(self.branch_means))
-        return u @ u.mT
-
-    @property
-    def mean_cos_next(self) -> Tensor:
-        """``cos(m_l, m_{l+1})`` ``(E, L−1)``."""
-        return _cos(self.branch_means[:, :-1], self.branch_means[:, 1:])
-
-    @property
-    def mean_cos_ones(self) -> Tensor:
-        """``cos(m_l, 1)`` ``(E, L)``."""
-        return _cos(self.branch_means, torch.ones_like(self.branch_means))
-
-
-def representation(model: ResidualMLP, h0: Tensor) -> Representation:
-    """Stream the probe inputs ``h0`` ``(E, n, d)`` through the network once: :class:`Representation`.
-
-    Memory ``O(E·n·(d + m))`` plus ``E·L·d`` for the means.
-    """
-    e, n, d = h0.shape
-    L = model.depth
-    states = {0: h0}
-    er, top = [None] * (L + 1), [None] * (L + 1)
-    er[0], top[0] = stack_spectrum(h0)
+    (e, n, _), L, keep = h0.shape, model.depth, max(model.skip_every, 1)
+    states, spectra = {0: h0}, [stack_spectrum(h0)]
     means, floor, cos_prev, q = [], [], [], []
     unit_sum = torch.zeros_like(h0)
-    keep = max(model.skip_every, 1)
     with torch.no_grad():
         for l, block in enumerate(model.blocks, start=1):
             # E_W[(w·x)²] = α² rms(x)² for w ~ N(0, α²/d): no extra matmul needed
             q.append(model.alpha**2 * block.pre_norm(states[l - 1]).square().mean((-2, -1)))
-            b, h = _run_block(model, l, block, states)
-            states[l] = h
+            b, states[l] = _run_block(model, l, block, states)
             states.pop(l - keep, None)
-            er[l], top[l] = stack_spectrum(h)
+            spectra.append(stack_spectrum(states[l]))
             means.append(b.mean(1))
             floor.append((b.square().sum(-1).mean(1) / n).sqrt())
             unit = b / b.norm(dim=-1, keepdim=True).clamp(min=_tiny(b))
@@ -130,15 +81,13 @@ def representation(model: ResidualMLP, h0: Tensor) -> Representation:
             else:
                 cos_prev.append((unit * unit_sum).sum(-1).mean(1) / (l - 1))
             unit_sum += unit
-    cross = (
-        (unit_sum.square().sum(-1) - L) / (L * (L - 1))
-        if L > 1
-        else torch.full((e, n), math.nan, dtype=h0.dtype)
-    )
-    return Representation(erank=torch.stack(er, 1), top_energy=torch.stack(top, 1),
-                          branch_means=torch.stack(means, 1), noise_floor=torch.stack(floor, 1),
-                          input_cos_prev=torch.stack(cos_prev, 1), input_cos_cross=cross.mean(1),
-                          preact_var=torch.stack(q, 1).mean(1))
+    cross = ((unit_sum.square().sum(-1) - L) / (L * (L - 1)) if L > 1
+             else torch.full((e, n), math.nan, dtype=h0.dtype))
+    er, top = zip(*spectra, strict=True)
+    return {"erank": torch.stack(er, 1), "top_energy": torch.stack(top, 1),
+            "branch_means": torch.stack(means, 1), "noise_floor": torch.stack(floor, 1),
+            "input_cos_prev": torch.stack(cos_prev, 1), "input_cos_cross": cross.mean(1),
+            "preact_var": torch.stack(q, 1).mean(1)}
 
 
 def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", classes: int = 10
@@ -152,10 +101,8 @@ def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", cl
     e, n, d = h_last.shape
     dt, dev = h_last.dtype, h_last.device
     if kind == "random":
-        rows = [
-            torch.randn(n, d, generator=seeded_generator(s, STREAM_BACKWARD), dtype=torch.float64)
-            for s in model.seeds
-        ]
+        rows = [torch.randn(n, d, generator=seeded_generator(s, STREAM_BACKWARD),
+                            dtype=torch.float64) for s in model.seeds]
         return torch.stack(rows).to(dtype=dt, device=dev)
     if kind == "cross_entropy":
         if classes < 2:
@@ -173,22 +120,12 @@ def output_gradient(model: ResidualMLP, h_last: Tensor, kind: str = "random", cl
     raise ValueError(f"delta={kind!r} is not one of random, cross_entropy")
 
 
-@dataclass
-class BackwardRepresentation:
-    """Measures of ``δ_l`` ``(E, n, d)``, each ``(E, L+1)`` (Appendix C): ``erank`` ``erank(Δ_l)/d``,
-    ``top_energy``, ``log_rms`` ``ln rms(δ_l)``, ``mean_snr`` ``‖mean δ_l‖/sqrt(E‖δ_l‖²/n)``, ``mean_cos_ones``.
-    """
-
-    erank: Tensor
-    top_energy: Tensor
-    log_rms: Tensor
-    mean_snr: Tensor
-    mean_cos_ones: Tensor
-
-
 def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "random",
-                            classes: int = 10) -> BackwardRepresentation:
-    """Backpropagate ``δ_L`` and measure every ``δ_l`` (states recomputed every ``⌈√L⌉`` blocks)."""
+                            classes: int = 10) -> dict[str, Tensor]:
+    """Backpropagate ``δ_L`` (states recomputed every ``⌈√L⌉`` blocks) and measure every ``δ_l``
+    ``(E, n, d)`` (Appendix C), each ``(E, L+1)``: ``erank`` (erank(Δ_l)/d), ``top_energy``,
+    ``log_rms`` (ln rms(δ_l)), ``mean_snr`` (‖mean δ_l‖/sqrt(E‖δ_l‖²/n)), ``mean_cos_ones``.
+    """
     L, keep = model.depth, max(model.skip_every, 1)
     seg = max(1, math.isqrt(L - 1) + 1)
     # forward pass keeping a window of `keep` states at every segment start
@@ -200,19 +137,15 @@ def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "ran
                 ckpt[l - 1] = {j: states[j] for j in range(max(0, l - keep), l)}
             states[l] = _run_block(model, l, block, states)[1]
             states.pop(l - keep, None)
-        h_last = states[L]
+    deltas = {L: output_gradient(model, states.pop(L), delta, classes)}
     del states
-    deltas = {L: output_gradient(model, h_last, delta, classes)}
     stats: dict[int, tuple] = {}
 
     def measure(j: int) -> None:
         g = deltas[j]
-        er, top = stack_spectrum(g)
-        n = g.shape[1]
-        mean = g.mean(1)
-        floor = (g.square().sum(-1).mean(1) / n).sqrt()
-        stats[j] = (er, top, g.square().mean((-2, -1)).sqrt().log(), mean.norm(dim=-1) / floor,
-                    _cos(mean, torch.ones_like(mean)))
+        mean, floor = g.mean(1), (g.square().sum(-1).mean(1) / g.shape[1]).sqrt()
+        stats[j] = (*stack_spectrum(g), g.square().mean((-2, -1)).sqrt().log(),
+                    mean.norm(dim=-1) / floor, _cos(mean, torch.ones_like(mean)))
 
     measure(L)
     for start in sorted(ckpt, reverse=True):
@@ -227,8 +160,8 @@ def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "ran
                 x = seg_states[l - 1].detach().requires_grad_(True)
                 skip_from = model.skip_source(l) if block.has_skip else None
                 if skip_from is not None:
-                    src = (seg_states[skip_from] if skip_from in seg_states
-                           else ckpt_lookup(ckpt, skip_from))
+                    src = (seg_states[skip_from] if skip_from in seg_states  # else a window
+                           else next(w[skip_from] for w in ckpt.values() if skip_from in w))
                     s = src.detach().requires_grad_(True)
                     out = block(x, s)
                     gx, gs = torch.autograd.grad(out, (x, s), deltas[l])
@@ -239,16 +172,8 @@ def backward_representation(model: ResidualMLP, h0: Tensor, *, delta: str = "ran
             deltas[l - 1] = deltas[l - 1] + gx if (l - 1) in deltas else gx
             del deltas[l]
             measure(l - 1)
-    idx = range(L + 1)
-    return BackwardRepresentation(*(torch.stack([stats[j][i] for j in idx], 1) for i in range(5)))
-
-
-def ckpt_lookup(ckpt: dict[int, dict[int, Tensor]], j: int) -> Tensor:
-    """The stored state ``h_j`` from any checkpoint window (skips reaching across segments)."""
-    for window in ckpt.values():
-        if j in window:
-            return window[j]
-    raise KeyError(f"state h_{j} was not checkpointed")
+    return {k: torch.stack([stats[j][i] for j in range(L + 1)], 1) for i, k in enumerate(
+        ("erank", "top_energy", "log_rms", "mean_snr", "mean_cos_ones"))}
 
 
 def probe_representation(ctx: ProbeContext) -> Measurement:
@@ -259,31 +184,34 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     """
     opt = ctx.probe_options("representation", REPRESENTATION_OPTIONS)
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
-    L = ctx.model.depth
-    layers, streams = ctx.layers, np.arange(0, L + 1)
+    L, layers, means = ctx.model.depth, ctx.layers, rep["branch_means"]
+    mean_norm, mean_sum_norm = means.norm(dim=-1), means.cumsum(1).norm(dim=-1)
+    cos_ones = _cos(means, torch.ones_like(means))
     m = Measurement()
-    m.add_seed_series("rep_erank", rep.erank, streams)
-    m.add_seed_series("rep_top_energy", rep.top_energy, streams)
-    m.add_seed_stat("rep_erank_final", rep.erank[:, -1])
-    m.add_seed_stat("rep_erank_min", rep.erank.amin(1))
-    m.add_seed_stat("rep_top_energy_final", rep.top_energy[:, -1])
-    m.add_seed_series("branch_mean_norm", rep.mean_norm, layers)
-    m.add_seed_series("branch_mean_noise_floor", rep.noise_floor, layers)
-    m.add_seed_series("branch_mean_sum_norm", rep.mean_sum_norm, layers)
-    m.add_seed_series("branch_mean_cos_ones", rep.mean_cos_ones, layers)
-    m.add_seed_stat("branch_mean_cos_ones_mean", rep.mean_cos_ones.mean(1))
-    m.add_seed_stat("branch_mean_sum_exponent", _loglog_slope(rep.mean_sum_norm))
-    m.add_seed_stat("branch_mean_snr", (rep.mean_norm / rep.noise_floor).mean(1))
+    m.add_seed_series("rep_erank", rep["erank"], np.arange(0, L + 1))
+    m.add_seed_series("rep_top_energy", rep["top_energy"], np.arange(0, L + 1))
+    m.add_seed_stat("rep_erank_final", rep["erank"][:, -1])
+    m.add_seed_stat("rep_erank_min", rep["erank"].amin(1))
+    m.add_seed_stat("rep_top_energy_final", rep["top_energy"][:, -1])
+    m.add_seed_series("branch_mean_norm", mean_norm, layers)
+    m.add_seed_series("branch_mean_noise_floor", rep["noise_floor"], layers)
+    m.add_seed_series("branch_mean_sum_norm", mean_sum_norm, layers)
+    m.add_seed_series("branch_mean_cos_ones", cos_ones, layers)
+    m.add_seed_stat("branch_mean_cos_ones_mean", cos_ones.mean(1))
+    m.add_seed_stat("branch_mean_sum_exponent", _loglog_slope(mean_sum_norm))
+    m.add_seed_stat("branch_mean_snr", (mean_norm / rep["noise_floor"]).mean(1))
     if L > 1:
-        m.add_seed_series("branch_mean_cos_next", rep.mean_cos_next, layers[:-1])
-        m.add_seed_stat("branch_mean_cos_consecutive", rep.mean_cos_next.mean(1))
-        m.add_seed_series("branch_input_cos_prev", rep.input_cos_prev[:, 1:], layers[1:])
-        m.add_seed_stat("branch_input_cos_cross", rep.input_cos_cross)
-        cm = rep.mean_cos_matrix
+        cos_next = _cos(means[:, :-1], means[:, 1:])
+        m.add_seed_series("branch_mean_cos_next", cos_next, layers[:-1])
+        m.add_seed_stat("branch_mean_cos_consecutive", cos_next.mean(1))
+        m.add_seed_series("branch_input_cos_prev", rep["input_cos_prev"][:, 1:], layers[1:])
+        m.add_seed_stat("branch_input_cos_cross", rep["input_cos_cross"])
+        u = means / means.norm(dim=-1, keepdim=True).clamp(min=_tiny(means))
+        cm = u @ u.mT  # pairwise cos(m_l, m_k)
         off = (cm.sum((1, 2)) - cm.diagonal(dim1=1, dim2=2).sum(1)) / (L * (L - 1))
         m.add_seed_stat("branch_mean_cos_cross", off)
         m.add_seed_array("branch_mean_cos_matrix", cm)
-    m.add_seed_array("preact_var", rep.preact_var)
+    m.add_seed_array("preact_var", rep["preact_var"])
     return m
 
 
@@ -301,15 +229,11 @@ def probe_backward_representation(ctx: ProbeContext) -> Measurement:
     opt = ctx.probe_options("backward_representation", BACKWARD_REPRESENTATION_OPTIONS)
     br = backward_representation(ctx.model, ctx.probe_inputs(int(opt["n"])),
                                  delta=str(opt["delta"]), classes=int(opt["classes"]))
-    steps = np.arange(0, ctx.model.depth + 1)
     m = Measurement()
-    m.add_seed_series("grad_erank", br.erank, steps)
-    m.add_seed_series("grad_top_energy", br.top_energy, steps)
-    m.add_seed_series("grad_log_rms", br.log_rms, steps)
-    m.add_seed_series("grad_mean_snr", br.mean_snr, steps)
-    m.add_seed_series("grad_mean_cos_ones", br.mean_cos_ones, steps)
-    m.add_seed_stat("grad_erank_input", br.erank[:, 0])
-    m.add_seed_stat("grad_erank_min", br.erank.amin(1))
-    m.add_seed_stat("grad_top_energy_input", br.top_energy[:, 0])
-    m.add_seed_stat("grad_log_gain", br.log_rms[:, 0] - br.log_rms[:, -1])
+    for key, v in br.items():
+        m.add_seed_series(f"grad_{key}", v, np.arange(0, ctx.model.depth + 1))
+    m.add_seed_stat("grad_erank_input", br["erank"][:, 0])
+    m.add_seed_stat("grad_erank_min", br["erank"].amin(1))
+    m.add_seed_stat("grad_top_energy_input", br["top_energy"][:, 0])
+    m.add_seed_stat("grad_log_gain", br["log_rms"][:, 0] - br["log_rms"][:, -1])
     return m

@@ -10,14 +10,14 @@ import torch
 from ..result import Measurement
 from .base import ProbeContext
 from .catalog import STREAM_OPTIONS
+from .jacobian import state_rms
 
 
 def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
     """Normalized effective rank (Eq. 3) and stable rank of ``∂h_L/∂h_0`` (Eq. 2/10).
 
-    Scalars ``erank_io`` (erank/d), ``stable_rank_io``, ``log_gain_io`` (ln ‖·‖_F); array
-    ``io_singular_values`` (E, d), unit-Frobenius scale.
-    """
+    ``erank_io`` (erank/d), ``stable_rank_io``, ``log_gain_io`` (ln ‖·‖_F), ``io_singular_values``
+    (E, d) at unit-Frobenius scale."""
     sw, m = ctx.sweep, Measurement()
     m.add_seed_stat("erank_io", sw.erank[:, -1] / ctx.width)
     m.add_seed_stat("stable_rank_io", sw.stable_rank[:, -1])
@@ -27,10 +27,7 @@ def probe_io_jacobian(ctx: ProbeContext) -> Measurement:
 
 
 def probe_profile(ctx: ProbeContext) -> Measurement:
-    """Per-layer profile ``erank(∂h_l/∂h_0)/d`` and stable rank for l = 1…L (Figure 1).
-
-    Series ``erank_profile``, ``stable_rank_profile``, ``log_gain_profile``; scalar ``erank_min``.
-    """
+    """Per-layer profile ``erank(∂h_l/∂h_0)/d`` and stable rank for l = 1…L (Figure 1)."""
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("erank_profile", sw.erank / ctx.width, ctx.layers)
     m.add_seed_series("stable_rank_profile", sw.stable_rank, ctx.layers)
@@ -54,7 +51,7 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
         raise ValueError(f"task.options.stream.inputs={n}: need at least 1")
     h0 = ctx.h0 if n == 1 else ctx.probe_inputs(n)
     with torch.no_grad():
-        rms = torch.stack([_rms(h0)] + [_rms(h) for _, h in ctx.model.states(h0)], 1)
+        rms = torch.stack([state_rms(h0)] + [state_rms(h) for _, h in ctx.model.states(h0)], 1)
     m = Measurement()
     m.add_seed_series("rms", rms, np.arange(0, ctx.model.depth + 1))
     m.add_seed_stat("rms_final", rms[:, -1])
@@ -64,15 +61,8 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     return m
 
 
-def _rms(h: torch.Tensor) -> torch.Tensor:
-    return h.square().mean((-2, -1)).sqrt()
-
-
 def probe_branch_ratio(ctx: ProbeContext) -> Measurement:
-    """Branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` per layer (Eq. 4), step = l.
-
-    Scalars ``branch_ratio_first``, ``branch_ratio_last``.
-    """
+    """Branch-to-skip ratio ``r_l = ‖β J_l‖_F / ‖I‖_F`` per layer (Eq. 4), step = l."""
     sw, m = ctx.sweep, Measurement()
     m.add_seed_series("branch_ratio", sw.branch_ratio, ctx.layers)
     m.add_seed_stat("branch_ratio_first", sw.branch_ratio[:, 0])
@@ -93,5 +83,3 @@ def probe_accumulated_branch(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("accumulated_branch_final", sw.accumulated_branch[:, -1])
     m.add_seed_stat("accumulated_branch_excess", sw.accumulated_branch[:, -1] / uncorrelated[:, -1])
     return m
-
-

@@ -90,5 +90,3 @@ def probe_projection_walk(ctx: ProbeContext) -> Measurement:
     m.add_seed_stat("walk_step_angle", torch.arccos(cos).mean(1))
     m.add_seed_stat("walk_span_angle", torch.arccos((x[:, 0] * x[:, -1]).sum(-1).clamp(-1, 1)))
     return m
-
-
