@@ -102,11 +102,8 @@ def quiet_store_logs() -> None:
 
 
 def resolve_uri(uri: str | None, base_dir: str | os.PathLike | None = None) -> str:
-    """``uri`` → ``$MLFLOW_TRACKING_URI`` → ``sqlite:///<base_dir or cwd>/mlflow.db``.
-
-    Raises:
-        TrackingError: MLflow's file store (``file:`` or a bare path), which MLflow 3 deprecates.
-    """
+    """``uri`` → ``$MLFLOW_TRACKING_URI`` → ``sqlite:///<base_dir or cwd>/mlflow.db``;
+    TrackingError for MLflow's file store (``file:`` or a bare path), deprecated in MLflow 3."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or None
     if uri is None:
         return f"sqlite:///{Path(base_dir or os.getcwd()).resolve() / 'mlflow.db'}"
@@ -698,8 +695,7 @@ def _describe(r) -> str:
 
 
 def stand_down(uri: str, run_id: str, held: Claim) -> None:
-    """The run of a claimant that lost: KILLED ``stood_down`` (tag ``rankexp.stood_down_for``)
-    and soft-deleted: it never computed."""
+    """The run of a claimant that lost: KILLED ``stood_down`` and soft-deleted."""
     from mlflow.entities import RunTag
     client = _client(uri)
     client.log_batch(run_id, tags=[RunTag("rankexp.stood_down_for", held.holder or ""),
