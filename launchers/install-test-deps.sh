@@ -1,19 +1,8 @@
 #!/usr/bin/env bash
-# Install the system packages the end-to-end tests start (Slurm, MariaDB, PostgreSQL, Chromium).
-# Idempotent and quick when they are present; needs root and Debian's package registry.
-# Called by `make test` (target test-deps).
-#
-# Runs as root on a fresh Debian 12 machine (2 cores, no GPU, package registries only).
-# The end-to-end tests start their own services through launchers/ and stop them at the
-# end; this script installs what they need and nothing else:
-#   slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev
-#                          tests/test_slurm.py (launchers/slurm-cluster.sh; gcc builds the
-#                          preload that keeps the Slurm daemons on loopback)
-#   postgresql             tests/test_tracking_server.py (launchers/mlflow-server.sh)
-#   chromium chromium-driver
-#                          tests/test_mlflow_ui.py (headless, driven by Selenium)
-#   curl                   the launchers' /health checks
-# (psycopg and selenium come with the project's `test` extra.)
+# Install the Debian packages the end-to-end tests start (root; idempotent; `make test-deps`):
+# Slurm, munge, MariaDB, gcc + libc6-dev (tests/test_slurm.py, launchers/slurm-cluster.sh and
+# its loopback preload), PostgreSQL (tests/test_tracking_server.py), Chromium and its driver
+# (tests/test_mlflow_ui.py), curl (the launchers' /health checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,8 +40,7 @@ done
 if ((${#missing[@]})); then
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # No systemd here, and the tests run private daemons: keep the packages' maintainer
-  # scripts from starting the system's own munge/MariaDB/PostgreSQL (CPU and ports).
+  # keep the maintainer scripts from starting the system's own daemons (the tests run private ones)
   if [[ ! -e $POLICY ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod 755 "$POLICY" && created_policy=1
   fi

@@ -1,45 +1,15 @@
 #!/usr/bin/env bash
-# A real `mlflow server` for sweeps that log from many processes or nodes at once.
+# A real `mlflow server` (SQLite or private PostgreSQL backend) for sweeps that log from many
+# processes or nodes; loopback unless --auth or --insecure. See launchers/README.md.
 #
-#   eval "$(launchers/mlflow-server.sh start)"                    # SQLite backend (one node)
-#   eval "$(launchers/mlflow-server.sh start --backend postgres)" # private PostgreSQL 15
-#   eval "$(launchers/mlflow-server.sh start --host 0.0.0.0 --auth)"  # other nodes, with a password
+#   eval "$(launchers/mlflow-server.sh start [--backend sqlite|postgres] [--host ADDR] [--auth])"
 #   launchers/mlflow-server.sh status | env | stop | purge
 #
-# `start` prints only `export` lines on stdout — MLFLOW_TRACKING_URI=http://HOST:PORT, and with
-# --auth MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, the password read from its file by
-# the eval'ing shell (`$(cat FILE)`), so it is never printed — to be eval'ed; progress goes to
-# stderr. It waits until /health answers and is idempotent: a second `start` with the same
-# backend only prints the lines again.
-#
-# Security: the server binds loopback (127.0.0.1) unless told otherwise. Any other address
-# needs --auth (MLflow's basic-auth app: anonymous requests get 401; the admin password is
-# generated once into auth/admin-password, mode 600, and reaches MLflow through a mode-600
-# config file, never a command line) or an explicit --insecure, which prints a warning:
-# then anyone who can reach the port can read, change and delete every run.
-#
-# Everything lives in one state dir (RANKEXP_MLFLOW_DIR, default /tmp/rankexp-mlflow):
-#   sqlite/mlflow.db | postgres/data   the backend store
-#   artifacts/                         --artifacts-destination (clients upload through the
-#                                      server, so compute nodes need no shared filesystem)
-#   server.log, server.pid, postgres/postgres.log, pgpass (mode 600)
-#   auth/ (mode 700): admin-password, secret-key, basic_auth.ini, basic_auth.db (--auth)
-#
-# Options (or environment):
-#   --backend sqlite|postgres  RANKEXP_MLFLOW_BACKEND  (sqlite)
-#   --host ADDR                RANKEXP_MLFLOW_HOST     (127.0.0.1; 0.0.0.0 to serve other nodes)
-#   --port N                   RANKEXP_MLFLOW_PORT     (5000)
-#   --workers N                RANKEXP_MLFLOW_WORKERS  (4)
-#   --auth                     RANKEXP_MLFLOW_AUTH=1   (MLflow basic-auth; required off loopback)
-#   --insecure                 RANKEXP_MLFLOW_INSECURE=1 (serve another address without auth)
-#                              RANKEXP_PG_PORT         (5433; PostgreSQL, loopback only)
-#                              RANKEXP_MLFLOW_ALLOWED_HOSTS (see below)
-#                              MLFLOW                  (mlflow executable; default: the
-#                                                       project's .venv, else PATH)
-#
-# MLflow 3 rejects requests whose Host header is not localhost or a private IP. When bound
-# to a non-loopback address, this script also allows this machine's hostname and FQDN, so
-# compute nodes can use the printed URI; set RANKEXP_MLFLOW_ALLOWED_HOSTS to override.
+# `start` prints only `export` lines on stdout (the password is read by the eval'ing shell
+# from its file, never printed); progress goes to stderr. Options or environment: --backend
+# RANKEXP_MLFLOW_BACKEND, --host RANKEXP_MLFLOW_HOST, --port RANKEXP_MLFLOW_PORT, --workers
+# RANKEXP_MLFLOW_WORKERS, --auth RANKEXP_MLFLOW_AUTH=1, --insecure RANKEXP_MLFLOW_INSECURE=1;
+# RANKEXP_MLFLOW_DIR (state), RANKEXP_PG_PORT, RANKEXP_MLFLOW_ALLOWED_HOSTS, MLFLOW (executable).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -85,7 +55,6 @@ AUTH_DIR=$DIR/auth
 
 loopback() { [[ $1 == 127.* || $1 == localhost || $1 == ::1 ]]; }
 
-# The address other processes should use: the bind address, unless it is a wildcard.
 client_host() {
   case $HOST in
     0.0.0.0 | :: | '') hostname -f 2>/dev/null || hostname ;;
@@ -102,8 +71,6 @@ server_alive() {
 
 health() { curl -fsS -o /dev/null --max-time 2 "http://$1:$2/health"; }
 
-# --- PostgreSQL --------------------------------------------------------------------------
-
 pg_bin() {
   local d
   d=$(printf '%s\n' /usr/lib/postgresql/*/bin | grep -v '\*' | sort -V | tail -n 1)
@@ -111,8 +78,7 @@ pg_bin() {
   echo "$d"
 }
 
-# PostgreSQL refuses to run as root: as root, run its tools as the `postgres` user.
-# 9>&-: the postmaster must not inherit (and hold forever) the lock taken on fd 9.
+# PostgreSQL's tools run as `postgres` under root; 9>&-: no daemon inherits the lock on fd 9.
 as_pg() {
   if ((EUID == 0)); then (cd / && runuser -u postgres -- "$@" 9>&-); else "$@" 9>&-; fi
 }
@@ -131,7 +97,6 @@ start_postgres() {
     rm -rf "$PG"
     install -d -m 0755 -o "$owner" "$PG"
     install -d -m 0700 -o "$owner" "$PG/data"
-    # Unix socket: peer auth for the cluster owner; TCP (loopback only): password auth.
     as_pg "$bin/initdb" -D "$PG/data" -U "$owner" --auth-local=peer --auth-host=scram-sha-256 \
       -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 || die "initdb failed; see $DIR/initdb.log"
     (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pgpass.secret")
@@ -145,14 +110,13 @@ start_postgres() {
   pw=$(<"$DIR/pgpass.secret")
   if ! as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -tAc \
     "SELECT 1 FROM pg_database WHERE datname='mlflow'" | grep -q 1; then
-    # SQL on stdin, not -c: a password in argv is visible to every user (ps, /proc/PID/cmdline)
+    # SQL on stdin, not -c: no password in argv
     as_pg "$bin/psql" -h "$PG" -p "$PG_PORT" -U "$owner" -d postgres -q -v ON_ERROR_STOP=1 <<SQL \
       || die "could not create the mlflow role/database"
 CREATE ROLE mlflow LOGIN PASSWORD '$pw';
 CREATE DATABASE mlflow OWNER mlflow;
 SQL
   fi
-  # libpq (under psycopg) reads the password from PGPASSFILE, so it never appears in argv.
   (umask 077 && echo "127.0.0.1:$PG_PORT:mlflow:mlflow:$pw" >"$DIR/pgpass")
   log "PostgreSQL listening on 127.0.0.1:$PG_PORT"
 }
@@ -165,8 +129,6 @@ stop_postgres() {
   fi
 }
 
-# --- commands ----------------------------------------------------------------------------
-
 cmd_env() {
   echo "export MLFLOW_TRACKING_URI=http://$(client_host):$PORT"
   if [[ -s $DIR/auth-mode && $(<"$DIR/auth-mode") == auth ]]; then
@@ -177,9 +139,7 @@ cmd_env() {
 
 python_of_mlflow() { "$(dirname "$(readlink -f "$(command -v "$MLFLOW")")")/python" "$@"; }
 
-# MLflow's basic-auth app: a generated admin password and Flask secret (mode 600, created
-# once), and the app's config file naming them; the server gets the file's path in its
-# environment (MLFLOW_AUTH_CONFIG_PATH), so no secret is ever an argument.
+# MLflow's basic-auth app: admin password and Flask secret generated once (mode 600).
 prepare_auth() {
   python_of_mlflow -c 'import flask_wtf' 2>/dev/null \
     || die "--auth needs Flask-WTF next to $MLFLOW (pip install 'Flask-WTF>=1.2,<2', or the project's [auth] extra)"
@@ -259,12 +219,8 @@ cmd_start() {
   echo "$mode" >"$DIR/auth-mode"
   echo "$HOST $PORT" >"$DIR/address"
   log "starting mlflow server ($BACKEND, $mode) on $HOST:$PORT, $WORKERS workers"
-  # Own session (setsid): stop can reach the workers through the process group if needed.
-  # MLFLOW_BACKEND_STORE_URI instead of an argument keeps the URI out of `ps`.
-  # MLflow 3's background job runner (7 huey processes, for GenAI scorers) is off unless
-  # MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true is exported: experiment tracking does not use it.
-  # With --auth, the app's config file and the Flask secret come through the environment too
-  # (exported in the subshell, which then becomes the server: nothing secret is an argument).
+  # Own session (setsid): stop reaches the workers through the process group. The store URI,
+  # the auth config and the Flask secret come through the environment: no secret in `ps`.
   (
     export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
     export MLFLOW_BACKEND_STORE_URI=$uri
@@ -296,7 +252,6 @@ cmd_stop() {
     pid=$(<"$PIDFILE")
     kill -TERM "$pid"
     for ((i = 0; i < 150; i++)); do server_alive || break; sleep 0.1; done
-    # The workers share the parent's process group (setsid at start); wait for all of them.
     for (( ; i < 150; i++)); do pgrep -g "$pid" >/dev/null || break; sleep 0.1; done
     if pgrep -g "$pid" >/dev/null; then
       log "server ignored SIGTERM for 15 s; killing its process group"

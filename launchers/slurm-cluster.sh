@@ -1,28 +1,13 @@
 #!/usr/bin/env bash
-# A real single-node Slurm 22.05 cluster on this machine, with accounting, for testing
-# sweeps that go through `hydra/launcher=slurm` (submitit).
+# A real single-node Slurm 22.05 cluster with accounting (slurmdbd + MariaDB: submitit learns
+# from sacct that a job died), on loopback, for sweeps through `hydra/launcher=slurm`.
 #
-#   launchers/slurm-cluster.sh start    # install packages if missing, start all daemons, wait
-#   eval "$(launchers/slurm-cluster.sh env)"   # export SLURM_CONF for sbatch/sacct/submitit
-#   launchers/slurm-cluster.sh status
-#   launchers/slurm-cluster.sh stop     # cancel jobs, stop every daemon this script started
-#   launchers/slurm-cluster.sh purge    # stop, then delete the state dir
+#   launchers/slurm-cluster.sh start|status|stop|purge;  eval "$(launchers/slurm-cluster.sh env)"
 #
-# Accounting (slurmdbd + MariaDB) is required: submitit learns from sacct that a job died.
-# Everything lives in RANKEXP_SLURM_DIR; the daemons stay on loopback (bind-loopback.c
-# preloaded); the database password never appears in argv.  See launchers/README.md.
-#
-# Environment knobs:
-#   RANKEXP_SLURM_DIR        state dir                       (/tmp/rankexp-slurm)
-#   RANKEXP_SLURM_PORT       first of 4 loopback ports: slurmctld, slurmd, slurmdbd, mariadb
-#                                                             (6817 -> 6817..6820)
-#   RANKEXP_SLURM_CPUS       CPUs the node advertises         (the machine's, whatever
-#                            OMP_NUM_THREADS says); more oversubscribes the machine
-#                            (slurmd told to trust the config)
-#   RANKEXP_SLURM_FAKE_GPUS  if > 0: declare that many count-only `gpu` GRES and a `gpu`
-#                            partition, so GPU launcher configs can be exercised (0). No
-#                            device is bound; jobs see no CUDA device.
-#   RANKEXP_SLURM_TIMEOUT    seconds to wait for the cluster to become ready (120)
+# Environment: RANKEXP_SLURM_DIR (/tmp/rankexp-slurm), RANKEXP_SLURM_PORT (6817: first of the
+# four ports of slurmctld, slurmd, slurmdbd, mariadb), RANKEXP_SLURM_CPUS (the machine's),
+# RANKEXP_SLURM_FAKE_GPUS (0; else count-only `gpu` GRES and partition, no device),
+# RANKEXP_SLURM_TIMEOUT (120 s to become ready). See launchers/README.md.
 set -euo pipefail
 
 DIR=${RANKEXP_SLURM_DIR:-/tmp/rankexp-slurm}
@@ -40,7 +25,7 @@ DBD_PORT=$((PORT + 2))
 DB_PORT=$((PORT + 3))
 
 ETC=$DIR/etc LOG=$DIR/log RUN=$DIR/run MUNGE=$DIR/munge DB=$DIR/mariadb
-SLURM_CONF_FILE=$ETC/slurm.conf
+export SLURM_CONF=$ETC/slurm.conf  # for every Slurm command below
 MUNGE_SOCKET=$MUNGE/munge.socket
 DB_SOCKET=$DB/mysqld.sock
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev)
@@ -50,41 +35,30 @@ SHIM=$DIR/lib/bind-loopback.so
 log() { printf '[slurm-cluster] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# --- process bookkeeping -----------------------------------------------------------------
-
-# pid_alive PIDFILE EXE: true if the pid in PIDFILE is running the executable EXE
-# (checked through /proc/PID/exe, so a recycled pid is not mistaken for our daemon).
-pid_alive() {
-  local pidfile=$1 exe=$2 pid
-  [[ -s $pidfile ]] || return 1
-  pid=$(<"$pidfile")
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
-  local real
+pid_alive() {  # pid_alive NAME: $RUN/NAME.pid holds a live NAME (/proc/PID/exe: not a recycled pid)
+  local pid real
+  pid=$(cat "$RUN/$1.pid" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] || return 1
   real=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
-  # Debian installs slurmctld/slurmd as alternatives of slurmctld-wlm/slurmd-wlm.
-  [[ ${real##*/} == "$exe" || ${real##*/} == "$exe-wlm" ]]
+  [[ ${real##*/} == "$1" || ${real##*/} == "$1-wlm" ]]  # Debian's slurmd is slurmd-wlm
 }
 
-stop_pid() {  # stop_pid PIDFILE EXE NAME
-  local pidfile=$1 exe=$2 name=$3 pid i
-  if ! pid_alive "$pidfile" "$exe"; then rm -f "$pidfile"; return 0; fi
-  pid=$(<"$pidfile")
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do
-    pid_alive "$pidfile" "$exe" || break
-    sleep 0.1
-  done
-  if pid_alive "$pidfile" "$exe"; then
-    log "$name ($pid) ignored SIGTERM for 10 s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 0.5
+stop_pid() {  # stop_pid NAME
+  local name=$1 pid i
+  if pid_alive "$name"; then
+    pid=$(<"$RUN/$name.pid")
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do pid_alive "$name" || break; sleep 0.1; done
+    if pid_alive "$name"; then
+      log "$name ($pid) ignored SIGTERM for 10 s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.5
+    fi
+    log "stopped $name"
   fi
-  rm -f "$pidfile"
-  log "stopped $name"
+  rm -f "$RUN/$name.pid"
 }
 
-# spawn CMD...: run a daemon's launcher with no terminal, its early output in startup.log, and
-# without fd 9 (the start lock), so a daemon neither holds the lock nor a caller's pipe open.
+# spawn CMD...: a daemon without terminal and without fd 9 (the start lock)
 spawn() { "$@" </dev/null >>"$LOG/startup.log" 2>&1 9>&-; }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
@@ -97,8 +71,6 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 
-# --- installation ------------------------------------------------------------------------
-
 ensure_packages() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
@@ -107,8 +79,6 @@ ensure_packages() {
   ((${#missing[@]} == 0)) && return 0
   [[ $EUID -eq 0 ]] || die "packages missing (${missing[*]}); run as root to install them"
   log "installing ${missing[*]}"
-  # Debian's maintainer scripts try to start the services; without systemd/init they
-  # only print warnings, and this script starts its own private daemons anyway.
   export DEBIAN_FRONTEND=noninteractive
   if ! apt-get install -y --no-install-recommends "${missing[@]}" >"$DIR/apt.log" 2>&1; then
     apt-get update >>"$DIR/apt.log" 2>&1
@@ -117,11 +87,9 @@ ensure_packages() {
   fi
 }
 
-# --- configuration -----------------------------------------------------------------------
-
 write_slurm_conf() {
   local mem gres_line="" node_gres="" gpu_part="" slurmd_params=""
-  # Advertise 90% of physical memory so `--mem` requests are checked against something real.
+  # 90% of physical memory, so `--mem` requests are checked against something real
   mem=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   ((CPUS > REAL_CPUS)) && slurmd_params="SlurmdParameters=config_overrides"
   if ((FAKE_GPUS > 0)); then
@@ -129,7 +97,7 @@ write_slurm_conf() {
 AccountingStorageTRES=gres/gpu"
     node_gres="Gres=gpu:$FAKE_GPUS"
     gpu_part="PartitionName=gpu Nodes=$NODE Default=NO MaxTime=INFINITE State=UP"
-    # slurmd drops file-less GPUs, so each fake GPU is an empty file standing in for a device.
+    # slurmd drops file-less GPUs: each fake GPU is an empty file
     mkdir -p "$DIR/fake-gpus"
     local i
     for ((i = 0; i < FAKE_GPUS; i++)); do : >"$DIR/fake-gpus/nvidia$i"; done
@@ -137,7 +105,7 @@ AccountingStorageTRES=gres/gpu"
   else
     rm -f "$ETC/gres.conf"
   fi
-  cat >"$SLURM_CONF_FILE" <<EOF
+  cat >"$SLURM_CONF" <<EOF
 # Generated by launchers/slurm-cluster.sh; rewritten on every start.
 ClusterName=$CLUSTER
 SlurmctldHost=$NODE(127.0.0.1)
@@ -164,7 +132,6 @@ SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
-# Accounting: sacct is what submitit uses to notice jobs that died without a result.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
@@ -172,7 +139,6 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
-# Finished jobs leave squeue quickly; sacct keeps them.
 MinJobAge=60
 KillWait=5
 InactiveLimit=0
@@ -181,7 +147,6 @@ PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 $gpu_part
 EOF
 
-  # slurmdbd finds slurmdbd.conf next to $SLURM_CONF; it holds a password, so mode 600.
   (
     umask 077
     cat >"$ETC/slurmdbd.conf" <<EOF
@@ -204,17 +169,14 @@ EOF
   chmod 600 "$ETC/slurmdbd.conf"
 }
 
-# --- daemons -----------------------------------------------------------------------------
-
 start_munge() {
-  pid_alive "$RUN/munged.pid" munged && return 0
+  pid_alive munged && return 0
   install -d -o munge -g munge -m 0755 "$MUNGE"
   if [[ ! -s $MUNGE/munge.key ]]; then
     mungekey --create --keyfile="$MUNGE/munge.key"
     chown munge:munge "$MUNGE/munge.key"
     chmod 0400 "$MUNGE/munge.key"
   fi
-  # munged runs as munge: it needs its own dir for socket/pid/seed and its log file made for it.
   touch "$LOG/munged.log" && chown munge:munge "$LOG/munged.log"
   spawn setpriv --reuid=munge --regid=munge --init-groups \
     munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE/munge.key" \
@@ -226,11 +188,10 @@ start_munge() {
   log "started munged"
 }
 
-# SQL on stdin, never -e: a password in argv is visible to every user (ps, /proc/PID/cmdline)
+# SQL on stdin, never -e: no password in argv
 db_sql() { mariadb --no-defaults --socket="$DB_SOCKET" -u root <<<"$1"; }
 
-# The preload that keeps the Slurm daemons on loopback (see the header), rebuilt when its
-# source changes.
+# The preload that keeps the Slurm daemons on loopback, rebuilt when its source changes.
 build_shim() {
   local src=$HERE/bind-loopback.c
   if [[ ! -s $SHIM || $src -nt $SHIM ]]; then
@@ -250,7 +211,7 @@ check_loopback() {
 }
 
 start_mariadb() {
-  pid_alive "$RUN/mariadbd.pid" mariadbd && return 0
+  pid_alive mariadbd && return 0
   local fresh=0
   if [[ ! -d $DB/data/mysql ]]; then
     fresh=1
@@ -261,11 +222,8 @@ start_mariadb() {
       >"$LOG/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $LOG/mariadb-install.log"
   fi
   touch "$LOG/mariadb.log" && chown mysql:mysql "$LOG/mariadb.log"
-  # Sizes are slurmdbd's minimum recommendations (it logs an error below them); the
-  # buffer pool is allocated lazily, so this costs little memory.
-  # Not via spawn: a backgrounded function would leave a bash (holding the lock) as parent.
-  # setsid: its own session, so a Ctrl-C or `timeout` aimed at this script spares it (the
-  # other daemons detach by themselves).
+  # Sizes: slurmdbd's minimum recommendations. setsid (not spawn): a Ctrl-C or `timeout`
+  # aimed at this script spares it, and no bash holding the lock is its parent.
   setsid mariadbd --no-defaults --user=mysql --datadir="$DB/data" --socket="$DB_SOCKET" \
     --pid-file="$DB/mariadbd.pid" --log-error="$LOG/mariadb.log" \
     --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
@@ -274,7 +232,6 @@ start_mariadb() {
     </dev/null >>"$LOG/startup.log" 2>&1 9>&- &
   disown
   wait_for 60 mariadb db_sql 'SELECT 1' || die "mariadbd did not answer; see $LOG/mariadb.log"
-  # mariadbd runs as mysql and cannot write into the root-owned run dir: copy its pid file.
   cp "$DB/mariadbd.pid" "$RUN/mariadbd.pid"
   if ((fresh)) || ! db_sql "SELECT 1 FROM mysql.user WHERE user='slurm'" | grep -q 1; then
     db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
@@ -286,58 +243,47 @@ start_mariadb() {
 }
 
 start_slurmdbd() {
-  pid_alive "$RUN/slurmdbd.pid" slurmdbd && return 0
-  LD_PRELOAD=$SHIM SLURM_CONF=$SLURM_CONF_FILE spawn slurmdbd || die "slurmdbd failed; see $LOG/slurmdbd.log"
-  # Ready when it answers a query; creating the tables on first start takes a few seconds.
-  wait_for 60 slurmdbd env SLURM_CONF="$SLURM_CONF_FILE" sacctmgr -n list cluster \
-    || die "slurmdbd did not answer; see $LOG/slurmdbd.log"
-  if ! SLURM_CONF=$SLURM_CONF_FILE sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
-    SLURM_CONF=$SLURM_CONF_FILE sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  pid_alive slurmdbd && return 0
+  LD_PRELOAD=$SHIM spawn slurmdbd || die "slurmdbd failed; see $LOG/slurmdbd.log"
+  wait_for 60 slurmdbd sacctmgr -n list cluster || die "slurmdbd did not answer; see $LOG/slurmdbd.log"
+  if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
+    sacctmgr -i add cluster "$CLUSTER" >/dev/null
   fi
   log "started slurmdbd"
 }
 
-start_slurmctld() {
-  pid_alive "$RUN/slurmctld.pid" slurmctld && return 0
-  LD_PRELOAD=$SHIM SLURM_CONF=$SLURM_CONF_FILE spawn slurmctld || die "slurmctld failed; see $LOG/slurmctld.log"
-  log "started slurmctld"
-}
-
-start_slurmd() {
-  pid_alive "$RUN/slurmd.pid" slurmd && return 0
-  LD_PRELOAD=$SHIM SLURM_CONF=$SLURM_CONF_FILE spawn slurmd -N "$NODE" || die "slurmd failed; see $LOG/slurmd.log"
-  log "started slurmd"
+start_slurm() {  # start_slurm DAEMON ARGS...: slurmctld or slurmd
+  pid_alive "$1" && return 0
+  LD_PRELOAD=$SHIM spawn "$@" || die "$1 failed; see $LOG/$1.log"
+  log "started $1"
 }
 
 node_ready() {
   local state
-  state=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1)
+  state=$(sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1)
   [[ $state == idle || $state == mixed || $state == allocated ]]
 }
 
-# The controller remembers a drain (e.g. from a start with a different config) across
-# restarts, and ReturnToService does not undo it. This is a private test node: once slurmd
-# has registered, undrain it, saying why it was drained.
+# A drain survives restarts (ReturnToService does not undo it): resume the private node.
 resume_if_drained() {
   local state reason
-  wait_for 15 registration bash -c "SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n $NODE -o %T | grep -qv -e unknown -e '^\$'" || true
-  state=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %T | head -n 1)
+  wait_for 15 registration bash -c "sinfo -h -N -n $NODE -o %T | grep -qv -e unknown -e '^\$'" || true
+  state=$(sinfo -h -N -n "$NODE" -o %T | head -n 1)
   if [[ $state == drain* || $state == down* ]]; then
-    reason=$(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -N -n "$NODE" -o %E | head -n 1)
+    reason=$(sinfo -h -N -n "$NODE" -o %E | head -n 1)
     log "node was $state ($reason); resuming it"
-    SLURM_CONF=$SLURM_CONF_FILE scontrol update nodename="$NODE" state=resume || true
+    scontrol update nodename="$NODE" state=resume || true
   fi
 }
 
-sacct_answers() { SLURM_CONF=$SLURM_CONF_FILE sacct -n -X -S now-1minutes >/dev/null 2>&1; }
+sacct_answers() { sacct -n -X -S now-1minutes >/dev/null 2>&1; }
 
 all_alive() {
-  pid_alive "$RUN/munged.pid" munged && pid_alive "$RUN/mariadbd.pid" mariadbd \
-    && pid_alive "$RUN/slurmdbd.pid" slurmdbd && pid_alive "$RUN/slurmctld.pid" slurmctld \
-    && pid_alive "$RUN/slurmd.pid" slurmd
+  local name
+  for name in munged mariadbd slurmdbd slurmctld slurmd; do
+    pid_alive "$name" || return 1
+  done
 }
-
-# --- commands ----------------------------------------------------------------------------
 
 cmd_start() {
   [[ $EUID -eq 0 ]] || die "start needs root (daemons run as root, munge and mysql)"
@@ -354,23 +300,21 @@ cmd_start() {
   if [[ ! -s $ETC/dbpass ]]; then
     (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$ETC/dbpass")
   fi
-  # Config is only rewritten while the Slurm daemons are down, so they never disagree.
-  if ! pid_alive "$RUN/slurmctld.pid" slurmctld && ! pid_alive "$RUN/slurmd.pid" slurmd \
-    && ! pid_alive "$RUN/slurmdbd.pid" slurmdbd; then
+  if ! pid_alive slurmctld && ! pid_alive slurmd && ! pid_alive slurmdbd; then
     write_slurm_conf
   fi
   build_shim
   start_munge
   start_mariadb
   start_slurmdbd
-  start_slurmctld
-  start_slurmd
+  start_slurm slurmctld
+  start_slurm slurmd -N "$NODE"
   resume_if_drained
   wait_for "$TIMEOUT" node node_ready \
-    || die "node not idle after ${TIMEOUT}s: $(SLURM_CONF=$SLURM_CONF_FILE sinfo -N 2>&1 | tail -n +2); see $LOG/"
+    || die "node not idle after ${TIMEOUT}s: $(sinfo -N 2>&1 | tail -n +2); see $LOG/"
   wait_for "$TIMEOUT" sacct sacct_answers || die "sacct does not answer; see $LOG/slurmdbd.log"
   check_loopback
-  log "ready: $(SLURM_CONF=$SLURM_CONF_FILE sinfo -h -o '%P %a %D %T %c CPUs' | tr '\n' ';')"
+  log "ready: $(sinfo -h -o '%P %a %D %T %c CPUs' | tr '\n' ';')"
   log "now run: eval \"\$($0 env)\""
 }
 
@@ -378,30 +322,25 @@ cmd_stop() {
   [[ -d $DIR ]] || { log "nothing to stop ($DIR absent)"; return 0; }
   exec 9>"$DIR/.lock"
   flock 9
-  if pid_alive "$RUN/slurmctld.pid" slurmctld; then
-    # Cancel what is left so no slurmstepd outlives the cluster.
+  if pid_alive slurmctld; then
     local jobs
-    jobs=$(SLURM_CONF=$SLURM_CONF_FILE squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+    jobs=$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
     if [[ -n ${jobs// /} ]]; then
       log "cancelling jobs: $jobs"
       # shellcheck disable=SC2086
-      SLURM_CONF=$SLURM_CONF_FILE scancel $jobs || true
-      wait_for 20 "jobs gone" bash -c "[[ -z \$(SLURM_CONF=$SLURM_CONF_FILE squeue -h -t R,CG -o %A) ]]" || true
+      scancel $jobs || true
+      wait_for 20 "jobs gone" bash -c "[[ -z \$(squeue -h -t R,CG -o %A) ]]" || true
     fi
   fi
-  stop_pid "$RUN/slurmd.pid" slurmd slurmd
-  stop_pid "$RUN/slurmctld.pid" slurmctld slurmctld
-  stop_pid "$RUN/slurmdbd.pid" slurmdbd slurmdbd
-  stop_pid "$RUN/mariadbd.pid" mariadbd mariadbd
-  stop_pid "$RUN/munged.pid" munged munged
+  local name
+  for name in slurmd slurmctld slurmdbd mariadbd munged; do stop_pid "$name"; done
   rm -f "$MUNGE/munged.pid"
 }
 
 cmd_status() {
-  local name exe rc=0
+  local name rc=0
   for name in munged mariadbd slurmdbd slurmctld slurmd; do
-    exe=$name
-    if pid_alive "$RUN/$name.pid" "$exe"; then
+    if pid_alive "$name"; then
       printf '%-10s running (pid %s)\n' "$name" "$(<"$RUN/$name.pid")"
     else
       printf '%-10s stopped\n' "$name"
@@ -409,14 +348,14 @@ cmd_status() {
     fi
   done
   if ((rc == 0)); then
-    SLURM_CONF=$SLURM_CONF_FILE sinfo
+    sinfo
     if sacct_answers; then echo "sacct: answers"; else echo "sacct: NOT answering"; rc=1; fi
   fi
   return $rc
 }
 
 cmd_env() {
-  echo "export SLURM_CONF=$SLURM_CONF_FILE"
+  echo "export SLURM_CONF=$SLURM_CONF"
 }
 
 case ${1:-} in

@@ -1,24 +1,13 @@
 """One Hydra job: check → skip or claim → compute → job directory → MLflow.
 
-* The composed config is checked first (:func:`rankexp.config.checked_job`), so a mistake
-  never creates a run.  A single run checks its store and closes its experiment's runs whose
-  owners are gone before its own exists; a job of a sweep takes the sweeper's parent run.
-* A config with a FINISHED run is skipped (``tracking.force`` reruns it).  Otherwise the job
-  creates its run and claims the config (:func:`rankexp.tracking.claim`): when an earlier
-  live claimant holds it, the job stands down (SKIPPED, naming the holder).
-* Everything is written to the job directory first; a store that fails the job (down, or
-  refusing) does not stop it: the result stays there, the job fails with exit status 1, and
-  ``python -m rankexp.sync`` logs it later.
-* Every run ends FINISHED, FAILED or KILLED: SIGTERM/SIGINT/SIGHUP end it KILLED (reason: the
-  signal); a Slurm time limit FAILED (``TIMEOUT``); submitit's SIGUSR2 makes a training job
-  checkpoint and requeue, whose next attempt supersedes this run.
-
-The job directory::
-
-    result/          config.yaml, result.json, arrays.npz — the run's artifacts, one upload
-    run.json         the run as logged (or to be logged): store, experiment, name, params, tags
-    metrics.jsonl    points the task logged while running (training curves)
-    status.json      RUNNING, then FINISHED / SKIPPED / FAILED / KILLED, run id, reason, error
+The config is checked before any run exists.  A config with a FINISHED run is skipped
+(``tracking.force`` reruns it); else the job creates its run and claims the config
+(:func:`rankexp.tracking.claim`), standing down when an earlier live claimant holds it.
+Everything goes to the job directory first (:mod:`rankexp.jobdir`); a store that fails the job
+does not stop it: the job fails with exit status 1 and ``python -m rankexp.sync`` logs it
+later.  SIGTERM/SIGINT/SIGHUP end a run KILLED, a Slurm time limit FAILED (``TIMEOUT``);
+submitit's SIGUSR2 makes a training job checkpoint and requeue (the next attempt supersedes
+this run).
 """
 
 from __future__ import annotations
@@ -39,13 +28,7 @@ import yaml
 from omegaconf import DictConfig
 
 from . import interrupt, naming, tracking
-from .config import (
-    CheckedJob,
-    RankexpConfig,
-    checked_job,
-    flatten,
-    resolve_device,
-)
+from .config import CheckedJob, RankexpConfig, checked_job, flatten, resolve_device
 from .models.families import family_of
 from .result import Measurement
 from .tasks import TASKS
@@ -57,19 +40,16 @@ RESUMABLE_TASKS = {"train"}
 
 
 def derived_params(s: RankexpConfig) -> dict[str, float]:
-    """What the model family derives from the config (its declared ``derived``): for the
-    residual MLP and the plain nets ``beta_eff`` (depth-scaled β), ``nominal_ratio`` βα^M
-    (Eq. 21; M = 1 for ``model=plain``, one matrix per layer) and ``depth_factor`` βα^M√L; a
-    ConvNet or an LM has no β, α: none."""
+    """What the model family derives from the config: ``beta_eff``, ``nominal_ratio`` βα^M
+    (Eq. 21) and ``depth_factor`` βα^M√L for the residual MLP and plain nets; none else."""
     derived = family_of(s).derived
     return dict(derived(s)) if derived is not None else {}
 
 
 def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
-    """The run's MLflow params: what defines the experiment — the resolved config flattened with
-    dots, without where/how it is recorded or run (``tracking.*``, ``device``: tags), without
-    ``data.*`` and the memory budget for a measurement, without options of probes it does not
-    run and without unset values (``lr: None``) — plus :func:`derived_params`."""
+    """The run's MLflow params: the config flattened with dots, without ``tracking.*``,
+    ``device``, unset values, and (for a measurement) ``data.*``, the memory budget and the
+    options of probes it does not run; plus :func:`derived_params`."""
     c = {k: v for k, v in container.items() if k not in ("tracking", "device")}
     if s.task.name == "measure":
         c.pop("data", None)
@@ -80,30 +60,22 @@ def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
             if v is not None and v != {}}
 
 
-def base_name(s: RankexpConfig) -> str:
-    """A single run's name from its config (:func:`rankexp.naming.config_name`)."""
-    return naming.config_name(s)
-
-
-def run_name(s: RankexpConfig, ctx: JobContext | None = None) -> str:
-    """The job's run name: the one its sweep gave it (``run_names.json``; in a sweep
-    ``tracking.run_name`` names the parent run), else ``tracking.run_name``, else
-    :func:`base_name`."""
+def run_name(s: RankexpConfig, ctx: JobContext) -> str:
+    """The name its sweep gave the job (in a sweep ``tracking.run_name`` names the parent),
+    else ``tracking.run_name``, else :func:`rankexp.naming.config_name`."""
     names = sweep_record(ctx).get("names", [])
-    return names[ctx.num] if ctx is not None and ctx.num is not None and ctx.num < len(names) \
-        else s.tracking.run_name or base_name(s)
+    return names[ctx.num] if ctx.num is not None and ctx.num < len(names) \
+        else s.tracking.run_name or naming.config_name(s)
 
 
-def sweep_record(ctx: JobContext | None) -> dict[str, Any]:
+def sweep_record(ctx: JobContext) -> dict[str, Any]:
     """The sweeper's record of this job's sweep (:data:`rankexp.tracking.NAMES_FILE`), or {}."""
-    if ctx is None or ctx.sweep_dir is None:
-        return {}
-    return tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}
+    return (tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}) if ctx.sweep_dir else {}
 
 
 def sweep_progress(ctx: JobContext, name: str) -> str | None:
     """``job 3/8 post·α1·L96 — 2 done in 1m10s, ETA 3m30s`` for a job of a sweep (ETA from the
-    sweep's throughput so far, so parallel launchers are estimated right), else None."""
+    sweep's throughput so far), else None."""
     record = sweep_record(ctx)
     if ctx.num is None or "names" not in record:
         return None
@@ -112,27 +84,22 @@ def sweep_progress(ctx: JobContext, name: str) -> str | None:
                in ("FINISHED", "SKIPPED", "FAILED", "KILLED") for i in range(total) if i != ctx.num)
     elapsed = time.time() - float(record.get("started", time.time()))
     from .tasks.train import duration
-
     eta = f", ETA {duration(elapsed / done * (total - done))}" if done else ""
     return f"job {ctx.num + 1}/{total} {name} — {done} done in {duration(elapsed)}{eta}"
 
 
-# --------------------------------------------------------------------------- results on disk
 def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
                 arrays_dir: Path | None = None) -> None:
     """Write ``result.json`` (scalars, series, ``extra``) into ``out_dir`` and ``arrays.npz``
-    there too, or into ``arrays_dir`` (arrays kept on disk but not uploaded)."""
+    there too, or into ``arrays_dir`` (kept on disk, not uploaded); atomically both."""
     import io
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {
-        **extra,
-        "scalars": result.scalars,
-        "series": {k: {"steps": np.asarray(st).tolist(), "values": np.asarray(v).tolist()}
-                   for k, (st, v) in result.series.items()},
-    }
+    doc = {**extra, "scalars": result.scalars, "series": {
+        k: {"steps": np.asarray(st).tolist(), "values": np.asarray(v).tolist()}
+        for k, (st, v) in result.series.items()}}
     tracking.write_atomic(out_dir / "result.json", json.dumps(doc, indent=1, default=float).encode())
-    if result.arrays:  # atomically too: a full disk leaves no half-written file behind
+    if result.arrays:
         buf = io.BytesIO()
         np.savez_compressed(buf, **result.arrays)
         tracking.write_atomic((arrays_dir or out_dir) / "arrays.npz", buf.getvalue())
@@ -141,14 +108,14 @@ def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
 @dataclass
 class JobContext:
     """Where the running Hydra job is: its directory, its sweep's (None for a single run),
-    its override string and its launcher's config."""
+    its overrides (one string, and one each) and its launcher's config."""
 
     job_dir: Path
     sweep_dir: Path | None
     overrides: str
     launcher: DictConfig | None
     num: int | None = None  # the job's number in its sweep
-    override_list: tuple[str, ...] = ()  # the command line's overrides of this job, one each
+    override_list: tuple[str, ...] = ()
 
 
 def job_context() -> JobContext:
@@ -165,8 +132,8 @@ def job_context() -> JobContext:
 
 
 def pin_threads(launcher: DictConfig | None) -> None:
-    """A joblib worker (``hydra/launcher=local``) uses cores ÷ workers torch/OpenMP threads:
-    every worker at all cores' threads oversubscribes the machine (platform.md: 6× slower)."""
+    """A joblib worker (``hydra/launcher=local``) uses cores ÷ workers torch/OpenMP threads
+    (all cores' threads in every worker run 6× slower)."""
     if launcher is None or "joblib" not in str(launcher.get("_target_", "")):
         return
     cores = len(os.sched_getaffinity(0))
@@ -179,18 +146,13 @@ def pin_threads(launcher: DictConfig | None) -> None:
         os.environ[var] = str(threads)
 
 
-# --------------------------------------------------------------------------- fault injection
-FAULT_ENV = "RANKEXP_FAULT_KILL"
-HANG_ENV = "RANKEXP_FAULT_HANG"
-SLEEP_ENV = "RANKEXP_FAULT_SLEEP"
+FAULT_ENV, HANG_ENV, SLEEP_ENV = "RANKEXP_FAULT_KILL", "RANKEXP_FAULT_HANG", "RANKEXP_FAULT_SLEEP"
 
 
 def _fault_injection(overrides: str) -> None:
-    """Failure-handling tests.  ``$RANKEXP_FAULT_KILL=alpha=2``: the job with that override
-    SIGKILLs itself right after its run exists — the way an OOM killer or a Slurm preemption
-    ends a job, with no chance to report.  ``$RANKEXP_FAULT_HANG=alpha=2``: it waits (signals
-    still land) — a job that runs past its time limit.  ``$RANKEXP_FAULT_SLEEP=1.5``: every job
-    computes 1.5 s longer, idle (races between writers, without burning the CPU)."""
+    """Failure-handling tests: ``$RANKEXP_FAULT_KILL=alpha=2``: the job with that override
+    SIGKILLs itself once its run exists (an OOM kill); ``$RANKEXP_FAULT_HANG=alpha=2``: it waits
+    for a signal (a time limit); ``$RANKEXP_FAULT_SLEEP=1.5``: every job idles 1.5 s longer."""
     if os.environ.get(SLEEP_ENV):
         time.sleep(float(os.environ[SLEEP_ENV]))
     mine = overrides.split()
@@ -204,11 +166,9 @@ def _fault_injection(overrides: str) -> None:
             time.sleep(0.1)
 
 
-# --------------------------------------------------------------------------- signals
 class _TimeLimit:
-    """Submitit's SIGUSR2 says the Slurm time limit is near.  A resumable task turns it into a
-    stop request (checkpoint, then requeue); any other task goes on, and the SIGTERM Slurm
-    sends at the limit then means TIMEOUT."""
+    """Submitit's SIGUSR2 (the Slurm time limit is near): a stop request (checkpoint, requeue)
+    for a resumable task; any other goes on, and Slurm's SIGTERM then means TIMEOUT."""
 
     def __init__(self, resumable: bool):
         self.resumable, self.warned = resumable, False
@@ -223,19 +183,12 @@ class _TimeLimit:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run one job end to end; returns ``{"status", "run_id", "scalars"}``.
-
-    Raises:
-        ConfigError: invalid config (before any run exists).
-        TrackingError: the store cannot be used (single run: before any run exists), or it
-            stopped answering (the result is in the job directory, for ``rankexp.sync``).
-        JobInterrupted: a signal stopped the job (its run is KILLED, or FAILED at a time limit).
-        Exception: whatever the task raised; the MLflow run is then FAILED.
-    """
+    """Run one job end to end; returns ``{"status", "run_id", "scalars"}``.  Raises
+    ConfigError (before any run exists), TrackingError (the store cannot be used, or stopped
+    answering), JobInterrupted (a signal: the run is KILLED, or FAILED at a time limit), or
+    whatever the task raised (the run is FAILED)."""
     interrupt.clear()
-    # a log record that cannot be written (a full disk under the job log) is dropped, not
-    # printed as a "--- Logging error ---" traceback (logging's advice for production)
-    logging.raiseExceptions = False
+    logging.raiseExceptions = False  # a log line a full disk refuses is dropped, no traceback
     ctx = job_context()
     checked = checked_job(cfg, ctx.override_list)  # the sweeper's check of this job, or now
     s = checked.settings
@@ -246,8 +199,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             return Job(checked, ctx, limit, previous.get(signal.SIGUSR2)).run()
     finally:
         if os.environ.get("SUBMITIT_EXECUTOR"):
-            # this process's one job is over: a late time-limit warning must neither requeue
-            # it (submitit's handler) nor kill it while it exits (Python's default at shutdown)
+            # the job is over: a late time-limit warning must neither requeue nor kill it
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
@@ -256,7 +208,7 @@ class Job:
 
     def __init__(self, checked: CheckedJob, ctx: JobContext, limit: _TimeLimit, requeue_handler: Any):
         self.s, self.ctx, self.limit, self.job_dir = checked.settings, ctx, limit, ctx.job_dir
-        # submitit's own USR2 handler (checkpoint + requeue) when running as a submitit job
+        # submitit's own USR2 handler (checkpoint + requeue)
         self.requeue_handler = requeue_handler if callable(requeue_handler) else None
         self.container, self.chash = checked.container, checked.config_hash
         self.device = resolve_device(self.s.device)

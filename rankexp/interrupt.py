@@ -1,15 +1,7 @@
-"""Interruption requests (SIGTERM, SIGINT, SIGHUP, submitit's USR2) as one contract.
-
-The job wrapper (:mod:`rankexp.app`) installs the signal handlers; long loops cooperate:
-
-* outside :func:`deferred`, a signal raises :class:`JobInterrupted` at once (a measurement has
-  nothing worth saving halfway);
-* inside ``with deferred():`` (the training loop), a signal only records the request; the loop
-  polls :func:`requested` once per step — a Python attribute read, no host sync — and at the
-  next step boundary writes its checkpoint and raises :class:`JobInterrupted` itself.
-
-Either way the exception reaches the job wrapper, which ends the MLflow run as KILLED.
-"""
+"""Interruption requests (SIGTERM, SIGINT, SIGHUP, submitit's USR2) as one contract: outside
+:func:`deferred` a signal raises :class:`JobInterrupted` at once; inside (the training loop) it
+only records the request, which the loop polls with :func:`requested` once per step, then
+checkpoints and raises :class:`JobInterrupted` itself.  The job ends its run KILLED."""
 
 from __future__ import annotations
 
@@ -24,9 +16,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
 
 class JobInterrupted(BaseException):  # noqa: N818 — a BaseException like KeyboardInterrupt
-    """The job was asked to stop by ``signal_name`` (e.g. ``SIGTERM``); raised by the handler or
-    by a loop that honoured a deferred request.  A ``BaseException`` so ``except Exception``
-    blocks in science code cannot swallow it."""
+    """The job was asked to stop by ``signal_name`` (e.g. ``SIGTERM``); a ``BaseException`` so
+    ``except Exception`` blocks cannot swallow it."""
 
     def __init__(self, signal_name: str):
         super().__init__(signal_name)
@@ -46,12 +37,12 @@ def request(signal_name: str) -> None:
 
 
 def requested() -> str | None:
-    """The pending request's signal name, or ``None`` (cheap: poll it once per step)."""
+    """The pending request's signal name, or ``None``."""
     return _State.requested
 
 
 def clear() -> None:
-    """Forget a pending request (a new job in the same process starts clean)."""
+    """Forget a pending request."""
     _State.requested = None
 
 
@@ -75,11 +66,8 @@ def installed(
     handlers: dict[int, Callable[[int, Any], None]] | None = None,
 ) -> Iterator[dict[int, Any]]:
     """Within this block every signal of :data:`SIGNALS` goes to :func:`handler` (or to
-    ``handlers[signum]``); yields the handlers they replace (e.g. submitit's USR2 handler,
-    which requeues a Slurm job) and restores them at exit.
-
-    Signal handlers live in the main thread only; elsewhere this installs nothing.
-    """
+    ``handlers[signum]``); yields the handlers they replace (e.g. submitit's USR2 handler) and
+    restores them at exit.  Outside the main thread this installs nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield {}
         return

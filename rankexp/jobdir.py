@@ -1,5 +1,5 @@
-"""A job's directory and its sweep's: the files rankexp writes there (atomically), and the job
-counts a sweep reports from them.  No MLflow here: a job without a store writes them too."""
+"""The files rankexp writes (atomically) in a job's directory and its sweep's, and the job
+counts a sweep reports from them.  No MLflow here."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ STATUS_FILE, RUN_FILE, JOURNAL_FILE, RESULT_DIR = "status.json", "run.json", "me
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (a reader sees the old
-    file or the new one; a failed write, raising OSError, leaves nothing behind)."""
+    """Write ``data`` to ``path`` through a temporary file and a rename (a failed write, raising
+    OSError, leaves nothing behind)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
@@ -58,8 +58,7 @@ def read_parent(sweep_dir: Path) -> dict[str, str] | None:
 
 
 def planned_job_dirs(sweep_dir: str | os.PathLike | None) -> list[Path]:
-    """Every job directory of a sweep's plan (the sweeper's :data:`NAMES_FILE`), those of jobs
-    that never started included."""
+    """Every job directory of a sweep's plan (:data:`NAMES_FILE`), started or not."""
     record = read_json(Path(sweep_dir) / NAMES_FILE) if sweep_dir else None
     return [Path(d) for d in (record or {}).get("job_dirs", [])]
 

@@ -1,24 +1,18 @@
-"""Run names that show what a sweep varies: ``post·α2·L96``, ``detached·L48``, ``n=512``.
-
-A job's name is built from the axes its sweep varies (the keys of Hydra's sweep overrides and
-``hydra.sweeper.params``), one short label per axis in the order the sweep lists them, so the
-lines of an MLflow chart legend differ exactly where their configs do; a ``model=``, ``norm=``
-or ``task=`` choice given on the command line leads (``norm=post alpha=1,2 depth=48,96`` →
-``post·α1·L48``).  A single run (nothing
-swept) is named by :func:`config_name` from its config.  The parent run of a sweep is named by
-experiment and start time (:func:`sweep_name`).
-"""
+"""Run names that show what a sweep varies: ``post·α2·L96``, ``detached·L48``, ``n=512``: one
+label per swept axis in the sweep's order, after a ``model=``/``norm=``/``task=`` choice given
+(``norm=post alpha=1,2 depth=48,96`` → ``post·α1·L48``).  A single run is named from its config
+(:func:`config_name`), a sweep's parent by experiment and start time (:func:`sweep_name`)."""
 
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from .knobs import KNOBS
 from .models.families import family_of
 
-#: swept key → label prefix (the value follows); ``""``: the value alone (a choice's name): the
-#: knobs' symbols (:data:`rankexp.knobs.KNOBS`) and the config groups a sweep can choose
+#: swept key → label prefix (the value follows; ``""``: the value alone)
 PREFIX = {**{k.key: k.symbol for k in KNOBS if k.symbol is not None},
           "norm": "", "model": "", "task": ""}
 #: values shown in the field's notation instead of the config's spelling
@@ -56,13 +50,8 @@ NAMED_CHOICES = ("model", "norm", "task")
 
 
 def job_name(overrides: Sequence[str], swept: Iterable[str]) -> str:
-    """The name of one job of a sweep: the choices of :data:`NAMED_CHOICES` it was given, then
-    a label per swept key, in the sweep's order.
-
-    Args:
-        overrides: the job's overrides (``["norm=post", "alpha=2", "depth=96"]``).
-        swept: the keys the sweep varies (other overrides, fixed for every job, are left out).
-    """
+    """The name of one job of a sweep from its ``overrides`` (``["norm=post", "alpha=2"]``): the
+    choices of :data:`NAMED_CHOICES` it was given, then a label per ``swept`` key, in order."""
     axes = list(dict.fromkeys(k.lstrip("+~") for k in swept))
     given = dict(split(o) for o in overrides)
     keys = [k for k in NAMED_CHOICES if k in given and k not in axes] + axes
@@ -70,22 +59,17 @@ def job_name(overrides: Sequence[str], swept: Iterable[str]) -> str:
 
 
 def job_names(jobs: Sequence[Sequence[str]], swept: Iterable[str], fallback: Sequence[str]) -> list[str]:
-    """Names of every job of a sweep, made distinct: a name shared by two jobs (values that read
-    the same, e.g. ``alpha=1`` and ``alpha=1.0``) gets ``#<job number>``; a job with no swept
-    axis takes its ``fallback`` (:func:`config_name`)."""
+    """Names of every job of a sweep, made distinct: a name shared by two jobs (``alpha=1`` and
+    ``alpha=1.0``) gets ``#<job number>``; a job with no swept axis takes its ``fallback``."""
     swept = list(swept)
     names = [job_name(o, swept) or fallback[i] for i, o in enumerate(jobs)]
-    seen: dict[str, int] = {}
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
+    seen = Counter(names)
     return [f"{n}{SEP}#{i}" if seen[n] > 1 else n for i, n in enumerate(names)]
 
 
 def config_name(s) -> str:
-    """A single run's name from its typed config (``rankexp.config.RankexpConfig``), as its
-    model family declares it: ``post·α1·β1·L48·d256`` (a sweep's jobs are named by the axes it
-    varies instead); ``model=gpt2``: ``gpt2·L12·d768``; ``model=cifar_resnet``:
-    ``resnet·L110·train``."""
+    """A single run's name from its typed config, as its model family declares it:
+    ``post·α1·β1·L48·d256``, ``gpt2·L12·d768``, ``resnet·L110·train``."""
     return family_of(s).run_name(s)
 
 
@@ -97,9 +81,8 @@ def sweep_name(experiment: str | None, size: str, started: datetime.datetime | N
 
 
 def lr_label(lr: float) -> str:
-    """A learning rate as a short label: ``lr1e-3``, ``lr3e-4``, ``lr2.5e-4`` below 0.01 (a
-    mantissa of ≤ 3 significant digits and the power of ten), ``lr0.01``, ``lr0.1``, ``lr1``
-    from there up (``:g``)."""
+    """A learning rate as a short label: ``lr1e-3``, ``lr2.5e-4`` below 0.01 (≤ 3 significant
+    digits), ``lr0.01``, ``lr1`` from there up."""
     if lr == 0 or abs(lr) >= 0.01:
         return f"lr{lr:g}"
     mantissa, exponent = f"{lr:.2e}".split("e")
@@ -107,6 +90,5 @@ def lr_label(lr: float) -> str:
 
 
 def member_name(run_name: str, lr: float) -> str:
-    """The run of one learning-rate member of a batched training run: its training run's name
-    and :func:`lr_label` (``post·α1·L48·train·lr1e-3``)."""
+    """A learning-rate member's run name: ``post·α1·L48·train·lr1e-3``."""
     return f"{run_name}{SEP}{lr_label(lr)}"

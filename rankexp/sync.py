@@ -30,7 +30,7 @@ log = logging.getLogger("rankexp.sync")
 
 
 def job_dirs(root: Path) -> list[Path]:
-    """Job directories under ``root`` (or ``root`` itself): folders holding a ``run.json``."""
+    """Folders holding a ``run.json`` under ``root`` (or ``root`` itself)."""
     return sorted({p.parent for p in [root / tracking.RUN_FILE, *root.rglob(tracking.RUN_FILE)]
                    if p.is_file()})
 
@@ -56,9 +56,8 @@ class Syncer:
 
     def sync(self, job_dir: Path) -> tuple[str, str | None]:
         """Log one job directory; returns ``(outcome, run_id)``: ``logged``, ``present``
-        (FINISHED in the store), ``held`` (a live run computes it now), ``no result``, ``no
-        store`` (tracking was off and no ``--uri``), ``store error`` (the run it began is
-        ended FAILED)."""
+        (FINISHED in the store), ``held`` (by a live run), ``no result``, ``no store`` (tracking
+        was off, no ``--uri``), ``store error`` (the run it began is ended FAILED)."""
         record = tracking.read_json(job_dir / tracking.RUN_FILE) or {}
         result = tracking.read_json(job_dir / tracking.RESULT_DIR / "result.json")
         status = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
@@ -109,8 +108,8 @@ class Syncer:
         return "logged", logger.run_id
 
     def _close_leftover(self, uri: str, status: dict, record: dict) -> None:
-        """The job's own run, still RUNNING in the store though its owner is gone, is closed
-        as its job directory says (KILLED if it says RUNNING)."""
+        """The job's own run, RUNNING though its owner is gone, is closed as its job directory
+        says (KILLED if it says RUNNING)."""
         if status.get("status") not in ("RUNNING", "FAILED", "KILLED") or not status.get("run_id"):
             return
         client = tracking._client(uri)
@@ -125,8 +124,8 @@ class Syncer:
                                status.get("error") or verdict[1], params=record.get("params"))
 
     def close_parent(self, sweep_dir: Path) -> str | None:
-        """Close a sweep's parent run whose sweep is over: its dead children closed first,
-        its job counts recounted, FINISHED when every job is, else FAILED."""
+        """Close the parent run of a sweep that is over (its dead children first, its job counts
+        recounted): FINISHED when every job is, else FAILED."""
         rec = tracking.read_parent(sweep_dir) or {}
         uri = self.store_of(rec.get("uri"))
         if not uri:

@@ -73,12 +73,12 @@ def test_sql_runs_table_equals_mlflow_search_runs(store, finished_only):
 def test_bulk_histories_equal_one_call_per_run_and_key(store):
     uri, ids = store["uri"], store["ids"] + [store["running"]]
     got = tracking.metric_histories(uri, ids, KEYS)
-    want = {}
+    mlflow_client, want = client(uri), {}
     for rid in ids:
         for k in KEYS:
-            steps, values = tracking.metric_history(uri, rid, k)
-            if steps.size:
-                want[(rid, k)] = (steps, values)
+            hist = sorted(mlflow_client.get_metric_history(rid, k), key=lambda m: m.step)
+            if hist:
+                want[(rid, k)] = (np.array([m.step for m in hist]), np.array([m.value for m in hist]))
     assert set(got) == set(want) and len(want) == 9  # 5 erank + 4 rms
     for k, (steps, values) in want.items():
         np.testing.assert_array_equal(got[k][0], steps)

@@ -196,10 +196,9 @@ def test_load_runs_gives_one_row_per_config_and_series_resolve_to_the_members(st
     # a member lacking the key falls back to none; an unknown lr is no member's
     runs_mod.forget()
     assert runs_mod.cached_series(uri, new.run_id, "train_loss_lr0.5") is None
-    # a run no load has seen is looked up (one SQL query, or a search per run on a server)
+    # a run no load has seen is looked up (one search per experiment)
     want = {new.run_id: {f"{lr:g}": m.info.run_id for lr, m in members.items()}}
-    for bulk in (True, False):
-        assert tracking.member_runs(uri, [new.run_id, old.run_id], bulk=bulk) == want
+    assert tracking.member_runs(uri, [new.run_id, old.run_id]) == want
 
 
 def test_kill_and_resume_end_with_the_uninterrupted_member_series_and_none_live_twice(

@@ -1,11 +1,9 @@
-"""The only package that talks to MLflow: :mod:`.core` (the store, names, provenance, the job
-directory, a job's run, claims, the sweep's parent, the user's active run) and :mod:`.read`
-(the analysis' read path); every public name is re-exported here.
+"""The only package that talks to MLflow: :mod:`.core` (store, runs, claims, sweeps) and
+:mod:`.read` (the analysis' read path), re-exported here with :mod:`rankexp.jobdir`.
 
 A run is one Hydra job, identified by its ``config_hash`` tag: a config with a FINISHED run
 is skipped; the earliest live claim (``rankexp.claim_time``) computes it; a RUNNING run whose
-process is gone from this host, or whose ``rankexp.heartbeat`` is older than
-``tracking.stale_after_s``, is closed KILLED by the next job, sweep or sync that meets it.
+owner is gone (process or heartbeat) is closed KILLED by the next job, sweep or sync.
 """
 
 from ..jobdir import *  # noqa: F403 — the job directory's files, for the same callers

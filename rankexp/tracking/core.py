@@ -1,8 +1,5 @@
-"""The store (which URI, whether it can be used, the experiment, the names MLflow accepts),
-where a run came from, the files a job leaves in its directory, a job's run
-(:class:`RunLogger`: its learning-rate members, its :class:`Journal`), the claim on a config,
-the runs of owners that are gone, the sweep's parent run (:class:`SweepRun`) and the caller's
-own active run (:func:`active_run_sink`)."""
+"""The store and its names, provenance, a job's run (:class:`RunLogger`), claims and expiry,
+the sweep's parent run (:class:`SweepRun`) and the caller's active run."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ class TrackingError(RuntimeError):
 
 
 class TrackingLost(TrackingError):
-    """The store failed a request once the job had begun; its result is in the job directory
-    (``python -m rankexp.sync`` logs it)."""
+    """The store failed a request once the job had begun (``python -m rankexp.sync`` logs it)."""
 
 
 def redact(text: str) -> str:
@@ -88,9 +84,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def configure_http(retries: int, timeout_s: int, backoff: int) -> None:
-    """Bound MLflow's clients: its ``MLFLOW_HTTP_REQUEST_*`` settings (its defaults spend
-    minutes on a dead server) and, for a database URI, its ``MAX_RETRY_COUNT`` connection
-    attempts, each bounded by libpq's ``PGCONNECT_TIMEOUT``."""
+    """Bound MLflow's HTTP retries and timeouts (its defaults spend minutes on a dead server)
+    and, for a database URI, its connection attempts (``PGCONNECT_TIMEOUT`` each)."""
     for key, value in (("MAX_RETRIES", retries), ("TIMEOUT", timeout_s), ("BACKOFF_FACTOR", backoff)):
         os.environ[f"MLFLOW_HTTP_REQUEST_{key}"] = str(value)
     os.environ.setdefault("PGCONNECT_TIMEOUT", str(max(2, timeout_s)))
@@ -107,11 +102,8 @@ def quiet_store_logs() -> None:
 
 
 def resolve_uri(uri: str | None, base_dir: str | os.PathLike | None = None) -> str:
-    """``uri`` → ``$MLFLOW_TRACKING_URI`` → ``sqlite:///<base_dir or cwd>/mlflow.db``.
-
-    Raises:
-        TrackingError: MLflow's file store (``file:`` or a bare path), which MLflow 3 deprecates.
-    """
+    """``uri`` → ``$MLFLOW_TRACKING_URI`` → ``sqlite:///<base_dir or cwd>/mlflow.db``;
+    TrackingError for MLflow's file store (``file:`` or a bare path), deprecated in MLflow 3."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or None
     if uri is None:
         return f"sqlite:///{Path(base_dir or os.getcwd()).resolve() / 'mlflow.db'}"
@@ -134,12 +126,9 @@ def _client(uri: str):
 
 
 def check_store(uri: str) -> None:
-    """Make sure the store answers before any run exists; a new SQLite file is created by
-    MLflow, and on a local disk switched to SQLite's write-ahead log (readers never block).
-
-    Raises:
-        TrackingError: one line naming the store (password masked), what is wrong, what to do.
-    """
+    """Make sure the store answers before any run exists; an SQLite file on a local disk is
+    switched to the write-ahead log (readers never block).  TrackingError: one line naming the
+    store (password masked), what is wrong, what to do."""
     db = _sqlite_path(uri)
     if uri.lower().startswith("sqlite:") and db is None:
         raise TrackingError(f"tracking URI {uri!r}: an SQLite store is sqlite:////absolute/path.db")
@@ -183,8 +172,8 @@ def _filesystem(path: Path) -> str:
 
 
 def experiment_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name an experiment, or ``None``: it is one path component (an
-    SQLite store keeps its artifacts in ``mlartifacts/<name>``) without control characters."""
+    """Why ``name`` cannot name an experiment (a path component without control characters:
+    an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or ``None``."""
     if not name or not name.strip():
         return "must be a non-empty name"
     if name != name.strip():
@@ -197,13 +186,8 @@ def experiment_name_problem(name: str) -> str | None:
 
 
 def prepare_experiment(uri: str, name: str, description: str | None = None) -> str:
-    """The id of experiment ``name`` (created, or restored if deleted); ``description`` becomes
-    its ``mlflow.note.content`` (the UI shows it above its runs).
-
-    Raises:
-        TrackingError: ``name`` is no experiment name, or its artifacts would leave the store's
-            artifact root.
-    """
+    """The id of experiment ``name`` (created, or restored if deleted), ``description`` its
+    note.  TrackingError: no experiment name, or its artifacts would leave the artifact root."""
     from mlflow.exceptions import MlflowException
     problem = experiment_name_problem(name)
     if problem:
@@ -236,10 +220,9 @@ _ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")  # what MLflow allows in metric 
 
 @functools.lru_cache(maxsize=4096)
 def metric_key(name: str) -> str:
-    """The MLflow metric name of quantity ``name``, the one mapping for writers and readers:
-    unchanged when MLflow accepts it; else an exponent's ``+`` dropped (``train_loss_lr1e+06``
-    → ``train_loss_lr1e06``), other refused characters → ``_``, ``/`` and leading dots → ``_``
-    where the name would resolve to another path; at most 250 characters."""
+    """The MLflow metric name of quantity ``name`` (for writers and readers): an exponent's ``+``
+    dropped (``lr1e+06`` → ``lr1e06``), refused characters → ``_``, ``/`` and leading dots →
+    ``_`` where the name would resolve to another path; at most 250 characters."""
     key = re.sub(r"(\d)[eE]\+(\d)", r"\1e\2", name)
     key = _ILLEGAL_KEY_CHARS.sub("_", key) or "_"
     norm = posixpath.normpath(key)
@@ -249,8 +232,8 @@ def metric_key(name: str) -> str:
 
 
 def user_tag_problem(key: str) -> str | None:
-    """Why ``key`` cannot be a ``tracking.tags`` key, or ``None``: a name MLflow accepts
-    unchanged (:func:`metric_key`) that rankexp does not write itself."""
+    """Why ``key`` cannot be a ``tracking.tags`` key (MLflow must accept it unchanged and
+    rankexp not write it itself), or ``None``."""
     if not key or metric_key(key) != key:
         return (f"is not a tag name MLflow accepts (letters, digits, '_-.:/ ', at most "
                 f"250 characters; e.g. {metric_key(key or '_')!r})")
@@ -261,17 +244,16 @@ def user_tag_problem(key: str) -> str | None:
 
 
 def split_seed_std(scalars: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
-    """``(metrics, tags)``: a scalar's seed spread ``<m>_std`` beside its mean ``<m>`` becomes
-    the tag ``seed_std.<m>`` (one UI chart per quantity, not two)."""
+    """``(metrics, tags)``: the seed spread ``<m>_std`` of a scalar ``<m>`` becomes the tag
+    ``seed_std.<m>`` (one UI chart per quantity)."""
     spread = {k for k in scalars if k.endswith("_std") and k[:-4] in scalars}
     return ({k: v for k, v in scalars.items() if k not in spread},
             {metric_key(f"{SEED_STD_PREFIX}{k[:-4]}"): repr(float(scalars[k])) for k in sorted(spread)})
 
 
-# --------------------------------------------------------------------------- provenance
 @functools.lru_cache(maxsize=1)
 def _git_state() -> tuple[str, str]:
-    """``(HEAD, "true"/"false" dirty)`` of rankexp's checkout (no process takes git's lock)."""
+    """``(HEAD, "true"/"false" dirty)`` of rankexp's checkout (without git's lock)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "--no-optional-locks", "-C", str(Path(__file__).parents[2]),
                                *args], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -304,7 +286,7 @@ def slurm_job_id() -> str | None:
 
 
 def _pid_start(pid: int) -> str | None:
-    """Start time of process ``pid`` (``/proc/PID/stat`` field 22), or None if there is none."""
+    """Start time of process ``pid`` (``/proc/PID/stat`` field 22), or None."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
@@ -320,14 +302,13 @@ def system_tags() -> dict[str, str]:
 
 
 def owner_tags() -> dict[str, str]:
-    """Who owns a run this process creates (host, pid and its start time, Slurm job) and a
-    first heartbeat: what tells a later job whether the owner is gone."""
+    """Who owns a run this process creates (host, pid, its start time, Slurm job) and a first
+    heartbeat: what tells a later job whether the owner is gone."""
     tags = {TAG_HOST: socket.gethostname(), TAG_PID: str(os.getpid()),
             TAG_PID_START: _pid_start(os.getpid()) or "", TAG_HEARTBEAT: str(int(time.time()))}
     return {**tags, TAG_SLURM: slurm_job_id()} if slurm_job_id() else tags
 
 
-# --------------------------------------------------------------------------- runs
 #: ``log(metrics, step)``: where a checkpoint's numbers go (:func:`active_run_sink`)
 Sink = Callable[[Mapping[str, float], int], None]
 #: tags of a training run its member runs do not inherit (a member is no job, no claimant)
@@ -340,7 +321,6 @@ def _param(v: Any) -> str:
 
 
 def _points(scalars: Mapping[str, float], series: Mapping[str, tuple] | None = None) -> list[list]:
-    """``[[key, step, value], …]``: scalars at step 0, series at their steps."""
     points = [[metric_key(k), 0, float(v)] for k, v in scalars.items()]
     for name, (steps, values) in (series or {}).items():
         points += [[metric_key(name), int(s), float(v)] for s, v in zip(steps, values, strict=True)]
@@ -368,11 +348,10 @@ def _member_points(steps: Any, metrics: Mapping[str, Any], members: int) -> list
 
 
 class RunLogger:
-    """One job's run: each point appended to the job directory's journal (``metrics.jsonl``,
-    what :mod:`rankexp.sync` replays), then sent in few requests (``create_run`` with every
-    tag, ``log_batch`` with what is pending, params on the first, one ``log_artifacts``).
-    After a failed request nothing more is sent (``lost`` says why) and :meth:`finish` raises
-    :class:`TrackingLost`.  A training run's learning rates are member runs nested under it."""
+    """One job's run: each point appended to the job's journal (``metrics.jsonl``, what
+    :mod:`rankexp.sync` replays), then sent in few requests.  After a failed request nothing
+    more is sent (``lost`` says why) and :meth:`finish` raises :class:`TrackingLost`.  A
+    training run's learning rates are member runs nested under it."""
 
     def __init__(self, uri: str | None, experiment_id: str | None, run_name: str,
                  params: dict[str, Any], tags: dict[str, str], journal: Path | None = None):
@@ -407,8 +386,7 @@ class RunLogger:
                 fh.write(json.dumps({"t": int(time.time() * 1000), **doc}) + "\n")
 
     def _guard(self, what: str, send: Callable[[], Any]) -> bool:
-        """``send()`` unless there is no run or the store failed before (a failure stops the
-        run's logging); whether it was sent."""
+        """``send()`` unless there is no run or the store failed before; whether it was sent."""
         if self.lost is not None or self.run_id is None:
             return False
         try:
@@ -429,8 +407,7 @@ class RunLogger:
         return len(points)
 
     def open_members(self, lrs: Sequence[float]) -> None:
-        """One member run per learning rate (in the model's member order), named
-        ``<run name>·lr1e-3``, with this run's params plus ``lr``."""
+        """One member run per learning rate (``<run name>·lr1e-3``, this run's params + ``lr``)."""
         self.member_lrs = [float(lr) for lr in lrs]
         self._write({"members": self.member_lrs})
 
@@ -461,8 +438,8 @@ class RunLogger:
                                               zip(self.members, per_member, strict=True) if p])
 
     def log_dataset(self, name: str, sha256: str, source: str, profile: dict, context: str = "train") -> bool:
-        """A data set the job reads as the run's dataset input (digest: 32 hex digits of
-        ``sha256``, MLflow keeps ≤ 36; the whole in the profile); whether the store took it."""
+        """A data set the job reads as the run's dataset input (digest: ``sha256[:32]``, the
+        whole in the profile); whether the store took it."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
         dataset = Dataset(name=name, digest=sha256[:32], source_type="local", source=json.dumps(
             {"uri": str(source)}), profile=json.dumps({**profile, "sha256": sha256}))
@@ -471,8 +448,7 @@ class RunLogger:
 
     @contextlib.contextmanager
     def system_metrics(self, every_s: float | None = None) -> Iterator[None]:
-        """MLflow's own system metrics (``system/…``: CPU, memory, GPU with nvidia-ml-py) every
-        ``every_s`` seconds (default 10; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` wins)."""
+        """MLflow's system metrics (``system/…``: CPU, memory, GPU) every ``every_s`` s (10)."""
         monitor = None
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         if self.run_id is not None and self.lost is None:
@@ -505,8 +481,8 @@ class RunLogger:
 
     def finish(self, scalars: dict[str, float], series: dict[str, tuple], artifact_dir: Path | None,
                tags: dict[str, str] | None = None, end_time: int | None = None) -> None:
-        """The final metrics (seed spreads as tags), the artifact folder, then FINISHED, the
-        members first; TrackingLost if the store failed a request (now or earlier)."""
+        """The final metrics (seed spreads as tags), the artifacts, then FINISHED (the members
+        first); TrackingLost if the store failed a request (now or earlier)."""
         def send() -> None:
             metrics, spread = split_seed_std(scalars)
             self._send(_points(metrics, series), {**spread, **(tags or {})})
@@ -520,8 +496,8 @@ class RunLogger:
             raise TrackingLost(f"tracking store {redact(self.uri)} failed a request ({self.lost})")
 
     def end(self, status: str, reason: str, message: str = "") -> bool:
-        """End the run and its members as ``status`` (tags ``rankexp.end_reason``, ``error``,
-        the params if no batch took them); False if it could not."""
+        """End the run and its members as ``status`` (with ``rankexp.end_reason``, ``error``);
+        False if it could not."""
         if self.run_id is None:
             return False
         for member in self.members:
@@ -565,9 +541,8 @@ def read_member_journal(path: Path) -> tuple[list[float], list[tuple[int, int, l
     return lrs, points
 
 
-# --------------------------------------------------------------------------- claims and expiry
 def find_finished(uri: str, experiment_id: str, config_hash: str) -> str | None:
-    """Id of a FINISHED run of ``config_hash`` in the experiment, or ``None`` (one query)."""
+    """Id of a FINISHED run of ``config_hash`` in the experiment, or ``None``."""
     runs = _client(uri).search_runs([experiment_id], max_results=1, filter_string=(
         f"tags.config_hash = '{config_hash}' and attributes.status = 'FINISHED'"))
     return runs[0].info.run_id if runs else None
@@ -592,7 +567,7 @@ def expired(run, stale_after_s: float) -> tuple[str, str] | None:
 def close_run(client, run_id: str, status: str, reason: str, message: str = "",
               params: dict[str, Any] | None = None, members: bool = True) -> None:
     """End a run that will not finish (``rankexp.end_reason``, ``error``, the ``params`` its
-    owner never sent), and its learning-rate member runs with it."""
+    owner never sent), with its member runs."""
     from mlflow.entities import Param, RunTag
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
     client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
@@ -608,9 +583,9 @@ def close_run(client, run_id: str, status: str, reason: str, message: str = "",
 
 def reconcile(uri: str, experiment_id: str, stale_after_s: float,
               parent_id: str | None = None) -> dict[str, tuple[str, str]]:
-    """Close KILLED the RUNNING runs of the experiment (or of one sweep: ``parent_id``) whose
-    owner is gone (:func:`expired`), with their members, and members whose training run has
-    ended; a sweep parent gets its job counts.  Returns ``{run_id: (status, reason)}``."""
+    """Close KILLED the RUNNING runs of the experiment (or sweep ``parent_id``) whose owner is
+    gone (:func:`expired`), and members whose training run has ended; a sweep parent gets its
+    job counts.  Returns ``{run_id: (status, reason)}``."""
     client = _client(uri)
     filt = "attributes.status = 'RUNNING'" + (f" and tags.mlflow.parentRunId = '{parent_id}'"
                                               if parent_id else "")
@@ -671,14 +646,12 @@ CLAIM_PENDING_S = 30.0
 
 def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_after_s: float,
           finished_counts: bool = True, ignore: Iterable[str] = ()) -> Claim:
-    """Claim ``config_hash`` for the just-created run ``run_id``: stamp the claim
-    (``rankexp.claim_time``, Unix ms, taken once the run is visible to every writer), then one
-    query for the config's runs.  A FINISHED one holds it (unless not ``finished_counts``:
-    ``tracking.force``); else the earliest stamp among live RUNNING runs wins (ties: the
-    smaller run id).  A rival whose owner is gone (:func:`expired`) is closed KILLED and holds
-    nothing; a rival created but not stamped yet is waited for (≤ :data:`CLAIM_PENDING_S`):
-    a rival this claimant did not see at all was created after its stamp, so stamps later.
-    ``ignore``: runs that are no rival (the earlier attempt of this very job)."""
+    """Claim ``config_hash`` for the just-created run ``run_id``: stamp ``rankexp.claim_time``
+    (Unix ms, once the run is visible), then query the config's runs.  A FINISHED one holds it
+    (if ``finished_counts``); else the earliest stamp among live RUNNING runs wins (ties: the
+    smaller id).  A rival whose owner is gone is closed KILLED; one not stamped yet is waited
+    for (≤ :data:`CLAIM_PENDING_S`); one not seen at all stamps later.  ``ignore``: no rivals
+    (the earlier attempt of this very job)."""
     client = _client(uri)
     stamp = client.get_run(run_id).data.tags.get(TAG_CLAIM)
     if stamp is None:
@@ -722,8 +695,7 @@ def _describe(r) -> str:
 
 
 def stand_down(uri: str, run_id: str, held: Claim) -> None:
-    """The run of a claimant that lost: KILLED ``stood_down`` (tag ``rankexp.stood_down_for``)
-    and soft-deleted: it never computed."""
+    """The run of a claimant that lost: KILLED ``stood_down`` and soft-deleted."""
     from mlflow.entities import RunTag
     client = _client(uri)
     client.log_batch(run_id, tags=[RunTag("rankexp.stood_down_for", held.holder or ""),
@@ -735,8 +707,7 @@ def stand_down(uri: str, run_id: str, held: Claim) -> None:
 
 @contextlib.contextmanager
 def Heartbeat(uri: str, run_id: str, every_s: float) -> Iterator[None]:  # noqa: N802 — a context
-    """While inside, a daemon thread refreshes the run's ``rankexp.heartbeat`` every ``every_s``
-    seconds (failures skipped: a run whose heartbeat stops expires after ``stale_after_s``)."""
+    """While inside, a thread refreshes the run's ``rankexp.heartbeat`` every ``every_s`` s."""
     stop = threading.Event()
 
     def beat() -> None:
@@ -751,7 +722,6 @@ def Heartbeat(uri: str, run_id: str, every_s: float) -> Iterator[None]:  # noqa:
         stop.set()
 
 
-# --------------------------------------------------------------------------- the sweep
 def log_counts(client, run_id: str, counts: Counter, seconds: float | None = None) -> None:
     """A sweep parent's ``jobs_<outcome>``, ``jobs_total`` (and ``sweep_seconds``) metrics."""
     from mlflow.entities import Metric
@@ -761,8 +731,7 @@ def log_counts(client, run_id: str, counts: Counter, seconds: float | None = Non
 
 
 class SweepRun:
-    """The parent run of one multirun (``rankexp.role=sweep``): opened once the sweep is valid,
-    closed with the true outcome of every job, after its dead children are closed."""
+    """The parent run of one multirun (``rankexp.role=sweep``), closed with every job's outcome."""
 
     def __init__(self, uri: str, experiment: str, sweep_dir: Path, job_dirs: list[Path],
                  overrides: str, heartbeat_s: float, stale_after_s: float, name: str | None = None,
@@ -776,8 +745,8 @@ class SweepRun:
         self.t0 = time.time()
 
     def open(self, config_hashes: Iterable[str] = (), resume: bool = True) -> None:
-        """Prepare the experiment, close its runs whose owners are gone, create the parent run
-        and record it in the sweep directory (:data:`~rankexp.jobdir.PARENT_FILE`) for the jobs."""
+        """Prepare the experiment, close its dead runs, create the parent run and record it in
+        the sweep directory (:data:`~rankexp.jobdir.PARENT_FILE`) for the jobs."""
         self.experiment_id = prepare_experiment(self.uri, self.experiment, self.description)
         reconcile(self.uri, self.experiment_id, self.stale_after_s)
         tags = {**self.user_tags, "sweep_id": str(self.sweep_dir), TAG_ROLE: "sweep",
@@ -794,9 +763,9 @@ class SweepRun:
                  self.experiment_id, self.run_id)
 
     def close(self, interrupted: str | None = None, grace_s: float = 10.0) -> tuple[str, Counter]:
-        """Close the children whose owners are gone (an interrupted sweep waits ``grace_s``
-        for live ones to close themselves), count the jobs and end the parent: KILLED if
-        interrupted, FAILED if a job failed, was killed or did not run, else FINISHED."""
+        """Close the dead children (an interrupted sweep waits ``grace_s`` for live ones), count
+        the jobs and end the parent: KILLED if interrupted, FAILED if a job failed, was killed or
+        did not run, else FINISHED."""
         self._heartbeat.close()
         closed: dict[str, tuple[str, str]] = {}
         end = time.monotonic() + (grace_s if interrupted else 0)
@@ -830,8 +799,7 @@ class SweepRun:
 
 
 def attach_files(uri: str, run_ids: Sequence[str], paths: Sequence[Path], folder: str = FIGURES_DIR) -> int:
-    """Log the files ``paths`` as artifacts of each run of ``run_ids`` under ``folder`` (the
-    analysis attaches a figure to the sweep parents of the runs drawn); returns how many."""
+    """Log ``paths`` as artifacts of each run of ``run_ids`` under ``folder``; returns how many."""
     client = _client(uri)
     for run_id in dict.fromkeys(run_ids):
         for p in paths:
@@ -839,10 +807,9 @@ def attach_files(uri: str, run_ids: Sequence[str], paths: Sequence[Path], folder
     return len(dict.fromkeys(run_ids)) * len(paths)
 
 
-# --------------------------------------------------------------------------- the user's own run
 def active_run_sink(required: bool, who: str = "rankexp") -> Sink | None:
-    """``log(metrics, step)`` into the active MLflow run (``with mlflow.start_run():``); without
-    one ``None``, or RuntimeError naming ``who`` when ``required``."""
+    """``log(metrics, step)`` into the active MLflow run; without one ``None`` (RuntimeError
+    naming ``who`` when ``required``)."""
     import mlflow
     if mlflow.active_run() is None:
         if required:

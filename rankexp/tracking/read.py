@@ -1,5 +1,4 @@
-"""The read path of the analysis: runs as a pandas table, metric histories in bulk, the
-experiments of a store, a run's artifacts."""
+"""The analysis' read path: runs as a table, metric histories in bulk, experiments, artifacts."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ from pathlib import Path
 
 from .core import ROLE_MEMBER, TAG_LR, TAG_ROLE, TrackingError, _client, redact, resolve_uri
 
-__all__ = ["MEMBERS_ATTR", "runs_table", "member_runs", "experiment_names", "metric_history",
-           "metric_histories", "download_artifact"]
+__all__ = ["MEMBERS_ATTR", "runs_table", "member_runs", "experiment_names", "metric_histories",
+           "download_artifact"]
 
 #: ``DataFrame.attrs`` key of :func:`runs_table`: ``{training run id: {lr tag: member run id}}``
 MEMBERS_ATTR = "members"
@@ -16,12 +15,10 @@ MEMBERS_ATTR = "members"
 
 def runs_table(experiments: list[str], uri: str | None = None, filter_string: str = "",
                finished_only: bool = True):
-    """The job runs of ``experiments`` (``mlflow.search_runs``' layout: ``run_id``, ``status``,
-    ``start_time``, ``end_time``, ``params.<k>``, ``metrics.<k>`` (last value), ``tags.<k>``;
-    newest first), sweep parents and learning-rate member runs left out: the members of the
-    table's training runs are in ``df.attrs[MEMBERS_ATTR]`` (``{run id: {f"{lr:g}": member
-    run id}}``).  TrackingError if none of the experiments exists.
-    """
+    """The job runs of ``experiments`` in ``mlflow.search_runs``' layout (``run_id``, ``status``,
+    ``params.<k>``, ``metrics.<k>`` (last value), ``tags.<k>``, …; newest first), without sweep
+    parents and member runs: those are in ``df.attrs[MEMBERS_ATTR]`` (``{run id: {f"{lr:g}":
+    member run id}}``).  TrackingError if none of the experiments exists."""
     import mlflow
     import pandas as pd
     uri = resolve_uri(uri)
@@ -47,20 +44,14 @@ def runs_table(experiments: list[str], uri: str | None = None, filter_string: st
     return df
 
 
-def member_runs(uri: str | None, run_ids: list[str], bulk: bool = True) -> dict[str, dict[str, str]]:
+def member_runs(uri: str | None, run_ids: list[str]) -> dict[str, dict[str, str]]:
     """``{training run id: {rankexp.lr tag: member run id}}`` of the active member runs of
-    ``run_ids`` (runs without members are absent): one search per experiment (``bulk``), or
-    one per run."""
+    ``run_ids`` (runs without members are absent), one search per experiment."""
     client = _client(resolve_uri(uri))
     wanted, out = set(run_ids), {}
-    role = f"tags.`{TAG_ROLE}` = '{ROLE_MEMBER}'"
-    if bulk:
-        queries = [(e, role) for e in {client.get_run(r).info.experiment_id for r in wanted}]
-    else:
-        queries = [(client.get_run(r).info.experiment_id, f"{role} and tags.mlflow.parentRunId = '{r}'")
-                   for r in run_ids]
-    for exp, filt in queries:
-        for m in client.search_runs([exp], filter_string=filt, max_results=50_000):
+    for exp in {client.get_run(r).info.experiment_id for r in wanted}:
+        for m in client.search_runs([exp], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_MEMBER}'",
+                                    max_results=50_000):
             parent = m.data.tags.get("mlflow.parentRunId")
             if parent in wanted:
                 out.setdefault(parent, {})[m.data.tags.get(TAG_LR, "")] = m.info.run_id
@@ -77,13 +68,6 @@ def experiment_names(uri: str | None = None) -> list[str]:
                 if client.search_runs([e.experiment_id], max_results=1)]
     except MlflowException as e:
         raise TrackingError(f"cannot list the experiments of {redact(resolve_uri(uri))}: {e}") from None
-
-
-def metric_history(uri: str | None, run_id: str, key: str):
-    """``(steps, values)`` of one metric series of one run, sorted by step."""
-    import numpy as np
-    hist = sorted(_client(resolve_uri(uri)).get_metric_history(run_id, key), key=lambda m: m.step)
-    return np.array([m.step for m in hist]), np.array([m.value for m in hist])
 
 
 def metric_histories(uri: str | None, run_ids: list[str], keys: list[str]):
