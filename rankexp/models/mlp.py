@@ -156,7 +156,41 @@ class Block(nn.Module):
         return self.res_norm(s)
 
 
-class ResidualMLP(nn.Module):
+class Stack(nn.Module):
+    """What the stacks on one stream share (:class:`ResidualMLP`,
+    :class:`~rankexp.models.plain.PlainNet`): members, skips, the trajectory."""
+
+    @property
+    def members(self) -> int:
+        return len(self.seeds)
+
+    def has_skip(self, layer: int) -> bool:
+        """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""
+        return self.skip_every > 0 and layer % self.skip_every == 0
+
+    def skip_source(self, layer: int) -> int:
+        """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
+        return layer - self.skip_every
+
+    def walk(self, upto: int | None = None) -> Iterator[tuple[int, nn.Module]]:
+        """Yield ``(l, block)`` for l = 1…upto (default L), in order."""
+        yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
+
+    def forward(self, h0: Tensor, **kw) -> Tensor:
+        """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
+        return self.trajectory(h0, **kw)[-1]
+
+    def trajectory(self, h0: Tensor, upto: int | None = None, **kw) -> list[Tensor]:
+        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``;
+        ``kw`` go to each block."""
+        hs = [h0]
+        for l, block in self.walk(upto):
+            skip = hs[self.skip_source(l)] if block.has_skip else None
+            hs.append(block(hs[-1], skip, **kw))
+        return hs
+
+
+class ResidualMLP(Stack):
     """A stack of L blocks on a width-d residual stream (the study, Eq. 17).
 
     Args:
@@ -243,21 +277,9 @@ class ResidualMLP(nn.Module):
         self.reset_parameters()
 
     @property
-    def members(self) -> int:
-        return len(self.seeds)
-
-    @property
     def nominal_ratio(self) -> float:
         """βα^M, the nominal branch-to-skip ratio (Eq. 21 at ‖h‖ = √d)."""
         return nominal_ratio(self.beta_eff, self.alpha, self.matrices)
-
-    def has_skip(self, layer: int) -> bool:
-        """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""
-        return self.skip_every > 0 and layer % self.skip_every == 0
-
-    def skip_source(self, layer: int) -> int:
-        """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
-        return layer - self.skip_every
 
     def _targets(self, blocks: Sequence[int]) -> list[tuple[Tensor, int, float]]:
         """``(weight, draw number, α/√fan_in)`` of every matrix of the blocks at these 0-based
@@ -310,10 +332,6 @@ class ResidualMLP(nn.Module):
                 for buf in self._buffers_streamed.values():
                     buf.fill_(float("nan"))
 
-    def forward(self, h0: Tensor) -> Tensor:
-        """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
-        return self.trajectory(h0)[-1]
-
     def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
         reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
@@ -323,11 +341,3 @@ class ResidualMLP(nn.Module):
             window[l] = block(window[l - 1], skip)
             window.pop(l - keep, None)
             yield l, window[l]
-
-    def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
-        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
-        hs = [h0]
-        for l, block in self.walk(upto):
-            skip = hs[self.skip_source(l)] if block.has_skip else None
-            hs.append(block(hs[-1], skip))
-        return hs

@@ -25,14 +25,14 @@ interface of :class:`~rankexp.models.mlp.ResidualMLP` (``has_skip``, ``branch``,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..seeding import normal_many_
 from .activations import activation_fn
-from .mlp import effective_beta
+from .mlp import Stack, effective_beta
 from .norms import NORM_FNS
 from .norms import identity as _identity
 from .spec import nominal_ratio
@@ -136,7 +136,7 @@ class PlainLayer(nn.Module):
         return skip + s
 
 
-class PlainNet(nn.Module):
+class PlainNet(Stack):
     """A depth-L plain (or residual) mean-field network on width n (the chapter, 215).
 
     Args:
@@ -207,10 +207,6 @@ class PlainNet(nn.Module):
         self.reset_parameters()
 
     @property
-    def members(self) -> int:
-        return len(self.seeds)
-
-    @property
     def sigma_w(self) -> float:
         return self.alpha
 
@@ -218,13 +214,6 @@ class PlainNet(nn.Module):
     def nominal_ratio(self) -> float:
         """β σ_w on residual networks, σ_w on plain ones (the study's βα^M with M = 1)."""
         return nominal_ratio(self.beta_eff if self.skip_every else 1.0, self.alpha, 1)
-
-    def has_skip(self, layer: int) -> bool:
-        """Whether layer ``layer`` (1-based) adds the identity skip from ``h_{layer−k}``."""
-        return self.skip_every > 0 and layer % self.skip_every == 0
-
-    def skip_source(self, layer: int) -> int:
-        return layer - self.skip_every
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -239,24 +228,3 @@ class PlainNet(nn.Module):
         if orthogonal:
             for layer in self.blocks:
                 layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
-
-    def walk(self, upto: int | None = None) -> Iterator[tuple[int, PlainLayer]]:
-        """Yield ``(l, layer)`` for l = 1…upto (default L), in order (as
-        :meth:`rankexp.models.mlp.ResidualMLP.walk`; the weights are all drawn)."""
-        yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
-
-    def forward(self, h0: Tensor, *, detach_stats: bool = False) -> Tensor:
-        """``h_L`` for inputs ``h0`` ``(E, B, n)``."""
-        return self.trajectory(h0, detach_stats=detach_stats)[-1]
-
-    def trajectory(self, h0: Tensor, upto: int | None = None, *,
-                   detach_stats: bool = False) -> list[Tensor]:
-        """``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, n)``.
-
-        ``detach_stats`` is passed to :func:`batchnorm` (no effect without batchnorm).
-        """
-        hs = [h0]
-        for l, layer in self.walk(upto):
-            skip = hs[self.skip_source(l)] if layer.has_skip else None
-            hs.append(layer(hs[-1], skip, detach_stats=detach_stats))
-        return hs
