@@ -1,25 +1,13 @@
-"""Plain mean-field networks of the textbook chapter (215), ensemble-native.
-
-One :class:`PlainNet` covers the chapter's signal-propagation experiments::
+"""Plain mean-field networks of the textbook chapter (215), ensemble-native::
 
     h_l = W_l φ(N(h_{l−1})) + b_l                         (plain, skip_every = 0; 215.1–215.3)
     h_l = h_{l−1} + β (W_l φ(N(h_{l−1})) + b_l)           (residual, skip_every = 1)
 
-* **Weights** ``W_l ∈ R^{n×n}``: Gaussian ``N(0, σ_w²/n)`` or scaled orthogonal ``σ_w Q``
-  (Q Haar-distributed); **biases** ``b_l ~ N(0, σ_b²)``.  σ_w is the ``alpha`` knob, σ_b
-  ``bias``, β ``beta`` (depth-scaled by ``beta_scaling``; the chapter's residual "branch gain
-  α" is β here).
-* **N**: the identity (``norm=none``) or a norm op before φ (``norm=pre``): the per-sample ops
-  of :mod:`rankexp.models.norms` or :func:`batchnorm`.
-* The input ``h_0`` is the zeroth preactivation, so layer 1 already applies φ and every layer
-  is the same map (``∂h_L/∂h_0 = Π_l W_l D_{l−1}``, 215.7); the output is the last
-  preactivation ``h_L``.  Under ``task=train`` the stack sits between the input projection
-  3072 → n and the head n → 10 (:class:`rankexp.models.classifier.Classifier`).
-
-Every parameter carries a leading member axis E, activations are ``(E, B, n)``, and member e
-holds the parameters of the one-member network of its seed.  Each layer exposes the ``Block``
-interface of :class:`~rankexp.models.mlp.ResidualMLP` (``has_skip``, ``branch``,
-``res_norm``, ``forward(x, skip)``), so the per-sample probes also run on plain networks.
+Weights Gaussian ``N(0, σ_w²/n)`` or ``σ_w Q`` (Q Haar), biases ``N(0, σ_b²)``; σ_w is the
+``alpha`` knob, σ_b ``bias``; N the identity or a norm op before φ (:func:`batchnorm` too).
+``h_0`` is the zeroth preactivation, so every layer is the same map (∂h_L/∂h_0 = Π_l W_l
+D_{l−1}, 215.7).  Parameters carry a leading member axis E; each layer has the ``Block``
+interface of :class:`~rankexp.models.mlp.ResidualMLP`, so the per-sample probes run on it.
 """
 
 from __future__ import annotations
@@ -140,20 +128,12 @@ class PlainNet(Stack):
     """A depth-L plain (or residual) mean-field network on width n (the chapter, 215).
 
     Args:
-        width: n (every layer n → n).
-        depth: L ≥ 1 layers.
-        activation: φ, one of :data:`rankexp.models.activations.ACTIVATIONS` (not swiglu).
-        alpha: σ_w > 0; Gaussian weights ``N(0, σ_w²/n)``, orthogonal ``σ_w Q``.
-        bias: σ_b ≥ 0; biases ``N(0, σ_b²)`` (drawn even at σ_b = 0, so every σ_b of a sweep
-            sees the same random numbers).
-        init: ``gaussian`` or ``orthogonal`` (:data:`INITS`).
-        norm_op: ``None`` (no norm) or one of :data:`PLAIN_NORM_OPS`, applied before φ.
-        beta: branch gain β of residual layers, before ``beta_scaling``.
-        beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
+        width, depth: n (every layer n → n), L ≥ 1.  activation: φ (not swiglu).
+        alpha: σ_w > 0.  bias: σ_b ≥ 0 (drawn even at σ_b = 0: a σ_b sweep shares its numbers).
+        init: of :data:`INITS`.  norm_op: ``None`` or one of :data:`PLAIN_NORM_OPS`, before φ.
+        beta, beta_scaling: the residual layers' branch gain β and its depth scaling.
         skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
-        seeds: one seed per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed
-            (:func:`rankexp.seeding.normal_many_`).
-        dtype, device: where the parameters live.
+        seeds: one per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed.
 
     Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
 
