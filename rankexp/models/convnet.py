@@ -48,12 +48,9 @@ def blocks_per_stage(depth: int) -> int:
 
 
 class MemberConv(nn.Module):
-    """A biasless 3×3 conv (padding 1) for E members: weight ``(E, c_out, c_in, 3, 3)``.
-
-    ``shared_input=True`` (the stem): every member sees the same ``(B, c_in, H, W)`` input, one
-    dense conv makes all ``E·c_out`` channels. Otherwise the input is ``(B, E·c_in, H, W)``
-    and member e's channels are block e (a grouped conv, ``groups=E``).
-    """
+    """A biasless 3×3 conv (padding 1) for E members: weight ``(E, c_out, c_in, 3, 3)``; input
+    ``(B, c_in, H, W)`` shared by the members (``shared_input``: the stem) or ``(B, E·c_in, H, W)``
+    (a grouped conv, ``groups=E``)."""
 
     def __init__(self, members: int, c_in: int, c_out: int, stride: int = 1, *,
                  shared_input: bool = False, dtype=torch.float32, device="cpu"):
