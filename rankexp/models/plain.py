@@ -35,15 +35,9 @@ __all__ = ["BN_EPS", "INITS", "PLAIN_NORM_OPS", "PlainLayer", "PlainNet", "batch
 
 
 def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
-    """Batch normalization at gain 1, no shift, training-mode statistics over the batch axis.
-
-    ``(x − mean_B x) / sqrt(var_B x + ε)`` per feature, biased variance, ε = :data:`BN_EPS`.
-
-    Args:
-        x: ``(..., B, n)``; statistics run over axis −2 (the batch of probe inputs).
-        detach_stats: treat the batch mean and variance as constants in autograd: the same
-            forward values, but each output then depends on its own input only (the network
-            as a function of one input at the batch's statistics; the ``shattered`` probe).
+    """Batch normalization at gain 1, no shift: ``(x − mean_B x) / sqrt(var_B x + ε)`` per
+    feature over axis −2 of ``x`` ``(..., B, n)``, biased variance, ε = :data:`BN_EPS`;
+    ``detach_stats``: the batch statistics are constants in autograd (the ``shattered`` probe).
 
     Raises:
         ValueError: no batch axis, or a batch of one (its statistics are degenerate).
@@ -61,12 +55,8 @@ def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
 
 
 def haar_orthogonal(g: Tensor) -> Tensor:
-    """Haar-distributed orthogonal matrices ``(…, n, n)`` from square Gaussian draws ``g``
-    (QR, sign-fixed; batched over the leading axes).
-
-    ``g = QR``; multiplying column j of Q by ``sign(R_jj)`` makes the law exactly Haar
-    (Mezzadri 2007), so orthogonal weights use the same random numbers as Gaussian ones.
-    """
+    """Haar-distributed orthogonal matrices ``(…, n, n)`` from square Gaussian draws ``g``:
+    ``g = QR``, column j of Q times ``sign(R_jj)`` (Mezzadri 2007)."""
     q, r = torch.linalg.qr(g)
     diag = torch.diagonal(r, dim1=-2, dim2=-1)  # (…, n): batched over members
     return q * torch.sign(diag).where(diag != 0, 1.0).unsqueeze(-2)
