@@ -1,9 +1,6 @@
 """The knob table: each config knob once — its key, default, run-name symbol, TeX label and help
-— and the one error a refused value raises (:class:`ConfigError`).
-
-The bottom of the config: the schema's defaults (:mod:`rankexp.config.schema`), ``--help``,
-run names (``symbol``: ``alpha=2`` → ``α2``) and figure labels (``tex``) all read it.  Imports
-nothing (no torch, mlflow or Hydra).
+(the schema's defaults, ``--help``, run names and figure labels read it) — and the one error a
+refused value raises (:class:`ConfigError`).  Imports nothing (no torch, mlflow or Hydra).
 """
 
 from __future__ import annotations
@@ -31,14 +28,12 @@ class Knob:
     """One config knob.
 
     Attributes:
-        key: the dotted config key (``depth``, ``norm.op``, ``task.steps``).
-        default: the default value as written on a command line (enums by name; ``None`` =
-            ``null``).
-        help: what it means, one line of plain text (``--help``).
+        key: the dotted config key (``norm.op``).  default: as written on a command line.
+        help: one line of plain text (``--help``).
         symbol: run-name label prefix of a swept axis (``L`` → ``L48``); ``""``: the value alone
-            (``post``, ``relu``); ``None``: ``<last key part>=<value>`` (``steps=300``).
-        tex: the figure label (mathtext), or None: the key, readable (underscores as spaces).
-        task: the task that reads it (``train``: listed as a training knob), None: every task.
+            (``post``); ``None``: ``<last key part>=<value>`` (``steps=300``).
+        tex: the figure label (mathtext), or None: the key, readable.
+        task: the task that reads it, None: every task.
     """
 
     key: str
@@ -140,11 +135,7 @@ BY_KEY: dict[str, Knob] = {k.key: k for k in KNOBS}
 
 
 def default(key: str) -> Any:
-    """The default of knob ``key`` (a fresh copy of a list).
-
-    Raises:
-        KeyError: ``key`` is not a knob of :data:`KNOBS`.
-    """
+    """The default of knob ``key`` (a fresh copy of a list); KeyError for an unknown key."""
     value = BY_KEY[key].default
     return list(value) if isinstance(value, list) else value
 

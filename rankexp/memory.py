@@ -1,12 +1,9 @@
 """How much memory a measurement needs, and how much the device has — without torch.
 
-The per-seed estimate (:func:`seed_bytes`: the weights plus the largest working set of the
-chosen probes, :mod:`rankexp.probes.catalog`) decides the seed chunks of ``task=measure``
-within the job's budget (:func:`chunking`, :func:`memory_budget`); before any run exists,
-:func:`rankexp.config.checks.check_fits` refuses a config whose single seed cannot fit the device
-at all, and a training run whose probes (every learning rate at once, :func:`probe_bytes`)
-cannot.  It is measured against the process's peak RSS on the CPU (and CUDA's allocator on a
-GPU) in tests/test_memory.py.
+The per-seed estimate (:func:`seed_bytes`: weights plus the largest working set of the chosen
+probes) decides the seed chunks of ``task=measure`` (:func:`chunking`); before any run,
+:func:`rankexp.config.checks.check_fits` refuses a seed (or a training run's probes,
+:func:`probe_bytes`) that cannot fit the device.  tests/test_memory.py measures it.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from .models.families import family_of
 from .probes import PROBES
 from .probes.catalog import ConvShape, ModelShape
 
-#: a typed config (:class:`rankexp.config.RankexpConfig`)
-RankexpConfig = Any
+RankexpConfig = Any  # a typed config (rankexp.config.RankexpConfig)
 
 #: bytes per number of the config's ``dtype``
 ITEMSIZE = {"float32": 4, "float64": 8}
@@ -53,11 +49,8 @@ def model_shape(s: RankexpConfig, device: str | None = None) -> ModelShape | Con
 
 def streams_weights(s: RankexpConfig) -> bool:
     """Whether ``task=measure`` draws this config's weights block by block as the forward sweep
-    reaches them (one block's weights in memory, no first touch of L blocks' worth): on the CPU
-    (on a GPU the whole draw is a few kernels, and a draw per block would wait for the device
-    inside the sweep), its family streams (:attr:`~rankexp.models.families.base.Family.streams`)
-    and every probe reads the weights only through that one sweep
-    (:attr:`~rankexp.probes.catalog.Probe.streams`)."""
+    reaches them: on the CPU (on a GPU a draw per block would wait for the device), when its
+    family and every probe stream (``Family.streams``, ``Probe.streams``)."""
     return (s.task.name == "measure" and device_type(s.device) == "cpu" and family_of(s).streams
             and all(PROBES[p].streams for p in s.task.probes))
 
@@ -81,13 +74,14 @@ def seed_bytes(s: RankexpConfig, device: str | None = None) -> float:
             + max(PROBES[p].memory(shape, s.task.options) for p in s.task.probes))
 
 
-def _meminfo(key: str) -> float | None:
+def _meminfo(key: str, pages: str) -> float:
+    """``/proc/meminfo``'s ``key`` in bytes, else ``sysconf``'s ``pages`` × the page size."""
     try:
         with open("/proc/meminfo") as f:
             info = dict(line.split(":", 1) for line in f)
         return float(info[key].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
-        return None
+        return float(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"))
 
 
 def total_memory_bytes(device: str) -> tuple[float, str]:
@@ -98,10 +92,7 @@ def total_memory_bytes(device: str) -> tuple[float, str]:
         index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         return float(props.total_memory), f"cuda:{index} ({props.name})"
-    total = _meminfo("MemTotal")
-    if total is None:
-        total = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    return total, "this machine's RAM"
+    return _meminfo("MemTotal", "SC_PHYS_PAGES"), "this machine's RAM"
 
 
 def free_memory_bytes(device: str) -> float:
@@ -110,8 +101,7 @@ def free_memory_bytes(device: str) -> float:
         import torch
 
         return float(torch.cuda.mem_get_info(device if device != "auto" else None)[0])
-    free = _meminfo("MemAvailable")
-    return free if free is not None else float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return _meminfo("MemAvailable", "SC_AVPHYS_PAGES")
 
 
 #: what a job may plan to use of the free memory it finds when no cap is set (and at most, with one)
@@ -119,13 +109,9 @@ FREE_FRACTION = 0.8
 
 
 def memory_budget(s: RankexpConfig, device: str) -> tuple[float, str]:
-    """``(bytes, what)``: the memory the seeds of one chunk may use on ``device``.
-
-    ``task.max_memory_gb`` (default in rankexp/knobs.py: a fixed cap, so one job on a
-    shared machine does not plan to take most of it, issue 19 row 8), never more than
-    :data:`FREE_FRACTION` of the memory free now; ``null``: that fraction of the free memory
-    (a machine that is yours).  ``what`` says which bound decided, for the job's log.
-    """
+    """``(bytes, what)``: the memory the seeds of one chunk may use on ``device`` —
+    ``task.max_memory_gb``, never more than :data:`FREE_FRACTION` of the free memory (``null``:
+    that fraction); ``what`` says which bound decided, for the job's log."""
     free = FREE_FRACTION * free_memory_bytes(device)
     cap = s.task.max_memory_gb
     if cap is None:

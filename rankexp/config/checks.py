@@ -1,11 +1,7 @@
-"""Every check before a run: what can be known about a job before its MLflow run exists.
-
-Keys (:func:`check_override_keys` on the command line, :func:`check_keys` on the composed
-config); values and every rule across them — ranges, the model family's rules, which probes
-run on which family and task, and the family-only knobs (:func:`validate`); input paths
-(:func:`check_paths`); the device and whether one seed fits its memory (:func:`check_fits`);
-whether each override is used.  :func:`check_job` runs them all; the sweeper checks each job
-once (:data:`CHECKED_JOBS`, :func:`checked_job`).  The schema holds no rule of its own.
+"""Every check before a run: what can be known about a job before its MLflow run exists —
+keys (command line and composed config), values and every rule across them (:func:`validate`),
+input paths, the device and memory, whether each override is used (:func:`check_job` runs them
+all).  The sweeper checks each job once (:data:`CHECKED_JOBS`).  The schema holds no rule.
 """
 
 from __future__ import annotations
@@ -222,16 +218,10 @@ def _check_tracking(t: Any) -> None:
                   f"must be at least twice tracking.heartbeat_s={t.heartbeat_s}")
 
 
-# --------------------------------------------------------------------------- family × probe × task
-_VERB = {"train": "train", "measure": "measure"}
-
-
 def check_family(s: RankexpConfig) -> None:
-    """A config against its model family and its probes: each probe accepts the task
-    (``lesion``: a trained network) and the family; the family accepts the task; the family's
-    own rules (cifar_resnet: depth 6n+2; gpt2: heads, one pretrained network of its shape;
-    plain: its norm, one matrix, a batch for batchnorm); no setting only ``model=plain`` has
-    (σ_b, orthogonal init, batchnorm) under another family.
+    """A config against its model family and its probes: each probe accepts the task and the
+    family; the family accepts the task; the family's own rules; no setting only
+    ``model=plain`` has (σ_b, orthogonal init, batchnorm) under another family.
 
     Raises:
         ConfigError: the first rule broken, naming key, value and what is allowed.
@@ -244,7 +234,7 @@ def check_family(s: RankexpConfig) -> None:
                       f"runs with task={'|'.join(sorted(PROBES[p].tasks))}")
     if task not in fam.tasks:
         raise bad("task", task, f"model={fam.name} runs {', '.join('task=' + t for t in fam.tasks)} "
-                  f"only; it does not {_VERB.get(task, 'run task=' + task)}")
+                  f"only; it does not {task if task in ('train', 'measure') else 'run task=' + task}")
     foreign = [p for p in probes if fam.name not in PROBES[p].families]
     if foreign:
         needs = sorted({f for p in foreign for f in PROBES[p].families})
@@ -260,8 +250,7 @@ def check_family(s: RankexpConfig) -> None:
     if fam.name == "plain":
         _check_plain(s, probes)
     else:
-        for key, value, rule in _plain_only(s):
-            raise bad(key, value, rule)
+        _refuse_plain_only(s)
 
 
 def _check_gpt2(s: RankexpConfig) -> None:
@@ -298,22 +287,20 @@ def _check_plain(s: RankexpConfig, probes: list[str]) -> None:
                   "batchnorm needs a batch; use correlation, gradient_norms, shattered")
 
 
-def _plain_only(s: RankexpConfig) -> list[tuple[str, Any, str]]:
+def _refuse_plain_only(s: RankexpConfig) -> None:
     """The settings only a plain net has, where ``s`` uses them: σ_b, orthogonal init, batchnorm."""
-    out = []
     if s.bias != 0:
-        out.append(("bias", s.bias, "biases (σ_b) exist only in model=plain (add model=plain)"))
+        raise bad("bias", s.bias, "biases (σ_b) exist only in model=plain (add model=plain)")
     if s.init.value != "gaussian":
-        out.append(("init", s.init.value, "orthogonal weights exist only in model=plain "
-                    "(add model=plain)"))
+        raise bad("init", s.init.value, "orthogonal weights exist only in model=plain "
+                  "(add model=plain)")
     if s.norm.op.value == "batchnorm":
-        out.append(("norm.op", "batchnorm", "batch normalization exists only in model=plain "
-                    "(add model=plain norm=pre)"))
+        raise bad("norm.op", "batchnorm", "batch normalization exists only in model=plain "
+                  "(add model=plain norm=pre)")
     for slot in ("pre", "out", "post"):
         if getattr(s.norm, slot).value == "batchnorm":
-            out.append((f"norm.{slot}", "batchnorm", "batch normalization exists only in "
-                        "model=plain (add model=plain norm=pre norm.op=batchnorm)"))
-    return out
+            raise bad(f"norm.{slot}", "batchnorm", "batch normalization exists only in "
+                      "model=plain (add model=plain norm=pre norm.op=batchnorm)")
 
 
 #: a Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``)
@@ -321,9 +308,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def check_pretrained(pretrained: str) -> None:
-    """``model.pretrained`` names a local checkpoint directory (``save_pretrained``'s, with its
-    ``config.json``) or a hub id (``gpt2``, ``openai-community/gpt2-medium``); a path that is
-    neither is refused before any run exists (not as a Hugging Face traceback after one).
+    """``model.pretrained`` names a local checkpoint directory (with its ``config.json``) or a
+    hub id (``gpt2``, ``openai-community/gpt2-medium``); anything else is refused before any run.
 
     Raises:
         ConfigError: the value, what was found there and what belongs there.
@@ -344,12 +330,10 @@ def check_pretrained(pretrained: str) -> None:
                   "gpt2 or openai-community/gpt2-medium")
 
 
-# --------------------------------------------------------------------------- memory
 def check_fits(s: RankexpConfig) -> None:
-    """Refuse a measurement whose single seed cannot fit the device at all (seeds are chunked
-    down to one, never below): the estimate (:func:`rankexp.memory.seed_bytes`) against the
-    device's whole memory — and a training run with probes during training whose learning
-    rates, probed at once (:func:`rankexp.memory.probe_bytes`), cannot.
+    """Refuse a measurement whose single seed cannot fit the device's whole memory
+    (:func:`rankexp.memory.seed_bytes`), and a training run whose learning rates, probed at
+    once during training (:func:`rankexp.memory.probe_bytes`), cannot.
 
     Raises:
         ConfigError: the estimate, what it is made of and the limit.
@@ -379,7 +363,6 @@ def check_fits(s: RankexpConfig) -> None:
             "with more memory (seeds already run one at a time when they must)")
 
 
-# --------------------------------------------------------------------------- checks before a run
 def _unknown(key: str, where: str, allowed: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], allowed, n=1, cutoff=0.6)
     hint = f"did you mean '{where}{close[0]}'? " if close else ""
@@ -389,23 +372,27 @@ def _unknown(key: str, where: str, allowed: Sequence[str]) -> ConfigError:
     )
 
 
-def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None:
-    """Refuse a command-line key that no config of the schema has (``deph=4``, ``+deph=4``,
-    ``task.stepz=5``), before Hydra composes anything, with a did-you-mean suggestion.
-
-    Hydra's own message for ``deph=4`` advises ``+deph=4``, which would run the defaults with a
-    stray key; this check knows the schema.  Group choices (``norm=post``), ``hydra.*`` and
-    keys under dict fields (``task.options``) pass; values are checked after composition.
-
-    Raises:
-        ConfigError: the first unknown key, naming the allowed ones.
-    """
+def _parse(overrides: Sequence[str]) -> list | None:
+    """Hydra's parse of command-line overrides; None on a syntax error (Hydra reports it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return OverridesParser.create().parse_overrides(list(overrides))
     except HydraException:
+        return None
+
+
+def check_override_keys(overrides: Sequence[str], groups: Sequence[str]) -> None:
+    """Refuse a command-line key that no config of the schema has (``deph=4``, ``+deph=4``,
+    ``task.stepz=5``; Hydra would advise ``+deph=4``), before Hydra composes anything, with a
+    did-you-mean suggestion.  Group choices, ``hydra.*`` and keys under dict fields pass.
+
+    Raises:
+        ConfigError: the first unknown key, naming the allowed ones.
+    """
+    parsed = _parse(overrides)
+    if parsed is None:
         for o in overrides:
             if not o.isascii():
                 key, _, value = o.partition("=")
@@ -458,9 +445,8 @@ def quote_unicode(argument: str) -> str:
 
 
 def check_keys(cfg: DictConfig) -> None:
-    """Refuse keys the schema does not have anywhere in the composed ``cfg`` (``+deph=4``
-    composes fine, but nothing would read ``deph``).  Dict fields (``task.options``) are
-    free-form; the ``hydra`` node is Hydra's.
+    """Refuse keys the schema does not have anywhere in the composed ``cfg`` (``+deph=4``);
+    dict fields (``task.options``) are free-form, the ``hydra`` node is Hydra's.
 
     Raises:
         ConfigError: the first unknown key, with a did-you-mean suggestion.
@@ -498,8 +484,7 @@ def resolve_device(name: str):
 
 
 def check_device(name: str) -> None:
-    """A named CUDA device must exist here (checked without torch where no NVIDIA driver is;
-    ``auto`` and ``cpu`` always run).
+    """A named CUDA device must exist here (no torch import where no NVIDIA driver is).
 
     Raises:
         ConfigError: a CUDA device on a machine without one (before any run exists).
@@ -518,9 +503,8 @@ def check_device(name: str) -> None:
 
 
 def check_paths(s: RankexpConfig) -> None:
-    """Inputs a task reads must exist before its run does: the model family's own
-    (``model.pretrained`` of ``model=gpt2``), ``data.root`` for ``task=train`` (unless
-    ``data.download=true`` may fetch it).
+    """Inputs a task reads must exist before its run does: ``model.pretrained``, and
+    ``data.root`` for ``task=train`` (unless ``data.download=true`` may fetch it).
 
     Raises:
         ConfigError: the path, where it was looked for, and what belongs there.
@@ -552,20 +536,14 @@ _OFF_STORE_KEYS = ("", "enabled", "experiment", "log_arrays")
 
 def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
     """Refuse a command-line override that the job would not use: ``lr=`` with
-    ``task=measure``, and the ``tracking.*`` options of a store (``uri``, ``resume``, ``force``,
-    ``http_*``, …) when the store is off (``tracking=off``) — each would be accepted, logged or
-    ignored, and change nothing (``tracking.experiment`` and ``log_arrays`` stay: a later
-    ``rankexp.sync --uri`` reads them).
+    ``task=measure``, and a store's ``tracking.*`` options when the store is off (but
+    ``tracking.experiment`` and ``log_arrays``: a later ``rankexp.sync --uri`` reads them).
 
     Raises:
         ConfigError: the override and why it is not used.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException:
+    parsed = _parse(overrides)
+    if parsed is None:
         return
     unused = dict(_UNUSED_BY_TASK.get(s.task.name, {}))
     for o in parsed:
@@ -583,10 +561,8 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
 
 def check_job(cfg: DictConfig, *, device: bool = True,
               overrides: Sequence[str] | None = None) -> RankexpConfig:
-    """Everything that can be known about one job before its run exists: schema keys, values,
-    input paths, (``device``: jobs that run on this machine) the device and whether one seed
-    of a measurement fits its memory (:func:`check_fits`), and that each
-    command-line override is used (:func:`check_used_overrides`).
+    """Everything that can be known about one job before its run exists: keys, values, input
+    paths, used overrides and (``device``: jobs that run here) the device and its memory.
 
     Raises:
         ConfigError: one message naming key, value or path and what is allowed.
@@ -612,9 +588,7 @@ class CheckedJob:
     config_hash: str
 
 
-#: jobs of this process's sweep that the sweeper checked (its loader composed and checked each
-#: once: hydra_plugins/rankexp_plugins/loader.py), by the job's override list; a job of the basic
-#: launcher takes its entry instead of checking again (:func:`checked_job`)
+#: jobs of this process's sweep the sweeper checked, by override list (:func:`checked_job`)
 CHECKED_JOBS: dict[tuple[str, ...], CheckedJob] = {}
 
 

@@ -1,8 +1,5 @@
-"""The config hash: what a run computes, as 16 hex digits (resume keys on it).
-
-Two jobs with the same hash compute the same numbers.  The rules that keep a v1 config's hash
-(knobs added later, options at their declared default, norm slots that repeat their preset)
-live here with the hash.
+"""The config hash: what a run computes, as 16 hex digits (resume keys on it), with the rules
+that keep a v1 config's hash (later knobs, options and norm slots at their defaults).
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ def resolved_container(cfg: DictConfig) -> dict[str, Any]:
 
 
 def config_hash(container: dict[str, Any]) -> str:
-    """Stable 16-hex-digit hash of what a run computes (the tracking/device keys excluded).
-
-    Two jobs with the same hash compute the same numbers; resume uses it to
-    skip configs that already FINISHED.
-    """
+    """Stable 16-hex-digit hash of what a run computes (the tracking/device keys excluded);
+    resume skips configs whose hash already FINISHED."""
     semantic = {k: v for k, v in container.items() if k not in NON_SEMANTIC_KEYS
                 and not (k in LATER_KNOB_DEFAULTS and v == LATER_KNOB_DEFAULTS[k])}
     if semantic.get("task", {}).get("name") == "measure":

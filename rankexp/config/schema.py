@@ -1,10 +1,6 @@
-"""Structured-config schema (Hydra ConfigStore): the dataclasses, their defaults and enums, built
-from the declarations below them — the knob table (:mod:`rankexp.knobs`), the model families
-(:data:`rankexp.models.families.FAMILIES`) and the probe catalog (:data:`rankexp.probes.PROBES`).
-
-Enum and type errors are OmegaConf's while Hydra composes (``activation=foo`` lists the allowed
-values); ranges and cross-field rules are :mod:`rankexp.config.checks`'.  :func:`register_configs`
-puts the schema and the resolvers the YAML reads into Hydra.
+"""Structured-config schema (Hydra ConfigStore), built from the knob table (:mod:`rankexp.knobs`),
+the model families and the probe catalog.  Enum and type errors are OmegaConf's while Hydra
+composes; ranges and cross-field rules are :mod:`rankexp.config.checks`'.
 """
 
 from __future__ import annotations
@@ -21,87 +17,35 @@ from omegaconf import MISSING, OmegaConf
 
 from ..knobs import CIFAR10_COUNTS, bad, default
 from ..models.families import FAMILIES
-from ..models.spec import PRESET_SLOTS, lm_shape
+from ..models.spec import (
+    ACTIVATIONS,
+    BETA_SCALINGS,
+    NORM_OPS,
+    PLACEMENTS,
+    PRESET_SLOTS,
+    lm_shape,
+)
 from ..probes import DEFAULT_PROBES, PROBES
 
 
-class Placement(Enum):
-    pre = "pre"
-    post = "post"
-    output = "output"
-    peri = "peri"
-    none = "none"
+def _enum(name: str, values: tuple[str, ...]) -> Any:
+    """An enum whose members' names are their values (importable by name: configs pickle)."""
+    return Enum(name, [(v, v) for v in values], module=__name__)
 
 
-class NormOp(Enum):
-    rmsnorm = "rmsnorm"
-    layernorm = "layernorm"
-    detached = "detached"
-    meansub = "meansub"
-    batchnorm = "batchnorm"  # over the batch of probe inputs; model=plain only
-
-
-class Init(Enum):
-    """Weight initialization of ``model=plain``: i.i.d. Gaussian or scaled orthogonal."""
-
-    gaussian = "gaussian"
-    orthogonal = "orthogonal"
-
-
-class Activation(Enum):
-    relu = "relu"
-    gelu = "gelu"
-    silu = "silu"
-    abs = "abs"
-    tanh = "tanh"
-    linear = "linear"
-    leaky_relu = "leaky_relu"
-    swiglu = "swiglu"
-
-
-class BetaScaling(Enum):
-    const = "const"
-    inv_sqrt_depth = "inv_sqrt_depth"
-    inv_depth = "inv_depth"
-
-
-class Dtype(Enum):
-    float32 = "float32"
-    float64 = "float64"
-
-
-class Optimizer(Enum):
-    adam = "adam"
-    sgd = "sgd"
-
-
-class Schedule(Enum):
-    constant = "constant"
-    step = "step"
-
-
-class Augment(Enum):
-    none = "none"
-    pad_crop_flip = "pad_crop_flip"
-
-
-class Size(Enum):
-    """``size=``: which of an experiment's sizes runs (``conf/size/<experiment>/<size>.yaml``)."""
-
-    smoke = "smoke"
-    cpu = "cpu"
-    full = "full"
-
-
-class NormSlot(Enum):
-    """What one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)."""
-
-    none = "none"
-    rmsnorm = "rmsnorm"
-    layernorm = "layernorm"
-    detached = "detached"
-    meansub = "meansub"
-    batchnorm = "batchnorm"  # model=plain only (refused for the residual MLP)
+Placement = _enum("Placement", PLACEMENTS)
+NormOp = _enum("NormOp", (*NORM_OPS, "batchnorm"))  # batchnorm: over the batch; model=plain only
+#: what one slot P, B or R of Eq. 17 computes: an op of Table 2, or ``none`` (identity)
+NormSlot = _enum("NormSlot", ("none", *NORM_OPS, "batchnorm"))
+Init = _enum("Init", ("gaussian", "orthogonal"))  # model=plain: i.i.d. Gaussian or orthogonal
+Activation = _enum("Activation", ACTIVATIONS)
+BetaScaling = _enum("BetaScaling", BETA_SCALINGS)
+Dtype = _enum("Dtype", ("float32", "float64"))
+Optimizer = _enum("Optimizer", ("adam", "sgd"))
+Schedule = _enum("Schedule", ("constant", "step"))
+Augment = _enum("Augment", ("none", "pad_crop_flip"))
+#: ``size=``: which of an experiment's sizes runs (``conf/size/<experiment>/<size>.yaml``)
+Size = _enum("Size", ("smoke", "cpu", "full"))
 
 
 def _preset_slot(slot: str, placement: Any, op: Any) -> str:
@@ -129,10 +73,6 @@ class NormConfig:
     pre: NormSlot = _preset("pre")  # type: ignore[assignment]  # resolved by OmegaConf
     out: NormSlot = _preset("out")  # type: ignore[assignment]
     post: NormSlot = _preset("post")  # type: ignore[assignment]
-
-    def preset_slot(self, slot: str) -> str:
-        """What the preset alone puts in ``slot`` (``pre``/``out``/``post``)."""
-        return _preset_slot(slot, self.placement, self.op)
 
 
 #: the schema of each ``model=`` family (``conf/model/<name>.yaml`` extends
@@ -202,36 +142,16 @@ class MeasureTask:
 class TrainTask:
     """``task=train``: CIFAR-10; all learning rates trained as one batched model.
 
-    Length: ``steps`` optimizer steps (evaluations every ``eval_every``, reports every
-    ``log_every``, series logged at step = optimizer step), or ``epochs`` passes over the
-    training set (⌊50000/batch_size⌋ steps each; one report and evaluation per epoch, series
-    logged at step = epoch; ``eval_every``/``log_every`` are then not used) — exactly one of
-    the two is set.
-
-    Recipe (:mod:`rankexp.tasks.recipes`): ``optimizer`` adam (the study's) or sgd
-    (``momentum``, ``weight_decay`` on conv kernels and weight matrices only, never on BN
-    scale/shift or biases); ``schedule`` constant or step (rates × ``gamma`` at each fraction
-    ``milestones`` of training, and × ``warmup_factor`` for the first ``warmup_steps`` steps of
-    networks with ``depth ≥ warmup_min_depth``); ``augment`` none or pad_crop_flip (He et al.:
-    ``pad`` pixels, random crop, horizontal flip; on the device). He et al.'s CIFAR recipe is
-    ``conf/experiment/degradation.yaml``'s.
-
-    Measurements: ``probes`` lists those of the model family to run — ``init_gradient_norms``
-    on the initial network before the first step, the others (``layer_response``, ``lesion``)
-    on the trained one — with ``options.<probe>`` as for ``task=measure``;
-    ``clean_train_images`` > 0 also evaluates that many training images without augmentation
-    at the end (``clean_train_error_lr<lr>``).  With ``probe_every`` or ``probe_steps``
-    (:func:`probe_schedule`) the probes run instead at those optimizer steps on every learning
-    rate (:mod:`rankexp.tasks.probing`): per-member series ``<scalar>_lr<lr>`` (step =
-    optimizer step), ``result/probes/step_<step>.npz``, ``probe_seconds``.
-
-    ``dtype`` is the training precision (the top-level ``dtype`` is the measurement's).
-    Checkpoints live in ``checkpoint_dir/<config_hash>.pt`` so a rerun of the same
-    config — in a new sweep directory, after preemption — resumes from them.
-    A learning rate *diverged* when its train loss turns non-finite or exceeds
-    ``divergence_factor`` × its initial loss (``inf``: non-finite only). ``compile``
-    (``torch.compile`` of forward + loss) and ``cuda_graphs`` (the whole step replayed as one
-    CUDA graph; ignored with a warning on CPU) are speed options for GPUs.
+    Length: ``steps`` optimizer steps, or ``epochs`` passes over the training set (⌊50000 /
+    batch_size⌋ steps each; one report and evaluation per epoch, series at step = epoch) —
+    exactly one is set.  Recipe (:mod:`rankexp.tasks.recipes`): ``optimizer``, ``schedule``
+    (× ``gamma`` at each fraction ``milestones``, × ``warmup_factor`` for the first
+    ``warmup_steps`` steps at ``depth ≥ warmup_min_depth``), ``augment`` (He et al.'s recipe:
+    ``conf/experiment/degradation.yaml``).  ``probes`` run on the initial and the trained
+    network, or at the steps of :func:`probe_schedule` on every learning rate
+    (:mod:`rankexp.tasks.probing`).  ``dtype`` is the training precision; checkpoints live in
+    ``checkpoint_dir/<config_hash>.pt``, so a rerun resumes.  A rate *diverged* when its loss
+    is non-finite or exceeds ``divergence_factor`` × its initial loss.
     """
 
     name: str = "train"
@@ -329,30 +249,15 @@ class DataConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow: store URI, experiment name, resume behaviour, outage and liveness bounds.
+    """MLflow: store URI, experiment name, resume behaviour, outage and liveness bounds (none of
+    it enters the config hash).
 
-    ``uri: null`` means ``$MLFLOW_TRACKING_URI`` if set, else an embedded SQLite
-    file ``mlflow.db`` in the directory the command was started from.
-
-    ``http_retries``, ``http_timeout_s``, ``http_backoff`` become MLflow's own
-    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` for the job (so a
-    server outage costs seconds, not MLflow's default of minutes per call).  A run's owner
-    refreshes the tag ``rankexp.heartbeat`` every ``heartbeat_s`` seconds; a RUNNING run whose
-    owner cannot be checked otherwise (another host, no Slurm) is stale after ``stale_after_s``.
-
-    How runs read in the MLflow UI (none of these enters the config hash: ``tracking`` is not
-    part of what a run computes):
-
-    * ``run_name``: a single run's name (default: its config, ``post·α1·β1·L48·d256``); in a
-      sweep, the name of the sweep's parent run (default ``<experiment>·<size>·<start>``),
-      its job runs keeping the names of their swept axes.
-    * ``tags``: ``{key: value}`` put on every run it starts (the sweep's parent included), e.g.
-      ``+tracking.tags.team=vision``; a key must be a legal MLflow tag name that rankexp does
-      not write itself (not ``mlflow.*``, ``rankexp.*`` or a tag of the run schema).
-    * ``note``: the runs' description (MLflow's ``mlflow.note.content``, Markdown); a sweep's
-      parent shows it above the command line.
-    * ``description``: the experiment's description (the experiment's ``mlflow.note.content``
-      tag); each experiment config sets it.
+    ``uri: null``: ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``.  ``http_*`` become MLflow's
+    ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR``.  A run's owner
+    refreshes the tag ``rankexp.heartbeat`` every ``heartbeat_s``; a RUNNING run whose owner
+    cannot be checked otherwise is stale after ``stale_after_s``.  ``run_name``: a single
+    run's name, or a sweep's parent run's; ``tags``: put on every run (not ``mlflow.*``,
+    ``rankexp.*``); ``note``: the runs' description; ``description``: the experiment's.
     """
 
     uri: str | None = default("tracking.uri")
@@ -447,12 +352,8 @@ def choices_with(group: str, key: str) -> list[str]:
 
 
 def sweep_stamp() -> str:
-    """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns.
-
-    Hydra resolves ``hydra.sweep.dir`` in the launcher and again in workers;
-    the stamp travels in ``$RANKEXP_STAMP`` so they all agree, while two sweeps
-    started in the same second get different directories.
-    """
+    """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns (in
+    ``$RANKEXP_STAMP``: Hydra resolves ``hydra.sweep.dir`` in the launcher and in workers)."""
     import datetime
     import os
 
@@ -482,18 +383,12 @@ def register_configs() -> None:
     and register the resolvers ``rankexp_stamp`` (output directories), ``rankexp_hydra_subdir``
     (conf/config.yaml), ``rankexp_signal_delay`` (conf/hydra/launcher/slurm.yaml) and ``rankexp_norm_slot``
     (conf/norm/*.yaml)."""
-    if not OmegaConf.has_resolver("rankexp_stamp"):
-        OmegaConf.register_new_resolver("rankexp_stamp", sweep_stamp)
-    if not OmegaConf.has_resolver("rankexp_signal_delay"):
-        OmegaConf.register_new_resolver("rankexp_signal_delay", slurm_signal_delay)
-    if not OmegaConf.has_resolver("rankexp_hydra_subdir"):
-        OmegaConf.register_new_resolver("rankexp_hydra_subdir", hydra_subdir)
-    if not OmegaConf.has_resolver("rankexp_norm_slot"):
-        OmegaConf.register_new_resolver("rankexp_norm_slot", _preset_slot)
-    if not OmegaConf.has_resolver("rankexp_default_probes"):
-        OmegaConf.register_new_resolver("rankexp_default_probes", default_probes)
-    if not OmegaConf.has_resolver("rankexp_lm_shape"):
-        OmegaConf.register_new_resolver("rankexp_lm_shape", lm_shape)
+    resolvers = {"rankexp_stamp": sweep_stamp, "rankexp_signal_delay": slurm_signal_delay,
+                 "rankexp_hydra_subdir": hydra_subdir, "rankexp_norm_slot": _preset_slot,
+                 "rankexp_default_probes": default_probes, "rankexp_lm_shape": lm_shape}
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()
     cs.store(name="rankexp_schema", node=RankexpConfig)
     # the group schemas are root configs, in no group: neither `--help` nor a tab press lists

@@ -1,10 +1,6 @@
-"""Model families, chosen by the ``model=`` config group (``conf/model/``).
-
-Each family is one network module (``mlp.py``, ``plain.py``, ``convnet.py``, ``gpt2.py``: the
-last imports ``transformers`` only when built), one builder in :mod:`.build`, and one torch-free
-declaration in :mod:`.families`.  Models never import probes.  This package imports nothing
-itself; the builders and torch dtypes (``build_model``, ``DTYPES``, ``build_mlp`` …) load on
-first use (PEP 562), so composing and checking a config never loads torch.
+"""Model families (``model=``): one network module each, a builder in :mod:`.build` and a
+torch-free declaration in :mod:`.families`.  The builders load on first use (PEP 562), so
+composing and checking a config never loads torch.
 """
 
 from __future__ import annotations

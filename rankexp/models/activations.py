@@ -21,28 +21,16 @@ from .spec import ACTIVATIONS
 LEAKY_SLOPE = 0.01
 
 
-def _abs(x: Tensor) -> Tensor:
-    return x.abs()
-
-
-def _linear(x: Tensor) -> Tensor:
-    return x
-
-
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form (approximate="none")
     "silu": F.silu,
-    "abs": _abs,
+    "abs": torch.abs,
     "tanh": torch.tanh,
-    "linear": _linear,
+    "linear": lambda x: x,
     "leaky_relu": lambda x: F.leaky_relu(x, LEAKY_SLOPE),
     "swiglu": F.silu,  # the gate's nonlinearity; the gating itself lives in the branch
 }
-
-
-def _relu_prime(x: Tensor) -> Tensor:
-    return (x > 0).to(x.dtype)
 
 
 def _gelu_prime(x: Tensor) -> Tensor:
@@ -56,23 +44,15 @@ def _silu_prime(x: Tensor) -> Tensor:
     return s * (1.0 + x * (1.0 - s))
 
 
-def _tanh_prime(x: Tensor) -> Tensor:
-    return 1.0 - torch.tanh(x).square()
-
-
-def _leaky_prime(x: Tensor) -> Tensor:
-    return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, LEAKY_SLOPE))
-
-
 #: σ′ in closed form for every scalar activation (not the gated swiglu, whose branch is not σ(W x))
 ACTIVATION_DERIVATIVES: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": _relu_prime,
+    "relu": lambda x: (x > 0).to(x.dtype),
     "gelu": _gelu_prime,
     "silu": _silu_prime,
     "abs": torch.sign,
-    "tanh": _tanh_prime,
+    "tanh": lambda x: 1.0 - torch.tanh(x).square(),
     "linear": torch.ones_like,
-    "leaky_relu": _leaky_prime,
+    "leaky_relu": lambda x: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, LEAKY_SLOPE)),
 }
 
 #: activations whose σ′ vanishes on the inactive units (the engine keeps only the active ones)

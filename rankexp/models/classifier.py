@@ -21,18 +21,10 @@ NUM_CLASSES = 10
 class Classifier(nn.Module):
     """Input projection → :class:`ResidualMLP` stack → linear head, for E members.
 
-    Args:
-        stack: the residual stack, built exactly as for measuring (its weights are
-            not touched here); member ``e`` is seeded with ``stack.seeds[e]``. For
-            a learning-rate sweep give it ``seeds=[seed] * len(lrs)``.
-        in_features: input size (3072 for flattened CIFAR-10).
-        num_classes: head size (10).
-
-    The biasless projection ``w_in`` ``(E, d, in_features)`` and head ``w_out``
-    ``(E, num_classes, d)`` are drawn in that order, in float64 on CPU, from
-    ``seeded_generator(seed, STREAM_HEAD)`` with ``N(0, 1/fan_in)``, so they never
-    share bits with the stack's weights (stream ``STREAM_WEIGHTS``) and
-    ``rms(h_0) ≈ rms(x)``. Dtype and device follow the stack's.
+    ``stack`` is built exactly as for measuring (a learning-rate sweep: ``seeds=[seed] *
+    len(lrs)``).  The biasless projection ``w_in`` ``(E, d, in_features)`` and head ``w_out``
+    ``(E, num_classes, d)`` are drawn in float64 on CPU from ``seeded_generator(seed,
+    STREAM_HEAD)``, ``N(0, 1/fan_in)`` (``rms(h_0) ≈ rms(x)``); dtype and device follow the stack.
     """
 
     def __init__(

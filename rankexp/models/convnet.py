@@ -1,24 +1,12 @@
 """The CIFAR-10 ConvNets of He et al. (2016, §4.2): plain and residual networks of depth 6n+2.
 
-The textbook chapter's degradation experiment::
-
-    3×3 conv, 16 filters                                   (the stem: layer 1)
-    stage 1: n blocks of two 3×3 convs, 16 filters, 32×32  (layers 2 … 2n+1)
-    stage 2: n blocks, 32 filters, 16×16 (stride 2 at its first conv)
-    stage 3: n blocks, 64 filters, 8×8  (stride 2 at its first conv)
-    global average pool → 10-way fully connected           (layer 6n+2)
-
-Every conv is biasless and followed by batch norm (BN); a block is
-``y = ReLU(BN(conv₂(ReLU(BN(conv₁ x)))) + s(x))`` with the shortcut ``s`` the identity, or at
-the two stage changes He et al.'s *option A*: subsample by 2 and zero-pad the new channels (no
-parameters). The *plain* network is the same without the ``+ s(x)``. Initialization: He et
-al.'s (2015) fan-out normal ``N(0, 2/(k² c_out))`` for convs (fb.resnet.torch), BN scale 1 and
-shift 0, the classifier ``U(±1/√fan_in)`` with zero bias (torch's Linear, bias zeroed as in
-fb.resnet.torch).
-
-Each parameter carries a leading member axis E (member ``e`` is the one-member network of its
-seed) and the members run as one computation: activations are ``(B, E·C, H, W)``, each conv
-after the stem a grouped conv with ``groups=E``.
+A 3×3 stem (16 filters), three stages of n blocks of two 3×3 convs (16, 32, 64 filters at
+32×32, 16×16, 8×8; stride 2 at a stage's first conv), global average pool and a 10-way fully
+connected layer.  Every conv is biasless and followed by BN; a block is
+``y = ReLU(BN(conv₂(ReLU(BN(conv₁ x)))) + s(x))``, ``s`` the identity or, at a stage change,
+*option A* (subsample, zero-pad channels); the plain network drops ``+ s(x)``.  Init: He's
+fan-out normal for convs, BN (1, 0), the classifier ``U(±1/√fan_in)`` with zero bias.  Each
+parameter has a leading member axis E; activations are ``(B, E·C, H, W)`` (grouped convs).
 """
 
 from __future__ import annotations
@@ -60,12 +48,9 @@ def blocks_per_stage(depth: int) -> int:
 
 
 class MemberConv(nn.Module):
-    """A biasless 3×3 conv (padding 1) for E members: weight ``(E, c_out, c_in, 3, 3)``.
-
-    ``shared_input=True`` (the stem): every member sees the same ``(B, c_in, H, W)`` input, one
-    dense conv makes all ``E·c_out`` channels. Otherwise the input is ``(B, E·c_in, H, W)``
-    and member e's channels are block e (a grouped conv, ``groups=E``).
-    """
+    """A biasless 3×3 conv (padding 1) for E members: weight ``(E, c_out, c_in, 3, 3)``; input
+    ``(B, c_in, H, W)`` shared by the members (``shared_input``: the stem) or ``(B, E·c_in, H, W)``
+    (a grouped conv, ``groups=E``)."""
 
     def __init__(self, members: int, c_in: int, c_out: int, stride: int = 1, *,
                  shared_input: bool = False, dtype=torch.float32, device="cpu"):
@@ -96,10 +81,6 @@ class MemberBatchNorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(members, channels, **kw))
         self.register_buffer("running_var", torch.ones(members, channels, **kw))
 
-    def reset_running_stats(self) -> None:
-        self.running_mean.zero_()
-        self.running_var.fill_(1.0)
-
     def forward(self, x: Tensor) -> Tensor:
         # views of the buffers: the in-place running update lands in them
         return F.batch_norm(x, self.running_mean.view(-1), self.running_var.view(-1),
@@ -123,13 +104,8 @@ def shortcut_option_a(x: Tensor, members: int, c_out: int, stride: int) -> Tenso
 
 
 class BasicBlock(nn.Module):
-    """Two 3×3 conv + BN layers, ReLU between, the option-A shortcut added when ``residual``.
-
-    Args:
-        members: E. c_in, c_out: channels per member. stride: of the first conv (1 or 2).
-        residual: add the shortcut (the residual network) or not (the plain network).
-        first_layer: the network index of the first conv (for response hooks).
-    """
+    """Two 3×3 conv + BN layers, ReLU between, the option-A shortcut added when ``residual``;
+    ``first_layer``: the network index of the first conv (for response hooks)."""
 
     def __init__(self, members: int, c_in: int, c_out: int, stride: int, residual: bool,
                  first_layer: int, *, dtype=torch.float32, device="cpu"):
@@ -163,13 +139,10 @@ class CifarResNet(nn.Module):
     """He et al.'s CIFAR-10 network of depth 6n+2, residual or plain, for E members.
 
     Args:
-        depth: 6n + 2 (n ≥ 1): 6n+1 conv layers and the classifier.
-        residual: identity / option-A shortcuts every two convs (ResNet) or none (plain net).
-        base_width: filters of stage 1 (16; stages 2 and 3 have 2× and 4×).
-        seeds: one per member; member ``e``'s draws are numbered in network order (stem,
-            blocks' conv₁ then conv₂, classifier weight; :func:`rankexp.seeding.normal_many_`).
-        num_classes: classifier outputs (10).
-        dtype, device: of the parameters.
+        depth: 6n + 2 (n ≥ 1).  residual: shortcuts every two convs, or none.
+        base_width: filters of stage 1 (stages 2 and 3 have 2× and 4×).
+        seeds: one per member; draws numbered in network order (stem, conv₁, conv₂, …,
+            classifier weight; :func:`rankexp.seeding.normal_many_`).
 
     Raises:
         ValueError: depth not 6n+2, base_width < 1, no seeds.
@@ -208,7 +181,6 @@ class CifarResNet(nn.Module):
         self.fc_bias = nn.Parameter(torch.zeros(members, num_classes, **kw))
         self.reset_parameters()
 
-    # ---------------------------------------------------------------- structure
     @property
     def members(self) -> int:
         return len(self.seeds)
@@ -238,7 +210,6 @@ class CifarResNet(nn.Module):
         """Trainable parameters of one member (He et al.'s count: 0.27 M at depth 20)."""
         return sum(p[0].numel() for p in self.parameters())
 
-    # ---------------------------------------------------------------- init
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """He fan-out init of the convs (std √(2/(k² c_out))), U(±1/√fan_in) classifier, BN
@@ -253,9 +224,9 @@ class CifarResNet(nn.Module):
             if isinstance(m, MemberBatchNorm):
                 m.weight.fill_(1.0)
                 m.bias.zero_()
-                m.reset_running_stats()
+                m.running_mean.zero_()
+                m.running_var.fill_(1.0)
 
-    # ---------------------------------------------------------------- forward pieces
     def images(self, x: Tensor) -> Tensor:
         """``(B, 3072)`` or ``(B, 3, 32, 32)`` → ``(B, 3, 32, 32)`` (a view)."""
         return x.view(x.shape[0], *IMAGE_SHAPE) if x.dim() == 2 else x

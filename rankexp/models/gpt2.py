@@ -48,11 +48,9 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 def random_gpt2(width: int, depth: int, heads: int, seed: int, *, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> nn.Module:
-    """A randomly initialized ``GPT2LMHeadModel`` (GPT-2's own init, dropout off, eval mode).
-
-    Drawn in float32 from the torch RNG seeded from ``seeded_generator(seed, STREAM_WEIGHTS)``
-    inside a forked RNG, then cast to ``dtype`` (float32 and float64 measure the same network).
-    """
+    """A randomly initialized ``GPT2LMHeadModel`` (GPT-2's own init, dropout off, eval mode),
+    drawn in float32 from ``seeded_generator(seed, STREAM_WEIGHTS)``'s seed in a forked RNG, then
+    cast to ``dtype`` (float32 and float64 measure the same network)."""
     tf = transformers_module()
     cfg = tf.GPT2Config(n_embd=width, n_layer=depth, n_head=heads, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0)

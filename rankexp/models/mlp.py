@@ -1,20 +1,10 @@
-"""The residual MLP family of the study.
+"""The residual MLP of the study: ``h_l = R(skip + β · B(f(P(h_{l−1}))))`` (Eq. 17).
 
-One :class:`ResidualMLP` covers every architecture the study measures::
-
-    h_l = R( skip + β · B( f( P(h_{l-1}) ) ) )                 (Eq. 17)
-
-with P (pre), B (branch output) and R (post-residual) each a norm operation
-(rmsnorm, layernorm, detached, meansub; Table 2) or the identity, chosen
-independently (``pre``, ``out``, ``post``) or through a *placement* preset
-(pre, post, output, peri, none: :data:`rankexp.models.norms.PRESET_SLOTS`) that
-puts its *operation* ``norm_op`` in its slots.  The branch ``f`` has ``M = 1`` matrix (``σ(W x)``) or
-``M = 2`` matrices (``W_down σ(W_up x)``, Eq. 9), or is a gated unit (SwiGLU).
-Weights are biasless and drawn from ``N(0, α²/fan_in)``.
-
-Every weight carries a leading member axis ``E`` (seeds when measuring, one member per
-learning rate when training) and every activation is ``(E, B, d)``; member ``e`` holds the
-weights of the one-member model of its seed.
+P (pre), B (branch output) and R (post-residual) are each a norm op of Table 2 or the identity,
+set one by one or by a *placement* preset (:data:`rankexp.models.norms.PRESET_SLOTS`) that puts
+``norm_op`` in its slots.  The branch ``f`` is ``σ(W x)`` (M = 1), ``W_down σ(W_up x)`` (M = 2,
+Eq. 9) or SwiGLU; weights are biasless, ``N(0, α²/fan_in)``.  Every weight carries a leading
+member axis E (seeds, or one member per learning rate) and every activation is ``(E, B, d)``.
 """
 
 from __future__ import annotations
@@ -39,19 +29,10 @@ __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "R
 
 # --------------------------------------------------------------------------- blocks
 class Block(nn.Module):
-    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for an ensemble of E members.
-
-    Args:
-        width, expansion, matrices, activation, placement, norm_op, pre, out, post: as
-            :class:`ResidualMLP` (m = round(expansion·d); swiglu needs M = 2).
-        beta: effective branch scale of this block (already depth-scaled).
-        has_skip: whether the identity skip joins here; a block without skip is a
-            plain layer ``R(B(f(P(x))))`` and carries no β (it is not a branch).
-        members: ensemble size E.
-        dtype, device: where the (uninitialized) weights are allocated.
-
-    Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2) and ``w_gate`` (gated) have
-    shape ``(E, fan_out, fan_in)``.
+    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for E members; arguments as
+    :class:`ResidualMLP`, ``beta`` already depth-scaled; without ``has_skip`` it is a plain
+    layer ``R(B(f(P(x))))`` with no β.  Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2),
+    ``w_gate`` (gated): ``(E, fan_out, fan_in)``, allocated uninitialized.
     """
 
     def __init__(
@@ -140,12 +121,8 @@ class Block(nn.Module):
         return self.scale * self.out_norm(self.f(self.pre_norm(x)))
 
     def forward(self, x: Tensor, skip: Tensor | None = None, *, part: str = "block") -> Tensor:
-        """``R(skip + branch(x))``; ``skip`` is ``None`` on a plain layer.
-
-        ``part="branch"`` returns only :meth:`branch`, ``part="f"`` only the bare :meth:`f` —
-        the entry points ``torch.func.functional_call`` needs to differentiate the branch with
-        per-member weights (see :func:`rankexp.probes.jacobian.branch_jacobian`).
-        """
+        """``R(skip + branch(x))`` (``skip`` None on a plain layer); ``part="branch"`` / ``"f"``:
+        :meth:`branch` / :meth:`f` alone (entry points for ``torch.func.functional_call``)."""
         if part == "branch":
             return self.branch(x)
         if part == "f":
@@ -156,32 +133,56 @@ class Block(nn.Module):
         return self.res_norm(s)
 
 
-class ResidualMLP(nn.Module):
+class Stack(nn.Module):
+    """What the stacks on one stream share (:class:`ResidualMLP`,
+    :class:`~rankexp.models.plain.PlainNet`): members, skips, the trajectory."""
+
+    @property
+    def members(self) -> int:
+        return len(self.seeds)
+
+    def has_skip(self, layer: int) -> bool:
+        """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""
+        return self.skip_every > 0 and layer % self.skip_every == 0
+
+    def skip_source(self, layer: int) -> int:
+        """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
+        return layer - self.skip_every
+
+    def walk(self, upto: int | None = None) -> Iterator[tuple[int, nn.Module]]:
+        """Yield ``(l, block)`` for l = 1…upto (default L), in order."""
+        yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
+
+    def forward(self, h0: Tensor, **kw) -> Tensor:
+        """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
+        return self.trajectory(h0, **kw)[-1]
+
+    def trajectory(self, h0: Tensor, upto: int | None = None, **kw) -> list[Tensor]:
+        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``;
+        ``kw`` go to each block."""
+        hs = [h0]
+        for l, block in self.walk(upto):
+            skip = hs[self.skip_source(l)] if block.has_skip else None
+            hs.append(block(hs[-1], skip, **kw))
+        return hs
+
+
+class ResidualMLP(Stack):
     """A stack of L blocks on a width-d residual stream (the study, Eq. 17).
 
     Args:
-        width: d.
-        depth: L ≥ 1.
-        expansion: m/d of two-matrix branches.
-        matrices: M ∈ {1, 2}.
-        activation: σ, one of :data:`ACTIVATIONS`.
-        placement: norm placement preset, one of :data:`PLACEMENTS`.
-        norm_op: norm operation, one of :data:`NORM_OPS` (ignored for ``none``).
+        width, depth: d, L ≥ 1.  expansion: m/d of two-matrix branches.  matrices: M ∈ {1, 2}.
+        activation, placement, norm_op: of :data:`ACTIVATIONS`, :data:`PLACEMENTS`,
+            :data:`NORM_OPS`.
         pre, out, post: P, B, R of Eq. 17 (an op or ``"none"``), each overriding the preset's
-            slot (default :data:`~rankexp.models.norms.PRESET`: keep it); e.g. Figure 4b is
-            ``placement="pre", post="detached"``.
-        alpha: init scale α > 0; every weight ~ ``N(0, α²/fan_in)``.
-        beta: branch scale β before depth scaling.
-        beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
-        skip_every: identity skip every k blocks; 1 = standard residual network,
-            k > 1 = skips spanning k layers (Figure 1's sawtooth), 0 = plain MLP.
-        seeds: one seed per ensemble member; weights are drawn from these
-            (:meth:`reset_parameters`).
-        dtype, device: where the weights live.
-        streamed: draw each block's weights only when a walk (:meth:`walk`) reaches it, into
-            one buffer per weight name that every block shares (one block's weights in memory
-            instead of L); the same numbers as a model drawn whole, bit for bit.  The buffers
-            hold NaN outside a walk, so a reader that bypasses :meth:`walk` sees NaN.
+            slot (default ``PRESET``); Figure 4b is ``placement="pre", post="detached"``.
+        alpha: init scale α > 0.  beta, beta_scaling: β, and its depth scaling.
+        skip_every: identity skip every k blocks (1: residual, k > 1: Figure 1's sawtooth,
+            0: plain MLP).
+        seeds: one seed per member (:meth:`reset_parameters`).  dtype, device: of the weights.
+        streamed: draw each block's weights only when :meth:`walk` reaches it, into one buffer
+            per weight name shared by every block (bit for bit the same numbers; NaN outside
+            a walk).
 
     Shapes: ``forward`` maps ``(E, B, d) → (E, B, d)`` with E = ``len(seeds)``.
     """
@@ -243,21 +244,9 @@ class ResidualMLP(nn.Module):
         self.reset_parameters()
 
     @property
-    def members(self) -> int:
-        return len(self.seeds)
-
-    @property
     def nominal_ratio(self) -> float:
         """βα^M, the nominal branch-to-skip ratio (Eq. 21 at ‖h‖ = √d)."""
         return nominal_ratio(self.beta_eff, self.alpha, self.matrices)
-
-    def has_skip(self, layer: int) -> bool:
-        """Whether block ``layer`` (1-based) adds an identity skip from ``h_{layer−k}``."""
-        return self.skip_every > 0 and layer % self.skip_every == 0
-
-    def skip_source(self, layer: int) -> int:
-        """Index j of the stream state ``h_j`` the skip of block ``layer`` carries."""
-        return layer - self.skip_every
 
     def _targets(self, blocks: Sequence[int]) -> list[tuple[Tensor, int, float]]:
         """``(weight, draw number, α/√fan_in)`` of every matrix of the blocks at these 0-based
@@ -281,11 +270,6 @@ class ResidualMLP(nn.Module):
             self.draw_seconds[0] += time.perf_counter() - t
             self.draw_seconds[1] += time.process_time() - c
 
-    def _draw_streamed(self, i: int) -> None:
-        """Block ``i``'s (0-based) weights into the shared buffers."""
-        with self._drawing():
-            normal_many_(self._targets([i]), self.seeds)
-
     def reset_parameters(self) -> None:
         """Draw every weight from ``N(0, α²/fan_in)``, member e from seed ``seeds[e]``, matrix
         by matrix as :meth:`_targets` numbers them (:func:`rankexp.seeding.normal_many_`).  A
@@ -302,17 +286,14 @@ class ResidualMLP(nn.Module):
         block l when it asks for block l + 1."""
         try:
             for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
-                if self.streamed:
-                    self._draw_streamed(l - 1)
+                if self.streamed:  # block l's weights into the shared buffers
+                    with self._drawing():
+                        normal_many_(self._targets([l - 1]), self.seeds)
                 yield l, block
         finally:
             if self.streamed:
                 for buf in self._buffers_streamed.values():
                     buf.fill_(float("nan"))
-
-    def forward(self, h0: Tensor) -> Tensor:
-        """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
-        return self.trajectory(h0)[-1]
 
     def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
@@ -323,11 +304,3 @@ class ResidualMLP(nn.Module):
             window[l] = block(window[l - 1], skip)
             window.pop(l - keep, None)
             yield l, window[l]
-
-    def trajectory(self, h0: Tensor, upto: int | None = None) -> list[Tensor]:
-        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
-        hs = [h0]
-        for l, block in self.walk(upto):
-            skip = hs[self.skip_source(l)] if block.has_skip else None
-            hs.append(block(hs[-1], skip))
-        return hs

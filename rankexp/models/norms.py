@@ -1,12 +1,7 @@
-"""Normalization operations at gain 1 over the last axis, and their closed-form Jacobians (Table 2).
-
-Each op maps ``(..., d) → (..., d)``.  Every Jacobian of Table 2 has the form
-
-    J = c · (I − V Vᵀ)          c > 0 a scalar, V ∈ R^{d×r} with orthonormal columns, r ≤ 2
-
-(rmsnorm: c = √d/‖x‖, V = x̂; layernorm: c = √d/‖x−μ‖, V = [x̂_c, 1/√d]; detached:
-c = √d/‖x‖, r = 0; meansub: c = 1, V = 1/√d), which :class:`NormJacobian` applies to a matrix
-in O(r·d·n) — a scaled identity minus a rank-1 or rank-2 term, never a dense d×d product.
+"""Normalization operations at gain 1 over the last axis, ``(..., d) → (..., d)``, and their
+closed-form Jacobians (Table 2): each is ``J = c · (I − V Vᵀ)``, V ∈ R^{d×r} orthonormal, r ≤ 2
+(rmsnorm: c = √d/‖x‖, V = x̂; layernorm: c = √d/‖x−μ‖, V = [x̂_c, 1/√d]; detached: r = 0;
+meansub: c = 1, V = 1/√d), applied in O(r·d·n) by :class:`NormJacobian`.
 """
 
 from __future__ import annotations

@@ -1,38 +1,26 @@
-"""Plain mean-field networks of the textbook chapter (215), ensemble-native.
-
-One :class:`PlainNet` covers the chapter's signal-propagation experiments::
+"""Plain mean-field networks of the textbook chapter (215), ensemble-native::
 
     h_l = W_l φ(N(h_{l−1})) + b_l                         (plain, skip_every = 0; 215.1–215.3)
     h_l = h_{l−1} + β (W_l φ(N(h_{l−1})) + b_l)           (residual, skip_every = 1)
 
-* **Weights** ``W_l ∈ R^{n×n}``: Gaussian ``N(0, σ_w²/n)`` or scaled orthogonal ``σ_w Q``
-  (Q Haar-distributed); **biases** ``b_l ~ N(0, σ_b²)``.  σ_w is the ``alpha`` knob, σ_b
-  ``bias``, β ``beta`` (depth-scaled by ``beta_scaling``; the chapter's residual "branch gain
-  α" is β here).
-* **N**: the identity (``norm=none``) or a norm op before φ (``norm=pre``): the per-sample ops
-  of :mod:`rankexp.models.norms` or :func:`batchnorm`.
-* The input ``h_0`` is the zeroth preactivation, so layer 1 already applies φ and every layer
-  is the same map (``∂h_L/∂h_0 = Π_l W_l D_{l−1}``, 215.7); the output is the last
-  preactivation ``h_L``.  Under ``task=train`` the stack sits between the input projection
-  3072 → n and the head n → 10 (:class:`rankexp.models.classifier.Classifier`).
-
-Every parameter carries a leading member axis E, activations are ``(E, B, n)``, and member e
-holds the parameters of the one-member network of its seed.  Each layer exposes the ``Block``
-interface of :class:`~rankexp.models.mlp.ResidualMLP` (``has_skip``, ``branch``,
-``res_norm``, ``forward(x, skip)``), so the per-sample probes also run on plain networks.
+Weights Gaussian ``N(0, σ_w²/n)`` or ``σ_w Q`` (Q Haar), biases ``N(0, σ_b²)``; σ_w is the
+``alpha`` knob, σ_b ``bias``; N the identity or a norm op before φ (:func:`batchnorm` too).
+``h_0`` is the zeroth preactivation, so every layer is the same map (∂h_L/∂h_0 = Π_l W_l
+D_{l−1}, 215.7).  Parameters carry a leading member axis E; each layer has the ``Block``
+interface of :class:`~rankexp.models.mlp.ResidualMLP`, so the per-sample probes run on it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..seeding import normal_many_
 from .activations import activation_fn
-from .mlp import effective_beta
+from .mlp import Stack, effective_beta
 from .norms import NORM_FNS
 from .norms import identity as _identity
 from .spec import nominal_ratio
@@ -47,15 +35,9 @@ __all__ = ["BN_EPS", "INITS", "PLAIN_NORM_OPS", "PlainLayer", "PlainNet", "batch
 
 
 def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
-    """Batch normalization at gain 1, no shift, training-mode statistics over the batch axis.
-
-    ``(x − mean_B x) / sqrt(var_B x + ε)`` per feature, biased variance, ε = :data:`BN_EPS`.
-
-    Args:
-        x: ``(..., B, n)``; statistics run over axis −2 (the batch of probe inputs).
-        detach_stats: treat the batch mean and variance as constants in autograd: the same
-            forward values, but each output then depends on its own input only (the network
-            as a function of one input at the batch's statistics; the ``shattered`` probe).
+    """Batch normalization at gain 1, no shift: ``(x − mean_B x) / sqrt(var_B x + ε)`` per
+    feature over axis −2 of ``x`` ``(..., B, n)``, biased variance, ε = :data:`BN_EPS`;
+    ``detach_stats``: the batch statistics are constants in autograd (the ``shattered`` probe).
 
     Raises:
         ValueError: no batch axis, or a batch of one (its statistics are degenerate).
@@ -73,12 +55,8 @@ def batchnorm(x: Tensor, *, detach_stats: bool = False) -> Tensor:
 
 
 def haar_orthogonal(g: Tensor) -> Tensor:
-    """Haar-distributed orthogonal matrices ``(…, n, n)`` from square Gaussian draws ``g``
-    (QR, sign-fixed; batched over the leading axes).
-
-    ``g = QR``; multiplying column j of Q by ``sign(R_jj)`` makes the law exactly Haar
-    (Mezzadri 2007), so orthogonal weights use the same random numbers as Gaussian ones.
-    """
+    """Haar-distributed orthogonal matrices ``(…, n, n)`` from square Gaussian draws ``g``:
+    ``g = QR``, column j of Q times ``sign(R_jj)`` (Mezzadri 2007)."""
     q, r = torch.linalg.qr(g)
     diag = torch.diagonal(r, dim1=-2, dim2=-1)  # (…, n): batched over members
     return q * torch.sign(diag).where(diag != 0, 1.0).unsqueeze(-2)
@@ -136,24 +114,16 @@ class PlainLayer(nn.Module):
         return skip + s
 
 
-class PlainNet(nn.Module):
+class PlainNet(Stack):
     """A depth-L plain (or residual) mean-field network on width n (the chapter, 215).
 
     Args:
-        width: n (every layer n → n).
-        depth: L ≥ 1 layers.
-        activation: φ, one of :data:`rankexp.models.activations.ACTIVATIONS` (not swiglu).
-        alpha: σ_w > 0; Gaussian weights ``N(0, σ_w²/n)``, orthogonal ``σ_w Q``.
-        bias: σ_b ≥ 0; biases ``N(0, σ_b²)`` (drawn even at σ_b = 0, so every σ_b of a sweep
-            sees the same random numbers).
-        init: ``gaussian`` or ``orthogonal`` (:data:`INITS`).
-        norm_op: ``None`` (no norm) or one of :data:`PLAIN_NORM_OPS`, applied before φ.
-        beta: branch gain β of residual layers, before ``beta_scaling``.
-        beta_scaling: ``const``, ``inv_sqrt_depth`` (β/√L) or ``inv_depth`` (β/L).
+        width, depth: n (every layer n → n), L ≥ 1.  activation: φ (not swiglu).
+        alpha: σ_w > 0.  bias: σ_b ≥ 0 (drawn even at σ_b = 0: a σ_b sweep shares its numbers).
+        init: of :data:`INITS`.  norm_op: ``None`` or one of :data:`PLAIN_NORM_OPS`, before φ.
+        beta, beta_scaling: the residual layers' branch gain β and its depth scaling.
         skip_every: identity skip every k layers from ``h_{l−k}``; 0 = plain (default).
-        seeds: one seed per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed
-            (:func:`rankexp.seeding.normal_many_`).
-        dtype, device: where the parameters live.
+        seeds: one per member; W_l and b_l are draws 2(l−1) and 2l−1 of the seed.
 
     Shapes: ``forward`` maps ``(E, B, n) → (E, B, n)`` with E = ``len(seeds)``.
 
@@ -207,10 +177,6 @@ class PlainNet(nn.Module):
         self.reset_parameters()
 
     @property
-    def members(self) -> int:
-        return len(self.seeds)
-
-    @property
     def sigma_w(self) -> float:
         return self.alpha
 
@@ -218,13 +184,6 @@ class PlainNet(nn.Module):
     def nominal_ratio(self) -> float:
         """β σ_w on residual networks, σ_w on plain ones (the study's βα^M with M = 1)."""
         return nominal_ratio(self.beta_eff if self.skip_every else 1.0, self.alpha, 1)
-
-    def has_skip(self, layer: int) -> bool:
-        """Whether layer ``layer`` (1-based) adds the identity skip from ``h_{layer−k}``."""
-        return self.skip_every > 0 and layer % self.skip_every == 0
-
-    def skip_source(self, layer: int) -> int:
-        return layer - self.skip_every
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -239,24 +198,3 @@ class PlainNet(nn.Module):
         if orthogonal:
             for layer in self.blocks:
                 layer.w.data.copy_(self.alpha * haar_orthogonal(layer.w.data))
-
-    def walk(self, upto: int | None = None) -> Iterator[tuple[int, PlainLayer]]:
-        """Yield ``(l, layer)`` for l = 1…upto (default L), in order (as
-        :meth:`rankexp.models.mlp.ResidualMLP.walk`; the weights are all drawn)."""
-        yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
-
-    def forward(self, h0: Tensor, *, detach_stats: bool = False) -> Tensor:
-        """``h_L`` for inputs ``h0`` ``(E, B, n)``."""
-        return self.trajectory(h0, detach_stats=detach_stats)[-1]
-
-    def trajectory(self, h0: Tensor, upto: int | None = None, *,
-                   detach_stats: bool = False) -> list[Tensor]:
-        """``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, n)``.
-
-        ``detach_stats`` is passed to :func:`batchnorm` (no effect without batchnorm).
-        """
-        hs = [h0]
-        for l, layer in self.walk(upto):
-            skip = hs[self.skip_source(l)] if layer.has_skip else None
-            hs.append(layer(hs[-1], skip, detach_stats=detach_stats))
-        return hs

@@ -1,8 +1,5 @@
-"""What the model families are, without torch: names, Eq. 17's slots, GPT-2's shapes.
-
-The config schema and the checks before any run (:mod:`rankexp.config`) read these facts, and
-``rankexp --help`` lists them, so they live in a module that imports neither torch nor
-``transformers``; the families' modules (:mod:`.mlp`, :mod:`.norms`, :mod:`.gpt2`) re-export them.
+"""What the model families are, without torch (the config and ``--help`` read it): names,
+Eq. 17's slots, GPT-2's shapes, derived widths and ratios.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ def effective_beta(beta: float, depth: int, scaling: str) -> float:
     raise ValueError(f"beta_scaling={scaling!r} is not one of {', '.join(BETA_SCALINGS)}")
 
 
-# --------------------------------------------------------------------------- Eq. 17 presets
 #: the general block ``h_l = R(h_{l−1} + β B(f(P(h_{l−1}))))`` (Eq. 17) has three slots
 SLOTS = ("pre", "out", "post")
 #: each named placement (``norm=pre|post|output|peri|none``) is a preset: the slots it fills
@@ -72,7 +68,6 @@ def block_ops(placement: str, op: str, pre: str | None = PRESET, out: str | None
     return tuple(out_ops)
 
 
-# --------------------------------------------------------------------------- GPT-2 shapes
 #: named configs a random initialization can take its shape from (no download): d, L, heads
 LM_SHAPES: dict[str, dict[str, int]] = {
     "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12},
@@ -94,7 +89,6 @@ class ShapeError(ValueError):
     offline); :func:`rankexp.config.validate` reports it as a config error."""
 
 
-# --------------------------------------------------------------------------- shapes
 def checkpoint_config(pretrained: str) -> dict | None:
     """The ``config.json`` of a local checkpoint directory, or None when ``pretrained`` is not one."""
     path = Path(pretrained).expanduser() / "config.json"
@@ -149,7 +143,6 @@ def default_heads(width: int, config: str) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- derived widths and ratios
 def expanded_width(width: int, expansion: float) -> int:
     """m = round(m/d · d): the hidden width of a two-matrix branch (may be < 1 for a tiny m/d;
     the config refuses that)."""

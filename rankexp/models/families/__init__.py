@@ -1,9 +1,5 @@
-"""The model families (``model=``), each declared once, torch-free (:class:`Family`).
-
-Adding a family: its network and builder (``rankexp/models/<name>.py``), its declaration here
-(``families/<name>.py``: schema, builder, run name, derived params, memory shape, tasks), one
-entry in :data:`FAMILIES`, its rules in :mod:`rankexp.config.checks`, and
-``conf/model/<name>.yaml``; its probes declare it (:attr:`rankexp.probes.catalog.Probe.families`).
+"""The model families (``model=``), each declared once, torch-free (:class:`Family`); adding
+one: docs/extending.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """What a model family declares (torch-free): the one seam between a family and the rest.
-
-A family (``model=<name>``) is one :class:`Family`: its config schema, its builder (imported on
-first use), the params derived from its config (βα^M), its run name, the shape its memory
-estimate sees, the tasks it accepts and the inputs its probes see.  The probes it accepts are
-the probes that declare it (:attr:`rankexp.probes.catalog.Probe.families`); its config rules
-live with every other rule in :mod:`rankexp.config.checks`.
+Its probes are those that declare it (:attr:`rankexp.probes.catalog.Probe.families`); its config
+rules live with every other rule in :mod:`rankexp.config.checks`.
 """
 
 from __future__ import annotations
@@ -28,22 +24,16 @@ class Family:
     """One model family; every ``settings`` below is a typed ``RankexpConfig``.
 
     Attributes:
-        name: ``model.name`` (the ``model=`` choice, ``conf/model/<name>.yaml``).
-        schema: the dataclass of the ``model`` node (ConfigStore ``rankexp_schema_model_<name>``).
+        name: ``model.name`` (``conf/model/<name>.yaml``).  schema: the ``model`` node's dataclass.
         builder: ``"module:function"`` of ``fn(settings, device, seeds=None, dtype=None) ->
-            nn.Module`` (imported on first use: declaring costs no torch).
-        tasks: the tasks it accepts (``measure``, ``train``).
-        run_name: a single run's name from its typed config (``post·α1·β1·L48·d256``).
-        memory_shape: ``fn(settings, itemsize, deferred_spectra) -> ModelShape | ConvShape``,
-            what the probes' memory estimates see of one seed.
-        derived: params derived from the config and logged with the run (``nominal_ratio``
-            βα^M, …); None: none.
-        checks_fit: whether one seed is checked against the device's memory before the run.
-        inputs: what its probes measure on (:data:`GAUSSIAN` or :data:`CIFAR10`).
-        default_probes: ``task.probes`` of ``task=measure`` when not given (None: the
-            study's :data:`rankexp.probes.DEFAULT_PROBES`).
-        streams: its builder takes ``streamed=True`` (weights drawn block by block as a walk
-            reaches them; :class:`rankexp.models.mlp.ResidualMLP`).
+            nn.Module`` (imported on first use).  tasks: the tasks it accepts.
+        run_name: a single run's name (``post·α1·β1·L48·d256``).
+        memory_shape: ``fn(settings, itemsize, deferred_spectra) -> ModelShape | ConvShape``.
+        derived: params derived from the config, logged with the run (βα^M, …), or None.
+        checks_fit: one seed is checked against the device's memory before the run.
+        inputs: :data:`GAUSSIAN` or :data:`CIFAR10`.  default_probes: ``task=measure``'s
+            default (None: :data:`rankexp.probes.DEFAULT_PROBES`).
+        streams: its builder takes ``streamed=True`` (weights drawn block by block).
     """
 
     name: str

@@ -12,14 +12,9 @@ from .base import CIFAR10, Family
 @dataclass
 class CifarResNetModel:
     """``model=cifar_resnet``: He et al.'s (2016, §4.2) CIFAR-10 ConvNet of depth 6n+2
-    (:class:`rankexp.models.convnet.CifarResNet`).
-
-    The top-level ``depth`` (6n+2: 20, 32, 44, 56, 110), ``seed``/``seeds`` and ``dtype`` shape
-    it; ``residual`` (option-A shortcuts every two convs, or the plain network) and
-    ``base_width`` (stage-1 filters; 16, 32, 64 across the stages) are this family's own: the
-    top-level ``width``, ``expansion``, ``alpha``, ``beta``, ``norm`` … describe the MLP and are
-    not used.
-    """
+    (:class:`rankexp.models.convnet.CifarResNet`), shaped by ``depth`` (6n+2), ``seed(s)``,
+    ``dtype`` and its own ``residual`` (option-A shortcuts or none) and ``base_width`` (stage-1
+    filters); the MLP's knobs (``width``, ``alpha``, ``norm`` …) are not used."""
 
     name: str = "cifar_resnet"
     residual: bool = True

@@ -13,23 +13,16 @@ from .base import Family, mlp_shape
 class Gpt2Model:
     """``model=gpt2``: a Hugging Face causal LM (:mod:`rankexp.models.gpt2`), its FFN-branch
     Jacobians along the residual stream of a fixed prompt (Figure 12, probe ``ffn_jacobian``).
-
-    The top-level ``width`` (d) and ``depth`` (L) default to the network's own — the named
-    ``config``'s, or the checkpoint's when ``pretrained`` is given (``conf/model/gpt2.yaml``) —
-    and ``width=``/``depth=`` reduce a random initialization (tests).  The residual-MLP knobs
-    (``expansion``, ``matrices``, ``alpha``, ``beta``, ``activation``, ``norm``) do not apply.
+    ``width``/``depth`` default to the network's own (``conf/model/gpt2.yaml``); the
+    residual-MLP knobs do not apply.
 
     Attributes:
-        config: the shape of a random initialization (``gpt2`` = GPT-2 Small, ``gpt2-medium``,
-            ``gpt2-large``, ``gpt2-xl``), GPT-2's own initialization, no download.
-        pretrained: a local checkpoint directory or hub id for ``from_pretrained`` (then one
-            network: ``seeds=1``); null = random initialization.
+        config: the shape of a random initialization (``gpt2``, ``gpt2-medium``, …; no download).
+        pretrained: a local checkpoint directory or hub id (one network: ``seeds=1``), or null.
         n_head: attention heads (null: the config's, or head size 64 at a reduced width).
-        prompt_ids: the fixed prompt as token ids (default: GPT-2 BPE of "The quick brown fox
-            jumps over the lazy dog.").
-        prompt: the prompt as text instead (tokenized by ``tokenizer``, default ``pretrained``).
-        tokenizer: where the tokenizer of a text prompt comes from (local directory or hub id).
-        position: the token whose stream is traced (negative: from the end; default the last).
+        prompt_ids: the fixed prompt as token ids (default: "The quick brown fox …").
+        prompt, tokenizer: the prompt as text instead, and where its tokenizer comes from.
+        position: the token whose stream is traced (negative: from the end).
     """
 
     name: str = "gpt2"

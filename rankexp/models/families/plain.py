@@ -13,11 +13,9 @@ from .mlp import run_name
 @dataclass
 class PlainModel:
     """``model=plain``: the mean-field plain network of the textbook chapter
-    (:class:`rankexp.models.plain.PlainNet`), ``h_l = W_l φ(N(h_{l−1})) + b_l`` (plus the skip
-    ``h_{l−1}`` and branch gain β when ``skip_every=1``), shaped by the top-level knobs
-    ``depth``, ``width``, ``alpha`` (σ_w), ``bias`` (σ_b), ``init``, ``activation``,
-    ``skip_every``, ``beta`` and ``norm`` (``none``, or ``pre`` with any op incl. ``batchnorm``).
-    ``expansion`` and ``matrices`` do not apply (one n×n matrix per layer)."""
+    (:class:`rankexp.models.plain.PlainNet`), shaped by the top-level knobs (``alpha``: σ_w,
+    ``bias``: σ_b; ``norm``: none, or pre with any op incl. batchnorm); ``expansion`` and
+    ``matrices`` do not apply (one n×n matrix per layer)."""
 
     name: str = "plain"
 
