@@ -40,9 +40,9 @@ from .config import (
     quote_unicode,
     register_configs,
 )
+from .locations import CONF_DIR
 from .tracking import TrackingError, TrackingLost
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("rankexp")
 
 register_configs()

@@ -9,9 +9,8 @@ import textwrap
 from pathlib import Path
 
 from .knobs import KNOBS, for_task
+from .locations import CONF_DIR
 from .probes import DEFAULT_PROBES, PROBES
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 #: config groups a user picks, in the order the help lists them, with what they choose
 GROUPS = {
@@ -55,7 +54,7 @@ def groups() -> str:
     """One line per config group: its choices and what it picks."""
     lines = []
     for g, what in GROUPS.items():
-        choices = FIXED_CHOICES.get(g) or sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
+        choices = FIXED_CHOICES.get(g) or sorted(p.stem for p in (Path(CONF_DIR) / g).glob("*.yaml"))
         lines += textwrap.wrap(f"{g}: {', '.join(choices)}", 94, initial_indent="  ",
                                subsequent_indent="      ")
         lines.append(f"      {what}")

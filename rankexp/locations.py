@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = str(REPO_ROOT / "conf")  # the Hydra config tree: conf/config.yaml and its groups
 
 
 def resolve_path(path: str) -> Path:

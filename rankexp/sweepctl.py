@@ -33,8 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
 from .config import ConfigError, check_override_keys, check_slurm_limits, config_groups, sweep_stamp
+from .locations import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DETACHED_FILE = "detached.json"  #: in a detached sweep's directory: the driver job
 ENDED = ("FINISHED", "SKIPPED", "FAILED", "KILLED")  #: a job's ``status.json`` once it is over
 LIVE = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", "CONFIGURING")

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.rankexp_plugins.grids import Plan, sweep_plan
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 #: the experiments whose plans compose every job (grids whose jobs may repeat a config: the

@@ -180,7 +180,7 @@ def test_configs_of_the_family_are_checked_before_any_run():
     trained network is measured; the other families refuse the ConvNet probes."""
     from hydra import compose, initialize_config_dir
 
-    from rankexp.__main__ import CONF_DIR
+    from rankexp.cli import CONF_DIR
     from rankexp.config import ConfigError, validate
 
     def config(*overrides: str):

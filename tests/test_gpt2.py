@@ -23,7 +23,7 @@ import torch
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 from rankexp.config import ConfigError, validate
 from rankexp.models import gpt2
 from rankexp.models.gpt2 import DEFAULT_PROMPT_IDS, build_causal_lm

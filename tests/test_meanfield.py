@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from torch.func import functional_call, jacfwd, vmap
 
 from rankexp import theory
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 from rankexp.config import ConfigError, config_hash, resolved_container, validate
 from rankexp.models import build_model
 from rankexp.models.plain import PlainNet, batchnorm

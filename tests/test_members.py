@@ -20,7 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rankexp import interrupt, tracking
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 from rankexp.config import check_job
 from rankexp.tasks import train as train_task
 from rankexp.tasks.data import DeviceDataset

@@ -12,7 +12,7 @@ from conftest import runs_in
 from hydra import compose, initialize_config_dir
 from plans import EXPERIMENTS, composed
 
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT
 
 TINY = ("width=8", "depth=2", "seeds=1", "task.probes=[io_jacobian]")

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from plans import EXPERIMENTS, plan
 from plans import composed as compose_experiment
 
-from rankexp.__main__ import CONF_DIR
+from rankexp.cli import CONF_DIR
 
 CONF = Path(CONF_DIR)
 SIZES = ("smoke", "cpu", "full")
