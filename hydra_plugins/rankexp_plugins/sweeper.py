@@ -240,10 +240,10 @@ class RankexpSweeper(Sweeper):
             note=f"{t.note}\n\n{note}" if t.note else note,
             tags={str(k): str(v) for k, v in t.tags.items()}, description=t.description)
         try:
-            parent.open(checked["hashes"], resume=t.resume and not t.force)
+            parent.open()
         except Exception as e:  # noqa: BLE001 — any store failure: nothing has run
-            print(f"error: could not open the sweep's run in {parent.uri}: "
-                  f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+            print(f"error: could not open the sweep's run in {tracking.redact(parent.uri)}: "
+                  f"{tracking.redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__}",
                   file=sys.stderr)
             raise SystemExit(2) from None
         return parent

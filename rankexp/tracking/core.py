@@ -744,7 +744,7 @@ class SweepRun:
         self._heartbeat = contextlib.ExitStack()
         self.t0 = time.time()
 
-    def open(self, config_hashes: Iterable[str] = (), resume: bool = True) -> None:
+    def open(self) -> None:
         """Prepare the experiment, close its dead runs, create the parent run and record it in
         the sweep directory (:data:`~rankexp.jobdir.PARENT_FILE`) for the jobs."""
         self.experiment_id = prepare_experiment(self.uri, self.experiment, self.description)
