@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .augment import PadCropFlip
+from .loop import LoopState
 from .optim import ADAM, MemberOptimizer, Recipe, constant, member_adam
 
 
@@ -114,8 +115,8 @@ def recipe(task, *, depth: int, steps: int, batch_size: int, seed: int,
         parts.append(schedule.name)
     transform = None
     if augment == "pad_crop_flip":
-        # (+4 rows: a CUDA graph's warm-up steps may run past the last step, LoopState.SLACK)
-        transform = PadCropFlip(steps + 4, batch_size, seed, pad=task.pad, fill=fill,
+        # a CUDA graph's warm-up steps may run past the last step
+        transform = PadCropFlip(steps + LoopState.SLACK, batch_size, seed, pad=task.pad, fill=fill,
                                 device=device)
         parts.append(transform.name)
     return Recipe(name="+".join(parts), optimizer=opt, schedule=schedule,
