@@ -179,6 +179,9 @@ def cli() -> None:
             app_help(_overrides(argv))
         else:
             main()
+    except BrokenPipeError:  # `rankexp --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE) from None
     except Exception as e:
         if _State.composed:  # the job's own failure, after composing: its traceback
             traceback.print_exception(e)

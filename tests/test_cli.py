@@ -241,6 +241,25 @@ def test_help_and_a_tab_press_import_no_torch_mlflow_or_model_code():
     assert "torch" in heavy and "rankexp.models.mlp" in heavy
 
 
+def test_help_into_a_pipe_its_reader_closed_ends_quietly():
+    """`rankexp --help | head -1`: the reader leaves after one line; the help ends with
+    128+SIGPIPE and no traceback (before: ``BrokenPipeError`` printed to the terminal)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the help writes: every write meets EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rankexp", "--help"], stdout=write,
+                              stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write)
+    err = proc.stderr.decode()
+    assert proc.returncode == 128 + signal.SIGPIPE and "Traceback" not in err, (proc.returncode, err)
+
+
 def test_a_tab_press_offers_no_internal_config_group():
     """Issue 19: `rankexp <TAB>` offered ``schema/``, the structured configs the groups'
     YAML files extend (now root configs in no group: rankexp.config.register_configs); the
