@@ -66,8 +66,9 @@ def test_the_worked_example_takes_five_files_and_runs(tmp_path):
     assert touched == {"rankexp/probes/trace.py", "rankexp/probes/__init__.py",
                        "conf/experiment/io_trace.yaml", "analysis/study/io_trace.py",
                        "tests/test_io_trace.py"}  # five files, nothing else
-    p = run(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_io_trace.py",
-            "tests/test_analysis_experiments.py", "-k", "io_trace or registry_is_the_list")
+    p = run(root, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
+            "tests/test_io_trace.py", "tests/test_analysis_experiments.py",  # docs/extending.md's
+            "-k", "(io_trace and not cpu_size) or registry_is_the_list")
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "7 passed" in p.stdout, p.stdout[-2000:]  # 5 of its test, its smoke case, the registry
     listed = run(root, "-c", "from analysis.core.registry import default; from analysis.core.runner "
