@@ -24,3 +24,57 @@ def cache_path(path: str) -> Path:
     folder."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else REPO_ROOT / p
+
+
+ARCHIVE_NAME = "cifar10-jpeg.tar.gz"
+FOLDER_NAME = "cifar10-jpeg"
+TORCHVISION_FOLDER = "cifar-10-batches-py"
+
+HOW_TO_GET = (
+    f"Get CIFAR-10 one of these ways: point `root` at the folder holding {ARCHIVE_NAME} "
+    "(data.root's default; or set $RANKEXP_DATA), "
+    f"at an extracted image-folder tree ({FOLDER_NAME}/train/<class>/*.jpg), "
+    f"or at a folder holding torchvision's {TORCHVISION_FOLDER}; "
+    "with internet access, download=True fetches the original via torchvision."
+)
+
+
+class DataError(Exception):
+    """CIFAR-10 could not be loaded; the message names the path and how to get the data."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """No CIFAR-10 source at the given path."""
+
+
+def locate_cifar10(root: Path, source: str, download: bool) -> tuple[str, Path]:
+    """Which CIFAR-10 source ``root`` holds, as ``(kind, path)``: ``kind`` one of
+    ``torchvision``, ``imagefolder``, ``archive`` (``source="auto"`` takes them in that order).
+
+    Raises:
+        MissingDataError: ``root`` is a file that is no archive, or holds no source.
+    """
+    found: dict[str, Path] = {}
+    if root.is_file():
+        if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
+            raise MissingDataError(
+                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}")
+        return "archive", root
+    if (root / TORCHVISION_FOLDER).is_dir():
+        found["torchvision"] = root
+    for tree in (root / FOLDER_NAME, root):
+        if (tree / "train").is_dir() and (tree / "test").is_dir():
+            found.setdefault("imagefolder", tree)
+    if (root / ARCHIVE_NAME).is_file():
+        found["archive"] = root / ARCHIVE_NAME
+    for kind in ("torchvision", "imagefolder", "archive") if source == "auto" else (source,):
+        if kind in found:
+            return kind, found[kind]
+    if download and source in ("auto", "torchvision"):
+        return "torchvision", root
+    wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
+              "torchvision": f"{TORCHVISION_FOLDER}/",
+              "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
+              "archive": ARCHIVE_NAME}[source]
+    state = "does not exist" if not root.exists() else f"holds no {wanted}"
+    raise MissingDataError(f"CIFAR-10 not found: {root} {state} (source={source!r}). {HOW_TO_GET}")

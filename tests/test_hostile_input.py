@@ -41,6 +41,15 @@ BAD = {  # override(s) → what the one line must say
     "a path for a name": (("tracking.experiment=../../escape",), "is a name, not a path"),
     "a name that is a path component": (("tracking.experiment=..",), "is a name, not a path"),
     "unicode inside a structure": (("task.probes=[é]",), "Hydra reads non-ASCII characters only inside quotes"),
+    # issue 28 row 6: each was a traceback after the run existed, or joblib's ValueError
+    "a file for the data": (("task=train", "data.root=/etc/passwd"),
+                            "data.root='/etc/passwd' — /etc/passwd is a file, not a CIFAR-10 source"),
+    "a folder without CIFAR-10": (("task=train", "data.root=/etc"), "CIFAR-10 not found: /etc holds no"),
+    "a file for the checkpoints": (("task=train", "task.checkpoint_dir=/etc/passwd"),
+                                   "/etc/passwd is a file; checkpoints need a folder"),
+    "a branch scale that overflows": (("alpha=1e308",), "alpha=1e+308 — the branch scale βα^M"),
+    "no joblib workers": (("hydra/launcher=local", "hydra.launcher.n_jobs=0", "depth=4,6", "-m"),
+                          "hydra.launcher.n_jobs=0: joblib runs no job with 0 workers"),
 }
 
 

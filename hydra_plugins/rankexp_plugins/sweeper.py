@@ -147,7 +147,11 @@ class RankexpSweeper(Sweeper):
             self._refuse(0, ["  the sweep has no jobs: "
                              f"{' '.join(self.config.hydra.overrides.task)} expands to nothing "
                              "(an empty range or list?)"])
-        local = "submitit" not in str(self.config.hydra.launcher.get("_target_", ""))
+        launcher = self.config.hydra.launcher
+        if "joblib" in str(launcher.get("_target_", "")) and launcher.get("n_jobs") == 0:
+            self._refuse(len(jobs), ["  hydra.launcher.n_jobs=0: joblib runs no job with 0 workers; "
+                                     "give a count ≥ 1, or a negative one (-1: every core)"])
+        local = "submitit" not in str(launcher.get("_target_", ""))
         loader = self.hydra_context.config_loader
         CHECKED_JOBS.clear()
         errors, keys, job_dirs, hashes, settings, names = [], [], [], [], [], []

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
 from .. import memory
 from ..knobs import CIFAR10_COUNTS, ConfigError, bad
-from ..locations import resolve_path
+from ..locations import MissingDataError, cache_path, locate_cifar10, resolve_path
 from ..models.families import family_of
 from ..models.spec import LM_SHAPES, ShapeError, checkpoint_shape, expanded_width
 from ..probes import PROBES
@@ -113,6 +113,13 @@ def check_values(s: RankexpConfig) -> None:
     dev = s.device
     if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+    try:
+        ratio = float(s.alpha) ** s.matrices * float(s.beta)
+    except OverflowError:
+        ratio = math.inf
+    if not math.isfinite(ratio):
+        raise bad("alpha", s.alpha, f"the branch scale βα^M (Eq. 21, M={s.matrices}, β={s.beta:g}) "
+                  "overflows a float64; α and β must keep it finite")
     if not (math.isfinite(s.bias) and s.bias >= 0):
         raise bad("bias", s.bias, "σ_b must be a finite number ≥ 0")
     check_family(s)
@@ -503,15 +510,22 @@ def check_device(name: str) -> None:
 
 
 def check_paths(s: RankexpConfig) -> None:
-    """Inputs a task reads must exist before its run does: ``model.pretrained``, and
-    ``data.root`` for ``task=train`` (unless ``data.download=true`` may fetch it).
+    """Inputs a task reads must exist before its run does: ``model.pretrained``, and for
+    ``task=train`` a CIFAR-10 source at ``data.root`` (unless ``data.download=true`` may fetch
+    it) and a ``task.checkpoint_dir`` that is no file.
 
     Raises:
         ConfigError: the path, where it was looked for, and what belongs there.
     """
     if s.model.name == "gpt2" and s.model.pretrained:
         check_pretrained(s.model.pretrained)
-    if not isinstance(s.task, TrainTask) or (s.data.download and s.data.source in ("auto", "torchvision")):
+    if not isinstance(s.task, TrainTask):
+        return
+    ckpt = cache_path(s.task.checkpoint_dir)
+    if ckpt.exists() and not ckpt.is_dir():
+        raise bad("task.checkpoint_dir", s.task.checkpoint_dir,
+                  f"{ckpt} is a file; checkpoints need a folder (created if missing)")
+    if s.data.download and s.data.source in ("auto", "torchvision"):
         return
     root = resolve_path(s.data.root)
     if not root.exists():
@@ -521,6 +535,10 @@ def check_paths(s: RankexpConfig) -> None:
             "or set $RANKEXP_DATA), an image-folder tree, or torchvision's cifar-10-batches-py "
             "(data.download=true fetches that where there is internet)"
         )
+    try:
+        locate_cifar10(root, s.data.source, s.data.download)
+    except MissingDataError as e:
+        raise ConfigError(f"invalid config: data.root={s.data.root!r} — {e}") from None
 
 
 #: command-line keys each task does not read, and why (refused: a value that changes nothing)

@@ -25,7 +25,20 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..knobs import CIFAR10_COUNTS
-from ..locations import REPO_ROOT, cache_path, resolve_path
+from ..locations import (
+    ARCHIVE_NAME as ARCHIVE_NAME,  # CIFAR-10's sources: torch-free, for the checks
+)
+from ..locations import (
+    FOLDER_NAME,
+    HOW_TO_GET,
+    REPO_ROOT,
+    TORCHVISION_FOLDER,
+    DataError,
+    cache_path,
+    resolve_path,
+)
+from ..locations import MissingDataError as MissingDataError
+from ..locations import locate_cifar10 as _locate
 from ..seeding import STREAM_DATA
 
 log = logging.getLogger(__name__)
@@ -37,30 +50,11 @@ IMAGE_SHAPE = (3, 32, 32)
 IN_FEATURES = 3 * 32 * 32
 SOURCES = ("auto", "torchvision", "imagefolder", "archive")
 
-ARCHIVE_NAME = "cifar10-jpeg.tar.gz"
-FOLDER_NAME = "cifar10-jpeg"
-TORCHVISION_FOLDER = "cifar-10-batches-py"
-
 DEFAULT_ROOT = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache"
 _CACHE_FORMAT = 1
 _DECODE_CHUNK = 1000
 
-HOW_TO_GET = (
-    f"Get CIFAR-10 one of these ways: point `root` at the folder holding {ARCHIVE_NAME} "
-    f"(every checkout has it read-only at {DEFAULT_ROOT / ARCHIVE_NAME}), "
-    f"at an extracted image-folder tree ({FOLDER_NAME}/train/<class>/*.jpg), "
-    f"or at a folder holding torchvision's {TORCHVISION_FOLDER}; "
-    "with internet access, download=True fetches the original via torchvision."
-)
-
-
-class DataError(Exception):
-    """CIFAR-10 could not be loaded; the message names the path and how to get the data."""
-
-
-class MissingDataError(DataError, FileNotFoundError):
-    """No CIFAR-10 source at the given path."""
 
 
 class CorruptDataError(DataError, ValueError):
@@ -126,33 +120,6 @@ def load_cifar10_source(root: str | Path = DEFAULT_ROOT, cache_dir: str | Path =
 def _source(kind: str, path: Path, cache_file: Path, sha: str, tensors: tuple[Tensor, ...]
             ) -> DataSource:
     return DataSource(kind, path, cache_file, sha, int(tensors[1].shape[0]), int(tensors[3].shape[0]))
-
-
-def _locate(root: Path, source: str, download: bool) -> tuple[str, Path]:
-    found: dict[str, Path] = {}
-    if root.is_file():
-        if source not in ("auto", "archive") or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
-            raise MissingDataError(
-                f"{root} is a file, not a CIFAR-10 source for source={source!r}. {HOW_TO_GET}")
-        return "archive", root
-    if (root / TORCHVISION_FOLDER).is_dir():
-        found["torchvision"] = root
-    for tree in (root / FOLDER_NAME, root):
-        if (tree / "train").is_dir() and (tree / "test").is_dir():
-            found.setdefault("imagefolder", tree)
-    if (root / ARCHIVE_NAME).is_file():
-        found["archive"] = root / ARCHIVE_NAME
-    for kind in ("torchvision", "imagefolder", "archive") if source == "auto" else (source,):
-        if kind in found:
-            return kind, found[kind]
-    if download and source in ("auto", "torchvision"):
-        return "torchvision", root
-    wanted = {"auto": f"{TORCHVISION_FOLDER}/, {FOLDER_NAME}/train|test/ or {ARCHIVE_NAME}",
-              "torchvision": f"{TORCHVISION_FOLDER}/",
-              "imagefolder": f"{FOLDER_NAME}/train|test/ (or train|test/)",
-              "archive": ARCHIVE_NAME}[source]
-    state = "does not exist" if not root.exists() else f"holds no {wanted}"
-    raise MissingDataError(f"CIFAR-10 not found: {root} {state} (source={source!r}). {HOW_TO_GET}")
 
 
 def _content_key(kind: str, path: Path) -> dict:
