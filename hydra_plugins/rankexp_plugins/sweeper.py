@@ -247,7 +247,7 @@ class RankexpSweeper(Sweeper):
             parent.open()
         except Exception as e:  # noqa: BLE001 — any store failure: nothing has run
             print(f"error: could not open the sweep's run in {tracking.redact(parent.uri)}: "
-                  f"{tracking.redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__}",
+                  f"{tracking._first_line(e)}",
                   file=sys.stderr)
             raise SystemExit(2) from None
         return parent

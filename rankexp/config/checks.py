@@ -113,12 +113,13 @@ def check_values(s: RankexpConfig) -> None:
     dev = s.device
     if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+    derived = family_of(s).derived  # the params logged with the run: βα^M (Eq. 21), …
     try:
-        ratio = float(s.alpha) ** s.matrices * float(s.beta)
+        finite = derived is None or all(math.isfinite(v) for v in dict(derived(s)).values())
     except OverflowError:
-        ratio = math.inf
-    if not math.isfinite(ratio):
-        raise bad("alpha", s.alpha, f"the branch scale βα^M (Eq. 21, M={s.matrices}, β={s.beta:g}) "
+        finite = False
+    if not finite:
+        raise bad("alpha", s.alpha, f"the branch scale βα^M (Eq. 21, β={s.beta:g}) "
                   "overflows a float64; α and β must keep it finite")
     if not (math.isfinite(s.bias) and s.bias >= 0):
         raise bad("bias", s.bias, "σ_b must be a finite number ≥ 0")
