@@ -11,8 +11,26 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 from services import slurm_cluster  # noqa: E402, F401 — one Slurm cluster for every test module
 from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
+
+
+#: a session service's tests run on one pytest-xdist worker (``--dist loadgroup``), so each
+#: service starts once per run however many workers there are
+SERVICE_GROUPS = {"slurm_cluster": "slurm", "pg_mlflow_server": "mlflow-server", "browser": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        groups = {g for f, g in SERVICE_GROUPS.items() if f in getattr(item, "fixturenames", ())}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses services {sorted(groups)}: one group each")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
 
 
 @pytest.fixture

@@ -4,16 +4,20 @@ fig6_train).  The sweeps run in this process (Hydra's multirun called as the CLI
 interpreter for all of them; start-up is most of a smoke sweep's time).
 
 ``smoke_store`` (a session fixture, made available to every test by conftest.py) is a function
-``smoke_store(experiment) -> Path``: the folder holding ``mlflow.db`` after the sweep(s).
+``smoke_store(experiment) -> Path``: the folder holding ``mlflow.db`` after the sweep(s).  Under
+pytest-xdist the workers share one folder per experiment: the first to ask sweeps it under a
+file lock, the others wait and read it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from analysis.core.registry import default
 from rankexp.tasks.data import DEFAULT_CACHE_DIR, DEFAULT_ROOT
@@ -52,16 +56,20 @@ def sweep(name: str, size: str, folder: Path, *extra: str) -> None:
 def smoke_store(tmp_path_factory):
     """``smoke_store(experiment)``: the folder of a store holding ``experiment`` (and what its
     analyses read) swept at size=smoke, made once per session."""
-    root = tmp_path_factory.mktemp("smoke")
-    made: dict[str, Path] = {}
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the folder every worker of this run sees
+        root = tmp_path_factory.getbasetemp().parent / "smoke"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("smoke")
 
     def get(name: str) -> Path:
-        if name not in made:
-            folder = root / name
-            folder.mkdir()
-            for exp in [*default()[name].reads, name]:
-                sweep(exp, "smoke", folder)
-            made[name] = folder
-        return made[name]
+        folder = root / name
+        with FileLock(root / f"{name}.lock"):
+            if not (folder / "done").exists():
+                folder.mkdir(exist_ok=True)
+                for exp in [*default()[name].reads, name]:
+                    sweep(exp, "smoke", folder)
+                (folder / "done").touch()
+        return folder
 
     return get
