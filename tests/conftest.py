@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-from services import slurm_cluster  # noqa: E402, F401 — one Slurm cluster for every test module
+from services import pg_mlflow_server, slurm_cluster  # noqa: E402, F401 — one of each per session
 from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
 
 

@@ -1,12 +1,15 @@
 """Secure by default (issue 8, row 9 and item 5): ``launchers/mlflow-server.sh`` binds loopback
 unless told otherwise; any other address needs ``--auth`` (MLflow's basic-auth app, a
-generated password in a mode-600 file, never on a command line) or ``--insecure``."""
+generated password in a mode-600 file, never on a command line) or ``--insecure``.  Secrets
+never leave the environment (issue 28, row 1): a store's password and a ``${oc.env:…}`` note are
+in no file, run, log line or submission script a sweep writes."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import stat
 import subprocess
 import urllib.error
@@ -83,3 +86,39 @@ def test_auth_server_refuses_anonymous_writes_and_takes_the_generated_password(t
         assert not re.search(password, server.server_log())
     finally:
         server.stop()
+
+
+def leaks(secret: str, root: Path, server: MlflowServer | None = None) -> list[str]:
+    """Where ``secret`` is written: files under ``root`` and rows of ``server``'s database."""
+    found = [str(f.relative_to(root)) for f in sorted(root.rglob("*"))
+             if f.is_file() and secret.encode() in f.read_bytes()]
+    tables = server.sql("SELECT table_name FROM information_schema.tables "
+                        "WHERE table_schema = 'public'") if server else []
+    for (table,) in tables:
+        rows = server.sql(f'SELECT t::text FROM "{table}" t')
+        found += [f"{table}: {row[:200]}" for (row,) in rows if secret in row]
+    return found
+
+
+def test_a_store_password_and_a_secret_note_are_written_nowhere(cli, pg_mlflow_server):
+    """A sweep into a PostgreSQL store by a URI with its password on the command line, with a
+    note from the environment: the store works, and neither the password nor the note is in
+    the output tree, the artifacts, the database or the console."""
+    server = pg_mlflow_server
+    password = (server.dir / "pgpass").read_text().strip().rsplit(":", 1)[1]
+    uri = f"postgresql://mlflow:{password}@127.0.0.1:{server.pg_port}/mlflow"
+    note, experiment = f"note-{secrets.token_hex(8)}", f"secrets-{secrets.token_hex(4)}"
+    p = cli("depth=2", "width=8", "seeds=1", f"tracking.uri={uri}",
+            f"tracking.experiment={experiment}", "tracking.note=${oc.env:SECRET_NOTE}", "-m",
+            env={"SECRET_NOTE": note})
+    found = {s: leaks(s, cli.cwd, server) + (["console"] if s in p.stdout else [])
+             for s in (password, note)}
+    assert found == {password: [], note: []}
+    assert "postgresql://mlflow:***@127.0.0.1" in p.stdout
+    import mlflow  # the jobs logged there
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 2  # the job and its sweep
+    notes = {r.data.tags["mlflow.note.content"].split("\n")[0] for r in runs}
+    assert notes == {"${oc.env:SECRET_NOTE}"}  # as typed: the secret stays in the environment
