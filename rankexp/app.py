@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from . import interrupt, naming, tracking
 from .config import CheckedJob, RankexpConfig, checked_job, flatten, resolve_device
@@ -126,7 +126,8 @@ def job_context() -> JobContext:
         return JobContext(Path.cwd(), None, "", None)
     hc = HydraConfig.get()
     sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
-    return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(hc.overrides.task),
+    typed = OmegaConf.to_container(hc.overrides.task)  # unresolved: ${oc.env:…} as typed
+    return JobContext(Path(hc.runtime.output_dir), sweep, " ".join(typed),
                       hc.launcher if sweep else None, hc.job.get("num") if sweep else None,
                       tuple(hc.overrides.task))
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -41,7 +42,7 @@ from .config import (
     register_configs,
 )
 from .locations import CONF_DIR
-from .tracking import TrackingError, TrackingLost
+from .tracking import TrackingError, TrackingLost, redact
 
 log = logging.getLogger("rankexp")
 
@@ -159,9 +160,26 @@ def app_help(overrides: list[str]) -> None:
         print(string.Template(cfg.hydra.help.template).safe_substitute())
 
 
+def uri_to_environment(argument: str) -> str:
+    """``tracking.uri=`` a URI with a password → the URI in ``$MLFLOW_TRACKING_URI`` (every job
+    inherits it) and the override ``tracking.uri=${oc.env:MLFLOW_TRACKING_URI}``: no file Hydra,
+    submitit or rankexp writes holds the password.  Any other argument unchanged."""
+    key, _, value = argument.partition("=")
+    if key.lstrip("+") != "tracking.uri" or not value:
+        return argument
+    try:
+        value = OverridesParser.create().parse_override(argument).value()
+    except OverrideParseException:  # Hydra reports it
+        return argument
+    if not isinstance(value, str) or redact(value) == value:
+        return argument
+    os.environ["MLFLOW_TRACKING_URI"] = value
+    return f"{key}=${{oc.env:MLFLOW_TRACKING_URI}}"
+
+
 def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
-    argv = sys.argv[1:]
+    sys.argv[1:] = argv = [uri_to_environment(a) for a in sys.argv[1:]]
     if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
         raise SystemExit(sweepctl.main(argv))
     sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted

@@ -1,25 +1,32 @@
 """The files rankexp writes (atomically) in a job's directory and its sweep's, and the job
-counts a sweep reports from them.  No MLflow here."""
+counts a sweep reports from them; the one masking of secrets (:func:`redact`) for every file,
+run and message.  No MLflow here."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PARENT_FILE", "NAMES_FILE", "STATUS_FILE", "RUN_FILE", "JOURNAL_FILE", "RESULT_DIR",
-           "JOB_STATES", "write_atomic", "write_json", "read_json", "write_status", "read_parent",
-           "planned_job_dirs", "count_jobs", "summary"]
+__all__ = ["redact", "PARENT_FILE", "NAMES_FILE", "STATUS_FILE", "RUN_FILE", "JOURNAL_FILE",
+           "RESULT_DIR", "JOB_STATES", "write_atomic", "write_json", "read_json", "write_status",
+           "read_parent", "planned_job_dirs", "count_jobs", "summary"]
 
 # files of a sweep directory (written by the sweeper) and of a job directory (by the job)
 PARENT_FILE = "mlflow_parent.json"  # {"uri", "experiment", "experiment_id", "run_id", "sweep_id"}
 NAMES_FILE = "run_names.json"  # {"started", "names": [job i's run name], "job_dirs": [...]}
 STATUS_FILE, RUN_FILE, JOURNAL_FILE, RESULT_DIR = "status.json", "run.json", "metrics.jsonl", "result"
+
+
+def redact(text: str) -> str:
+    """``text`` with every URI password masked: ``postgresql://user:***@host/db``."""
+    return re.sub(r"(\w[\w+.-]*://[^/:@\s]*):[^/@\s]*@", r"\1:***@", str(text))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -37,7 +44,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, doc: dict) -> None:
-    write_atomic(Path(path), json.dumps(doc, indent=1, default=str).encode())
+    """``doc`` as JSON, passwords masked (:func:`redact`)."""
+    write_atomic(Path(path), redact(json.dumps(doc, indent=1, default=str)).encode())
 
 
 def read_json(path: Path) -> dict | None:

@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from services import slurm_cluster  # noqa: E402, F401 — one Slurm cluster for every test module
+from services import pg_mlflow_server, slurm_cluster  # noqa: E402, F401 — one of each per session
 from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
 
 

@@ -21,13 +21,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import services
 from mlflow.entities import ViewType
 from services import clean_env, client, finish, rankexp, start_rankexp
 
 from rankexp import tracking
-
-pg_mlflow_server = services.pg_mlflow_server  # session fixture (tests/services.py)
 
 #: the configs each race writes: six, cheap; for a sweep beside a sync, jobs of about a
 #: second of real compute (so that the sync arrives among the sweep's jobs, with or without

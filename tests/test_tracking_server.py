@@ -9,12 +9,9 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import services
 from services import clean_env, client, job_result, rankexp, sweep_runs
 
 from rankexp import tracking
-
-pg_mlflow_server = services.pg_mlflow_server  # session fixture (tests/services.py)
 
 DEPTHS = (8, 16, 24, 32)
 PROFILE_SERIES = ("erank_profile", "stable_rank_profile", "log_gain_profile")

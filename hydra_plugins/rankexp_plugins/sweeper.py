@@ -239,7 +239,8 @@ class RankexpSweeper(Sweeper):
         experiment = self.config.hydra.runtime.choices.get("experiment") or t.experiment
         parent = tracking.SweepRun(
             tracking.resolve_uri(t.uri), t.experiment, sweep_dir, checked["job_dirs"],
-            " ".join(self.config.hydra.overrides.task), t.heartbeat_s, t.stale_after_s,
+            " ".join(OmegaConf.to_container(self.config.hydra.overrides.task)),  # as typed
+            t.heartbeat_s, t.stale_after_s,
             name=t.run_name or naming.sweep_name(experiment, first.size.value),
             note=f"{t.note}\n\n{note}" if t.note else note,
             tags={str(k): str(v) for k, v in t.tags.items()}, description=t.description)

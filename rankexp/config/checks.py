@@ -640,7 +640,24 @@ def check_task(cfg: DictConfig, *, device: bool = True,
     with task_part(cfg) as task:
         s = check_job(task, device=device, overrides=overrides)
         container = resolved_container(task)
+        keep_environment_text(task, s, container)
     return CheckedJob(s, container, config_hash(container))
+
+
+def keep_environment_text(task: DictConfig, s: RankexpConfig, container: dict[str, Any]) -> None:
+    """Tracking's free text (note, description, tags) that reads the environment
+    (``${oc.env:SECRET}``) stays as typed in the settings and resolved config, so in every run,
+    tag and file: a secret there never leaves the environment."""
+    if "tracking" not in task:
+        return
+    raw, t = OmegaConf.to_container(task.tracking, resolve=False), container["tracking"]
+    for key in ("note", "description"):
+        if "oc.env:" in str(raw.get(key)):
+            setattr(s.tracking, key, raw[key])
+            t[key] = raw[key]
+    for key, value in (raw.get("tags") or {}).items():
+        if "oc.env:" in str(value):
+            s.tracking.tags[key] = t["tags"][key] = value
 
 
 def checked_job(cfg: DictConfig, overrides: Sequence[str] | None = None) -> CheckedJob:

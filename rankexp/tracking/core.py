@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import jobdir
+from ..jobdir import redact
 from ..naming import member_name
 
 log = logging.getLogger(__name__)
 __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
            "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_HOST", "TAG_PID", "TAG_PID_START",
            "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM", "TAG_REASON", "RUN_TAGS",
-           "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost", "redact", "_first_line",
+           "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost", "_first_line",
            "configure_http", "quiet_store_logs", "resolve_uri", "_client", "check_store",
            "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
            "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
@@ -62,11 +63,6 @@ class TrackingError(RuntimeError):
 
 class TrackingLost(TrackingError):
     """The store failed a request once the job had begun (``python -m rankexp.sync`` logs it)."""
-
-
-def redact(text: str) -> str:
-    """``text`` with every URI password masked: ``postgresql://user:***@host/db``."""
-    return re.sub(r"(\w[\w+.-]*://[^/:@\s]*):[^/@\s]*@", r"\1:***@", str(text))
 
 
 def _first_line(e: BaseException) -> str:
