@@ -40,7 +40,7 @@ from .config import (
     quote_unicode,
     register_configs,
 )
-from .locations import CONF_DIR
+from .locations import CONF_DIR, private_files
 from .tracking import TrackingError, TrackingLost
 
 log = logging.getLogger("rankexp")
@@ -162,6 +162,7 @@ def app_help(overrides: list[str]) -> None:
 def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     argv = sys.argv[1:]
+    private_files()
     if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
         raise SystemExit(sweepctl.main(argv))
     sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted
