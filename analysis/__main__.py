@@ -1,9 +1,7 @@
 """``python -m analysis <command> --experiment NAME [options]`` — figures from logged runs
 (:mod:`analysis.core.runner`)."""
 
-import sys
-
-from analysis.core.runner import main
+from analysis.core.runner import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

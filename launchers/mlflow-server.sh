@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real `mlflow server` (SQLite or private PostgreSQL backend) for sweeps that log from many
-# processes or nodes; loopback unless --auth or --insecure. See launchers/README.md.
+# processes or nodes; loopback by default, another --host gets --auth unless --insecure; its state
+# (database, artifacts, logs, secrets) is its owner's alone: 0700/0600. See launchers/README.md.
 #
 #   eval "$(launchers/mlflow-server.sh start [--backend sqlite|postgres] [--host ADDR] [--auth])"
 #   launchers/mlflow-server.sh status | env | stop | purge
@@ -11,6 +12,7 @@
 # RANKEXP_MLFLOW_WORKERS, --auth RANKEXP_MLFLOW_AUTH=1, --insecure RANKEXP_MLFLOW_INSECURE=1;
 # RANKEXP_MLFLOW_DIR (state), RANKEXP_PG_PORT, RANKEXP_MLFLOW_ALLOWED_HOSTS, MLFLOW (executable).
 set -euo pipefail
+umask 077 # every file the script, PostgreSQL and the server create: owner-only
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=${RANKEXP_MLFLOW_DIR:-/tmp/rankexp-mlflow}
@@ -54,6 +56,7 @@ done
 AUTH_DIR=$DIR/auth
 
 loopback() { [[ $1 == 127.* || $1 == localhost || $1 == ::1 ]]; }
+loopback "$HOST" || ((INSECURE)) || AUTH=1 # serving the network: a password unless --insecure
 
 client_host() {
   case $HOST in
@@ -90,16 +93,16 @@ start_postgres() {
   bin=$(pg_bin)
   if ((EUID == 0)); then owner=postgres; else owner=$(id -un); fi
   if ((EUID == 0)) && ! runuser -u postgres -- test -x "$DIR"; then
-    die "user postgres cannot enter $DIR (chmod o+x it and its parents, or pick another RANKEXP_MLFLOW_DIR)"
+    die "user postgres cannot enter $DIR (chmod o+x its parents, or pick another RANKEXP_MLFLOW_DIR)"
   fi
   if [[ ! -s $PG/data/PG_VERSION ]]; then
     log "creating a private PostgreSQL cluster in $PG/data"
     rm -rf "$PG"
-    install -d -m 0755 -o "$owner" "$PG"
+    install -d -m 0700 -o "$owner" "$PG"
     install -d -m 0700 -o "$owner" "$PG/data"
     as_pg "$bin/initdb" -D "$PG/data" -U "$owner" --auth-local=peer --auth-host=scram-sha-256 \
       -E UTF8 --locale=C.UTF-8 >"$DIR/initdb.log" 2>&1 || die "initdb failed; see $DIR/initdb.log"
-    (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pgpass.secret")
+    head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$DIR/pgpass.secret"
   fi
   if ! pg_running; then
     as_pg "$bin/pg_ctl" -D "$PG/data" -l "$PG/postgres.log" -w -t 60 \
@@ -117,7 +120,7 @@ CREATE ROLE mlflow LOGIN PASSWORD '$pw';
 CREATE DATABASE mlflow OWNER mlflow;
 SQL
   fi
-  (umask 077 && echo "127.0.0.1:$PG_PORT:mlflow:mlflow:$pw" >"$DIR/pgpass")
+  echo "127.0.0.1:$PG_PORT:mlflow:mlflow:$pw" >"$DIR/pgpass"
   log "PostgreSQL listening on 127.0.0.1:$PG_PORT"
 }
 
@@ -141,15 +144,14 @@ python_of_mlflow() { "$(dirname "$(readlink -f "$(command -v "$MLFLOW")")")/pyth
 
 # MLflow's basic-auth app: admin password and Flask secret generated once (mode 600).
 prepare_auth() {
+  local why=
+  loopback "$HOST" || why=" (the default for --host $HOST; --insecure serves without a password)"
   python_of_mlflow -c 'import flask_wtf' 2>/dev/null \
-    || die "--auth needs Flask-WTF next to $MLFLOW (pip install 'Flask-WTF>=1.2,<2', or the project's [auth] extra)"
-  (
-    umask 077
-    mkdir -p "$AUTH_DIR"
-    chmod 700 "$AUTH_DIR"
-    [[ -s $AUTH_DIR/admin-password ]] || head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/admin-password"
-    [[ -s $AUTH_DIR/secret-key ]] || head -c 32 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/secret-key"
-    cat >"$AUTH_DIR/basic_auth.ini" <<INI
+    || die "--auth$why needs Flask-WTF next to $MLFLOW (pip install 'Flask-WTF>=1.2,<2', or the project's [auth] extra)"
+  mkdir -p "$AUTH_DIR"
+  [[ -s $AUTH_DIR/admin-password ]] || head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/admin-password"
+  [[ -s $AUTH_DIR/secret-key ]] || head -c 32 /dev/urandom | base64 | tr -d '/+=' >"$AUTH_DIR/secret-key"
+  cat >"$AUTH_DIR/basic_auth.ini" <<INI
 [mlflow]
 default_permission = READ
 database_uri = sqlite:///$AUTH_DIR/basic_auth.db
@@ -157,11 +159,11 @@ admin_username = admin
 admin_password = $(<"$AUTH_DIR/admin-password")
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
-  )
 }
 
 cmd_start() {
   mkdir -p "$DIR"
+  [[ -O $DIR && ! -L $DIR ]] || die "$DIR is not a folder of yours; pick another RANKEXP_MLFLOW_DIR"
   exec 9>"$DIR/.lock"
   flock 9
   local mode=open
@@ -181,11 +183,17 @@ cmd_start() {
   if health "$(client_host)" "$PORT" 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
     die "port $PORT is already in use by another process; pick another with --port"
   fi
-  if ! loopback "$HOST" && ((!AUTH)); then
-    ((INSECURE)) || die "--host $HOST serves the network: anyone reaching port $PORT could read, change and delete every run. Add --auth (MLflow's basic-auth, password generated into $AUTH_DIR/admin-password) or, on a network you trust, --insecure"
+  if ((!AUTH)) && loopback "$HOST"; then
+    log "note: no --auth: every user of this machine can read, change and delete runs on port" \
+      "$PORT; on a shared node add --auth"
+  elif ((!AUTH)); then
     log "WARNING: --insecure: serving $HOST:$PORT WITHOUT authentication; anyone who can reach it can read, change and delete every run"
   fi
   "$MLFLOW" --version >/dev/null 2>&1 || die "cannot run '$MLFLOW' (set MLFLOW=/path/to/mlflow)"
+  # the state dir (one made before, 0755, too) is its owner's; root's PostgreSQL runs as
+  # postgres, which enters it (group postgres, 0710): its data dir is its own, 0700
+  if ((EUID == 0)) && [[ $BACKEND == postgres ]]; then chgrp postgres "$DIR" && chmod 0710 "$DIR"
+  else chmod 0700 "$DIR"; fi
   mkdir -p "$DIR/artifacts"
   local app=()
   if ((AUTH)); then

@@ -41,7 +41,7 @@ from .config import (
     quote_unicode,
     register_configs,
 )
-from .locations import CONF_DIR
+from .locations import CONF_DIR, private_files
 from .tracking import TrackingError, TrackingLost, redact
 
 log = logging.getLogger("rankexp")
@@ -180,6 +180,7 @@ def uri_to_environment(argument: str) -> str:
 def cli() -> None:
     """Check the command line's keys against the schema, then let Hydra run."""
     sys.argv[1:] = argv = [uri_to_environment(a) for a in sys.argv[1:]]
+    private_files()
     if argv[:1] in (["status"], ["cancel"], ["detach"]):  # a detached Slurm sweep
         raise SystemExit(sweepctl.main(argv))
     sys.argv[1:] = argv = [quote_unicode(a) for a in argv]  # unicode values work unquoted

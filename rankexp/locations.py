@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO_ROOT / "conf")  # the Hydra config tree: conf/config.yaml and its groups
+
+
+def private_files() -> None:
+    """Files and folders this process creates are its user's alone (0600/0700), whatever the
+    login's umask: the store, job directories, artifacts and caches hold results that other
+    users of a shared node must not read."""
+    os.umask(os.umask(0o077) | 0o077)
 
 
 def resolve_path(path: str) -> Path:

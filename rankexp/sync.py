@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from . import tracking
+from .locations import private_files
 
 log = logging.getLogger("rankexp.sync")
 
@@ -188,4 +189,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    private_files()
     raise SystemExit(main())

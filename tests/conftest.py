@@ -18,7 +18,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
 from services import pg_mlflow_server, slurm_cluster  # noqa: E402, F401 — one of each per session
 from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
 
-
 #: a session service's tests run on one pytest-xdist worker (``--dist loadgroup``), so each
 #: service starts once per run however many workers there are
 SERVICE_GROUPS = {"slurm_cluster": "slurm", "pg_mlflow_server": "mlflow-server", "browser": "browser"}

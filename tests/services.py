@@ -164,6 +164,18 @@ def http_ok(url: str, timeout: float = 2) -> bool:
         return False
 
 
+def as_nobody(*cmd: str) -> subprocess.CompletedProcess:
+    """``cmd`` run as another, unprivileged user of this machine (``nobody``)."""
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd],
+                          cwd="/", capture_output=True, text=True, timeout=60)
+
+
+def not_private(root: Path) -> dict[str, str]:
+    """``{path: mode}`` of what under ``root`` its group or other users may use."""
+    return {str(p): oct(p.lstat().st_mode & 0o777) for p in root.rglob("*")
+            if p.lstat().st_mode & 0o077 and not p.is_symlink() and not p.is_socket()}
+
+
 # --------------------------------------------------------------------------- MLflow reading
 def client(uri: str):
     from mlflow.tracking import MlflowClient

@@ -46,10 +46,13 @@ def sweep(name: str, size: str, folder: Path, *extra: str) -> None:
             mp.delenv(k, raising=False)
         mp.setenv("OMP_NUM_THREADS", "1")
         mp.setattr(sys, "argv", [*argv, "-m"])
+        umask = os.umask(0o077)  # the CLI's own (files private); this session's comes back after
         try:
             cli()
         except SystemExit as e:  # the rankexp sweeper exits with the sweep's status
             assert e.code in (0, None), f"{name} size={size}: exit {e.code}"
+        finally:
+            os.umask(umask)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """Secure by default (issue 8, row 9 and item 5): ``launchers/mlflow-server.sh`` binds loopback
-unless told otherwise; any other address needs ``--auth`` (MLflow's basic-auth app, a
-generated password in a mode-600 file, never on a command line) or ``--insecure``.  Secrets
-never leave the environment (issue 28, row 1): a store's password and a ``${oc.env:…}`` note are
-in no file, run, log line or submission script a sweep writes."""
+unless told otherwise; any other address gets ``--auth`` (MLflow's basic-auth app, a generated
+password in a mode-600 file, never on a command line) unless ``--insecure``. Secrets never
+leave the environment (issue 28, row 1): a store's password and a ``${oc.env:…}`` note are in
+no file, run, log line or submission script a sweep writes. A store only its owner can read
+(issue 28 row 2): the server's state, a local sweep's store and output tree are 0700/0600,
+tried as a second, unprivileged user."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import subprocess
 import urllib.error
@@ -18,7 +21,15 @@ from base64 import b64encode
 from pathlib import Path
 
 import pytest
-from services import MlflowServer, clean_env, rankexp, sweep_runs
+from services import (
+    MlflowServer,
+    as_nobody,
+    clean_env,
+    not_private,
+    rankexp,
+    service_dir,
+    sweep_runs,
+)
 
 
 def create_experiment(url: str, name: str, auth: tuple[str, str] | None = None) -> int:
@@ -35,8 +46,13 @@ def create_experiment(url: str, name: str, auth: tuple[str, str] | None = None) 
         return e.code
 
 
-def test_other_hosts_are_refused_without_auth_or_insecure():
+def test_other_hosts_are_refused_without_auth_or_insecure(tmp_path):
+    """Off loopback --auth is the default; where it cannot be had, the server is refused."""
     server = MlflowServer("sqlite", workers=1)
+    (tmp_path / "python").symlink_to("/usr/bin/python3")  # an mlflow without Flask-WTF
+    (tmp_path / "mlflow").write_text("#!/bin/sh\n")
+    (tmp_path / "mlflow").chmod(0o755)
+    server.script_env["MLFLOW"] = str(tmp_path / "mlflow")
     try:
         p = server._run("start", "--host", "0.0.0.0", "--port", str(server.port), timeout=60)
         assert p.returncode != 0 and p.stdout == ""
@@ -49,13 +65,15 @@ def test_other_hosts_are_refused_without_auth_or_insecure():
 
 
 def test_auth_server_refuses_anonymous_writes_and_takes_the_generated_password(tmp_path):
+    """Served to the network (--host 0.0.0.0, no --auth given): password-protected, and its
+    state — database, artifacts, log, secrets — out of other local users' reach."""
     server = MlflowServer("sqlite", workers=1)
     try:
-        p = server._run("start", "--auth", "--port", str(server.port), timeout=300)
+        p = server._run("start", "--host", "0.0.0.0", "--port", str(server.port), timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         lines = p.stdout.strip().splitlines()
-        assert lines[:2] == [f"export MLFLOW_TRACKING_URI={server.uri}",
-                             "export MLFLOW_TRACKING_USERNAME=admin"], lines
+        assert re.fullmatch(rf"export MLFLOW_TRACKING_URI=http://\S+:{server.port}", lines[0])
+        assert lines[1] == "export MLFLOW_TRACKING_USERNAME=admin", lines
         secret = server.dir / "auth" / "admin-password"
         assert lines[2] == f"export MLFLOW_TRACKING_PASSWORD=\"$(cat '{secret}')\""
         password = secret.read_text().strip()
@@ -85,6 +103,15 @@ def test_auth_server_refuses_anonymous_writes_and_takes_the_generated_password(t
             del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
         assert run.info.status == "FINISHED"
         assert not re.search(password, server.server_log())
+
+        # another user of this machine: no way in, not even to the names; nothing group/other
+        db, artifacts = server.dir / "sqlite" / "mlflow.db", server.dir / "artifacts"
+        assert (server.dir / "auth" / "basic_auth.db").is_file() and any(artifacts.rglob("*.npz"))
+        assert stat.S_IMODE(server.dir.stat().st_mode) == 0o700
+        assert not_private(server.dir) == {}
+        assert as_nobody("ls", str(artifacts)).returncode != 0
+        assert as_nobody("sqlite3", f"file:{db}?immutable=1", "SELECT value FROM metrics"
+                         ).returncode != 0
     finally:
         server.stop()
 
@@ -146,3 +173,22 @@ def test_a_slurm_sweep_keeps_the_secrets_in_the_environment(tmp_path, pg_mlflow_
                                  "hydra.launcher.mem_gb=2", cwd=tmp_path, env=slurm_cluster.env())
     assert_kept_secret(*kept, output, tmp_path, pg_mlflow_server)
     assert list(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh"))
+
+
+def test_a_local_sweep_leaves_nothing_another_user_can_read():
+    """Issue 28 row 2: the default SQLite store, its artifacts and the sweep's job directories
+    are 0600/0700 in a folder other users can enter (the launch dir), whatever the umask."""
+    launch = service_dir("perms")  # 0755 under /tmp, unlike pytest's 0700 tmp_path
+    try:
+        rankexp("depth=2", "width=8", "seeds=1", "-m", cwd=launch, env=clean_env(),
+                timeout=300).check()
+        made = {p.name for p in launch.rglob("*")}
+        assert {"mlflow.db", "run.json", "result.json", "config.yaml", "arrays.npz"} <= made, made
+        log = launch.glob("rankexp-*.log")  # the test's own record of the command's output
+        seen = as_nobody("find", str(launch), "-mindepth", "1", "-readable").stdout.split()
+        assert set(seen) == set(not_private(launch)) == {str(p) for p in log}
+        db = launch / "mlflow.db"
+        assert as_nobody("sqlite3", f"file:{db}?immutable=1", "SELECT value FROM metrics"
+                         ).returncode != 0
+    finally:
+        shutil.rmtree(launch)

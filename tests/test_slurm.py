@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import member_history
 from mlflow.entities import ViewType
-from services import client, finish, rankexp, start_rankexp, sweep_runs
+from services import client, finish, not_private, rankexp, start_rankexp, sweep_runs
 
 # This node has 2 CPUs: one CPU and 2 GB per array task, so two tasks run at once.
 SLURM = (
@@ -79,6 +79,8 @@ def test_sweep_is_one_slurm_array_with_four_finished_runs_under_one_parent(slurm
         owners = [t for t, text in logs.items() if f"(run {r.info.run_id})" in text]
         assert len(owners) == 1, (r.info.run_id, owners)
     assert all("Job completed successfully" in text for text in logs.values())
+    # what the jobs wrote (job dirs, submitit's logs) keeps the submitter's private umask
+    assert not_private(sweep) == {} and not_private(store) == {}
 
 
 def test_cluster_daemons_listen_on_loopback_only_and_keep_passwords_out_of_argv(slurm_cluster):

@@ -5,11 +5,14 @@ to its job directory, and counted once more in PostgreSQL's own `metrics` table.
 
 from __future__ import annotations
 
+import grp
+import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from services import clean_env, client, job_result, rankexp, sweep_runs
+from services import as_nobody, clean_env, client, job_result, not_private, rankexp, sweep_runs
 
 from rankexp import tracking
 
@@ -92,3 +95,22 @@ def test_eight_parallel_jobs_log_every_point_to_a_postgres_backed_server(
         f"{total} metric points from {n} parallel jobs all arrived (max overlap {overlap}); "
         f"server start {server.start_seconds:.1f} s, sweep {res.seconds:.1f} s"
     )
+
+
+def test_the_postgres_backed_store_is_its_owners_alone(pg_mlflow_server):
+    """Issue 28 row 2: another user of this machine gets nothing of the server's state (the
+    database's files, its password, the artifacts, the logs), nor into PostgreSQL without the
+    password. Under root the state dir lets user postgres in (group postgres, 0710), no one else."""
+    d = pg_mlflow_server.dir
+    st = d.stat()
+    if os.geteuid() == 0:
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o710, grp.getgrnam("postgres").gr_gid)
+    else:
+        assert stat.S_IMODE(st.st_mode) == 0o700
+    assert (d / "postgres" / "data" / "PG_VERSION").is_file() and (d / "pgpass").is_file()
+    assert not_private(d) == {}
+    assert as_nobody("ls", str(d)).returncode != 0
+    for host in ("127.0.0.1", str(d / "postgres")):  # TCP (a password), the socket (peer)
+        p = as_nobody("psql", "-h", host, "-p", str(pg_mlflow_server.pg_port), "-U", "mlflow",
+                      "-d", "mlflow", "-w", "-c", "SELECT count(*) FROM metrics")
+        assert p.returncode != 0 and "count" not in p.stdout, (host, p.stdout, p.stderr)

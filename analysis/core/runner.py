@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rankexp.locations import private_files
 from rankexp.tracking import TrackingError
 
 from .registry import modules
@@ -112,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    """The ``rankexp-analysis`` console script (``pyproject.toml``): :func:`main`'s status."""
+    """The ``rankexp-analysis`` console script (``pyproject.toml``) and ``python -m analysis``:
+    :func:`main`'s status; caches and figures its user's alone."""
+    private_files()
     sys.exit(main())
 
 
