@@ -9,13 +9,20 @@ config is FINISHED twice, the parents' counts and the exit statuses tell the tru
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from services import clean_env, finish, rankexp, start_rankexp, sweep_runs
+
+from rankexp.config import config_hash
+from rankexp.locations import DATA_CACHE, cache_path
 
 # Hydra's basic launcher runs the jobs one after another in this order: two cheap jobs
 # (L=4), then the two L=64 ones.  Job 3 is caught running by making it wait for the signal
@@ -140,3 +147,117 @@ def test_ctrl_c_between_jobs_ends_parent_killed_with_the_jobs_not_run(tmp_path):
     m = parent.data.metrics
     assert m["jobs_finished"] == 2 and m["jobs_killed"] + m["jobs_not_run"] == 2
     rerun_resumes(tmp_path, uri, {r.info.run_id for r in jobs})
+
+
+# ------------------------------------------------- the hash is the experiment, not the machine
+#: a tiny training job (20 steps of a 2-block MLP on CIFAR-10)
+TINY = ("task=train", "depth=2", "width=8", "task.steps=20", "task.eval_every=10",
+        "task.lrs=[0.001]")
+#: TINY's config hash before paths, cadences and compile flags left it (issue 28's main, with
+#: data.root's default): the tag a run logged then carries
+TINY_HASH_BEFORE = "618f5d121a942491"
+#: each key that says where or how often, not what is computed, with two of its values
+PLACE_VALUES = [("data.root", "../shared/data", "/scratch/elsewhere/cifar/"),
+                ("data.cache_dir", "data", "/scratch/cache"), ("data.download", False, True),
+                ("task.checkpoint_dir", "checkpoints", "/scratch/ckpt"),
+                ("task.checkpoint_every", 500, 7), ("task.log_every", 50, 3),
+                ("task.compile", False, True), ("task.cuda_graphs", False, True)]
+REPO = Path(__file__).resolve().parent.parent
+#: what a snapshot of the checkout leaves out: the environment, git's objects, tools' caches
+SKIP = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "shared"}
+
+
+@functools.cache
+def tiny_container() -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from rankexp.cli import CONF_DIR
+    from rankexp.config import resolved_container
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return resolved_container(compose("config", [*TINY, "data.root=../shared/data"]))
+
+
+def with_value(key: str, value) -> dict:
+    node, name = key.split(".")
+    c = copy.deepcopy(tiny_container())
+    c[node][name] = value
+    return c
+
+
+@pytest.mark.parametrize(("key", "a", "b"), PLACE_VALUES, ids=[k for k, *_ in PLACE_VALUES])
+def test_where_and_how_often_leave_the_config_hash(key, a, b):
+    """Issue 28 row 3: two training configs that differ only in a path, a logging or
+    checkpoint cadence or a compile flag have one hash; what is computed still counts."""
+    assert config_hash(with_value(key, a)) == config_hash(with_value(key, b))
+    assert config_hash(with_value("task.steps", 20)) != config_hash(with_value("task.steps", 21))
+
+
+def test_the_legacy_hash_is_the_one_runs_logged_before_carry():
+    """What main tagged TINY's runs with: the legacy hash reproduces it, the new one differs."""
+    assert config_hash(tiny_container(), legacy=True) == TINY_HASH_BEFORE
+    assert config_hash(tiny_container()) != TINY_HASH_BEFORE
+
+
+def checkout_files() -> dict[str, int]:
+    """Every file and folder of the checkout (its caches followed through a link; not .venv,
+    git's objects, bytecode or the extracted archives) with its mtime, and git's index."""
+    out = {}
+    for top, dirs, files in os.walk(REPO, followlinks=True):
+        dirs[:] = [d for d in dirs if d not in SKIP and not d.startswith("cifar10-jpeg-")]
+        for name in dirs + files:
+            p = Path(top, name)
+            out[str(p.relative_to(REPO))] = p.lstat().st_mtime_ns
+    index = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--path-format=absolute",
+                            "--git-path", "index"], capture_output=True, text=True).stdout.strip()
+    out["<git index>"] = Path(index).stat().st_mtime_ns if index else 0
+    return out
+
+
+
+def test_a_finished_run_is_skipped_after_the_data_moves_and_nothing_lands_in_the_checkout(
+        tmp_path):
+    """Issue 28 rows 3 and 8: TINY trains once, its checkpoint in the user's cache dir
+    ($XDG_CACHE_HOME/rankexp) and nothing written in the checkout; then the same config with
+    the data at another path (and other checkpoint and logging cadences, another checkpoint
+    folder) is skipped as that run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    xdg = tmp_path / "xdg"
+    data_cache = cache_path(DATA_CACHE)  # the tests' decoded CIFAR-10, shared through a link
+    data_cache.mkdir(parents=True, exist_ok=True)
+    (xdg / "rankexp").mkdir(parents=True)
+    (xdg / "rankexp" / DATA_CACHE).symlink_to(data_cache)
+    env = clean_env(XDG_CACHE_HOME=str(xdg))
+    before = checkout_files()
+    first = rankexp(*TINY, cwd=tmp_path, env=env, timeout=600).check()
+    assert checkout_files() == before
+    (run,) = sweep_runs(uri)[1]
+    assert run.info.status == "FINISHED" and run.data.params["data.root"] == "../shared/data"
+    assert (xdg / "rankexp" / "checkpoints" / f"{run.data.tags['config_hash']}.pt").is_file()
+    assert not (tmp_path / "mlruns").exists(), first.output[-2000:]
+
+    (tmp_path / "moved").symlink_to(REPO.parent / "shared" / "data")
+    again = rankexp(*TINY, f"data.root={tmp_path / 'moved'}/", "task.checkpoint_every=5",
+                    "task.log_every=5", f"task.checkpoint_dir={tmp_path / 'ckpt'}",
+                    cwd=tmp_path, env=env, timeout=300).check()
+    assert f"already FINISHED as run {run.info.run_id}" in again.output, again.output[-3000:]
+    assert len(sweep_runs(uri)[1]) == 1
+
+
+def test_a_run_logged_before_the_hash_changed_is_still_skipped(tmp_path):
+    """Issue 28 row 3: a store written by main (TINY FINISHED under its old hash) — the job
+    skips the config and re-tags that run with today's hash (the old one kept), so later
+    lookups (sync, a contour's read-back) find it as any other run."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    old = c.create_run(c.create_experiment("rankexp", (tmp_path / "art").as_uri()),
+                       tags={"config_hash": TINY_HASH_BEFORE, "task": "train"}).info.run_id
+    c.set_terminated(old, "FINISHED")
+    res = rankexp(*TINY, cwd=tmp_path, env=clean_env(XDG_CACHE_HOME=str(tmp_path / "xdg")),
+                  timeout=300).check()
+    assert f"already FINISHED as run {old}" in res.output, res.output[-3000:]
+    tags = c.get_run(old).data.tags
+    assert tags["config_hash"] == config_hash(tiny_container())
+    assert tags["rankexp.legacy_hash"] == TINY_HASH_BEFORE
+    assert len(sweep_runs(uri)[1]) == 1
