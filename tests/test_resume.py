@@ -151,11 +151,10 @@ def test_ctrl_c_between_jobs_ends_parent_killed_with_the_jobs_not_run(tmp_path):
 
 # ------------------------------------------------- the hash is the experiment, not the machine
 #: a tiny training job (20 steps of a 2-block MLP on CIFAR-10)
-TINY = ("task=train", "depth=2", "width=8", "task.steps=20", "task.eval_every=10",
-        "task.lrs=[0.001]")
-#: TINY's config hash before paths, cadences and compile flags left it (issue 28's main, with
-#: data.root's default): the tag a run logged then carries
-TINY_HASH_BEFORE = "618f5d121a942491"
+TINY = ("task=train", "width=8", "task.steps=20", "task.eval_every=10", "task.lrs=[0.001]")
+#: a run logged before paths, cadences and compile flags left the hash (issue 28's main): TINY
+#: at depth 3 with its data at ``moved/``, and the ``config_hash`` tag main gave it
+BEFORE = ("depth=3", "data.root=moved/"), "dd3a2e1547e9c53a"
 #: each key that says where or how often, not what is computed, with two of its values
 PLACE_VALUES = [("data.root", "../shared/data", "/scratch/elsewhere/cifar/"),
                 ("data.cache_dir", "data", "/scratch/cache"), ("data.download", False, True),
@@ -168,13 +167,13 @@ SKIP = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "shared"
 
 
 @functools.cache
-def tiny_container() -> dict:
+def tiny_container(*overrides: str) -> dict:
     from hydra import compose, initialize_config_dir
 
     from rankexp.cli import CONF_DIR
     from rankexp.config import resolved_container
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return resolved_container(compose("config", [*TINY, "data.root=../shared/data"]))
+        return resolved_container(compose("config", [*TINY, "depth=2", *overrides]))
 
 
 def with_value(key: str, value) -> dict:
@@ -193,9 +192,9 @@ def test_where_and_how_often_leave_the_config_hash(key, a, b):
 
 
 def test_the_legacy_hash_is_the_one_runs_logged_before_carry():
-    """What main tagged TINY's runs with: the legacy hash reproduces it, the new one differs."""
-    assert config_hash(tiny_container(), legacy=True) == TINY_HASH_BEFORE
-    assert config_hash(tiny_container()) != TINY_HASH_BEFORE
+    """What main tagged the run of BEFORE's config with: the legacy hash, not today's."""
+    container = tiny_container(*BEFORE[0])
+    assert config_hash(container, legacy=True) == BEFORE[1] != config_hash(container)
 
 
 def checkout_files() -> dict[str, int]:
@@ -213,51 +212,40 @@ def checkout_files() -> dict[str, int]:
     return out
 
 
-
-def test_a_finished_run_is_skipped_after_the_data_moves_and_nothing_lands_in_the_checkout(
+def test_finished_runs_are_skipped_after_the_data_moves_and_nothing_lands_in_the_checkout(
         tmp_path):
-    """Issue 28 rows 3 and 8: TINY trains once, its checkpoint in the user's cache dir
-    ($XDG_CACHE_HOME/rankexp) and nothing written in the checkout; then the same config with
-    the data at another path (and other checkpoint and logging cadences, another checkpoint
-    folder) is skipped as that run."""
+    """Issue 28 rows 3 and 8, one sweep of TINY at depths 2, 3, 4 with the data moved to
+    ``moved/``: depth 2, FINISHED with the data at ``../shared/data``, is skipped; depth 3, a
+    run main logged under its old hash, is skipped too and re-tagged with today's hash (the old
+    one kept) so later lookups (sync, a contour's read-back) find it as any other; depth 4
+    trains, its checkpoint in the user's cache dir ($XDG_CACHE_HOME/rankexp), and nothing is
+    written in the checkout."""
+    from mlflow.tracking import MlflowClient
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    exp = c.create_experiment("rankexp", (tmp_path / "artifacts").as_uri())
+    done = {h: c.create_run(exp, tags={"config_hash": h}).info.run_id
+            for h in (config_hash(tiny_container()), BEFORE[1])}
+    for run_id in done.values():
+        c.set_terminated(run_id, "FINISHED")
     xdg = tmp_path / "xdg"
     data_cache = cache_path(DATA_CACHE)  # the tests' decoded CIFAR-10, shared through a link
     data_cache.mkdir(parents=True, exist_ok=True)
     (xdg / "rankexp").mkdir(parents=True)
     (xdg / "rankexp" / DATA_CACHE).symlink_to(data_cache)
-    env = clean_env(XDG_CACHE_HOME=str(xdg))
-    before = checkout_files()
-    first = rankexp(*TINY, cwd=tmp_path, env=env, timeout=600).check()
-    assert checkout_files() == before
-    (run,) = sweep_runs(uri)[1]
-    assert run.info.status == "FINISHED" and run.data.params["data.root"] == "../shared/data"
-    assert (xdg / "rankexp" / "checkpoints" / f"{run.data.tags['config_hash']}.pt").is_file()
-    assert not (tmp_path / "mlruns").exists(), first.output[-2000:]
-
     (tmp_path / "moved").symlink_to(REPO.parent / "shared" / "data")
-    again = rankexp(*TINY, f"data.root={tmp_path / 'moved'}/", "task.checkpoint_every=5",
-                    "task.log_every=5", f"task.checkpoint_dir={tmp_path / 'ckpt'}",
-                    cwd=tmp_path, env=env, timeout=300).check()
-    assert f"already FINISHED as run {run.info.run_id}" in again.output, again.output[-3000:]
-    assert len(sweep_runs(uri)[1]) == 1
-
-
-def test_a_run_logged_before_the_hash_changed_is_still_skipped(tmp_path):
-    """Issue 28 row 3: a store written by main (TINY FINISHED under its old hash) — the job
-    skips the config and re-tags that run with today's hash (the old one kept), so later
-    lookups (sync, a contour's read-back) find it as any other run."""
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    c = MlflowClient(uri)
-    old = c.create_run(c.create_experiment("rankexp", (tmp_path / "art").as_uri()),
-                       tags={"config_hash": TINY_HASH_BEFORE, "task": "train"}).info.run_id
-    c.set_terminated(old, "FINISHED")
-    res = rankexp(*TINY, cwd=tmp_path, env=clean_env(XDG_CACHE_HOME=str(tmp_path / "xdg")),
-                  timeout=300).check()
-    assert f"already FINISHED as run {old}" in res.output, res.output[-3000:]
-    tags = c.get_run(old).data.tags
-    assert tags["config_hash"] == config_hash(tiny_container())
-    assert tags["rankexp.legacy_hash"] == TINY_HASH_BEFORE
-    assert len(sweep_runs(uri)[1]) == 1
+    before = checkout_files()
+    res = rankexp(*TINY, "data.root=moved/", "depth=2,3,4", "-m", cwd=tmp_path,
+                  env=clean_env(XDG_CACHE_HOME=str(xdg)), timeout=600).check()
+    assert checkout_files() == before
+    assert "1 finished, 2 skipped (already FINISHED)" in res.output, res.output[-3000:]
+    for run_id in done.values():
+        assert f"already FINISHED as run {run_id}" in res.output, res.output[-3000:]
+    tags = c.get_run(done[BEFORE[1]]).data.tags
+    assert tags["config_hash"] == config_hash(tiny_container(*BEFORE[0]))
+    assert tags["rankexp.legacy_hash"] == BEFORE[1]
+    (trained,) = [r for r in sweep_runs(uri)[1] if r.info.run_id not in done.values()]
+    assert trained.info.status == "FINISHED" and trained.data.params["depth"] == "4"
+    assert (xdg / "rankexp" / "checkpoints" / f"{trained.data.tags['config_hash']}.pt").is_file()
+    assert not (tmp_path / "mlruns").exists()
