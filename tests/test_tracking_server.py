@@ -95,3 +95,19 @@ def test_eight_parallel_jobs_log_every_point_to_a_postgres_backed_server(
         f"{total} metric points from {n} parallel jobs all arrived (max overlap {overlap}); "
         f"server start {server.start_seconds:.1f} s, sweep {res.seconds:.1f} s"
     )
+
+
+def test_a_direct_database_store_keeps_artifacts_in_the_users_cache_dir(
+    pg_mlflow_server, tmp_path, monkeypatch
+):
+    """Issue 28 row 8: an experiment that a direct database URI (no server) creates keeps its
+    artifacts under $XDG_CACHE_HOME/rankexp/mlartifacts, not in the creating process's
+    ./mlruns (a read-only or shared launch directory)."""
+    server = pg_mlflow_server
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PGPASSFILE", str(server.dir / "pgpass"))
+    monkeypatch.chdir(tmp_path)
+    uri = f"postgresql+psycopg://mlflow@127.0.0.1:{server.pg_port}/mlflow"
+    exp_id = tracking.prepare_experiment(uri, "direct_db")
+    location = client(uri).get_experiment(exp_id).artifact_location
+    assert location == (tmp_path / "xdg" / "rankexp" / "mlartifacts" / "direct_db").as_uri()
