@@ -211,7 +211,8 @@ class Job:
         self.s, self.ctx, self.limit, self.job_dir = checked.settings, ctx, limit, ctx.job_dir
         # submitit's own USR2 handler (checkpoint + requeue)
         self.requeue_handler = requeue_handler if callable(requeue_handler) else None
-        self.container, self.chash = checked.container, checked.config_hash
+        self.container, self.chash, self.legacy = checked.container, checked.config_hash, \
+            checked.legacy_hash
         self.device = resolve_device(self.s.device)
         self.uri = self.exp_id = self.run_id = None
         self.offline: str | None = None  # why the store failed this job
@@ -243,7 +244,7 @@ class Job:
         params = run_params(self.container, s)
         tracking.write_json(job_dir / tracking.RUN_FILE, {
             "uri": tracking.redact(self.uri or ""), "experiment": t.experiment, "run_name": self.name,
-            "params": params, "tags": tags, "config_hash": self.chash,
+            "params": params, "tags": tags, "config_hash": self.chash, "legacy_hash": self.legacy,
             "start_time": int(time.time() * 1000), "log_arrays": t.log_arrays})
         journal = job_dir / tracking.JOURNAL_FILE
         journal.unlink(missing_ok=True)
@@ -302,7 +303,7 @@ class Job:
         if not t.resume or t.force:
             return None
         try:
-            return tracking.find_finished(self.uri, self.exp_id, self.chash)
+            return tracking.find_finished(self.uri, self.exp_id, self.chash, self.legacy)
         except Exception as e:  # the store went away: compute into the job directory
             self._offline(e)
             return None

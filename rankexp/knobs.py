@@ -101,8 +101,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("task.probe_steps", None, "run task.probes at these optimizer steps on every learning "
          "rate: a list [0,100,…] or log (0, 1, 2, 5, 10, 20, 50, … ≤ task.steps, and task.steps)",
          task="train"),
-    Knob("task.checkpoint_dir", ".cache/checkpoints", "checkpoints, <config_hash>.pt (relative "
-         "to the repository root)", task="train"),
+    Knob("task.checkpoint_dir", "checkpoints", "checkpoints, <config_hash>.pt (relative to "
+         "$XDG_CACHE_HOME/rankexp, else ~/.cache/rankexp)", task="train"),
     Knob("task.stable_accuracy", 0.4, "a rate is stable when it does not diverge and ends at "
          "this test accuracy or more (max_stable_lr; Table 5)", task="train"),
     Knob("task.divergence_factor", 1000.0, "diverged: loss non-finite or > this × the initial "

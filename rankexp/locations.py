@@ -26,12 +26,21 @@ def resolve_path(path: str) -> Path:
     return repo if repo.exists() else p
 
 
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/rankexp``, else ``~/.cache/rankexp``: this user's decoded data,
+    checkpoints and analysis caches — never the checkout, which may be read-only or shared."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankexp"
+
+
 def cache_path(path: str) -> Path:
-    """A cache path: relative ones live under the repository root, wherever the job was
-    launched, so every job of a checkout shares one decoded data set and one checkpoint
-    folder."""
+    """A cache path: relative ones live under :func:`user_cache_dir`, wherever the job was
+    launched, so every job of a user shares one decoded data set and one checkpoint folder."""
     p = Path(path).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else user_cache_dir() / p
+
+
+#: ``data.cache_dir``'s default: the decoded CIFAR-10, under :func:`user_cache_dir`
+DATA_CACHE = "data"
 
 
 ARCHIVE_NAME = "cifar10-jpeg.tar.gz"

@@ -69,7 +69,8 @@ class Syncer:
         self._close_leftover(uri, status, record)
         if result is None:
             return "no result", None
-        done = tracking.find_finished(uri, exp_id, record["config_hash"])
+        done = tracking.find_finished(uri, exp_id, record["config_hash"],
+                                      record.get("legacy_hash", ""))
         if done:
             return "present", done
         tags = {**record["tags"], "rankexp.synced_from": str(job_dir.resolve()), **tracking.owner_tags()}

@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision.io import encode_jpeg
 
 import rankexp.tasks.data as data_mod
+from rankexp.locations import cache_path, user_cache_dir
 from rankexp.tasks.data import (
     ARCHIVE_NAME,
     CLASSES,
@@ -321,7 +322,7 @@ def test_batch_sampler_epochs_are_permutations_and_depend_only_on_seed_and_step(
     not (DEFAULT_ROOT / ARCHIVE_NAME).is_file(), reason=f"no {DEFAULT_ROOT / ARCHIVE_NAME}"
 )
 def test_real_cifar10_counts_classes_statistics_and_cached_load_time():
-    load_cifar10(progress=False)  # decodes once if the repo's .cache lacks it
+    load_cifar10(progress=False)  # decodes once if the user's cache lacks it
     t0 = time.perf_counter()
     x_train, y_train, x_test, y_test = load_cifar10(DEFAULT_ROOT, DEFAULT_CACHE_DIR, progress=False)
     elapsed = time.perf_counter() - t0
@@ -335,7 +336,11 @@ def test_real_cifar10_counts_classes_statistics_and_cached_load_time():
     np.testing.assert_allclose(std, [0.245, 0.242, 0.261], atol=1e-3)
 
 
-def test_default_paths_point_at_shared_and_repo_cache():
+def test_default_paths_point_at_shared_and_the_users_cache(monkeypatch, tmp_path):
     repo = Path(data_mod.__file__).resolve().parents[2]  # rankexp/tasks/data.py → the checkout
     assert DEFAULT_ROOT == repo.parent / "shared" / "data"
-    assert DEFAULT_CACHE_DIR == repo / ".cache"
+    assert DEFAULT_CACHE_DIR == user_cache_dir() / "data"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_path("data") == tmp_path / "rankexp" / "data"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_path("checkpoints") == Path.home() / ".cache" / "rankexp" / "checkpoints"

@@ -9,13 +9,20 @@ config is FINISHED twice, the parents' counts and the exit statuses tell the tru
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from services import clean_env, finish, rankexp, start_rankexp, sweep_runs
+
+from rankexp.config import config_hash
+from rankexp.locations import DATA_CACHE, cache_path
 
 # Hydra's basic launcher runs the jobs one after another in this order: two cheap jobs
 # (L=4), then the two L=64 ones.  Job 3 is caught running by making it wait for the signal
@@ -140,3 +147,105 @@ def test_ctrl_c_between_jobs_ends_parent_killed_with_the_jobs_not_run(tmp_path):
     m = parent.data.metrics
     assert m["jobs_finished"] == 2 and m["jobs_killed"] + m["jobs_not_run"] == 2
     rerun_resumes(tmp_path, uri, {r.info.run_id for r in jobs})
+
+
+# ------------------------------------------------- the hash is the experiment, not the machine
+#: a tiny training job (20 steps of a 2-block MLP on CIFAR-10)
+TINY = ("task=train", "width=8", "task.steps=20", "task.eval_every=10", "task.lrs=[0.001]")
+#: a run logged before paths, cadences and compile flags left the hash (issue 28's main): TINY
+#: at depth 3 with its data at ``moved/``, and the ``config_hash`` tag main gave it
+BEFORE = ("depth=3", "data.root=moved/"), "dd3a2e1547e9c53a"
+#: each key that says where or how often, not what is computed, with two of its values
+PLACE_VALUES = [("data.root", "../shared/data", "/scratch/elsewhere/cifar/"),
+                ("data.cache_dir", "data", "/scratch/cache"), ("data.download", False, True),
+                ("task.checkpoint_dir", "checkpoints", "/scratch/ckpt"),
+                ("task.checkpoint_every", 500, 7), ("task.log_every", 50, 3),
+                ("task.compile", False, True), ("task.cuda_graphs", False, True)]
+REPO = Path(__file__).resolve().parent.parent
+#: what a snapshot of the checkout leaves out: the environment, git's objects, tools' caches
+SKIP = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "shared"}
+
+
+@functools.cache
+def tiny_container(*overrides: str) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from rankexp.cli import CONF_DIR
+    from rankexp.config import resolved_container
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return resolved_container(compose("config", [*TINY, "depth=2", *overrides]))
+
+
+def with_value(key: str, value) -> dict:
+    node, name = key.split(".")
+    c = copy.deepcopy(tiny_container())
+    c[node][name] = value
+    return c
+
+
+@pytest.mark.parametrize(("key", "a", "b"), PLACE_VALUES, ids=[k for k, *_ in PLACE_VALUES])
+def test_where_and_how_often_leave_the_config_hash(key, a, b):
+    """Issue 28 row 3: two training configs that differ only in a path, a logging or
+    checkpoint cadence or a compile flag have one hash; what is computed still counts."""
+    assert config_hash(with_value(key, a)) == config_hash(with_value(key, b))
+    assert config_hash(with_value("task.steps", 20)) != config_hash(with_value("task.steps", 21))
+
+
+def test_the_legacy_hash_is_the_one_runs_logged_before_carry():
+    """What main tagged the run of BEFORE's config with: the legacy hash, not today's."""
+    container = tiny_container(*BEFORE[0])
+    assert config_hash(container, legacy=True) == BEFORE[1] != config_hash(container)
+
+
+def checkout_files() -> dict[str, int]:
+    """Every file and folder of the checkout (its caches followed through a link; not .venv,
+    git's objects, bytecode or the extracted archives) with its mtime, and git's index."""
+    out = {}
+    for top, dirs, files in os.walk(REPO, followlinks=True):
+        dirs[:] = [d for d in dirs if d not in SKIP and not d.startswith("cifar10-jpeg-")]
+        for name in dirs + files:
+            p = Path(top, name)
+            out[str(p.relative_to(REPO))] = p.lstat().st_mtime_ns
+    index = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--path-format=absolute",
+                            "--git-path", "index"], capture_output=True, text=True).stdout.strip()
+    out["<git index>"] = Path(index).stat().st_mtime_ns if index else 0
+    return out
+
+
+def test_finished_runs_are_skipped_after_the_data_moves_and_nothing_lands_in_the_checkout(
+        tmp_path):
+    """Issue 28 rows 3 and 8, one sweep of TINY at depths 2, 3, 4 with the data moved to
+    ``moved/``: depth 2, FINISHED with the data at ``../shared/data``, is skipped; depth 3, a
+    run main logged under its old hash, is skipped too and re-tagged with today's hash (the old
+    one kept) so later lookups (sync, a contour's read-back) find it as any other; depth 4
+    trains, its checkpoint in the user's cache dir ($XDG_CACHE_HOME/rankexp), and nothing is
+    written in the checkout."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(uri)
+    exp = c.create_experiment("rankexp", (tmp_path / "artifacts").as_uri())
+    done = {h: c.create_run(exp, tags={"config_hash": h}).info.run_id
+            for h in (config_hash(tiny_container()), BEFORE[1])}
+    for run_id in done.values():
+        c.set_terminated(run_id, "FINISHED")
+    xdg = tmp_path / "xdg"
+    data_cache = cache_path(DATA_CACHE)  # the tests' decoded CIFAR-10, shared through a link
+    data_cache.mkdir(parents=True, exist_ok=True)
+    (xdg / "rankexp").mkdir(parents=True)
+    (xdg / "rankexp" / DATA_CACHE).symlink_to(data_cache)
+    (tmp_path / "moved").symlink_to(REPO.parent / "shared" / "data")
+    before = checkout_files()
+    res = rankexp(*TINY, "data.root=moved/", "depth=2,3,4", "-m", cwd=tmp_path,
+                  env=clean_env(XDG_CACHE_HOME=str(xdg)), timeout=600).check()
+    assert checkout_files() == before
+    assert "1 finished, 2 skipped (already FINISHED)" in res.output, res.output[-3000:]
+    for run_id in done.values():
+        assert f"already FINISHED as run {run_id}" in res.output, res.output[-3000:]
+    tags = c.get_run(done[BEFORE[1]]).data.tags
+    assert tags["config_hash"] == config_hash(tiny_container(*BEFORE[0]))
+    assert tags["rankexp.legacy_hash"] == BEFORE[1]
+    (trained,) = [r for r in sweep_runs(uri)[1] if r.info.run_id not in done.values()]
+    assert trained.info.status == "FINISHED" and trained.data.params["depth"] == "4"
+    assert (xdg / "rankexp" / "checkpoints" / f"{trained.data.tags['config_hash']}.pt").is_file()
+    assert not (tmp_path / "mlruns").exists()

@@ -114,3 +114,19 @@ def test_the_postgres_backed_store_is_its_owners_alone(pg_mlflow_server):
         p = as_nobody("psql", "-h", host, "-p", str(pg_mlflow_server.pg_port), "-U", "mlflow",
                       "-d", "mlflow", "-w", "-c", "SELECT count(*) FROM metrics")
         assert p.returncode != 0 and "count" not in p.stdout, (host, p.stdout, p.stderr)
+
+
+def test_a_direct_database_store_keeps_artifacts_in_the_users_cache_dir(
+    pg_mlflow_server, tmp_path, monkeypatch
+):
+    """Issue 28 row 8: an experiment that a direct database URI (no server) creates keeps its
+    artifacts under $XDG_CACHE_HOME/rankexp/mlartifacts, not in the creating process's
+    ./mlruns (a read-only or shared launch directory)."""
+    server = pg_mlflow_server
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("PGPASSFILE", str(server.dir / "pgpass"))
+    monkeypatch.chdir(tmp_path)
+    uri = f"postgresql+psycopg://mlflow@127.0.0.1:{server.pg_port}/mlflow"
+    exp_id = tracking.prepare_experiment(uri, "direct_db")
+    location = client(uri).get_experiment(exp_id).artifact_location
+    assert location == (tmp_path / "xdg" / "rankexp" / "mlartifacts" / "direct_db").as_uri()

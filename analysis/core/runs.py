@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.locations import REPO_ROOT
+from rankexp.locations import cache_path
 from rankexp.tracking import (
     FIGURES_DIR,
     MEMBERS_ATTR,
@@ -33,10 +33,10 @@ from rankexp.tracking import (
 
 log = logging.getLogger("analysis")
 
-#: where series of non-file stores (servers, PostgreSQL) are cached, per store and run;
-#: a SQLite store's cache sits beside it (``mlflow.db`` → ``mlflow.db.series-cache/``) and
-#: goes with it. ``$RANKEXP_ANALYSIS_CACHE`` overrides both.
-DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "analysis"
+#: where series of non-file stores (servers, PostgreSQL) are cached, per store and run, in the
+#: user's cache dir; a SQLite store's cache sits beside it (``mlflow.db`` →
+#: ``mlflow.db.series-cache/``) and goes with it. ``$RANKEXP_ANALYSIS_CACHE`` overrides both.
+DEFAULT_CACHE_DIR = cache_path("analysis")
 SERIES_PREFIX = "series:"
 #: ``DataFrame.attrs`` key of a loaded table: the names of its param columns
 PARAMS_ATTR = "params"

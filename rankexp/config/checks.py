@@ -600,11 +600,13 @@ def check_job(cfg: DictConfig, *, device: bool = True,
 @dataclass(frozen=True)
 class CheckedJob:
     """A job checked before it runs: its typed config, its resolved config (plain Python, no
-    ``hydra`` node) and its config hash (:func:`config_hash`)."""
+    ``hydra`` node), its config hash (:func:`config_hash`) and the hash runs logged before
+    the paths and cadences left it carry (``legacy``: resume finds those too)."""
 
     settings: RankexpConfig
     container: dict[str, Any]
     config_hash: str
+    legacy_hash: str
 
 
 #: jobs of this process's sweep the sweeper checked, by override list (:func:`checked_job`)
@@ -641,7 +643,7 @@ def check_task(cfg: DictConfig, *, device: bool = True,
         s = check_job(task, device=device, overrides=overrides)
         container = resolved_container(task)
         keep_environment_text(task, s, container)
-    return CheckedJob(s, container, config_hash(container))
+    return CheckedJob(s, container, config_hash(container), config_hash(container, legacy=True))
 
 
 def keep_environment_text(task: DictConfig, s: RankexpConfig, container: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from ..knobs import CIFAR10_COUNTS, bad, default
+from ..locations import DATA_CACHE
 from ..models.families import FAMILIES
 from ..models.spec import (
     ACTIVATIONS,
@@ -243,7 +244,7 @@ class DataConfig:
 
     root: str = "${oc.env:RANKEXP_DATA,../shared/data}"
     source: str = "auto"
-    cache_dir: str = ".cache"
+    cache_dir: str = DATA_CACHE  # relative: under the user's cache dir
     download: bool = False
 
 

@@ -29,6 +29,7 @@ from ..locations import (
     ARCHIVE_NAME as ARCHIVE_NAME,  # CIFAR-10's sources: torch-free, for the checks
 )
 from ..locations import (
+    DATA_CACHE,
     FOLDER_NAME,
     HOW_TO_GET,
     REPO_ROOT,
@@ -51,7 +52,7 @@ IN_FEATURES = 3 * 32 * 32
 SOURCES = ("auto", "torchvision", "imagefolder", "archive")
 
 DEFAULT_ROOT = REPO_ROOT.parent / "shared" / "data"
-DEFAULT_CACHE_DIR = REPO_ROOT / ".cache"
+DEFAULT_CACHE_DIR = cache_path(DATA_CACHE)
 _CACHE_FORMAT = 1
 _DECODE_CHUNK = 1000
 

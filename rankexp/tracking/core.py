@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import jobdir
 from ..jobdir import redact
+from ..locations import user_cache_dir
 from ..naming import member_name
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ TAG_NOTE = "mlflow.note.content"  # a run's (or an experiment's) description in 
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_HEARTBEAT, TAG_DIRTY = "rankexp.slurm_job_id", "rankexp.heartbeat", "rankexp.git_dirty"
 TAG_CLAIM, TAG_REASON = "rankexp.claim_time", "rankexp.end_reason"
+TAG_LEGACY_HASH = "rankexp.legacy_hash"  # a run's config_hash before find_finished re-tagged it
 #: the plain tags rankexp writes; with these prefixes, no ``tracking.tags`` key may take them
 RUN_TAGS = ("config_hash", "git_commit", "overrides", "device", "task", "torch_threads", "job_dir",
             "sweep_id", "jobs_total", "error")
@@ -192,6 +194,9 @@ def prepare_experiment(uri: str, name: str, description: str | None = None) -> s
     exp = client.get_experiment_by_name(name)
     if exp is None:
         db, location = _sqlite_path(uri), None
+        if db is None and not uri.lower().startswith(("http:", "https:")):
+            # a direct database URI: the user's cache dir, not the creating process's ./mlruns
+            location = (user_cache_dir() / "mlartifacts" / name).as_uri()
         if db is not None:
             root = (db.parent / "mlartifacts").resolve()
             if (root / name).resolve().parent != root:
@@ -537,11 +542,21 @@ def read_member_journal(path: Path) -> tuple[list[float], list[tuple[int, int, l
     return lrs, points
 
 
-def find_finished(uri: str, experiment_id: str, config_hash: str) -> str | None:
-    """Id of a FINISHED run of ``config_hash`` in the experiment, or ``None``."""
-    runs = _client(uri).search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.config_hash = '{config_hash}' and attributes.status = 'FINISHED'"))
-    return runs[0].info.run_id if runs else None
+def find_finished(uri: str, experiment_id: str, config_hash: str, legacy: str = "") -> str | None:
+    """Id of a FINISHED run of ``config_hash`` in the experiment, or ``None``.  A run logged
+    under the config's ``legacy`` hash (:func:`rankexp.config.config_hash`) counts: it is
+    re-tagged ``config_hash`` (the old value kept as ``rankexp.legacy_hash``)."""
+    from mlflow.entities import RunTag
+    client = _client(uri)
+    for h in dict.fromkeys(h for h in (config_hash, legacy) if h):
+        runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+            f"tags.config_hash = '{h}' and attributes.status = 'FINISHED'"))
+        if runs:
+            if h != config_hash:
+                client.log_batch(runs[0].info.run_id, tags=[
+                    RunTag("config_hash", config_hash), RunTag(TAG_LEGACY_HASH, h)])
+            return runs[0].info.run_id
+    return None
 
 
 def expired(run, stale_after_s: float) -> tuple[str, str] | None:
