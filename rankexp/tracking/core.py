@@ -565,20 +565,27 @@ def expired(run, stale_after_s: float) -> tuple[str, str] | None:
 
 
 def close_run(client, run_id: str, status: str, reason: str, message: str = "",
-              params: dict[str, Any] | None = None, members: bool = True) -> None:
+              params: dict[str, Any] | None = None, members: bool = True) -> bool:
     """End a run that will not finish (``rankexp.end_reason``, ``error``, the ``params`` its
-    owner never sent), with its member runs."""
+    owner never sent), with its member runs; False if its owner hid it meanwhile (a claimant
+    that stood down, a superseded attempt: the store refuses to touch a deleted run)."""
     from mlflow.entities import Param, RunTag
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
-    client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
-        (params or {}).items())][:MAX_PARAMS])
-    client.set_terminated(run_id, status)
+    try:
+        client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
+            (params or {}).items())][:MAX_PARAMS])
+        client.set_terminated(run_id, status)
+    except Exception:
+        if client.get_run(run_id).info.lifecycle_stage == "deleted":
+            return False
+        raise
     if members:
         exp = client.get_run(run_id).info.experiment_id
         for m in client.search_runs([exp], max_results=10_000, filter_string=(
                 f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG_ROLE}` = '{ROLE_MEMBER}' "
                 "and attributes.status = 'RUNNING'")):
             close_run(client, m.info.run_id, status, reason, message, members=False)
+    return True
 
 
 def reconcile(uri: str, experiment_id: str, stale_after_s: float,
@@ -608,7 +615,8 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
             log_counts(client, r.info.run_id, jobdir.count_jobs(jobdir.planned_job_dirs(tags.get("sweep_id"))))
         params = {} if r.data.params or not tags.get("job_dir") else (
             jobdir.read_json(Path(tags["job_dir"]) / jobdir.RUN_FILE) or {}).get("params")
-        close_run(client, r.info.run_id, status, *verdict, params=params)
+        if not close_run(client, r.info.run_id, status, *verdict, params=params):
+            continue
         closed[r.info.run_id] = (status, verdict[0])
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
                     verdict[1])
@@ -670,8 +678,7 @@ def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_aft
             verdict = expired(r, stale_after_s)
             if verdict is None:
                 live.append(r)
-            else:
-                close_run(client, r.info.run_id, "KILLED", *verdict)
+            elif close_run(client, r.info.run_id, "KILLED", *verdict):
                 log.warning("took over the claim of run %s, closed KILLED: %s", r.info.run_id, verdict[1])
         if any(TAG_CLAIM not in r.data.tags for r in live) and time.monotonic() < deadline:
             time.sleep(0.1)
