@@ -95,8 +95,8 @@ class Syncer:
             logger.finish(result["scalars"], series, job_dir / tracking.RESULT_DIR,
                           end_time=int(1000 * status["time"]) if "time" in status else None)
         except Exception as e:
-            message = f"{type(e).__name__}: {tracking._first_line(e)}"
-            log.error("%s: the store %s refused a request (%s)", job_dir, tracking.redact(uri), message)
+            message = tracking._first_line(e)
+            log.error("%s: the store %s failed a request: %s", job_dir, tracking.redact(uri), message)
             logger.lost = None
             logger.end("FAILED", "store_error", message)
             return "store error", None

@@ -22,6 +22,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def _first_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     text = str(e).strip() or type(e).__name__
+    cause = re.search(r"\(Caused by \w+\(['\"]?(?:<[^>]*>(?:: |, '))?(.*?)['\"]?\)\)", text)
+    text = cause[1] if cause else text  # urllib3's last try, not the wrapping of each layer
+    if status := re.fullmatch(r"too many (\d+) error responses", text):
+        code = int(status[1])  # MLflow answers 503 while its database does not answer
+        return (f"server unavailable: HTTP {code} {HTTPStatus(code).phrase} on every try"
+                + ("; its database does not answer" if code == 503 else ""))
     for gist in ("Connection refused", "Read timed out", "Name or service not known",
                  "database or disk is full", "attempt to write a readonly database"):
         if gist in text:
