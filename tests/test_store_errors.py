@@ -275,3 +275,28 @@ def test_a_server_answering_503_is_named_unavailable_with_its_cause(monkeypatch)
     message = str(refused.value)
     assert gist in message and "\n" not in message, message
     assert not any(w in message for w in ("Caused by", "Max retries", "HTTPConnectionPool")), message
+
+
+def test_every_failed_run_says_why(tmp_path):
+    """Issue 28 row 9: FAILED runs without ``rankexp.end_reason`` — a job run whose closing
+    request carried a param the store refuses (its end tags were dropped with it), and a
+    sweep's parent that ``rankexp.sync`` closed FAILED.  Now each says why."""
+    from rankexp.sync import Syncer
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.prepare_experiment(uri, "why")
+    job_run = tracking.RunLogger(uri, exp, "job", {"bad name+": 1}, {"config_hash": "h"})
+    job_run.start()
+    assert job_run.end("FAILED", "exception", "ValueError: boom")
+    gone = {**tracking.owner_tags(), tracking.TAG_PID: "999999", "rankexp.role": "sweep"}
+    parent = client(uri).create_run(exp, tags=gone).info.run_id
+    sweep, job = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    tracking.write_json(sweep / tracking.PARENT_FILE, {"uri": uri, "experiment": "why", "run_id": parent,
+                                                       "experiment_id": exp, "sweep_id": str(sweep)})
+    tracking.write_json(sweep / tracking.NAMES_FILE, {"names": ["job"], "job_dirs": [str(job)]})
+    tracking.write_status(job, "FAILED", run_id=job_run.run_id, config_hash="h")
+    assert Syncer().close_parent(sweep) == "FAILED"
+    for run_id, why in ((job_run.run_id, "exception"), (parent, "jobs_failed")):
+        run = client(uri).get_run(run_id)
+        assert (run.info.status, run.data.tags.get(tracking.TAG_REASON)) == ("FAILED", why), run.data.tags
+    assert client(uri).get_run(parent).data.tags["error"].startswith("0 finished, 0 skipped")

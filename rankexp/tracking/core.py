@@ -511,8 +511,11 @@ class RunLogger:
             member.end(status, reason, message)
         tags = {TAG_REASON: reason, **({"error": message[:5000]} if message else {})}
         try:
-            with contextlib.suppress(Exception):  # a refused param: the end tags alone
+            try:
                 self._send([], tags)
+            except Exception:  # a refused param (sent no more): the end tags alone
+                with contextlib.suppress(Exception):
+                    self._send([], tags)
             self.client.set_terminated(self.run_id, status)
         except Exception as e:
             log.error("could not close run %s as %s (%s)", self.run_id, status, _first_line(e))
