@@ -38,8 +38,8 @@ __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "
            "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
            "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
            "owner_tags", "Sink", "RunLogger", "Journal", "read_journal", "read_member_journal",
-           "find_finished", "expired", "close_run", "reconcile", "supersede", "Claim",
-           "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
+           "find_finished", "expired", "close_run", "reconcile", "supersede", "supersede_finished",
+           "Claim", "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
            "attach_files", "active_run_sink", "log_active_text"]
 
 
@@ -633,19 +633,33 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
     return closed
 
 
-def supersede(uri: str, old_run_id: str, new_run_id: str) -> None:
-    """``new_run_id`` is a later attempt of ``old_run_id``'s job (a requeue): the old run, unless
-    FINISHED, is closed KILLED ``superseded`` and soft-deleted with its members."""
+def supersede(uri: str, old_run_id: str, new_run_id: str, finished: bool = False) -> None:
+    """``new_run_id`` is a later attempt of ``old_run_id``'s job (a requeue) or, ``finished``,
+    its forced rerun, FINISHED: the old run (FINISHED only if ``finished``) is closed KILLED
+    ``superseded`` if RUNNING, tagged ``rankexp.superseded_by`` and soft-deleted with its
+    members (resume and the analysis read live runs only)."""
     client = _client(uri)
     old = client.get_run(old_run_id)
-    if old.info.status == "FINISHED" or old.info.lifecycle_stage == "deleted":
+    if old.info.status == "FINISHED" and not finished or old.info.lifecycle_stage == "deleted":
         return
     if old.info.status == "RUNNING":
         close_run(client, old_run_id, "KILLED", "superseded", f"superseded by run {new_run_id}")
+    client.set_tag(old_run_id, "rankexp.superseded_by", new_run_id)
     for m in client.search_runs([old.info.experiment_id], max_results=10_000,
                                 filter_string=f"tags.mlflow.parentRunId = '{old_run_id}'"):
         client.delete_run(m.info.run_id)
     client.delete_run(old_run_id)
+
+
+def supersede_finished(uri: str, experiment_id: str, config_hash: str, run_id: str) -> list[str]:
+    """The forced rerun ``run_id`` has FINISHED: the config's other FINISHED runs are
+    superseded (:func:`supersede`); returns their ids."""
+    old = [r.info.run_id for r in _client(uri).search_runs([experiment_id], max_results=1000,
+           filter_string=f"tags.config_hash = '{config_hash}' and attributes.status = 'FINISHED'")
+           if r.info.run_id != run_id]
+    for old_run_id in old:
+        supersede(uri, old_run_id, run_id, finished=True)
+    return old
 
 
 @dataclass
