@@ -262,6 +262,13 @@ class Job:
             with interrupt.deferred():  # a second signal must not cut the bookkeeping short
                 self._failed(e)
             raise
+        if t.enabled and t.force and self.run_id:  # the rerun replaces the config's old result
+            try:
+                old = tracking.supersede_finished(self.uri, self.exp_id, self.chash, self.run_id)
+                log.info("tracking.force: run %s supersedes %s", self.run_id, ", ".join(old) or "none")
+            except Exception as e:
+                log.error("tracking.force: the old runs of this config stay FINISHED beside run %s "
+                          "(%s)", self.run_id, tracking._first_line(e))
         tracking.write_status(job_dir, "FINISHED", run_id=self.run_id, config_hash=self.chash)
         headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
                     if k in result.scalars}

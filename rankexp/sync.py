@@ -97,8 +97,8 @@ class Syncer:
             logger.finish(result["scalars"], series, job_dir / tracking.RESULT_DIR,
                           end_time=int(1000 * status["time"]) if "time" in status else None)
         except Exception as e:
-            message = f"{type(e).__name__}: {tracking._first_line(e)}"
-            log.error("%s: the store %s refused a request (%s)", job_dir, tracking.redact(uri), message)
+            message = tracking._first_line(e)
+            log.error("%s: the store %s failed a request: %s", job_dir, tracking.redact(uri), message)
             logger.lost = None
             logger.end("FAILED", "store_error", message)
             return "store error", None
@@ -147,10 +147,14 @@ class Syncer:
         tracking.log_counts(client, rec["run_id"], counts)
         status = "FAILED" if counts["failed"] or counts["killed"] or counts["not_run"] else "FINISHED"
         client.set_tag(rec["run_id"], "rankexp.synced", str(int(time.time())))
-        for key in ("error", tracking.TAG_REASON) if status == "FINISHED" else ():
-            if key in parent.data.tags:  # what went wrong at the time is mended now
-                client.delete_tag(rec["run_id"], key)
-        client.set_terminated(rec["run_id"], status)
+        if status == "FAILED":  # why, as a sweep that closes itself says it
+            tracking.close_run(client, rec["run_id"], status, "jobs_failed", tracking.summary(counts),
+                               members=False)
+        else:
+            for key in ("error", tracking.TAG_REASON):
+                if key in parent.data.tags:  # what went wrong at the time is mended now
+                    client.delete_tag(rec["run_id"], key)
+            client.set_terminated(rec["run_id"], status)
         log.info("sweep %s: %s → parent run %s %s", sweep_dir, tracking.summary(counts), rec["run_id"], status)
         return status
 

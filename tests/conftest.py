@@ -69,12 +69,13 @@ def member_history(uri: str, run_id: str, lr: float, key: str) -> list:
     return sorted(client.get_metric_history(found[0].info.run_id, key), key=lambda m: m.step)
 
 
-def runs_in(uri: str, experiment: str = "rankexp", members: bool = False):
-    """All runs (any status) of ``experiment`` in the store at ``uri``, sweep parents included;
-    training runs' learning-rate member runs only with ``members``."""
+def runs_in(uri: str, experiment: str = "rankexp", members: bool = False, run_view_type: int = 1):
+    """All live runs (any status; ``run_view_type=3``: deleted ones too) of ``experiment`` in
+    the store at ``uri``, sweep parents included; learning-rate member runs only with ``members``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    runs = [] if exp is None else client.search_runs([exp.experiment_id], max_results=10_000)
+    runs = [] if exp is None else client.search_runs([exp.experiment_id], max_results=10_000,
+                                                     run_view_type=run_view_type)
     return [r for r in runs if members or r.data.tags.get("rankexp.role") != "member"]

@@ -7,12 +7,16 @@ claim, each of them computed or logged every config (8 FINISHED runs for 4 confi
 config claims its hash in the store (:func:`rankexp.tracking.claim`) and every trial ends with
 each config FINISHED exactly once, nothing RUNNING, and the stood-down claimants closed,
 tagged and hidden.  The default run has 1 trial of two sweeps on each store; ``-m slow`` has
-the issue's 10 of each race, two syncs and a sweep beside a sync too.
+the issue's 10 of each race, two syncs and a sweep beside a sync too.  The claim itself (issue
+28, row 4) also races bare: two processes per config that claim, then finish or stand down and
+exit at once — 1,000 races on each store (``-m slow``; by default, the interleaving behind the
+one config they lost, forced).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -260,3 +264,80 @@ def test_the_claim_order_and_a_claim_whose_owner_is_gone(tmp_path):
     gone = c.get_run(late)
     assert (gone.info.status, gone.info.lifecycle_stage) == ("KILLED", "deleted")
     assert gone.data.tags["rankexp.stood_down_for"] == tie1
+
+
+def test_a_rival_that_stands_down_while_the_winner_checks_it_loses_no_config(tmp_path, monkeypatch):
+    """Issue 28 row 4, the interleaving forced: the winner's query still lists the rival
+    RUNNING; the rival then stands down (closed and hidden) and its process ends, so the winner
+    finds its owner gone and closes it — a request the store refuses for a hidden run.  Before,
+    the refusal failed the winner and the config ended with no run (1 in 180 races on the
+    server); now a rival hidden meanwhile is simply no rival, the winner holds the config."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.prepare_experiment(uri, "stood-down")
+    c = client(uri)
+    own = {**tracking.owner_tags(), "config_hash": "h"}
+    me = c.create_run(exp, tags={**own, tracking.TAG_CLAIM: "1000"}).info.run_id
+    rival = c.create_run(exp, tags={**own, tracking.TAG_CLAIM: "2000"}).info.run_id
+    expired = tracking.core.expired
+
+    def stands_down_then_ends(run, stale_after_s):
+        if run.info.run_id == rival:  # between the winner's query and its check of the rival
+            tracking.stand_down(uri, rival, tracking.Claim(False, me, "RUNNING"))
+            run.data.tags[tracking.TAG_PID] = "999999"  # the rival's process has exited
+        return expired(run, stale_after_s)
+
+    monkeypatch.setattr(tracking.core, "expired", stands_down_then_ends)
+    assert tracking.claim(uri, exp, "h", me, stale_after_s=600).won
+    c.set_terminated(me, "FINISHED")
+    gone = c.get_run(rival)
+    assert (gone.info.status, gone.info.lifecycle_stage) == ("KILLED", "deleted")
+    assert gone.data.tags[tracking.TAG_REASON] == "stood_down"  # not overwritten by the winner
+    assert [r.info.run_id for r in c.search_runs([exp])] == [me]
+
+
+def claimant(uri: str, exp: str, config_hash: str, go) -> None:
+    """One process of a bare race: its run, its claim, then FINISHED or stood down — and the
+    process ends at once, as a job's does (so its rival may find the owner gone)."""
+    go.wait()
+    c = tracking._client(uri)
+    run = c.create_run(exp, tags={**tracking.owner_tags(), "config_hash": config_hash}).info.run_id
+    held = tracking.claim(uri, exp, config_hash, run, stale_after_s=600)
+    if held.won:
+        c.set_terminated(run, "FINISHED")
+    else:
+        tracking.stand_down(uri, run, held)
+
+
+def bare_races(uri: str, races: int, at_once: int = 4) -> None:
+    """``races`` configs, each claimed by two fresh processes started together (``at_once``
+    configs at a time); every config ends FINISHED exactly once, no process fails."""
+    mp = multiprocessing.get_context("forkserver")  # children forked from a clean interpreter
+    mp.set_forkserver_preload([__name__])  # with mlflow imported: a child starts in ms
+    exp = tracking.prepare_experiment(uri, f"bare-{time.monotonic_ns()}")
+    failed = []
+    for first in range(0, races, at_once):
+        go = mp.Event()
+        procs = [mp.Process(target=claimant, args=(uri, exp, f"h{i}", go))
+                 for i in range(first, min(races, first + at_once)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        go.set()
+        for p in procs:
+            p.join(120)
+        failed += [p.exitcode for p in procs if p.exitcode != 0]
+    runs = client(uri).search_runs([exp], run_view_type=ViewType.ALL, max_results=10_000)
+    finished = Counter(r.data.tags["config_hash"] for r in runs
+                       if r.info.status == "FINISHED" and r.info.lifecycle_stage == "active")
+    lost, twice = races - len(finished), sum(n > 1 for n in finished.values())
+    print(f"{races} bare races on {uri.split(':')[0]}: {lost} lost, {twice} duplicated, "
+          f"{len(failed)} claimants failed")
+    assert (lost, twice, failed) == (0, 0, []), (lost, twice, failed)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+
+
+@pytest.mark.slow  # the issue's 1,000 races on each store: 2,000 processes, ~1 CPU-s each
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_thousand_bare_claim_races(store, tmp_path, request):
+    uri = (request.getfixturevalue("pg_mlflow_server").uri if store == "postgres"
+           else f"sqlite:///{tmp_path / 'mlflow.db'}")
+    bare_races(uri, 1000)

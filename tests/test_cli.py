@@ -195,8 +195,15 @@ def test_rerun_skips_finished_configs_and_force_reruns(cli):
     p = cli("alpha=1,2,3", "depth=3", "-m", *SMALL)
     assert "2 skipped" in p.stdout
     assert len(job_runs(cli.uri)) == 3
-    cli("alpha=1", "depth=3", "tracking.force=true", *SMALL)
-    assert len(job_runs(cli.uri)) == 4
+    old = {r.data.tags["config_hash"]: r.info.run_id for r in job_runs(cli.uri)}
+    cli("alpha=1", "depth=3", "tracking.force=true", "tracking.run_name=rerun", *SMALL)
+    # issue 28 row 9: the rerun supersedes the config's old run (before: two FINISHED runs)
+    runs = job_runs(cli.uri)
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 3
+    (new,) = [r for r in runs if r.info.run_name == "rerun"]
+    gone = runs_in(cli.uri, run_view_type=3)  # all: the old one, soft-deleted
+    (was,) = [r for r in gone if r.info.run_id == old[new.data.tags["config_hash"]]]
+    assert was.info.lifecycle_stage == "deleted" and was.data.tags["rankexp.superseded_by"] == new.info.run_id
 
 
 # --------------------------------------------------------------------------- help and tab

@@ -50,6 +50,9 @@ BAD = {  # override(s) → what the one line must say
     "a branch scale that overflows": (("alpha=1e308",), "alpha=1e+308 — the branch scale βα^M"),
     "no joblib workers": (("hydra/launcher=local", "hydra.launcher.n_jobs=0", "depth=4,6", "-m"),
                           "hydra.launcher.n_jobs=0: joblib runs no job with 0 workers"),
+    # issue 28 row 9: the name's second line was a log line of its own ("… finished")
+    "a run name of two lines": (("tracking.run_name='x\n[INFO] - all 8 jobs FINISHED'",),
+                                "must be a non-empty name on one line"),
 }
 
 

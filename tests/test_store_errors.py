@@ -192,7 +192,7 @@ def test_sync_of_a_job_the_store_refuses_says_so_in_a_line_and_closes_its_run(tm
     out = sync(str(sweep), "--uri", uri, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
-    assert "refused a request" in text and "bad name+" in text, text[-3000:]
+    assert "failed a request: " in text and "bad name+" in text, text[-3000:]
     runs = all_runs(uri)
     assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"], [r.info.status for r in runs]
     (bad,) = [r for r in runs if r.info.status == "FAILED"]
@@ -236,3 +236,67 @@ def test_a_kill_9_sweep_is_counted_over_its_whole_plan(tmp_path):
     assert old.info.status == "KILLED" and m["jobs_total"] == 8, m
     assert m["jobs_finished"] >= 2 and m["jobs_not_run"] >= 4, m
     assert sum(m[f"jobs_{k}"] for k in tracking.JOB_STATES) == 8, m
+
+
+def test_a_server_answering_503_is_named_unavailable_with_its_cause(monkeypatch):
+    """Issue 28 row 9: a PostgreSQL-backed server whose database is down answers 503 to every
+    request.  Before, the message was urllib3's six layers — ``… failed with exception
+    HTTPConnectionPool(…): Max retries exceeded with url: … (Caused by ResponseError('too many
+    503 error responses'))`` — the cause last, where a 300-character cut loses it — and sync
+    called it "refused a request".  Now: the server is unavailable, HTTP 503, its database down, once."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            self.send_error(503)
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT",
+                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "PGCONNECT_TIMEOUT"):
+        monkeypatch.setenv(key, "")
+    tracking.configure_http(1, 5, 0)
+    uri = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(tracking.TrackingError) as refused:
+            tracking.check_store(uri)
+        with pytest.raises(Exception) as lost:
+            client(uri).set_tag("0" * 32, "key", "value")
+    finally:
+        server.shutdown()
+    gist = tracking._first_line(lost.value)
+    assert gist == ("server unavailable: HTTP 503 Service Unavailable on every try; its database "
+                    "does not answer"), gist
+    message = str(refused.value)
+    assert gist in message and "\n" not in message, message
+    assert not any(w in message for w in ("Caused by", "Max retries", "HTTPConnectionPool")), message
+
+
+def test_every_failed_run_says_why(tmp_path):
+    """Issue 28 row 9: FAILED runs without ``rankexp.end_reason`` — a job run whose closing
+    request carried a param the store refuses (its end tags were dropped with it), and a
+    sweep's parent that ``rankexp.sync`` closed FAILED.  Now each says why."""
+    from rankexp.sync import Syncer
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.prepare_experiment(uri, "why")
+    job_run = tracking.RunLogger(uri, exp, "job", {"bad name+": 1}, {"config_hash": "h"})
+    job_run.start()
+    assert job_run.end("FAILED", "exception", "ValueError: boom")
+    gone = {**tracking.owner_tags(), tracking.TAG_PID: "999999", "rankexp.role": "sweep"}
+    parent = client(uri).create_run(exp, tags=gone).info.run_id
+    sweep, job = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    tracking.write_json(sweep / tracking.PARENT_FILE, {"uri": uri, "experiment": "why", "run_id": parent,
+                                                       "experiment_id": exp, "sweep_id": str(sweep)})
+    tracking.write_json(sweep / tracking.NAMES_FILE, {"names": ["job"], "job_dirs": [str(job)]})
+    tracking.write_status(job, "FAILED", run_id=job_run.run_id, config_hash="h")
+    assert Syncer().close_parent(sweep) == "FAILED"
+    for run_id, why in ((job_run.run_id, "exception"), (parent, "jobs_failed")):
+        run = client(uri).get_run(run_id)
+        assert (run.info.status, run.data.tags.get(tracking.TAG_REASON)) == ("FAILED", why), run.data.tags
+    assert client(uri).get_run(parent).data.tags["error"].startswith("0 finished, 0 skipped")

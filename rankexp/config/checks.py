@@ -212,8 +212,9 @@ def _check_tracking(t: Any) -> None:
     problem = experiment_name_problem(t.experiment)
     if problem:
         raise bad("tracking.experiment", t.experiment, problem)
-    if t.run_name is not None and not str(t.run_name).strip():
-        raise bad("tracking.run_name", t.run_name, "must be a non-empty name (or null)")
+    if t.run_name is not None and not (str(t.run_name).strip() and str(t.run_name).isprintable()):
+        raise bad("tracking.run_name", t.run_name, "must be a non-empty name on one line, without "
+                  "control characters (or null)")
     for key in t.tags:
         problem = user_tag_problem(str(key))
         if problem:

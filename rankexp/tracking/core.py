@@ -22,6 +22,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,8 @@ __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "
            "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
            "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
            "owner_tags", "Sink", "RunLogger", "Journal", "read_journal", "read_member_journal",
-           "find_finished", "expired", "close_run", "reconcile", "supersede", "Claim",
-           "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
+           "find_finished", "expired", "close_run", "reconcile", "supersede", "supersede_finished",
+           "Claim", "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
            "attach_files", "active_run_sink", "log_active_text"]
 
 
@@ -72,6 +73,12 @@ def _first_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     text = str(e).strip() or type(e).__name__
+    cause = re.search(r"\(Caused by \w+\(['\"]?(?:<[^>]*>(?:: |, '))?(.*?)['\"]?\)\)", text)
+    text = cause[1] if cause else text  # urllib3's last try, not the wrapping of each layer
+    if status := re.fullmatch(r"too many (\d+) error responses", text):
+        code = int(status[1])  # MLflow answers 503 while its database does not answer
+        return (f"server unavailable: HTTP {code} {HTTPStatus(code).phrase} on every try"
+                + ("; its database does not answer" if code == 503 else ""))
     for gist in ("Connection refused", "Read timed out", "Name or service not known",
                  "database or disk is full", "attempt to write a readonly database"):
         if gist in text:
@@ -505,8 +512,11 @@ class RunLogger:
             member.end(status, reason, message)
         tags = {TAG_REASON: reason, **({"error": message[:5000]} if message else {})}
         try:
-            with contextlib.suppress(Exception):  # a refused param: the end tags alone
+            try:
                 self._send([], tags)
+            except Exception:  # a refused param (sent no more): the end tags alone
+                with contextlib.suppress(Exception):
+                    self._send([], tags)
             self.client.set_terminated(self.run_id, status)
         except Exception as e:
             log.error("could not close run %s as %s (%s)", self.run_id, status, _first_line(e))
@@ -576,20 +586,27 @@ def expired(run, stale_after_s: float) -> tuple[str, str] | None:
 
 
 def close_run(client, run_id: str, status: str, reason: str, message: str = "",
-              params: dict[str, Any] | None = None, members: bool = True) -> None:
+              params: dict[str, Any] | None = None, members: bool = True) -> bool:
     """End a run that will not finish (``rankexp.end_reason``, ``error``, the ``params`` its
-    owner never sent), with its member runs."""
+    owner never sent), with its member runs; False if its owner hid it meanwhile (a claimant
+    that stood down, a superseded attempt: the store refuses to touch a deleted run)."""
     from mlflow.entities import Param, RunTag
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
-    client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
-        (params or {}).items())][:MAX_PARAMS])
-    client.set_terminated(run_id, status)
+    try:
+        client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
+            (params or {}).items())][:MAX_PARAMS])
+        client.set_terminated(run_id, status)
+    except Exception:
+        if client.get_run(run_id).info.lifecycle_stage == "deleted":
+            return False
+        raise
     if members:
         exp = client.get_run(run_id).info.experiment_id
         for m in client.search_runs([exp], max_results=10_000, filter_string=(
                 f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG_ROLE}` = '{ROLE_MEMBER}' "
                 "and attributes.status = 'RUNNING'")):
             close_run(client, m.info.run_id, status, reason, message, members=False)
+    return True
 
 
 def reconcile(uri: str, experiment_id: str, stale_after_s: float,
@@ -619,26 +636,41 @@ def reconcile(uri: str, experiment_id: str, stale_after_s: float,
             log_counts(client, r.info.run_id, jobdir.count_jobs(jobdir.planned_job_dirs(tags.get("sweep_id"))))
         params = {} if r.data.params or not tags.get("job_dir") else (
             jobdir.read_json(Path(tags["job_dir"]) / jobdir.RUN_FILE) or {}).get("params")
-        close_run(client, r.info.run_id, status, *verdict, params=params)
+        if not close_run(client, r.info.run_id, status, *verdict, params=params):
+            continue
         closed[r.info.run_id] = (status, verdict[0])
         log.warning("closed stale run %s (%s) as %s: %s", r.info.run_id, r.info.run_name, status,
                     verdict[1])
     return closed
 
 
-def supersede(uri: str, old_run_id: str, new_run_id: str) -> None:
-    """``new_run_id`` is a later attempt of ``old_run_id``'s job (a requeue): the old run, unless
-    FINISHED, is closed KILLED ``superseded`` and soft-deleted with its members."""
+def supersede(uri: str, old_run_id: str, new_run_id: str, finished: bool = False) -> None:
+    """``new_run_id`` is a later attempt of ``old_run_id``'s job (a requeue) or, ``finished``,
+    its forced rerun, FINISHED: the old run (FINISHED only if ``finished``) is closed KILLED
+    ``superseded`` if RUNNING, tagged ``rankexp.superseded_by`` and soft-deleted with its
+    members (resume and the analysis read live runs only)."""
     client = _client(uri)
     old = client.get_run(old_run_id)
-    if old.info.status == "FINISHED" or old.info.lifecycle_stage == "deleted":
+    if old.info.status == "FINISHED" and not finished or old.info.lifecycle_stage == "deleted":
         return
     if old.info.status == "RUNNING":
         close_run(client, old_run_id, "KILLED", "superseded", f"superseded by run {new_run_id}")
+    client.set_tag(old_run_id, "rankexp.superseded_by", new_run_id)
     for m in client.search_runs([old.info.experiment_id], max_results=10_000,
                                 filter_string=f"tags.mlflow.parentRunId = '{old_run_id}'"):
         client.delete_run(m.info.run_id)
     client.delete_run(old_run_id)
+
+
+def supersede_finished(uri: str, experiment_id: str, config_hash: str, run_id: str) -> list[str]:
+    """The forced rerun ``run_id`` has FINISHED: the config's other FINISHED runs are
+    superseded (:func:`supersede`); returns their ids."""
+    old = [r.info.run_id for r in _client(uri).search_runs([experiment_id], max_results=1000,
+           filter_string=f"tags.config_hash = '{config_hash}' and attributes.status = 'FINISHED'")
+           if r.info.run_id != run_id]
+    for old_run_id in old:
+        supersede(uri, old_run_id, run_id, finished=True)
+    return old
 
 
 @dataclass
@@ -681,8 +713,7 @@ def claim(uri: str, experiment_id: str, config_hash: str, run_id: str, stale_aft
             verdict = expired(r, stale_after_s)
             if verdict is None:
                 live.append(r)
-            else:
-                close_run(client, r.info.run_id, "KILLED", *verdict)
+            elif close_run(client, r.info.run_id, "KILLED", *verdict):
                 log.warning("took over the claim of run %s, closed KILLED: %s", r.info.run_id, verdict[1])
         if any(TAG_CLAIM not in r.data.tags for r in live) and time.monotonic() < deadline:
             time.sleep(0.1)
