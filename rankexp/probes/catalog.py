@@ -28,11 +28,16 @@ SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM}
 PATH_ORDERS = "path_orders"
 
 
+#: the least value of a count option, whichever probe has it (``n``: probe inputs, ≥ 2)
+LEAST = {"n": 2, "inputs": 1, "batch": 1, "images": 1, "chunk": 1, "max_order": 0, "classes": 2}
+
+
 def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
-    """``options[name]`` merged over ``defaults``.
+    """``options[name]`` merged over ``defaults`` (the checks before a run call it too).
 
     Raises:
-        ValueError: a key the probe does not know (lists the allowed ones).
+        ValueError: a key the probe does not know (lists the allowed ones), a count below
+            its :data:`LEAST`.
     """
     given = dict(options.get(name) or {})
     unknown = set(given) - set(defaults)
@@ -40,6 +45,9 @@ def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
         raise ValueError(
             f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
         )
+    for key, v in given.items():
+        if key in LEAST and v is not None and not (isinstance(v, int) and v >= LEAST[key]):
+            raise ValueError(f"task.options.{name}.{key}={v} — must be an integer ≥ {LEAST[key]}")
     return {**defaults, **given}
 
 
