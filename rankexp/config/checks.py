@@ -27,7 +27,7 @@ from ..models.spec import LM_SHAPES, ShapeError, checkpoint_shape, expanded_widt
 from ..probes import PROBES
 from ..probes.catalog import probe_options
 from ..tracking import experiment_name_problem, user_tag_problem
-from .hashing import config_hash, resolved_container
+from .hashing import config_hash, flatten, resolved_container
 from .schema import (
     FREE,
     MODEL_SCHEMAS,
@@ -599,6 +599,22 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
                               "store (tracking=default, tracking=server)")
 
 
+def check_options_used(settings: Sequence[RankexpConfig]) -> None:
+    """Refuse ``task.options`` given for a probe that no job of a run or sweep runs (a sweep
+    unions grids: an option for the probes of some of them is used).
+
+    Raises:
+        ConfigError: the first such probe, with its options.
+    """
+    ran = {p for s in settings for p in s.task.probes}
+    for s in settings:
+        for p, given in given_options(s.task.options).items():
+            if p not in ran:
+                values = " ".join(f"task.options.{p}.{k}={v}" for k, v in given.items())
+                raise ConfigError(f"invalid config: {values} — not used: no job runs the probe "
+                                  f"{p} (add it to task.probes, or drop the option)")
+
+
 def check_job(cfg: DictConfig, *, device: bool = True,
               overrides: Sequence[str] | None = None) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: keys, values, input
@@ -676,11 +692,19 @@ def checked_job(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Chec
 
 
 def check_slurm_limits(launcher: DictConfig) -> None:
-    """A Slurm launcher's warning signal must come before its time limit.
+    """A Slurm launcher's values are one line each (an ``#SBATCH`` line or the ``srun`` command;
+    ``setup`` is shell lines) and its warning signal comes before its time limit.
 
     Raises:
-        ConfigError: ``signal_delay_s`` ≥ the limit (the job would be warned at its start).
+        ConfigError: a line break in a value (the rest of the line would run as a command of
+            the batch script), ``signal_delay_s`` ≥ the limit (the job warned at its start).
     """
+    for key, v in flatten(OmegaConf.to_container(launcher, resolve=True)).items():
+        values = v if isinstance(v, list) else [v]
+        if key != "setup" and any(isinstance(x, str) and ("\n" in x or "\r" in x) for x in values):
+            raise ConfigError(f"invalid config: hydra.launcher.{key}={v!r} — a line break "
+                              "ends its line of the batch script (the rest would run as a "
+                              "command); give it on one line")
     if "timeout_min" not in launcher or "signal_delay_s" not in launcher:
         return
     limit, delay = float(launcher.timeout_min) * 60, float(launcher.signal_delay_s)
