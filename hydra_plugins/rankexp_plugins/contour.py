@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from rankexp import cli, jobdir, naming, tracking
+from rankexp.models.families import family_of
+from rankexp.probes import PROBES
 
 from .sweeper import RankexpSweeper
 
@@ -663,8 +665,6 @@ class ContourSweeper(RankexpSweeper):
         """Exit 2 when no job of a measurement logs the contour's metric: not a metric of its
         probes (:attr:`rankexp.probes.catalog.Probe.metrics`), a derived param or a run fact.
         A trained run logs its own (``max_stable_lr``, …): not checked."""
-        from rankexp.models.families import family_of
-        from rankexp.probes import PROBES
         from rankexp.tasks.measure import RUN_FACTS  # (torch: the jobs import it anyway)
 
         metric, known = self.spec.metric, set(RUN_FACTS)
