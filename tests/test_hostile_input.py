@@ -52,19 +52,19 @@ BAD = {  # override(s) → what the one line must say
     "no joblib workers": (("hydra/launcher=local", "hydra.launcher.n_jobs=0", "depth=4,6", "-m"),
                           "hydra.launcher.n_jobs=0: joblib runs no job with 0 workers"),
     # … and these were a traceback, a FAILED run, a store error after the run, or ran to exit 0
-    "a probe's count below its least": (("task.options.representation.n=-3",
-                                         "task.probes=[representation]"),
-                                        "task.options.representation.n=-3 — must be an integer ≥ 2"),
-    "a line break in a Slurm value": (("hydra/launcher=slurm", 'hydra.launcher.comment="a\nb"',
-                                       "depth=4,6", "-m"),
-                                      "hydra.launcher.comment='a\\nb' — a line break ends its line"),
+    "a probe's count below its least": (
+        ("task.options.representation.n=-3", "task.probes=[representation]"),
+        "task.options.representation.n=-3 — must be an integer ≥ 2"),
+    "a line break in a Slurm value": (
+        ("hydra/launcher=slurm", 'hydra.launcher.comment="a\nb"', "depth=4,6", "-m"),
+        "hydra.launcher.comment='a\\nb' — a line break ends its line"),
     "an experiment name over 255 bytes": (("tracking.experiment=" + "é" * 128,),
                                           "is 256 bytes long: at most 255"),
     "a plain net whose stream overflows": (("model=plain", "alpha=1e308"),
                                            "mean square 1 + (βα^M)²·L overflow a float64"),
-    "a contour metric no probe logs": (("hydra/sweeper=contour", "hydra.sweeper.contour.metric=erank_oi",
-                                        "hydra.sweeper.contour.start=2", "-m"),
-                                       "metric=erank_oi — no job logs it"),
+    "a contour metric no probe logs": (
+        ("hydra/sweeper=contour", "hydra.sweeper.contour.metric=erank_oi",
+         "hydra.sweeper.contour.start=2", "-m"), "metric=erank_oi — no job logs it"),
     "options of a probe no job runs": (("task.options.representation.n=512",
                                         "task.probes=[stream],[io_jacobian]", "-m"),
                                        "not used: no job runs the probe representation"),

@@ -35,7 +35,7 @@ from .schema import (
 __all__ = [
     "CHECKED_JOBS", "MODEL_SCHEMAS", "CheckedJob", "ConfigError", "RankexpConfig", "TrainTask",
     "check_fits", "check_job", "check_options_used", "check_override_keys", "check_slurm_limits",
-    "check_task", "checked_job", "choices_with", "config_groups", "config_hash", "flatten", "quote_unicode",
-    "register_configs", "resolve_device", "resolved_container", "slurm_signal_delay",
-    "sweep_stamp", "validate",
+    "check_task", "checked_job", "choices_with", "config_groups", "config_hash", "flatten",
+    "quote_unicode", "register_configs", "resolve_device", "resolved_container",
+    "slurm_signal_delay", "sweep_stamp", "validate",
 ]

@@ -165,7 +165,8 @@ def _check_model(m: Any) -> None:
 
 
 def _check_probes(t: MeasureTask | TrainTask) -> None:
-    """The probes exist; the options given are in range (:func:`~rankexp.probes.catalog.probe_options`)."""
+    """The probes exist; the options given are in range
+    (:func:`~rankexp.probes.catalog.probe_options`)."""
     for p in t.probes:
         if p not in PROBES:
             raise bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")

@@ -172,8 +172,9 @@ def _filesystem(path: Path) -> str:
 
 
 def experiment_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name an experiment (a path component without control characters, of
-    at most 255 bytes: an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or ``None``."""
+    """Why ``name`` cannot name an experiment (a path component of at most 255 bytes without
+    control characters: an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or
+    ``None``."""
     if not name or not name.strip():
         return "must be a non-empty name"
     if name != name.strip():
