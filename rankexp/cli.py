@@ -80,11 +80,12 @@ class CheckFirst(Callback):
     run directory (the result waits in :data:`rankexp.config.CHECKED_JOBS`); exit 2 if refused."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from .config import CHECKED_JOBS, check_task
+        from .config import CHECKED_JOBS, check_options_used, check_task
 
         overrides = tuple(config.hydra.overrides.task)
         try:
             CHECKED_JOBS[overrides] = check_task(config, overrides=overrides)
+            check_options_used([CHECKED_JOBS[overrides].settings])
         except ConfigError as e:
             _fail(str(e), 2)
         run_dir = Path(str(config.hydra.run.dir)).absolute()

@@ -163,18 +163,19 @@ def test_stale_mlruns_does_not_hijack_the_default_store(cli):
 
 
 def test_one_failing_job_does_not_stop_the_sweep_and_is_recorded_failed(cli):
-    """task.options.stream.inputs=0 passes every check before a run (an integer option) and the
-    probe refuses it while computing: that job's run is FAILED with the error as a tag, the
-    other jobs finish, the sweep exits non-zero.  (A network too large for the machine, v1's
-    example here, is refused before any run now: tests/test_memory.py.)"""
-    p = cli("task.options.stream.inputs=0,1", "depth=1,2", "width=8", "seeds=1",
-            "task.probes=[stream]", "-m", check=False)
+    """task.options.branch_jacobian.layers=[9] passes every check before a run (a list the
+    probe reads against the depth) and the probe refuses it while computing: that job's run is
+    FAILED with the error as a tag, the other jobs finish, the sweep exits non-zero.  (A network
+    too large for the machine, v1's example here, is refused before any run now:
+    tests/test_memory.py; so is stream.inputs=0, its example after: tests/test_hostile_input.py.)"""
+    p = cli("task.options.branch_jacobian.layers=[9],null", "depth=1,2", "width=8", "seeds=2",
+            "task.probes=[branch_jacobian]", "-m", check=False)
     assert p.returncode != 0
     runs = job_runs(cli.uri)
     status = sorted(r.info.status for r in runs)
     assert status == ["FAILED", "FAILED", "FINISHED", "FINISHED"], status
     failed = [r for r in runs if r.info.status == "FAILED"]
-    assert all("inputs=0" in r.data.tags["error"] for r in failed), [r.data.tags for r in failed]
+    assert all("[9] outside" in r.data.tags["error"] for r in failed), [r.data.tags for r in failed]
     parent = [r for r in runs_in(cli.uri) if r.data.tags.get("rankexp.role") == "sweep"][0]
     assert parent.info.status == "FAILED"
     assert parent.data.metrics["jobs_failed"] == 2 and parent.data.metrics["jobs_finished"] == 2

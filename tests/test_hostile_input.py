@@ -9,6 +9,7 @@ naming the key and the rule, with no run and no sweep directory.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -53,6 +54,23 @@ BAD = {  # override(s) → what the one line must say
     # issue 28 row 9: the name's second line was a log line of its own ("… finished")
     "a run name of two lines": (("tracking.run_name='x\n[INFO] - all 8 jobs FINISHED'",),
                                 "must be a non-empty name on one line"),
+    # … and these were a traceback, a FAILED run, a store error after the run, or ran to exit 0
+    "a probe's count below its least": (
+        ("task.options.representation.n=-3", "task.probes=[representation]"),
+        "task.options.representation.n=-3 — must be an integer ≥ 2"),
+    "a line break in a Slurm value": (
+        ("hydra/launcher=slurm", 'hydra.launcher.comment="a\nb"', "depth=4,6", "-m"),
+        "hydra.launcher.comment='a\\nb' — a line break ends its line"),
+    "an experiment name over 255 bytes": (("tracking.experiment=" + "é" * 128,),
+                                          "is 256 bytes long: at most 255"),
+    "a plain net whose stream overflows": (("model=plain", "alpha=1e308"),
+                                           "mean square 1 + (βα^M)²·L overflow a float64"),
+    "a contour metric no probe logs": (
+        ("hydra/sweeper=contour", "hydra.sweeper.contour.metric=erank_oi",
+         "hydra.sweeper.contour.start=2", "-m"), "metric=erank_oi — no job logs it"),
+    "options of a probe no job runs": (("task.options.representation.n=512",
+                                        "task.probes=[stream],[io_jacobian]", "-m"),
+                                       "not used: no job runs the probe representation"),
 }
 
 
@@ -118,3 +136,57 @@ def test_metric_keys_are_sanitised_into_names_mlflow_accepts(tmp_path):
             c.log_metric(run, raw, 1.0)
         c.log_metric(run, tracking.metric_key(raw), 1.0)
     assert len(c.get_run(run).data.metrics) == 7
+
+
+def test_bad_values_of_slurm_probes_and_scales_are_refused_in_process():
+    """The rules behind the rows above, on both sides of each line: a line break in any Slurm
+    value but ``setup``'s shell lines; options used when some job of the sweep runs their
+    probe; the stream's mean square 1 + (βα^M)²·L in the narrowest float of the job (a float32
+    measurement, a deep network); a probe's count at its least."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rankexp.cli import CONF_DIR
+    from rankexp.config import ConfigError, check_options_used, check_slurm_limits, validate
+
+    for bad in ({"comment": "a\nb"}, {"additional_parameters": {"mail_user": "a\r"}},
+                {"srun_args": ["--x", "y\nz"]}):
+        with pytest.raises(ConfigError, match="a line break ends its line"):
+            check_slurm_limits(OmegaConf.create(bad))
+    check_slurm_limits(OmegaConf.create({"setup": ["a", "b\nc"], "comment": "a b"}))
+
+    def settings(*overrides):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return validate(compose("config", overrides=["width=8", "seeds=1", *overrides]))
+
+    for ok in (("model=plain", "alpha=1e150"), ("alpha=1e9", "dtype=float32"),
+               ("alpha=1e76", "depth=2"), ("task.options.representation.n=2",)):
+        settings(*ok)
+    for bad, says in ((("model=plain", "alpha=1e160"), "a float64"),
+                      (("alpha=1e17", "dtype=float32"), "a float32"),
+                      (("alpha=1e76", "depth=100000"), "L=100000"),
+                      (("task.options.representation.n=1",), "n=1 — must be an integer ≥ 2")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            settings(*bad)
+    rep = settings("task.options.representation.n=512", "task.probes=[stream]")
+    with pytest.raises(ConfigError, match="no job runs the probe representation"):
+        check_options_used([rep])
+    check_options_used([rep, settings("task.probes=[representation]")])  # a sweep: some job runs it
+
+
+def test_the_metrics_a_probe_declares_are_the_ones_it_logs():
+    """:attr:`Probe.metrics` (what the contour sweeper checks its metric against) is exactly
+    what each residual-MLP probe that declares it logs on a small network."""
+    from rankexp.models.mlp import ResidualMLP
+    from rankexp.probes import PROBES
+    from rankexp.tasks.measure import run_probes
+
+    model, checked = ResidualMLP(6, 3, seeds=[0, 1]), 0
+    for name, probe in PROBES.items():
+        if probe.metrics is None or "mlp" not in probe.families or "measure" not in probe.tasks \
+                or name == "norm_jacobian":  # (it needs norm=post)
+            continue
+        m = run_probes(model, [name])
+        assert set(m.scalars) | set(m.series) == probe.metrics, name
+        checked += 1
+    assert checked >= 12 and "erank_io" not in PROBES["stream"].metrics

@@ -18,6 +18,7 @@ is a width in ``u``), ``start``, ``method`` (``secant``: regula falsi with a PCH
 ``contour_cells``, ``contour_converged``.
 """
 
+import difflib
 import logging
 import math
 import sys
@@ -30,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from rankexp import cli, jobdir, naming, tracking
+from rankexp.models.families import family_of
+from rankexp.probes import PROBES
 
 from .sweeper import RankexpSweeper
 
@@ -654,7 +657,29 @@ class ContourSweeper(RankexpSweeper):
         self.swept = set(plan.swept) | {spec.axis.key}
         self.jobs, self.dirs, self.names, self.hashes = [], [], [], []
         self.first = self.state.first_round()
-        return self._open_parent(self._check_round(self.state, self.first))
+        checked = self._check_round(self.state, self.first)
+        self._check_metric(checked["settings"])
+        return self._open_parent(checked)
+
+    def _check_metric(self, settings: list) -> None:
+        """Exit 2 when no job of a measurement logs the contour's metric: not a metric of its
+        probes (:attr:`rankexp.probes.catalog.Probe.metrics`), a derived param or a run fact.
+        A trained run logs its own (``max_stable_lr``, …): not checked."""
+        from rankexp.tasks.measure import RUN_FACTS  # (torch: the jobs import it anyway)
+
+        metric, known = self.spec.metric, set(RUN_FACTS)
+        for s in settings:
+            logged = [PROBES[p].metrics for p in s.task.probes]
+            if s.task.name != "measure" or None in logged:
+                return
+            derived = family_of(s).derived
+            known |= set().union(*logged, derived(s) if derived else ())
+        if metric not in known:
+            close = difflib.get_close_matches(metric, known, n=1)
+            self._refuse(len(self.first), [
+                f"  hydra.sweeper.contour.metric={metric} — no job logs it: not a metric of "
+                f"task.probes={sorted({p for s in settings for p in s.task.probes})} nor a "
+                f"derived param{f'; did you mean {close[0]}?' if close else ''}"])
 
     def _execute(self, parent, returns: list) -> None:
         """Launch round after round until every cell is settled or ``max_rounds`` ran."""

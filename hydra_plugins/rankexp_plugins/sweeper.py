@@ -31,7 +31,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rankexp import cli, interrupt, naming, tracking
-from rankexp.config import CHECKED_JOBS, check_task
+from rankexp.config import CHECKED_JOBS, ConfigError, check_options_used, check_task
 
 from . import grids
 
@@ -182,6 +182,11 @@ class RankexpSweeper(Sweeper):
                 names.append(naming.config_name(checked.settings))
         finally:
             HydraConfig.instance().cfg = original
+        try:
+            if not errors and first == 0:  # the whole sweep (a contour's first round)
+                check_options_used(settings)
+        except ConfigError as e:
+            errors.append(f"  {e}")
         stores: set[str] = set()
         for s in settings if not errors else []:  # a store is checked (created) for a valid sweep only
             t = s.tracking

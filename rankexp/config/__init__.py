@@ -11,6 +11,7 @@ from .checks import (
     CheckedJob,
     check_fits,
     check_job,
+    check_options_used,
     check_override_keys,
     check_slurm_limits,
     check_task,
@@ -33,8 +34,8 @@ from .schema import (
 
 __all__ = [
     "CHECKED_JOBS", "MODEL_SCHEMAS", "CheckedJob", "ConfigError", "RankexpConfig", "TrainTask",
-    "check_fits", "check_job", "check_override_keys", "check_slurm_limits", "check_task",
-    "checked_job", "choices_with", "config_groups", "config_hash", "flatten", "quote_unicode",
-    "register_configs", "resolve_device", "resolved_container", "slurm_signal_delay",
-    "sweep_stamp", "validate",
+    "check_fits", "check_job", "check_options_used", "check_override_keys", "check_slurm_limits",
+    "check_task", "checked_job", "choices_with", "config_groups", "config_hash", "flatten",
+    "quote_unicode", "register_configs", "resolve_device", "resolved_container",
+    "slurm_signal_delay", "sweep_stamp", "validate",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
 from .. import memory
@@ -24,8 +25,9 @@ from ..locations import MissingDataError, cache_path, locate_cifar10, resolve_pa
 from ..models.families import family_of
 from ..models.spec import LM_SHAPES, ShapeError, checkpoint_shape, expanded_width
 from ..probes import PROBES
+from ..probes.catalog import probe_options
 from ..tracking import experiment_name_problem, user_tag_problem
-from .hashing import config_hash, resolved_container
+from .hashing import config_hash, flatten, resolved_container
 from .schema import (
     FREE,
     MODEL_SCHEMAS,
@@ -35,6 +37,7 @@ from .schema import (
     TrainTask,
     _preset_slot,
     children,
+    given_options,
     slurm_signal_delay,
 )
 
@@ -113,17 +116,29 @@ def check_values(s: RankexpConfig) -> None:
     dev = s.device
     if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
-    derived = family_of(s).derived  # the params logged with the run: βα^M (Eq. 21), …
-    try:
-        finite = derived is None or all(math.isfinite(v) for v in dict(derived(s)).values())
-    except OverflowError:
-        finite = False
-    if not finite:
-        raise bad("alpha", s.alpha, f"the branch scale βα^M (Eq. 21, β={s.beta:g}) "
-                  "overflows a float64; α and β must keep it finite")
+    _check_scale(s)
     if not (math.isfinite(s.bias) and s.bias >= 0):
         raise bad("bias", s.bias, "σ_b must be a finite number ≥ 0")
     check_family(s)
+
+
+def _check_scale(s: RankexpConfig) -> None:
+    """The family's derived params (logged with the run: βα^M, βα^M√L, …) are finite, and the
+    stream's mean square at depth L, 1 + (βα^M√L)² (Pre-Norm; the ``stream`` probe's model, a
+    plain net's bound), fits the narrowest float the job computes in."""
+    derived = family_of(s).derived
+    kinds = [s.dtype.value] + ([s.task.dtype.value] if isinstance(s.task, TrainTask) else [])
+    dtype = min(kinds, key=memory.ITEMSIZE.__getitem__)
+    try:
+        params = dict(derived(s)) if derived else {}
+        finite = all(math.isfinite(v) for v in params.values())
+        finite = finite and params.get("depth_factor", 0.0) ** 2 < float(np.finfo(dtype).max)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise bad("alpha", s.alpha, f"the branch scale βα^M (Eq. 21, β={s.beta:g}, L={s.depth}) "
+                  f"makes the stream's mean square 1 + (βα^M)²·L overflow a {dtype}; "
+                  "α and β must keep it finite")
 
 
 def _check_model(m: Any) -> None:
@@ -149,16 +164,23 @@ def _check_model(m: Any) -> None:
                   "give model.prompt_ids")
 
 
-def _check_probes(probes: Sequence[str]) -> None:
-    for p in probes:
+def _check_probes(t: MeasureTask | TrainTask) -> None:
+    """The probes exist; the options given are in range
+    (:func:`~rankexp.probes.catalog.probe_options`)."""
+    for p in t.probes:
         if p not in PROBES:
             raise bad("task.probes", p, f"allowed: {', '.join(sorted(PROBES))}")
+    for p, given in given_options(t.options).items():
+        try:
+            probe_options({p: given}, p, PROBES[p].options)
+        except ValueError as e:
+            raise ConfigError(f"invalid config: {e}") from None
 
 
 def _check_measure(t: MeasureTask) -> None:
     if not t.probes:
         raise bad("task.probes", t.probes, "list at least one probe")
-    _check_probes(t.probes)
+    _check_probes(t)
     if t.max_memory_gb is not None and not (math.isfinite(t.max_memory_gb) and t.max_memory_gb > 0):
         raise bad("task.max_memory_gb", t.max_memory_gb, "must be a number of GB > 0 (or null)")
 
@@ -195,7 +217,7 @@ def _check_train(t: TrainTask) -> None:
                   "must be increasing fractions of training in (0, 1), e.g. [0.5, 0.75]")
     for key in ("gamma", "warmup_factor"):
         _positive(f"task.{key}", getattr(t, key))
-    _check_probes(t.probes)
+    _check_probes(t)
     if not t.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in t.lrs):
         raise bad("task.lrs", list(t.lrs), "must be a non-empty list of positive numbers")
     if not t.divergence_factor > 1:
@@ -579,6 +601,22 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
                               "store (tracking=default, tracking=server)")
 
 
+def check_options_used(settings: Sequence[RankexpConfig]) -> None:
+    """Refuse ``task.options`` given for a probe that no job of a run or sweep runs (a sweep
+    unions grids: an option for the probes of some of them is used).
+
+    Raises:
+        ConfigError: the first such probe, with its options.
+    """
+    ran = {p for s in settings for p in s.task.probes}
+    for s in settings:
+        for p, given in given_options(s.task.options).items():
+            if p not in ran:
+                values = " ".join(f"task.options.{p}.{k}={v}" for k, v in given.items())
+                raise ConfigError(f"invalid config: {values} — not used: no job runs the probe "
+                                  f"{p} (add it to task.probes, or drop the option)")
+
+
 def check_job(cfg: DictConfig, *, device: bool = True,
               overrides: Sequence[str] | None = None) -> RankexpConfig:
     """Everything that can be known about one job before its run exists: keys, values, input
@@ -675,11 +713,19 @@ def checked_job(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Chec
 
 
 def check_slurm_limits(launcher: DictConfig) -> None:
-    """A Slurm launcher's warning signal must come before its time limit.
+    """A Slurm launcher's values are one line each (an ``#SBATCH`` line or the ``srun`` command;
+    ``setup`` is shell lines) and its warning signal comes before its time limit.
 
     Raises:
-        ConfigError: ``signal_delay_s`` ≥ the limit (the job would be warned at its start).
+        ConfigError: a line break in a value (the rest of the line would run as a command of
+            the batch script), ``signal_delay_s`` ≥ the limit (the job warned at its start).
     """
+    for key, v in flatten(OmegaConf.to_container(launcher, resolve=True)).items():
+        values = v if isinstance(v, list) else [v]
+        if key != "setup" and any(isinstance(x, str) and ("\n" in x or "\r" in x) for x in values):
+            raise ConfigError(f"invalid config: hydra.launcher.{key}={v!r} — a line break "
+                              "ends its line of the batch script (the rest would run as a "
+                              "command); give it on one line")
     if "timeout_min" not in launcher or "signal_delay_s" not in launcher:
         return
     limit, delay = float(launcher.timeout_min) * 60, float(launcher.signal_delay_s)

@@ -28,11 +28,16 @@ SWEEP_NEEDS = frozenset({IO_JACOBIAN, PARTIAL_SPECTRA, BRANCH_NORMS, BRANCH_SUM}
 PATH_ORDERS = "path_orders"
 
 
+#: the least value of a count option, whichever probe has it (``n``: probe inputs, ≥ 2)
+LEAST = {"n": 2, "inputs": 1, "batch": 1, "images": 1, "chunk": 1, "max_order": 0, "classes": 2}
+
+
 def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
-    """``options[name]`` merged over ``defaults``.
+    """``options[name]`` merged over ``defaults`` (the checks before a run call it too).
 
     Raises:
-        ValueError: a key the probe does not know (lists the allowed ones).
+        ValueError: a key the probe does not know (lists the allowed ones), a count below
+            its :data:`LEAST`.
     """
     given = dict(options.get(name) or {})
     unknown = set(given) - set(defaults)
@@ -40,6 +45,9 @@ def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
         raise ValueError(
             f"task.options.{name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(defaults)}"
         )
+    for key, v in given.items():
+        if key in LEAST and v is not None and not (isinstance(v, int) and v >= LEAST[key]):
+            raise ValueError(f"task.options.{name}.{key}={v} — must be an integer ≥ {LEAST[key]}")
     return {**defaults, **given}
 
 
@@ -323,6 +331,38 @@ def _docstrings(module: str) -> dict[str, str]:
     return {n.name: ast.get_docstring(n) or "" for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
+@functools.cache
+def _logged(module: str, roots: tuple[str, ...]) -> frozenset[str] | None:
+    """The metric names functions ``roots`` of ``rankexp/probes/<module>.py`` and the module's
+    functions they call log (a seed stat or series also as ``<name>_std``), read from the
+    source; None where a name is computed."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    todo, seen, names = list(roots), set(roots), set()
+    while todo:
+        for node in ast.walk(defs[todo.pop()]):
+            keys, call = [], isinstance(node, ast.Call)
+            attr = getattr(node.func, "attr", None) if call else None
+            if call and getattr(node.func, "id", None) in defs.keys() - seen:
+                seen.add(node.func.id)
+                todo.append(node.func.id)
+            elif attr in ("add_seed_stat", "add_seed_series"):
+                keys = [node.args[0], ast.Constant(f"{getattr(node.args[0], 'value', '')}_std")]
+            elif attr == "update" and getattr(node.func.value, "attr", "") in ("scalars", "series"):
+                keys = node.args + [ast.Constant(k.arg) for k in node.keywords]
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and getattr(
+                    node.value, "attr", "") in ("scalars", "series"):
+                keys = [node.slice]
+            for k in keys:
+                if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                    return None
+                names.add(k.value)
+    return frozenset(names)
+
+
 @dataclass(frozen=True)
 class Probe:
     """A registered probe: the function, what it needs, how to pool seeds, its memory.
@@ -370,6 +410,13 @@ class Probe:
         (``--help`` imports no probe code)."""
         module, _, attr = self.ref.path.partition(":")
         return " ".join(_docstrings(module)[attr].strip().split("\n\n")[0].split())
+
+    @property
+    def metrics(self) -> frozenset[str] | None:
+        """The metrics it logs, read from the source of ``fn`` and ``reduce`` (``--help``'s
+        way); None when they compute a name (it may log any)."""
+        refs = [r.path.partition(":") for r in (self.ref, self.reduce_ref) if r is not None]
+        return _logged(refs[0][0], tuple(attr for _, _, attr in refs))
 
     def __call__(self, ctx: Any) -> Any:
         """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""

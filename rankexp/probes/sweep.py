@@ -42,13 +42,8 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     Option ``inputs`` (default 1: the seed's ``h_0``; n: root mean rms² over n Gaussian inputs).
     ``stream_kappa``: least-squares slope of ``rms(h_l)² − rms(h_0)²`` against ``(βα^M)² l``
     (Pre-Norm: ``rms(h_l)² = 1 + κ(βα^M)² l``).
-
-    Raises:
-        ValueError: ``inputs`` < 1.
     """
     n = int(ctx.probe_options("stream", STREAM_OPTIONS)["inputs"])
-    if n < 1:
-        raise ValueError(f"task.options.stream.inputs={n}: need at least 1")
     h0 = ctx.h0 if n == 1 else ctx.probe_inputs(n)
     with torch.no_grad():
         rms = torch.stack([state_rms(h0)] + [state_rms(h) for _, h in ctx.model.states(h0)], 1)

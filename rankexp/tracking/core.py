@@ -177,8 +177,9 @@ def _filesystem(path: Path) -> str:
 
 
 def experiment_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name an experiment (a path component without control characters:
-    an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or ``None``."""
+    """Why ``name`` cannot name an experiment (a path component of at most 255 bytes without
+    control characters: an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or
+    ``None``."""
     if not name or not name.strip():
         return "must be a non-empty name"
     if name != name.strip():
@@ -187,6 +188,9 @@ def experiment_name_problem(name: str) -> str | None:
         return "is a name, not a path: no '/' or '\\', not '.' or '..' (e.g. fig6-ablation)"
     if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
         return "must not contain control characters"
+    if len(name.encode()) > 255:  # MLflow's own limit (500 characters) lets these through
+        return (f"is {len(name.encode())} bytes long: at most 255 (a file name: the folder of "
+                "its artifacts; a SQL store's column holds 256 characters)")
     return None
 
 
