@@ -125,3 +125,21 @@ def test_family_declarations_feed_run_names_params_and_memory():
     assert config_name(lm) == "gpt2·L2·d64"
     assert isinstance(model_shape(conv), ConvShape) and model_shape(mlp, "cpu") == ModelShape(
         8, 16, 32, 2, 1, 8, False)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_that_claims_the_default_probes_runs_them(family, tmp_path):
+    """``rankexp model=<family>`` as typed: a family that declares every default probe runs
+    them all (a plain net has no residual stream, but its states are still the trajectory)."""
+    import torch
+
+    from rankexp.tasks import TASKS
+
+    composed = _compose(f"model={family}", *SMALL[family])
+    if not set(composed.task.probes) <= set(FAMILIES[family].probes):
+        with pytest.raises(ConfigError, match="not probes of"):  # refused before any run
+            validate(composed)
+        return
+    s = validate(composed)
+    m = TASKS["measure"](s, torch.device("cpu"), tmp_path, None, "0" * 16)
+    assert m.scalars and all(isinstance(v, float) for v in m.scalars.values())

@@ -153,6 +153,16 @@ class Stack(nn.Module):
         """Yield ``(l, block)`` for l = 1…upto (default L), in order."""
         yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
 
+    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
+        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
+        keep, window = max(self.skip_every, 1), {0: h0}
+        for l, block in self.walk(upto):
+            skip = window[self.skip_source(l)] if block.has_skip else None
+            window[l] = block(window[l - 1], skip)
+            window.pop(l - keep, None)
+            yield l, window[l]
+
     def forward(self, h0: Tensor, **kw) -> Tensor:
         """``h_L`` for inputs ``h0`` of shape ``(E, B, d)``."""
         return self.trajectory(h0, **kw)[-1]
@@ -295,12 +305,3 @@ class ResidualMLP(Stack):
                 for buf in self._buffers_streamed.values():
                     buf.fill_(float("nan"))
 
-    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
-        """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
-        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
-        keep, window = max(self.skip_every, 1), {0: h0}
-        for l, block in self.walk(upto):
-            skip = window[self.skip_source(l)] if block.has_skip else None
-            window[l] = block(window[l - 1], skip)
-            window.pop(l - keep, None)
-            yield l, window[l]
