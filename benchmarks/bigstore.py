@@ -9,7 +9,7 @@ experiments of ``--runs`` / 4 FINISHED job runs each, in sweeps of 90 (α × β 
 a seed offset per sweep) under their parent run, tagged as rankexp tags them (``config_hash``,
 owner, ``seed_std.*``), 27 params, 15 scalars and 5 per-layer series of 97 points (~500
 points per run).  Timed, each in a fresh process of each tree on one torch thread (wall
-seconds, peak RSS from ``os.wait4``'s rusage):
+seconds, CPU seconds and peak RSS from ``os.wait4``'s rusage):
 
 * ``resume``: what a sweep of ``--configs`` configs asks the store before its first job runs —
   the store checked, the experiment prepared, its dead runs reconciled, the finished configs
@@ -101,8 +101,9 @@ def build(folder: Path, runs: int, workers: int) -> str:
                   for e in range(EXPERIMENTS)]
         t0 = time.perf_counter()
         with ProcessPoolExecutor(workers) as pool:
-            for n, _ in enumerate(pool.map(write_sweep, [uri] * len(sweeps), [ids[e] for e, _ in sweeps],
-                                           *zip(*sweeps, strict=True)), 1):
+            work = pool.map(write_sweep, [uri] * len(sweeps), [ids[e] for e, _ in sweeps],
+                            *zip(*sweeps, strict=True))
+            for n, _ in enumerate(work, 1):
                 if n % 10 == 0 or n == len(sweeps):
                     print(f"  built {n * SWEEP} of {len(sweeps) * SWEEP} runs in "
                           f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -128,8 +129,8 @@ print(len(load_runs(sys.argv[2], sys.argv[1], cache_dir=False)), "runs")
 """
 
 
-def timed(argv: list[str], tree: Path, cwd: Path) -> tuple[float, float]:
-    """(wall s, peak RSS MB) of ``python argv`` of ``tree``'s code, a fresh process."""
+def timed(argv: list[str], tree: Path, cwd: Path) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MB) of ``python argv`` of ``tree``'s code, a fresh process."""
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         pid = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env(tree),
@@ -138,12 +139,14 @@ def timed(argv: list[str], tree: Path, cwd: Path) -> tuple[float, float]:
         wall = time.perf_counter() - t0
         if status:
             err.seek(0)
-            raise RuntimeError(f"python {' '.join(argv[:3])} ({tree}) failed:\n{err.read()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+            raise RuntimeError(f"python {' '.join(argv[:3])} ({tree}) failed:\n"
+                               f"{err.read()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", help="the commit to compare with (a git worktree of it)")
     p.add_argument("--runs", type=int, default=10_000, help="job runs in the store")
     p.add_argument("--configs", type=int, default=200, help="configs of the resumed sweep")
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rankexp-bench"
     uri = build(args.store or cache / f"bigstore-{args.runs}", args.runs, args.workers)
     hashes = [chash(0, s, j) for s in range(args.configs // SWEEP + 1) for j in range(SWEEP)]
-    hashes = hashes[:args.configs // 2] + [f"{i:016x}" for i in range(args.configs - args.configs // 2)]
+    half = args.configs // 2  # found; the rest are new configs
+    hashes = hashes[:half] + [f"{i:016x}" for i in range(args.configs - half)]
     rows = {"resume": ["-c", RESUME, uri, "exp0", *hashes], "load_runs": ["-c", LOAD, uri, "exp0"],
             "heatmap": ["-m", "analysis", "heatmap", "--experiment", "exp0", "--x", "alpha",
                         "--y", "beta", "--uri", uri]}
@@ -163,12 +167,13 @@ def main(argv: list[str] | None = None) -> None:
             tempfile.TemporaryDirectory(prefix="bigstore-out-") as out:
         trees = {**({args.rev: Path(before)} if args.rev else {}), f"this tree ({commit()})": ROOT}
         got = {(r, v): [timed(a, tree, Path(out)) for _ in range(args.rounds)]
-               for _ in range(1) for r, a in rows.items() for v, tree in trees.items()}
+               for r, a in rows.items() for v, tree in trees.items()}
     print(f"a store of {uri.split('/')[-2]}: {args.configs} configs resumed (half FINISHED), "
-          f"experiment exp0 ({args.runs // EXPERIMENTS} runs), min of {args.rounds} fresh processes")
+          f"experiment exp0 ({args.runs // EXPERIMENTS} runs), min of {args.rounds} fresh "
+          "processes")
     for r, (limit_s, limit_mb) in TARGETS.items():
-        cells = [f"{min(w for w, _ in got[r, v]):.2f} s / {min(m for _, m in got[r, v]):.0f} MB"
-                 for v in trees]
+        cells = [f"{min(t[0] for t in got[r, v]):.2f} s (CPU {min(t[1] for t in got[r, v]):.2f} s)"
+                 f" / {min(t[2] for t in got[r, v]):.0f} MB" for v in trees]
         target = f"≤ {limit_s:g} s" + (f" and ≤ {limit_mb} MB" if limit_mb else "")
         print(f"  {r:10s} {' → '.join(cells)}  [target {target}]  ({', '.join(trees)})")
     print(f"  ({load()})", flush=True)
