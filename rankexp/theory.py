@@ -15,7 +15,7 @@ import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 
-from .models.activations import ACTIVATIONS, LEAKY_SLOPE
+from .models.spec import ACTIVATIONS, LEAKY_SLOPE
 
 
 def _special():  # scipy is slow to import; every job imports this module

@@ -201,3 +201,14 @@ def test_the_heatmap_refuses_the_readmes_own_mix(tmp_path, capsys):
     assert rc == 2, err
     assert "runs in one cell differ in task.probes" in err and "--filter" in err
     assert not list((tmp_path / "figs").rglob("*.png"))
+
+
+def test_the_analysis_commands_load_without_torch():
+    """Issue 28 row 7: ``python -m analysis heatmap`` (every command is registered on start)
+    imports no torch: half a GB and seconds a figure from logged runs does not need."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from analysis.core.runner import commands; commands(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -381,3 +381,34 @@ def test_a_boundary_whose_donor_held_everywhere_takes_one_run_at_the_top():
     c = contour.set_index(["alpha", "depth"])
     assert (c.loc["4", "status"] == "converged").all(), contour
     assert all(lo <= 1e-3 <= hi for lo, hi in zip(c.loc["4", "lo"], c.loc["4", "hi"], strict=True))
+
+
+def test_a_rounds_read_back_asks_the_store_for_its_own_config_hashes_only(tmp_path, monkeypatch):
+    """Issue 28 row 7: each round reads back its configs by hash (one indexed query each), not
+    every run of the experiment; the newest FINISHED run of a hash gives its values."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from hydra_plugins.rankexp_plugins.contour import ContourSweeper
+    from rankexp import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.prepare_experiment(uri, "contour")
+    c = MlflowClient(uri)
+    for t, (h, m, status) in enumerate([("a", 0.3, "FINISHED"), ("a", 0.4, "FINISHED"),
+                                        ("b", 0.9, "FAILED"), ("c", 1.0, "FINISHED")]):
+        run = c.create_run(exp, start_time=1000 + t, tags={"config_hash": h}).info.run_id
+        c.log_metric(run, "m", m)
+        c.log_param(run, "nominal_ratio", m / 2)
+        c.set_terminated(run, status)
+    asked = []
+    search = MlflowClient.search_runs
+    monkeypatch.setattr(MlflowClient, "search_runs", lambda self, ids, filter_string="", *a, **k:
+                        asked.append(filter_string) or search(self, ids, filter_string, *a, **k))
+    sweeper = SimpleNamespace(spec=SimpleNamespace(metric="m"))
+    got = ContourSweeper._read_back(sweeper, SimpleNamespace(uri=uri, experiment="contour",
+                                                        experiment_id=exp), ["a", "b"])
+    assert got[0] == (0.4, 0.2) and all(map(math.isnan, got[1]))
+    assert asked and all("tags.config_hash = 'a'" in f or "tags.config_hash = 'b'" in f
+                         for f in asked), asked

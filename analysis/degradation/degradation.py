@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from rankexp import theory
-from rankexp.models.convnet import HE_RESNET_TEST_ERROR
 
 from ..core import style
 from ..core.claims import Check, Claim, Measured, NotRun, Runs, above, at_most, below, near
@@ -163,6 +162,8 @@ def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({d: {k: (float(np.mean(v)) if isinstance(v, list) else v)
                               for k, v in cell.items()} for d, cell in rows.items()}).T.sort_index()
     table.index.name = "depth"
+    from rankexp.models.convnet import HE_RESNET_TEST_ERROR  # defers torch
+
     table["He_ResNet_test"] = [HE_RESNET_TEST_ERROR.get(int(d), np.nan) for d in table.index]
     order = [c for c in ("plain_test", "ResNet_test", "He_ResNet_test", "plain_train",
                          "ResNet_train", "runs") if c in table]

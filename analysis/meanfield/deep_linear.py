@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.probes.meanfield import DEEP_LINEAR_DEFAULTS
+from rankexp.probes.catalog import DEEP_LINEAR_DEFAULTS
 
 from ..core import style
 from ..core.claims import Measured, NotRun, Runs, at_most

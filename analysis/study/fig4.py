@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rankexp.models.norms import PRESET_SLOTS
+from rankexp.models.spec import PRESET_SLOTS
 
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near

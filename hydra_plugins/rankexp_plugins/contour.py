@@ -725,18 +725,14 @@ class ContourSweeper(RankexpSweeper):
 
     def _read_back(self, parent, hashes: list[str]) -> list[tuple[float, float]]:
         """(metric, nominal_ratio) of each config hash's FINISHED run in the store (NaN when
-        there is none: the job failed or logged offline)."""
-        df = tracking.runs_table([parent.experiment], parent.uri)
-        out = {}
-        if not df.empty and "tags.config_hash" in df:
-            metric = self.spec.metric
-            col = next((c for c in (f"metrics.{metric}", f"params.{metric}") if c in df), None)
-            ratio = df["params.nominal_ratio"] if "params.nominal_ratio" in df else None
-            for i, h in enumerate(df["tags.config_hash"]):
-                v = float(df[col].iloc[i]) if col is not None and df[col].iloc[i] is not None else math.nan
-                r = float(ratio.iloc[i]) if ratio is not None and ratio.iloc[i] is not None else math.nan
-                out.setdefault(h, (v, r))
-        return [out.get(h, (math.nan, math.nan)) for h in hashes]
+        there is none: the job failed or logged offline); asks for these hashes only."""
+        runs = tracking.finished_runs(parent.uri, parent.experiment_id, hashes)
+
+        def value(h: str, key: str) -> float:
+            data = runs[h].data if h in runs else None
+            v = data and data.metrics.get(key, data.params.get(key))
+            return math.nan if v is None else float(v)
+        return [(value(h, self.spec.metric), value(h, "nominal_ratio")) for h in hashes]
 
     def _report(self, state: Contour, parent) -> None:
         """Log the contour, its exponents and unsettled cells; attach them to the parent run."""

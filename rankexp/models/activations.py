@@ -16,10 +16,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .spec import ACTIVATIONS
-
-LEAKY_SLOPE = 0.01
-
+from .spec import ACTIVATIONS, LEAKY_SLOPE
 
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,

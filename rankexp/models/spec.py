@@ -10,6 +10,7 @@ from pathlib import Path
 
 #: σ of the residual MLP (:mod:`rankexp.models.activations` holds the functions)
 ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "linear", "leaky_relu", "swiglu")
+LEAKY_SLOPE = 0.01  # leaky_relu's slope below 0
 #: the norm operations of Table 2 (:mod:`rankexp.models.norms` holds the functions)
 NORM_OPS = ("rmsnorm", "layernorm", "detached", "meansub")
 

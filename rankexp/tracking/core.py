@@ -40,8 +40,9 @@ __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "
            "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
            "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
            "owner_tags", "Sink", "RunLogger", "Journal", "read_journal", "read_member_journal",
-           "find_finished", "expired", "close_run", "reconcile", "supersede", "supersede_finished",
-           "Claim", "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat", "log_counts", "SweepRun",
+           "finished_runs", "find_finished", "expired", "close_run", "reconcile", "supersede",
+           "supersede_finished", "Claim", "CLAIM_PENDING_S", "claim", "stand_down", "Heartbeat",
+           "log_counts", "SweepRun",
            "attach_files", "active_run_sink", "log_active_text"]
 
 
@@ -556,20 +557,30 @@ def read_member_journal(path: Path) -> tuple[list[float], list[tuple[int, int, l
     return lrs, points
 
 
+def finished_runs(uri: str, experiment_id: str, hashes: Iterable[str]) -> dict[str, Any]:
+    """``{config hash: its newest FINISHED run}`` of the ``hashes`` that have one in the
+    experiment: one indexed query per hash (MLflow's filter has no IN or OR on tags), never a
+    read of the whole experiment."""
+    client, out = _client(uri), {}
+    for h in dict.fromkeys(hashes):
+        runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+            f"tags.config_hash = '{h}' and attributes.status = 'FINISHED'"))
+        out.update({h: runs[0]} if runs else {})
+    return out
+
+
 def find_finished(uri: str, experiment_id: str, config_hash: str, legacy: str = "") -> str | None:
     """Id of a FINISHED run of ``config_hash`` in the experiment, or ``None``.  A run logged
     under the config's ``legacy`` hash (:func:`rankexp.config.config_hash`) counts: it is
     re-tagged ``config_hash`` (the old value kept as ``rankexp.legacy_hash``)."""
     from mlflow.entities import RunTag
-    client = _client(uri)
     for h in dict.fromkeys(h for h in (config_hash, legacy) if h):
-        runs = client.search_runs([experiment_id], max_results=1, filter_string=(
-            f"tags.config_hash = '{h}' and attributes.status = 'FINISHED'"))
-        if runs:
+        run = finished_runs(uri, experiment_id, [h]).get(h)
+        if run:
             if h != config_hash:
-                client.log_batch(runs[0].info.run_id, tags=[
+                _client(uri).log_batch(run.info.run_id, tags=[
                     RunTag("config_hash", config_hash), RunTag(TAG_LEGACY_HASH, h)])
-            return runs[0].info.run_id
+            return run.info.run_id
     return None
 
 
