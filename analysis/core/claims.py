@@ -4,8 +4,9 @@ A :class:`Claim` is a statement, its source, its value, a stated tolerance (:fun
 :func:`at_most`, …) and ``measure(runs)`` → :class:`Measured` (value ± one s.d. over seeds,
 pooled by :func:`analysis.core.select.pooled` or recomputed seed by seed, :func:`seedwise`).
 :func:`evaluate` gives each a verdict: holds (value ± spread inside the tolerance),
-inconclusive (it straddles an edge), does not hold, not judged at this size (runs smaller than
-:attr:`Claim.size`: grey, never red) or not run (:data:`NotRun` raised; :attr:`Verdict.why`
+inconclusive (it straddles an edge), does not hold, the source's printed value differs (it holds
+against the theory while :attr:`Claim.printed` does not), not judged at this size (runs smaller
+than :attr:`Claim.size`: grey, never red) or not run (:data:`NotRun` raised; :attr:`Verdict.why`
 says ``size``, ``data`` or ``runs``)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,10 @@ HOLDS, FAILS, NOT_RUN, ERROR = "holds", "does not hold", "not run", "error"
 NOT_JUDGED = "not judged at this size"
 #: the seed interval value ± spread straddles the tolerance's edge
 INCONCLUSIVE = "inconclusive"
+#: the measurement holds against the theory; the value the source prints does not
+PRINTED = "the source's printed value differs"
 #: every verdict, in the report's order
-VERDICTS = (HOLDS, INCONCLUSIVE, FAILS, NOT_JUDGED, NOT_RUN, ERROR)
+VERDICTS = (HOLDS, PRINTED, INCONCLUSIVE, FAILS, NOT_JUDGED, NOT_RUN, ERROR)
 #: an experiment's sizes, smallest first (``conf/size/``)
 SIZES = ("smoke", "cpu", "full")
 #: the store lacks what a claim needs: the selection error (:mod:`analysis.core.select`)
@@ -54,15 +57,20 @@ class Measured:
 @dataclass(frozen=True)
 class Check:
     """A tolerance as text, the test deciding it and ``region`` = ``(lo, hi)`` of passing values
-    (a seed interval holding it whole is *inconclusive*)."""
+    (a seed interval holding it whole is *inconclusive*); ``width``: the width d₀ it is stated
+    at for a quantity ∝ 1/d (:func:`per_width`), 0 for none."""
 
     text: str
     passes: Callable[[float], bool]
     region: tuple[float, float] | None = None
+    width: float = 0.0
 
-    def verdict(self, value: float, spread: float = math.nan) -> str:
+    def verdict(self, value: float, spread: float = math.nan, d: float = math.nan) -> str:
         """HOLDS when ``value ± spread`` lies inside the tolerance (no spread: ``value`` passes),
-        FAILS outside, INCONCLUSIVE when it straddles an edge."""
+        FAILS outside, INCONCLUSIVE when it straddles an edge; with :attr:`width`, judged at
+        width ``d`` (value and spread × d/d₀)."""
+        if self.width:
+            value, spread = value * d / self.width, spread * d / self.width
         if not np.isfinite(spread) or spread <= 0:
             return HOLDS if self.passes(value) else FAILS
         lo, hi = value - spread, value + spread
@@ -101,6 +109,12 @@ def above(bound: float) -> Check:
     return Check(f"> {bound:g}", lambda v: v > bound, (bound, math.inf))
 
 
+def per_width(check: Check, d0: int) -> Check:
+    """``check`` stated at width ``d0`` for a quantity ∝ 1/d (a finite-width gap), judged at the
+    runs' own width d: :func:`at_most(b) <at_most>` reads ≤ b·d0/d."""
+    return replace(check, text=f"{check.text} × {d0}/d", width=d0)
+
+
 def sentence(text: str) -> str:
     """``text`` as a sentence: a capital first letter and a final full stop."""
     text = " ".join(str(text).split())
@@ -120,6 +134,8 @@ class Claim:
         check: the stated tolerance (:func:`near`, :func:`at_most`, …).
         measure: loaded runs → :class:`Measured`; raises :data:`NotRun`.
         size: the smallest size whose grids hold what ``measure`` reads (``smoke``/``cpu``/``full``).
+        printed: the source's printed value where it differs from the theory ``check`` targets
+            (NaN: none); holding while ``printed`` fails ``check`` is :data:`PRINTED`.
         needs: what no grid of this checkout makes (``"pretrained GPT-2 checkpoints"``), or "".
         experiment, requires: the experiment it is judged on and what this machine lacks of its
             needs (filled in by :meth:`analysis.core.registry.Experiment.bound_claims`)."""
@@ -131,6 +147,7 @@ class Claim:
     check: Check
     measure: Callable[[Runs], Measured] = field(repr=False)
     size: str = "smoke"
+    printed: float = math.nan
     needs: str = ""
     experiment: str = ""
     requires: str = ""
@@ -303,8 +320,19 @@ def _judged(c: Claim, runs: Runs, m: Measured) -> Verdict:
         note = (f"Measured at size={size}; its tolerance is valid from size={c.size} on. "
                 + sentence(m.note)).strip()
         return Verdict(c, NOT_JUDGED, m, note=note, why="size", **where)
-    verdict = c.check.verdict(m.value, m.spread)
+    d = pd.to_numeric(where["d"], errors="coerce")
+    if c.check.width and not d > 0:
+        note = f"its tolerance scales as 1/d and the runs have several widths, d = {where['d']}"
+        return Verdict(c, NOT_JUDGED, m, note=sentence(note), why="size", **where)
+    verdict = c.check.verdict(m.value, m.spread, d)
     note = m.note
+    if c.check.width:
+        note = sentence(f"tolerance at d = {d:g}: {c.check.text.replace('/d', f'/{d:g}')}"
+                        + (f"; {m.note}" if m.note else ""))
+    if verdict == HOLDS and np.isfinite(c.printed) and not c.check.passes(c.printed):
+        verdict, note = PRINTED, sentence(
+            f"the source prints {c.printed:g}; rankexp's {format_measured(m)} agrees with "
+            f"{c.study}" + (f"; {m.note}" if m.note else ""))
     if verdict == INCONCLUSIVE:
         note = sentence(f"the seed interval {format_measured(m)} straddles the tolerance {c.check.text}"
                         + (f"; {m.note}" if m.note else ""))

@@ -158,7 +158,9 @@ def render_html(sections: list[Section], verdicts, meta: dict) -> str:
 def summary(verdicts: list[claims.Verdict]) -> str:
     """``3 hold, 1 inconclusive, 0 do not hold, 5 not judged at this size, 2 not run``."""
     n = {k: sum(v.verdict == k for v in verdicts) for k in claims.VERDICTS}
-    parts = [f"{n[claims.HOLDS]} hold", f"{n[claims.INCONCLUSIVE]} inconclusive",
+    parts = [f"{n[claims.HOLDS]} hold",
+             *([f"{n[claims.PRINTED]} where the source's printed value differs"]
+               if n[claims.PRINTED] else []), f"{n[claims.INCONCLUSIVE]} inconclusive",
              f"{n[claims.FAILS]} do not hold", f"{n[claims.NOT_JUDGED]} not judged at this size",
              f"{n[claims.NOT_RUN]} not run"]
     return ", ".join(parts + ([f"{n[claims.ERROR]} errors"] if n[claims.ERROR] else []))
