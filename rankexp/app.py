@@ -289,7 +289,8 @@ class Job:
             "job_dir": str(self.job_dir),
             **tracking.owner_tags(),
             **tracking.system_tags(),
-            **({tracking.TAG_NOTE: self.s.tracking.note} if self.s.tracking.note else {}),
+            tracking.TAG_NOTE: "\n\n".join(filter(None, [self.s.tracking.note,
+                                                          tracking.STEP_AXIS])),
         }
 
     def _connect(self, tags: dict[str, str]) -> str | None:

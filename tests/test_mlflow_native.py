@@ -14,6 +14,7 @@ from plans import EXPERIMENTS, composed
 
 from rankexp.cli import CONF_DIR
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT
+from rankexp.tracking import STEP_AXIS
 
 TINY = ("width=8", "depth=2", "seeds=1", "task.probes=[io_jacobian]")
 NOTE = "Checking the **norm** placement."
@@ -33,15 +34,25 @@ def test_a_single_runs_name_tags_note_and_experiment_description_reach_the_store
     assert run.info.run_name == "baseline" and run.info.status == "FINISHED"
     tags = run.data.tags
     assert (tags["team"], tags["ticket"]) == ("vision", "RX-12")
-    assert tags["mlflow.note.content"] == NOTE
-    assert experiment(cli.uri).tags["mlflow.note.content"] == "Pre- vs Post-Norm at small width"
+    assert tags["mlflow.note.content"] == f"{NOTE}\n\n{STEP_AXIS}"  # + what "Step" is
+    exp = experiment(cli.uri)
+    assert exp.tags["mlflow.note.content"] == "Pre- vs Post-Norm at small width"
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # not GenAI
     assert not any(k.startswith("tracking.") for k in run.data.params)  # not what a run computes
 
 
-def test_without_the_knobs_a_run_keeps_its_config_name_and_no_note(cli):
+def test_without_the_knobs_a_run_keeps_its_config_name_and_notes_only_its_step_axis(cli):
+    from mlflow.tracking import MlflowClient
+
+    # an experiment an older rankexp made (no kind): it becomes a classic ML experiment
+    MlflowClient(cli.uri).create_experiment(
+        "rankexp", artifact_location=(cli.cwd / "mlartifacts" / "rankexp").as_uri())
     cli(*TINY)
     (run,) = runs_in(cli.uri)
-    assert run.info.run_name.startswith("pre") and "mlflow.note.content" not in run.data.tags
+    assert run.info.run_name.startswith("pre")
+    assert run.data.tags["mlflow.note.content"] == STEP_AXIS
+    assert "layer l" in STEP_AXIS and "**Step**" in STEP_AXIS
+    assert experiment(cli.uri).tags["mlflow.experimentKind"] == "custom_model_development"
     assert "team" not in run.data.tags
     assert not any(k.startswith("system/") for k in run.data.metrics)  # a measurement: seconds
     assert "mlflow.note.content" not in experiment(cli.uri).tags
@@ -56,9 +67,11 @@ def test_in_a_sweep_the_knobs_name_the_parent_and_tag_and_note_every_run(cli):
     assert parent.info.run_name == "alpha-scan"
     assert sorted(r.info.run_name for r in jobs) == ["α1", "α2"]  # the swept axis names the jobs
     assert all(r.data.tags["team"] == "vision" for r in runs)
-    assert all(r.data.tags["mlflow.note.content"] == NOTE for r in jobs)
+    assert all(r.data.tags["mlflow.note.content"] == f"{NOTE}\n\n{STEP_AXIS}" for r in jobs)
     parent_note = parent.data.tags["mlflow.note.content"]
     assert parent_note.startswith(NOTE + "\n\n") and "alpha=1,2" in parent_note  # + the command
+    # the swept knobs and the headline metric
+    assert "Swept: alpha; headline: erank_io, stable_rank_io" in parent_note, parent_note
     assert experiment(cli.uri).tags["mlflow.note.content"] == "the α scan"
 
 

@@ -1,10 +1,11 @@
 """The MLflow UI, as `make ui` starts it (`mlflow ui --backend-store-uri sqlite:///...`),
 over a store holding a small sweep, read in a real headless Chromium (Debian's chromium and
-chromedriver, driven by Selenium): the sweep's runs are in the experiment's run table, and
-a run's per-layer profile (metric erank_profile) is drawn as a line against step = layer."""
+chromedriver, driven by Selenium): the link the sweep logs opens the experiment on its run
+table (not MLflow 3's GenAI overview), the sweep's runs are in that table, and a run's per-layer profile (metric erank_profile) is drawn as a line against step = layer."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -39,10 +40,10 @@ def wait_for(driver, what, find, timeout=WAIT):
 def test_ui_shows_the_sweeps_runs_and_a_per_layer_profile_chart(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    rankexp(
+    out = rankexp(
         "norm=post", "alpha=1,2", "depth=8,16", "width=16", "seeds=1", "-m",
         cwd=tmp_path, env=clean_env(), timeout=300,
-    ).check()  # fmt: skip
+    ).check().output  # fmt: skip
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     (parent,), jobs = sweep_runs(store)
     exp_id = parent.info.experiment_id
@@ -50,10 +51,15 @@ def test_ui_shows_the_sweeps_runs_and_a_per_layer_profile_chart(browser, tmp_pat
     assert len(names) == 4 and len(set(names.values())) == 4
 
     with mlflow_ui(store, tmp_path / "ui.log") as url:
-        # --- the experiment's run table: the sweep's parent, expanded to its four runs
-        browser.get(f"{url}/#/experiments/{exp_id}/runs")
+        # --- the link the sweep logged: the experiment's run table, its parent with four runs
+        link = re.search(rf"runs: http://\S+(/#/experiments/{exp_id}/\S+)", out)
+        assert link, out[-3000:]
+        browser.get(url + link[1])
         row = f"[role='row'][row-id='{parent.info.run_id}']"
         wait_for(browser, "the sweep's parent row", lambda d: d.find_element(By.CSS_SELECTOR, row))
+        page = browser.find_element(By.TAG_NAME, "body").text
+        assert f"/experiments/{exp_id}/runs" in browser.current_url, browser.current_url
+        assert "Overview" not in page and "No data available" not in page, page[:1000]
         parent_row = browser.find_element(By.CSS_SELECTOR, row)
         assert parent.info.run_name in parent_row.text, parent_row.text
         # nested runs are collapsed under their parent: the run-name cell's button expands

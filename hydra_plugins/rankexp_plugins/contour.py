@@ -654,7 +654,7 @@ class ContourSweeper(RankexpSweeper):
             self._refuse(len(plan.jobs), [f"  {spec.axis.key} is the contour's axis "
                                           "(hydra.sweeper.contour.axis): do not sweep it too"])
         self.state = Contour(spec, plan.jobs, plan.swept)
-        self.swept = set(plan.swept) | {spec.axis.key}
+        self.swept = [*plan.swept, spec.axis.key]
         self.jobs, self.dirs, self.names, self.hashes = [], [], [], []
         self.first = self.state.first_round()
         checked = self._check_round(self.state, self.first)

@@ -125,7 +125,7 @@ class RankexpSweeper(Sweeper):
             log.info("left out %s: the same config as a job%s", _label(job, plan.swept),
                      f" of grid {twin!r}" if twin else "")
         checked["names"] = plan.names(checked["names"])
-        self.jobs, self.swept, self.dirs = plan.jobs, set(plan.swept), checked["job_dirs"]
+        self.jobs, self.swept, self.dirs = plan.jobs, plan.swept, checked["job_dirs"]
         return self._open_parent(checked)
 
     def _execute(self, parent, returns: list) -> None:
@@ -239,8 +239,10 @@ class RankexpSweeper(Sweeper):
         if not t.enabled:
             return None
         command = tracking.command_line()
+        headline = {"train": "best_test_accuracy"}.get(first.task.name, "erank_io, stable_rank_io")
         note = (f"```\n{command}\n```\n\n{len(checked['job_dirs'])} jobs in `{sweep_dir}`"
-                f" (size={first.size.value}).")
+                f" (size={first.size.value}).\n\nSwept: {', '.join(self.swept) or 'nothing'}; "
+                f"headline: {headline} (the run table's Columns).")
         experiment = self.config.hydra.runtime.choices.get("experiment") or t.experiment
         parent = tracking.SweepRun(
             tracking.resolve_uri(t.uri), t.experiment, sweep_dir, checked["job_dirs"],

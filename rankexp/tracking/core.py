@@ -33,7 +33,8 @@ from ..naming import member_name
 
 log = logging.getLogger(__name__)
 __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
-           "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_HOST", "TAG_PID", "TAG_PID_START",
+           "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_KIND", "ML_KIND", "STEP_AXIS",
+           "ui_link", "TAG_HOST", "TAG_PID", "TAG_PID_START",
            "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM", "TAG_REASON", "RUN_TAGS",
            "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost", "_first_line",
            "configure_http", "quiet_store_logs", "resolve_uri", "_client", "check_store",
@@ -51,6 +52,12 @@ TAG_ROLE, ROLE_MEMBER, TAG_LR = "rankexp.role", "member", "rankexp.lr"
 FIGURES_DIR = "figures"  # a sweep parent's artifact folder of the analysis' figures
 SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
 TAG_NOTE = "mlflow.note.content"  # a run's (or an experiment's) description in the MLflow UI
+#: MLflow 3's experiment type: classic ML ("custom_model_development"), not GenAI
+TAG_KIND, ML_KIND = "mlflow.experimentKind", "custom_model_development"
+#: a run's description says what its charts' "Step" is: the UI names the axis only "Step"
+STEP_AXIS = ("Charts: **Step** is the layer l (1 … depth) for per-layer series, the path order k "
+             "for `path_*`, the depth for `T_*` and the training step (the epoch with "
+             "`task.epochs`) for training curves.")
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_HEARTBEAT, TAG_DIRTY = "rankexp.slurm_job_id", "rankexp.heartbeat", "rankexp.git_dirty"
 TAG_CLAIM, TAG_REASON = "rankexp.claim_time", "rankexp.end_reason"
@@ -225,7 +232,18 @@ def prepare_experiment(uri: str, name: str, description: str | None = None) -> s
         client.restore_experiment(exp.experiment_id)
     if description and exp.tags.get(TAG_NOTE) != description:
         client.set_experiment_tag(exp.experiment_id, TAG_NOTE, description)
+    if TAG_KIND not in exp.tags:  # made by an older rankexp: a kind the user chose stays
+        client.set_experiment_tag(exp.experiment_id, TAG_KIND, ML_KIND)
     return exp.experiment_id
+
+
+def ui_link(uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI shows the experiment's run table: MLflow 3.x's UI opens an
+    experiment on its GenAI pages unless the address (or its sidebar switch) asks for ML."""
+    path = f"/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if uri.lower().startswith(("http:", "https:")):
+        return redact(uri).rstrip("/") + path
+    return f"http://127.0.0.1:5000{path} (make ui)"
 
 
 _ILLEGAL_KEY_CHARS = re.compile(r"[^\w\-. :/]")  # what MLflow allows in metric and tag names
@@ -816,8 +834,9 @@ class SweepRun:
             "uri": redact(self.uri), "experiment": self.experiment, "experiment_id": self.experiment_id,
             "run_id": self.run_id, "sweep_id": str(self.sweep_dir)})
         self._heartbeat.enter_context(Heartbeat(self.uri, self.run_id, self.heartbeat_s))
-        log.info("MLflow: %s, experiment %r (id %s), sweep run %s", redact(self.uri), self.experiment,
-                 self.experiment_id, self.run_id)
+        log.info("MLflow: %s, experiment %r (id %s), sweep run %s; runs: %s", redact(self.uri),
+                 self.experiment, self.experiment_id, self.run_id,
+                 ui_link(self.uri, self.experiment_id))
 
     def close(self, interrupted: str | None = None, grace_s: float = 10.0) -> tuple[str, Counter]:
         """Close the dead children (an interrupted sweep waits ``grace_s`` for live ones), count
