@@ -13,6 +13,7 @@ this run).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -140,9 +141,8 @@ THREADS_MIN_WIDTH = 128
 def job_threads(s: RankexpConfig, launcher: DictConfig | None) -> int:
     """The torch threads of a job: ``threads=N`` as given; ``auto``: the cores this process may
     use (its affinity; under Slurm its ``cpus_per_task``) ÷ the jobs a joblib launcher runs
-    beside it, else, outside Slurm, only the cores other processes leave idle (the 1-minute
-    load average: threads on busy cores wait for each other, several times slower than one);
-    1 below :data:`THREADS_MIN_WIDTH`."""
+    beside it, else, outside Slurm, no more than :func:`idle_cores` (threads on busy cores wait
+    for each other: several times slower than one thread); 1 below :data:`THREADS_MIN_WIDTH`."""
     if s.threads != "auto":
         return int(s.threads)
     cores = len(os.sched_getaffinity(0))
@@ -152,8 +152,15 @@ def job_threads(s: RankexpConfig, launcher: DictConfig | None) -> int:
         n_jobs = int(launcher.get("n_jobs") or 1)
         cores //= n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
     elif not os.environ.get("SLURM_JOB_ID"):
-        cores = min(cores, round((os.cpu_count() or 1) - os.getloadavg()[0]))
+        cores = min(cores, idle_cores())
     return max(1, cores) if s.width >= THREADS_MIN_WIDTH else 1
+
+
+@functools.cache
+def idle_cores() -> int:
+    """The cores other processes leave idle (CPUs − the 1-minute load average) when this
+    process's first job starts; later jobs of a sequential sweep keep it (their load is its own)."""
+    return round((os.cpu_count() or 1) - os.getloadavg()[0])
 
 
 def pin_threads(s: RankexpConfig, launcher: DictConfig | None) -> None:

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, runs_in
 from omegaconf import OmegaConf
 
-from rankexp.app import job_threads
+from rankexp.app import idle_cores, job_threads
 
 TINY = ("width=8", "depth=3", "seeds=1")
 
@@ -44,9 +44,12 @@ def test_threads_fit_the_job(monkeypatch):
     joblib = OmegaConf.create({"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher."
                                            "JoblibLauncher", "n_jobs": 3})
     wide, narrow = S(threads="auto", width=256), S(threads="auto", width=64)
+    idle_cores.cache_clear()
     assert job_threads(wide, None) == 4  # 16 cores, 12 busy: 4 idle of its 8
     assert job_threads(wide, joblib) == 2 and job_threads(narrow, joblib) == 1
     monkeypatch.setattr(os, "getloadavg", lambda: (40.0, 40.0, 40.0))
+    assert job_threads(wide, None) == 4  # a later job of this process: its own load
+    idle_cores.cache_clear()
     assert job_threads(wide, None) == 1
     assert job_threads(S(threads=6, width=8), None) == 6  # the knob, as given
     monkeypatch.setenv("SLURM_JOB_ID", "7")
