@@ -119,7 +119,8 @@ def _plan(experiment: str, size: str):
 
 def experiment_table(plan=None) -> str:
     """Every experiment of the registry: its title, the grids of its sweep at full size (their
-    swept axes), its runs at each size, what it needs, the analysis commands that draw it.
+    swept axes), its runs at each size, what it needs, the analysis commands that draw it (its
+    registry lines, whole: as printed they run).
     ``plan(id, size)`` gives a sweep plan (``.axes``: grid → swept axes, ``.jobs``)."""
     from analysis.core.registry import default
 
@@ -129,11 +130,11 @@ def experiment_table(plan=None) -> str:
         plans = [plan(e.id, size) for size in SIZES]
         grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
                           for g, axes in plans[-1].axes.items())
-        drawn = ", ".join(f"`{a.split()[0]}`" for a in e.analyses) or "—"
+        drawn = "<br>".join(f"`python -m analysis {a}`" for a in e.analyses) or "—"
         rows.append([f"`{e.id}`", e.part, _cell(e.title), _cell(grids),
                      " / ".join(str(len(p.jobs)) for p in plans), e.needs.text(), drawn])
     return _table(["id", "part", "what", "grids (swept axes at full size)", "runs smoke / cpu / full",
-                   "needs", "drawn by `python -m analysis …`"], rows)
+                   "needs", "drawn by (as printed, on the default store)"], rows)
 
 
 TABLES = {"knobs": knob_table, "groups": group_table, "probes": probe_table,

@@ -13,6 +13,7 @@ this run).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -48,9 +49,10 @@ def derived_params(s: RankexpConfig) -> dict[str, float]:
 
 def run_params(container: dict[str, Any], s: RankexpConfig) -> dict[str, Any]:
     """The run's MLflow params: the config flattened with dots, without ``tracking.*``,
-    ``device``, unset values, and (for a measurement) ``data.*``, the memory budget and the
-    options of probes it does not run; plus :func:`derived_params`."""
-    c = {k: v for k, v in container.items() if k not in ("tracking", "device")}
+    ``device``, ``threads`` (the ``torch_threads`` tag), unset values, and (for a measurement)
+    ``data.*``, the memory budget and the options of probes it does not run; plus
+    :func:`derived_params`."""
+    c = {k: v for k, v in container.items() if k not in ("tracking", "device", "threads")}
     if s.task.name == "measure":
         c.pop("data", None)
         task = {k: v for k, v in c["task"].items() if k != "max_memory_gb"}
@@ -132,15 +134,39 @@ def job_context() -> JobContext:
                       tuple(hc.overrides.task))
 
 
-def pin_threads(launcher: DictConfig | None) -> None:
-    """A joblib worker (``hydra/launcher=local``) uses cores ÷ workers torch/OpenMP threads
-    (all cores' threads in every worker run 6× slower)."""
-    if launcher is None or "joblib" not in str(launcher.get("_target_", "")):
-        return
+#: below this width a job's matrices are too small for a second torch thread to pay
+THREADS_MIN_WIDTH = 128
+
+
+def job_threads(s: RankexpConfig, launcher: DictConfig | None) -> int:
+    """The torch threads of a job: ``threads=N`` as given; ``auto``: the cores this process may
+    use (its affinity; under Slurm its ``cpus_per_task``) ÷ the jobs a joblib launcher runs
+    beside it, else, outside Slurm, no more than :func:`idle_cores` (threads on busy cores wait
+    for each other: several times slower than one thread); 1 below :data:`THREADS_MIN_WIDTH`."""
+    if s.threads != "auto":
+        return int(s.threads)
     cores = len(os.sched_getaffinity(0))
-    n_jobs = int(launcher.get("n_jobs") or 1)
-    workers = n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
-    threads = max(1, cores // workers)
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        cores = min(cores, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    if launcher is not None and "joblib" in str(launcher.get("_target_", "")):
+        n_jobs = int(launcher.get("n_jobs") or 1)
+        cores //= n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
+    elif not os.environ.get("SLURM_JOB_ID"):
+        cores = min(cores, idle_cores())
+    return max(1, cores) if s.width >= THREADS_MIN_WIDTH else 1
+
+
+@functools.cache
+def idle_cores() -> int:
+    """The cores other processes leave idle (CPUs − the 1-minute load average) when this
+    process's first job starts; later jobs of a sequential sweep keep it (their load is its own)."""
+    return round((os.cpu_count() or 1) - os.getloadavg()[0])
+
+
+def pin_threads(s: RankexpConfig, launcher: DictConfig | None) -> None:
+    """Set the job's torch and OpenMP threads to :func:`job_threads` (logged as the
+    ``torch_threads`` tag)."""
+    threads = job_threads(s, launcher)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -193,7 +219,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ctx = job_context()
     checked = checked_job(cfg, ctx.override_list)  # the sweeper's check of this job, or now
     s = checked.settings
-    pin_threads(ctx.launcher)
+    pin_threads(s, ctx.launcher)
     limit = _TimeLimit(s.task.name in RESUMABLE_TASKS)
     try:
         with interrupt.installed({signal.SIGUSR2: limit}) as previous:

@@ -63,6 +63,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("seeds", 4, "independent seeds (weights + input), batched", "seeds", "seeds"),
     Knob("seed", 0, "first seed; members use seed, seed+1, …", "seed"),
     Knob("device", "auto", "auto (CUDA when present) | cpu | cuda | cuda:N"),
+    Knob("threads", "auto", "torch threads of a job: auto (the cores it may use: its share of "
+         "a parallel sweep's, else the idle ones; 1 below width 128) | N"),
     Knob("dtype", "float64", "float64 | float32: task=measure's precision (float64 keeps "
          "Post-Norm collapse exact); task=train trains in task.dtype", ""),
     Knob("lr", None, "task=train: one learning rate instead of task.lrs", "lr"),

@@ -18,7 +18,12 @@ under ``-m slow`` for every experiment that does not train.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import re
+import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import runs_in
@@ -75,10 +80,29 @@ def check_runs(folder: Path, name: str, size: str) -> None:
     assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
 
 
+@functools.cache
+def docs_table() -> str:
+    """The docs' experiment table as the site prints it (docs/hooks.py; no sweep planned)."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", Path(CONF_DIR).parent / "docs"
+                                                  / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks.experiment_table(plan=lambda e, size: SimpleNamespace(axes={}, jobs=()))
+
+
+def printed_commands(name: str) -> list[list[str]]:
+    """The ``python -m analysis …`` commands the docs' table prints for ``name``, as argv."""
+    row = re.search(rf"^\| `{name}` \|.*$", docs_table(), re.M)[0]
+    return [shlex.split(c)[3:] for c in re.findall(r"`(python -m analysis [^`]+)`", row)]
+
+
 def check_analyses(folder: Path, name: str) -> None:
-    """Every analysis command of the entry exits 0, writes files, draws publication-ready
-    figures and averages no runs whose configs differ in a key it does not separate."""
-    for argv in REGISTRY[name].argvs():
+    """Every analysis command the docs print for the entry, run as printed, exits 0, writes
+    files, draws publication-ready figures and averages no runs whose configs differ in a key
+    it does not separate."""
+    printed = printed_commands(name)
+    assert len(printed) == len(REGISTRY[name].analyses), (name, printed)
+    for argv in printed:
         with recording() as figs:
             rc, text, files = run(argv, folder / "figures", uri_of(folder))
             assert rc == 0, f"python -m analysis {' '.join(argv)} exited {rc}:\n{text[-3000:]}"

@@ -272,3 +272,12 @@ def test_one_line_leaves_other_errors_to_hydra():
     assert one_line(ValueError("boom")) is None and one_line(KeyError("norm")) is None
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         assert compose("config", ["tracking.force=true", "activation=gelu"]).tracking.force is True
+
+
+@pytest.mark.parametrize("value", ["0", "many", "1.5"])
+def test_a_thread_count_is_auto_or_a_whole_number(value):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"threads={value}"])
+    with pytest.raises(ConfigError, match=f"threads={value!r}" if value == "many"
+                       else f"threads={value}"):
+        check_job(cfg)

@@ -193,7 +193,7 @@ def markdown(reg: Registry | None = None, plan=None, documents_only: bool = Fals
     reg = reg or default()
     plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
     lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
-             "| drawn by `python -m analysis …` |", "|---|---|---|---|---|---|---|"]
+             "| drawn by |", "|---|---|---|---|---|---|---|"]
     for e in reg:
         if documents_only and not e.source.startswith(("the study", "the chapter")):
             continue
@@ -201,7 +201,7 @@ def markdown(reg: Registry | None = None, plan=None, documents_only: bool = Fals
         grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
                           for g, axes in plans["full"].axes.items())
         runs = " / ".join(str(len(p.jobs)) for p in plans.values())
-        drawn = ", ".join(f"`{a.split()[0]}`" for a in e.analyses)
+        drawn = "<br>".join(f"`python -m analysis {a}`" for a in e.analyses)
         lines.append(f"| `{e.id}` | {e.part} | {e.title} | {grids} | {runs} | {e.needs.text()} | {drawn} |")
     return "\n".join(lines)
 

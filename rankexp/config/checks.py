@@ -116,6 +116,8 @@ def check_values(s: RankexpConfig) -> None:
     dev = s.device
     if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise bad("device", dev, "allowed: auto, cpu, cuda, cuda:N, mps")
+    if s.threads != "auto" and not (type(s.threads) is int and s.threads >= 1):
+        raise bad("threads", s.threads, "allowed: auto or a whole number ≥ 1")
     _check_scale(s)
     if not (math.isfinite(s.bias) and s.bias >= 0):
         raise bad("bias", s.bias, "σ_b must be a finite number ≥ 0")

@@ -15,7 +15,7 @@ from ..locations import DATA_CACHE
 from .schema import _preset_slot, given_options
 
 #: config keys that say where/how a run is recorded, not what it computes
-NON_SEMANTIC_KEYS = ("tracking", "device", "hydra", "size")
+NON_SEMANTIC_KEYS = ("tracking", "device", "threads", "hydra", "size")
 #: knobs added after v1: at these defaults they stay out of the hash, so runs logged before
 #: they existed still match (resume skips them) — a config with default bias/init is unchanged
 LATER_KNOB_DEFAULTS = {"bias": 0.0, "init": "gaussian"}

@@ -300,6 +300,7 @@ class RankexpConfig:
     seeds: int = default("seeds")
     seed: int = default("seed")
     device: str = default("device")
+    threads: Any = default("threads")  # "auto" or a count
     dtype: Dtype = Dtype(default("dtype"))
     lr: float | None = default("lr")
     size: Size = Size.full
