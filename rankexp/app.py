@@ -35,6 +35,10 @@ from .result import Measurement
 from .tasks import TASKS
 
 log = logging.getLogger("rankexp")
+#: a run's description says what its charts' "Step" is: the UI names the axis only "Step"
+STEP_AXIS = ("Charts: **Step** is the layer l (1 … depth) for per-layer series, the path order k "
+             "for `path_*`, the depth for `T_*` and the training step (the epoch with "
+             "`task.epochs`) for training curves.")
 
 #: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
 RESUMABLE_TASKS = {"train"}
@@ -316,7 +320,7 @@ class Job:
             **tracking.owner_tags(),
             **tracking.system_tags(),
             tracking.TAG_NOTE: "\n\n".join(filter(None, [self.s.tracking.note,
-                                                          tracking.STEP_AXIS])),
+                                                          STEP_AXIS])),
         }
 
     def _connect(self, tags: dict[str, str]) -> str | None:

@@ -6,6 +6,7 @@ label per swept axis in the sweep's order, after a ``model=``/``norm=``/``task=`
 from __future__ import annotations
 
 import datetime
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -92,3 +93,21 @@ def lr_label(lr: float) -> str:
 def member_name(run_name: str, lr: float) -> str:
     """A learning-rate member's run name: ``post·α1·L48·train·lr1e-3``."""
     return f"{run_name}{SEP}{lr_label(lr)}"
+
+
+def experiment_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an experiment (a path component of at most 255 bytes without
+    control characters: an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or
+    ``None``."""
+    if not name or not name.strip():
+        return "must be a non-empty name"
+    if name != name.strip():
+        return "must not begin or end with a blank"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is a name, not a path: no '/' or '\\', not '.' or '..' (e.g. fig6-ablation)"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        return "must not contain control characters"
+    if len(name.encode()) > 255:  # MLflow's own limit (500 characters) lets these through
+        return (f"is {len(name.encode())} bytes long: at most 255 (a file name: the folder of "
+                "its artifacts; a SQL store's column holds 256 characters)")
+    return None

@@ -12,9 +12,9 @@ from conftest import runs_in
 from hydra import compose, initialize_config_dir
 from plans import EXPERIMENTS, composed
 
+from rankexp.app import STEP_AXIS
 from rankexp.cli import CONF_DIR
 from rankexp.tasks.data import ARCHIVE_NAME, DEFAULT_ROOT
-from rankexp.tracking import STEP_AXIS
 
 TINY = ("width=8", "depth=2", "seeds=1", "task.probes=[io_jacobian]")
 NOTE = "Checking the **norm** placement."
@@ -44,7 +44,7 @@ def test_a_single_runs_name_tags_note_and_experiment_description_reach_the_store
 def test_without_the_knobs_a_run_keeps_its_config_name_and_notes_only_its_step_axis(cli):
     from mlflow.tracking import MlflowClient
 
-    # an experiment an older rankexp made (no kind): it becomes a classic ML experiment
+    # an experiment an older rankexp made: its runs are described all the same
     MlflowClient(cli.uri).create_experiment(
         "rankexp", artifact_location=(cli.cwd / "mlartifacts" / "rankexp").as_uri())
     cli(*TINY)
@@ -52,7 +52,6 @@ def test_without_the_knobs_a_run_keeps_its_config_name_and_notes_only_its_step_a
     assert run.info.run_name.startswith("pre")
     assert run.data.tags["mlflow.note.content"] == STEP_AXIS
     assert "layer l" in STEP_AXIS and "**Step**" in STEP_AXIS
-    assert experiment(cli.uri).tags["mlflow.experimentKind"] == "custom_model_development"
     assert "team" not in run.data.tags
     assert not any(k.startswith("system/") for k in run.data.metrics)  # a measurement: seconds
     assert "mlflow.note.content" not in experiment(cli.uri).tags

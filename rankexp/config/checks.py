@@ -24,9 +24,10 @@ from ..knobs import CIFAR10_COUNTS, ConfigError, bad
 from ..locations import MissingDataError, cache_path, locate_cifar10, resolve_path
 from ..models.families import family_of
 from ..models.spec import LM_SHAPES, ShapeError, checkpoint_shape, expanded_width
+from ..naming import experiment_name_problem
 from ..probes import PROBES
 from ..probes.catalog import probe_options
-from ..tracking import experiment_name_problem, user_tag_problem
+from ..tracking import user_tag_problem
 from .hashing import config_hash, flatten, resolved_container
 from .schema import (
     FREE,

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,16 +28,16 @@ from typing import Any
 from .. import jobdir
 from ..jobdir import redact
 from ..locations import user_cache_dir
-from ..naming import member_name
+from ..naming import experiment_name_problem, member_name
 
 log = logging.getLogger(__name__)
 __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
-           "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_KIND", "ML_KIND", "STEP_AXIS",
-           "ui_link", "TAG_HOST", "TAG_PID", "TAG_PID_START",
+           "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_KIND", "ML_KIND", "ui_link",
+           "TAG_HOST", "TAG_PID", "TAG_PID_START",
            "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM", "TAG_REASON", "RUN_TAGS",
            "RESERVED_TAG_PREFIXES", "TrackingError", "TrackingLost", "_first_line",
            "configure_http", "quiet_store_logs", "resolve_uri", "_client", "check_store",
-           "experiment_name_problem", "prepare_experiment", "metric_key", "user_tag_problem",
+           "prepare_experiment", "metric_key", "user_tag_problem",
            "split_seed_std", "git_commit", "command_line", "slurm_job_id", "system_tags",
            "owner_tags", "Sink", "RunLogger", "Journal", "read_journal", "read_member_journal",
            "finished_runs", "find_finished", "expired", "close_run", "reconcile", "supersede",
@@ -54,10 +53,6 @@ SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar met
 TAG_NOTE = "mlflow.note.content"  # a run's (or an experiment's) description in the MLflow UI
 #: MLflow 3's experiment type: classic ML ("custom_model_development"), not GenAI
 TAG_KIND, ML_KIND = "mlflow.experimentKind", "custom_model_development"
-#: a run's description says what its charts' "Step" is: the UI names the axis only "Step"
-STEP_AXIS = ("Charts: **Step** is the layer l (1 … depth) for per-layer series, the path order k "
-             "for `path_*`, the depth for `T_*` and the training step (the epoch with "
-             "`task.epochs`) for training curves.")
 TAG_HOST, TAG_PID, TAG_PID_START = "rankexp.host", "rankexp.pid", "rankexp.pid_start"
 TAG_SLURM, TAG_HEARTBEAT, TAG_DIRTY = "rankexp.slurm_job_id", "rankexp.heartbeat", "rankexp.git_dirty"
 TAG_CLAIM, TAG_REASON = "rankexp.claim_time", "rankexp.end_reason"
@@ -184,24 +179,6 @@ def _filesystem(path: Path) -> str:
     return kind
 
 
-def experiment_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name an experiment (a path component of at most 255 bytes without
-    control characters: an SQLite store keeps its artifacts in ``mlartifacts/<name>``), or
-    ``None``."""
-    if not name or not name.strip():
-        return "must be a non-empty name"
-    if name != name.strip():
-        return "must not begin or end with a blank"
-    if "/" in name or "\\" in name or name in (".", ".."):
-        return "is a name, not a path: no '/' or '\\', not '.' or '..' (e.g. fig6-ablation)"
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
-        return "must not contain control characters"
-    if len(name.encode()) > 255:  # MLflow's own limit (500 characters) lets these through
-        return (f"is {len(name.encode())} bytes long: at most 255 (a file name: the folder of "
-                "its artifacts; a SQL store's column holds 256 characters)")
-    return None
-
-
 def prepare_experiment(uri: str, name: str, description: str | None = None) -> str:
     """The id of experiment ``name`` (created, or restored if deleted), ``description`` its
     note.  TrackingError: no experiment name, or its artifacts would leave the artifact root."""
@@ -223,7 +200,8 @@ def prepare_experiment(uri: str, name: str, description: str | None = None) -> s
                                     f"{(root / name).resolve()}, outside the store's artifact root {root}")
             location = (root / name).as_uri()
         try:
-            exp = client.get_experiment(client.create_experiment(name, artifact_location=location))
+            exp = client.get_experiment(client.create_experiment(  # the kind with it: no race
+                name, artifact_location=location, tags={TAG_KIND: ML_KIND}))
         except MlflowException:
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -231,9 +209,8 @@ def prepare_experiment(uri: str, name: str, description: str | None = None) -> s
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     if description and exp.tags.get(TAG_NOTE) != description:
-        client.set_experiment_tag(exp.experiment_id, TAG_NOTE, description)
-    if TAG_KIND not in exp.tags:  # made by an older rankexp: a kind the user chose stays
-        client.set_experiment_tag(exp.experiment_id, TAG_KIND, ML_KIND)
+        with contextlib.suppress(MlflowException):  # two sweeps at once: the store's upsert races
+            client.set_experiment_tag(exp.experiment_id, TAG_NOTE, description)
     return exp.experiment_id
 
 
