@@ -19,14 +19,14 @@ from ..core.claims import Check, Claim, Measured, NotRun, Runs, above, at_most, 
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, series
-from ..core.style import plt, save, to_markdown, write_text
+from ..core.style import save, to_markdown, write_text
 from ..study.fig6_train import LR_COLUMN
 
 log = logging.getLogger("analysis")
 
 EXPERIMENT = "degradation"
 
-RESIDUAL, DEPTH = "model.residual", "depth"
+RESIDUAL = "model.residual"
 
 FAMILY_NAMES = {False: "plain", True: "ResNet"}
 
@@ -46,11 +46,11 @@ def networks(df: pd.DataFrame) -> pd.DataFrame:
                        "(python -m rankexp experiment=degradation -m)?")
     df = df.copy()
     df["residual"] = df[RESIDUAL].astype(str).str.lower().isin(["true", "1"])
-    df["depth"] = df[DEPTH].astype(int)
+    df["depth"] = df["depth"].astype(int)
     return df.sort_values(["residual", "depth"]).reset_index(drop=True)
 
 
-def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str]) -> tuple[pd.DataFrame, str]:
+def with_task(df: pd.DataFrame, task: str, prefer: Sequence[str] = ()) -> tuple[pd.DataFrame, str]:
     """``(runs, task)``: the runs of ``task``, or with ``any`` the first of ``prefer`` that has
     runs; SelectionError (naming the sizes that make them) when none."""
     names = df["task.name"].astype(str) if "task.name" in df else pd.Series("", index=df.index)
@@ -87,23 +87,16 @@ def mean_series(uri: str | None, runs: pd.DataFrame, key: Callable[[pd.Series], 
 
 def depth_colors(depths) -> dict[int, tuple]:
     """One viridis colour per depth (shallow dark, deep light), the same in every figure."""
-    depths = sorted({int(d) for d in depths})
-    cmap = plt.get_cmap("viridis")
-    return {d: cmap(x) for d, x in zip(depths, np.linspace(0, 0.85, len(depths)), strict=True)}
-
-
-def caption_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """The params :func:`analysis.core.style.caption` states, as a ConvNet has them: depth, seeds,
-    size, task and ``width`` = the stage-1 filters ``model.base_width``."""
-    keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in df]
-    out = df[keep].copy()
-    out["width"] = (df["model.base_width"].astype(int) if "model.base_width" in df else 16)
-    return out
+    return style.value_colors(depths, stop=0.85)[0]
 
 
 def _caption(fig, runs: pd.DataFrame, args: argparse.Namespace, *extra: str) -> None:
-    """:func:`analysis.core.style.caption` of a ConvNet's runs, noting what its ``d`` is."""
-    style.caption(fig, caption_frame(runs), args.experiment[0],
+    """:func:`analysis.core.style.caption` of a ConvNet's runs (depth, seeds, size, task), its
+    ``d`` the stage-1 filters ``model.base_width``."""
+    keep = [c for c in ("depth", "seeds", "seed", "size", "task.name") if c in runs]
+    frame = runs[keep].assign(width=runs["model.base_width"].astype(int)
+                              if "model.base_width" in runs else 16)
+    style.caption(fig, frame, args.experiment[0],
                   ["$d$: stage-1 filters (2$d$, 4$d$ after)", *extra])
 
 
@@ -130,14 +123,11 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
     seed spread), ``*_log10``, ``*_per_layer`` (ratio^(1/(6n−1))); SelectionError without it."""
     if "grad_ratio" not in runs:
         raise SelectionError("runs have no grad_ratio (was init_gradient_norms in task.probes?)")
-    rows = {}
-    for (res, depth), g in runs.groupby(["residual", "depth"]):
-        std = g["grad_ratio_std"] if "grad_ratio_std" in g else pd.Series(np.nan, index=g.index)
-        name = FAMILY_NAMES[bool(res)]
-        rows.setdefault(int(depth), {})[name] = float(g["grad_ratio"].mean())
-        rows[int(depth)][f"{name}_std"] = float(np.sqrt(np.nanmean(std.astype(float) ** 2)))
-    table = pd.DataFrame.from_dict(rows, orient="index").sort_index()
-    table.index.name = "depth"
+    var = runs["grad_ratio_std"].astype(float) ** 2 if "grad_ratio_std" in runs else np.nan
+    g = runs.assign(var=var).groupby(["depth", "residual"])
+    mean, std = g["grad_ratio"].mean().unstack(), np.sqrt(g["var"].mean().unstack())
+    table = pd.concat({f"{FAMILY_NAMES[bool(r)]}{s}": t[r] for r in mean
+                       for s, t in (("", mean), ("_std", std))}, axis=1)
     steps = conv_steps(table.index.to_numpy())
     for name in FAMILY_NAMES.values():
         if name in table:
@@ -149,21 +139,19 @@ def gradient_ratio_table(runs: pd.DataFrame) -> pd.DataFrame:
 def final_error_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Final errors (%) per depth: ``plain_test``, ``ResNet_test``, ``plain_train``,
     ``ResNet_train`` (clean, where logged), ``He_ResNet_test`` (He et al. Table 6), ``runs``."""
-    rows: dict[int, dict] = {}
-    for _, row in runs.iterrows():
-        k = lr_key(row)
-        name, depth = FAMILY_NAMES[bool(row["residual"])], int(row["depth"])
-        cell = rows.setdefault(depth, {})
-        cell.setdefault(f"{name}_test", []).append(100 * (1 - float(row[f"final_test_acc_lr{k}"])))
-        clean = row.get(f"clean_train_error_lr{k}")
-        if clean is not None and pd.notna(clean):
-            cell.setdefault(f"{name}_train", []).append(100 * float(clean))
-        cell["runs"] = cell.get("runs", 0) + 1
-    table = pd.DataFrame({d: {k: (float(np.mean(v)) if isinstance(v, list) else v)
-                              for k, v in cell.items()} for d, cell in rows.items()}).T.sort_index()
-    table.index.name = "depth"
     from rankexp.models.convnet import HE_RESNET_TEST_ERROR  # defers torch
 
+    cells = []
+    for _, row in runs.iterrows():
+        k, name = lr_key(row), FAMILY_NAMES[bool(row["residual"])]
+        cell = {"depth": int(row["depth"]),
+                f"{name}_test": 100 * (1 - float(row[f"final_test_acc_lr{k}"]))}
+        clean = row.get(f"clean_train_error_lr{k}")
+        if clean is not None and pd.notna(clean):
+            cell[f"{name}_train"] = 100 * float(clean)
+        cells.append(cell)
+    g = pd.DataFrame(cells).groupby("depth")
+    table = g.mean().assign(runs=g.size().astype(float))
     table["He_ResNet_test"] = [HE_RESNET_TEST_ERROR.get(int(d), np.nan) for d in table.index]
     order = [c for c in ("plain_test", "ResNet_test", "He_ResNet_test", "plain_train",
                          "ResNet_train", "runs") if c in table]
@@ -192,7 +180,7 @@ def _task_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
-    df = networks(load(args, [RESIDUAL, DEPTH, "grad_ratio"]))
+    df = networks(load(args, [RESIDUAL, "depth", "grad_ratio"]))
     runs, task = with_task(df, args.task, ("measure", "train"))
     table = gradient_ratio_table(runs)
     curves = mean_series(args.uri, runs, "grad_norm")
@@ -226,7 +214,7 @@ def _init_gradients_main(args: argparse.Namespace) -> list[Path]:
 
 
 def _responses_main(args: argparse.Namespace) -> list[Path]:
-    df = networks(load(args, [RESIDUAL, DEPTH, "response_std_mean"]))
+    df = networks(load(args, [RESIDUAL, "depth", "response_std_mean"]))
     runs, task = with_task(df, args.task, ("train", "measure"))
     colors = depth_colors(runs["depth"])
     fig, grid = style.grid(2, 1, width=style.ONE_COLUMN * 1.6, aspect=0.42)
@@ -277,8 +265,8 @@ def _curves_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _curves_main(args: argparse.Namespace) -> list[Path]:
-    df = networks(load(args, [RESIDUAL, DEPTH]))
-    runs, _ = with_task(df, "train", ("train",))
+    df = networks(load(args, [RESIDUAL, "depth"]))
+    runs, _ = with_task(df, "train")
     colors = depth_colors(runs["depth"])
     fig, axes = style.panels(2, sharey=True)
     rows, finals = [], []
@@ -322,8 +310,8 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
 
 
 def _table_main(args: argparse.Namespace) -> list[Path]:
-    df = networks(load(args, [RESIDUAL, DEPTH]))
-    runs, _ = with_task(df, "train", ("train",))
+    df = networks(load(args, [RESIDUAL, "depth"]))
+    runs, _ = with_task(df, "train")
     table = final_error_table(runs)
     fig, axes = style.panels(1)
     ax = axes[0]
@@ -350,8 +338,8 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
 
 
 def _lesion_main(args: argparse.Namespace) -> list[Path]:
-    df = networks(load(args, [RESIDUAL, DEPTH, "lesion_intact_error"]))
-    runs, _ = with_task(df, "train", ("train",))
+    df = networks(load(args, [RESIDUAL, "depth", "lesion_intact_error"]))
+    runs, _ = with_task(df, "train")
     table = lesion_table(args.uri, runs)
     colors = depth_colors(table["depth"])
     fig, axes = style.panels(2, sharey=True)
@@ -462,7 +450,7 @@ def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     if not with_ratio.empty:
         tables["ratio"] = gradient_ratio_table(with_task(with_ratio, "any", ("measure", "train"))[0])
     try:
-        train, _ = with_task(df, "train", ("train",))
+        train, _ = with_task(df, "train")
     except KeyError:
         return tables
     tables["errors"] = final_error_table(train)

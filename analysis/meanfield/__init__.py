@@ -12,6 +12,11 @@ import pandas as pd
 from rankexp.tracking import download_artifact
 
 from ..core.claims import Check, Claim, Measured, NotRun, Runs
+from ..core.registry import Experiment, Needs
+from ..core.runner import Command
+
+#: what a claim reads: an experiment's runs, a function of the runs, or (experiment, rows)
+Table = str | Callable[[Runs], pd.DataFrame] | tuple[str, Callable[[pd.DataFrame], pd.DataFrame]]
 
 
 def newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -74,23 +79,34 @@ def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "")
 
 
 #: claim id → (the table it reads, a pure function of that table → Measured)
-FUNCTIONS: dict[str, tuple[Callable[[Runs], pd.DataFrame] | str,
-                           Callable[[pd.DataFrame], Measured]]] = {}
+FUNCTIONS: dict[str, tuple[Table, Callable[[pd.DataFrame], Measured]]] = {}
 
 
-def claim(cid: str, statement: str, source: str, study: str,
-          table: Callable[[Runs], pd.DataFrame] | str, fn: Callable[[pd.DataFrame], Measured],
-          check: Check = WITHIN, size: str = "cpu") -> Claim:
-    """A chapter claim: ``fn`` of ``table(runs)`` (an experiment's name: its runs), built once
-    per store (``Runs.cache``); a column the runs lack is *not run*."""
+def claim(cid: str, statement: str, source: str, study: str, table: Table,
+          fn: Callable[[pd.DataFrame], Measured], check: Check = WITHIN,
+          size: str = "cpu") -> Claim:
+    """A chapter claim: ``fn`` of ``table(runs)``, of an experiment's runs (``table`` its name)
+    or of ``rows(runs(experiment))`` (``table = (experiment, rows)``), built once per store
+    (``Runs.cache``); a column the runs lack is *not run*."""
     FUNCTIONS[cid] = (table, fn)
 
     def measure(runs: Runs) -> Measured:
         if table not in runs.cache:
             try:
-                runs.cache[table] = runs(table) if isinstance(table, str) else table(runs)
+                runs.cache[table] = (runs(table) if isinstance(table, str) else
+                                     table[1](runs(table[0])) if isinstance(table, tuple) else
+                                     table(runs))
             except KeyError as e:
                 raise NotRun(f"the runs lack the column {e}") from e
         return fn(runs.cache[table])
 
     return Claim(cid, statement, source, study, check, measure, size=size)
+
+
+def entry(eid: str, title: str, source: str, claims: tuple[Claim, ...], main, help_: str, *,
+          arguments=None, needs: Needs | None = None) -> tuple[dict[str, Command], tuple]:
+    """``(COMMANDS, EXPERIMENTS)`` of a chapter experiment: the command ``eid`` (``main``,
+    ``help_``, ``--where``, ``arguments``) and the registry entry drawn by ``eid -e eid``."""
+    return ({eid: Command(main, help_, eid, True, arguments)},
+            (Experiment(eid, title, source, analyses=(f"{eid} -e {eid}",), claims=claims,
+                        needs=needs or Needs()),))

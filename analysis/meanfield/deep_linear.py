@@ -14,11 +14,10 @@ from rankexp.probes.catalog import DEEP_LINEAR_DEFAULTS
 
 from ..core import style
 from ..core.claims import Measured, NotRun, Runs, at_most
-from ..core.registry import Experiment
-from ..core.runner import Command, out_dir
+from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import save, to_markdown, write_text
-from . import claim, newest, worst
+from . import claim, entry, newest, worst
 
 S_KEY = "task.options.deep_linear.s"
 
@@ -120,11 +119,7 @@ DEEP_LINEAR = (
     claim("deep_linear.asymptote", "T(N, a₀) → a₀^{−(N−2)}/(s(N−2)) for N > 2",
            "the chapter, 215.9", "ratio 1", _deep_linear, deep_linear_asymptote, size="smoke"))
 
-COMMANDS = {"deep_linear": Command(
+COMMANDS, EXPERIMENTS = entry(
+    "deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9", DEEP_LINEAR,
     _deep_linear_main,
-    "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains",
-    experiment="deep_linear", where=True)}
-
-EXPERIMENTS = (
-    Experiment("deep_linear", "The deep-linear plateau T(N, a₀)", "the chapter, 215.8/215.9",
-               analyses=("deep_linear -e deep_linear",), claims=DEEP_LINEAR),)
+    "deep-linear learning time T(N, a₀) by quadrature, asymptote, simulated chains")

@@ -13,12 +13,11 @@ import pandas as pd
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun, Runs
-from ..core.registry import Experiment
-from ..core.runner import Command, out_dir
+from ..core.claims import Measured, NotRun
+from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, plt, save, to_markdown, write_text
-from . import claim, newest, standard_error, worst
+from . import claim, entry, newest, standard_error, worst
 
 
 def architecture(r) -> str:
@@ -111,10 +110,6 @@ def _bn_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_bn", t.drop(columns="run_id"))
 
 
-def _bn(runs: Runs) -> pd.DataFrame:
-    return bn_rows(runs("mf_bn"))
-
-
 def bn_growth(t: pd.DataFrame) -> Measured:
     """Plain + BN nets: the fitted per-layer growth of ‖∂ℓ/∂W_l‖ toward the input vs
     √(π/(π−1)) (Yang et al. 2019) at the deepest depth (the fit over all layers carries the
@@ -152,28 +147,27 @@ def shattered_decay(archs: tuple[str, ...], reference: Callable[[pd.Series], flo
     return measure
 
 
+BN = ("mf_bn", bn_rows)
+
 MF_BN = (
     claim("mf_bn.bn_growth", "Batch-normalized plain ReLU nets: weight-gradient norms grow "
            "geometrically toward the input, by √(π/(π−1)) ≈ 1.209 per layer",
            "the chapter (BN paradox; Yang et al. 2019)", f"{theory.BN_RELU_GRADIENT_GROWTH:.4f}",
-           _bn, bn_growth),
+           BN, bn_growth),
     claim("mf_bn.shattered_plain", "Shattered gradients: plain (BN) nets' lag-1 "
            "autocorrelation decays like 1/2^L", "the chapter (shattered gradients)", "2^{−L}",
-           _bn, shattered_decay(("plain + BN",), lambda r: 0.5 ** r["depth"])),
+           BN, shattered_decay(("plain + BN",), lambda r: 0.5 ** r["depth"])),
     claim("mf_bn.shattered_residual", "Shattered gradients: residual nets without BN decay "
            "like (3/4)^L", "the chapter (shattered gradients)", "(3/4)^L",
-           _bn, shattered_decay(("residual (β = 1)",), lambda r: 0.75 ** r["depth"])),
+           BN, shattered_decay(("residual (β = 1)",), lambda r: 0.75 ** r["depth"])),
     claim("mf_bn.shattered_residual_bn", "Shattered gradients: residual nets with BN and "
            "branch gain β decay like 1/(β√L) (capped at 1)", "the chapter (shattered gradients)",
-           "min(1, 1/(β√L))", _bn,
+           "min(1, 1/(β√L))", BN,
            shattered_decay(("residual + BN (β = 1)", "residual + BN (β = 1/√L)"), lambda r: min(1.0, 1 / (r["beta"] * math.sqrt(r["depth"]))))),
 )
 
-COMMANDS = {
-    "mf_bn": Command(_bn_main, "BN at init: per-layer gradient norms, ratio first/last vs depth, "
-                               "shattered-gradient autocorrelation", "mf_bn", True)}
-
-EXPERIMENTS = (
-    Experiment("mf_bn", "Batch normalization at initialization",
-               "the chapter (BN paradox, shattered gradients)", analyses=("mf_bn -e mf_bn",),
-               claims=MF_BN),)
+COMMANDS, EXPERIMENTS = entry(
+    "mf_bn", "Batch normalization at initialization",
+    "the chapter (BN paradox, shattered gradients)", MF_BN, _bn_main,
+    "BN at init: per-layer gradient norms, ratio first/last vs depth, shattered-gradient "
+    "autocorrelation")

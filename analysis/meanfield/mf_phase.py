@@ -14,12 +14,12 @@ from matplotlib import colors
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun, Runs, at_most
-from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir
+from ..core.claims import Measured, NotRun, at_most
+from ..core.registry import Needs
+from ..core.runner import out_dir
 from ..core.select import load
 from ..core.style import save, to_markdown, write_text
-from . import claim, edges, newest, standard_error, worst
+from . import claim, edges, entry, newest, standard_error, worst
 
 PHASE_COLUMNS = ["alpha", "bias", "chi1", "chi1_theory", "chi_c", "chi_c_theory", "xi_c",
                  "xi_c_theory", "xi_c_fit", "xi_c_fit_theory"]
@@ -105,10 +105,6 @@ def _phase_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out, "mf_phase", table)
 
 
-def _phase(runs: Runs) -> pd.DataFrame:
-    return phase_rows(runs("mf_phase"))
-
-
 def phase_rows(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (σ_w², σ_b²): χ₁, χ_c, ξ_c measured and theory, their s.e., n and L."""
     d = newest(df, ["alpha", "bias"])
@@ -161,22 +157,20 @@ def phase_xi(t: pd.DataFrame) -> Measured:
     return worst(rows, _cell, " layers")
 
 
+PHASE = ("mf_phase", phase_rows)
+
 MF_PHASE = (
     claim("mf_phase.chi1", "χ₁ = σ_w² E[φ′(√q* z)²] is the mean squared singular value of a "
            "layer Jacobian (tanh, every (σ_w², σ_b²))", "the chapter, 215.3", "χ₁ theory",
-           _phase, phase_chi1),
+           PHASE, phase_chi1),
     claim("mf_phase.sides", "Ordered where χ₁ < 1, chaotic where χ₁ > 1: every cell is on the "
            "side of the critical line the theory puts it", "the chapter, 215.3", "0 cells",
-           _phase, phase_sides, at_most(0)),
+           PHASE, phase_sides, at_most(0)),
     claim("mf_phase.xi_c", "The depth scale ξ_c = −1/ln χ_c (tanh, cells with ξ_c ≤ L/(2 ln 50))",
-           "the chapter, 215.4", "ξ_c theory", _phase, phase_xi))
+           "the chapter, 215.4", "ξ_c theory", PHASE, phase_xi))
 
-COMMANDS = {"mf_phase": Command(
-    _phase_main,
+COMMANDS, EXPERIMENTS = entry(
+    "mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)", "the chapter, 215.1–215.4",
+    MF_PHASE, _phase_main,
     "phase diagram: measured χ₁ and ξ_c over (σ_w², σ_b²), critical line and ξ_c contours",
-    experiment="mf_phase", where=True, arguments=_phase_arguments)}
-
-EXPERIMENTS = (
-    Experiment("mf_phase", "Phase diagram: χ₁ and ξ_c over (σ_w², σ_b²)",
-               "the chapter, 215.1–215.4", analyses=("mf_phase -e mf_phase",), claims=MF_PHASE,
-               needs=Needs(gpu_full=True)),)
+    arguments=_phase_arguments, needs=Needs(gpu_full=True))

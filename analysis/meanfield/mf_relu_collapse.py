@@ -13,11 +13,10 @@ from rankexp import theory
 
 from ..core import style
 from ..core.claims import Measured, Runs
-from ..core.registry import Experiment
-from ..core.runner import Command, out_dir
+from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, save
-from . import claim, newest, standard_error, worst
+from . import claim, entry, newest, standard_error, worst
 
 C0 = "task.options.correlation.c0"
 
@@ -109,11 +108,7 @@ MF_RELU_COLLAPSE = (
            "exponential, collapse)", "the chapter (critical ReLU)", "ratio 1",
            _relu, relu_asymptote))
 
-COMMANDS = {"mf_relu_collapse": Command(
-    _relu_main, "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)",
-    experiment="mf_relu_collapse", where=True)}
-
-EXPERIMENTS = (
-    Experiment("mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
-               "the chapter (critical ReLU)", analyses=("mf_relu_collapse -e mf_relu_collapse",),
-               claims=MF_RELU_COLLAPSE),)
+COMMANDS, EXPERIMENTS = entry(
+    "mf_relu_collapse", "Critical ReLU: polynomial correlation collapse",
+    "the chapter (critical ReLU)", MF_RELU_COLLAPSE, _relu_main,
+    "critical ReLU 1 − c_l vs l against the exact map and 9π²/(2l²)")

@@ -14,11 +14,10 @@ from rankexp import theory
 
 from ..core import style
 from ..core.claims import Measured, NotRun, Runs
-from ..core.registry import Experiment
-from ..core.runner import Command, out_dir
+from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import save
-from . import claim, newest, standard_error, worst
+from . import claim, entry, newest, standard_error, worst
 
 
 def residual_table(df: pd.DataFrame, uri: str | None, se: bool = False) -> pd.DataFrame:
@@ -148,12 +147,7 @@ MF_RESIDUAL = (
            "dc/dt = f(c) − c", "the chapter (residual networks)", "ODE at t = 1",
            _residual, residual_ode))
 
-COMMANDS = {"mf_residual": Command(
-    _residual_main,
-    "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit",
-    experiment="mf_residual", where=True)}
-
-EXPERIMENTS = (
-    Experiment("mf_residual", "Residual ReLU networks: variance and correlation",
-               "the chapter (residual networks)", analyses=("mf_residual -e mf_residual",),
-               claims=MF_RESIDUAL),)
+COMMANDS, EXPERIMENTS = entry(
+    "mf_residual", "Residual ReLU networks: variance and correlation",
+    "the chapter (residual networks)", MF_RESIDUAL, _residual_main,
+    "residual ReLU: stream variance vs (1+β²)^l, correlation vs the map and its ODE limit")

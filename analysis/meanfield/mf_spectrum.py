@@ -13,12 +13,11 @@ import pandas as pd
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Check, Measured, NotRun, Runs
-from ..core.registry import Experiment
-from ..core.runner import Command, out_dir
+from ..core.claims import Check, Measured, NotRun
+from ..core.runner import out_dir
 from ..core.select import load, only, ordered
 from ..core.style import save, write_text
-from . import arrays, claim, newest, standard_error, worst
+from . import arrays, claim, entry, newest, standard_error, worst
 
 
 def spectrum_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -30,10 +29,6 @@ def spectrum_rows(df: pd.DataFrame) -> pd.DataFrame:
         "measured": d["lambda_var"], "theory": d["lambda_var_theory"],
         "se": standard_error(d["lambda_var_std"], d["seeds"]),
         "bias": d["depth"].astype(float) ** 2 / d["width"].astype(float)})
-
-
-def _spectrum(runs: Runs) -> pd.DataFrame:
-    return spectrum_rows(runs("mf_spectrum"))
 
 
 SPECTRUM_ORDER = ["linear", "relu", "tanh"]
@@ -144,17 +139,14 @@ _SPECTRUM_ROWS = [("linear", "gaussian", "L (Fuss–Catalan: exactly L)"), ("lin
 MF_SPECTRUM = tuple(
     claim(f"mf_spectrum.var_{act}_{init}",
            f"{act}, {init} weights: Var(λ) of ∂h_L/∂h_0 (λ normalized to mean 1) = L(v_W + v_D)",
-           "the chapter, 215.7", study, _spectrum, spectrum_row_claim(act, init))
+           "the chapter, 215.7", study, ("mf_spectrum", spectrum_rows),
+           spectrum_row_claim(act, init))
     for act, init, study in _SPECTRUM_ROWS) + (
     claim("mf_spectrum.critical_tanh", "The tanh rows sit at the critical point of q* = 1/64: "
            "χ₁ = 1 and q* the length map's fixed point", "the chapter, 215.3, 215.7",
            "χ₁ = 1, q* = 1/64", "mf_spectrum", critical_tanh,
            Check("≤ 1e-9 (the config's 13 digits)", lambda v: v <= 1e-9), size="smoke"),)
 
-COMMANDS = {"mf_spectrum": Command(
-    _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms",
-    experiment="mf_spectrum", where=True)}
-
-EXPERIMENTS = (
-    Experiment("mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7",
-               analyses=("mf_spectrum -e mf_spectrum",), claims=MF_SPECTRUM),)
+COMMANDS, EXPERIMENTS = entry(
+    "mf_spectrum", "Jacobian spectrum: Var(λ) = L(v_W + v_D)", "the chapter, 215.7", MF_SPECTRUM,
+    _spectrum_main, "Var(λ) table of ∂h_L/∂h_0 beside L(v_W + v_D), log λ histograms")

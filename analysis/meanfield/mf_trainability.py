@@ -14,12 +14,12 @@ from matplotlib import ticker
 from rankexp import theory
 
 from ..core import style
-from ..core.claims import Measured, NotRun, Runs, at_most
-from ..core.registry import Experiment, Needs
-from ..core.runner import Command, out_dir
+from ..core.claims import Measured, NotRun, at_most
+from ..core.registry import Needs
+from ..core.runner import out_dir
 from ..core.select import load
 from ..core.style import save
-from . import claim, edges, values_text
+from . import claim, edges, entry, values_text
 
 
 def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -30,10 +30,6 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
     t["xi_c_theory"] = [xi[(b, w)] for b, w, _ in t.index]
     t["six_xi_c"] = 6 * t["xi_c_theory"]
     return t
-
-
-def _trainability(runs: Runs) -> pd.DataFrame:
-    return trainability_table(runs("mf_trainability"))
 
 
 def draw_trainability(t: pd.DataFrame, activation: str):
@@ -102,15 +98,12 @@ def trainability(t: pd.DataFrame) -> Measured:
 MF_TRAINABILITY = (
     claim("mf_trainability.six_xi_c", "Plain tanh nets train where L ≲ 6 ξ_c and not beyond "
            "(cells within a factor 2 of the boundary not judged)",
-           "the chapter (Schoenholz et al. 2017)", "0 cells", _trainability, trainability,
+           "the chapter (Schoenholz et al. 2017)", "0 cells",
+           ("mf_trainability", trainability_table), trainability,
            at_most(0), size="full"),)
 
-COMMANDS = {"mf_trainability": Command(
-    _trainability_main, "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
-    experiment="mf_trainability", where=True)}
-
-EXPERIMENTS = (
-    Experiment("mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
-               "the chapter (Schoenholz et al. 2017)",
-               analyses=("mf_trainability -e mf_trainability",), claims=MF_TRAINABILITY,
-               needs=Needs(cifar10=True, train=True, gpu_full=True)),)
+COMMANDS, EXPERIMENTS = entry(
+    "mf_trainability", "Trainability vs the correlation depth scale (L ≈ 6ξ_c)",
+    "the chapter (Schoenholz et al. 2017)", MF_TRAINABILITY, _trainability_main,
+    "best CIFAR-10 accuracy over (σ_w², L) with L = 6 ξ_c overlaid",
+    needs=Needs(cifar10=True, train=True, gpu_full=True))
