@@ -16,7 +16,7 @@ from ..core import style
 from ..core.claims import Check, Measured, NotRun
 from ..core.runner import out_dir
 from ..core.select import load, only, ordered
-from ..core.style import save, write_text
+from ..core.style import save, to_markdown, write_text
 from . import arrays, claim, entry, newest, standard_error, worst
 
 
@@ -56,21 +56,17 @@ def var_text(v: float, digits: int = 3) -> str:
 
 def spectrum_markdown(t: pd.DataFrame) -> str:
     """The textbook's layout: rows activation × init, one column pair per L."""
-    depths = sorted(t.index.get_level_values("depth").unique())
-    lines = ["| activation | init | " + " | ".join(f"L={d} measured | L={d} L(v_W+v_D)" for d in depths) + " |",
-             "|---|---|" + "---|---|" * len(depths)]
-    for act in ordered(t.index.get_level_values(0), SPECTRUM_ORDER):
-        for init in ("gaussian", "orthogonal"):
-            cells = []
-            for d in depths:
-                if (act, init, d) in t.index:
-                    r = t.loc[(act, init, d)]
-                    cells += [f"{var_text(r['lambda_var'], 4)} ± {var_text(r['lambda_var_std'], 2)}",
-                              var_text(r["lambda_var_theory"], 4)]
-                else:
-                    cells += ["—", "—"]
-            lines.append(f"| {act} | {init} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = pd.MultiIndex.from_product([ordered(t.index.get_level_values(0), SPECTRUM_ORDER),
+                                       ["gaussian", "orthogonal"]], names=["activation", "init"])
+    cells = {}
+    for d, g in t.groupby(level="depth"):
+        g = g.droplevel("depth").reindex(rows)
+        pairs = zip(g["lambda_var"], g["lambda_var_std"], strict=True)
+        cells[f"L={d} measured"] = [f"{var_text(m, 4)} ± {var_text(s, 2)}" if pd.notna(m) else "—"
+                                    for m, s in pairs]
+        cells[f"L={d} L(v_W+v_D)"] = [var_text(v, 4) if pd.notna(v) else "—"
+                                      for v in g["lambda_var_theory"]]
+    return to_markdown(pd.DataFrame(cells, index=rows))
 
 
 def draw_spectrum(df: pd.DataFrame, uri: str | None):

@@ -24,10 +24,9 @@ def op_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
     """Mean, seed std, seeds and runs of ``metric`` per (P, R, depth), B = identity runs only;
     rows in the order P = none first, R as :data:`R_ORDER`."""
     d = df[df[OUT].astype(str) == "none"] if OUT in df else df
-    t = pooled(d, metric, [PRE, POST, "depth"]).reset_index()
     rank = {o: i for i, o in enumerate(R_ORDER)}
-    t = t.assign(_p=t[PRE].map(lambda v: rank.get(v, 9)), _r=t[POST].map(lambda v: rank.get(v, 9)))
-    return t.sort_values(["_p", "_r", "depth"]).drop(columns=["_p", "_r"]).set_index([PRE, POST, "depth"])
+    return pooled(d, metric, [PRE, POST, "depth"]).sort_index(
+        key=lambda s: s if s.name == "depth" else s.map(lambda v: rank.get(v, 9)))
 
 
 def ops_spread(table: pd.DataFrame) -> pd.Series:

@@ -20,11 +20,11 @@ from ..core.style import save, write_markdown
 
 EPS = "task.options.projection_walk.step_angle"
 
-#: the study's Table 3: ε → erank/d at L = 48, 96, 192, 384
-TABLE3 = {0.01: (0.996,) * 4, 0.15: (0.996,) * 4, 0.30: (0.996, 0.996, 0.995, 0.995),
-          0.60: (0.994, 0.992, 0.988, 0.980)}
-
-TABLE3_DEPTHS = (48, 96, 192, 384)
+#: the study's Table 3: (ε, L) → erank/d
+TABLE3 = {(e, L): v for e, values in {0.01: (0.996,) * 4, 0.15: (0.996,) * 4,
+                                      0.30: (0.996, 0.996, 0.995, 0.995),
+                                      0.60: (0.994, 0.992, 0.988, 0.980)}.items()
+          for L, v in zip((48, 96, 192, 384), values, strict=True)}
 
 _WALK = re.compile(r"^walk_erank_L(\d+)$")
 
@@ -39,14 +39,8 @@ def table3(df: pd.DataFrame) -> pd.DataFrame:
     t = pd.concat([pooled(df, f"walk_erank_L{L}", [EPS]).reset_index().assign(L=L)
                    for L in lengths], ignore_index=True)
     t = t.rename(columns={EPS: "epsilon"}).dropna(subset=["mean"])
-
-    def study(eps: float, L: int) -> float:
-        for e, values in TABLE3.items():
-            if np.isclose(e, eps) and L in TABLE3_DEPTHS:
-                return values[TABLE3_DEPTHS.index(L)]
-        return np.nan
-
-    t["study"] = [study(e, L) for e, L in zip(t["epsilon"], t["L"], strict=True)]
+    t["study"] = [next((v for (e, L2), v in TABLE3.items() if L2 == L and np.isclose(e, eps)),
+                       np.nan) for eps, L in zip(t["epsilon"], t["L"], strict=True)]
     return t.set_index(["epsilon", "L"]).sort_index()[["mean", "std", "seeds", "study"]]
 
 
@@ -91,12 +85,10 @@ def _tab3(runs: Runs) -> pd.DataFrame:
     df = runs("tab3")
     need(df, EPS)
     rows = []
-    for e, values in TABLE3.items():
+    for (e, L), v in TABLE3.items():
         g = df[np.isclose(df[EPS].astype(float), e)]
-        for L, v in zip(TABLE3_DEPTHS, values, strict=True):
-            col = f"walk_erank_L{L}"
-            if len(g) and col in g:
-                rows.append((e, L, float(g[col].mean()), v))
+        if len(g) and f"walk_erank_L{L}" in g:
+            rows.append((e, L, float(g[f"walk_erank_L{L}"].mean()), v))
     if not rows:
         raise NotRun("no tab3 run at the study's ε and L")
     return pd.DataFrame(rows, columns=["epsilon", "L", "measured", "study"])
