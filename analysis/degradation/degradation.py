@@ -243,12 +243,6 @@ def _responses_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), f"layer_responses_{task}", table)
 
 
-def response_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean response std over layers per (depth × network), columns ``plain`` and ``ResNet``."""
-    t = runs.groupby(["depth", "residual"])["response_std_mean"].mean().unstack("residual")
-    return t.rename(columns=FAMILY_NAMES)
-
-
 def epoch_axis(row: pd.Series, steps: np.ndarray) -> np.ndarray:
     """A train run's logged steps as epochs (its series are at step = epoch when it ran with
     ``task.epochs``, else at step = optimizer step)."""
@@ -269,7 +263,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     runs, _ = with_task(df, "train")
     colors = depth_colors(runs["depth"])
     fig, axes = style.panels(2, sharey=True)
-    rows, finals = [], []
+    rows, resnet_finals = [], []
     for (res, depth), group in runs.groupby(["residual", "depth"]):
         curves = {}
         for name in ("train_error", "test_error"):
@@ -283,11 +277,11 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax = axes[int(bool(res))]
         ax.plot(*curves["train_error"], color=colors[depth], ls="--", lw=0.7)
         ax.plot(*curves["test_error"], color=colors[depth], lw=1.6, label=_label(res, depth))
-        finals.append((bool(res), float(curves["test_error"][1][-1])))
+        if res:
+            resnet_finals.append(float(curves["test_error"][1][-1]))
         for name, (x, y) in curves.items():
             rows += [{"network": FAMILY_NAMES[res], "depth": depth, "series": name,
                       "epoch": float(a), "error": float(b)} for a, b in zip(x, y, strict=True)]
-    resnet_finals = [f for r, f in finals if r]
     top = args.ylim
     if top is None:
         highest = max(r["error"] for r in rows)
@@ -313,8 +307,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     df = networks(load(args, [RESIDUAL, "depth"]))
     runs, _ = with_task(df, "train")
     table = final_error_table(runs)
-    fig, axes = style.panels(1)
-    ax = axes[0]
+    fig, (ax,) = style.panels(1)
     for name, kw in (("plain_test", dict(color="C3", ls="--", marker="s")),
                      ("ResNet_test", dict(color="C0", marker="o"))):
         if name in table:
@@ -456,8 +449,9 @@ def claim_tables(uri: str | None, df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     tables["errors"] = final_error_table(train)
     if "lesion_intact_error" in train:
         tables["lesion"] = lesion_table(uri, train[train["lesion_intact_error"].notna()])
-    if "response_std_mean" in train:
-        tables["responses"] = response_table(train)
+    if "response_std_mean" in train:  # mean response std over layers per depth × network
+        means = train.groupby(["depth", "residual"])["response_std_mean"].mean()
+        tables["responses"] = means.unstack("residual").rename(columns=FAMILY_NAMES)
     return tables
 
 

@@ -48,7 +48,9 @@ def _relu(runs: Runs) -> pd.DataFrame:
     return relu_rows(relu_collapse_table(df, runs.uri), int(df["seeds"].min()))
 
 
-def draw_relu_collapse(t: pd.DataFrame):
+def _relu_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [C0, "mf_c"])
+    t = relu_collapse_table(df, args.uri)
     fig, axes = style.panels(2, width=style.TWO_COLUMN, aspect=0.7)
     for i, ((c0, width), g) in enumerate(t.groupby(["c0", "width"])):
         col = f"C{i}"
@@ -72,13 +74,6 @@ def draw_relu_collapse(t: pd.DataFrame):
     for ax in axes:
         plain_log_ticks(ax, "x")
     fig.suptitle("Polynomial collapse of the correlation in critical ReLU networks")
-    return fig
-
-
-def _relu_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [C0, "mf_c"])
-    t = relu_collapse_table(df, args.uri)
-    fig = draw_relu_collapse(t)
     style.caption(fig, df, args.experiment, ["bands: ±1 s.d. over seeds"])
     return save(fig, out_dir(args), "mf_relu_collapse", t)
 

@@ -48,7 +48,9 @@ def _residual(runs: Runs) -> pd.DataFrame:
     return residual_table(runs("mf_residual"), runs.uri, se=True)
 
 
-def draw_residual(t: pd.DataFrame):
+def _residual_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
+    t = residual_table(df, args.uri)
     fig, axes = style.panels(3, aspect=0.95)
     for k, ((scaling, depth), g) in enumerate(t.groupby(["beta_scaling", "depth"])):
         col = f"C{k}"
@@ -76,13 +78,6 @@ def draw_residual(t: pd.DataFrame):
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(r"Residual ReLU networks: variance $(1+\beta^2)^L$ and the depth limit $\beta^2 L = O(1)$")
-    return fig
-
-
-def _residual_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, ["beta_scaling", "beta_eff", "mf_q", "mf_c"])
-    t = residual_table(df, args.uri)
-    fig = draw_residual(t)
     style.caption(fig, df, args.experiment, ["ReLU, $\\sigma_w^2$ = 2, $c_0$ = 0.5"])
     return save(fig, out_dir(args), "mf_residual", t)
 

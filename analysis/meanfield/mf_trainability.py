@@ -32,7 +32,12 @@ def trainability_table(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def draw_trainability(t: pd.DataFrame, activation: str):
+def _trainability_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, ["alpha", "bias", "depth", "activation", "best_test_accuracy"])
+    t = trainability_table(df)
+    steps = values_text(df, "task.steps")
+    lrs = values_text(df, "task.lrs")
+    activation = str(df["activation"].iloc[0])
     sb2s = sorted(t.index.get_level_values("sigma_b2").unique())
     fig, axes = style.grid(1, len(sb2s), width=min(style.TWO_COLUMN, 3.6 * len(sb2s)), aspect=0.85)
     for ax, sb2 in zip(axes[0], sb2s, strict=True):
@@ -56,15 +61,6 @@ def draw_trainability(t: pd.DataFrame, activation: str):
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Trainability of plain networks on CIFAR-10 vs the correlation depth scale "
                  "(Schoenholz et al. 2017)")
-    return fig
-
-
-def _trainability_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, ["alpha", "bias", "depth", "activation", "best_test_accuracy"])
-    t = trainability_table(df)
-    steps = values_text(df, "task.steps")
-    lrs = values_text(df, "task.lrs")
-    fig = draw_trainability(t, str(df["activation"].iloc[0]))
     style.caption(fig, df, args.experiment, [f"Adam, {steps} steps, best over lrs {lrs}"])
     return save(fig, out_dir(args), "mf_trainability", t)
 

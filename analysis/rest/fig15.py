@@ -83,14 +83,12 @@ def _main(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def _at_depth(df: pd.DataFrame) -> str:
-    return f"erank(Z_L)/d at L = {int(df['depth'].max())}"
-
-
 FIG15 = tuple(
     Claim(f"fig15.{cid}", f"M = 1 ReLU: {what}", f"the study, fig15({cid[0]})",
           f"{value} (d = 256, L = 512)", near(value, tol),
-          mean_of("fig15", "rep_erank_final", _at_depth, norm__pre=pre, norm__out=out))
+          mean_of("fig15", "rep_erank_final",
+                  lambda df: f"erank(Z_L)/d at L = {int(df['depth'].max())}",
+                  norm__pre=pre, norm__out=out))
     for cid, pre, out, what, value, tol in (
         ("a_pre_layernorm", "layernorm", "none", "pre-LayerNorm collapses too", 0.078, 0.03),
         ("a_pre_rmsnorm", "rmsnorm", "none", "pre-RMSNorm collapses", 0.009, 0.005),
