@@ -47,7 +47,15 @@ def _deep_linear(runs: Runs) -> pd.DataFrame:
     return deep_linear_table(runs("deep_linear"), runs.uri)
 
 
-def draw_deep_linear(t: pd.DataFrame):
+def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [S_KEY, "T_sim_rel_err"])
+    t = deep_linear_table(df, args.uri)
+    out = out_dir(args)
+    table = t.pivot_table(index=["s", "N"], columns="a0", values="T_quad")
+    write_text(out / "deep_linear.md", to_markdown(table, ".6g"))
+    # the chains simulated are sim_width wide (the task's own network is unused): d is theirs
+    key = "task.options.deep_linear.sim_width"
+    sim_width = df[key].astype(int) if key in df else DEEP_LINEAR_DEFAULTS["sim_width"]
     ss = sorted(t["s"].unique())
     fig, axes = style.grid(1, len(ss), width=min(style.TWO_COLUMN, 3.6 * len(ss)), aspect=0.8)
     for ax, s in zip(axes[0], ss, strict=True):
@@ -64,19 +72,6 @@ def draw_deep_linear(t: pd.DataFrame):
         ax.set_title(rf"target $s$ = {s:g} (lines: quadrature of 215.8)", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle("The deep-linear plateau: learning time grows like $a_0^{-N}$")
-    return fig
-
-
-def _deep_linear_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [S_KEY, "T_sim_rel_err"])
-    t = deep_linear_table(df, args.uri)
-    out = out_dir(args)
-    table = t.pivot_table(index=["s", "N"], columns="a0", values="T_quad")
-    write_text(out / "deep_linear.md", to_markdown(table, ".6g"))
-    # the chains simulated are sim_width wide (the task's own network is unused): d is theirs
-    key = "task.options.deep_linear.sim_width"
-    sim_width = df[key].astype(int) if key in df else DEEP_LINEAR_DEFAULTS["sim_width"]
-    fig = draw_deep_linear(t)
     style.caption(fig, df.assign(width=sim_width).drop(columns=["depth"], errors="ignore"),
                   args.experiment, [f"one run per target $s$; gradient flow on orthogonal chains, "
                                     f"largest |sim − quad|/quad = {df['T_sim_rel_err'].max():.1e}"])

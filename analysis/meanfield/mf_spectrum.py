@@ -69,7 +69,11 @@ def spectrum_markdown(t: pd.DataFrame) -> str:
     return to_markdown(pd.DataFrame(cells, index=rows))
 
 
-def draw_spectrum(df: pd.DataFrame, uri: str | None):
+def _spectrum_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, ["activation", "init", "lambda_var", "lambda_var_theory"])
+    t = spectrum_table(df)
+    out = out_dir(args)
+    write_text(out / "mf_spectrum.md", spectrum_markdown(t))
     d = newest(df, ["activation", "init", "depth"])
     acts = ordered(d["activation"], SPECTRUM_ORDER)
     inits = ["gaussian", "orthogonal"]
@@ -79,7 +83,7 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
             ax = axes[i, j]
             cell = d[(d["activation"] == act) & (d["init"] == init)].sort_values("depth")
             for k, (_, r) in enumerate(cell.iterrows()):
-                a = arrays(uri, r["run_id"])
+                a = arrays(args.uri, r["run_id"])
                 ax.stairs(a["log_lambda_hist"], a["log_lambda_edges"], color=f"C{k}",
                           label=rf"$L$={int(r['depth'])}: Var$(\lambda)$={var_text(r['lambda_var'])} "
                                 rf"(theory {var_text(r['lambda_var_theory'])})")
@@ -89,15 +93,6 @@ def draw_spectrum(df: pd.DataFrame, uri: str | None):
                 ax.legend(fontsize=7)
     fig.suptitle(r"Squared singular values $\lambda$ of $\partial h_L/\partial h_0$ (mean 1); "
                  r"free probability: Var$(\lambda) = L\,(v_W + v_D)$")
-    return fig
-
-
-def _spectrum_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, ["activation", "init", "lambda_var", "lambda_var_theory"])
-    t = spectrum_table(df)
-    out = out_dir(args)
-    write_text(out / "mf_spectrum.md", spectrum_markdown(t))
-    fig = draw_spectrum(df, args.uri)
     style.caption(fig, df, args.experiment)
     return save(fig, out, "mf_spectrum", t)
 

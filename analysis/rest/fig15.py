@@ -49,31 +49,26 @@ def _band(ax, uri, runs, label, color) -> None:
     ax.fill_between(steps, np.clip(m - s, 1e-4, None), m + s, color=color, alpha=0.2, lw=0)
 
 
-def draw(df: pd.DataFrame, uri: str | None):
+def _main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [PRE, OUT, "rep_erank_final"])
+    table = final_table(df)
     fig, axes = style.panels(2, max_cols=2, aspect=0.8)
     tab = style.plt.get_cmap("tab10")
     colors = {op: tab(i) for i, op in enumerate(B_ORDER)}
     a = df[df[OUT].astype(str) == "none"]
     for k, p in enumerate([o for o in ("layernorm", "rmsnorm") if o in set(a[PRE])]):
-        _band(axes[0], uri, a[a[PRE] == p], f"pre-{style.OP_NAMES.get(p, p)}", tab(k + 4))
+        _band(axes[0], args.uri, a[a[PRE] == p], f"pre-{style.OP_NAMES.get(p, p)}", tab(k + 4))
     axes[0].set_title("(a) pre-branch op $P$")
     b = df[df[PRE].astype(str) == "rmsnorm"]
     for op in [o for o in B_ORDER if o in set(b[OUT])]:
         label = "none" if op == "none" else style.OP_NAMES.get(op, op)
-        _band(axes[1], uri, b[b[OUT] == op], f"$B$ = {label}", colors[op])
+        _band(axes[1], args.uri, b[b[OUT] == op], f"$B$ = {label}", colors[op])
     axes[1].set_title("(b) Pre-RMSNorm + branch-output op $B$")
     for ax in axes:
         ax.set_xscale("symlog", linthresh=1)
         ax.set(yscale="log", xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    return fig
-
-
-def _main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [PRE, OUT, "rep_erank_final"])
-    table = final_table(df)
-    fig = draw(df, args.uri)
     fig.suptitle("Figure 15: representation rank of $M = 1$ branches — centring, not rescaling")
     style.caption(fig, df, args.experiment, [*probe_inputs(df), "bands: ±1 s.d. over seeds"])
     out = out_dir(args)

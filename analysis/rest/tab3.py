@@ -44,8 +44,10 @@ def table3(df: pd.DataFrame) -> pd.DataFrame:
     return t.set_index(["epsilon", "L"]).sort_index()[["mean", "std", "seeds", "study"]]
 
 
-def draw_table3(t: pd.DataFrame):
-    """erank/d against L, one line per ε (colour bar), the study's values as open markers."""
+def _table3_main(args: argparse.Namespace) -> list[Path]:
+    df = load(args, [EPS])
+    t = table3(df)
+    # erank/d against L, one line per ε (colour bar), the study's values as open markers.
     fig, (ax,) = style.panels(1, aspect=0.8)
     eps = sorted(t.index.get_level_values(0).unique())
     colors, sm = style.value_colors(eps, "plasma", stop=0.85)
@@ -60,13 +62,6 @@ def draw_table3(t: pd.DataFrame):
            ylabel=r"$\mathrm{erank}(\Pi_\ell (I - x_\ell x_\ell^\top))/d$")
     ax.legend()
     style.colorbar(fig, sm, ax, "epsilon", label=r"step angle $\varepsilon$")
-    return fig
-
-
-def _table3_main(args: argparse.Namespace) -> list[Path]:
-    df = load(args, [EPS])
-    t = table3(df)
-    fig = draw_table3(t)
     fig.suptitle("Table 3: rank-one projections along a random walk of step angle $\\varepsilon$")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     out = out_dir(args)
