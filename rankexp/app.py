@@ -329,7 +329,8 @@ class Job:
         t = self.s.tracking
         tracking.configure_http(t.http_retries, t.http_timeout_s, t.http_backoff)
         self.uri = tracking.resolve_uri(t.uri)
-        parent = tracking.read_parent(self.ctx.sweep_dir) if self.ctx.sweep_dir else None
+        sweep = self.ctx.sweep_dir
+        parent = tracking.read_json(sweep / tracking.PARENT_FILE) if sweep else None
         if parent and parent["uri"] == tracking.redact(self.uri) and parent["experiment"] == t.experiment:
             self.exp_id = parent["experiment_id"]
             tags.update({"mlflow.parentRunId": parent["run_id"], "sweep_id": parent["sweep_id"]})
@@ -337,7 +338,7 @@ class Job:
             tracking.check_store(self.uri)
             self.exp_id = tracking.prepare_experiment(self.uri, t.experiment, t.description)
             tracking.reconcile(self.uri, self.exp_id, t.stale_after_s)
-            tags["sweep_id"] = str(self.ctx.sweep_dir or "")
+            tags["sweep_id"] = str(sweep or "")
         if not t.resume or t.force:
             return None
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["redact", "PARENT_FILE", "NAMES_FILE", "STATUS_FILE", "RUN_FILE", "JOURNAL_FILE",
            "RESULT_DIR", "JOB_STATES", "write_atomic", "write_json", "read_json", "write_status",
-           "read_parent", "planned_job_dirs", "count_jobs", "summary"]
+           "planned_job_dirs", "count_jobs", "summary"]
 
 # files of a sweep directory (written by the sweeper) and of a job directory (by the job)
 PARENT_FILE = "mlflow_parent.json"  # {"uri", "experiment", "experiment_id", "run_id", "sweep_id"}
@@ -58,11 +58,6 @@ def read_json(path: Path) -> dict | None:
 def write_status(job_dir: Path, status: str, **extra: Any) -> None:
     """A job's state (RUNNING, FINISHED, SKIPPED, FAILED, KILLED) in ``status.json``."""
     write_json(Path(job_dir) / STATUS_FILE, {"status": status, "time": time.time(), **extra})
-
-
-def read_parent(sweep_dir: Path) -> dict[str, str] | None:
-    """The parent-run record a :class:`~rankexp.tracking.SweepRun` left in the sweep directory."""
-    return read_json(Path(sweep_dir) / PARENT_FILE)
 
 
 def planned_job_dirs(sweep_dir: str | os.PathLike | None) -> list[Path]:

@@ -8,7 +8,6 @@ probes) decides the seed chunks of ``task=measure`` (:func:`chunking`); before a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +73,10 @@ def seed_bytes(s: RankexpConfig, device: str | None = None) -> float:
             + max(PROBES[p].memory(shape, s.task.options) for p in s.task.probes))
 
 
-def _meminfo(key: str, pages: str) -> float:
-    """``/proc/meminfo``'s ``key`` in bytes, else ``sysconf``'s ``pages`` × the page size."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return float(info[key].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return float(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"))
+def _meminfo(key: str) -> float:
+    """``/proc/meminfo``'s ``key`` (``MemTotal``, ``MemAvailable``) in bytes."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return float(info[key].split()[0]) * 1024
 
 
 def total_memory_bytes(device: str) -> tuple[float, str]:
@@ -92,7 +87,7 @@ def total_memory_bytes(device: str) -> tuple[float, str]:
         index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         return float(props.total_memory), f"cuda:{index} ({props.name})"
-    return _meminfo("MemTotal", "SC_PHYS_PAGES"), "this machine's RAM"
+    return _meminfo("MemTotal"), "this machine's RAM"
 
 
 def free_memory_bytes(device: str) -> float:
@@ -101,7 +96,7 @@ def free_memory_bytes(device: str) -> float:
         import torch
 
         return float(torch.cuda.mem_get_info(device if device != "auto" else None)[0])
-    return _meminfo("MemAvailable", "SC_AVPHYS_PAGES")
+    return _meminfo("MemAvailable")
 
 
 #: what a job may plan to use of the free memory it finds when no cap is set (and at most, with one)

@@ -81,18 +81,13 @@ def sweep_name(experiment: str | None, size: str, started: datetime.datetime | N
     return SEP.join(parts) + f"·{started:%Y-%m-%d %H:%M:%S}"
 
 
-def lr_label(lr: float) -> str:
-    """A learning rate as a short label: ``lr1e-3``, ``lr2.5e-4`` below 0.01 (≤ 3 significant
-    digits), ``lr0.01``, ``lr1`` from there up."""
-    if lr == 0 or abs(lr) >= 0.01:
-        return f"lr{lr:g}"
-    mantissa, exponent = f"{lr:.2e}".split("e")
-    return f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
 def member_name(run_name: str, lr: float) -> str:
-    """A learning-rate member's run name: ``post·α1·L48·train·lr1e-3``."""
-    return f"{run_name}{SEP}{lr_label(lr)}"
+    """A learning-rate member's run name: ``post·α1·L48·train·lr1e-3``; the rate ``lr2.5e-4``
+    below 0.01 (≤ 3 significant digits), ``lr0.01``, ``lr1`` from there up."""
+    if lr == 0 or abs(lr) >= 0.01:
+        return f"{run_name}{SEP}lr{lr:g}"
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"{run_name}{SEP}lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def experiment_name_problem(name: str) -> str | None:

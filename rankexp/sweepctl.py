@@ -119,45 +119,38 @@ def _fits(launcher: Any, rows: list[dict[str, str]]) -> list[str]:
     where = f"partition {rows[0]['partition'].rstrip('*')}"
     if all(r["avail"] != "up" for r in rows):
         return [f"{where} is {rows[0]['avail']} (sinfo): no job would start there"]
-    errors = []
     cpus, mem = max(_number(r["cpus"]) for r in rows), max(_number(r["memory"]) for r in rows)
-    tasks = launcher.get("tasks_per_node") or 1
-    if int(launcher.get("cpus_per_task") or 1) * int(tasks) > cpus:
-        errors.append(f"hydra.launcher.cpus_per_task={launcher.get('cpus_per_task')} (× tasks_per_node="
-                      f"{tasks}) — {where}'s largest node has {cpus:g} CPUs")
-    if launcher.get("mem_gb") and float(launcher.mem_gb) * 1024 > mem:
-        errors.append(f"hydra.launcher.mem_gb={launcher.mem_gb} — {where}'s largest node has "
-                      f"{mem / 1024:.1f} GB ({mem:g} MB)")
     limit = max(_minutes(r["timelimit"]) for r in rows)
-    if launcher.get("timeout_min") and float(launcher.timeout_min) > limit:
-        errors.append(f"hydra.launcher.timeout_min={launcher.timeout_min} — {where} allows at most "
-                      f"{limit:g} min")
     nodes = sum(int(_number(r["nodes"])) for r in rows)
-    if int(launcher.get("nodes") or 1) > nodes:
-        errors.append(f"hydra.launcher.nodes={launcher.nodes} — {where} has {nodes} nodes")
     gpus = max((_number(g.split(":")[-1].split("(")[0]) for r in rows for g in r["gres"].split(",")
                 if g.startswith("gpu")), default=0)
-    if int(launcher.get("gpus_per_node") or 0) > gpus:
-        errors.append(f"hydra.launcher.gpus_per_node={launcher.gpus_per_node} — {where}'s nodes "
-                      f"have {gpus:g} GPUs (gres {rows[0]['gres']})")
-    return errors
+    tasks = launcher.get("tasks_per_node") or 1
+    checks = [  # (key, asked for more than the partition has, what it has)
+        ("cpus_per_task", int(launcher.get("cpus_per_task") or 1) * int(tasks) > cpus,
+         f" (× tasks_per_node={tasks}) — {where}'s largest node has {cpus:g} CPUs"),
+        ("mem_gb", float(launcher.get("mem_gb") or 0) * 1024 > mem,
+         f" — {where}'s largest node has {mem / 1024:.1f} GB ({mem:g} MB)"),
+        ("timeout_min", float(launcher.get("timeout_min") or 0) > limit,
+         f" — {where} allows at most {limit:g} min"),
+        ("nodes", int(launcher.get("nodes") or 1) > nodes, f" — {where} has {nodes} nodes"),
+        ("gpus_per_node", int(launcher.get("gpus_per_node") or 0) > gpus,
+         f" — {where}'s nodes have {gpus:g} GPUs (gres {rows[0]['gres']})")]
+    return [f"hydra.launcher.{k}={launcher.get(k)}{has}" for k, over, has in checks if over]
 
 
 def _unknown_options(launcher: Any) -> list[str]:
     extra = [str(k).replace("_", "-") for k in (launcher.get("additional_parameters") or {})]
-    if not extra:
-        return []
     try:
-        text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True,
+                              timeout=30).stdout if extra else ""
     except (OSError, subprocess.SubprocessError):
-        return []
+        text = ""
     known = sorted(set(re.findall(r"--([a-z][a-z0-9-]*)", text)))
     errors = []
-    for k in extra if known else []:
-        if k not in known:
-            close = difflib.get_close_matches(k, known, n=1)
-            errors.append(f"hydra.launcher.additional_parameters.{k}: sbatch has no option --{k}"
-                          + (f" (did you mean --{close[0]}?)" if close else ""))
+    for k in [k for k in extra if known and k not in known]:
+        close = difflib.get_close_matches(k, known, n=1)
+        errors.append(f"hydra.launcher.additional_parameters.{k}: sbatch has no option --{k}"
+                      + (f" (did you mean --{close[0]}?)" if close else ""))
     return errors
 
 
@@ -286,9 +279,9 @@ def cancel(target: str, out=sys.stdout) -> int:
     _stop([driver.job_id], [driver])
     _, tasks = _jobs(sweep, doc)  # every array it submitted, now that it submits no more
     _stop(sorted({t.job_id.split("_")[0] for t in tasks}), tasks)
-    dirs = [Path(d) for d in (tracking.read_json(sweep / tracking.NAMES_FILE) or {}).get("job_dirs") or []]
+    counts = tracking.count_jobs(tracking.planned_job_dirs(sweep))
     print(f"cancelled Slurm job {driver.job_id} and its {len(tasks)} array tasks; {sweep}: "
-          f"{tracking.summary(tracking.count_jobs(dirs))}", file=out)
+          f"{tracking.summary(counts)}", file=out)
     return 0
 
 

@@ -74,7 +74,7 @@ class Syncer:
         if done:
             return "present", done
         tags = {**record["tags"], "rankexp.synced_from": str(job_dir.resolve()), **tracking.owner_tags()}
-        parent = tracking.read_parent(job_dir.parent) or {}
+        parent = tracking.read_json(job_dir.parent / tracking.PARENT_FILE) or {}
         tags.pop("mlflow.parentRunId", None)
         if parent.get("uri") == tracking.redact(uri) and parent.get("experiment") == record["experiment"]:
             tags["mlflow.parentRunId"] = parent["run_id"]
@@ -128,7 +128,7 @@ class Syncer:
     def close_parent(self, sweep_dir: Path) -> str | None:
         """Close the parent run of a sweep that is over (its dead children first, its job counts
         recounted): FINISHED when every job is, else FAILED."""
-        rec = tracking.read_parent(sweep_dir) or {}
+        rec = tracking.read_json(sweep_dir / tracking.PARENT_FILE) or {}
         uri = self.store_of(rec.get("uri"))
         if not uri:
             return None
