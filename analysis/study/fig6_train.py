@@ -39,6 +39,9 @@ CONTEXT = ("alpha", "width", "expansion", "matrices", "beta", "beta_scaling", "a
            "skip_every", "norm.op", "seeds", "dtype", "task.steps", "task.batch_size", "task.lrs",
            "task.dtype", "task.stable_accuracy")
 
+TRAIN_HELP = ("task=train experiment(s) (default: fig6_train; one-rate runs such as "
+              "tab5_boundary's give each cell its boundary)")
+
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
 
@@ -180,8 +183,7 @@ def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFra
 
 
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
-                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
+    set_experiment_default(p, ["fig6_train"], TRAIN_HELP)
     p.add_argument("--stable-accuracy", type=float, default=None,
                    help="recompute stability at this final test accuracy (default: the logged "
                    "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
@@ -246,8 +248,7 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
-                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
+    set_experiment_default(p, ["fig6_train"], TRAIN_HELP)
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
     p.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
                    help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post")
