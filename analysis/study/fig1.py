@@ -18,20 +18,20 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, series, warn_mixed
-from ..core.style import save
-from . import mean_ratio
+from ..core.select import (
+    PLACEMENT,
+    PLACEMENT_ORDER,
+    load,
+    need,
+    only,
+    ordered,
+    pooled,
+    series,
+    warn_mixed,
+)
+from . import mean_ratio, publish
 
 log = logging.getLogger("analysis")
-
-
-def _cells(df: pd.DataFrame, keys: list[str]):
-    """``(cell values, runs)`` for each distinct combination of ``keys`` (sorted)."""
-    if not keys:
-        yield (), df
-        return
-    for values, runs in df.groupby(keys, sort=True, dropna=False):
-        yield (values if isinstance(values, tuple) else (values,)), runs
 
 
 def seed_sd(uri: str | None, run_id: str, metric: str, like: np.ndarray) -> np.ndarray:
@@ -48,30 +48,20 @@ def profile_table(df: pd.DataFrame, uri: str | None, keys: list[str],
     ``<metric>`` (seed mean), ``<metric>_std`` (pooled, :func:`analysis.core.select.pooled`),
     ``runs``, ``theory`` (:data:`SERIES_THEORY` where the cell's runs share its inputs, else NaN)."""
     rows = []
-    bar = tqdm(total=len(df), desc=f"{metric} series", disable=None, leave=False)
-    for values, runs in _cells(df, keys):
+    groups = df.groupby(keys, sort=True, dropna=False) if keys else [((), df)]
+    for values, runs in tqdm(groups, desc=f"{metric} series", disable=None, leave=False):
         parts = []
         for _, r in runs.iterrows():
             steps, v = series(uri, r["run_id"], metric)
-            s = seed_sd(uri, r["run_id"], metric, v)
-            n = float(r["seeds"]) if "seeds" in r and pd.notna(r["seeds"]) else 1.0
-            parts.append(pd.DataFrame({"layer": steps, "m": v, "s": s, "n": n}))
-            bar.update()
-        pooled = pd.concat(parts).groupby("layer").apply(_pool, include_groups=False)
-        pooled["runs"] = len(parts)
-        pooled["theory"] = _series_theory(metric, runs, pooled.index.to_numpy())
-        rows.append(pooled.reset_index().assign(**dict(zip(keys, values, strict=True))))
-    bar.close()
-    out = pd.concat(rows, ignore_index=True).rename(columns={"m": metric, "s": f"{metric}_std"})
+            parts.append(pd.DataFrame({"layer": steps, metric: v, "seeds": r.get("seeds", 1.0),
+                                       f"{metric}_std": seed_sd(uri, r["run_id"], metric, v)}))
+        t = pooled(pd.concat(parts), metric, ["layer"]).assign(runs=len(parts))
+        t["theory"] = _series_theory(metric, runs, t.index.to_numpy())
+        rows.append(t.reset_index().assign(**dict(zip(keys, values, strict=True))))
+    out = pd.concat(rows, ignore_index=True)
+    out = out.rename(columns={"mean": metric, "std": f"{metric}_std"})
+    out[f"{metric}_std"] = out[f"{metric}_std"].fillna(0.0)  # one seed: no band
     return out[keys + ["layer", metric, f"{metric}_std", "runs", "theory"]]
-
-
-def _pool(g: pd.DataFrame) -> pd.Series:
-    """Mean and std of every seed of a layer from the runs' means ``m``, stds ``s``, counts ``n``."""
-    n, m, s = g["n"].to_numpy(), g["m"].to_numpy(), g["s"].to_numpy()
-    mean = (n * m).sum() / n.sum()
-    ss = ((n - 1) * s**2 + n * (m - mean) ** 2).sum()
-    return pd.Series({"m": mean, "s": np.sqrt(ss / (n.sum() - 1)) if n.sum() > 1 else 0.0})
 
 
 def branch_ratio_theory(layers, placement: str, nominal_ratio: float, activation: str,
@@ -186,9 +176,9 @@ def _profiles_main(args: argparse.Namespace) -> list[Path]:
     warn_mixed(df, keys, args.experiment)
     table = profile_table(df, args.uri, keys, args.metric)
     fig = draw_profiles(table, args.metric, args.rows, args.cols, args.hue, style.name(args.metric))
-    fig.suptitle(f"{style.name(args.metric)} per layer")
-    style.caption(fig, df, args.experiment, ["shaded: ±1 s.d. over seeds"])
-    return save(fig, out_dir(args), f"profiles_{args.metric}", table.set_index(keys + ["layer"]))
+    return publish(fig, f"{style.name(args.metric)} per layer", df, args.experiment,
+                   ["shaded: ±1 s.d. over seeds"], out_dir(args), f"profiles_{args.metric}",
+                   table.set_index(keys + ["layer"]))
 
 
 def kappa_theory(activation: str, alpha: float) -> float:

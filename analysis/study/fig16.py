@@ -13,9 +13,9 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, near
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, set_experiment_default
+from ..core.runner import Command, out_dir, set_experiment_default
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, load, need, only, ordered, pooled, warn_mixed
-from ..core.style import save
+from . import publish
 from .fig6_train import CHANCE, CONTEXT, depth_axis
 
 
@@ -48,10 +48,9 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))
     ax.legend()
-    fig.suptitle(f"Figure 16: {style.name(args.metric)} vs depth")
-    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    return save(fig, Path(args.out) / "_".join(args.experiment), f"fig16_{args.metric}_vs_depth",
-                table)
+    return publish(fig, f"Figure 16: {style.name(args.metric)} vs depth", df, args.experiment,
+                   ["error bars: ±1 s.d. over seeds"], out_dir(args),
+                   f"fig16_{args.metric}_vs_depth", table)
 
 
 def _trainable_depth(df: pd.DataFrame) -> float:

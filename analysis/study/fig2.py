@@ -14,17 +14,16 @@ from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
-from ..core.runs import load_runs
 from ..core.select import (
     CONFIG_KEYS,
     PLACEMENT,
     PLACEMENT_ORDER,
-    SelectionError,
     load,
     need,
     only,
     ordered,
     refuse_mixed,
+    require,
     varying,
     warn_mixed,
 )
@@ -34,10 +33,8 @@ from ..core.style import save, to_markdown, write_text
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
     """Mean of ``metric`` per (panel, y, x) cell and its run count; SelectionError for a missing
     column or for runs of one cell that differ in another param."""
-    for col in [metric, x, y] + ([panel] if panel else []):
-        if col not in df:
-            raise SelectionError(f"runs have no column {col!r}; available: {', '.join(sorted(map(str, df.columns)))}")
     keys = ([panel] if panel else []) + [y, x]
+    require(df, [metric, *keys])
     refuse_mixed(df, keys, "heatmap")
     return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])
 
@@ -94,17 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> list[Path]:
-    df = load_runs(args.experiment, args.uri, filter_string=args.filter)
-    if df.empty:
-        raise SelectionError(f"no finished runs in experiment(s) {args.experiment}")
+    df = load(args)
     panel = args.panel or None
     table = heatmap_table(df, args.metric, args.x, args.y, panel)
     fig = draw_heatmap(table, args.metric, args.x, args.y, panel,
                        title=f"{style.name(args.metric)} over {style.name(args.x)} × {style.name(args.y)}",
                        log_color=args.log_color)
     style.caption(fig, df, args.experiment, ["cells: mean over seeds"])
-    stem = f"heatmap_{args.metric}_{args.y}_x_{args.x}"
-    return save(fig, Path(args.out) / "_".join(args.experiment), stem, table)
+    return save(fig, out_dir(args), f"heatmap_{args.metric}_{args.y}_x_{args.x}", table)
 
 
 #: the config keys each x is a function of (they may differ between runs of one group)
@@ -181,8 +175,7 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
     if numeric:
         colors, sm = style.value_colors(df[args.color], "viridis")
     else:
-        order = PLACEMENT_ORDER if args.color == PLACEMENT else []
-        names = ordered(df[args.color], order) if order else sorted(df[args.color].unique())
+        names = ordered(df[args.color], PLACEMENT_ORDER if args.color == PLACEMENT else [])
         colors = {c: f"C{k % 10}" for k, c in enumerate(names)}
     std = f"{args.metric}_std"
     for ax, (pv, sub) in zip(axes, panels, strict=True):
@@ -196,7 +189,6 @@ def _collapse_main(args: argparse.Namespace) -> list[Path]:
             line = s.groupby(args.x)[args.metric].mean().sort_index()
             ax.plot(line.index, line.values, color=col, lw=0.6, alpha=0.6)
         ax.set(xscale="log", xlabel=xname)
-        pv = pv if isinstance(pv, tuple) else (pv,)
         ax.set_title(", ".join(style.value_label(k, v) for k, v in zip(args.panel, pv, strict=True)))
     for ax in axes[:: min(2, len(axes))]:  # the first panel of each row (max_cols=2)
         ax.set_ylabel(style.name(args.metric))

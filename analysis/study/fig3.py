@@ -18,7 +18,7 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seedwise
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, ordered, series, warn_mixed
-from ..core.style import save
+from . import publish
 
 log = logging.getLogger("analysis")
 
@@ -167,15 +167,13 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
                keys=("width", "depth", "matrices", "expansion", "activation", PLACEMENT, "norm.op"))
     summary, profiles = paths_tables(df, args.uri)
     out = out_dir(args)
-    fig = draw_profiles(profiles, summary)
-    fig.suptitle(r"Figure 3: path-order profile $\mu_k = \|\beta^k S_k\|_F$ (Eq. 11)")
-    style.caption(fig, df, args.experiment, ["lines: mean over seeds"])
-    paths = save(fig, out, "paths_profile", profiles.set_index(["run_id", "k"]))
-    fig = draw_mean_order(summary, df)
-    fig.suptitle(r"Figure 3: mean path order vs $\beta\alpha^M$")
-    style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
-    paths += save(fig, out, "paths_mean_order", summary.sort_values("nominal_ratio"))
-    return paths
+    return [*publish(draw_profiles(profiles, summary),
+                     r"Figure 3: path-order profile $\mu_k = \|\beta^k S_k\|_F$ (Eq. 11)", df,
+                     args.experiment, ["lines: mean over seeds"], out, "paths_profile",
+                     profiles.set_index(["run_id", "k"])),
+            *publish(draw_mean_order(summary, df), r"Figure 3: mean path order vs $\beta\alpha^M$",
+                     df, args.experiment, ["error bars: ±1 s.d. over seeds"], out,
+                     "paths_mean_order", summary.sort_values("nominal_ratio"))]
 
 
 def profile_peak(orders: np.ndarray, profile: np.ndarray) -> float:
@@ -188,10 +186,7 @@ def _fig3_peak(runs: Runs) -> Measured:
     argmax (2.5 when seeds split between 2 and 3) is not a peak of anything."""
     df = only(runs("fig3"), beta_scaling="const", beta=1.0, alpha=1.0, depth=48)
     need(df, "path_order_peak")
-    peaks = []
-    for rid in df["run_id"]:
-        orders, profile = runs.series(rid, "path_profile")
-        peaks.append(profile_peak(orders, profile))
+    peaks = [profile_peak(*runs.series(rid, "path_profile")) for rid in df["run_id"]]
     per_seed = runs.per_seed(df, "path_order_peak")
     seeds = "" if per_seed is None else ", ".join(f"{v:g}" for v in per_seed.ravel())
     return Measured(max(peaks, key=lambda k: abs(k - 3.0)), math.nan,

@@ -18,8 +18,8 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import OP_ORDER, PLACEMENT, load, need, only, pooled, warn_mixed
-from ..core.style import save, to_markdown, write_text
-from . import mean_ratio
+from ..core.style import to_markdown, write_markdown, write_text
+from . import extreme, in_order, mean_ratio, publish
 
 log = logging.getLogger("analysis")
 
@@ -75,8 +75,7 @@ def control_table(df: pd.DataFrame, metric: str = "erank_io") -> pd.DataFrame:
     if d[POST].nunique() < 2:
         return pd.DataFrame()
     t = pooled(d, metric, [POST, "depth"]).rename(columns={"runs": "count"})  # spread over seeds
-    rank = {o: i for i, o in enumerate(R_ORDER)}
-    return t.sort_index(level=[0, 1], key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == POST else s)
+    return in_order(t, POST, R_ORDER)
 
 
 def draw_control(table: pd.DataFrame, metric: str):
@@ -125,10 +124,7 @@ def split_table(df: pd.DataFrame) -> pd.DataFrame:
     post = df[df[PLACEMENT] == "post"]
     if not cols or post.empty or post[cols].isna().all().all():
         return pd.DataFrame()
-    t = post.groupby([OP, "alpha"])[["erank_io", *cols]].mean()
-    rank = {o: i for i, o in enumerate(OP_ORDER)}
-    return t.sort_index(level=[0, 1],
-                        key=lambda s: s.map(lambda v: rank.get(v, 9)) if s.name == OP else s)
+    return in_order(post.groupby([OP, "alpha"])[["erank_io", *cols]].mean(), OP, OP_ORDER)
 
 
 def _tick(config: str) -> str:
@@ -175,29 +171,25 @@ def _main(args: argparse.Namespace) -> list[Path]:
     df = figure4_runs(everything)
     warn_mixed(df, ["alpha", PLACEMENT, OP], args.experiment)
     table = placement_table(df, args.metric, args.every)
-    fig = draw_placements(table, args.metric, detached_gap(table))
-    fig.suptitle(f"Figure 4: {style.name(args.metric)} by norm placement and operation")
-    style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
+    gap = detached_gap(table)
     out = out_dir(args)
-    paths = save(fig, out, f"placements_{args.metric}", table)
-    wide = table["mean"].unstack("alpha")
-    wide.columns = [f"alpha={a:g}" for a in wide.columns]
+    paths = publish(draw_placements(table, args.metric, gap),
+                    f"Figure 4: {style.name(args.metric)} by norm placement and operation", df,
+                    args.experiment, [style.spread_note(table["mean"], table["std"])], out,
+                    f"placements_{args.metric}", table)
+    wide = table["mean"].unstack("alpha").rename(columns=lambda a: f"alpha={a:g}")
     print(f"{args.metric} by placement/op and α ({', '.join(args.experiment)})\n")
     print(to_markdown(wide))
     control = control_table(everything, args.metric)
     if not control.empty:
-        fig = draw_control(control, args.metric)
-        fig.suptitle("Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth")
-        style.caption(fig, everything[everything["depth"].isin(control.index.get_level_values(1))]
-                      if "depth" in everything else everything, args.experiment,
-                      [style.spread_note(control["mean"], control["std"])])
-        paths += save(fig, out, f"placements_control_{args.metric}", control)
-        wide_c = control["mean"].unstack("depth")
-        wide_c.columns = [f"L={int(v)}" for v in wide_c.columns]
+        paths += publish(draw_control(control, args.metric),
+                         "Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth",
+                         everything[everything["depth"].isin(control.index.get_level_values(1))],
+                         args.experiment, [style.spread_note(control["mean"], control["std"])],
+                         out, f"placements_control_{args.metric}", control)
         print(f"\nFigure 4b: {args.metric} with a Pre-RMSNorm, by post-residual op R and depth "
               "(study: detached ≈ rmsnorm collapse; meansub and none keep a floor)\n")
-        print(to_markdown(wide_c))
-    gap = detached_gap(table)
+        print(to_markdown(control["mean"].unstack("depth").rename(columns=lambda v: f"L={int(v)}")))
     if len(gap):
         print("\n|post/detached − post/rmsnorm| (units of d; study: ≤ 0.004): "
               + ", ".join(f"α={a:g}: {v:.2g}" for a, v in gap.items()))
@@ -205,13 +197,10 @@ def _main(args: argparse.Namespace) -> list[Path]:
     if split.empty:
         log.warning("no projection_split metrics in the post runs of %s (add projection_split "
                     "to task.probes); no split table", args.experiment)
-    else:
-        md = to_markdown(split)
-        print("\nProjection split of the post runs (units of d; Figure 4c / Table 3)\n")
-        print(md)
-        paths += [write_text(out / "projection_split.csv", split.to_csv()),
-                  write_text(out / "projection_split.md", md + "\n")]
-    return paths
+        return paths
+    md = write_markdown(out / "projection_split.md", "Projection split of the post runs "
+                        "(units of d; Figure 4c / Table 3)", split)
+    return [*paths, write_text(out / "projection_split.csv", split.to_csv()), md]
 
 
 def _fig4_post_like_none(runs: Runs) -> Measured:
@@ -231,10 +220,8 @@ def _fig4_floor(runs: Runs) -> Measured:
     keep = df[df[PLACEMENT].isin(["pre", "output"]) & (df["norm.op"] == "rmsnorm")]
     if keep.empty:
         raise NotRun("no pre/output RMSNorm runs")
-    i = keep["erank_io"].idxmin()
-    r = keep.loc[i]
-    return Measured(float(r["erank_io"]), float(r.get("erank_io_std", math.nan)),
-                    f"lowest: {r[PLACEMENT]}, α = {r['alpha']:g}")
+    return extreme(keep, "erank_io", lambda r: f"lowest: {r[PLACEMENT]}, α = {r['alpha']:g}",
+                   lowest=True)
 
 
 def _fig4_detached(runs: Runs) -> Measured:
@@ -258,10 +245,8 @@ def _fig4_detached(runs: Runs) -> Measured:
 def _fig4_projection(runs: Runs) -> Measured:
     df = only(_fig4_runs(runs), norm_placement="post", norm_op="rmsnorm")
     need(df, "rank_removed_by_projection")
-    i = df["rank_removed_by_projection"].abs().idxmax()
-    return Measured(float(abs(df.loc[i, "rank_removed_by_projection"])),
-                    float(df.loc[i].get("rank_removed_by_projection_std", math.nan)),
-                    f"max over α (at α = {df.loc[i, 'alpha']:g})")
+    return extreme(df, "rank_removed_by_projection",
+                   lambda r: f"max over α (at α = {r['alpha']:g})", absolute=True)
 
 
 #: the study's 0.4 % of width at d = 256 for a gap of about one direction: ∝ 1/d

@@ -40,8 +40,8 @@ from ..core.select import (
     series,
     warn_mixed,
 )
-from ..core.style import save, to_markdown, write_text
-from . import mean_of
+from ..core.style import to_markdown, write_markdown, write_text
+from . import extreme, mean_of, publish
 from .fig1 import branch_ratio_theory, kappa_theory
 from .fig2 import collapse_panels, match_values
 
@@ -66,10 +66,10 @@ def contour_points(grid: pd.DataFrame, level: float) -> pd.Series:
     return pd.Series(out, dtype=float, name=level)
 
 
-def sparse_grid(grid: pd.DataFrame) -> bool:
-    """Whether a (y × x) table of runs is a contour sweep's, not a grid's: most cells empty
-    (each depth measured at its own α values, :mod:`hydra_plugins.rankexp_plugins.contour`)."""
-    return bool(grid.isna().to_numpy().mean() > 0.5)
+def cell_grid(df: pd.DataFrame, metric: str, x: str = "alpha", y: str = "depth") -> pd.DataFrame:
+    """Mean ``metric`` per cell, rows = ``y`` and columns = ``x``, both ascending."""
+    grid = df.groupby([y, x])[metric].mean().unstack(x).sort_index()
+    return grid.reindex(sorted(grid.columns), axis=1)
 
 
 def fit_power_law(y, x) -> tuple[float, float, float]:
@@ -93,14 +93,13 @@ def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: lis
     rows, pts = [], []
     groups = df.groupby(panel, sort=True) if panel else [((), df)]
     for pv, sub in groups:
-        pv = pv if isinstance(pv, tuple) else (pv,)
-        grid = sub.groupby([y, x])[metric].mean().unstack(x).sort_index()
-        grid = grid.reindex(sorted(grid.columns), axis=1)
+        key = dict(zip(panel, pv, strict=True))
+        grid = cell_grid(sub, metric, x, y)
         beta = sub.groupby(y)["beta_eff"].agg(["min", "max"]) if "beta_eff" in sub else None
         m = sub["matrices"].iloc[0] if "matrices" in sub else np.nan
         if "matrices" in sub and sub["matrices"].nunique() > 1:
             raise SelectionError(
-                f"panel {dict(zip(panel, pv, strict=True))} mixes matrices "
+                f"panel {key} mixes matrices "
                 f"{sorted(sub['matrices'].unique())}; add 'matrices' to --panel")
         for level in levels:
             c = contour_points(grid, level)
@@ -114,12 +113,10 @@ def isorank_table(df: pd.DataFrame, metric: str, levels: list[float], panel: lis
                 ratio = b["min"] * c**m
             s, _, r2 = fit_power_law(c.index, c.values)
             fit = fit_exponent(c.index, ratio.values) if ratio.notna().all() and len(c) else None
-            sr = fit.s if fit is not None else np.nan
-            key = dict(zip(panel, pv, strict=True))
+            sr, lo, hi = (fit.s, fit.lo, fit.hi) if fit is not None else (np.nan,) * 3
             rows.append(
                 {**key, "level": level, "points": len(c), "slope_alpha": s, "slope_ratio": sr,
-                 "slope_ratio_lo": fit.lo if fit is not None else np.nan,
-                 "slope_ratio_hi": fit.hi if fit is not None else np.nan, "r2": r2,
+                 "slope_ratio_lo": lo, "slope_ratio_hi": hi, "r2": r2,
                  "depth_min": c.index.min() if len(c) else np.nan,
                  "depth_max": c.index.max() if len(c) else np.nan})
             pts += [
@@ -149,11 +146,10 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     fig, axes = style.panels(len(groups), max_cols=2, aspect=0.8)
     level_colors, _ = style.value_colors(args.levels, "autumn", stop=0.8)
     for ax, (pv, sub) in zip(axes, groups, strict=True):
-        pv = pv if isinstance(pv, tuple) else (pv,)
-        grid = sub.groupby(["depth", "alpha"])[args.metric].mean().unstack("alpha").sort_index()
-        grid = grid.reindex(sorted(grid.columns), axis=1)
-        sparse = sparse_grid(grid)
-        if sparse:  # a contour sweep (hydra/sweeper=contour): each run where it was measured
+        grid = cell_grid(sub, args.metric)
+        # most cells empty: a contour sweep (hydra/sweeper=contour), each depth at its own α
+        sparse = bool(grid.isna().to_numpy().mean() > 0.5)
+        if sparse:  # each run where it was measured
             cells = grid.stack().reset_index(name="v")
             im = ax.scatter(cells["alpha"], cells["depth"], c=cells["v"], s=5, cmap="Greys_r",
                             vmin=0, vmax=1, edgecolors="none")
@@ -193,19 +189,17 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
                       frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
                       title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
-    fig.suptitle(rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$")
-    style.caption(fig, df, args.experiment, [
-        "grey: mean over seeds", r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
-        r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"])
-    md = to_markdown(slopes)
-    print(f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
-          "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
-          "(study, Table 4: ≈ −0.50 for post)\n")
-    print(md)
     out = out_dir(args)
-    paths = save(fig, out, f"isorank_{args.metric}", slopes)
-    return paths + [write_text(out / f"isorank_{args.metric}_points.csv", points.to_csv(index=False)),
-                    write_text(out / f"isorank_{args.metric}.md", md + "\n")]
+    md = write_markdown(out / f"isorank_{args.metric}.md",
+                        f"Iso-rank contour slopes ({', '.join(args.experiment)}, {args.metric}): "
+                        "slope_alpha = d log α / d log L, slope_ratio = d log(βα^M) / d log L "
+                        "(study, Table 4: ≈ −0.50 for post)", slopes)
+    notes = ["grey: mean over seeds",
+             r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
+             r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"]
+    return [*publish(fig, rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$",
+                     df, args.experiment, notes, out, f"isorank_{args.metric}", slopes),
+            write_text(out / f"isorank_{args.metric}_points.csv", points.to_csv(index=False)), md]
 
 
 def stream_tables(df: pd.DataFrame, uri: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -267,8 +261,6 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
     bx.set(xscale="log", xlabel=style.name("depth_factor"), ylabel=style.name("stream_kappa"),
            title=r"$\kappa$ per run (±1 s.d. over seeds)")
     bx.legend()
-    fig.suptitle(r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + \kappa(\beta\alpha^M)^2\ell$")
-    style.caption(fig, df, args.experiment, ["dashed: theory κ"])
     summary = per_run.groupby("nominal_ratio").agg(
         runs=("kappa_fit", "size"), kappa_fit=("kappa_fit", "mean"),
         kappa_fit_std=("kappa_fit", "std"), kappa_theory=("kappa_theory", "mean"))
@@ -276,8 +268,10 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
           f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
-    paths = save(fig, out, "stream_kappa", per_run.set_index("run_id"))
-    return paths + [write_text(out / "stream_series.csv", long.to_csv(index=False))]
+    return [*publish(fig, r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + "
+                     r"\kappa(\beta\alpha^M)^2\ell$", df, args.experiment, ["dashed: theory κ"],
+                     out, "stream_kappa", per_run.set_index("run_id")),
+            write_text(out / "stream_series.csv", long.to_csv(index=False))]
 
 
 def uncorrelated_theory(layers, placement: str, nominal_ratio: float, activation: str,
@@ -368,17 +362,14 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
             bx.legend()
     style.colorbar(fig, dsm, axes[:, 0].tolist(), "depth", location="left")
     style.colorbar(fig, asm, axes[:, 1].tolist(), "alpha")
-    fig.suptitle("Figure 5b/12: accumulated branch")
-    style.caption(fig, df, args.experiment, [
-        r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"])
     slope = depth_slopes(final, "accumulated", [PLACEMENT, "expansion", "alpha"])
     if len(slope):
-        st = slope.groupby(level=[0, 1]).agg(["mean", "min", "max"])
-        print("d log(accumulated branch at L) / d log L, over α "
-              "(study: ≈ 0.5 for post, ≈ 0 for pre)\n")
-        print(to_markdown(st))
-        write_text(out_dir(args) / "accumulated_branch_slopes.md", to_markdown(st) + "\n")
-    return save(fig, out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
+        write_markdown(out_dir(args) / "accumulated_branch_slopes.md", "d log(accumulated branch "
+                       "at L) / d log L, over α (study: ≈ 0.5 for post, ≈ 0 for pre)",
+                       slope.groupby(level=[0, 1]).agg(["mean", "min", "max"]))
+    return publish(fig, "Figure 5b/12: accumulated branch", df, args.experiment, [
+        r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"],
+        out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
 
 
 TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
@@ -388,10 +379,6 @@ TABLE4 = {  # (placement, m/d) → slopes at r* = 0.4, 0.5, 0.6
     ("post", 4): (-0.52, -0.50, -0.50)}
 
 TABLE4_LEVELS = (0.4, 0.5, 0.6)
-
-
-def _slopes(df: pd.DataFrame) -> pd.DataFrame:
-    return isorank_table(df, "erank_io", list(TABLE4_LEVELS), [PLACEMENT, "expansion"])[0]
 
 
 def iso_slope(placement: str | None, expansion: float | None, level: float | None,
@@ -405,7 +392,8 @@ def iso_slope(placement: str | None, expansion: float | None, level: float | Non
             df = only(df, expansion=float(expansion))
 
         def stat(d):
-            s = _slopes(d).reset_index()
+            s = isorank_table(d, "erank_io", list(TABLE4_LEVELS), [PLACEMENT, "expansion"])[0]
+            s = s.reset_index()
             if level is not None:
                 s = s[np.isclose(s["level"], level)]
             s = s["slope_ratio"].dropna()
@@ -491,10 +479,8 @@ def _depth_factor_collapse(runs: Runs) -> Measured:
 
 
 def _pre_floor(runs: Runs) -> Measured:
-    df = only(runs("fig5"), norm_placement="pre")
-    i = df["erank_io"].idxmin()
-    return Measured(float(df.loc[i, "erank_io"]), float(df.loc[i].get("erank_io_std", math.nan)),
-                    f"min over the grid (α = {df.loc[i, 'alpha']:g}, L = {int(df.loc[i, 'depth'])})")
+    return extreme(only(runs("fig5"), norm_placement="pre"), "erank_io", lambda r: "min over the "
+                   f"grid (α = {r['alpha']:g}, L = {int(r['depth'])})", lowest=True)
 
 
 def _post_floor(runs: Runs) -> Measured:

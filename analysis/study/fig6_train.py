@@ -14,7 +14,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, near
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, set_experiment_default
+from ..core.runner import Command, out_dir, set_experiment_default
 from ..core.runs import cached_series
 from ..core.select import (
     PLACEMENT,
@@ -24,10 +24,11 @@ from ..core.select import (
     need,
     only,
     ordered,
-    require,
+    select,
     warn_mixed,
 )
-from ..core.style import save, to_markdown, write_text
+from ..core.style import write_markdown
+from . import in_order, publish
 from .fig2 import draw_panel, heatmap_table
 
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
@@ -37,6 +38,9 @@ CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 CONTEXT = ("alpha", "width", "expansion", "matrices", "beta", "beta_scaling", "activation",
            "skip_every", "norm.op", "seeds", "dtype", "task.steps", "task.batch_size", "task.lrs",
            "task.dtype", "task.stable_accuracy")
+
+TRAIN_HELP = ("task=train experiment(s) (default: fig6_train; one-rate runs such as "
+              "tab5_boundary's give each cell its boundary)")
 
 #: a train run's per-LR final accuracy, ``final_test_acc_lr<lr>`` (its ``<lr>`` suffix: group 1)
 LR_COLUMN = re.compile(r"^final_test_acc_lr(.+)$")
@@ -51,10 +55,6 @@ def depth_axis(ax, depths) -> None:
     ax.set_xlabel(style.name("depth"))
 
 
-def _lr_label(lr: float) -> str:
-    return f"{lr:.2g}"  # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
-
-
 def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "erank_io",
                train_metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
@@ -63,10 +63,7 @@ def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "eran
         heatmap_table(df, m, "alpha", "depth", PLACEMENT).rename(
             columns={"mean": m, "std": f"{m}_std", "count": f"{m}_runs"})
         for df, m in ((rank, rank_metric), (train, train_metric)))
-    table = rank_t.join(train_t, how="outer")
-    order = {p: i for i, p in enumerate(ordered(table.index.get_level_values(0), PLACEMENT_ORDER))}
-    return table.sort_index(level=[0, 1, 2],
-                            key=lambda s: s.map(order) if s.name == PLACEMENT else s)
+    return in_order(rank_t.join(train_t, how="outer"), PLACEMENT, PLACEMENT_ORDER)
 
 
 def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank: bool = False):
@@ -112,13 +109,13 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
         warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
     table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
                        args.rank_metric, args.train_metric)
-    fig = draw_fig6(table, args.rank_metric, args.train_metric, args.log_color)
-    fig.suptitle(f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
-                 f"{style.name(args.train_metric)}")
-    style.caption(fig, frames[args.train_experiment], [args.rank_experiment, args.train_experiment],
-                  [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"])
-    return save(fig, Path(args.out) / args.train_experiment,
-                f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
+    return publish(draw_fig6(table, args.rank_metric, args.train_metric, args.log_color),
+                   f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+                   f"{style.name(args.train_metric)}", frames[args.train_experiment],
+                   [args.rank_experiment, args.train_experiment],
+                   [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
+                   Path(args.out) / args.train_experiment,
+                   f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
 
 
 def run_lrs(df: pd.DataFrame) -> dict[str, float]:
@@ -172,22 +169,21 @@ def table5(df: pd.DataFrame, stable_accuracy: float | None = None) -> pd.DataFra
     wide = cells.agg(lambda v: v.min(skipna=False)).unstack("alpha")
     wide.columns = [f"alpha={a:g}" for a in wide.columns]
     wide["max over alpha"] = wide.max(axis=1)
-    order = {p: i for i, p in enumerate(ordered(wide.index.get_level_values(0), PLACEMENT_ORDER))}
-    return wide.sort_index(level=[0, 1], key=lambda s: s.map(order) if s.name == PLACEMENT else s)
+    return in_order(wide, PLACEMENT, PLACEMENT_ORDER)
 
 
 def lr_cells(table: pd.DataFrame, ran: pd.DataFrame | None = None) -> pd.DataFrame:
     """Learning rates as text: ``1e-03`` → ``0.001``; NaN → ``—`` (none stable), or blank where
     ``ran`` (same shape, bool) says the cell was not run."""
-    text = table.map(lambda v: "—" if pd.isna(v) else _lr_label(float(v)))
+    # task.lrs' rates are 1–2 digits; a boundary (a midpoint) is cut to 2
+    text = table.map(lambda v: "—" if pd.isna(v) else f"{float(v):.2g}")
     if ran is not None:
         text = text.where(ran.reindex_like(table).fillna(False).astype(bool), "")
     return text
 
 
 def _table5_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
-                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
+    set_experiment_default(p, ["fig6_train"], TRAIN_HELP)
     p.add_argument("--stable-accuracy", type=float, default=None,
                    help="recompute stability at this final test accuracy (default: the logged "
                    "max_stable_lr, i.e. task.stable_accuracy = 0.4 of the runs)")
@@ -202,12 +198,12 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     ran = df.groupby([PLACEMENT, "depth", "alpha"]).size().unstack("alpha").notna()
     ran.columns = [f"alpha={a:g}" for a in ran.columns]
     ran["max over alpha"] = ran.any(axis=1)
-    md = to_markdown(lr_cells(table, ran))
     how = ("the boundary: midpoint in log of the largest stable and the next unstable rate"
            if one_rate(df) else "the largest stable rate trained")
-    print(f"Max stable learning rate (final test accuracy ≥ {thr}; {how}; — = none stable, "
-          f"blank = not run), {', '.join(args.experiment)}\n")
-    print(md)
+    out = out_dir(args)
+    md = write_markdown(out / "table5_max_stable_lr.md", "Max stable learning rate (final test "
+                        f"accuracy ≥ {thr}; {how}; — = none stable, blank = not run), "
+                        f"{', '.join(args.experiment)}", lr_cells(table, ran))
     fig, (ax,) = style.panels(1)
     for p in ordered(table.index.get_level_values(0), PLACEMENT_ORDER):
         s = table.loc[p, "max over alpha"]
@@ -219,36 +215,20 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
         ax.text(0.5, 0.5, "no stable learning rate", transform=ax.transAxes, ha="center")
     ax.set_ylabel(r"max stable LR (max over $\alpha$)")
     ax.legend()
-    fig.suptitle("Table 5: max stable learning rate")
     if args.stable_accuracy is None and "task.stable_accuracy" in df:
         thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
-    style.caption(fig, df, args.experiment, [f"stable: final test accuracy ≥ {thr}"])
-    out = Path(args.out) / "_".join(args.experiment)
-    return [*save(fig, out, "table5_max_stable_lr", table),
-            write_text(out / "table5_max_stable_lr.md", md + "\n")]
+    return [*publish(fig, "Table 5: max stable learning rate", df, args.experiment,
+                     [f"stable: final test accuracy ≥ {thr}"], out, "table5_max_stable_lr", table),
+            md]
 
 
 def select_run(df: pd.DataFrame, run_id: str | None, where: list[str]) -> pd.Series:
-    """The one run with ``run_id`` (a prefix) or matching every ``KEY=VALUE``; SelectionError else."""
-    mask = pd.Series(True, index=df.index)
-    if run_id:
-        mask &= df["run_id"].str.startswith(run_id)
-    for item in where:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SelectionError(f"--where wants KEY=VALUE, got {item!r}")
-        require(df, [key], ["(selected)"])
-        col = df[key]
-        if pd.api.types.is_numeric_dtype(col):
-            mask &= np.isclose(col.astype(float), float(value))
-        else:
-            mask &= col.astype(str) == value
-    hits = df[mask]
+    """The one run with ``run_id`` (a prefix) and every ``KEY=VALUE``; SelectionError else."""
+    hits = select(df[df["run_id"].str.startswith(run_id or "")], where, ["(selected)"])
     if len(hits) != 1:
-        names = df.loc[mask if len(hits) else slice(None),
-                       ["run_id", "tags.mlflow.runName"]].to_string(index=False)
-        raise SelectionError(
-            f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick one of:\n{names}")
+        names = (hits if len(hits) else df)[["run_id", "tags.mlflow.runName"]]
+        raise SelectionError(f"{len(hits)} runs match --run-id {run_id!r} --where {where}; pick "
+                             f"one of:\n{names.to_string(index=False)}")
     return hits.iloc[0]
 
 
@@ -268,8 +248,7 @@ def training_curves(uri: str | None, run: pd.Series) -> pd.DataFrame:
 
 
 def _curves_arguments(p: argparse.ArgumentParser) -> None:
-    set_experiment_default(p, ["fig6_train"], "task=train experiment(s) (default: fig6_train; "
-                           "one-rate runs such as tab5_boundary's give each cell its boundary)")
+    set_experiment_default(p, ["fig6_train"], TRAIN_HELP)
     p.add_argument("--run-id", default=None, help="the run (an id prefix is enough)")
     p.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
                    help="pick the run by params, e.g. --where depth=16 alpha=1 norm.placement=post")
@@ -290,10 +269,9 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     axes[0].axhline(CHANCE, color="gray", lw=0.8, ls=":", label="chance")
     axes[0].legend()
     style.colorbar(fig, sm, axes, "lr", label="Adam learning rate")
-    fig.suptitle(f"Training curves of {run.get('tags.mlflow.runName', '')} (run {run['run_id'][:8]})")
-    style.caption(fig, run.to_frame().T, args.experiment)
-    return save(fig, Path(args.out) / "_".join(args.experiment), f"curves_{run['run_id'][:8]}",
-                curves.set_index(["lr", "metric", "step"]))
+    return publish(fig, f"Training curves of {run.get('tags.mlflow.runName', '')} (run "
+                   f"{run['run_id'][:8]})", run.to_frame().T, args.experiment, (), out_dir(args),
+                   f"curves_{run['run_id'][:8]}", curves.set_index(["lr", "metric", "step"]))
 
 
 def fig6_chance_gap(cells: pd.DataFrame) -> Measured:
@@ -355,15 +333,20 @@ def _pre_lr(runs: Runs) -> Measured:
 TABLE5_POST = {12: -2.0, 24: -2.0, 48: -2.5, 96: -3.0, 192: -3.5, 384: -4.5}
 
 
+def post_table5_error(lr: pd.Series) -> Measured:
+    """Largest |log10 max stable LR − Table 5's| (Post-Norm, α = 0.5) over the depths of Table 5
+    that ``lr`` (max stable LR by depth) holds; ∞ where a depth has no stable rate."""
+    lr = lr[[int(d) in TABLE5_POST for d in lr.index]].fillna(0.0)
+    if lr.empty:
+        raise NotRun("no Post-Norm α = 0.5 result at a depth of Table 5")
+    dev = [abs(math.log10(v) - TABLE5_POST[int(d)]) if v > 0 else math.inf for d, v in lr.items()]
+    return Measured(float(max(dev)), math.nan,
+                    f"max |Δ log10 LR| over L ∈ {[int(d) for d in lr.index]}")
+
+
 def _post_lr_table5(runs: Runs) -> Measured:
     df = only(runs("fig6_train"), norm_placement="post", alpha=0.5)
-    lr = _lr_by_depth(df)
-    lr = lr[[d in TABLE5_POST for d in lr.index]]
-    if lr.empty:
-        raise NotRun("no Post-Norm α = 0.5 run at a depth of Table 5")
-    dev = [abs(math.log10(v) - TABLE5_POST[int(d)]) if v > 0 else math.inf
-           for d, v in lr.fillna(0.0).items()]
-    return Measured(float(max(dev)), math.nan, f"max |Δ log10 LR| over L ∈ {list(lr.index)}")
+    return post_table5_error(_lr_by_depth(df))
 
 
 def _cifar55(runs: Runs) -> Measured:

@@ -16,8 +16,7 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, only, ordered, series, warn_mixed
-from ..core.style import save
-from . import mean_ratio
+from . import extreme, mean_ratio, publish, worst
 
 PROBE_N = "task.options.representation.n"
 
@@ -109,12 +108,10 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
     df["n"] = df["n"].fillna(DEFAULT_N).astype(int)
     warn_mixed(df, (), args.experiment, keys=("width", "depth", "expansion", PLACEMENT, "alpha", "beta"))
     table = spike_table(df)
-    fig = draw_spike(df, table, args.uri)
-    fig.suptitle("Figure 7: the mean spike")
-    style.caption(fig, df, args.experiment, [
-        f"$n \\in \\{{{', '.join(str(int(n)) for n in sorted(df['n'].unique()))}\\}}$ probe inputs",
-        "bars: largest $n$, ±1 s.d. over seeds"])
-    return save(fig, out_dir(args), "spike", table)
+    ns = ", ".join(str(int(n)) for n in sorted(df["n"].unique()))
+    return publish(draw_spike(df, table, args.uri), "Figure 7: the mean spike", df, args.experiment,
+                   [f"$n \\in \\{{{ns}\\}}$ probe inputs", "bars: largest $n$, ±1 s.d. over seeds"],
+                   out_dir(args), "spike", table)
 
 
 def _spike_runs(runs: Runs, m: int) -> pd.DataFrame:
@@ -133,11 +130,8 @@ def _cos_relu(runs: Runs) -> Measured:
 
 def coherence_gap(df: pd.DataFrame, metric: str, what: str, note: str = "") -> Measured:
     """Largest |mean ``metric`` − c_σ| over the activations σ of ``df`` (c at unit variance)."""
-    dev = {a: abs(g[metric].mean() - activation_constants(a, 1.0).coherence)
-           for a, g in df.groupby("activation")}
-    worst = max(dev, key=dev.get)
-    return Measured(float(dev[worst]), math.nan,
-                    f"{what} over σ ∈ {sorted(dev)} (worst: {worst}{note})")
+    return worst({a: abs(g[metric].mean() - activation_constants(a, 1.0).coherence)
+                  for a, g in df.groupby("activation")}, what, note)
 
 
 def _cos_c(runs: Runs) -> Measured:
@@ -146,11 +140,8 @@ def _cos_c(runs: Runs) -> Measured:
 
 
 def _cos_zero(runs: Runs) -> Measured:
-    df = _spike_runs(runs, 2)
-    i = df["branch_input_cos_cross"].abs().idxmax()
-    return Measured(float(abs(df.loc[i, "branch_input_cos_cross"])),
-                    float(df.loc[i].get("branch_input_cos_cross_std", math.nan)),
-                    f"max |cos| over σ (worst: {df.loc[i, 'activation']})")
+    return extreme(_spike_runs(runs, 2), "branch_input_cos_cross",
+                   lambda r: f"max |cos| over σ (worst: {r['activation']})", absolute=True)
 
 
 def _exponent(m: int):

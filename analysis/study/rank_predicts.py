@@ -22,6 +22,7 @@ from ..core.runner import Command, set_experiment_default
 from ..core.runs import load_runs
 from ..core.select import SelectionError
 from ..core.style import write_markdown
+from . import publish
 
 log = logging.getLogger("analysis")
 
@@ -262,12 +263,10 @@ def _main(args: argparse.Namespace) -> list[Path]:
     title = (f"Init quantities against trainability: Spearman ρ and ROC-AUC, bootstrap 95 % "
              f"intervals (B = {args.resamples}, seed {SEED}); grids {sorted(df['grid'].unique())}")
     md = write_markdown(out / "rank_predicts.md", title, table.reset_index(), floatfmt=".3g")
-    fig = draw(table)
-    fig.suptitle("Does rank at initialization predict trainability?")
-    style.caption(fig, df, sorted(df["grid"].unique()),
-                  [f"{len(df)} trained configs", f"bootstrap B = {args.resamples}, seed {SEED}",
-                   "bars: 95 % intervals", "untrained: max stable LR = 0"])
-    return [md, *style.save(fig, out, "rank_predicts", table)]
+    return [md, *publish(draw(table), "Does rank at initialization predict trainability?", df,
+                         sorted(df["grid"].unique()), [f"{len(df)} trained configs",
+                         f"bootstrap B = {args.resamples}, seed {SEED}", "bars: 95 % intervals",
+                         "untrained: max stable LR = 0"], out, "rank_predicts", table)]
 
 
 def measured(df: pd.DataFrame, quantity: str, statistic: str, *, none: float = 0.0,

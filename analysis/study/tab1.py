@@ -18,7 +18,8 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most
 from ..core.registry import Experiment
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, load, need, warn_mixed
-from ..core.style import save, write_markdown
+from ..core.style import write_markdown
+from . import publish, worst
 from .fig7 import coherence_gap
 from .fig8 import activation_order
 
@@ -54,14 +55,12 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
         log.warning("runs with alpha ≠ 1: Table 1's constants are at unit preactivation variance")
     t = table1(df)
     out = out_dir(args)
-    fig = draw_table1(t)
     spread = float((t["stable_rank_std"] / t["stable_rank"]).max())
-    style.caption(fig, df, args.experiment, [f"bars: mean over seeds (s.d. ≤ {spread:.0%} of the "
-                                             "mean; per activation in table1.csv)"])
-    paths = save(fig, out, "table1", t)
-    md = write_markdown(out / "table1.md", f"Table 1 ({', '.join(args.experiment)}): quadrature "
-                        "at q = 1 vs measured stable rank of σ(W h)", t, runs=df)
-    return [*paths, md]
+    paths = publish(draw_table1(t), r"Table 1: activation constants at $q = 1$ vs $\sigma(W h)$",
+                    df, args.experiment, [f"bars: mean over seeds (s.d. ≤ {spread:.0%} of the "
+                                          "mean; per activation in table1.csv)"], out, "table1", t)
+    head = f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured stable rank"
+    return [*paths, write_markdown(out / "table1.md", f"{head} of σ(W h)", t, runs=df)]
 
 
 def draw_table1(t: pd.DataFrame):
@@ -85,23 +84,18 @@ def draw_table1(t: pd.DataFrame):
         a.set_xticks(x, names)
         a.grid(axis="x", visible=False)
         a.legend()
-    fig.suptitle(r"Table 1: activation constants at $q = 1$ vs $\sigma(W h)$")
     return fig
 
 
 def _stable_rank(runs: Runs) -> Measured:
     df = runs("tab1")
     need(df, "hidden_stable_rank")
-    dev = {}
-    for a, g in df.groupby("activation"):
-        c = activation_constants(a, 1.0).coherence
-        if c > 0:
-            dev[a] = abs(g["hidden_stable_rank"].mean() * c - 1)
+    c = {a: activation_constants(a, 1.0).coherence for a in df["activation"].unique()}
+    dev = {a: abs(g["hidden_stable_rank"].mean() * c[a] - 1)
+           for a, g in df.groupby("activation") if c[a] > 0}
     if not dev:
         raise NotRun("no activation with c > 0")
-    worst = max(dev, key=dev.get)
-    return Measured(float(dev[worst]), math.nan,
-                    f"max |stable rank · c − 1| over σ ∈ {sorted(dev)} (worst: {worst})")
+    return worst(dev, "max |stable rank · c − 1|")
 
 
 def _coherence(runs: Runs) -> Measured:

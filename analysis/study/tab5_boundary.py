@@ -11,7 +11,7 @@ import pandas as pd
 from ..core.claims import Claim, Measured, NotRun, Runs, at_least, at_most, below, near
 from ..core.registry import Experiment, Needs
 from ..core.select import PLACEMENT, need
-from .fig6_train import TABLE5_POST, post_lr_shrink_error, table5
+from .fig6_train import post_lr_shrink_error, post_table5_error, table5
 
 #: the boundary sweep's reading: each cell's boundary is bisected to half a decade, its
 #: midpoint ±0.25 decades (conf/experiment/tab5_boundary.yaml: tol = ln 10^0.5)
@@ -95,15 +95,6 @@ def _post_half(runs: Runs) -> pd.Series:
     return post.droplevel([0, 2]).sort_index()
 
 
-def _b_post_table5(runs: Runs) -> Measured:
-    lr = _post_half(runs)
-    lr = lr[[int(d) in TABLE5_POST for d in lr.index]]
-    if lr.empty:
-        raise NotRun("no Post-Norm α = 0.5 cell at a depth of Table 5")
-    dev = [abs(_log10(v) - TABLE5_POST[int(d)]) for d, v in lr.items()]
-    return Measured(float(max(dev)), math.nan, f"max |Δ log10 LR| over L ∈ {[int(d) for d in lr.index]}")
-
-
 TAB5_BOUNDARY = (
     Claim("tab5_boundary.pre_top", "Table 5 by root finding: Pre-Norm's max stable LR is 1e-2 "
           "(the LR range's top) at every depth (log10, the boundary's reading ±0.25 decades)",
@@ -120,7 +111,8 @@ TAB5_BOUNDARY = (
           size="full"),
     Claim("tab5_boundary.post_alpha_half", "Table 5 by root finding: Post-Norm α = 0.5, max stable "
           "LR 10^{−2, −2, −2.5, −3, −3.5, −4.5} at L = 12…384 (max |Δ log10|)", "the study, tab5",
-          "Table 5", at_most(2 * BOUNDARY_READING), _b_post_table5, size="full"),
+          "Table 5", at_most(2 * BOUNDARY_READING),
+          lambda runs: post_table5_error(_post_half(runs)), size="full"),
     Claim("tab5_boundary.post_narrows_with_alpha", "Table 5 by root finding: Post-Norm's stable LR "
           "range narrows faster with depth at larger α (fall at the largest α − fall at the "
           "smallest, decades)", "the study, tab5", "< 0", below(0.0),

@@ -15,8 +15,8 @@ from ..core.claims import Claim, Measured, Runs, at_most, near
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import PLACEMENT, SelectionError, load, need, only, series, warn_mixed
-from ..core.style import save, write_markdown
-from . import mean_of
+from ..core.style import write_markdown
+from . import mean_of, publish
 
 log = logging.getLogger("analysis")
 
@@ -66,10 +66,9 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     ax.set(xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
     ax.legend()
     style.colorbar(fig, sm, ax, "width")
-    fig.suptitle("Table 6: representation collapse")
-    style.caption(fig, df, args.experiment, ["mean over seeds"])
     head = f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d"
-    return [*save(fig, out, "table6", t),
+    return [*publish(fig, "Table 6: representation collapse", df, args.experiment,
+                     ["mean over seeds"], out, "table6", t),
             write_markdown(out / "table6.md", head, t, floatfmt=".3f", runs=df)]
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from ..core import style
 from ..core.claims import Claim, Measured, NotRun, Runs, above, at_least, at_most
 from ..core.registry import Experiment, Needs
-from ..core.runner import Command, set_experiment_default
+from ..core.runner import Command, out_dir, set_experiment_default
 from ..core.select import PLACEMENT, PLACEMENT_ORDER, SelectionError, load, ordered, series
 from ..core.style import save
 from .fig6_train import run_lrs
@@ -28,8 +28,6 @@ COLLAPSE = 0.02
 
 #: the Pre-Norm floor of erank/d (the study, reference magnitudes: ≈ 0.2 across the grid)
 PRE_FLOOR = 0.2
-
-CELL = ("alpha", "depth")
 
 
 def spectra_table(uri: str | None, runs: pd.DataFrame, quantities=QUANTITIES) -> pd.DataFrame:
@@ -157,7 +155,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def _main(args: argparse.Namespace) -> list[Path]:
     runs = load(args, ["alpha", "depth", PLACEMENT])
     table = spectra_table(args.uri, runs)
-    out, paths = Path(args.out) / "_".join(args.experiment), []
+    out, paths = out_dir(args), []
     for (a, L), cell in table.groupby(["alpha", "depth"]):
         fig = draw_cell(cell)
         style.caption(fig, runs[(runs["alpha"].astype(float) == a) & (runs["depth"].astype(int) == L)],
