@@ -95,40 +95,35 @@ def make_figures(out: Path, only: list[str] | None = None, extra: list[str] | No
             continue
         ov = merge_overrides([f"size={size}"], extra or [])
         cmd = f"python -m rankexp experiment={entry.id} {' '.join(ov)} -m"
+        argvs = entry.argvs() if draw else []
         if dry_run:
-            print(cmd)
+            print(cmd, *(f"python -m analysis {' '.join(argv)} --uri <DIR/mlflow.db> --out {out}"
+                         for argv in argvs), sep="\n")
+            continue
+        log.info("[%s] sweep: %s", entry.id, cmd)
+        rc, dt = run_sweep(entry.id, ov, out)
+        res.sweep_s += dt
+        logfile = out / "logs" / f"{entry.id}.log"
+        if rc != 0:
+            res.status = "failed"
+            res.note += f"sweep exited {rc} (see {logfile}); "
+            log.error("[%s] sweep exited %d after %.0f s; log: %s", entry.id, rc, dt, logfile)
         else:
-            log.info("[%s] sweep: %s", entry.id, cmd)
-            rc, dt = run_sweep(entry.id, ov, out)
-            res.sweep_s += dt
+            log.info("[%s] sweep done in %.0f s", entry.id, dt)
+        for argv in argvs:
+            t0 = time.perf_counter()
+            rc, text, files = run_logged(argv, out, uri, logfile)
+            res.analysis_s += time.perf_counter() - t0
+            res.files += files
             if rc != 0:
                 res.status = "failed"
-                res.note += f"sweep exited {rc} (see {out / 'logs' / (entry.id + '.log')}); "
-                log.error("[%s] sweep exited %d after %.0f s; log: %s", entry.id, rc, dt,
-                          out / "logs" / f"{entry.id}.log")
+                last = text.strip().splitlines()[-1] if text.strip() else ""
+                res.note += f"analysis {argv[0]} exited {rc}: {last[:200]}; "
+                log.error("[%s] python -m analysis %s exited %d: %s", entry.id, " ".join(argv), rc,
+                          last)
             else:
-                log.info("[%s] sweep done in %.0f s", entry.id, dt)
-        for argv in entry.argvs() if draw else []:
-            if dry_run:
-                print(f"python -m analysis {' '.join(argv)} --uri <DIR/mlflow.db> --out {out}")
-                continue
-            _draw(res, argv, out, uri)
+                log.info("[%s] analysis %s: %d files", entry.id, argv[0], len(files))
     return outcomes
-
-
-def _draw(res: Outcome, argv: list[str], out: Path, uri: str) -> None:
-    """One analysis command of an experiment, its output appended to the experiment's log."""
-    t0 = time.perf_counter()
-    rc, text, files = run_logged(argv, out, uri, out / "logs" / f"{res.experiment}.log")
-    res.analysis_s += time.perf_counter() - t0
-    res.files += files
-    if rc != 0:
-        res.status = "failed"
-        last = text.strip().splitlines()[-1] if text.strip() else ""
-        res.note += f"analysis {argv[0]} exited {rc}: {last[:200]}; "
-        log.error("[%s] python -m analysis %s exited %d: %s", res.experiment, " ".join(argv), rc, last)
-    else:
-        log.info("[%s] analysis %s: %d files", res.experiment, argv[0], len(files))
 
 
 def summary(outcomes: list[Outcome], total_s: float) -> str:

@@ -18,7 +18,6 @@ from types import ModuleType
 
 import yaml
 
-from hydra_plugins.rankexp_plugins.grids import sweep_plan
 from rankexp.locations import REPO_ROOT, resolve_path
 
 from .claims import Claim
@@ -81,11 +80,15 @@ class Experiment:
     reproduce: bool = True
     part: str = ""
 
-    @property
+    @functools.cached_property
     def shows(self) -> str:
         """What it shows: its config's ``tracking.description`` as one paragraph, without the
         example command lines ("" without a config or a description)."""
-        return description(self.id)
+        path = REPO_ROOT / "conf" / "experiment" / f"{self.id}.yaml"
+        config = yaml.safe_load(path.read_text()) if path.is_file() else None
+        text = ((config or {}).get("tracking") or {}).get("description") or ""
+        return " ".join(line.strip() for line in text.splitlines()
+                        if line.strip() and not line.lstrip().startswith(("python -m", "rankexp ")))
 
     def argvs(self) -> list[list[str]]:
         """Each analysis command as argv (``["heatmap", "--experiment", "fig2", …]``)."""
@@ -102,15 +105,6 @@ def _natural(experiment_id: str) -> tuple:
     """``fig2`` < ``fig10`` < ``tab1`` < ``train_spectra``: figures, tables, the rest; by number."""
     kind = next((i for i, p in enumerate(("fig", "tab")) if experiment_id.startswith(p)), 2)
     return kind, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", experiment_id)]
-
-
-@functools.cache
-def description(experiment_id: str) -> str:
-    path = REPO_ROOT / "conf" / "experiment" / f"{experiment_id}.yaml"
-    config = yaml.safe_load(path.read_text()) if path.is_file() else None
-    text = ((config or {}).get("tracking") or {}).get("description") or ""
-    return " ".join(line.strip() for line in text.splitlines()
-                    if line.strip() and not line.lstrip().startswith(("python -m", "rankexp ")))
 
 
 class Registry:
@@ -136,9 +130,6 @@ class Registry:
 
     def __iter__(self) -> Iterator[Experiment]:
         return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
 
     def __contains__(self, experiment_id: object) -> bool:
         return experiment_id in self._by_id
@@ -184,30 +175,3 @@ def default() -> Registry:
         part = module.__name__.split(".")[1]
         entries += [replace(e, part=part) for e in getattr(module, "EXPERIMENTS", ())]
     return Registry(entries)
-
-
-def markdown(reg: Registry | None = None, plan=None, documents_only: bool = False) -> str:
-    """The experiment table: per entry id, part, title, its config's grids at full size (swept
-    axes), runs at size=smoke / cpu / full, needs, commands.  ``documents_only``: entries whose
-    source is the study or the chapter.  ``plan(id, size)`` gives the sweep (``sweep_plan``)."""
-    reg = reg or default()
-    plan = plan or (lambda e, size: sweep_plan(f"experiment={e}", f"size={size}"))
-    lines = ["| id | part | what | grids (swept axes at full size) | runs smoke / cpu / full | needs "
-             "| drawn by |", "|---|---|---|---|---|---|---|"]
-    for e in reg:
-        if documents_only and not e.source.startswith(("the study", "the chapter")):
-            continue
-        plans = {size: plan(e.id, size) for size in ("smoke", "cpu", "full")}
-        grids = "; ".join(f"{g}: {' × '.join(axes) or '—'}" if g else " × ".join(axes) or "—"
-                          for g, axes in plans["full"].axes.items())
-        runs = " / ".join(str(len(p.jobs)) for p in plans.values())
-        drawn = "<br>".join(f"`python -m analysis {a}`" for a in e.analyses)
-        lines.append(f"| `{e.id}` | {e.part} | {e.title} | {grids} | {runs} | {e.needs.text()} | {drawn} |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    import sys
-
-    # python -m analysis.core.registry [--documents]: the table (the README's: --documents)
-    print(markdown(documents_only="--documents" in sys.argv[1:]))

@@ -113,23 +113,16 @@ def cached_series(uri: str | None, run_id: str, key: str) -> Series | None:
     return session.memory.get((run_id, key))
 
 
-def sweep_parents(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
-    """``(store, [sweep parent run id, …])`` of a :func:`load_runs` table or a selection of it (the
-    one store this process read, for a table that lost its ``attrs``)."""
-    uri = runs.attrs.get(URI_ATTR)
-    if uri is None and len(_Session._open) == 1:
-        uri = next(iter(_Session._open))
-    parents = runs[PARENT_COLUMN].dropna().astype(str) if PARENT_COLUMN in runs else ()
-    return uri, sorted({p for p in parents if p})
-
-
 def attach_to_parents(paths: Sequence[Path], *runs: pd.DataFrame | None) -> int:
     """Attach ``paths`` (a figure's files, a table's markdown) under ``figures/`` to the sweep
-    parent run(s) of the ``runs`` drawn; a failure only warns.  Returns the number attached."""
+    parent run(s) of the ``runs`` drawn (a table that lost its ``attrs``: in the one store this
+    process read); a failure only warns.  Returns the number attached."""
     stores: dict[str, set[str]] = {}
     for table in runs:
-        if isinstance(table, pd.DataFrame):
-            uri, parents = sweep_parents(table)
+        if isinstance(table, pd.DataFrame) and PARENT_COLUMN in table:
+            uri = table.attrs.get(URI_ATTR) or (next(iter(_Session._open))
+                                                if len(_Session._open) == 1 else None)
+            parents = {p for p in table[PARENT_COLUMN].dropna().astype(str) if p}
             if uri is not None and parents:
                 stores.setdefault(uri, set()).update(parents)
     n = 0

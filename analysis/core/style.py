@@ -215,7 +215,7 @@ def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
     for one or two values legend entries on ``ax`` (the last panel) instead.  Returns either."""
     vals = getattr(mappable, "values", None)
     if vals is not None and len(vals) <= 2:
-        target = ax[-1] if isinstance(ax, list | tuple) else np.ravel(ax)[-1] if isinstance(ax, np.ndarray) else ax
+        target = np.ravel(ax)[-1]
         handles, labels = target.get_legend_handles_labels()
         for i, v in enumerate(vals):
             handles.append(mpl.lines.Line2D([], [], color=mappable.cmap(i), marker="s", ls="none", ms=6))
@@ -230,31 +230,22 @@ def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
     return cb
 
 
-class PlainLogFormatter(mpl.ticker.Formatter):
-    """Log-axis tick labels as plain numbers (0.05, 0.2, 3, 100) instead of ``5×10⁻²``;
-    ``minor=True`` labels the 2s, 3s and 5s where the axis spans ≤ ~1 decade, the 2s and 5s
-    up to ~2 decades, none beyond."""
-
-    def __init__(self, minor: bool = False):
-        self.minor = minor
-
-    def __call__(self, v, pos=None):
-        if v <= 0:
-            return ""
-        if self.minor:
-            lo, hi = self.axis.get_view_interval()
-            mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
-            keep = (2.0, 3.0, 5.0) if hi / lo <= 12 else (2.0, 5.0) if hi / lo <= 150 else ()
-            if lo <= 0 or mantissa not in keep:
-                return ""
-        return f"{v:g}"
-
-
 def plain_log_ticks(ax, axis: str = "y") -> None:
-    """Use :class:`PlainLogFormatter` on a log ``axis`` of ``ax``."""
+    """Log-axis tick labels of ``ax`` as plain numbers (0.05, 0.2, 3, 100) instead of
+    ``5×10⁻²``; minor ticks labelled: the 2s, 3s and 5s where the axis spans ≤ ~1 decade, the
+    2s and 5s up to ~2 decades, none beyond."""
     target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_formatter(PlainLogFormatter())
-    target.set_minor_formatter(PlainLogFormatter(minor=True))
+
+    def minor(v, pos=None) -> str:
+        lo, hi = target.get_view_interval()
+        if v <= 0 or lo <= 0:
+            return ""
+        mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
+        keep = (2.0, 3.0, 5.0) if hi / lo <= 12 else (2.0, 5.0) if hi / lo <= 150 else ()
+        return f"{v:g}" if mantissa in keep else ""
+
+    target.set_major_formatter(lambda v, pos=None: f"{v:g}" if v > 0 else "")
+    target.set_minor_formatter(minor)
 
 
 def finish(fig) -> None:

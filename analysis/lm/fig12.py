@@ -19,7 +19,7 @@ from ..core.claims import Claim, Measured, NotRun, Runs, at_most, near, seed_std
 from ..core.registry import Experiment, Needs
 from ..core.runner import Command, out_dir
 from ..core.select import SelectionError, load, need, series
-from ..core.style import save, to_markdown, write_text
+from ..core.style import save, write_markdown
 
 #: the study's numbers (the study, fig12): (trained?, width) → off-diagonal mean cos,
 #: accumulated / uncorrelated and coherent / uncorrelated at k = L
@@ -149,10 +149,8 @@ def _main(args: argparse.Namespace) -> list[Path]:
         f"blocks from {int(series(args.uri, nets['run_id'].iloc[0], 'ffn_accumulated')[0][0])} "
         "(block 1 omitted)", "last token of a fixed prompt", "mean over seeds"])
     table = summary(nets)
-    text = to_markdown(table, floatfmt=".4g")
-    print("Figure 12 (study: the study, fig12)\n")
-    print(text)
-    write_text(out_dir(args) / "ffn_summary.md", text + "\n")
+    write_markdown(out_dir(args) / "ffn_summary.md", "Figure 12 (study: the study, fig12)", table,
+                   runs=nets)
     return save(fig, out_dir(args), "fig12_ffn_jacobians", table)
 
 
