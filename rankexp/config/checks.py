@@ -69,9 +69,10 @@ def validate(cfg: DictConfig) -> RankexpConfig:
     return obj
 
 
-def _integer(key: str, v: Any, low: int, what: str = "") -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise bad(key, v, f"{what + ' ' if what else ''}must be an integer ≥ {low}")
+def _integer(key: str, v: Any, low: int, what: str = "", null: bool = False) -> None:
+    if (isinstance(v, bool) or not isinstance(v, int) or v < low) and not (null and v is None):
+        raise bad(key, v, f"{what + ' ' if what else ''}must be an integer ≥ {low}"
+                  + (" (or null)" if null else ""))
 
 
 def _positive(key: str, v: Any, rule: str = "must be a finite number > 0") -> None:
@@ -153,8 +154,7 @@ def _check_model(m: Any) -> None:
         return
     if m.config not in LM_SHAPES:
         raise bad("model.config", m.config, f"allowed: {', '.join(LM_SHAPES)}")
-    if m.n_head is not None and m.n_head < 1:
-        raise bad("model.n_head", m.n_head, "must be an integer ≥ 1 (or null)")
+    _integer("model.n_head", m.n_head, 1, null=True)
     if m.prompt is None:
         ids = list(m.prompt_ids)
         if not ids or min(ids) < 0:
@@ -193,14 +193,8 @@ def _check_train(t: TrainTask) -> None:
         raise bad("task.steps/task.epochs", (t.steps, t.epochs),
                   "set exactly one: task.steps (optimizer steps) or task.epochs "
                   "(e.g. task.epochs=null task.steps=300)")
-    for key in ("steps", "epochs"):
-        v = getattr(t, key)
-        if v is not None and not (isinstance(v, int) and v >= 1):
-            raise bad(f"task.{key}", v, "must be an integer ≥ 1 (or null)")
-    for key in ("batch_size", "eval_every", "log_every", "checkpoint_every"):
-        v = getattr(t, key)
-        if not (isinstance(v, int) and v >= 1):
-            raise bad(f"task.{key}", v, "must be an integer ≥ 1")
+    for key in ("steps", "epochs", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+        _integer(f"task.{key}", getattr(t, key), 1, null=key in ("steps", "epochs"))
     if t.batch_size > CIFAR10_COUNTS[0]:
         raise bad("task.batch_size", t.batch_size, f"a batch is drawn from CIFAR-10's "
                   f"{CIFAR10_COUNTS[0]} training images: at most {CIFAR10_COUNTS[0]}")
@@ -568,12 +562,6 @@ def check_paths(s: RankexpConfig) -> None:
         raise ConfigError(f"invalid config: data.root={s.data.root!r} — {e}") from None
 
 
-#: command-line keys each task does not read, and why (refused: a value that changes nothing)
-_UNUSED_BY_TASK = {
-    "measure": {"lr": "task=measure does not train (lr is task=train's learning rate)"},
-}
-
-
 #: tracking options a job with the store off still uses: its run.json records the experiment
 #: and whether arrays are logged, for ``python -m rankexp.sync --uri`` to log it later
 _OFF_STORE_KEYS = ("", "enabled", "experiment", "log_arrays")
@@ -590,14 +578,14 @@ def check_used_overrides(overrides: Sequence[str], s: RankexpConfig) -> None:
     parsed = _parse(overrides)
     if parsed is None:
         return
-    unused = dict(_UNUSED_BY_TASK.get(s.task.name, {}))
     for o in parsed:
         key = o.key_or_group.lstrip("+~")
         if o.is_hydra_override() or "." not in key and key in ("task", "tracking", "model"):
             continue
         top, _, sub = key.partition(".")
-        if top in unused:
-            raise ConfigError(f"invalid config: {o.input_line} — not used: {unused[top]}")
+        if top == "lr" and s.task.name == "measure":
+            raise ConfigError(f"invalid config: {o.input_line} — not used: task=measure does not "
+                              "train (lr is task=train's learning rate)")
         if top == "tracking" and sub not in _OFF_STORE_KEYS and not s.tracking.enabled:
             raise ConfigError(f"invalid config: {o.input_line} — not used: the store is off "
                               "(tracking=off / tracking.enabled=false); drop it, or log to a "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import os
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -356,9 +358,6 @@ def choices_with(group: str, key: str) -> list[str]:
 def sweep_stamp() -> str:
     """A launch stamp ``HH-MM-SS-<pid>`` fixed for this process and every job it spawns (in
     ``$RANKEXP_STAMP``: Hydra resolves ``hydra.sweep.dir`` in the launcher and in workers)."""
-    import datetime
-    import os
-
     return os.environ.setdefault(
         "RANKEXP_STAMP", f"{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}-{os.getpid()}"
     )

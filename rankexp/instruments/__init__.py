@@ -1,13 +1,13 @@
 """The study's instruments on any PyTorch network (:func:`analyze`) and during training."""
 
 from .blocks import BlockError, BlockSpec, UnitBlock, discover
-from .core import PROBES, BlockRecord, SizeError, analyze, block_records, records_frame
+from .core import PROBES, BlockRecord, SizeError, analyze, block_records
 from .matfree import MatrixFree, Spectrum, dense_spectrum, slq_spectrum
 from .monitor import SpectralMonitor
 
 __all__ = ["PROBES", "BlockError", "BlockRecord", "BlockSpec", "MatrixFree", "SizeError",
            "SpectralCallback", "SpectralMonitor", "Spectrum", "UnitBlock", "analyze", "block_records",
-           "dense_spectrum", "discover", "records_frame", "slq_spectrum"]
+           "dense_spectrum", "discover", "slq_spectrum"]
 
 
 def __getattr__(name: str):

@@ -9,6 +9,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -93,16 +94,21 @@ def _first_tensor(out):
     raise BlockError(f"a block returned {type(out).__name__}, not a tensor or a tuple starting with one")
 
 
-def _take(v, point: int, batch: int):
+def map_tensors(v, fn: Callable[[Tensor], Tensor]):
+    """``fn`` applied to every tensor of ``v``, a tensor or a (nested) tuple, list or dict."""
     if isinstance(v, Tensor):
-        return v[point:point + 1] if batch > 1 and v.dim() > 0 and v.shape[0] == batch else v
-    if isinstance(v, tuple):
-        return tuple(_take(x, point, batch) for x in v)
-    if isinstance(v, list):
-        return [_take(x, point, batch) for x in v]
+        return fn(v)
+    if isinstance(v, (tuple, list)):
+        return (tuple if isinstance(v, tuple) else list)(map_tensors(x, fn) for x in v)
     if isinstance(v, dict):
-        return {k: _take(x, point, batch) for k, x in v.items()}
+        return {k: map_tensors(x, fn) for k, x in v.items()}
     return v
+
+
+def _take(v, point: int, batch: int):
+    """Input ``point`` of every tensor of ``v`` whose leading dimension is the batch."""
+    return map_tensors(v, lambda t: t[point:point + 1] if batch > 1 and t.dim() > 0
+                       and t.shape[0] == batch else t)
 
 
 def call_model(model: nn.Module, inputs) -> object:
@@ -237,35 +243,27 @@ def _stream_arg(args, kwargs) -> tuple[Tensor, str | None]:
 
 
 def _hooks(specs, seen, point, token, stats):
-    def pre(s):
-        def hook(_mod, args, kwargs):
-            h, key = _stream_arg(args, kwargs)
-            b = h.shape[0]
-            s.calls += 1
-            s.key, s.x = key, _take(h, point, b).clone()
-            s.args = _take(args[1:] if key is None else args, point, b)
-            s.kwargs = _take({k: v for k, v in kwargs.items() if k != key}, point, b)
-            s.batch = b
-        return hook
+    def pre(_mod, args, kwargs, s):
+        h, key = _stream_arg(args, kwargs)
+        s.calls, s.batch = s.calls + 1, h.shape[0]
+        s.key, s.x = key, _take(h, point, s.batch).clone()
+        s.args = _take(args[1:] if key is None else args, point, s.batch)
+        s.kwargs = _take({k: v for k, v in kwargs.items() if k != key}, point, s.batch)
 
-    def post(s):
-        def hook(_mod, _args, _kwargs, out):
-            o = _first_tensor(out)
-            s.out = _take(o, point, s.batch).clone()
-            s.stats = rows_stats(o, token) if stats else (None, None, 0)
-        return hook
+    def post(_mod, _args, _kwargs, out, s):
+        o = _first_tensor(out)
+        s.out = _take(o, point, s.batch).clone()
+        s.stats = rows_stats(o, token) if stats else (None, None, 0)
 
-    def branch_pre(s):
-        def hook(_mod, args):
-            s.y = _take(args[0], point, args[0].shape[0]).clone()
-        return hook
+    def branch_pre(_mod, args, s):
+        s.y = _take(args[0], point, args[0].shape[0]).clone()
 
     handles = []
     for spec, s in zip(specs, seen, strict=True):
-        handles.append(spec.module.register_forward_pre_hook(pre(s), with_kwargs=True))
-        handles.append(spec.module.register_forward_hook(post(s), with_kwargs=True))
+        handles.append(spec.module.register_forward_pre_hook(partial(pre, s=s), with_kwargs=True))
+        handles.append(spec.module.register_forward_hook(partial(post, s=s), with_kwargs=True))
         if spec.branch_input is not None:
-            handles.append(spec.branch_input.register_forward_pre_hook(branch_pre(s)))
+            handles.append(spec.branch_input.register_forward_pre_hook(partial(branch_pre, s=s)))
     return handles
 
 

@@ -20,7 +20,16 @@ from tqdm.auto import tqdm
 from ..memory import free_memory_bytes
 from ..probes.jacobian import BRANCH_NORMS, PARTIAL_SPECTRA, forward_sweep
 from ..probes.representation import stack_spectrum
-from .blocks import BRANCH_MLP, BlockError, UnitBlock, eval_mode, hooked_units, is_hf, resolve
+from .blocks import (
+    BRANCH_MLP,
+    BlockError,
+    UnitBlock,
+    eval_mode,
+    hooked_units,
+    is_hf,
+    map_tensors,
+    resolve,
+)
 from .families import FAMILIES, ensemble_inputs, family_units
 from .matfree import DENSE, MatrixFree, Spectrum, dense_spectrum, slq_spectrum
 
@@ -172,9 +181,6 @@ class _Plan:
     budget: float
     exclude: frozenset[int]
 
-    def jacobians(self) -> bool:
-        return bool(self.probes & {"branch", "prefix"})
-
 
 def _chains(units: Sequence[UnitBlock]) -> list[list[UnitBlock]]:
     out: list[list[UnitBlock]] = []
@@ -324,16 +330,6 @@ def _closed_form_records(model: nn.Module, inputs, plan: _Plan, point: int, bar)
     return out
 
 
-def _to_model(inputs, device: torch.device, dtype: torch.dtype):
-    if isinstance(inputs, Tensor):
-        return inputs.to(device=device, dtype=dtype if inputs.is_floating_point() else None)
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(_to_model(v, device, dtype) for v in inputs)
-    if isinstance(inputs, dict):
-        return {k: _to_model(v, device, dtype) for k, v in inputs.items()}
-    return inputs
-
-
 def _units(model: nn.Module, inputs, blocks, point: int, position: int | None,
            representation: bool) -> list[UnitBlock]:
     if isinstance(model, FAMILIES):
@@ -347,7 +343,8 @@ def _units(model: nn.Module, inputs, blocks, point: int, position: int | None,
         position = -1
     p = next(model.parameters(), None)
     if p is not None:
-        inputs = _to_model(inputs, p.device, p.dtype)
+        inputs = map_tensors(inputs, lambda t: t.to(
+            device=p.device, dtype=p.dtype if t.is_floating_point() else None))
     return hooked_units(model, inputs, specs, point=point, position=position,
                         representation=representation)
 
@@ -380,7 +377,7 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
             raise ValueError(f"method='closed_form' is the engine's, for rankexp's ResidualMLP; a "
                              f"{type(model).__name__} takes 'auto', 'dense' or 'matrix_free'")
         units = _units(model, inputs, blocks, point, position, "representation" in wanted)
-        if not plan.jacobians():
+        if not wanted & {"branch", "prefix"}:
             return [_record(u, FORWARD) for u in units]
         records = []
         with tqdm(total=len(units), **bar_kw) as bar:
@@ -389,13 +386,6 @@ def block_records(model: nn.Module, inputs, blocks=None, *, probes: Iterable[str
                 log.info("analyze: %d block(s) of D = %d, %s", len(chain), chain[0].dim, m)
                 records += (_dense_chain if m == DENSE else _matfree_chain)(chain, plan, bar)
     return records
-
-
-def records_frame(records: Sequence[BlockRecord]):
-    """:class:`BlockRecord` s as a pandas DataFrame, one row each."""
-    import pandas as pd
-
-    return pd.DataFrame([r.row() for r in records])
 
 
 def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str] | str | None = None,
@@ -429,11 +419,13 @@ def analyze(model: nn.Module, inputs=None, blocks=None, *, probes: Iterable[str]
         SizeError: the working set does not fit the bounds (says which knob to turn).
         ValueError: unknown probes or method, inputs of the wrong shape.
     """
+    import pandas as pd
+
     settings = matrix_free or MatrixFree()
     records = block_records(model, inputs, blocks, probes=probes, method=method, point=point,
                             position=position, matrix_free=settings, max_dense_bytes=max_dense_bytes,
                             max_bytes=max_bytes, progress=progress)
-    frame = records_frame(records)
+    frame = pd.DataFrame([r.row() for r in records])
     frame.attrs.update(model=type(model).__name__, point=point, position=position,
                        probes=sorted(resolve_probes(probes)), vectors=settings.vectors,
                        max_steps=settings.steps, seed=settings.seed)

@@ -31,7 +31,7 @@ from ..locations import user_cache_dir
 from ..naming import experiment_name_problem, member_name
 
 log = logging.getLogger(__name__)
-__all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
+__all__ = ["TAG_ROLE", "ROLE_MEMBER", "TAG_LR",
            "FIGURES_DIR", "SEED_STD_PREFIX", "TAG_NOTE", "TAG_KIND", "ML_KIND", "ui_link",
            "TAG_HOST", "TAG_PID", "TAG_PID_START",
            "TAG_SLURM", "TAG_HEARTBEAT", "TAG_DIRTY", "TAG_CLAIM", "TAG_REASON", "RUN_TAGS",
@@ -46,7 +46,6 @@ __all__ = ["MAX_METRICS", "MAX_PARAMS", "MAX_TAGS", "TAG_ROLE", "ROLE_MEMBER", "
            "attach_files", "active_run_sink", "log_active_text"]
 
 
-MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100  # MLflow's log_batch limits
 TAG_ROLE, ROLE_MEMBER, TAG_LR = "rankexp.role", "member", "rankexp.lr"
 FIGURES_DIR = "figures"  # a sweep parent's artifact folder of the analysis' figures
 SEED_STD_PREFIX = "seed_std."  # tag seed_std.<m>: the seed spread of scalar metric <m>
@@ -474,18 +473,12 @@ class RunLogger:
                 monitor.finish()
 
     def _send(self, points: list[list], tags: dict[str, str], timestamp: int | None = None) -> None:
-        """``points``, ``tags`` and the params not sent yet, in as few ``log_batch`` as fit."""
+        """``points``, ``tags`` and the params not sent yet (MLflow splits what exceeds a batch)."""
         from mlflow.entities import Metric, Param, RunTag
         now = timestamp or int(time.time() * 1000)
-        metrics = [Metric(k, v, now, s) for k, s, v in points]
-        tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
         params, self._pending = [Param(k, _param(v)) for k, v in self._pending], []
-        while metrics or params or tag_list:
-            p, params = params[:MAX_PARAMS], params[MAX_PARAMS:]
-            t, tag_list = tag_list[:MAX_TAGS], tag_list[MAX_TAGS:]
-            room = MAX_METRICS - len(p) - len(t)
-            self.client.log_batch(self.run_id, metrics=metrics[:room], params=p, tags=t)
-            metrics = metrics[room:]
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, s) for k, s, v in points],
+                              params=params, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def finish(self, scalars: dict[str, float], series: dict[str, tuple], artifact_dir: Path | None,
                tags: dict[str, str] | None = None, end_time: int | None = None) -> None:
@@ -604,7 +597,7 @@ def close_run(client, run_id: str, status: str, reason: str, message: str = "",
     tags = [RunTag(TAG_REASON, reason)] + ([RunTag("error", message[:5000])] if message else [])
     try:
         client.log_batch(run_id, tags=tags, params=[Param(k, _param(v)) for k, v in sorted(
-            (params or {}).items())][:MAX_PARAMS])
+            (params or {}).items())])
         client.set_terminated(run_id, status)
     except Exception:
         if client.get_run(run_id).info.lifecycle_stage == "deleted":
@@ -869,11 +862,7 @@ def active_run_sink(required: bool, who: str = "rankexp") -> Sink | None:
             raise RuntimeError(f"{who}: no active MLflow run (wrap training in `with mlflow.start_run():`)")
         return None
 
-    def sink(metrics: Mapping[str, float], step: int) -> None:
-        items = list(metrics.items())
-        for i in range(0, len(items), MAX_METRICS):
-            mlflow.log_metrics(dict(items[i:i + MAX_METRICS]), step=step)
-    return sink
+    return lambda metrics, step: mlflow.log_metrics(dict(metrics), step=step)
 
 
 def log_active_text(text: str, artifact_file: str) -> None:
