@@ -47,22 +47,12 @@ class Classifier(nn.Module):
     def architecture(self) -> dict:
         """What defines this network besides its weights (checkpoints are checked against it)."""
         stack = self.stack
-        return {
-            "width": stack.width,
-            "depth": stack.depth,
-            "hidden": stack.blocks[0].hidden,
-            "matrices": stack.matrices,
-            "activation": stack.activation,
-            "placement": stack.placement,
-            "norm_op": stack.norm_op,
-            "alpha": stack.alpha,
-            "beta": stack.beta_eff,
-            "skip_every": stack.skip_every,
-            "seeds": list(stack.seeds),
-            "in_features": self.in_features,
-            "num_classes": self.num_classes,
-            "dtype": str(self.w_in.dtype),
-        }
+        names = ("width", "depth", "matrices", "activation", "placement", "norm_op", "alpha",
+                 "skip_every")
+        return {**{k: getattr(stack, k) for k in names}, "hidden": stack.blocks[0].hidden,
+                "beta": stack.beta_eff, "seeds": list(stack.seeds),
+                "in_features": self.in_features, "num_classes": self.num_classes,
+                "dtype": str(self.w_in.dtype)}
 
     @torch.no_grad()
     def reset_head(self) -> None:

@@ -196,15 +196,9 @@ class CifarResNet(nn.Module):
 
     def architecture(self) -> dict:
         """What defines this network besides its weights (checkpoints are checked against it)."""
-        return {
-            "family": self.family,
-            "depth": self.depth,
-            "residual": self.residual,
-            "base_width": self.base_width,
-            "num_classes": self.num_classes,
-            "seeds": list(self.seeds),
-            "dtype": str(self.fc_weight.dtype),
-        }
+        names = ("family", "depth", "residual", "base_width", "num_classes")
+        return {**{k: getattr(self, k) for k in names}, "seeds": list(self.seeds),
+                "dtype": str(self.fc_weight.dtype)}
 
     def parameter_count(self) -> int:
         """Trainable parameters of one member (He et al.'s count: 0.27 M at depth 20)."""

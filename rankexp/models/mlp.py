@@ -54,8 +54,6 @@ class Block(nn.Module):
         device: str | torch.device = "cpu",
     ):
         super().__init__()
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement={placement!r} is not one of {', '.join(PLACEMENTS)}")
         if norm_op not in NORM_OPS:
             raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
         if matrices not in (1, 2):
@@ -135,7 +133,21 @@ class Block(nn.Module):
 
 class Stack(nn.Module):
     """What the stacks on one stream share (:class:`ResidualMLP`,
-    :class:`~rankexp.models.plain.PlainNet`): members, skips, the trajectory."""
+    :class:`~rankexp.models.plain.PlainNet`): sizes, members, β, skips, the trajectory.
+    Raises ValueError: a size < 1, ``skip_every`` < 0 or ``alpha`` ≤ 0."""
+
+    def __init__(self, width: int, depth: int, *, alpha: float, beta: float, beta_scaling: str,
+                 skip_every: int, seeds: Sequence[int]):
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
+        if skip_every < 0:
+            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = no skips)")
+        if not alpha > 0:
+            raise ValueError(f"alpha={alpha} must be > 0")
+        self.width, self.depth, self.alpha, self.skip_every = width, depth, float(alpha), skip_every
+        self.seeds = [int(s) for s in seeds]
+        self.beta_eff = effective_beta(beta, depth, beta_scaling)
 
     @property
     def members(self) -> int:
@@ -153,13 +165,14 @@ class Stack(nn.Module):
         """Yield ``(l, block)`` for l = 1…upto (default L), in order."""
         yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
 
-    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
+    def states(self, h0: Tensor, upto: int | None = None, **kw) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
-        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
+        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``; ``kw`` go to
+        each block."""
         keep, window = max(self.skip_every, 1), {0: h0}
         for l, block in self.walk(upto):
             skip = window[self.skip_source(l)] if block.has_skip else None
-            window[l] = block(window[l - 1], skip)
+            window[l] = block(window[l - 1], skip, **kw)
             window.pop(l - keep, None)
             yield l, window[l]
 
@@ -168,13 +181,8 @@ class Stack(nn.Module):
         return self.trajectory(h0, **kw)[-1]
 
     def trajectory(self, h0: Tensor, upto: int | None = None, **kw) -> list[Tensor]:
-        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``;
-        ``kw`` go to each block."""
-        hs = [h0]
-        for l, block in self.walk(upto):
-            skip = hs[self.skip_source(l)] if block.has_skip else None
-            hs.append(block(hs[-1], skip, **kw))
-        return hs
+        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
+        return [h0, *(h for _, h in self.states(h0, upto, **kw))]
 
 
 class ResidualMLP(Stack):
@@ -219,20 +227,11 @@ class ResidualMLP(Stack):
         device: str | torch.device = "cpu",
         streamed: bool = False,
     ):
-        super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
-        if skip_every < 0:
-            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = no skips)")
-        if not alpha > 0:
-            raise ValueError(f"alpha={alpha} must be > 0")
-        self.width, self.depth, self.alpha = width, depth, float(alpha)
-        self.skip_every = skip_every
+        super().__init__(width, depth, alpha=alpha, beta=beta, beta_scaling=beta_scaling,
+                         skip_every=skip_every, seeds=seeds)
         self.placement, self.norm_op = placement, norm_op
         self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
         self.matrices, self.activation = matrices, activation
-        self.seeds = [int(s) for s in seeds]
-        self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
             Block(width, expansion=expansion, matrices=matrices, activation=activation,
                   placement=placement, norm_op=norm_op, pre=self.pre_op, out=self.out_op,
@@ -295,7 +294,7 @@ class ResidualMLP(Stack):
         yielded and sets its buffers to NaN when the walk ends; the consumer must be done with
         block l when it asks for block l + 1."""
         try:
-            for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+            for l, block in super().walk(upto):
                 if self.streamed:  # block l's weights into the shared buffers
                     with self._drawing():
                         normal_many_(self._targets([l - 1]), self.seeds)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..seeding import normal_many_
 from .activations import activation_fn
-from .mlp import Stack, effective_beta
+from .mlp import Stack
 from .norms import NORM_FNS
 from .norms import identity as _identity
 from .spec import nominal_ratio
@@ -150,24 +150,17 @@ class PlainNet(Stack):
         dtype: torch.dtype = torch.float64,
         device: str | torch.device = "cpu",
     ):
-        super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
-        if not alpha > 0 or not bias >= 0:
-            raise ValueError(f"alpha (σ_w) = {alpha} must be > 0 and bias (σ_b) = {bias} ≥ 0")
+        super().__init__(width, depth, alpha=alpha, beta=beta, beta_scaling=beta_scaling,
+                         skip_every=skip_every, seeds=seeds)
+        if not bias >= 0:
+            raise ValueError(f"bias (σ_b) = {bias} must be ≥ 0")
         if init not in INITS:
             raise ValueError(f"init={init!r} is not one of {', '.join(INITS)}")
         if activation == "swiglu":
             raise ValueError("activation='swiglu' is a gated two-matrix branch (model=mlp)")
-        if skip_every < 0:
-            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = plain)")
-        self.width, self.depth = width, depth
-        self.alpha, self.sigma_b, self.init = float(alpha), float(bias), init
+        self.sigma_b, self.init = float(bias), init
         self.activation, self.norm_op = activation, norm_op
         self.placement = "none" if norm_op is None else "pre"
-        self.skip_every = skip_every
-        self.seeds = [int(s) for s in seeds]
-        self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
             PlainLayer(width, activation=activation, norm_op=norm_op, beta=self.beta_eff,
                        has_skip=self.has_skip(l), members=len(self.seeds), dtype=dtype,

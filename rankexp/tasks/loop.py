@@ -34,11 +34,6 @@ DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 
 
-def member_errors(logits: Tensor, y: Tensor) -> Tensor:
-    """Fraction misclassified per member: logits ``(E, B, C)``, labels ``(B,)`` → float32 ``(E,)``."""
-    return (logits.argmax(-1) != y).float().mean(1)
-
-
 def member_losses(logits: Tensor, y: Tensor) -> Tensor:
     """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
     members, batch, classes = logits.shape
@@ -141,10 +136,10 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
 
 def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
                loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
-               divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
+               divergence_factor: float) -> Callable[[Tensor, Tensor | float], None]:
     params = list(model.parameters())
 
-    def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
+    def body(idx: Tensor, lr_scale: Tensor | float) -> None:
         x, y = data.x_train[idx], data.y_train[idx]  # a gather on the device
         if recipe.batch_transform is not None:
             x = recipe.batch_transform(x, state.done)
@@ -177,7 +172,7 @@ class _GraphedStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.WARMUP):
-                body(self.idx, self.scale, -1)
+                body(self.idx, self.scale)
         torch.cuda.current_stream().wait_stream(side)
         with torch.no_grad():
             model.load_state_dict(saved_model)  # copy_ in place: addresses kept
@@ -188,9 +183,9 @@ class _GraphedStep:
             p.grad = None  # the captured backward allocates them from the graph's pool
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            body(self.idx, self.scale, -1)
+            body(self.idx, self.scale)
 
-    def __call__(self, idx: Tensor, lr_scale: float, step: int) -> None:
+    def __call__(self, idx: Tensor, lr_scale: float) -> None:
         self.idx.copy_(idx)
         self.scale.fill_(lr_scale)
         self.graph.replay()
@@ -365,11 +360,11 @@ class _Loop:
         def forward_loss(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             with _autocast(device, bf16):
                 logits = model(x)
-                return member_losses(logits, y), member_errors(logits, y)
+                return member_losses(logits, y), (logits.argmax(-1) != y).float().mean(1)
 
         return torch.compile(forward_loss) if self.plan.compile else forward_loss
 
-    def _step_function(self, start: int) -> Callable[[Tensor, float, int], None]:
+    def _step_function(self, start: int) -> Callable[[Tensor, float], None]:
         body = _step_body(self.model, self.optimizer, self.state, self.data, self._loss_fn(),
                           self.plan.recipe, self.plan.divergence_factor)
         if not self.plan.cuda_graphs:
@@ -393,7 +388,7 @@ class _Loop:
         with progress_bar(plan.steps, enabled=plan.progress, initial=start, desc="train",
                           unit="step") as bar, interrupt.deferred():
             for step in range(start, end):
-                step_fn(self.sampler.indices(step), schedule(step, plan.steps), step)
+                step_fn(self.sampler.indices(step), schedule(step, plan.steps))
                 bar.update(1)
                 done = step + 1
                 self._bookkeeping(done, bar)
