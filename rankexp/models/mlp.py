@@ -28,50 +28,38 @@ __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "R
 
 
 # --------------------------------------------------------------------------- blocks
-class Block(nn.Module):
-    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for E members; arguments as
-    :class:`ResidualMLP`, ``beta`` already depth-scaled; without ``has_skip`` it is a plain
-    layer ``R(B(f(P(x))))`` with no β.  Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2),
-    ``w_gate`` (gated): ``(E, fan_out, fan_in)``, allocated uninitialized.
+class Layer(nn.Module):
+    """What the layers of a :class:`Stack` share: σ, the branch gain β and whether a skip is
+    added (:attr:`scale`)."""
+
+    def __init__(self, width: int, activation: str, beta: float, has_skip: bool):
+        super().__init__()
+        self.width, self.activation, self.sigma = width, activation, activation_fn(activation)
+        self.beta, self.has_skip = float(beta), bool(has_skip)
+
+    @property
+    def scale(self) -> float:
+        """The factor in front of the branch: β on a residual layer, 1 on a plain one."""
+        return self.beta if self.has_skip else 1.0
+
+
+class Block(Layer):
+    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for E members, built by
+    :class:`ResidualMLP`: ``ops`` are its (P, B, R) (``None``: the identity), ``beta`` already
+    depth-scaled; without ``has_skip`` it is a plain layer ``R(B(f(P(x))))`` with no β.  Weights
+    ``w`` (M=1), ``w_up``/``w_down`` (M=2), ``w_gate`` (gated): ``(E, fan_out, fan_in)``,
+    allocated uninitialized.
     """
 
-    def __init__(
-        self,
-        width: int,
-        *,
-        expansion: float = 4.0,
-        matrices: int = 2,
-        activation: str = "relu",
-        placement: str = "pre",
-        norm_op: str = "rmsnorm",
-        pre: str | None = PRESET,
-        out: str | None = PRESET,
-        post: str | None = PRESET,
-        beta: float = 1.0,
-        has_skip: bool = True,
-        members: int = 1,
-        dtype: torch.dtype = torch.float64,
-        device: str | torch.device = "cpu",
-    ):
-        super().__init__()
-        if norm_op not in NORM_OPS:
-            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
-        if matrices not in (1, 2):
-            raise ValueError(f"matrices={matrices!r}: a branch has M = 1 or 2 weight matrices")
-        if activation == "swiglu" and matrices != 2:
-            raise ValueError("activation='swiglu' is a gated M = 2 branch; set matrices=2")
-        self.width, self.matrices, self.activation = width, matrices, activation
-        self.placement, self.norm_op = placement, norm_op
-        self.beta, self.has_skip = float(beta), bool(has_skip)
-        self.sigma = activation_fn(activation)
-        self.gated = activation == "swiglu"
-        self.hidden = hidden_width(width, expansion, matrices)
+    def __init__(self, width: int, hidden: int, *, matrices: int, activation: str,
+                 ops: tuple[str | None, str | None, str | None], beta: float, has_skip: bool,
+                 members: int, dtype: torch.dtype, device: str | torch.device):
+        super().__init__(width, activation, beta, has_skip)
+        self.matrices, self.hidden, self.gated = matrices, hidden, activation == "swiglu"
         #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
-        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
-        self.pre_norm, self.out_norm, self.res_norm = (
-            NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
-        )
-        e, d, m = members, width, self.hidden
+        self.pre_op, self.out_op, self.post_op = ops
+        self.pre_norm, self.out_norm, self.res_norm = (NORM_FNS[op] if op else _identity for op in ops)
+        e, d, m = members, width, hidden
         kw = {"dtype": dtype, "device": device}
         if matrices == 1:
             self.w = nn.Parameter(torch.empty(e, d, d, **kw))
@@ -86,11 +74,6 @@ class Block(nn.Module):
         if self.matrices == 1:
             return ["w"]
         return (["w_gate"] if self.gated else []) + ["w_up", "w_down"]
-
-    @property
-    def scale(self) -> float:
-        """The factor in front of the branch: β on a residual block, 1 on a plain layer."""
-        return self.beta if self.has_skip else 1.0
 
     def preactivation(self, x: Tensor) -> Tensor:
         """``W_up P(x)`` (M=2) or ``W P(x)`` (M=1), shape ``(E, B, m)``: the argument of σ."""
@@ -231,12 +214,18 @@ class ResidualMLP(Stack):
                          skip_every=skip_every, seeds=seeds)
         self.placement, self.norm_op = placement, norm_op
         self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
+        if norm_op not in NORM_OPS:
+            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
+        if matrices not in (1, 2):
+            raise ValueError(f"matrices={matrices!r}: a branch has M = 1 or 2 weight matrices")
+        if activation == "swiglu" and matrices != 2:
+            raise ValueError("activation='swiglu' is a gated M = 2 branch; set matrices=2")
         self.matrices, self.activation = matrices, activation
         self.blocks = nn.ModuleList(
-            Block(width, expansion=expansion, matrices=matrices, activation=activation,
-                  placement=placement, norm_op=norm_op, pre=self.pre_op, out=self.out_op,
-                  post=self.post_op, beta=self.beta_eff, has_skip=self.has_skip(l),
-                  members=len(self.seeds), dtype=dtype, device=device)
+            Block(width, hidden_width(width, expansion, matrices), matrices=matrices,
+                  activation=activation, ops=(self.pre_op, self.out_op, self.post_op),
+                  beta=self.beta_eff, has_skip=self.has_skip(l), members=len(self.seeds),
+                  dtype=dtype, device=device)
             for l in range(1, depth + 1)
         )
         self.streamed = bool(streamed)
