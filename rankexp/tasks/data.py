@@ -370,15 +370,13 @@ class BatchSampler:
         self.batches_per_epoch = self.n // self.batch_size
         self._epoch, self._perm = -1, None
 
-    def _epoch_seed(self, epoch: int) -> int:
-        state = np.random.SeedSequence([self.seed, STREAM_DATA, epoch]).generate_state(1, np.uint64)
-        return int(state[0]) & 0x7FFF_FFFF_FFFF_FFFF
-
     def indices(self, step: int) -> Tensor:
         """Index batch of (0-based) ``step``: int64 ``(batch_size,)`` on the device."""
         epoch, k = divmod(int(step), self.batches_per_epoch)
         if epoch != self._epoch:
-            g = torch.Generator(device=self.device).manual_seed(self._epoch_seed(epoch))
+            seq = np.random.SeedSequence([self.seed, STREAM_DATA, epoch])
+            seed = int(seq.generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF
+            g = torch.Generator(device=self.device).manual_seed(seed)
             self._perm = torch.randperm(self.n, generator=g, device=self.device)
             self._epoch = epoch
         return self._perm[k * self.batch_size : (k + 1) * self.batch_size]

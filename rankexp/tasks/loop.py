@@ -300,15 +300,19 @@ class _Loop:
         self.on_probe = on_probe
         self.device = data.device
         self.sampler = BatchSampler(data.y_train.shape[0], plan.batch_size, seed, self.device)
-        lr_vec = torch.tensor(lrs, dtype=torch.float64, device=self.device)
-        self.optimizer = plan.recipe.optimizer(model, lr_vec)
-        self.state = LoopState.fresh(len(lrs), plan.steps, self.device)
-        self.history = _History()
+        self._fresh()
         arch = model.architecture() if hasattr(model, "architecture") else {
             name: list(p.shape) for name, p in model.named_parameters()}
         self.identity = {"lrs": lrs, "seed": seed, "batch_size": plan.batch_size,
                          "sampler": self.sampler.state_dict(), "recipe": plan.recipe.name,
                          "divergence_factor": plan.divergence_factor, "architecture": arch}
+
+    def _fresh(self) -> None:
+        """The optimizer and loop state of step 0."""
+        lrs = torch.tensor(self.lrs, dtype=torch.float64, device=self.device)
+        self.optimizer = self.plan.recipe.optimizer(self.model, lrs)
+        self.state = LoopState.fresh(len(self.lrs), self.plan.steps, self.device)
+        self.history = _History()
 
     def resume(self) -> int:
         path = self.plan.checkpoint_path
@@ -328,9 +332,7 @@ class _Loop:
             self.state.diverged_step.copy_(ckpt["diverged_step"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             self.model.load_state_dict(initial)
-            self.optimizer = self.plan.recipe.optimizer(
-                self.model, torch.tensor(self.lrs, dtype=torch.float64, device=self.device))
-            self.state = LoopState.fresh(len(self.lrs), self.plan.steps, self.device)
+            self._fresh()
             checkpoint.unusable(path, f"not loadable into this run ({type(err).__name__}: {err})")
             return 0
         self.state.done.fill_(start)
