@@ -173,7 +173,8 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
         if not source:
             raise ValueError("model.prompt (text) needs a tokenizer: set model.tokenizer or "
                              "model.pretrained (a local directory or hub id)")
-        prompt_ids = transformers_module().AutoTokenizer.from_pretrained(source)(prompt)["input_ids"]
+        tokenizer_ = transformers_module().AutoTokenizer.from_pretrained(source)
+        prompt_ids = tokenizer_(prompt)["input_ids"]
     if pretrained:
         members, seeds = [load_pretrained(pretrained, dtype=dtype, device=device)], list(seeds)[:1]
     else:

@@ -58,7 +58,8 @@ class Block(Layer):
         self.matrices, self.hidden, self.gated = matrices, hidden, activation == "swiglu"
         #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
         self.pre_op, self.out_op, self.post_op = ops
-        self.pre_norm, self.out_norm, self.res_norm = (NORM_FNS[op] if op else _identity for op in ops)
+        self.pre_norm, self.out_norm, self.res_norm = (
+            NORM_FNS[op] if op else _identity for op in ops)
         e, d, m = members, width, hidden
         kw = {"dtype": dtype, "device": device}
         if matrices == 1:

@@ -245,7 +245,8 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
                     raise CorruptDataError(f"{p}: image is {tuple(img.shape)}, CIFAR-10 images "
                                            f"are 3×32×32. {HOW_TO_GET}")
                 images[i] = img
-        log.info("decoded %d %s images in %.1f s", len(images), split, time.perf_counter() - started)
+        log.info("decoded %d %s images in %.1f s", len(images), split,
+                 time.perf_counter() - started)
         out += [images, torch.as_tensor(folder.targets, dtype=torch.int64)]
     return tuple(out)
 

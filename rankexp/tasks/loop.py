@@ -48,12 +48,10 @@ def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2
     was_training = classifier.training
     classifier.eval()
     try:
-        correct = None
         with _autocast(x.device, autocast_bf16):
-            for start in range(0, x.shape[0], batch_size):
-                logits = classifier(x[start : start + batch_size])
-                hits = (logits.argmax(-1) == y[start : start + batch_size]).sum(1)
-                correct = hits if correct is None else correct + hits
+            batches = range(0, x.shape[0], batch_size)
+            correct = sum((classifier(x[i : i + batch_size]).argmax(-1) == y[i : i + batch_size])
+                          .sum(1) for i in batches)
     finally:
         classifier.train(was_training)
     return correct.double() / x.shape[0]
