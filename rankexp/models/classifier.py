@@ -38,7 +38,12 @@ class Classifier(nn.Module):
         kw = {"dtype": ref.dtype, "device": ref.device}
         self.w_in = nn.Parameter(torch.empty(members, width, self.in_features, **kw))
         self.w_out = nn.Parameter(torch.empty(members, self.num_classes, width, **kw))
-        self.reset_head()
+        for e, seed in enumerate(stack.seeds):  # w_in then w_out, each N(0, 1/fan_in)
+            g = seeded_generator(seed, STREAM_HEAD)
+            for w in (self.w_in, self.w_out):
+                fan_out, fan_in = w.shape[1:]
+                draw = torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64)
+                w.data[e].copy_(draw / math.sqrt(fan_in))
 
     @property
     def members(self) -> int:
@@ -47,32 +52,12 @@ class Classifier(nn.Module):
     def architecture(self) -> dict:
         """What defines this network besides its weights (checkpoints are checked against it)."""
         stack = self.stack
-        return {
-            "width": stack.width,
-            "depth": stack.depth,
-            "hidden": stack.blocks[0].hidden,
-            "matrices": stack.matrices,
-            "activation": stack.activation,
-            "placement": stack.placement,
-            "norm_op": stack.norm_op,
-            "alpha": stack.alpha,
-            "beta": stack.beta_eff,
-            "skip_every": stack.skip_every,
-            "seeds": list(stack.seeds),
-            "in_features": self.in_features,
-            "num_classes": self.num_classes,
-            "dtype": str(self.w_in.dtype),
-        }
-
-    @torch.no_grad()
-    def reset_head(self) -> None:
-        """Draw ``w_in`` then ``w_out`` from ``N(0, 1/fan_in)`` per member seed (stream HEAD)."""
-        for e, seed in enumerate(self.stack.seeds):
-            g = seeded_generator(seed, STREAM_HEAD)
-            for w in (self.w_in, self.w_out):
-                fan_out, fan_in = w.shape[1:]
-                draw = torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64)
-                w[e].copy_(draw / math.sqrt(fan_in))
+        names = ("width", "depth", "matrices", "activation", "placement", "norm_op", "alpha",
+                 "skip_every")
+        return {**{k: getattr(stack, k) for k in names}, "hidden": stack.blocks[0].hidden,
+                "beta": stack.beta_eff, "seeds": list(stack.seeds),
+                "in_features": self.in_features, "num_classes": self.num_classes,
+                "dtype": str(self.w_in.dtype)}
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits ``(E, B, num_classes)`` for inputs ``x`` ``(B, in_features)`` shared by all members."""

@@ -179,7 +179,13 @@ class CifarResNet(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.fc_weight = nn.Parameter(torch.empty(members, num_classes, c_in, **kw))
         self.fc_bias = nn.Parameter(torch.zeros(members, num_classes, **kw))
-        self.reset_parameters()
+        # He fan-out init of the convs (std √(2/(k² c_out))), then the U(±1/√fan_in) classifier
+        # weight; BN starts at (1, 0) and the classifier bias at 0
+        convs = self.convs
+        normal_many_([(conv.weight.data, i, math.sqrt(2.0 / (9 * conv.c_out)))
+                      for i, conv in enumerate(convs)], self.seeds)
+        bound = 1.0 / math.sqrt(c_in)
+        uniform_(self.fc_weight.data, self.seeds, len(convs), low=-bound, high=bound)
 
     @property
     def members(self) -> int:
@@ -196,36 +202,13 @@ class CifarResNet(nn.Module):
 
     def architecture(self) -> dict:
         """What defines this network besides its weights (checkpoints are checked against it)."""
-        return {
-            "family": self.family,
-            "depth": self.depth,
-            "residual": self.residual,
-            "base_width": self.base_width,
-            "num_classes": self.num_classes,
-            "seeds": list(self.seeds),
-            "dtype": str(self.fc_weight.dtype),
-        }
+        names = ("family", "depth", "residual", "base_width", "num_classes")
+        return {**{k: getattr(self, k) for k in names}, "seeds": list(self.seeds),
+                "dtype": str(self.fc_weight.dtype)}
 
     def parameter_count(self) -> int:
         """Trainable parameters of one member (He et al.'s count: 0.27 M at depth 20)."""
         return sum(p[0].numel() for p in self.parameters())
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """He fan-out init of the convs (std √(2/(k² c_out))), U(±1/√fan_in) classifier, BN
-        (1, 0), zero bias; draws numbered in network order (see the class)."""
-        convs = self.convs
-        normal_many_([(conv.weight.data, i, math.sqrt(2.0 / (9 * conv.c_out)))
-                      for i, conv in enumerate(convs)], self.seeds)
-        bound = 1.0 / math.sqrt(self.fc_weight.shape[-1])
-        uniform_(self.fc_weight.data, self.seeds, len(convs), low=-bound, high=bound)
-        self.fc_bias.zero_()
-        for m in self.modules():
-            if isinstance(m, MemberBatchNorm):
-                m.weight.fill_(1.0)
-                m.bias.zero_()
-                m.running_mean.zero_()
-                m.running_var.fill_(1.0)
 
     def images(self, x: Tensor) -> Tensor:
         """``(B, 3072)`` or ``(B, 3, 32, 32)`` → ``(B, 3, 32, 32)`` (a view)."""

@@ -76,12 +76,6 @@ def load_pretrained(pretrained: str, *, dtype: torch.dtype, device: torch.device
     return model.to(device=device, dtype=dtype).eval()
 
 
-def tokenize(text: str, source: str) -> list[int]:
-    """Token ids of ``text`` by the tokenizer of ``source`` (local directory or hub id)."""
-    tok = transformers_module().AutoTokenizer.from_pretrained(source)
-    return [int(i) for i in tok(text)["input_ids"]]
-
-
 class CausalLM(nn.Module):
     """E members (seeds) of one causal-LM architecture with a fixed prompt and token ``position``.
 
@@ -179,19 +173,17 @@ def build_causal_lm(*, config: str, pretrained: str | None, width: int, depth: i
         if not source:
             raise ValueError("model.prompt (text) needs a tokenizer: set model.tokenizer or "
                              "model.pretrained (a local directory or hub id)")
-        prompt_ids = tokenize(prompt, source)
+        tokenizer_ = transformers_module().AutoTokenizer.from_pretrained(source)
+        prompt_ids = tokenizer_(prompt)["input_ids"]
     if pretrained:
-        members = [load_pretrained(pretrained, dtype=dtype, device=device)]
-        cfg = members[0].config
-        got = (cfg.hidden_size, len(ARCHITECTURES[cfg.model_type].blocks(members[0])))
-        if got != (width, depth):
-            raise ValueError(f"model.pretrained={pretrained!r} has width × depth {got[0]} × {got[1]}, "
-                             f"the config says {width} × {depth}")
-        seeds = list(seeds)[:1]
+        members, seeds = [load_pretrained(pretrained, dtype=dtype, device=device)], list(seeds)[:1]
     else:
         h = heads or default_heads(width, config)
         members = [random_gpt2(width, depth, h, s, dtype=dtype, device=device) for s in seeds]
+    lm = CausalLM(members, seeds, prompt_ids, position).to(device)
+    if (lm.width, lm.depth) != (width, depth):
+        raise ValueError(f"model.pretrained={pretrained!r} has width × depth {lm.width} × "
+                         f"{lm.depth}, the config says {width} × {depth}")
     log.info("%s: d=%d, L=%d, %d member(s), prompt of %d tokens, position %d",
              pretrained or f"random {config}", width, depth, len(members), len(prompt_ids), position)
-    return CausalLM(members, seeds, prompt_ids, position).to(device)
-
+    return lm

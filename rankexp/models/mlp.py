@@ -28,52 +28,39 @@ __all__ = ["ACTIVATIONS", "BETA_SCALINGS", "NORM_OPS", "PLACEMENTS", "Block", "R
 
 
 # --------------------------------------------------------------------------- blocks
-class Block(nn.Module):
-    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for E members; arguments as
-    :class:`ResidualMLP`, ``beta`` already depth-scaled; without ``has_skip`` it is a plain
-    layer ``R(B(f(P(x))))`` with no β.  Weights ``w`` (M=1), ``w_up``/``w_down`` (M=2),
-    ``w_gate`` (gated): ``(E, fan_out, fan_in)``, allocated uninitialized.
+class Layer(nn.Module):
+    """What the layers of a :class:`Stack` share: σ, the branch gain β and whether a skip is
+    added (:attr:`scale`)."""
+
+    def __init__(self, width: int, activation: str, beta: float, has_skip: bool):
+        super().__init__()
+        self.width, self.activation, self.sigma = width, activation, activation_fn(activation)
+        self.beta, self.has_skip = float(beta), bool(has_skip)
+
+    @property
+    def scale(self) -> float:
+        """The factor in front of the branch: β on a residual layer, 1 on a plain one."""
+        return self.beta if self.has_skip else 1.0
+
+
+class Block(Layer):
+    """One layer ``h_l = R(skip + β B(f(P(x))))`` (Eq. 17) for E members, built by
+    :class:`ResidualMLP`: ``ops`` are its (P, B, R) (``None``: the identity), ``beta`` already
+    depth-scaled; without ``has_skip`` it is a plain layer ``R(B(f(P(x))))`` with no β.  Weights
+    ``w`` (M=1), ``w_up``/``w_down`` (M=2), ``w_gate`` (gated): ``(E, fan_out, fan_in)``,
+    allocated uninitialized.
     """
 
-    def __init__(
-        self,
-        width: int,
-        *,
-        expansion: float = 4.0,
-        matrices: int = 2,
-        activation: str = "relu",
-        placement: str = "pre",
-        norm_op: str = "rmsnorm",
-        pre: str | None = PRESET,
-        out: str | None = PRESET,
-        post: str | None = PRESET,
-        beta: float = 1.0,
-        has_skip: bool = True,
-        members: int = 1,
-        dtype: torch.dtype = torch.float64,
-        device: str | torch.device = "cpu",
-    ):
-        super().__init__()
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement={placement!r} is not one of {', '.join(PLACEMENTS)}")
-        if norm_op not in NORM_OPS:
-            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
-        if matrices not in (1, 2):
-            raise ValueError(f"matrices={matrices!r}: a branch has M = 1 or 2 weight matrices")
-        if activation == "swiglu" and matrices != 2:
-            raise ValueError("activation='swiglu' is a gated M = 2 branch; set matrices=2")
-        self.width, self.matrices, self.activation = width, matrices, activation
-        self.placement, self.norm_op = placement, norm_op
-        self.beta, self.has_skip = float(beta), bool(has_skip)
-        self.sigma = activation_fn(activation)
-        self.gated = activation == "swiglu"
-        self.hidden = hidden_width(width, expansion, matrices)
+    def __init__(self, width: int, hidden: int, *, matrices: int, activation: str,
+                 ops: tuple[str | None, str | None, str | None], beta: float, has_skip: bool,
+                 members: int, dtype: torch.dtype, device: str | torch.device):
+        super().__init__(width, activation, beta, has_skip)
+        self.matrices, self.hidden, self.gated = matrices, hidden, activation == "swiglu"
         #: the ops P, B, R of Eq. 17 by name (``None`` = identity)
-        self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
+        self.pre_op, self.out_op, self.post_op = ops
         self.pre_norm, self.out_norm, self.res_norm = (
-            NORM_FNS[op] if op else _identity for op in (self.pre_op, self.out_op, self.post_op)
-        )
-        e, d, m = members, width, self.hidden
+            NORM_FNS[op] if op else _identity for op in ops)
+        e, d, m = members, width, hidden
         kw = {"dtype": dtype, "device": device}
         if matrices == 1:
             self.w = nn.Parameter(torch.empty(e, d, d, **kw))
@@ -88,11 +75,6 @@ class Block(nn.Module):
         if self.matrices == 1:
             return ["w"]
         return (["w_gate"] if self.gated else []) + ["w_up", "w_down"]
-
-    @property
-    def scale(self) -> float:
-        """The factor in front of the branch: β on a residual block, 1 on a plain layer."""
-        return self.beta if self.has_skip else 1.0
 
     def preactivation(self, x: Tensor) -> Tensor:
         """``W_up P(x)`` (M=2) or ``W P(x)`` (M=1), shape ``(E, B, m)``: the argument of σ."""
@@ -135,7 +117,21 @@ class Block(nn.Module):
 
 class Stack(nn.Module):
     """What the stacks on one stream share (:class:`ResidualMLP`,
-    :class:`~rankexp.models.plain.PlainNet`): members, skips, the trajectory."""
+    :class:`~rankexp.models.plain.PlainNet`): sizes, members, β, skips, the trajectory.
+    Raises ValueError: a size < 1, ``skip_every`` < 0 or ``alpha`` ≤ 0."""
+
+    def __init__(self, width: int, depth: int, *, alpha: float, beta: float, beta_scaling: str,
+                 skip_every: int, seeds: Sequence[int]):
+        super().__init__()
+        if depth < 1 or width < 1:
+            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
+        if skip_every < 0:
+            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = no skips)")
+        if not alpha > 0:
+            raise ValueError(f"alpha={alpha} must be > 0")
+        self.width, self.depth, self.alpha, self.skip_every = width, depth, float(alpha), skip_every
+        self.seeds = [int(s) for s in seeds]
+        self.beta_eff = effective_beta(beta, depth, beta_scaling)
 
     @property
     def members(self) -> int:
@@ -153,13 +149,14 @@ class Stack(nn.Module):
         """Yield ``(l, block)`` for l = 1…upto (default L), in order."""
         yield from enumerate(self.blocks[: upto if upto is not None else self.depth], start=1)
 
-    def states(self, h0: Tensor, upto: int | None = None) -> Iterator[tuple[int, Tensor]]:
+    def states(self, h0: Tensor, upto: int | None = None, **kw) -> Iterator[tuple[int, Tensor]]:
         """Yield ``(l, h_l)`` for l = 1…upto (default L), keeping only the states a later skip
-        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``."""
+        reads (memory ``max(k, 1)`` states instead of L + 1); inputs ``(E, B, d)``; ``kw`` go to
+        each block."""
         keep, window = max(self.skip_every, 1), {0: h0}
         for l, block in self.walk(upto):
             skip = window[self.skip_source(l)] if block.has_skip else None
-            window[l] = block(window[l - 1], skip)
+            window[l] = block(window[l - 1], skip, **kw)
             window.pop(l - keep, None)
             yield l, window[l]
 
@@ -168,13 +165,8 @@ class Stack(nn.Module):
         return self.trajectory(h0, **kw)[-1]
 
     def trajectory(self, h0: Tensor, upto: int | None = None, **kw) -> list[Tensor]:
-        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``;
-        ``kw`` go to each block."""
-        hs = [h0]
-        for l, block in self.walk(upto):
-            skip = hs[self.skip_source(l)] if block.has_skip else None
-            hs.append(block(hs[-1], skip, **kw))
-        return hs
+        """Stream states ``[h_0, h_1, …, h_upto]`` (default upto = L), each ``(E, B, d)``."""
+        return [h0, *(h for _, h in self.states(h0, upto, **kw))]
 
 
 class ResidualMLP(Stack):
@@ -219,25 +211,22 @@ class ResidualMLP(Stack):
         device: str | torch.device = "cpu",
         streamed: bool = False,
     ):
-        super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
-        if skip_every < 0:
-            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = no skips)")
-        if not alpha > 0:
-            raise ValueError(f"alpha={alpha} must be > 0")
-        self.width, self.depth, self.alpha = width, depth, float(alpha)
-        self.skip_every = skip_every
+        super().__init__(width, depth, alpha=alpha, beta=beta, beta_scaling=beta_scaling,
+                         skip_every=skip_every, seeds=seeds)
         self.placement, self.norm_op = placement, norm_op
         self.pre_op, self.out_op, self.post_op = block_ops(placement, norm_op, pre, out, post)
+        if norm_op not in NORM_OPS:
+            raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(NORM_OPS)}")
+        if matrices not in (1, 2):
+            raise ValueError(f"matrices={matrices!r}: a branch has M = 1 or 2 weight matrices")
+        if activation == "swiglu" and matrices != 2:
+            raise ValueError("activation='swiglu' is a gated M = 2 branch; set matrices=2")
         self.matrices, self.activation = matrices, activation
-        self.seeds = [int(s) for s in seeds]
-        self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
-            Block(width, expansion=expansion, matrices=matrices, activation=activation,
-                  placement=placement, norm_op=norm_op, pre=self.pre_op, out=self.out_op,
-                  post=self.post_op, beta=self.beta_eff, has_skip=self.has_skip(l),
-                  members=len(self.seeds), dtype=dtype, device=device)
+            Block(width, hidden_width(width, expansion, matrices), matrices=matrices,
+                  activation=activation, ops=(self.pre_op, self.out_op, self.post_op),
+                  beta=self.beta_eff, has_skip=self.has_skip(l), members=len(self.seeds),
+                  dtype=dtype, device=device)
             for l in range(1, depth + 1)
         )
         self.streamed = bool(streamed)
@@ -295,7 +284,7 @@ class ResidualMLP(Stack):
         yielded and sets its buffers to NaN when the walk ends; the consumer must be done with
         block l when it asks for block l + 1."""
         try:
-            for l, block in enumerate(self.blocks[: upto if upto is not None else self.depth], start=1):
+            for l, block in super().walk(upto):
                 if self.streamed:  # block l's weights into the shared buffers
                     with self._drawing():
                         normal_many_(self._targets([l - 1]), self.seeds)

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..seeding import normal_many_
-from .activations import activation_fn
-from .mlp import Stack, effective_beta
+from .mlp import Layer, Stack
 from .norms import NORM_FNS
 from .norms import identity as _identity
 from .spec import nominal_ratio
@@ -62,7 +61,7 @@ def haar_orthogonal(g: Tensor) -> Tensor:
     return q * torch.sign(diag).where(diag != 0, 1.0).unsqueeze(-2)
 
 
-class PlainLayer(nn.Module):
+class PlainLayer(Layer):
     """One layer ``h_l = [skip +] g · (W φ(N(x)) + b)`` for E members; g = β on a skip layer, else 1.
 
     Parameters ``w`` ``(E, n, n)`` and ``b`` ``(E, n)``.  ``branch(x)`` is the scaled term
@@ -72,22 +71,13 @@ class PlainLayer(nn.Module):
     def __init__(self, width: int, *, activation: str, norm_op: str | None, beta: float,
                  has_skip: bool, members: int, dtype: torch.dtype = torch.float64,
                  device: str | torch.device = "cpu"):
-        super().__init__()
         if norm_op is not None and norm_op not in PLAIN_NORM_OPS:
             raise ValueError(f"norm_op={norm_op!r} is not one of {', '.join(PLAIN_NORM_OPS)}")
-        self.width = self.hidden = width
-        self.activation, self.norm_op = activation, norm_op
-        self.sigma = activation_fn(activation)
-        self.beta, self.has_skip = float(beta), bool(has_skip)
-        self.res_norm = _identity
+        super().__init__(width, activation, beta, has_skip)
+        self.hidden, self.norm_op, self.res_norm = width, norm_op, _identity
         # allocated where they live; PlainNet draws them there, in their dtype
         self.w = nn.Parameter(torch.empty(members, width, width, dtype=dtype, device=device))
         self.b = nn.Parameter(torch.empty(members, width, dtype=dtype, device=device))
-
-    @property
-    def scale(self) -> float:
-        """The factor in front of the layer map: β on a residual layer, 1 on a plain one."""
-        return self.beta if self.has_skip else 1.0
 
     def normalize(self, x: Tensor, *, detach_stats: bool = False) -> Tensor:
         """``N(x)``: the identity, a per-sample norm op, or :func:`batchnorm`."""
@@ -150,24 +140,17 @@ class PlainNet(Stack):
         dtype: torch.dtype = torch.float64,
         device: str | torch.device = "cpu",
     ):
-        super().__init__()
-        if depth < 1 or width < 1:
-            raise ValueError(f"depth={depth} and width={width} must be ≥ 1")
-        if not alpha > 0 or not bias >= 0:
-            raise ValueError(f"alpha (σ_w) = {alpha} must be > 0 and bias (σ_b) = {bias} ≥ 0")
+        super().__init__(width, depth, alpha=alpha, beta=beta, beta_scaling=beta_scaling,
+                         skip_every=skip_every, seeds=seeds)
+        if not bias >= 0:
+            raise ValueError(f"bias (σ_b) = {bias} must be ≥ 0")
         if init not in INITS:
             raise ValueError(f"init={init!r} is not one of {', '.join(INITS)}")
         if activation == "swiglu":
             raise ValueError("activation='swiglu' is a gated two-matrix branch (model=mlp)")
-        if skip_every < 0:
-            raise ValueError(f"skip_every={skip_every} must be ≥ 0 (0 = plain)")
-        self.width, self.depth = width, depth
-        self.alpha, self.sigma_b, self.init = float(alpha), float(bias), init
+        self.sigma_b, self.init = float(bias), init
         self.activation, self.norm_op = activation, norm_op
         self.placement = "none" if norm_op is None else "pre"
-        self.skip_every = skip_every
-        self.seeds = [int(s) for s in seeds]
-        self.beta_eff = effective_beta(beta, depth, beta_scaling)
         self.blocks = nn.ModuleList(
             PlainLayer(width, activation=activation, norm_op=norm_op, beta=self.beta_eff,
                        has_skip=self.has_skip(l), members=len(self.seeds), dtype=dtype,

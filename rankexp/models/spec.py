@@ -90,25 +90,16 @@ class ShapeError(ValueError):
     offline); :func:`rankexp.config.validate` reports it as a config error."""
 
 
-def checkpoint_config(pretrained: str) -> dict | None:
-    """The ``config.json`` of a local checkpoint directory, or None when ``pretrained`` is not one."""
-    path = Path(pretrained).expanduser() / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def checkpoint_shape(pretrained: str) -> dict[str, int] | None:
     """``{"n_embd", "n_layer", "n_head"}`` of a pretrained model known offline: a local directory's
     ``config.json``, or a hub id of :data:`LM_SHAPES`; None otherwise."""
-    cfg = checkpoint_config(pretrained)
-    if cfg is None:
+    path = Path(pretrained).expanduser() / "config.json"
+    if not path.is_file():
         name = HUB_IDS.get(pretrained, pretrained)
         return dict(LM_SHAPES[name]) if name in LM_SHAPES else None
-    out = {}
-    for key, names in _CONFIG_KEYS.items():
-        found = [cfg[n] for n in names if n in cfg]
-        if found:
-            out[key] = int(found[0])
-    return out
+    cfg = json.loads(path.read_text())
+    found = {key: [cfg[n] for n in names if n in cfg] for key, names in _CONFIG_KEYS.items()}
+    return {key: int(values[0]) for key, values in found.items() if values}
 
 
 def lm_shape(key: str, config: str, pretrained: str | None) -> int:

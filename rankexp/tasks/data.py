@@ -54,8 +54,6 @@ SOURCES = ("auto", "torchvision", "imagefolder", "archive")
 DEFAULT_ROOT = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_CACHE_DIR = cache_path(DATA_CACHE)
 _CACHE_FORMAT = 1
-_DECODE_CHUNK = 1000
-
 
 
 class CorruptDataError(DataError, ValueError):
@@ -218,9 +216,9 @@ def _decode_torchvision(root: Path, download: bool) -> tuple[Tensor, Tensor, Ten
 
 
 def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io) in chunks."""
+    """Decode ``tree/{train,test}/<class>/*`` with libjpeg (torchvision.io)."""
     from torchvision.datasets import ImageFolder
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+    from torchvision.io import ImageReadMode, decode_image
 
     out = []
     for split in ("train", "test"):
@@ -232,35 +230,23 @@ def _decode_imagefolder(tree: Path, progress: bool) -> tuple[Tensor, Tensor, Ten
             raise CorruptDataError(
                 f"{tree / split}: class folders {folder.classes} are not CIFAR-10's "
                 f"{list(CLASSES)} (labels would be wrong). {HOW_TO_GET}")
-        paths = [p for p, _ in folder.samples]
-        images = torch.empty(len(paths), *IMAGE_SHAPE, dtype=torch.uint8)
-        bar = tqdm(total=len(paths), desc=f"decode {split}", unit="img",
-                   disable=None if progress else True)
+        images = torch.empty(len(folder.samples), *IMAGE_SHAPE, dtype=torch.uint8)
         started = time.perf_counter()
-        for start in range(0, len(paths), _DECODE_CHUNK):
-            chunk = paths[start : start + _DECODE_CHUNK]
-            raw = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8)
-                   for p in chunk]
-            with warnings.catch_warnings():
-                warnings.filterwarnings(  # torchvision ≥ 0.29 deprecates its codecs
-                    "ignore", ".*TorchVision are deprecated", DeprecationWarning)
-                try:  # libjpeg on the whole chunk; anything else (PNG, a bad file) one by one
-                    decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
-                except RuntimeError:
-                    decoded = None
-                for i, p in enumerate(chunk):
-                    try:
-                        img = decoded[i] if decoded else decode_image(raw[i], ImageReadMode.RGB)
-                    except RuntimeError as err:
-                        raise CorruptDataError(
-                            f"{p}: cannot decode image ({err}). {HOW_TO_GET}") from err
-                    if tuple(img.shape) != IMAGE_SHAPE:
-                        raise CorruptDataError(f"{p}: image is {tuple(img.shape)}, CIFAR-10 images "
-                                               f"are 3×32×32. {HOW_TO_GET}")
-                    images[start + i] = img
-            bar.update(len(chunk))
-        bar.close()
-        log.info("decoded %d %s images in %.1f s", len(paths), split, time.perf_counter() - started)
+        with warnings.catch_warnings():  # torchvision ≥ 0.29 deprecates its codecs
+            warnings.filterwarnings("ignore", ".*TorchVision are deprecated", DeprecationWarning)
+            for i, (p, _) in enumerate(tqdm(folder.samples, desc=f"decode {split}", unit="img",
+                                            disable=None if progress else True)):
+                try:
+                    img = decode_image(p, ImageReadMode.RGB)
+                except RuntimeError as err:
+                    raise CorruptDataError(
+                        f"{p}: cannot decode image ({err}). {HOW_TO_GET}") from err
+                if tuple(img.shape) != IMAGE_SHAPE:
+                    raise CorruptDataError(f"{p}: image is {tuple(img.shape)}, CIFAR-10 images "
+                                           f"are 3×32×32. {HOW_TO_GET}")
+                images[i] = img
+        log.info("decoded %d %s images in %.1f s", len(images), split,
+                 time.perf_counter() - started)
         out += [images, torch.as_tensor(folder.targets, dtype=torch.int64)]
     return tuple(out)
 
@@ -385,15 +371,13 @@ class BatchSampler:
         self.batches_per_epoch = self.n // self.batch_size
         self._epoch, self._perm = -1, None
 
-    def _epoch_seed(self, epoch: int) -> int:
-        state = np.random.SeedSequence([self.seed, STREAM_DATA, epoch]).generate_state(1, np.uint64)
-        return int(state[0]) & 0x7FFF_FFFF_FFFF_FFFF
-
     def indices(self, step: int) -> Tensor:
         """Index batch of (0-based) ``step``: int64 ``(batch_size,)`` on the device."""
         epoch, k = divmod(int(step), self.batches_per_epoch)
         if epoch != self._epoch:
-            g = torch.Generator(device=self.device).manual_seed(self._epoch_seed(epoch))
+            seq = np.random.SeedSequence([self.seed, STREAM_DATA, epoch])
+            seed = int(seq.generate_state(1, np.uint64)[0]) & 0x7FFF_FFFF_FFFF_FFFF
+            g = torch.Generator(device=self.device).manual_seed(seed)
             self._perm = torch.randperm(self.n, generator=g, device=self.device)
             self._epoch = epoch
         return self._perm[k * self.batch_size : (k + 1) * self.batch_size]

@@ -34,11 +34,6 @@ DIVERGENCE_FACTOR = 1000.0
 NUM_CLASSES = 10
 
 
-def member_errors(logits: Tensor, y: Tensor) -> Tensor:
-    """Fraction misclassified per member: logits ``(E, B, C)``, labels ``(B,)`` → float32 ``(E,)``."""
-    return (logits.argmax(-1) != y).float().mean(1)
-
-
 def member_losses(logits: Tensor, y: Tensor) -> Tensor:
     """Mean cross-entropy per member: logits ``(E, B, C)``, labels ``(B,)`` → ``(E,)`` (nats)."""
     members, batch, classes = logits.shape
@@ -53,12 +48,10 @@ def evaluate(classifier: nn.Module, x: Tensor, y: Tensor, *, batch_size: int = 2
     was_training = classifier.training
     classifier.eval()
     try:
-        correct = None
         with _autocast(x.device, autocast_bf16):
-            for start in range(0, x.shape[0], batch_size):
-                logits = classifier(x[start : start + batch_size])
-                hits = (logits.argmax(-1) == y[start : start + batch_size]).sum(1)
-                correct = hits if correct is None else correct + hits
+            batches = range(0, x.shape[0], batch_size)
+            correct = sum((classifier(x[i : i + batch_size]).argmax(-1) == y[i : i + batch_size])
+                          .sum(1) for i in batches)
     finally:
         classifier.train(was_training)
     return correct.double() / x.shape[0]
@@ -141,10 +134,10 @@ def _watch_divergence(state: LoopState, losses: Tensor, factor: float) -> Tensor
 
 def _step_body(model: nn.Module, optimizer: MemberOptimizer, state: LoopState, data: DeviceDataset,
                loss_fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], recipe: Recipe,
-               divergence_factor: float) -> Callable[[Tensor, Tensor | float, int], None]:
+               divergence_factor: float) -> Callable[[Tensor, Tensor | float], None]:
     params = list(model.parameters())
 
-    def body(idx: Tensor, lr_scale: Tensor | float, step: int) -> None:
+    def body(idx: Tensor, lr_scale: Tensor | float) -> None:
         x, y = data.x_train[idx], data.y_train[idx]  # a gather on the device
         if recipe.batch_transform is not None:
             x = recipe.batch_transform(x, state.done)
@@ -177,7 +170,7 @@ class _GraphedStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.WARMUP):
-                body(self.idx, self.scale, -1)
+                body(self.idx, self.scale)
         torch.cuda.current_stream().wait_stream(side)
         with torch.no_grad():
             model.load_state_dict(saved_model)  # copy_ in place: addresses kept
@@ -188,9 +181,9 @@ class _GraphedStep:
             p.grad = None  # the captured backward allocates them from the graph's pool
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            body(self.idx, self.scale, -1)
+            body(self.idx, self.scale)
 
-    def __call__(self, idx: Tensor, lr_scale: float, step: int) -> None:
+    def __call__(self, idx: Tensor, lr_scale: float) -> None:
         self.idx.copy_(idx)
         self.scale.fill_(lr_scale)
         self.graph.replay()
@@ -305,15 +298,19 @@ class _Loop:
         self.on_probe = on_probe
         self.device = data.device
         self.sampler = BatchSampler(data.y_train.shape[0], plan.batch_size, seed, self.device)
-        lr_vec = torch.tensor(lrs, dtype=torch.float64, device=self.device)
-        self.optimizer = plan.recipe.optimizer(model, lr_vec)
-        self.state = LoopState.fresh(len(lrs), plan.steps, self.device)
-        self.history = _History()
+        self._fresh()
         arch = model.architecture() if hasattr(model, "architecture") else {
             name: list(p.shape) for name, p in model.named_parameters()}
         self.identity = {"lrs": lrs, "seed": seed, "batch_size": plan.batch_size,
                          "sampler": self.sampler.state_dict(), "recipe": plan.recipe.name,
                          "divergence_factor": plan.divergence_factor, "architecture": arch}
+
+    def _fresh(self) -> None:
+        """The optimizer and loop state of step 0."""
+        lrs = torch.tensor(self.lrs, dtype=torch.float64, device=self.device)
+        self.optimizer = self.plan.recipe.optimizer(self.model, lrs)
+        self.state = LoopState.fresh(len(self.lrs), self.plan.steps, self.device)
+        self.history = _History()
 
     def resume(self) -> int:
         path = self.plan.checkpoint_path
@@ -333,9 +330,7 @@ class _Loop:
             self.state.diverged_step.copy_(ckpt["diverged_step"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             self.model.load_state_dict(initial)
-            self.optimizer = self.plan.recipe.optimizer(
-                self.model, torch.tensor(self.lrs, dtype=torch.float64, device=self.device))
-            self.state = LoopState.fresh(len(self.lrs), self.plan.steps, self.device)
+            self._fresh()
             checkpoint.unusable(path, f"not loadable into this run ({type(err).__name__}: {err})")
             return 0
         self.state.done.fill_(start)
@@ -365,11 +360,11 @@ class _Loop:
         def forward_loss(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
             with _autocast(device, bf16):
                 logits = model(x)
-                return member_losses(logits, y), member_errors(logits, y)
+                return member_losses(logits, y), (logits.argmax(-1) != y).float().mean(1)
 
         return torch.compile(forward_loss) if self.plan.compile else forward_loss
 
-    def _step_function(self, start: int) -> Callable[[Tensor, float, int], None]:
+    def _step_function(self, start: int) -> Callable[[Tensor, float], None]:
         body = _step_body(self.model, self.optimizer, self.state, self.data, self._loss_fn(),
                           self.plan.recipe, self.plan.divergence_factor)
         if not self.plan.cuda_graphs:
@@ -393,7 +388,7 @@ class _Loop:
         with progress_bar(plan.steps, enabled=plan.progress, initial=start, desc="train",
                           unit="step") as bar, interrupt.deferred():
             for step in range(start, end):
-                step_fn(self.sampler.indices(step), schedule(step, plan.steps), step)
+                step_fn(self.sampler.indices(step), schedule(step, plan.steps))
                 bar.update(1)
                 done = step + 1
                 self._bookkeeping(done, bar)

@@ -89,23 +89,14 @@ class MemberAdam(MemberOptimizer):
         self._denom = [torch.empty_like(p) for p in self.params]
 
     @torch.no_grad()
-    def coefficients(self, alive: Tensor, lr_scale: Tensor | float) -> tuple[Tensor, Tensor]:
-        """``(a, b)``, ``(E,)`` in the parameters' dtype, for the step about to be taken."""
-        beta1, beta2 = self.betas
-        t = self.t + 1
-        c1, c2 = 1 - beta1**t, 1 - beta2**t
-        lr = self.lrs * lr_scale
-        a = torch.where(alive, c1 / (lr * c2.sqrt()), 0.0)
-        b = torch.where(alive, self.eps * c1 / lr, math.inf)
-        return a.to(self.dtype), b.to(self.dtype)
-
-    @torch.no_grad()
     def step(self, alive: Tensor, lr_scale: Tensor | float = 1.0) -> None:
-        a, b = self.coefficients(alive, lr_scale)
-        clear = self._must_clear(alive)
-        self.t += 1
         beta1, beta2 = self.betas
-        dead = ~alive
+        self.t += 1
+        c1, c2 = 1 - beta1**self.t, 1 - beta2**self.t
+        lr = self.lrs * lr_scale
+        a = torch.where(alive, c1 / (lr * c2.sqrt()), 0.0).to(self.dtype)
+        b = torch.where(alive, self.eps * c1 / lr, math.inf).to(self.dtype)
+        clear, dead = self._must_clear(alive), ~alive
         for p, m, v, d, shape in zip(
             self.params, self.exp_avg, self.exp_avg_sq, self._denom, self._shapes, strict=True):
             g = p.grad

@@ -29,20 +29,25 @@ def probes_at(step: int, probes: list[str]) -> list[str]:
     return [p for p in probes if p not in skip]
 
 
+def probe_net(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
+              trained: bool) -> Measurement:
+    """``probes`` of ``net`` itself: Gaussian inputs for the MLP, ``data``'s images otherwise."""
+    if isinstance(net, ResidualMLP):
+        return run_probes(net, probes, options=options)
+    return run_probes(net, probes,
+                      context=lambda m: ImageProbeContext(m, data, options, trained=trained))
+
+
 def probe_members(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
                   trained: bool, dtype: torch.dtype | None = None) -> Measurement:
     """``probes`` of every member of ``net`` on a copy under a forked RNG; per-member values in
     ``seed_arrays``."""
     p = next(net.parameters())
-    devices = [p.device] if p.device.type == "cuda" else []
     copy_ = copy.deepcopy(net)
-    with torch.random.fork_rng(devices=devices):
-        if isinstance(net, ResidualMLP):
-            if dtype is not None:
-                copy_.to(dtype)
-            return run_probes(copy_, probes, options=options)
-        return run_probes(copy_, probes,
-                          context=lambda m: ImageProbeContext(m, data, options, trained=trained))
+    if dtype is not None and isinstance(net, ResidualMLP):
+        copy_.to(dtype)
+    with torch.random.fork_rng(devices=[p.device] if p.device.type == "cuda" else []):
+        return probe_net(copy_, data, probes, options, trained=trained)
 
 
 def member_values(m: Measurement, members: int) -> dict[str, Tensor]:

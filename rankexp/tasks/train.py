@@ -16,8 +16,7 @@ from ..memory import probe_memory_line
 from ..models import DTYPES, build_model
 from ..models.classifier import NUM_CLASSES, Classifier  # noqa: F401  (re-exported)
 from ..models.convnet import CifarResNet
-from ..models.mlp import ResidualMLP
-from ..probes import INIT_PROBES, ImageProbeContext
+from ..probes import INIT_PROBES
 from ..result import Measurement
 from ..seeding import subset_indices
 from ..tracking import RESULT_DIR
@@ -33,7 +32,6 @@ from .loop import (  # noqa: F401  (re-exported: the loop's public names)
     progress_line,
     train,
 )
-from .measure import run_probes
 
 if TYPE_CHECKING:
     from ..config import RankexpConfig
@@ -142,10 +140,12 @@ class _Probing:
 
     def _once(self, out: Measurement, probes: list[str], trained: bool, step: int) -> None:
         if probes:
-            m = _probes(self.net, self.data, probes, self.s.task.options, trained=trained)
+            log.info("probes of the %s network: %s", "trained" if trained else "initial",
+                     ", ".join(probes))
+            m = probing.probe_net(self.net, self.data, probes, self.s.task.options, trained=trained)
             out.update(m)
             if len(self.lrs) > 1:  # (one rate: its scalars are the run's)
-                log_member_series(self.run, [step], _member_rows(m, self.lrs))
+                log_member_series(self.run, [step], _rows(probing.member_values(m, len(self.lrs))))
 
     def on_probe(self, step: int) -> dict[str, torch.Tensor]:
         t = self.s.task
@@ -153,8 +153,7 @@ class _Probing:
                                   trained=step > 0, dtype=DTYPES[self.s.dtype.value])
         values = probing.member_values(m, len(self.lrs))
         self.live.append(step)
-        log_member_series(self.run, [step],
-                          {k: v[None] for k, v in probing.member_scalars(values).items()})
+        log_member_series(self.run, [step], _rows(values))
         return values
 
     def after(self, out: Measurement, res: TrainResult, result_dir: Path) -> None:
@@ -172,8 +171,9 @@ def log_member_series(run: Any, steps: list[int] | np.ndarray, metrics: dict[str
     run.log_member_series(np.asarray(steps), {name: np.asarray(v) for name, v in metrics.items()})
 
 
-def _member_rows(m: Measurement, lrs: list[float]) -> dict[str, np.ndarray]:
-    return {k: v[None] for k, v in probing.member_scalars(probing.member_values(m, len(lrs))).items()}
+def _rows(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The per-member scalars among ``values`` as one row ``(1, E)`` each."""
+    return {k: v[None] for k, v in probing.member_scalars(values).items()}
 
 
 def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: list[int], run: Any,
@@ -197,15 +197,6 @@ def _probe_results(out: Measurement, res: TrainResult, lrs: list[float], live: l
 
 def _steps_text(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) <= 12 else f"{steps[0]}, {steps[1]}, …, {steps[-1]}"
-
-
-def _probes(net: nn.Module, data: DeviceDataset, probes: list[str], options: dict, *,
-            trained: bool) -> Measurement:
-    log.info("probes of the %s network: %s", "trained" if trained else "initial", ", ".join(probes))
-    if isinstance(net, ResidualMLP):
-        return run_probes(net, probes, options=options)
-    return run_probes(net, probes,
-                      context=lambda m: ImageProbeContext(m, data, options, trained=trained))
 
 
 def _backfill(run: Any, res: TrainResult, resumed_before: int, log_every: int, unit: int) -> None:
