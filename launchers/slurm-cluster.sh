@@ -71,20 +71,9 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  [[ $EUID -eq 0 ]] || die "packages missing (${missing[*]}); run as root to install them"
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y --no-install-recommends "${missing[@]}" >"$DIR/apt.log" 2>&1; then
-    apt-get update >>"$DIR/apt.log" 2>&1
-    apt-get install -y --no-install-recommends "${missing[@]}" >>"$DIR/apt.log" 2>&1 \
-      || die "apt-get install failed; see $DIR/apt.log"
-  fi
+ensure_packages() {  # installed when missing, as `make test-deps` does (idempotent)
+  bash "$HERE/install-test-deps.sh" "${PACKAGES[@]}" >>"$DIR/apt.log" 2>&1 \
+    || die "installing ${PACKAGES[*]} failed; see $DIR/apt.log"
 }
 
 write_slurm_conf() {
