@@ -723,9 +723,7 @@ class ContourSweeper(RankexpSweeper):
             if not fits.empty:
                 log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the crossing where "
                          "the axis leaves βα^M alone):\n%s", fits.to_string(index=False))
-        if parent is None or parent.run_id is None:
-            return
-        try:
+        try:  # (the parent run exists: a contour refuses a sweep that does not log to a store)
             with tempfile.TemporaryDirectory() as tmp:
                 for name, df in {"contour": contour, "exponents": fits}.items():
                     df.to_csv(Path(tmp) / f"{name}.csv", index=False)
@@ -741,12 +739,9 @@ class ContourSweeper(RankexpSweeper):
 def _extend_sweep(run, job_dirs: list, names: list[str]) -> None:
     """Tell the parent and the jobs of every job so far (a sweep that learns its jobs round by
     round): the plan file (names and job dirs) and the parent's ``jobs_total`` tag."""
-    if run is None:
-        return
     record = jobdir.read_json(run.sweep_dir / jobdir.NAMES_FILE) or {}
     jobdir.write_json(run.sweep_dir / jobdir.NAMES_FILE, {
         "started": record.get("started", time.time()), "names": list(names),
         "job_dirs": [str(Path(d).resolve()) for d in job_dirs]})
     run.job_dirs = list(job_dirs)
-    if run.run_id is not None:
-        run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
+    run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
