@@ -25,14 +25,12 @@ import hashlib
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .common import ROOT, checkout, commit, env, header, load
+from .common import ROOT, checkout, commit, header, load, run
 
 EXPERIMENTS, SWEEP, DEPTH = 4, 90, 48
 ALPHAS, BETAS = (0.25, 0.5, 1, 2, 4), (0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16)
@@ -129,21 +127,6 @@ print(len(load_runs(sys.argv[2], sys.argv[1], cache_dir=False)), "runs")
 """
 
 
-def timed(argv: list[str], tree: Path, cwd: Path) -> tuple[float, float, float]:
-    """(wall s, CPU s, peak RSS MB) of ``python argv`` of ``tree``'s code, a fresh process."""
-    with tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        pid = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env(tree),
-                               stdout=subprocess.DEVNULL, stderr=err).pid
-        _, status, usage = os.wait4(pid, 0)  # this child's own rusage
-        wall = time.perf_counter() - t0
-        if status:
-            err.seek(0)
-            raise RuntimeError(f"python {' '.join(argv[:3])} ({tree}) failed:\n"
-                               f"{err.read()[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     with checkout(args.rev) if args.rev else tempfile.TemporaryDirectory() as before, \
             tempfile.TemporaryDirectory(prefix="bigstore-out-") as out:
         trees = {**({args.rev: Path(before)} if args.rev else {}), f"this tree ({commit()})": ROOT}
-        got = {(r, v): [timed(a, tree, Path(out)) for _ in range(args.rounds)]
+        got = {(r, v): [run(a, tree, Path(out)) for _ in range(args.rounds)]
                for r, a in rows.items() for v, tree in trees.items()}
     print(f"a store of {uri.split('/')[-2]}: {args.configs} configs resumed (half FINISHED), "
           f"experiment exp0 ({args.runs // EXPERIMENTS} runs), min of {args.rounds} fresh "

@@ -8,7 +8,6 @@ load average (``os.getloadavg``) printed beside them.
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -83,25 +82,24 @@ def env(tree: Path, threads: int | None = 1) -> dict[str, str]:
     return {**out, **n, "PYTHONPATH": str(tree)}
 
 
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def run(argv: Sequence[str], tree: Path = ROOT, cwd: Path | None = None,
+        threads: int | None = 1, **extra: str) -> tuple[float, float, float]:
+    """``(wall s, CPU s, peak RSS MB)`` of a fresh ``python <argv>`` of ``tree``'s code, its own
+    rusage from ``os.wait4`` (``extra``: more environment); raises when it fails."""
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        pid = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+                               stderr=err, env={**env(tree, threads), **extra}).pid
+        _, status, usage = os.wait4(pid, 0)
+        wall = time.perf_counter() - t0
+        if status:
+            err.seek(0)
+            raise RuntimeError(f"python {' '.join(argv[:3])} ({tree}) exited "
+                               f"{os.waitstatus_to_exitcode(status)}:\n{err.read()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def run(argv: Sequence[str], tree: Path = ROOT, cwd: Path | None = None, threads: int = 1,
-        **extra: str) -> tuple[float, float]:
-    """``(wall, cpu)`` seconds of a fresh ``python <argv>`` of ``tree``'s code (``extra``: more
-    environment); raises when it fails."""
-    t0, c0 = time.perf_counter(), children_cpu()
-    p = subprocess.run([sys.executable, *argv], cwd=cwd, env={**env(tree, threads), **extra},
-                       capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - t0, children_cpu() - c0
-    if p.returncode:
-        raise RuntimeError(f"python {' '.join(argv)} ({tree}) exited {p.returncode}:\n{p.stderr[-2000:]}")
-    return wall, cpu
-
-
-def rankexp(args: Sequence[str], tree: Path, cwd: Path, threads: int = 1) -> tuple[float, float]:
+def rankexp(args: Sequence[str], tree: Path, cwd: Path, threads: int = 1) -> tuple[float, ...]:
     """:func:`run` of ``python -m rankexp <args>`` on the CPU, started in ``cwd``, its outputs under it."""
     out = cwd / f"out{time.monotonic_ns()}"
     return run(["-m", "rankexp", *(a for a in args if a != "-m"), "device=cpu", f"hydra.run.dir={out}",

@@ -41,7 +41,7 @@ from rankexp.models.mlp import ResidualMLP
 from rankexp.tasks.data import DeviceDataset
 from rankexp.tasks.train import STUDY_LRS, evaluate, train
 
-from .common import ROOT, env, header
+from .common import ROOT, env, header, run
 
 FLOAT64_TOLERANCE = 1e-8
 NORMS = ("pre", "post")
@@ -277,11 +277,9 @@ def sweep_overhead(workdir: Path, jobs: int = 6) -> tuple[float, float]:
     def sweep(n: int) -> float:
         where = workdir / f"sweep{time.monotonic_ns()}"
         where.mkdir()
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rankexp", "width=8", "depth=2", "seeds=1", "device=cuda",
-                        "alpha=" + ",".join(f"{1 + i / 100:g}" for i in range(n)), f"hydra.sweep.dir={where}",
-                        "-m"], cwd=where, env=env(ROOT, None), check=True, capture_output=True)
-        return time.perf_counter() - t0
+        alphas = ",".join(f"{1 + i / 100:g}" for i in range(n))
+        return run(["-m", "rankexp", "width=8", "depth=2", "seeds=1", "device=cuda", f"alpha={alphas}",
+                    f"hydra.sweep.dir={where}", "-m"], ROOT, where, None)[0]
 
     sweep(1)  # the store's schema, CUDA's first context: one-offs
     one, many = sweep(1), sweep(jobs)

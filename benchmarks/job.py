@@ -39,7 +39,7 @@ def wall(args: list[str], tree: Path, cpu: list[float] | None = None, parts: lis
     """Wall seconds of a fresh job in a temporary folder; its CPU seconds appended to ``cpu``, and
     to ``parts`` the (drawing, measurement) seconds its ``result.json`` reports, where it has one."""
     with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
-        w, c = rankexp(args, tree, Path(tmp))
+        w, c, _ = rankexp(args, tree, Path(tmp))
         for result in Path(tmp).rglob("result.json") if parts is not None else ():
             sc = json.loads(result.read_text()).get("scalars", {})
             if "measure_seconds" in sc:

@@ -2,12 +2,13 @@
 # Install the Debian packages the end-to-end tests start (root; idempotent; `make test-deps`):
 # Slurm, munge, MariaDB, gcc + libc6-dev (tests/test_slurm.py, launchers/slurm-cluster.sh and
 # its loopback preload), PostgreSQL (tests/test_tracking_server.py), Chromium and its driver
-# (tests/test_mlflow_ui.py), curl (the launchers' /health checks).
+# (tests/test_mlflow_ui.py), curl (the launchers' /health checks).  Arguments: only these
+# packages (launchers/slurm-cluster.sh start installs its own).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev postgresql
   chromium chromium-driver curl)
+(($#)) && APT_PACKAGES=("$@")
 POLICY=/usr/sbin/policy-rc.d
 
 log() { printf '[test-deps %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }

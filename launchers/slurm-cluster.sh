@@ -29,6 +29,7 @@ export SLURM_CONF=$ETC/slurm.conf  # for every Slurm command below
 MUNGE_SOCKET=$MUNGE/munge.socket
 DB_SOCKET=$DB/mysqld.sock
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server gcc libc6-dev)
+DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)  # in start order
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SHIM=$DIR/lib/bind-loopback.so
 
@@ -71,20 +72,9 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   done
 }
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  [[ $EUID -eq 0 ]] || die "packages missing (${missing[*]}); run as root to install them"
-  log "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y --no-install-recommends "${missing[@]}" >"$DIR/apt.log" 2>&1; then
-    apt-get update >>"$DIR/apt.log" 2>&1
-    apt-get install -y --no-install-recommends "${missing[@]}" >>"$DIR/apt.log" 2>&1 \
-      || die "apt-get install failed; see $DIR/apt.log"
-  fi
+ensure_packages() {  # installed when missing, as `make test-deps` does (idempotent)
+  bash "$HERE/install-test-deps.sh" "${PACKAGES[@]}" >>"$DIR/apt.log" 2>&1 \
+    || die "installing ${PACKAGES[*]} failed; see $DIR/apt.log"
 }
 
 write_slurm_conf() {
@@ -212,9 +202,7 @@ check_loopback() {
 
 start_mariadb() {
   pid_alive mariadbd && return 0
-  local fresh=0
   if [[ ! -d $DB/data/mysql ]]; then
-    fresh=1
     rm -rf "$DB"
     install -d -o mysql -g mysql -m 0755 "$DB" "$DB/data"
     mariadb-install-db --no-defaults --user=mysql --datadir="$DB/data" \
@@ -233,7 +221,7 @@ start_mariadb() {
   disown
   wait_for 60 mariadb db_sql 'SELECT 1' || die "mariadbd did not answer; see $LOG/mariadb.log"
   cp "$DB/mariadbd.pid" "$RUN/mariadbd.pid"
-  if ((fresh)) || ! db_sql "SELECT 1 FROM mysql.user WHERE user='slurm'" | grep -q 1; then
+  if ! db_sql "SELECT 1 FROM mysql.user WHERE user='slurm'" | grep -q 1; then
     db_sql "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
             CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$(<"$ETC/dbpass")';
             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
@@ -280,9 +268,7 @@ sacct_answers() { sacct -n -X -S now-1minutes >/dev/null 2>&1; }
 
 all_alive() {
   local name
-  for name in munged mariadbd slurmdbd slurmctld slurmd; do
-    pid_alive "$name" || return 1
-  done
+  for name in "${DAEMONS[@]}"; do pid_alive "$name" || return 1; done
 }
 
 cmd_start() {
@@ -332,14 +318,14 @@ cmd_stop() {
       wait_for 20 "jobs gone" bash -c "[[ -z \$(squeue -h -t R,CG -o %A) ]]" || true
     fi
   fi
-  local name
-  for name in slurmd slurmctld slurmdbd mariadbd munged; do stop_pid "$name"; done
+  local i
+  for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop_pid "${DAEMONS[i]}"; done
   rm -f "$MUNGE/munged.pid"
 }
 
 cmd_status() {
   local name rc=0
-  for name in munged mariadbd slurmdbd slurmctld slurmd; do
+  for name in "${DAEMONS[@]}"; do
     if pid_alive "$name"; then
       printf '%-10s running (pid %s)\n' "$name" "$(<"$RUN/$name.pid")"
     else

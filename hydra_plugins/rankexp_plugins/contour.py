@@ -46,7 +46,6 @@ SECANT_HALF = 0.45
 LOCAL = 0.5
 #: a budgeted secant step under this fraction of the bracket takes no bisection point
 SETTLING = 0.25
-STATUSES = ("converged", "open", "unbracketed", "non_monotone")
 
 
 @dataclass(frozen=True)
@@ -75,16 +74,14 @@ class Axis:
 
     def start(self, n: int) -> list[float]:
         """``n ≥ 2`` points evenly spaced in ``u`` from ``lo`` to ``hi`` (the first round)."""
-        if n < 2:
-            raise ValueError(f"contour: at least 2 starting points (the bracket's ends), got {n}")
         return [self.x(u) for u in np.linspace(self.u(self.lo), self.u(self.hi), n)]
 
 
 @dataclass
 class Cell:
-    """One (trace point, level): ``status`` ∈ :data:`STATUSES`, the bracket ``lo``/``hi``
-    (axis values) with ``f_lo``/``f_hi``, the ``crossing`` estimate, ``width`` and ``error``
-    in ``u``; ``note``: why it is not converged."""
+    """One (trace point, level): ``status`` (converged, open, unbracketed, non_monotone), the
+    bracket ``lo``/``hi`` (axis values) with ``f_lo``/``f_hi``, the ``crossing`` estimate,
+    ``width`` and ``error`` in ``u``; ``note``: why it is not converged."""
 
     level: float
     status: str
@@ -154,8 +151,11 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
         cut = [f"{xs[i]:.4g}…{xs[nxt[i]]:.4g}" for i in changes] + [f"{xs[k]:.4g}" for k in on]
         cell.note = f"meets the level {len(changes) + len(on)} times ({', '.join(cut)})"
         return cell
-    if on.size:  # measured exactly on the level
-        return _on_level(cell, xs, f, int(on[0]))
+    if on.size:  # measured exactly on the level: converged there, width 0
+        k = int(on[0])
+        cell.lo = cell.hi = cell.crossing = xs[k]
+        cell.status, cell.f_lo, cell.f_hi, cell.width, cell.error = "converged", f[k], f[k], 0.0, 0.0
+        return cell
     i = changes[0]
     j = nxt[i]
     if boolean and s[i] < 0 < s[j]:  # fails below, holds above: a floor, not the boundary
@@ -168,11 +168,12 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
     uhat = 0.5 * (a + b) if boolean else linear if narrow else _interpolate(u, f, i, j, level)
     cell.crossing = axis.x(uhat)
     cell.error = 0.5 * cell.width
-    if narrow or (boolean and cell.width <= tol * (1 + 1e-9)):
+    if narrow:
         cell.status = "converged"
         return cell
     cell.status = "open"
     bisect = boolean or method == "bisect" or cell.width > 0.5 * previous_width
+    mid = 0.5 * (a + b)
     if budget:
         step = abs(uhat - prior) if prior is not None else math.inf
         gap = abs(uhat - linear) if cell.width <= LOCAL else math.inf
@@ -180,18 +181,10 @@ def solve(points: dict[float, float], level: float, axis: Axis, tol: float, *,
             cell.status, cell.error = "converged", min(step, cell.error, gap)
             return cell
         bisect = bisect and step > SETTLING * cell.width  # a secant settling inside: no midpoint
-        cell.proposals = [axis.x(v) for v in ([uhat] if not bisect or prior is None else
-                                              [uhat, 0.5 * (a + b)]) if a < v < b]
-        cell.proposals = cell.proposals or [axis.x(0.5 * (a + b))]
-        return cell
-    cell.proposals = _next(a, b, uhat, tol, bisect, axis)
-    return cell
-
-
-def _on_level(cell: Cell, xs: np.ndarray, f: np.ndarray, i: int) -> Cell:
-    """A cell measured exactly on the level at ``xs[i]``: converged there, width 0."""
-    cell.status, cell.lo, cell.hi, cell.crossing = "converged", xs[i], xs[i], xs[i]
-    cell.f_lo, cell.f_hi, cell.width, cell.error = f[i], f[i], 0.0, 0.0
+        vs = [uhat, mid] if bisect and prior is not None else [uhat]
+    else:  # the midpoint, or the secant's two points û ± 0.45·tol
+        vs = [mid] if bisect else [uhat - SECANT_HALF * tol, uhat + SECANT_HALF * tol]
+    cell.proposals = [axis.x(v) for v in vs if a < v < b] or [axis.x(mid)]
     return cell
 
 
@@ -221,14 +214,9 @@ def _expand(cell: Cell, u: np.ndarray, f: np.ndarray, s: np.ndarray, axis: Axis,
     """An unbracketed cell's step towards its crossing's side (level: by the points' slope;
     boolean: up when every point holds): twice the measured span (≥ ``4·tol``) past the
     outermost point, clipped to the bracket; none once that end is measured."""
-    if boolean:
-        right = s[0] > 0
-    else:
-        finite = np.isfinite(f)
-        slope = f[finite][-1] - f[finite][0]
-        if slope == 0:
-            return
-        right = (slope > 0) == (s[np.flatnonzero(finite)[0]] < 0)
+    if not boolean and f[-1] == f[0]:  # (a level target's f is finite)
+        return
+    right = s[0] > 0 if boolean else (f[-1] > f[0]) == (s[0] < 0)
     end = axis.u(axis.hi if right else axis.lo)
     edge = u[-1] if right else u[0]
     if abs(edge - end) <= 1e-12 * max(1.0, abs(end)):
@@ -245,26 +233,13 @@ def _interpolate(u: np.ndarray, f: np.ndarray, i: int, j: int, level: float) -> 
     from scipy.interpolate import PchipInterpolator
     from scipy.optimize import brentq
 
-    up = f[j] > f[i]
-    lo, hi = i, j
-    while lo > 0 and np.isfinite(f[lo - 1]) and (f[lo] > f[lo - 1]) == up and f[lo] != f[lo - 1]:
-        lo -= 1
-    while hi < len(f) - 1 and np.isfinite(f[hi + 1]) and (f[hi + 1] > f[hi]) == up \
-            and f[hi + 1] != f[hi]:
-        hi += 1
-    lo, hi = max(lo, i - 1), min(hi, j + 1)  # one neighbour each side: a local estimate
+    up = f[j] > f[i]  # (f is finite here: a level target's points without a value are dropped)
+    lo = i - 1 if i > 0 and (f[i] > f[i - 1]) == up and f[i] != f[i - 1] else i
+    hi = j + 1 if j < len(f) - 1 and (f[j + 1] > f[j]) == up and f[j + 1] != f[j] else j
     if hi - lo < 2:
         return u[i] + (f[i] - level) / (f[i] - f[j]) * (u[j] - u[i])
     curve = PchipInterpolator(u[lo:hi + 1], f[lo:hi + 1])
     return float(brentq(lambda v: float(curve(v)) - level, u[i], u[j]))
-
-
-def _next(a: float, b: float, uhat: float, tol: float, bisect: bool, axis: Axis) -> list[float]:
-    """The next axis values inside ``(a, b)``: the midpoint, or those of ``û ± 0.45·tol``."""
-    if bisect:
-        return [axis.x(0.5 * (a + b))]
-    h = SECANT_HALF * tol
-    return [axis.x(v) for v in (uhat - h, uhat + h) if a < v < b] or [axis.x(0.5 * (a + b))]
 
 
 @dataclass(frozen=True)
@@ -297,8 +272,7 @@ def fit_exponent(L, y, err=None, confidence: float = 0.95) -> Fit:
     if n < 3:
         return Fit(s, math.nan, math.nan, n, resolution)
     resid = ly - ly.mean() - s * dx
-    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
-    q = float(stats.t.ppf(0.5 + confidence / 2, n - 2)) * se
+    q = float(stats.t.ppf(0.5 + confidence / 2, n - 2)) * math.sqrt(float(resid @ resid) / (n - 2) / sxx)
     return Fit(s, s - q, s + q, n, resolution)
 
 
@@ -500,7 +474,7 @@ class Contour:
             if self.cells[(src, s.levels[0])].status != "unbracketed":
                 continue
             v = self.values[src]
-            held = {x: bool(_signs(np.array([v[x]], dtype=float), s.levels[0], True)[0] > 0) for x in v}
+            held = {x: v[x] >= s.levels[0] for x in v}  # (NaN: not held)
             if held.get(s.axis.hi):
                 return s.axis.hi
             if not any(held.values()) and s.axis.lo in v:
@@ -513,8 +487,14 @@ class Contour:
         to measure around it: twice its gap to the least-squares law (≥ 3 depths), at least
         ``tol`` (boolean: ``tol``/2).  None when no neighbour has converged."""
         s = self.spec
-        if (across := self._across(t, level)) is not None:
-            return across
+        guess = self._across(t, level) or self._along(t, level)
+        if guess is None:
+            return None
+        return guess[0], 0.499 * s.tol if s.boolean else max(s.tol, 2 * guess[1])
+
+    def _along(self, t: int, level: float) -> tuple[float, float] | None:
+        """The crossing linear in log L between the converged neighbours, and its gap to the
+        least-squares law (level targets, ≥ 3 depths; else 0).  None when none converged."""
         known = [(self.depth[t2], self.estimate[(t2, level)]) for t2 in self.group[t]
                  if t2 != t and self._converged(t2, level)]
         if not known:
@@ -528,14 +508,11 @@ class Contour:
         else:
             (xa, ua), (xb, ub) = pair
             u = ua + (ub - ua) * (x0 - xa) / (xb - xa)
-        if s.boolean:
-            return u, 0.499 * s.tol
-        gap = 0.0
-        if len(known) >= 3:
-            k = np.array(known)
-            slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
-            gap = abs(slope * x0 + icpt - u)
-        return u, max(s.tol, 2 * gap)
+        if len(known) < 3 or self.spec.boolean:
+            return u, 0.0
+        k = np.array(known)
+        slope, icpt = np.polyfit(k[:, 0], k[:, 1], 1)
+        return u, abs(slope * x0 + icpt - u)
 
     def _converged(self, t: int, level: float) -> bool:
         """Trace point ``t`` is settled and its ``level`` cell converged."""
@@ -543,18 +520,16 @@ class Contour:
 
     def _across(self, t: int, level: float) -> tuple[float, float] | None:
         """The donor's crossing plus the two lines' mean offset over the depths converged on
-        both, and a half-width of twice the offsets' range, at least ``tol`` (boolean:
-        ``tol``/2).  None without a converged donor."""
+        both, and the offsets' range.  None without a converged donor."""
         d = self.donor.get(t)
         if d is None or not self._converged(d, level):
             return None
         offsets = [self.estimate[(t2, level)] - self.estimate[(self.donor[t2], level)]
                    for t2 in self.group[t] if t2 != t and self._converged(t2, level)
                    and t2 in self.donor and self._converged(self.donor[t2], level)]
-        u = self.estimate[(d, level)] + (float(np.mean(offsets)) if offsets else 0.0)
-        if self.spec.boolean:
-            return u, 0.499 * self.spec.tol
-        return u, max(self.spec.tol, 2 * float(np.ptp(offsets)) if offsets else 0.0)
+        if not offsets:
+            return self.estimate[(d, level)], 0.0
+        return self.estimate[(d, level)] + float(np.mean(offsets)), float(np.ptp(offsets))
 
     def allowed(self, t: int, level: float) -> float | None:
         """The error (in u) cell ``(t, level)`` may leave in ``s_tol``: the slope's worst case
@@ -567,12 +542,10 @@ class Contour:
                        or self.cells[(t2, level)].status not in ("unbracketed", "non_monotone")])
         if xs.size < 2 or np.ptp(xs) == 0:
             return None
-        w = (xs - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean()))
-        wt = abs((self.depth[t] - xs.mean()) / float((xs - xs.mean()) @ (xs - xs.mean())))
-        n = int((np.abs(w) > 1e-12).sum())
-        if wt <= 1e-12:
-            return math.inf
-        return s.s_tol / (n * self._slope(t) * wt)
+        dx = xs - xs.mean()
+        n = int((np.abs(dx / float(dx @ dx)) > 1e-12).sum())
+        wt = abs((self.depth[t] - xs.mean()) / float(dx @ dx))
+        return math.inf if wt <= 1e-12 else s.s_tol / (n * self._slope(t) * wt)
 
     def _slope(self, t: int) -> float:
         """``|d log(nominal ratio)/du|`` from ``t``'s runs (M for α, 1 for β; 1 without)."""
@@ -750,9 +723,7 @@ class ContourSweeper(RankexpSweeper):
             if not fits.empty:
                 log.info("exponents s of y ∝ L^s (y: βα^M at the crossing, or the crossing where "
                          "the axis leaves βα^M alone):\n%s", fits.to_string(index=False))
-        if parent is None or parent.run_id is None:
-            return
-        try:
+        try:  # (the parent run exists: a contour refuses a sweep that does not log to a store)
             with tempfile.TemporaryDirectory() as tmp:
                 for name, df in {"contour": contour, "exponents": fits}.items():
                     df.to_csv(Path(tmp) / f"{name}.csv", index=False)
@@ -768,12 +739,9 @@ class ContourSweeper(RankexpSweeper):
 def _extend_sweep(run, job_dirs: list, names: list[str]) -> None:
     """Tell the parent and the jobs of every job so far (a sweep that learns its jobs round by
     round): the plan file (names and job dirs) and the parent's ``jobs_total`` tag."""
-    if run is None:
-        return
     record = jobdir.read_json(run.sweep_dir / jobdir.NAMES_FILE) or {}
     jobdir.write_json(run.sweep_dir / jobdir.NAMES_FILE, {
         "started": record.get("started", time.time()), "names": list(names),
         "job_dirs": [str(Path(d).resolve()) for d in job_dirs]})
     run.job_dirs = list(job_dirs)
-    if run.run_id is not None:
-        run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))
+    run.client.set_tag(run.run_id, "jobs_total", str(len(job_dirs)))

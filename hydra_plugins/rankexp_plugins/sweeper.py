@@ -79,9 +79,6 @@ class RankexpSweeper(Sweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
                  grids: Any = None) -> None:
         self.max_batch_size, self.params, self.grids = max_batch_size, params, grids
-        self.hydra_context: HydraContext | None = None
-        self.config: DictConfig | None = None
-        self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
