@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -66,15 +67,21 @@ def masked_up_projection(block: Block, x: Tensor) -> tuple[Tensor, Tensor]:
     return a, block.w_down @ a
 
 
-def _layers(model: ResidualMLP, probe: str, layers) -> set[int]:
-    """The 1-based ``task.options.<probe>.layers``, checked against the depth."""
+def _at_layers(model: ResidualMLP, h0: Tensor, probe: str, layers
+               ) -> Iterator[tuple[int, Block, Tensor]]:
+    """``(l, block, h_{l−1})`` in order at the 1-based ``task.options.<probe>.layers``, checked
+    against the depth, from one walk of the stream."""
     chosen = {int(v) for v in layers}
     if not chosen:
         raise ValueError(f"task.options.{probe}.layers: list at least one layer")
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.{probe}.layers: {bad} outside 1…{model.depth}")
-    return chosen
+    h = h0
+    for l, h_next in model.states(h0, max(chosen)):
+        if l in chosen:
+            yield l, model.blocks[l - 1], h
+        h = h_next
 
 
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
@@ -85,29 +92,24 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     """
     opt = ctx.probe_options("branch_jacobian")
     model, d = ctx.model, ctx.width
-    chosen = _layers(model, "branch_jacobian", range(1, model.depth + 1)
-                     if opt["layers"] is None else opt["layers"])
+    layers = range(1, model.depth + 1) if opt["layers"] is None else opt["layers"]
     er, eigs, qs, rank, surv, steps = [], [], [], [], [], []
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
-    h = ctx.h0
     with torch.no_grad():
-        for l, h_next in model.states(ctx.h0, max(chosen)):
-            if l in chosen:
-                block = model.blocks[l - 1]
-                x = block.pre_norm(h)
-                a, jf = masked_up_projection(block, x)
-                er.append(erank_from_sv(torch.linalg.svdvals(jf)) / d)
-                ev = gram_eigenvalues(a, smaller=False)
-                ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
-                eigs.append(ev)
-                rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
-                w = block.w if block.matrices == 1 else block.w_up
-                z = torch.einsum("emd,ed->em", w, x[:, 0])
-                qs.append(z.square().mean(-1))
-                if not block.gated:
-                    surv.append(_sigma_prime(block, z).square().mean(-1))
-                steps.append(l)
-            h = h_next
+        for l, block, h in _at_layers(model, ctx.h0, "branch_jacobian", layers):
+            x = block.pre_norm(h)
+            a, jf = masked_up_projection(block, x)
+            er.append(erank_from_sv(torch.linalg.svdvals(jf)) / d)
+            ev = gram_eigenvalues(a, smaller=False)
+            ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
+            eigs.append(ev)
+            rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
+            w = block.w if block.matrices == 1 else block.w_up
+            z = torch.einsum("emd,ed->em", w, x[:, 0])
+            qs.append(z.square().mean(-1))
+            if not block.gated:
+                surv.append(_sigma_prime(block, z).square().mean(-1))
+            steps.append(l)
     er_t, ev_t = torch.stack(er, 1), torch.stack(eigs, 1)  # (E, n), (E, n, d)
     m = Measurement()
     m.add_seed_series("erank_branch_profile", er_t, steps)
@@ -160,22 +162,18 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     """
     model = ctx.model
     opt = ctx.probe_options("activation_spike")
-    chosen = _layers(model, "activation_spike", opt["layers"])
-    h0 = x = ctx.probe_inputs(int(opt["n"]))
+    h0 = ctx.probe_inputs(int(opt["n"]))
     sr, coh, qs, steps = [], [], [], []
     with torch.no_grad():
-        for l, h in model.states(h0, max(chosen)):
-            if l in chosen:
-                block = model.blocks[l - 1]
-                z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
-                a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
-                     else block.sigma(z))
-                ev = gram_eigenvalues(a)
-                sr.append(ev.sum(-1) / ev.amax(-1))
-                coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
-                qs.append(z.square().mean((-2, -1)))
-                steps.append(l)
-            x = h
+        for l, block, x in _at_layers(model, h0, "activation_spike", opt["layers"]):
+            z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
+            a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
+                 else block.sigma(z))
+            ev = gram_eigenvalues(a)
+            sr.append(ev.sum(-1) / ev.amax(-1))
+            coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
+            qs.append(z.square().mean((-2, -1)))
+            steps.append(l)
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)
     m = Measurement()
     m.add_seed_series("hidden_stable_rank_profile", sr_t, steps)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,8 +134,8 @@ def _dp(model: ResidualMLP, h0: Tensor, max_order: int | None, chunk: int) -> Pa
                        device=h0.device)
 
 
-def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64,
-                on_layer: Callable[[LayerJacobian], None] | None = None) -> PathOrders:
+def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64
+                ) -> PathOrders:
     """``∂h_L/∂h_0 = Σ_k β^k S_k`` (Eq. 11) by the dynamic program of Eq. 12, from ``h0`` ``(E, 1, d)``.
 
     Raises:
@@ -146,8 +145,6 @@ def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None,
     with torch.no_grad():
         for lj in layer_jacobians(model, h0):
             dp.step(lj.branch, lj.residual)
-            if on_layer is not None:
-                on_layer(lj)
     return dp.result(model.beta_eff, model.depth)
 
 
