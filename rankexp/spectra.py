@@ -6,6 +6,11 @@ import torch
 from torch import Tensor
 
 
+def singular_values(a: Tensor) -> Tensor:
+    """Singular values ``s_1 ≥ … ≥ s_n`` of ``a`` ``(..., N, K)`` → ``(..., min(N, K))``."""
+    return torch.linalg.svdvals(a)
+
+
 def erank_from_sv(s: Tensor) -> Tensor:
     """Effective rank ``exp(−Σ p_k ln p_k)``, ``p_k = s_k / Σ s_j`` (Eq. 3; Roy & Vetterli 2007):
     ``(..., n)`` → ``(...)`` in ``[1, n]``; NaN for a zero matrix."""
@@ -21,12 +26,12 @@ def stable_rank_from_sv(s: Tensor) -> Tensor:
 
 def erank(a: Tensor) -> Tensor:
     """Effective rank (Eq. 3) of matrices ``(..., N, K)`` → ``(...)``, unnormalized."""
-    return erank_from_sv(torch.linalg.svdvals(a))
+    return erank_from_sv(singular_values(a))
 
 
 def stable_rank(a: Tensor) -> Tensor:
     """Stable rank ``‖A‖_F²/‖A‖_2²`` of matrices ``(..., N, K)`` → ``(...)``."""
-    return stable_rank_from_sv(torch.linalg.svdvals(a))
+    return stable_rank_from_sv(singular_values(a))
 
 
 def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
@@ -37,7 +42,7 @@ def gram_eigenvalues(a: Tensor, *, smaller: bool = True) -> Tensor:
     try:
         return torch.linalg.eigvalsh(a.mT @ a if right else a @ a.mT).clamp(min=0)
     except torch.linalg.LinAlgError:
-        ev = torch.linalg.svdvals(a).square().flip(-1)
+        ev = singular_values(a).square().flip(-1)
         if right and n < k:  # aᵀa has k − n zero eigenvalues more than a has singular values
             ev = torch.cat([ev.new_zeros(*ev.shape[:-1], k - n), ev], -1)
         return ev
@@ -81,14 +86,14 @@ def spectral_ranks(a: Tensor, method: str = "gram") -> tuple[Tensor, Tensor]:
     """``(erank, stable rank)`` of ``a`` ``(..., n, k)`` (Eq. 3) by ``gram`` (:func:`gram_ranks`,
     SVD where inexact) or ``svd``. Raises ValueError: an unknown method."""
     if method == "svd":
-        s = torch.linalg.svdvals(a)
+        s = singular_values(a)
         return erank_from_sv(s), stable_rank_from_sv(s)
     if method != "gram":
         raise ValueError(f"method={method!r} is not one of gram, svd")
     er, sr, exact = gram_ranks(a)
     redo = torch.nonzero(~exact.reshape(-1)).squeeze(1)
     if redo.numel():
-        s = torch.linalg.svdvals(a.reshape(-1, *a.shape[-2:]).index_select(0, redo))
+        s = singular_values(a.reshape(-1, *a.shape[-2:]).index_select(0, redo))
         er = er.reshape(-1).index_copy(0, redo, erank_from_sv(s)).reshape(er.shape)
         sr = sr.reshape(-1).index_copy(0, redo, stable_rank_from_sv(s)).reshape(sr.shape)
     return er, sr

@@ -20,7 +20,13 @@ from tqdm.auto import tqdm
 from ..models.activations import ACTIVATION_DERIVATIVES, MASKED
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian, norm_jacobian
-from ..spectra import erank_from_sv, gram_ranks, spectral_ranks, stable_rank_from_sv
+from ..spectra import (
+    erank_from_sv,
+    gram_ranks,
+    singular_values,
+    spectral_ranks,
+    stable_rank_from_sv,
+)
 from .catalog import BRANCH_NORMS, BRANCH_SUM, IO_JACOBIAN, PARTIAL_SPECTRA, SWEEP_NEEDS
 
 
@@ -254,7 +260,7 @@ class _Spectra:
         if self.kept:  # one batched call
             k_er, k_sr = spectral_ranks(torch.stack(self.kept, 1), self.method)
             er[:, : len(self.kept)], sr[:, : len(self.kept)] = k_er, k_sr
-        self.final = torch.linalg.svdvals(self.last)
+        self.final = singular_values(self.last)
         er[:, -1], sr[:, -1] = erank_from_sv(self.final), stable_rank_from_sv(self.final)
         return er, sr
 
