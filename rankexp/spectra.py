@@ -76,8 +76,8 @@ def gram_ranks(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     try:
         lam = torch.linalg.eigvalsh(a.mT @ a).clamp(min=0)
     except torch.linalg.LinAlgError:  # no convergence (many repeated eigenvalues): SVDs for all
-        s = singular_values(a)
-        return erank_from_sv(s), stable_rank_from_sv(s), torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device)
+        er, sr = spectral_ranks(a, "svd")
+        return er, sr, torch.ones_like(er, dtype=torch.bool)
     s = lam.sqrt()
     return erank_from_sv(s), stable_rank_from_sv(s), gram_error_estimate(lam, lam.sum(-1)) <= GRAM_TOLERANCE
 

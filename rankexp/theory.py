@@ -59,6 +59,12 @@ def gaussian_expectation(g: Callable[[np.ndarray], np.ndarray], *, rule: str = "
     return float(np.dot(w, g(x)))
 
 
+def _elementwise(fn: Callable[[float], float], x):
+    """``fn`` at each value of ``x``: a float for a scalar, else a 1-D array."""
+    out = np.array([fn(v) for v in np.atleast_1d(np.asarray(x, dtype=float))])
+    return out if np.ndim(x) else float(out[0])
+
+
 def _moment(f: Callable, q: float, power: int = 1) -> float:
     s = math.sqrt(q)
     return gaussian_expectation(lambda z: f(s * z) ** power)
@@ -206,9 +212,7 @@ def gaussian_product_erank(width: int, inner: int, *, draws: int = 4, seed: int 
     for _ in range(draws):
         prod = rng.standard_normal((width, inner)) @ rng.standard_normal((inner, width))
         s = np.linalg.svd(prod, compute_uv=False)
-        p = s / s.sum()
-        p = p[p > 0]
-        out.append(math.exp(-(p * np.log(p)).sum()) / width)
+        out.append(math.exp(_special().entr(s / s.sum()).sum()) / width)
     return float(np.mean(out))
 
 
@@ -235,9 +239,7 @@ def path_order_distribution(n: int, rho: float) -> np.ndarray:
 def length_map(q, activation: str, sigma_w2: float, sigma_b2: float = 0.0):
     """Mean-field length map ``q ↦ σ_w² E[φ(√q z)²] + σ_b²`` (scalar or array ``q > 0``)."""
     sig, _ = sigma_numpy(activation)
-    qs = np.atleast_1d(np.asarray(q, dtype=float))
-    out = np.array([sigma_w2 * _moment(sig, v, 2) for v in qs]) + sigma_b2
-    return out if np.ndim(q) else float(out[0])
+    return _elementwise(lambda v: sigma_w2 * _moment(sig, v, 2) + sigma_b2, q)
 
 
 def length_fixed_point(activation: str, sigma_w2: float, sigma_b2: float = 0.0, *, q0: float = 1.0,
@@ -297,9 +299,8 @@ def correlation_map(c, activation: str, sigma_w2: float, sigma_b2: float, q_star
     and correlation c."""
     sig, _ = sigma_numpy(activation)
     s = math.sqrt(q_star)
-    out = np.array([(sigma_w2 * _pair_expectation(sig, sig, v, s, s) + sigma_b2) / q_star
-                    for v in np.atleast_1d(np.asarray(c, dtype=float))])
-    return out if np.ndim(c) else float(out[0])
+    return _elementwise(
+        lambda v: (sigma_w2 * _pair_expectation(sig, sig, v, s, s) + sigma_b2) / q_star, c)
 
 
 def depth_scale(chi: float) -> float:
@@ -453,22 +454,19 @@ def tanh_critical_line(sigma_b2) -> np.ndarray | float:
     Raises ValueError: σ_b² < 0."""
     from scipy.optimize import brentq
 
-    sb = np.atleast_1d(np.asarray(sigma_b2, dtype=float))
-    if (sb < 0).any():
-        raise ValueError(f"sigma_b2 must be ≥ 0, got {sb.min()}")
-    out = []
-    for target in sb:
+    if (np.asarray(sigma_b2) < 0).any():
+        raise ValueError(f"sigma_b2 must be ≥ 0, got {np.min(sigma_b2)}")
+
+    def line(target: float) -> float:
         if target == 0:
-            out.append(1.0)
-            continue
+            return 1.0
         hi = 1.0
         while tanh_critical_point(hi)[1] < target:
             hi *= 2.0
-        q = brentq(lambda v, t=target: tanh_critical_point(v)[1] - t, 1e-12, hi, xtol=1e-14,
-                   rtol=1e-13)
-        out.append(tanh_critical_point(q)[0])
-    out = np.array(out)
-    return out if np.ndim(sigma_b2) else float(out[0])
+        q = brentq(lambda v: tanh_critical_point(v)[1] - target, 1e-12, hi, xtol=1e-14, rtol=1e-13)
+        return tanh_critical_point(q)[0]
+
+    return _elementwise(line, sigma_b2)
 
 
 def activation_vd(activation: str, q: float = 1.0) -> float:

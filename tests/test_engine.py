@@ -200,7 +200,7 @@ def test_branch_ratio_forms_no_running_product(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the running product was computed")
 
-    monkeypatch.setattr(J, "_advance", refuse)
+    monkeypatch.setattr(J, "advance", refuse)
     model = ResidualMLP(16, 5, seeds=[0, 1], placement="post")
     m = run_probes(model, ["branch_ratio", "accumulated_branch"])
     assert m.scalars["branch_ratio_last"] > 0

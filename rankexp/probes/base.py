@@ -74,8 +74,9 @@ class ProbeContext:
     def width(self) -> int:
         return self.model.width
 
-    def probe_options(self, name: str, defaults: dict) -> dict:
-        """``task.options.<name>`` merged over ``defaults`` (ValueError: an unknown key)."""
+    def probe_options(self, name: str, defaults: dict | None = None) -> dict:
+        """``task.options.<name>`` merged over ``defaults`` (default: the declared ones;
+        ValueError: an unknown key)."""
         return probe_options(self.options, name, defaults)
 
     def probe_inputs(self, n: int) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from ..models.activations import ACTIVATION_DERIVATIVES
 from ..models.mlp import Block, ResidualMLP
 from ..models.norms import NORM_FNS, NormJacobian
 from ..result import Measurement
-from ..spectra import erank_from_sv, gram_eigenvalues, singular_values
+from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import (
     activation_constants,
     gaussian_product_erank,
@@ -27,8 +28,15 @@ from ..theory import (
     random_walk_projection_product,
 )
 from .base import ProbeContext
-from .catalog import ACTIVATION_SPIKE_OPTIONS, BRANCH_JACOBIAN_OPTIONS
-from .jacobian import OWN_PRE, layer_jacobians, linearize_branch, member_jacobian
+from .jacobian import (
+    OWN_PRE,
+    advance,
+    identity_unit,
+    layer_jacobians,
+    linearize_branch,
+    member_jacobian,
+    renormalize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +67,21 @@ def masked_up_projection(block: Block, x: Tensor) -> tuple[Tensor, Tensor]:
     return a, block.w_down @ a
 
 
-def _layers(model: ResidualMLP, probe: str, layers) -> set[int]:
-    """The 1-based ``task.options.<probe>.layers``, checked against the depth."""
+def _at_layers(model: ResidualMLP, h0: Tensor, probe: str, layers
+               ) -> Iterator[tuple[int, Block, Tensor]]:
+    """``(l, block, h_{l−1})`` in order at the 1-based ``task.options.<probe>.layers``, checked
+    against the depth, from one walk of the stream."""
     chosen = {int(v) for v in layers}
     if not chosen:
         raise ValueError(f"task.options.{probe}.layers: list at least one layer")
     bad = [l for l in chosen if not 1 <= l <= model.depth]
     if bad:
         raise ValueError(f"task.options.{probe}.layers: {bad} outside 1…{model.depth}")
-    return chosen
+    h = h0
+    for l, h_next in model.states(h0, max(chosen)):
+        if l in chosen:
+            yield l, model.blocks[l - 1], h
+        h = h_next
 
 
 def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
@@ -76,31 +90,26 @@ def probe_branch_jacobian(ctx: ProbeContext) -> Measurement:
     Options ``layers`` (1-based, default all), ``reference_draws``; pooled values in
     :func:`reduce_branch_jacobian`.
     """
-    opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
+    opt = ctx.probe_options("branch_jacobian")
     model, d = ctx.model, ctx.width
-    chosen = _layers(model, "branch_jacobian", range(1, model.depth + 1)
-                     if opt["layers"] is None else opt["layers"])
+    layers = range(1, model.depth + 1) if opt["layers"] is None else opt["layers"]
     er, eigs, qs, rank, surv, steps = [], [], [], [], [], []
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
-    h = ctx.h0
     with torch.no_grad():
-        for l, h_next in model.states(ctx.h0, max(chosen)):
-            if l in chosen:
-                block = model.blocks[l - 1]
-                x = block.pre_norm(h)
-                a, jf = masked_up_projection(block, x)
-                er.append(erank_from_sv(singular_values(jf)) / d)
-                ev = gram_eigenvalues(a, smaller=False)
-                ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
-                eigs.append(ev)
-                rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
-                w = block.w if block.matrices == 1 else block.w_up
-                z = torch.einsum("emd,ed->em", w, x[:, 0])
-                qs.append(z.square().mean(-1))
-                if not block.gated:
-                    surv.append(_sigma_prime(block, z).square().mean(-1))
-                steps.append(l)
-            h = h_next
+        for l, block, h in _at_layers(model, ctx.h0, "branch_jacobian", layers):
+            x = block.pre_norm(h)
+            a, jf = masked_up_projection(block, x)
+            er.append(erank_from_sv(torch.linalg.svdvals(jf)) / d)
+            ev = gram_eigenvalues(a, smaller=False)
+            ev = ev / ev.mean(-1, keepdim=True)  # tr(G)/d = 1: the MP normalization
+            eigs.append(ev)
+            rank.append((ev > tol * ev.amax(-1, keepdim=True)).sum(-1).to(ev.dtype) / d)
+            w = block.w if block.matrices == 1 else block.w_up
+            z = torch.einsum("emd,ed->em", w, x[:, 0])
+            qs.append(z.square().mean(-1))
+            if not block.gated:
+                surv.append(_sigma_prime(block, z).square().mean(-1))
+            steps.append(l)
     er_t, ev_t = torch.stack(er, 1), torch.stack(eigs, 1)  # (E, n), (E, n, d)
     m = Measurement()
     m.add_seed_series("erank_branch_profile", er_t, steps)
@@ -122,7 +131,7 @@ _EIGENVALUES = "_mp_eigenvalues"
 
 def reduce_branch_jacobian(m: Measurement, ctx: ProbeContext) -> None:
     """Pooled over seeds: γ at the mean preactivation variance, the MP fit (KS, edges, atom, histogram) and the Gaussian-product reference."""
-    opt = ctx.probe_options("branch_jacobian", BRANCH_JACOBIAN_OPTIONS)
+    opt = ctx.probe_options("branch_jacobian")
     model, d = ctx.model, ctx.width
     tol = 1e-10 if ctx.h0.dtype == torch.float64 else 1e-5
     ev_np = m.arrays.pop(_EIGENVALUES)
@@ -152,23 +161,19 @@ def probe_activation_spike(ctx: ProbeContext) -> Measurement:
     the stream's mean and drop below 1/c). Options ``n``, ``layers`` (default ``[1]``).
     """
     model = ctx.model
-    opt = ctx.probe_options("activation_spike", ACTIVATION_SPIKE_OPTIONS)
-    chosen = _layers(model, "activation_spike", opt["layers"])
-    h0 = x = ctx.probe_inputs(int(opt["n"]))
+    opt = ctx.probe_options("activation_spike")
+    h0 = ctx.probe_inputs(int(opt["n"]))
     sr, coh, qs, steps = [], [], [], []
     with torch.no_grad():
-        for l, h in model.states(h0, max(chosen)):
-            if l in chosen:
-                block = model.blocks[l - 1]
-                z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
-                a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
-                     else block.sigma(z))
-                ev = gram_eigenvalues(a)
-                sr.append(ev.sum(-1) / ev.amax(-1))
-                coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
-                qs.append(z.square().mean((-2, -1)))
-                steps.append(l)
-            x = h
+        for l, block, x in _at_layers(model, h0, "activation_spike", opt["layers"]):
+            z = block.preactivation(x)  # σ(W P(h)), gated: silu(W_g P(h)) ⊙ W_up P(h)
+            a = (block.sigma(block.pre_norm(x) @ block.w_gate.mT) * z if block.gated
+                 else block.sigma(z))
+            ev = gram_eigenvalues(a)
+            sr.append(ev.sum(-1) / ev.amax(-1))
+            coh.append(a.mean((-2, -1)).square() / a.square().mean((-2, -1)))
+            qs.append(z.square().mean((-2, -1)))
+            steps.append(l)
     sr_t, coh_t = torch.stack(sr, 1), torch.stack(coh, 1)
     m = Measurement()
     m.add_seed_series("hidden_stable_rank_profile", sr_t, steps)
@@ -184,13 +189,6 @@ def reduce_activation_spike(m: Measurement, ctx: ProbeContext) -> None:
     c = activation_constants(ctx.model.activation, float(m.arrays["hidden_preact_var"].mean())).coherence
     m.add_seed_stat("hidden_stable_rank_x_c", torch.as_tensor(m.arrays["hidden_stable_rank"] * c))
     m.scalars["spike_coherence_theory"] = c
-
-
-def _accumulate(unit: Tensor, log: Tensor, factor: Tensor | NormJacobian) -> tuple[Tensor, Tensor]:
-    """``factor @ (e^log · unit)`` back in unit-Frobenius + ln-norm form."""
-    acc = factor.left(unit) if isinstance(factor, NormJacobian) else factor @ unit
-    norm = torch.linalg.matrix_norm(acc)
-    return acc / norm[:, None, None], log + norm.log()
 
 
 def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
@@ -222,44 +220,37 @@ def projection_split(model: ResidualMLP, h0: Tensor) -> dict[str, Tensor]:
             "erank_projection_product": _erank_or_nan(up, d), "projection_step": step}
 
 
-def _identity(h0: Tensor) -> tuple[Tensor, Tensor]:
-    """``I`` ``(E, d, d)`` in unit-Frobenius + ln-norm form."""
-    e, _, d = h0.shape
-    eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
-    return eye / math.sqrt(d), torch.zeros(e, dtype=h0.dtype, device=h0.device)
-
-
-def _step(prods: dict, l: int, jb: Tensor, skip_from: int | None, keep: int,
+def _step(units: dict, logs: dict, l: int, jb: Tensor, skip_from: int | None, keep: int,
           residual: NormJacobian | None = None) -> None:
-    """``prods[l] = R (J_b prods[l−1] + prods[skip_from])``; the window keeps ``keep`` products."""
-    u, lg = _accumulate(*prods[l - 1], jb)
-    if skip_from is not None:
-        u, lg = _add(u, lg, *prods[skip_from])
-    prods[l] = (u, lg) if residual is None else _accumulate(u, lg, residual)
-    prods.pop(l - keep, None)
+    """Product ``l`` from ``l−1`` (:func:`advance`); the window keeps ``keep`` products."""
+    units[l], logs[l] = advance(units, logs, l, skip_from, jb, residual)
+    units.pop(l - keep, None)
+    logs.pop(l - keep, None)
 
 
 def _walk_post(model: ResidualMLP, h0: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Post-Norm walk: ``Π J_R (I + J_b)``, ``Π (I + J_b)``, ``Π J_R/‖J_R‖_2`` (``(E, d, d)``,
     unit-Frobenius) and the ``(E,)`` mean relative branch step.
     """
-    keep, full, noproj = max(model.skip_every, 1), {0: _identity(h0)}, {0: _identity(h0)}
-    u_proj, l_proj = _identity(h0)
+    keep, (u0, log0) = max(model.skip_every, 1), identity_unit(h0)
+    full, noproj = ({0: u0}, {0: log0}), ({0: u0}, {0: log0})
+    u_proj, l_proj = u0, log0
     steps = []
     for lj in layer_jacobians(model, h0):
         branch_out = model.blocks[lj.layer - 1].branch(lj.h_in)
         steps.append((branch_out.norm(dim=-1) / lj.h_in.norm(dim=-1))[:, 0])
-        _step(full, lj.layer, lj.branch, lj.skip_from, keep, lj.residual)
-        _step(noproj, lj.layer, lj.branch, lj.skip_from, keep)
+        _step(*full, lj.layer, lj.branch, lj.skip_from, keep, lj.residual)
+        _step(*noproj, lj.layer, lj.branch, lj.skip_from, keep)
         # J_R/‖J_R‖_2 = I − VVᵀ: the projection without the rescaling
         r = NormJacobian(torch.ones_like(lj.residual.scale), lj.residual.basis)
-        u_proj, l_proj = _accumulate(u_proj, l_proj, r)
-    return full[model.depth][0], noproj[model.depth][0], u_proj, torch.stack(steps, 1).mean(1)
+        u_proj, l_proj = renormalize(r.left(u_proj), l_proj)
+    return full[0][model.depth], noproj[0][model.depth], u_proj, torch.stack(steps, 1).mean(1)
 
 
 def _walk_residual(model: ResidualMLP, h0: Tensor, prenorm: bool) -> Tensor:
     """Product ``(E, d, d)`` of (skip + J) with R = identity; R's op before the branch if ``prenorm``."""
-    keep, states, prods = max(model.skip_every, 1), {0: h0}, {0: _identity(h0)}
+    keep, states, (u0, log0) = max(model.skip_every, 1), {0: h0}, identity_unit(h0)
+    units, logs = {0: u0}, {0: log0}
     op = model.post_op if prenorm else OWN_PRE
     for l, block in enumerate(model.blocks, start=1):
         x = states[l - 1]
@@ -276,10 +267,10 @@ def _walk_residual(model: ResidualMLP, h0: Tensor, prenorm: bool) -> Tensor:
 
             jb = member_jacobian(branch, x, dict(block.named_parameters()))
         skip_from = model.skip_source(l) if block.has_skip else None
-        _step(prods, l, jb, skip_from, keep)
+        _step(units, logs, l, jb, skip_from, keep)
         states[l] = s if skip_from is None else s + states[skip_from]
         states.pop(l - keep, None)
-    return prods[model.depth][0]
+    return units[model.depth]
 
 
 def _erank_or_nan(u: Tensor, d: int) -> Tensor:
@@ -287,18 +278,8 @@ def _erank_or_nan(u: Tensor, d: int) -> Tensor:
     out = torch.full(u.shape[:1], math.nan, dtype=u.dtype, device=u.device)
     ok = torch.isfinite(u).all(-1).all(-1)
     if ok.any():
-        out[ok] = erank_from_sv(singular_values(u[ok])) / d
+        out[ok] = erank_from_sv(torch.linalg.svdvals(u[ok])) / d
     return out
-
-
-def _add(u1: Tensor, l1: Tensor, u2: Tensor, l2: Tensor) -> tuple[Tensor, Tensor]:
-    """``e^{l1} u1 + e^{l2} u2`` in unit-Frobenius + ln-norm form."""
-    top = torch.maximum(l1, l2)
-    # relative weights below e^−80 are flushed to 0 (no subnormals, which slow the CPU)
-    w1, w2 = ((v - top).clamp(min=-80.0).exp() * (v - top > -80.0) for v in (l1, l2))
-    acc = u1 * w1[:, None, None] + u2 * w2[:, None, None]
-    norm = torch.linalg.matrix_norm(acc)
-    return acc / norm[:, None, None], top + norm.log()
 
 
 def probe_projection_split(ctx: ProbeContext) -> Measurement:
@@ -325,6 +306,4 @@ def reduce_projection_split(m: Measurement, ctx: ProbeContext) -> None:
         return
     sv = random_walk_projection_product(
         ctx.width, ctx.model.depth, float(m.arrays["projection_step"].mean()), seed=0)
-    p = sv / sv.sum()
-    p = p[p > 0]
-    m.scalars["erank_projection_product_rw"] = float(np.exp(-(p * np.log(p)).sum())) / ctx.width
+    m.scalars["erank_projection_product_rw"] = float(erank_from_sv(torch.as_tensor(sv))) / ctx.width

@@ -10,7 +10,7 @@ import functools
 import importlib
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: sweep needs (what :func:`rankexp.probes.jacobian.forward_sweep` computes): ``∂h_L/∂h_0``
@@ -32,14 +32,46 @@ PATH_ORDERS = "path_orders"
 LEAST = {"n": 2, "inputs": 1, "batch": 1, "images": 1, "chunk": 1, "max_order": 0, "classes": 2}
 
 
-def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
-    """``options[name]`` merged over ``defaults`` (the checks before a run call it too).
+#: ``task.options.deep_linear``: the learning-time grid and the ``[N, a₀]`` chains simulated
+DEEP_LINEAR_DEFAULTS = {"depths": list(range(1, 17)), "a0": [0.5, 0.7, 0.9, 1.0], "s": 1.0,
+                        "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]], "sim_width": 4}
+#: ``task.options.<probe>`` defaults of each probe that has options (``Probe.options``): the
+#: probe, its memory estimate, the config schema and ``--help`` read them
+OPTIONS: dict[str, dict] = {
+    "stream": {"inputs": 1},  # n Gaussian inputs (1: the seed's own h_0)
+    "path_order": {"max_order": None, "chunk": 64},
+    "representation": {"n": 1024},  # n probe inputs
+    # the output gradient δ_L: ``random`` or ``cross_entropy`` over ``classes``
+    "backward_representation": {"n": 1024, "delta": "random", "classes": 10},
+    "branch_jacobian": {"layers": None, "reference_draws": 4},
+    "activation_spike": {"n": 2048, "layers": [1]},  # 1-based layers
+    "norm_jacobian": {"input_mean": 1.0},  # added to the Gaussian input (in units of its rms)
+    # step angle ε (radians) and the lengths L read off the walk
+    "projection_walk": {"step_angle": 0.15, "depths": [48, 96, 192, 384], "walk": "gaussian"},
+    "correlation": {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None, "tangents": 4},
+    "jacobian_spectrum": {"q0": "fixed_point", "bins": 60},
+    "deep_linear": DEEP_LINEAR_DEFAULTS,
+    "gradient_norms": {"batch": 128},  # Gaussian inputs per member
+    "shattered": {"points": 256, "lo": -2.0, "hi": 2.0},  # grid points on [lo, hi]
+    "grad_norm_proxy": {"batch": 128},
+    "jacob_cov": {"batch": 128, "k": 1e-5},  # N Gaussian inputs per member, Mellor et al.'s k
+    "ffn_jacobian": {"first_block": 2},  # the first block in the cosines and sums (the study: 2)
+    "layer_response": {"images": 10000, "batch": 500},
+    "init_gradient_norms": {"batch": 256, "batch_seed": 0},
+    "lesion": {"images": 10000, "batch": 250},
+}
+
+
+def probe_options(options: Mapping, name: str, defaults: dict | None = None) -> dict:
+    """``options[name]`` merged over ``defaults`` (default :data:`OPTIONS`; the checks before a
+    run call it too).
 
     Raises:
         ValueError: a key the probe does not know (lists the allowed ones), a count below
             its :data:`LEAST`.
     """
     given = dict(options.get(name) or {})
+    defaults = OPTIONS.get(name, {}) if defaults is None else defaults
     unknown = set(given) - set(defaults)
     if unknown:
         raise ValueError(
@@ -51,9 +83,9 @@ def probe_options(options: Mapping, name: str, defaults: dict) -> dict:
     return {**defaults, **given}
 
 
-def _given(options: Mapping, name: str, defaults: dict) -> dict:
-    """``options[name]`` over ``defaults`` without the key check (memory estimates)."""
-    return {**defaults, **dict(options.get(name) or {})}
+def _given(options: Mapping, name: str) -> dict:
+    """``options[name]`` over its :data:`OPTIONS` without the key check (memory estimates)."""
+    return {**OPTIONS[name], **dict(options.get(name) or {})}
 
 
 # --------------------------------------------------------------------------- memory
@@ -88,54 +120,42 @@ def profile_memory(shape: ModelShape, options: Mapping) -> float:
 
 
 # --------------------------------------------------------------------------- the forward sweep's probes (sweep.py)
-#: options of ``stream`` (``task.options.stream``): n Gaussian inputs (1: the seed's own h_0)
-STREAM_OPTIONS = {"inputs": 1}
-
 
 def stream_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the skip window of n stream states plus one block's hidden activations."""
-    n = int(_given(options, "stream", STREAM_OPTIONS)["inputs"])
+    n = int(_given(options, "stream")["inputs"])
     return n * (shape.width * (max(shape.skip_every, 1) + 3) + 2 * shape.hidden) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- path orders (paths.py, Eq. 12)
-PATH_ORDER_OPTIONS = {"max_order": None, "chunk": 64}
-
 
 def path_order_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the ``K+1`` stored orders plus a chunk of temporaries, and the sweep's."""
-    opt = _given(options, "path_order", PATH_ORDER_OPTIONS)
+    opt = _given(options, "path_order")
     k = shape.depth if opt["max_order"] is None else min(int(opt["max_order"]), shape.depth)
     chunk = min(int(opt["chunk"]), k + 1)
     return (k + 1 + 3 * chunk) * shape.width**2 * shape.itemsize + sweep_memory(shape, options)
 
 
 # --------------------------------------------------------------------------- representations (representation.py, Figures 7/14/15, Appendix C)
-#: options of ``representation``: n probe inputs
-REPRESENTATION_OPTIONS = {"n": 1024}
-#: options of ``backward_representation``: n inputs, the output gradient δ_L (``random`` or ``cross_entropy``), classes
-BACKWARD_REPRESENTATION_OPTIONS = {"n": 1024, "delta": "random", "classes": 10}
-
 
 def representation_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: the skip window of n states, one block's hidden activations, the running
     unit sum and the L branch means."""
-    n = int(_given(options, "representation", REPRESENTATION_OPTIONS)["n"])
+    n = int(_given(options, "representation")["n"])
     d, m = shape.width, shape.hidden
     return (n * (d * (max(shape.skip_every, 1) + 5) + 2 * m) + shape.depth * d) * shape.itemsize
 
 
 def backward_representation_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: √L checkpoint windows of n states, a segment of states, autograd buffers."""
-    n = int(_given(options, "backward_representation", BACKWARD_REPRESENTATION_OPTIONS)["n"])
+    n = int(_given(options, "backward_representation")["n"])
     d, m, k = shape.width, shape.hidden, max(shape.skip_every, 1)
     seg = math.isqrt(max(shape.depth - 1, 0)) + 1
     return n * (d * (2 * seg * k + 8) + 4 * m) * shape.itemsize
 
 
 # --------------------------------------------------------------------------- branch Jacobians, spike, projection split (branch.py, Figures 4c/8/9, Table 1)
-BRANCH_JACOBIAN_OPTIONS = {"layers": None, "reference_draws": 4}
-
 
 def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: ``A`` and ``J_f`` of one layer, its Gram matrix, and the kept eigenvalues."""
@@ -143,13 +163,10 @@ def branch_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
     return (3 * m * d + 4 * d * d + shape.depth * d) * shape.itemsize
 
 
-#: options of ``activation_spike``: n inputs, the 1-based layers
-ACTIVATION_SPIKE_OPTIONS = {"n": 2048, "layers": [1]}
-
 
 def activation_spike_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: n inputs' stream window and hidden activations, and the Gram matrix."""
-    n = int(_given(options, "activation_spike", ACTIVATION_SPIKE_OPTIONS)["n"])
+    n = int(_given(options, "activation_spike")["n"])
     d, m = shape.width, shape.hidden
     return (n * (d * (max(shape.skip_every, 1) + 3) + 3 * m) + min(n, m) ** 2 * 2) * shape.itemsize
 
@@ -160,43 +177,20 @@ def projection_split_memory(shape: ModelShape, options: Mapping) -> float:
 
 
 # --------------------------------------------------------------------------- Table 2 and Table 3 (norm_jacobian.py, walk.py)
-#: ``task.options.norm_jacobian``: the mean added to the Gaussian input (in units of its rms)
-NORM_JACOBIAN_DEFAULTS = {"input_mean": 1.0}
-
 
 def norm_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
     """Two dense d×d Jacobians, the autograd intermediates and the SVD: ≈ 6 d² numbers."""
     return 6 * shape.width**2 * shape.itemsize
 
 
-#: ``task.options.projection_walk``: step angle ε (radians) and the lengths L read off the walk
-WALK_DEFAULTS = {"step_angle": 0.15, "depths": [48, 96, 192, 384], "walk": "gaussian"}
-
 
 def projection_walk_memory(shape: ModelShape, options: Mapping) -> float:
     """Q, its update and the SVD workspace (≈ 4 d²) plus the walk ((L+1)·d)."""
-    depths = _given(options, "projection_walk", WALK_DEFAULTS)["depths"]
+    depths = _given(options, "projection_walk")["depths"]
     return (4 * shape.width**2 + (max(depths) + 1) * shape.width) * shape.itemsize
 
 
-# --------------------------------------------------------------------------- the mean-field lab (meanfield.py, gradients.py)
-CORRELATION_DEFAULTS = {"n": 2, "c0": 0.5, "q0": 1.0, "fit_from": 1, "chi_from": None,
-                        "tangents": 4}
-SPECTRUM_DEFAULTS = {"q0": "fixed_point", "bins": 60}
-DEEP_LINEAR_DEFAULTS = {"depths": list(range(1, 17)), "a0": [0.5, 0.7, 0.9, 1.0], "s": 1.0,
-                        "simulate": [[3, 0.7], [4, 0.9], [6, 0.9]], "sim_width": 4}
-#: options of ``gradient_norms``: Gaussian inputs per member
-GRADIENT_NORMS_OPTIONS = {"batch": 128}
-#: options of ``shattered``: grid points on [lo, hi]
-SHATTERED_OPTIONS = {"points": 256, "lo": -2.0, "hi": 2.0}
-
-
 # --------------------------------------------------------------------------- zero-cost proxies (proxies.py)
-#: options of ``grad_norm_proxy``: Gaussian inputs per member
-GRAD_NORM_PROXY_OPTIONS = {"batch": 128}
-#: options of ``jacob_cov``: N Gaussian inputs per member, Mellor et al.'s k
-JACOB_COV_OPTIONS = {"batch": 128, "k": 1e-5}
-
 
 def _backward_memory(shape: ModelShape, batch: int) -> float:
     """One backward through the stack for ``batch`` inputs: autograd keeps ≈ 3 stream-sized and
@@ -208,13 +202,12 @@ def _backward_memory(shape: ModelShape, batch: int) -> float:
 
 def grad_norm_proxy_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: :func:`_backward_memory` of ``batch`` inputs."""
-    return _backward_memory(shape, int(probe_options(options, "grad_norm_proxy",
-                                                     GRAD_NORM_PROXY_OPTIONS)["batch"]))
+    return _backward_memory(shape, int(probe_options(options, "grad_norm_proxy")["batch"]))
 
 
 def jacob_cov_memory(shape: ModelShape, options: Mapping) -> float:
     """Per seed: :func:`_backward_memory` of N inputs plus the N × N correlation matrix."""
-    n = int(probe_options(options, "jacob_cov", JACOB_COV_OPTIONS)["batch"])
+    n = int(probe_options(options, "jacob_cov")["batch"])
     return _backward_memory(shape, n) + 3 * n * n * 8
 
 
@@ -226,12 +219,8 @@ def synflow_memory(shape: ModelShape, options: Mapping) -> float:
 
 
 # --------------------------------------------------------------------------- causal LMs (ffn.py, Figure 12)
-#: options of ``ffn_jacobian`` (``task.options.ffn_jacobian``): the first block the cosines and
-#: sums include (the study leaves block 1 out)
-FFN_JACOBIAN_OPTIONS = {"first_block": 2}
 
-
-def ffn_memory(shape: ModelShape, options: Mapping) -> float:
+def ffn_jacobian_memory(shape: ModelShape, options: Mapping) -> float:
     """Per-seed bytes beyond the FFN weights: embeddings (GPT-2's vocabulary and positions),
     attention (4 d² per block), the L Jacobians and one (d, m) temporary."""
     d, L, b = shape.width, shape.depth, shape.itemsize
@@ -239,11 +228,6 @@ def ffn_memory(shape: ModelShape, options: Mapping) -> float:
 
 
 # --------------------------------------------------------------------------- the CIFAR ConvNets (convnet.py, the degradation replication)
-#: option defaults (``task.options.<probe>``), shared by each probe and its memory estimate
-LAYER_RESPONSE_OPTIONS = {"images": 10000, "batch": 500}
-INIT_GRADIENT_NORMS_OPTIONS = {"batch": 256, "batch_seed": 0}
-LESION_OPTIONS = {"images": 10000, "batch": 250}
-
 
 @dataclass(frozen=True)
 class ConvShape:
@@ -280,14 +264,14 @@ class ConvShape:
 def layer_response_memory(shape: ConvShape, options: Mapping) -> float:
     """No-grad forward in batches: a block's input, conv, BN and ReLU outputs at the widest
     layer, plus the hook's squared copy (5 × the largest layer × batch)."""
-    batch = probe_options(options, "layer_response", LAYER_RESPONSE_OPTIONS)["batch"]
+    batch = probe_options(options, "layer_response")["batch"]
     return 5.0 * max(shape.layer_sizes()) * int(batch) * shape.itemsize
 
 
 def init_gradient_norms_memory(shape: ConvShape, options: Mapping) -> float:
     """One backward through the whole network: autograd keeps ≈ 3 tensors per conv layer (the
     conv's input, the BN's input, the ReLU's output), the backward ≈ 4 more of the widest."""
-    batch = probe_options(options, "init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)["batch"]
+    batch = probe_options(options, "init_gradient_norms")["batch"]
     sizes = shape.layer_sizes()
     return (3.0 * sum(sizes) + 4.0 * max(sizes)) * int(batch) * shape.itemsize + shape.weight_bytes()
 
@@ -295,7 +279,7 @@ def init_gradient_norms_memory(shape: ConvShape, options: Mapping) -> float:
 def lesion_memory(shape: ConvShape, options: Mapping) -> float:
     """No-grad forward keeping every block's input of one batch (≈ every second layer's
     output), plus 4 × the widest layer for the running block."""
-    batch = probe_options(options, "lesion", LESION_OPTIONS)["batch"]
+    batch = probe_options(options, "lesion")["batch"]
     sizes = shape.layer_sizes()
     return (sum(sizes[::2]) + 4.0 * max(sizes)) * int(batch) * shape.itemsize
 
@@ -309,6 +293,8 @@ CONVNET = frozenset({"cifar_resnet"})
 #: tasks a probe runs under (``Probe.tasks``)
 ANY_TASK = frozenset({"measure", "train"})
 TRAINED = frozenset({"train"})
+
+
 @dataclass(frozen=True)
 class Ref:
     """A function named by module and attribute, imported on first call (``"sweep:probe_stream"``
@@ -316,19 +302,20 @@ class Ref:
 
     path: str
 
-    def resolve(self) -> Callable[..., Any]:
+    def resolve(self, *default: Any) -> Any:
+        """The function (``default``, where given, if the module has none of that name)."""
         module, _, attr = self.path.partition(":")
-        return getattr(importlib.import_module(f"rankexp.probes.{module}"), attr)
+        return getattr(importlib.import_module(f"rankexp.probes.{module}"), attr, *default)
 
 
 @functools.cache
-def _docstrings(module: str) -> dict[str, str]:
-    """Top-level function name → docstring of ``rankexp/probes/<module>.py``, parsed once."""
+def _defs(module: str) -> dict[str, Any]:
+    """Top-level function name → its ``ast.FunctionDef`` in ``rankexp/probes/<module>.py``."""
     import ast
     from pathlib import Path
 
     tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
-    return {n.name: ast.get_docstring(n) or "" for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
 @functools.cache
@@ -337,10 +324,8 @@ def _logged(module: str, roots: tuple[str, ...]) -> frozenset[str] | None:
     functions they call log (a seed stat or series also as ``<name>_std``), read from the
     source; None where a name is computed."""
     import ast
-    from pathlib import Path
 
-    tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    defs = _defs(module)
     todo, seen, names = list(roots), set(roots), set()
     while todo:
         for node in ast.walk(defs[todo.pop()]):
@@ -368,15 +353,17 @@ class Probe:
     """A registered probe: the function, what it needs, how to pool seeds, its memory.
 
     Attributes:
-        ref: ``fn(ctx) -> Measurement`` on one batch of seeds (per-seed quantities only when
-            ``reduce_ref`` is given).
+        ref: ``fn(ctx) -> Measurement`` on one batch of seeds, ``"<module>:probe_<name>"`` for
+            the probe ``<name>``. Where the module also has ``reduce_<name>``, ``fn`` leaves
+            per-seed arrays in ``m.arrays`` and ``reduce(m, ctx)`` adds what is pooled over
+            seeds to the joined measurement (``ctx`` is any chunk's context).
         needs: intermediates read from ``ctx`` (see :mod:`rankexp.probes.base`).
-        reduce_ref: ``reduce(m, ctx)`` adds what is pooled over seeds to the joined measurement,
-            from per-seed arrays ``fn`` left in ``m.arrays``; ``ctx`` is any chunk's context.
-        memory: per-seed working memory in bytes beyond the weights (default: the sweep's).
+        memory: per-seed working memory in bytes beyond the weights (default: ``<name>_memory``
+            of this module, else the sweep's).
         splits_seeds: ``False`` for a probe that pools over all seeds inside ``fn`` without a
             ``reduce``: its seeds always run as one batch.
-        options: ``task.options.<name>`` defaults (the config schema and ``--help`` read them).
+        options: ``task.options.<name>`` defaults (default: :data:`OPTIONS`; the config schema
+            and ``--help`` read them).
         families: the model families (``model.name``) it runs on; others are refused before
             any run (:func:`rankexp.config.checks.check_family`).
         tasks: the tasks it runs under.
@@ -387,14 +374,20 @@ class Probe:
 
     ref: Ref
     needs: frozenset[str] = frozenset()
-    reduce_ref: Ref | None = None
-    memory: MemoryEstimate = sweep_memory
+    memory: MemoryEstimate | None = None
     splits_seeds: bool = True
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] | None = None
     families: frozenset[str] = RESIDUAL
     tasks: frozenset[str] = ANY_TASK
     inputs: str = "batch"
     streams: bool = False
+
+    def __post_init__(self) -> None:
+        name = self.ref.path.partition(":probe_")[2]
+        if self.options is None:
+            object.__setattr__(self, "options", OPTIONS.get(name, {}))
+        if self.memory is None:
+            object.__setattr__(self, "memory", globals().get(f"{name}_memory", sweep_memory))
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -402,26 +395,30 @@ class Probe:
 
     @property
     def reduce(self) -> Callable[..., None] | None:
-        return None if self.reduce_ref is None else self.reduce_ref.resolve()
+        return Ref(self.ref.path.replace(":probe_", ":reduce_")).resolve(None)
 
     @property
     def doc(self) -> str:
         """The first paragraph of ``fn``'s docstring, one line, read from its module's source
         (``--help`` imports no probe code)."""
+        import ast
+
         module, _, attr = self.ref.path.partition(":")
-        return " ".join(_docstrings(module)[attr].strip().split("\n\n")[0].split())
+        doc = ast.get_docstring(_defs(module)[attr]) or ""
+        return " ".join(doc.strip().split("\n\n")[0].split())
 
     @property
     def metrics(self) -> frozenset[str] | None:
         """The metrics it logs, read from the source of ``fn`` and ``reduce`` (``--help``'s
         way); None when they compute a name (it may log any)."""
-        refs = [r.path.partition(":") for r in (self.ref, self.reduce_ref) if r is not None]
-        return _logged(refs[0][0], tuple(attr for _, _, attr in refs))
+        module, _, attr = self.ref.path.partition(":")
+        reduce = attr.replace("probe_", "reduce_", 1)
+        return _logged(module, (attr, reduce) if reduce in _defs(module) else (attr,))
 
     def __call__(self, ctx: Any) -> Any:
         """Run on every seed of ``ctx`` at once (``fn`` then ``reduce``)."""
         m = self.fn(ctx)
-        if self.reduce_ref is not None:
+        if self.reduce is not None:
             self.reduce(m, ctx)
         return m
 

@@ -18,7 +18,6 @@ from ..models.convnet import CifarResNet
 from ..result import Measurement
 from ..seeding import subset_indices
 from .base import probe_options
-from .catalog import INIT_GRADIENT_NORMS_OPTIONS, LAYER_RESPONSE_OPTIONS, LESION_OPTIONS
 
 if TYPE_CHECKING:
     from ..tasks.data import DeviceDataset
@@ -33,8 +32,8 @@ class ImageProbeContext:
                  trained: bool = False):
         self.model, self.data, self.options, self.trained = model, data, dict(options or {}), trained
 
-    def probe_options(self, name: str, defaults: dict) -> dict:
-        return probe_options(self.options, name, defaults)
+    def probe_options(self, name: str) -> dict:
+        return probe_options(self.options, name)
 
     def images(self, split: str, n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
         """``n`` images of ``split`` (train | test) and labels: all in order, or a fixed random
@@ -68,7 +67,7 @@ def probe_layer_response(ctx: ImageProbeContext) -> Measurement:
     """Std of every 3×3 layer's response (after BN, before add/ReLU) on test images.
 
     Options ``images``, ``batch``."""
-    opts = ctx.probe_options("layer_response", LAYER_RESPONSE_OPTIONS)
+    opts = ctx.probe_options("layer_response")
     model, members, layers = ctx.model, ctx.model.members, ctx.model.conv_layers
     x, _ = ctx.images("test", int(opts["images"]))
     dev = x.device
@@ -108,7 +107,7 @@ def probe_init_gradient_norms(ctx: ImageProbeContext) -> Measurement:
     if ctx.trained:
         raise ValueError("init_gradient_norms measures the initial network; under task=train "
                          "it runs before the first step")
-    opts = ctx.probe_options("init_gradient_norms", INIT_GRADIENT_NORMS_OPTIONS)
+    opts = ctx.probe_options("init_gradient_norms")
     model = ctx.model
     x, y = ctx.images("train", int(opts["batch"]), seed=int(opts["batch_seed"]))
     weights = [conv.weight for conv in model.convs]
@@ -134,7 +133,7 @@ def probe_lesion(ctx: ImageProbeContext) -> Measurement:
     """
     if not ctx.trained:
         raise ValueError("lesion measures a trained network (task=train, task.probes=[lesion])")
-    opts = ctx.probe_options("lesion", LESION_OPTIONS)
+    opts = ctx.probe_options("lesion")
     model, members = ctx.model, ctx.model.members
     blocks = list(model.blocks)
     x, y = ctx.images("test", int(opts["images"]))

@@ -17,7 +17,6 @@ from ..models.activations import ACTIVATION_DERIVATIVES as SCALAR_DERIVATIVES
 from ..models.gpt2 import CausalLM
 from ..result import Measurement
 from .base import ProbeContext
-from .catalog import FFN_JACOBIAN_OPTIONS
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -115,7 +114,7 @@ def probe_ffn_jacobian(ctx: ProbeContext) -> Measurement:
     lm = ctx.model
     if not isinstance(lm, CausalLM):
         raise TypeError("probe ffn_jacobian needs model=gpt2 (a causal LM)")
-    first = int(ctx.probe_options("ffn_jacobian", FFN_JACOBIAN_OPTIONS)["first_block"])
+    first = int(ctx.probe_options("ffn_jacobian")["first_block"])
     per: dict[str, list[Tensor]] = {}
     for e in range(len(lm.members)):
         stream, ffn_in = lm.trace(e)

@@ -15,7 +15,6 @@ from torch.func import jvp
 from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, gaussian_input, seeded_generator
 from .base import ProbeContext
-from .catalog import GRADIENT_NORMS_OPTIONS, SHATTERED_OPTIONS
 
 
 def _where(model) -> dict:
@@ -60,7 +59,7 @@ def probe_gradient_norms(ctx: ProbeContext) -> Measurement:
     Option ``batch``. Series ``grad_norm`` (:func:`weight_gradient_norms`); scalars ``grad_ratio``
     (first/last) and ``grad_growth`` (fitted per-layer factor toward the input).
     """
-    opt = ctx.probe_options("gradient_norms", GRADIENT_NORMS_OPTIONS)
+    opt = ctx.probe_options("gradient_norms")
     model = ctx.model
     norms = weight_gradient_norms(model, int(opt["batch"])).detach()
     m = Measurement()
@@ -107,7 +106,7 @@ def probe_shattered(ctx: ProbeContext) -> Measurement:
 
     Options ``points``, ``lo``, ``hi`` (the grid is the batch).
     """
-    opt = ctx.probe_options("shattered", SHATTERED_OPTIONS)
+    opt = ctx.probe_options("shattered")
     model = ctx.model
     where = _where(model)
     x = torch.linspace(float(opt["lo"]), float(opt["hi"]), int(opt["points"]), **where)

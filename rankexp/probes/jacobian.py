@@ -169,6 +169,12 @@ class LayerJacobian:
                             else branch_jacobian(self.block, self.h_in))
         return self._branch
 
+    @property
+    def factor(self) -> Tensor | BranchLinearization:
+        """``J_b`` dense, or factored where that is cheaper and the dense form is not yet made."""
+        cheap = self._branch is None and self.linear is not None and self.linear.apply_is_cheaper()
+        return self.linear if cheap else self.branch
+
 
 def layer_jacobians(model: ResidualMLP, h0: Tensor, *, masked: bool = True) -> Iterator[LayerJacobian]:
     """Walk the blocks of ``model`` once from ``h0`` ``(E, 1, d)``, yielding each block's :class:`LayerJacobian` (Eq. 17/18)."""
@@ -238,17 +244,15 @@ class _Spectra:
                 self.kept.append(unit.clone())  # the next block overwrites this buffer
             self.er.append(torch.full_like(unit[:, 0, 0], float("nan")))
             self.sr.append(self.er[-1])
-        elif self.method == "gram":
-            er, sr, exact = gram_ranks(unit)
-            if not bool(exact.all()):  # CPU only: the choice reads the device
+        else:
+            if self.method == "gram":
+                er, sr, exact = gram_ranks(unit)
+                if not bool(exact.all()):  # CPU only: the choice reads the device
+                    self.method = "svd"
+            if self.method == "svd":
                 er, sr = spectral_ranks(unit, "svd")
-                self.method = "svd"
             self.er.append(er)
             self.sr.append(sr)
-        else:
-            s = singular_values(unit)
-            self.er.append(erank_from_sv(s))
-            self.sr.append(stable_rank_from_sv(s))
 
     def finish(self) -> tuple[Tensor, Tensor]:
         """``(erank, stable rank)`` ``(E, L)``, unnormalized, deferred spectra taken here."""
@@ -298,10 +302,9 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
                 rms.append(state_rms(h))
         return ForwardSweep(rms=torch.stack(rms, 1))
 
-    eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
     # unit-Frobenius factor and log-norm of ∂h_j/∂h_0; index j = 0…L (anchors only, unless kept)
-    units: dict[int, Tensor] = {0: eye / d**0.5}
-    logs: dict[int, Tensor] = {0: h0.new_full((e,), 0.5 * math.log(d))}
+    u0, log0 = identity_unit(h0)
+    units, logs = {0: u0}, {0: log0}
     spare = torch.empty_like(units[0]) if model.skip_every == 1 and not keep_partials else None
     lg, ratio, acc_branch, partials = [], [], [], []
     sync_free = h0.device.type != "cpu" if sync_free is None else sync_free
@@ -318,7 +321,7 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
                     branch_sum += jb
                     acc_branch.append(torch.linalg.matrix_norm(branch_sum) / d**0.5)
             if want_partials:
-                unit, log = _advance(lj, units, logs, spare)
+                unit, log = advance(units, logs, l, lj.skip_from, lj.factor, lj.residual, spare)
                 if spare is not None:
                     spare = units[l - 1]  # ∂h_{l−1}/∂h_0 is read by no later block: reuse its memory
                 units[l], logs[l] = unit, log
@@ -345,35 +348,54 @@ def forward_sweep(model: ResidualMLP, h0: Tensor, *, needs: Collection[str] | No
     return out
 
 
-def _advance(lj: LayerJacobian, units: dict[int, Tensor], logs: dict[int, Tensor],
-             spare: Tensor | None) -> tuple[Tensor, Tensor]:
-    """``∂h_l/∂h_0`` (unit, log-norm) from the stored partials of its input and skip source."""
-    l = lj.layer
-    prev_u, prev_log = units[l - 1], logs[l - 1]
-    acc_log = prev_log
-    factored = lj._branch is None and lj.linear is not None and lj.linear.apply_is_cheaper()
-    if lj.skip_from == l - 1 and not factored:
+def identity_unit(h0: Tensor) -> tuple[Tensor, Tensor]:
+    """``I`` ``(E, d, d)`` for ``h0`` ``(E, ·, d)``: unit-Frobenius matrix, ln-norm ``(E,)``."""
+    e, d = h0.shape[0], h0.shape[-1]
+    eye = torch.eye(d, dtype=h0.dtype, device=h0.device).expand(e, d, d)
+    return eye / d**0.5, h0.new_full((e,), 0.5 * math.log(d))
+
+
+def renormalize(acc: Tensor, log: Tensor) -> tuple[Tensor, Tensor]:
+    """``e^log · acc`` ``(E, d, d)`` as (unit-Frobenius, ln-norm), dividing ``acc`` in place; a zero
+    matrix stays zero (ln-norm −inf: a dead plain ReLU layer makes ∂h_l/∂h_0 exactly 0)."""
+    norm = torch.linalg.matrix_norm(acc)
+    return acc.div_(norm.clamp(min=torch.finfo(norm.dtype).tiny)[:, None, None]), log + norm.log()
+
+
+#: relative weights below e^CUTOFF only add subnormals (100× slower on CPU), not accuracy
+CUTOFF = -80.0
+
+
+def weight(log_ratio: Tensor) -> Tensor:
+    """``exp(log_ratio)`` for ``log_ratio ≤ 0``, flushed to 0 below ``e^CUTOFF``."""
+    return torch.where(log_ratio > CUTOFF, log_ratio.exp(), 0.0)
+
+
+def log_sum(u1: Tensor, log1: Tensor, u2: Tensor, log2: Tensor) -> tuple[Tensor, Tensor]:
+    """``e^log1 u1 + e^log2 u2`` as ``(acc, top)``, the sum ``e^top acc`` (``u1`` overwritten)."""
+    top = torch.maximum(log1, log2)
+    top = torch.where(torch.isfinite(top), top, 0.0)  # both exactly zero
+    acc = u1.mul_(weight(log1 - top)[:, None, None])
+    return acc.add_(u2 * weight(log2 - top)[:, None, None]), top
+
+
+def advance(units: dict[int, Tensor], logs: dict[int, Tensor], l: int, skip_from: int | None,
+            jb: Tensor | BranchLinearization, residual: NormJacobian | None = None,
+            spare: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``∂h_l/∂h_0 = J_R (J_b ∂h_{l−1}/∂h_0 + ∂h_skip/∂h_0)`` as (unit, ln-norm) from the stored
+    partials of its input and skip source; ``J_b`` dense or factored."""
+    prev_u, acc_log = units[l - 1], logs[l - 1]
+    dense = isinstance(jb, Tensor)
+    if skip_from == l - 1 and dense:
         # the standard block: U ← U + J_b U, one GEMM per member accumulating into the spare
         # buffer (addmm per member: faster than baddbmm on CPU, and batch-independent bits)
         acc = torch.empty_like(prev_u) if spare is None else spare
-        jb = lj.branch
         for i in range(acc.shape[0]):
             torch.addmm(prev_u[i], jb[i], prev_u[i], out=acc[i])
-    elif lj.skip_from == l - 1:
-        acc = lj.linear.apply(prev_u).add_(prev_u)
     else:
-        acc = lj.linear.apply(prev_u) if factored else lj.branch @ prev_u  # at scale e^prev_log
-        if lj.skip_from is not None:
-            skip_u, skip_log = units[lj.skip_from], logs[lj.skip_from]
-            top = torch.maximum(acc_log, skip_log)
-            top = torch.where(torch.isfinite(top), top, 0.0)  # both partials exactly zero
-            # weights below e^-80 only add subnormals (100× slower on CPU), not accuracy
-            wa = torch.where(acc_log - top < -80, 0.0, (acc_log - top).exp())
-            ws = torch.where(skip_log - top < -80, 0.0, (skip_log - top).exp())
-            acc = acc.mul_(wa[:, None, None]).add_(skip_u * ws[:, None, None])
-            acc_log = top
-    if lj.residual is not None:
-        lj.residual.left_(acc)
-    norm = torch.linalg.matrix_norm(acc)
-    # a dead plain ReLU layer makes ∂h_l/∂h_0 exactly 0: keep the zeros (log-norm −inf, erank NaN)
-    return acc.div_(norm.clamp(min=torch.finfo(norm.dtype).tiny)[:, None, None]), acc_log + norm.log()
+        acc = jb @ prev_u if dense else jb.apply(prev_u)  # at scale e^acc_log
+        if skip_from is not None:
+            acc, acc_log = log_sum(acc, acc_log, units[skip_from], logs[skip_from])
+    if residual is not None:
+        residual.left_(acc)
+    return renormalize(acc, acc_log)

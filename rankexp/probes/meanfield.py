@@ -19,9 +19,8 @@ from ..models.plain import PlainNet
 from ..result import Measurement
 from ..seeding import STREAM_HEAD, STREAM_INPUT, seeded_generator
 from .base import ProbeContext
-from .catalog import CORRELATION_DEFAULTS, DEEP_LINEAR_DEFAULTS, SPECTRUM_DEFAULTS
 from .gradients import _where
-from .jacobian import branch_jacobian
+from .jacobian import branch_jacobian, identity_unit, renormalize
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +130,7 @@ def probe_correlation(ctx: ProbeContext) -> Measurement:
     ``chi_from`` (default L/2), ``tangents``. ``xi_c`` = −1/ln χ_c (capped at 1e6); ``xi_c_fit`` fits
     ``c_l = c∞ + A e^{−l/ξ}`` (:func:`fit_depth_scale`) beside the same fit of the theory.
     """
-    opt = ctx.probe_options("correlation", CORRELATION_DEFAULTS)
+    opt = ctx.probe_options("correlation")
     model, L = ctx.model, ctx.model.depth
     n, c0, q0 = int(opt["n"]), float(opt["c0"]), float(opt["q0"])
     x = correlated_inputs(model.seeds, model.width, n, c0, q0, **_where(model))
@@ -220,19 +219,14 @@ def io_jacobian(model, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise ValueError(f"jacobian_spectrum supports skip_every 0 or 1, not {model.skip_every}")
     if getattr(model.blocks[0], "norm_op", None) == "batchnorm":
         raise ValueError("jacobian_spectrum differentiates one input; batchnorm needs a batch")
-    e, _, n = x.shape
-    unit = torch.eye(n, dtype=x.dtype, device=x.device).expand(e, n, n) / n**0.5
-    log_norm = torch.full((e,), 0.5 * math.log(n), dtype=x.dtype, device=x.device)
+    (unit, log_norm), n = identity_unit(x), x.shape[-1]
     vd, h = [], x
     for layer in model.blocks:
         dphi = _sigma_prime(layer, h)  # (E, 1, n)
         j = layer.scale * layer.w * dphi if layer.norm_op is None else branch_jacobian(layer, h)
         if layer.has_skip:
             j = j + torch.eye(n, dtype=x.dtype, device=x.device)
-        unit = j @ unit
-        norm = torch.linalg.matrix_norm(unit)
-        unit = unit / norm[:, None, None]
-        log_norm = log_norm + norm.log()
+        unit, log_norm = renormalize(j @ unit, log_norm)
         d2 = dphi[:, 0].square()
         vd.append(d2.square().mean(-1) / d2.mean(-1).square() - 1.0)
         h = layer(h, h if layer.has_skip else None)
@@ -245,7 +239,7 @@ def probe_jacobian_spectrum(ctx: ProbeContext) -> Measurement:
     Input ``‖h_0‖²/n = q0`` (``fixed_point``: q*); ``lambda_var_theory`` = Σ_l (v_W + v_D(q_{l−1})),
     ``lambda_zero_fraction_theory`` = P(φ′ = 0).
     """
-    opt = ctx.probe_options("jacobian_spectrum", SPECTRUM_DEFAULTS)
+    opt = ctx.probe_options("jacobian_spectrum")
     model = ctx.model
     q0 = _input_variance(model, opt["q0"])
     x = _scaled_gaussian(model, q0)
@@ -349,7 +343,7 @@ def probe_deep_linear(ctx: ProbeContext) -> Measurement:
     Options ``depths``, ``a0``, ``s``, ``simulate`` (``[N, a₀]`` pairs), ``sim_width``; the task's
     network is not used.
     """
-    opt = ctx.probe_options("deep_linear", DEEP_LINEAR_DEFAULTS)
+    opt = ctx.probe_options("deep_linear")
     s, depths = float(opt["s"]), [int(n) for n in opt["depths"]]
     m = Measurement()
     for a0 in (float(a) for a in opt["a0"]):

@@ -14,7 +14,6 @@ from torch import Tensor
 from ..models.norms import NORM_FNS, norm_jacobian
 from ..result import Measurement
 from .base import ProbeContext
-from .catalog import NORM_JACOBIAN_DEFAULTS
 
 
 def theory_scale(op: str, x: Tensor) -> Tensor:
@@ -49,7 +48,7 @@ def probe_norm_jacobian(ctx: ProbeContext) -> Measurement:
     if op is None:
         raise ValueError("norm_jacobian measures the post-residual op R: set norm=post "
                          "norm.op=<rmsnorm|detached|meansub|layernorm> (or norm.post=<op>)")
-    opt = ctx.probe_options("norm_jacobian", NORM_JACOBIAN_DEFAULTS)
+    opt = ctx.probe_options("norm_jacobian")
     x = ctx.h0[:, 0] + float(opt["input_mean"])
     d = x.shape[-1]
     closed = norm_jacobian(op, x).dense(d)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,18 +19,10 @@ from ..models.norms import NormJacobian
 from ..result import Measurement
 from ..theory import uncorrelated_path_profile
 from .base import ProbeContext
-from .catalog import PATH_ORDER_OPTIONS
-from .jacobian import LayerJacobian, layer_jacobians
+from .jacobian import LayerJacobian, layer_jacobians, renormalize, weight
 
 #: ln of a zero norm is clamped here in logged series (below float64's smallest subnormal).
 LOG_ZERO = -746.0
-#: Relative weights below e^CUTOFF are set to 0 (no effect in float64; subnormals are slow).
-CUTOFF = -80.0
-
-
-def _weight(log_ratio: Tensor) -> Tensor:
-    """``exp(log_ratio)`` for ``log_ratio ≤ 0``, flushed to 0 below ``e^CUTOFF``."""
-    return torch.where(log_ratio > CUTOFF, torch.exp(log_ratio), torch.zeros_like(log_ratio))
 
 
 @dataclass
@@ -62,10 +53,8 @@ class PathOrders:
     def reconstruct(self) -> tuple[Tensor, Tensor]:
         """``Σ_k β^k S_k`` as (unit-Frobenius ``(E, d, d)``, ln-norm ``(E,)``); ``∂h_L/∂h_0`` when :attr:`complete`."""
         top = self.log_mu.amax(1)
-        w = _weight(self.log_mu - top[:, None])
-        acc = torch.einsum("ek,ekij->eij", w, self.units)
-        norm = torch.linalg.matrix_norm(acc)
-        return acc / norm[:, None, None], top + norm.log()
+        return renormalize(torch.einsum("ek,ekij->eij", weight(self.log_mu - top[:, None]),
+                                        self.units), top)
 
 
 class PathOrderDP:
@@ -116,8 +105,8 @@ class PathOrderDP:
             top = torch.maximum(prev_log, cur_log)
             top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
             acc = (branch @ self._block(lo - 1, hi)).view(e, d, n, d)
-            acc *= _weight(prev_log - top)[:, None, :, None]
-            acc += _weight(cur_log - top)[:, None, :, None] * self.terms[:, :, lo : hi + 1, :]
+            acc *= weight(prev_log - top)[:, None, :, None]
+            acc += weight(cur_log - top)[:, None, :, None] * self.terms[:, :, lo : hi + 1, :]
             if residual_norm is not None:
                 acc = _left(residual_norm, acc.view(e, d, n * d)).view(e, d, n, d)
             self._store(acc, top, lo, hi + 1)
@@ -145,8 +134,8 @@ def _dp(model: ResidualMLP, h0: Tensor, max_order: int | None, chunk: int) -> Pa
                        device=h0.device)
 
 
-def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64,
-                on_layer: Callable[[LayerJacobian], None] | None = None) -> PathOrders:
+def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None, chunk: int = 64
+                ) -> PathOrders:
     """``∂h_L/∂h_0 = Σ_k β^k S_k`` (Eq. 11) by the dynamic program of Eq. 12, from ``h0`` ``(E, 1, d)``.
 
     Raises:
@@ -156,8 +145,6 @@ def path_orders(model: ResidualMLP, h0: Tensor, *, max_order: int | None = None,
     with torch.no_grad():
         for lj in layer_jacobians(model, h0):
             dp.step(lj.branch, lj.residual)
-            if on_layer is not None:
-                on_layer(lj)
     return dp.result(model.beta_eff, model.depth)
 
 
@@ -165,7 +152,7 @@ class PathOrderFold:
     """The dynamic program as a layer fold of the shared sweep (``needs`` name ``path_orders``)."""
 
     def __init__(self, ctx: ProbeContext):
-        opt = ctx.probe_options("path_order", PATH_ORDER_OPTIONS)
+        opt = ctx.probe_options("path_order")
         self.model, self.dp = ctx.model, _dp(ctx.model, ctx.h0, opt["max_order"], opt["chunk"])
 
     def step(self, lj: LayerJacobian) -> None:

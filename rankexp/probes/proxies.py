@@ -13,7 +13,6 @@ from torch import Tensor
 from ..result import Measurement
 from ..seeding import gaussian_input
 from .base import ProbeContext
-from .catalog import GRAD_NORM_PROXY_OPTIONS, JACOB_COV_OPTIONS
 from .gradients import _where, weight_gradient_norms
 
 
@@ -21,7 +20,7 @@ def probe_grad_norm_proxy(ctx: ProbeContext) -> Measurement:
     """Zero-cost proxy grad_norm: the sum over every weight matrix of ``‖∂ℓ/∂W‖_F`` at init.
 
     The loss of the ``gradient_norms`` probe (option ``batch``; Abdelfattah et al. 2021)."""
-    opt = ctx.probe_options("grad_norm_proxy", GRAD_NORM_PROXY_OPTIONS)
+    opt = ctx.probe_options("grad_norm_proxy")
     weights = [p for p in ctx.model.parameters() if p.dim() == 3]  # every (E, out, in) matrix
     norms = weight_gradient_norms(ctx.model, int(opt["batch"]), weights).detach()
     m = Measurement()
@@ -58,7 +57,7 @@ def probe_jacob_cov(ctx: ProbeContext) -> Measurement:
     """Zero-cost proxy jacob_cov: correlation of per-input Jacobians over a batch (Mellor et al. 2021).
 
     Options ``batch``, ``k``; NaN for a dead network."""
-    opt = ctx.probe_options("jacob_cov", JACOB_COV_OPTIONS)
+    opt = ctx.probe_options("jacob_cov")
     model = ctx.model
     x = gaussian_input(model.seeds, model.width, batch=int(opt["batch"]), **_where(model))
     m = Measurement()

@@ -17,7 +17,6 @@ from ..seeding import seeded_generator
 from ..spectra import erank_from_sv, gram_eigenvalues
 from ..theory import activation_constants
 from .base import ProbeContext
-from .catalog import BACKWARD_REPRESENTATION_OPTIONS, REPRESENTATION_OPTIONS
 
 #: random stream of the backward probe's δ_L, head and labels (0–3 are the model's)
 STREAM_BACKWARD = 16
@@ -182,7 +181,7 @@ def probe_representation(ctx: ProbeContext) -> Measurement:
     Option ``n`` (probe inputs). ``branch_input_cos_cross``: Table 1 predicts c for M = 1, 0 for
     M = 2; ``branch_mean_sum_exponent``: 1 for aligned means, ½ for random ones.
     """
-    opt = ctx.probe_options("representation", REPRESENTATION_OPTIONS)
+    opt = ctx.probe_options("representation")
     rep = representation(ctx.model, ctx.probe_inputs(int(opt["n"])))
     L, layers, means = ctx.model.depth, ctx.layers, rep["branch_means"]
     mean_norm, mean_sum_norm = means.norm(dim=-1), means.cumsum(1).norm(dim=-1)
@@ -226,7 +225,7 @@ def probe_backward_representation(ctx: ProbeContext) -> Measurement:
 
     Options ``n``, ``delta`` (``random`` | ``cross_entropy``), ``classes``.
     """
-    opt = ctx.probe_options("backward_representation", BACKWARD_REPRESENTATION_OPTIONS)
+    opt = ctx.probe_options("backward_representation")
     br = backward_representation(ctx.model, ctx.probe_inputs(int(opt["n"])),
                                  delta=str(opt["delta"]), classes=int(opt["classes"]))
     m = Measurement()

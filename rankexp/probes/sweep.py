@@ -9,7 +9,6 @@ import torch
 
 from ..result import Measurement
 from .base import ProbeContext
-from .catalog import STREAM_OPTIONS
 from .jacobian import state_rms
 
 
@@ -43,7 +42,7 @@ def probe_stream(ctx: ProbeContext) -> Measurement:
     ``stream_kappa``: least-squares slope of ``rms(h_l)² − rms(h_0)²`` against ``(βα^M)² l``
     (Pre-Norm: ``rms(h_l)² = 1 + κ(βα^M)² l``).
     """
-    n = int(ctx.probe_options("stream", STREAM_OPTIONS)["inputs"])
+    n = int(ctx.probe_options("stream")["inputs"])
     h0 = ctx.h0 if n == 1 else ctx.probe_inputs(n)
     with torch.no_grad():
         rms = torch.stack([state_rms(h0)] + [state_rms(h) for _, h in ctx.model.states(h0)], 1)

@@ -18,7 +18,6 @@ from ..result import Measurement
 from ..seeding import seeded_generator
 from ..spectra import erank_from_sv
 from .base import ProbeContext
-from .catalog import WALK_DEFAULTS
 
 #: random stream of the walk (:func:`rankexp.seeding.seeded_generator`; 0–3 and 16 are taken)
 STREAM_WALK = 17
@@ -72,7 +71,7 @@ def probe_projection_walk(ctx: ProbeContext) -> Measurement:
     Raises:
         ValueError: an L < 1, ε outside (0, π/2], or an unknown walk.
     """
-    opt = ctx.probe_options("projection_walk", WALK_DEFAULTS)
+    opt = ctx.probe_options("projection_walk")
     eps, depths = float(opt["step_angle"]), [int(L) for L in opt["depths"]]
     if not depths or min(depths) < 1:
         raise ValueError(f"task.options.projection_walk.depths={depths}: need lengths L ≥ 1")
