@@ -218,7 +218,6 @@ def test_requeued_training_jobs_end_one_finished_run_each(slurm_cluster, tmp_pat
     for old in superseded:
         new = c.get_run(old.data.tags["rankexp.superseded_by"])
         assert new.info.status == "FINISHED" and new.data.tags["config_hash"] == old.data.tags["config_hash"]
-        assert new.data.tags["rankexp.attempt"] == "2"
         steps = [p.step for p in member_history(uri, new.info.run_id, 0.001, "train_loss")]
         assert sorted(steps) == list(range(500, 6001, 500)), steps  # whole curve, no duplicates
     logs = "".join(p.read_text() for p in tmp_path.glob("multirun/*/*/.submitit/*/*_log.*"))
