@@ -33,6 +33,8 @@ from .config import CheckedJob, RankexpConfig, checked_job, flatten, resolve_dev
 from .models.families import family_of
 from .result import Measurement
 from .tasks import TASKS
+from .tasks.loop import duration
+from .tasks.measure import RUN_FACTS
 
 log = logging.getLogger("rankexp")
 #: a run's description says what its charts' "Step" is: the UI names the axis only "Step"
@@ -40,6 +42,8 @@ STEP_AXIS = ("Charts: **Step** is the layer l (1 … depth) for per-layer series
              "for `path_*`, the depth for `T_*` and the training step (the epoch with "
              "`task.epochs`) for training curves.")
 
+#: the scalars a job's INFO line shows, those it has (else its first two science scalars)
+HEADLINE = ("erank_io", "stable_rank_io", "best_test_accuracy")
 #: tasks that checkpoint, so a time-limit warning (SIGUSR2) can requeue them
 RESUMABLE_TASKS = {"train"}
 
@@ -79,19 +83,18 @@ def sweep_record(ctx: JobContext) -> dict[str, Any]:
     return (tracking.read_json(ctx.sweep_dir / tracking.NAMES_FILE) or {}) if ctx.sweep_dir else {}
 
 
-def sweep_progress(ctx: JobContext, name: str) -> str | None:
-    """``job 3/8 post·α1·L96 — 2 done in 1m10s, ETA 3m30s`` for a job of a sweep (ETA from the
-    sweep's throughput so far), else None."""
+def sweep_progress(ctx: JobContext) -> tuple[str, str]:
+    """``("job 3/8 ", "; 3 done in 1m10s, ETA 3m30s")`` for a job of a sweep as it ends (ETA from
+    the sweep's throughput so far), else empty strings."""
     record = sweep_record(ctx)
     if ctx.num is None or "names" not in record:
-        return None
+        return "", ""
     total = len(record["names"])
     done = sum((tracking.read_json(ctx.sweep_dir / str(i) / tracking.STATUS_FILE) or {}).get("status")
-               in ("FINISHED", "SKIPPED", "FAILED", "KILLED") for i in range(total) if i != ctx.num)
+               in ("FINISHED", "SKIPPED", "FAILED", "KILLED") for i in range(total))
     elapsed = time.time() - float(record.get("started", time.time()))
-    from .tasks.train import duration
-    eta = f", ETA {duration(elapsed / done * (total - done))}" if done else ""
-    return f"job {ctx.num + 1}/{total} {name} — {done} done in {duration(elapsed)}{eta}"
+    eta = f", ETA {duration(elapsed / done * (total - done))}" if done < total else ""
+    return f"job {ctx.num + 1}/{total} ", f"; {done} done in {duration(elapsed)}{eta}"
 
 
 def save_result(out_dir: Path, result: Measurement, extra: dict[str, Any],
@@ -250,10 +253,7 @@ class Job:
         self.name = run_name(self.s, ctx)
 
     def run(self) -> dict[str, Any]:
-        s, job_dir, t = self.s, self.job_dir, self.s.tracking
-        line = sweep_progress(self.ctx, self.name)
-        if line:
-            log.info("%s", line)
+        s, job_dir, t, t0 = self.s, self.job_dir, self.s.tracking, time.time()
         tags = self._tags()
         previous = tracking.read_json(job_dir / tracking.STATUS_FILE) or {}
         earlier = previous.get("run_id") if previous.get("config_hash") == self.chash else None
@@ -295,15 +295,20 @@ class Job:
         if t.enabled and t.force and self.run_id:  # the rerun replaces the config's old result
             try:
                 old = tracking.supersede_finished(self.uri, self.exp_id, self.chash, self.run_id)
-                log.info("tracking.force: run %s supersedes %s", self.run_id, ", ".join(old) or "none")
+                log.debug("tracking.force: run %s supersedes %s", self.run_id, ", ".join(old) or "none")
             except Exception as e:
                 log.error("tracking.force: the old runs of this config stay FINISHED beside run %s "
                           "(%s)", self.run_id, tracking._first_line(e))
         tracking.write_status(job_dir, "FINISHED", run_id=self.run_id, config_hash=self.chash)
-        headline = {k: result.scalars[k] for k in ("erank_io", "stable_rank_io", "best_test_accuracy")
-                    if k in result.scalars}
-        log.info("%s finished%s: %s", self.name, f" (run {self.run_id})" if self.run_id else "",
-                 ", ".join(f"{k}={v:.4g}" for k, v in headline.items()))
+        scalars = result.scalars
+        headline = [k for k in HEADLINE if k in scalars] or [
+            k for k in scalars if k not in RUN_FACTS and not k.endswith("_std")][:2]
+        job, eta = sweep_progress(self.ctx)
+        took = time.time() - t0
+        log.info("%s%s finished in %s: %s%s%s", job, self.name,
+                 f"{took:.1f}s" if took < 10 else duration(took),
+                 ", ".join(f"{k}={scalars[k]:.4g}" for k in headline),
+                 f" (run {self.run_id})" if self.run_id else "", eta)
         return {"status": "FINISHED", "run_id": self.run_id, "scalars": result.scalars}
 
     def _tags(self) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -145,6 +146,27 @@ def test_a_refused_config_leaves_no_directory(cli):
     cli("depth=1", "width=4", "seeds=1", "task.probes=[stream]", "tracking.enabled=false")
     assert [d for d in made_dirs(cli.cwd) if d.count("/") == 2], made_dirs(cli.cwd)
 
+
+def test_a_job_logs_one_info_line_and_each_probe_with_its_own_time_at_debug(cli):
+    """Issue 32 row 8: a job printed 7–8 INFO lines, and ``probe io_jacobian`` stood for the
+    probes' shared forward sweep, then three probes printed within a second.  Now one INFO
+    line: the job's name, headline and time; with ``hydra.verbose=rankexp`` the shared sweep,
+    then each probe, logged as it starts and again with its own time when it ends."""
+    from rankexp.probes import DEFAULT_PROBES
+
+    out = cli("depth=4", "width=8", "seeds=2", "tracking.enabled=false",
+              "hydra.verbose=rankexp").stdout.splitlines()
+    info = [ln for ln in out if "][INFO] - " in ln]
+    assert len(info) == 1, out
+    assert re.search(r"\] - \S+·L4·d8 finished in \d+\.\ds: erank_io=[\d.]+, stable_rank_io=[\d.]+$",
+                     info[0]), info
+    steps = [ln.split("][DEBUG] - ")[1] for ln in out if "][DEBUG] - " in ln]
+    steps = [s for s in steps if s.startswith(("probe ", "forward sweep "))]
+    names = ["forward sweep for branch_norms, io_jacobian, partial_spectra",
+             *(f"probe {p}" for p in DEFAULT_PROBES)]
+    assert [s.rsplit(":", 1)[0] if s.endswith(" s") else s for s in steps] == \
+        [s for n in names for s in (f"{n} …", n)], steps
+    assert all(re.fullmatch(r".+: \d+\.\d\d s", s) for s in steps[1::2]), steps
 
 def test_file_store_uri_is_refused_with_a_clear_message(cli):
     p = cli("depth=2", "width=8", f"tracking.uri=file://{cli.cwd}/mlruns", check=False)

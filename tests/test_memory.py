@@ -125,9 +125,10 @@ def test_one_seed_over_the_budget_is_warned_about(tmp_path):
     log = r.stdout + r.stderr
     assert "2 seeds in 2 chunks of 1" in log and "budget task.max_memory_gb=1e-06" in log
     assert "one seed needs more than the budget" in log
-    ok = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "seed=2", name="ok")  # another config
+    ok = run_cli(tmp_path, "width=16", "depth=3", "seeds=2", "seed=2", "hydra.verbose=rankexp",
+                 name="ok")  # another config
     assert "one seed needs" not in ok.stdout + ok.stderr
-    assert "2 seeds in 1 chunk of 2" in ok.stdout + ok.stderr  # the log says what it chose
+    assert "2 seeds in 1 chunk of 2" in ok.stdout + ok.stderr  # its DEBUG line says what it chose
 
 
 def _settings(*overrides):

@@ -30,7 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rankexp import cli, interrupt, naming, tracking
+from rankexp import cli, console, interrupt, naming, tracking
 from rankexp.config import CHECKED_JOBS, ConfigError, check_options_used, check_task
 
 from . import grids
@@ -259,10 +259,13 @@ class RankexpSweeper(Sweeper):
 
     def _launch(self, jobs: list[list[str]], first: int = 0) -> list:
         """The jobs in batches of ``max_batch_size`` through the launcher, numbered from
-        ``first``; a failed job does not stop the sweep."""
+        ``first``; a failed job does not stop the sweep.  A bar of jobs done on a terminal, unless
+        joblib's workers write their lines there themselves."""
         n = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else len(jobs)
-        return [self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i)
-                for i in range(0, len(jobs), n)]
+        parallel = "joblib" in str(self.config.hydra.launcher.get("_target_", ""))
+        with console.sweep_bar(self.dirs[first:first + len(jobs)], enabled=not parallel):
+            return [self.launcher.launch(jobs[i:i + n], initial_job_idx=first + i)
+                    for i in range(0, len(jobs), n)]
 
     def _finish(self, parent, interrupted: str | None, returns: list) -> str:
         """Report failed jobs one line each, close the parent (or just count), return its status."""

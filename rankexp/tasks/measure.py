@@ -4,11 +4,12 @@ that fit the memory budget, joined number for number as one batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +41,9 @@ ContextFactory = Callable[[nn.Module], Any]
 
 def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                 h0: Tensor | None = None, options: dict | None = None,
-                progress: Callable[[str], None] | None = None,
                 context: ContextFactory | None = None) -> tuple[Measurement, Any]:
-    """The probes' ``fn`` on one batch of seeds, unpooled: ``(Measurement, context)``."""
+    """The probes' ``fn`` on one batch of seeds, unpooled: ``(Measurement, context)``; each
+    probe's start and time logged at DEBUG, the probes' shared forward sweep first."""
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise KeyError(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}")
@@ -54,11 +55,22 @@ def probe_chunk(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
             h0 = gaussian_input(model.seeds, model.width, dtype=p.dtype, device=p.device)
         ctx = ProbeContext(model, h0, options, needs=needs_of(PROBES[n] for n in probes), folds=FOLDS)
     out = Measurement()
+    if getattr(ctx, "needs", None):  # computed on first use: timed apart, not as a probe's
+        with _timed(f"forward sweep for {', '.join(sorted(ctx.needs))}"):
+            ctx.sweep  # noqa: B018
     for name in probes:
-        if progress:
-            progress(name)
-        out.update(PROBES[name].fn(ctx))
+        with _timed(f"probe {name}"):
+            out.update(PROBES[name].fn(ctx))
     return out, ctx
+
+
+@contextlib.contextmanager
+def _timed(what: str) -> Iterator[None]:
+    """``what …`` at DEBUG, then ``what: 1.23 s`` when it is done."""
+    log.debug("%s …", what)
+    t = time.perf_counter()
+    yield
+    log.debug("%s: %.2f s", what, time.perf_counter() - t)
 
 
 def _reduce(m: Measurement, probes: Sequence[str], ctx: Any) -> Measurement:
@@ -73,11 +85,10 @@ def _reduce(m: Measurement, probes: Sequence[str], ctx: Any) -> Measurement:
 
 def run_probes(model: ResidualMLP, probes: Sequence[str] = DEFAULT_PROBES, *,
                h0: Tensor | None = None, options: dict | None = None,
-               progress: Callable[[str], None] | None = None,
                context: ContextFactory | None = None) -> Measurement:
     """Run ``probes`` on ``model`` (members = seeds) as one batch; ``h0`` ``(E, 1, d)`` defaults to each seed's Gaussian.
     Raises KeyError: an unknown probe name."""
-    m, ctx = probe_chunk(model, probes, h0=h0, options=options, progress=progress, context=context)
+    m, ctx = probe_chunk(model, probes, h0=h0, options=options, context=context)
     return _reduce(m, probes, ctx)
 
 
@@ -120,7 +131,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def measure_seeds(build: Callable[[range], nn.Module], seeds: range, probes: Sequence[str],
                   chunk: int, options: dict | None = None,
-                  progress: Callable[[str], None] | None = None,
                   context: ContextFactory | None = None) -> Measurement:
     """``probes`` on ``seeds`` in chunks of ``chunk``, networks from ``build(seed_range)``: the
     :class:`Measurement` one batch of all seeds gives."""
@@ -130,10 +140,10 @@ def measure_seeds(build: Callable[[range], nn.Module], seeds: range, probes: Seq
     for start in range(0, len(seeds), chunk):
         part = seeds[start : start + chunk]
         if len(seeds) > chunk:
-            log.info("seeds %d…%d of %d", part[0], part[-1], len(seeds))
+            log.debug("seeds %d…%d of %d", part[0], part[-1], len(seeds))
         ctx = None  # the previous chunk's network and intermediates go before the next is built
         model = build(part)
-        m, ctx = probe_chunk(model, probes, options=options, progress=progress, context=context)
+        m, ctx = probe_chunk(model, probes, options=options, context=context)
         parts.append(m)
         del model
     return _reduce(join_seeds(parts), probes, ctx)
@@ -161,7 +171,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
 
     chunk, line = chunking(s, str(device))
     seeds = range(s.seed, s.seed + s.seeds)
-    (log.warning if "more than the budget" in line else log.info)("%s", line)
+    (log.warning if "more than the budget" in line else log.debug)("%s", line)
     built = [0.0, 0.0]  # wall, CPU of the constructions
     draws: list[list[float]] = []  # each network's own drawing clock (a streamed one draws in its walks)
     streamed = streams_weights(s)
@@ -177,7 +187,7 @@ def task_measure(s: RankexpConfig, device: torch.device, job_dir: Path, run: Any
 
     t0, c0 = time.perf_counter(), time.process_time()
     result = measure_seeds(build, seeds, s.task.probes, chunk, options=s.task.options,
-                           progress=lambda p: log.info("probe %s", p), context=context)
+                           context=context)
     for wall, cpu in draws:  # drawn inside the sweep: drawing, not measurement
         built[0] += wall
         built[1] += cpu
