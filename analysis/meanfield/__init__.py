@@ -85,25 +85,26 @@ FAMILY = Check("≤ 1 (|log E x − log theory| ≤ t·s.e. + bias; t: Bonferron
                "1 %; s.e. from the seeds' log-normal random walk)", lambda v: v <= 1.0)
 
 
-def log_walk(x: np.ndarray, expected: np.ndarray) -> dict[str, np.ndarray]:
+def log_walk(x: np.ndarray, expected: np.ndarray, memory: float = 1.0) -> dict[str, np.ndarray]:
     """Error model of a positive per-seed series ``x`` ``(seeds, L+1)`` (layer 0 = the input)
     against its expectation ``expected`` ``(L+1,)``: y_l = log(x_l/expected_l) is a random walk
-    in l, Var y_l = σ² l; σ² is the larger of the seeds' increments over 8 blocks of layers
-    pooled (df = (seeds − 1)·blocks) and the slope of the seed variance of y_l in l (which
-    counts correlation longer than a block); log E x_l − log expected_l = ȳ_l + σ² l / 2
-    (log-normal). Per layer ≥ 1: ``layer``, ``log_ratio`` (that estimate), ``se`` (of it) and
-    ``df``."""
+    in l, Var y_l = σ² l, σ² pooled over the seeds' steps across blocks of max(L/8, ``memory``)
+    layers (``memory``: how long a step stays correlated; df = (seeds − 1)·blocks);
+    log E x_l − log expected_l = ȳ_l + σ² l / 2 (log-normal). Per layer ≥ 1: ``layer``,
+    ``log_ratio`` (that estimate), ``se`` (of it) and ``df``."""
     k, steps = x.shape[0], x.shape[1] - 1
     if k < 2:
         raise NotRun("these runs have one seed each, so the seed spread the tolerance needs is "
                      "unknown")
-    y = np.log(x / expected)
-    b = -(-steps // 8)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(x / expected)
+    if not np.isfinite(y).all():
+        raise NotRun("a seed's series reaches 0 or is not finite (a dead network)")
+    b = min(steps, max(-(-steps // 8), math.ceil(memory)))
     ends = np.arange(0, steps + 1, b)
-    layer = np.arange(1, steps + 1)
-    s2 = max(float(np.var(np.diff(y[:, ends], axis=1), axis=0, ddof=1).mean()) / b,
-             float(np.var(y[:, 1:], axis=0, ddof=1) @ layer / (layer @ layer)))
+    s2 = float(np.var(np.diff(y[:, ends], axis=1), axis=0, ddof=1).mean()) / b
     df = (k - 1) * (len(ends) - 1)
+    layer = np.arange(1, steps + 1)
     v = s2 * layer
     return {"layer": layer, "log_ratio": y[:, 1:].mean(0) + v / 2,
             "se": np.sqrt(v / k + v**2 / (2 * df)), "df": np.full(steps, df)}

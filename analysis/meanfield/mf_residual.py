@@ -51,9 +51,10 @@ def _residual(runs: Runs) -> pd.DataFrame:
 def residual_walk(scaling: str, depth: int, beta: float, width: float, q: np.ndarray,
                   c: np.ndarray) -> pd.DataFrame:
     """Per layer ≥ 1: :func:`~analysis.meanfield.log_walk` of the seeds' q_l against
-    q_0 (1 + β²)^l (``q_*``) and of their 1 − c_l against the residual map (``gap_*``)."""
+    q_0 (1 + β²)^l (``q_*``; a step's factor stays correlated over ~1/β² layers: the share of
+    q in relu(h) relaxes at rate β²) and of their 1 − c_l against the residual map (``gap_*``)."""
     steps = np.arange(depth + 1)
-    qw = log_walk(q / q[:, :1], (1 + beta**2) ** steps)
+    qw = log_walk(q / q[:, :1], (1 + beta**2) ** steps, memory=4 / beta**2)
     cw = log_walk(1 - c, 1 - theory.residual_relu_correlation(float(c[0, 0]), depth, beta))
     return pd.DataFrame({"layer": qw["layer"], **{f"q_{k}": v for k, v in qw.items() if k != "layer"},
                          **{f"gap_{k}": v for k, v in cw.items() if k != "layer"}}).assign(
