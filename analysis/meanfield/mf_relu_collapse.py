@@ -87,7 +87,8 @@ def relu_walk(c0: float, width: float, c: np.ndarray) -> pd.DataFrame:
 
 def _relu_seeds(runs: Runs) -> pd.DataFrame:
     df = newest(runs("mf_relu_collapse"), [C0, "width", "depth"])
-    return pd.concat([relu_walk(float(r[C0]), float(r["width"]), seed_array(runs, r["run_id"], "mf_c"))
+    return pd.concat([relu_walk(float(r[C0]), float(r["width"]),
+                                seed_array(runs, r["run_id"], "mf_c"))
                       for _, r in df.iterrows()], ignore_index=True)
 
 
