@@ -56,7 +56,8 @@ def residual_walk(scaling: str, depth: int, beta: float, width: float, q: np.nda
     steps = np.arange(depth + 1)
     qw = log_walk(q / q[:, :1], (1 + beta**2) ** steps, memory=4 / beta**2)
     cw = log_walk(1 - c, 1 - theory.residual_relu_correlation(float(c[0, 0]), depth, beta))
-    cols = {f"{p}_{k}": v for p, w in (("q", qw), ("gap", cw)) for k, v in w.items() if k != "layer"}
+    cols = {f"{p}_{k}": v for p, w in (("q", qw), ("gap", cw)) for k, v in w.items()
+            if k != "layer"}
     return pd.DataFrame({"layer": qw["layer"], **cols}).assign(
         beta_scaling=scaling, depth=depth, beta=beta, width=width)
 
