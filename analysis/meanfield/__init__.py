@@ -60,12 +60,13 @@ def standard_error(std, seeds):
     return np.where(seeds > 1, np.asarray(std, dtype=float) / np.sqrt(np.maximum(seeds, 1)), np.nan)
 
 
-def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "") -> Measured:
+def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "",
+          k: float = 3.0) -> Measured:
     """The row (``measured``, ``theory``, ``se``, ``bias``) of largest |measured − theory| /
-    (3 se + bias), as :class:`Measured`; NotRun without rows or seed spread."""
+    (k se + bias), as :class:`Measured`; NotRun without rows or seed spread."""
     if rows.empty:
         raise NotRun("the runs hold none of the rows this claim reads")
-    allowance = 3 * rows["se"].astype(float) + rows["bias"].astype(float)
+    allowance = k * rows["se"].astype(float) + rows["bias"].astype(float)
     if allowance.isna().any():
         raise NotRun("these runs have one seed each, so the seed spread the tolerance needs is unknown")
     gap = (rows["measured"] - rows["theory"]).abs()
@@ -74,8 +75,57 @@ def worst(rows: pd.DataFrame, label: Callable[[pd.Series], str], unit: str = "")
     r = rows.loc[dev.idxmax()]
     return Measured(float(dev.max()), math.nan,
                     f"worst: {label(r)}: {r['measured']:.4g}{unit} vs theory {r['theory']:.4g}{unit} "
-                    f"(allowance ±{3 * r['se'] + r['bias']:.2g} = 3 s.e. + bias {r['bias']:.2g}); "
+                    f"(allowance ±{k * r['se'] + r['bias']:.2g} = {k:.3g} s.e. + bias "
+                    f"{r['bias']:.2g}); "
                     f"{len(rows)} row(s)")
+
+
+#: a worst-of-many-rows claim on a positive quantity x (1 − c_l, q_l) whose seeds scatter as a
+#: log-normal random walk in depth (:func:`log_walk`); Bonferroni over the rows at 1 %
+FAMILY = Check("≤ 1 (|log E x − log theory| ≤ t·s.e. + bias; t: Bonferroni over the rows at "
+               "1 %; s.e. from the seeds' log-normal random walk)", lambda v: v <= 1.0)
+
+
+def log_walk(x: np.ndarray, expected: np.ndarray, memory: float = 1.0) -> dict[str, np.ndarray]:
+    """Error model of a positive per-seed series ``x`` ``(seeds, L+1)`` (layer 0 = the input)
+    against its expectation ``expected`` ``(L+1,)``: y_l = log(x_l/expected_l) is a random walk
+    in l, Var y_l = σ² l, σ² pooled over the seeds' steps across blocks of max(L/8, ``memory``)
+    layers (``memory``: how long a step stays correlated; df = (seeds − 1)·blocks);
+    log E x_l − log expected_l = ȳ_l + σ² l / 2 (log-normal). Per layer ≥ 1: ``layer``,
+    ``log_ratio`` (that estimate), ``se`` (of it) and ``df``."""
+    k, steps = x.shape[0], x.shape[1] - 1
+    if k < 2:
+        raise NotRun("these runs have one seed each, so the seed spread the tolerance needs is "
+                     "unknown")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(x / expected)
+    if not np.isfinite(y).all():
+        raise NotRun("a seed's series reaches 0 or is not finite (a dead network)")
+    b = min(steps, math.ceil(max(steps / 8, memory)))
+    ends = np.arange(0, steps + 1, b)
+    s2 = float(np.var(np.diff(y[:, ends], axis=1), axis=0, ddof=1).mean()) / b
+    df = (k - 1) * (len(ends) - 1)
+    layer = np.arange(1, steps + 1)
+    v = s2 * layer
+    return {"layer": layer, "log_ratio": y[:, 1:].mean(0) + v / 2,
+            "se": np.sqrt(v / k + v**2 / (2 * df)), "df": np.full(steps, df)}
+
+
+def family(rows: pd.DataFrame, label: Callable[[pd.Series], str]) -> Measured:
+    """:func:`worst` of :func:`log_walk` rows (and ``bias``) against 0 at the Bonferroni quantile
+    of Student's t: the claim's false-alarm rate over all its rows is ≤ 1 %."""
+    from scipy.stats import t as student
+
+    k = float(student.ppf(1 - 0.01 / (2 * max(len(rows), 1)), rows["df"].min()))
+    return worst(rows.assign(measured=rows["log_ratio"], theory=0.0), label, k=k)
+
+
+def seed_array(runs: Runs, run_id: str, key: str) -> np.ndarray:
+    """The run's per-seed series ``key`` ``(seeds, L+1)`` (its ``arrays.npz``); NotRun without."""
+    a = runs.arrays(run_id)
+    if a is None or key not in a or np.ndim(a[key]) != 2:
+        raise NotRun(f"the runs lack the per-seed series {key} (arrays.npz)")
+    return a[key]
 
 
 #: claim id → (the table it reads, a pure function of that table → Measured)

@@ -16,7 +16,7 @@ from ..core.claims import Measured, Runs
 from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import plain_log_ticks, save
-from . import claim, entry, newest, standard_error, worst
+from . import FAMILY, claim, entry, family, log_walk, newest, seed_array, standard_error, worst
 
 C0 = "task.options.correlation.c0"
 
@@ -78,11 +78,25 @@ def _relu_main(args: argparse.Namespace) -> list[Path]:
     return save(fig, out_dir(args), "mf_relu_collapse", t)
 
 
+def relu_walk(c0: float, width: float, c: np.ndarray) -> pd.DataFrame:
+    """Per layer ≥ 1: :func:`~analysis.meanfield.log_walk` of the seeds' 1 − c_l ``(seeds, L+1)``
+    against the exact map iterated from c_0."""
+    exact = theory.relu_correlation_iterates(c0, c.shape[1] - 1)
+    return pd.DataFrame(log_walk(1 - c, 1 - exact)).assign(c0=c0, width=width)
+
+
+def _relu_seeds(runs: Runs) -> pd.DataFrame:
+    df = newest(runs("mf_relu_collapse"), [C0, "width", "depth"])
+    return pd.concat([relu_walk(float(r[C0]), float(r["width"]),
+                                seed_array(runs, r["run_id"], "mf_c"))
+                      for _, r in df.iterrows()], ignore_index=True)
+
+
 def relu_exact_map(t: pd.DataFrame) -> Measured:
-    """1 − c_l vs the exact critical-ReLU map iterated from c_0, every layer; no bias (seed
-    noise only: the map is the n → ∞ law of the correlation)."""
-    rows = t.assign(measured=t["gap"], theory=t["gap_exact"], bias=0.0)
-    return worst(rows, lambda r: f"c_0 = {r['c0']:g}, l = {r['layer']:g}")
+    """log E(1 − c_l) vs log(1 − f^l(c_0)), the exact critical-ReLU map, every run and layer
+    (:func:`~analysis.meanfield.family`); bias 2/n (the O(1/n) finite-width term: the map is
+    the n → ∞ law)."""
+    return family(t.assign(bias=2 / t["width"]), lambda r: f"c_0 = {r['c0']:g}, l = {r['layer']:g}")
 
 
 def relu_asymptote(t: pd.DataFrame) -> Measured:
@@ -98,7 +112,7 @@ def relu_asymptote(t: pd.DataFrame) -> Measured:
 MF_RELU_COLLAPSE = (
     claim("mf_relu_collapse.exact_map", "Critical ReLU (σ_w² = 2): c_l follows the map f(c) = "
            "(√(1−c²) + (π − arccos c)c)/π iterated from c_0", "the chapter (critical ReLU)",
-           "f^l(c_0)", _relu, relu_exact_map),
+           "f^l(c_0)", _relu_seeds, relu_exact_map, FAMILY),
     claim("mf_relu_collapse.asymptote", "Critical ReLU: 1 − c_l ≈ 9π²/(2l²) (polynomial, not "
            "exponential, collapse)", "the chapter (critical ReLU)", "ratio 1",
            _relu, relu_asymptote))

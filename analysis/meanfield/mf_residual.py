@@ -17,7 +17,7 @@ from ..core.claims import Measured, NotRun, Runs
 from ..core.runner import out_dir
 from ..core.select import load, series
 from ..core.style import save
-from . import claim, entry, newest, standard_error, worst
+from . import FAMILY, claim, entry, family, log_walk, newest, seed_array, standard_error, worst
 
 
 def residual_table(df: pd.DataFrame, uri: str | None, se: bool = False) -> pd.DataFrame:
@@ -46,6 +46,28 @@ def residual_table(df: pd.DataFrame, uri: str | None, se: bool = False) -> pd.Da
 
 def _residual(runs: Runs) -> pd.DataFrame:
     return residual_table(runs("mf_residual"), runs.uri, se=True)
+
+
+def residual_walk(scaling: str, depth: int, beta: float, width: float, q: np.ndarray,
+                  c: np.ndarray) -> pd.DataFrame:
+    """Per layer ≥ 1: :func:`~analysis.meanfield.log_walk` of the seeds' q_l against
+    q_0 (1 + β²)^l (``q_*``; a step's factor stays correlated over ~1/β² layers: the share of
+    q in relu(h) relaxes at rate β²) and of their 1 − c_l against the residual map (``gap_*``)."""
+    steps = np.arange(depth + 1)
+    qw = log_walk(q / q[:, :1], (1 + beta**2) ** steps, memory=4 / beta**2)
+    cw = log_walk(1 - c, 1 - theory.residual_relu_correlation(float(c[0, 0]), depth, beta))
+    cols = {f"{p}_{k}": v for p, w in (("q", qw), ("gap", cw)) for k, v in w.items()
+            if k != "layer"}
+    return pd.DataFrame({"layer": qw["layer"], **cols}).assign(
+        beta_scaling=scaling, depth=depth, beta=beta, width=width)
+
+
+def _residual_seeds(runs: Runs) -> pd.DataFrame:
+    df = newest(runs("mf_residual"), ["beta_scaling", "depth", "width"])
+    return pd.concat([residual_walk(r["beta_scaling"], int(r["depth"]), float(r["beta_eff"]),
+                                    float(r["width"]), seed_array(runs, r["run_id"], "mf_q"),
+                                    seed_array(runs, r["run_id"], "mf_c"))
+                      for _, r in df.iterrows()], ignore_index=True)
 
 
 def _residual_main(args: argparse.Namespace) -> list[Path]:
@@ -86,13 +108,16 @@ def _run(r) -> str:
     return f"β = {'1' if r['beta_scaling'] == 'const' else '1/√L'}, L = {r['depth']:g}, l = {r['layer']:g}"
 
 
+def _walk(t: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    return t.rename(columns={f"{prefix}_{k}": k for k in ("log_ratio", "se", "df")})
+
+
 def residual_variance(t: pd.DataFrame) -> Measured:
-    """q_L/q_0 vs (1 + β²)^L (every run, last layer): exact in expectation for ReLU at σ_w² = 2
-    (E relu(h)² = q/2), so seed noise only."""
-    last = t[t["layer"] == t["depth"]]
-    rows = last.assign(measured=last["q"] / last["q0"], theory=(1 + last["beta"] ** 2) ** last["layer"],
-                       se=last["q_se"] / last["q0"], bias=0.0)
-    return worst(rows, _run)
+    """log E(q_L/q_0) vs L log(1 + β²) (every run, last layer; :func:`~analysis.meanfield.family`:
+    the product of L factors is log-normal, not normal); bias 2β²L/n: the law is the n → ∞
+    one, and at width n the factors 1 + 2β² ⟨relu(h)²⟩/q_l are correlated across layers."""
+    last = _walk(t[t["layer"] == t["depth"]], "q")
+    return family(last.assign(bias=2 * last["beta"] ** 2 * last["depth"] / last["width"]), _run)
 
 
 def _deepest_inv(t: pd.DataFrame) -> pd.DataFrame:
@@ -112,11 +137,10 @@ def residual_variance_e(t: pd.DataFrame) -> Measured:
 
 
 def residual_correlation(t: pd.DataFrame) -> Measured:
-    """c_l vs the residual map c ↦ (c + β² f(c))/(1 + β²), every run and layer; bias 1/n (the
-    cosine of two n-vectors is biased at O(1/n))."""
-    rows = t[t["layer"] > 0]
-    rows = rows.assign(measured=rows["c"], theory=rows["c_map"], se=rows["c_se"], bias=1 / rows["width"])
-    return worst(rows, _run)
+    """log E(1 − c_l) vs log(1 − c_l) of the residual map c ↦ (c + β² f(c))/(1 + β²), every run
+    and layer (:func:`~analysis.meanfield.family`); bias 2/n (the cosine of two n-vectors is
+    biased at O(1/n))."""
+    return family(_walk(t, "gap").assign(bias=2 / t["width"]), _run)
 
 
 def residual_ode(t: pd.DataFrame) -> Measured:
@@ -131,13 +155,13 @@ def residual_ode(t: pd.DataFrame) -> Measured:
 MF_RESIDUAL = (
     claim("mf_residual.variance", "Residual ReLU nets: the stream variance grows like "
            "(1 + β²)^L", "the chapter (residual networks)", "(1 + β²)^L",
-           _residual, residual_variance),
+           _residual_seeds, residual_variance, FAMILY),
     claim("mf_residual.variance_e", "With β = 1/√L the depth limit is well defined: the "
            "variance ratio → e", "the chapter (residual networks)", "e",
            _residual, residual_variance_e),
     claim("mf_residual.correlation", "The correlation trajectory follows the residual map "
            "c ↦ (c + β² f(c))/(1 + β²)", "the chapter (residual networks)", "residual map",
-           _residual, residual_correlation),
+           _residual_seeds, residual_correlation, FAMILY),
     claim("mf_residual.ode", "With β²L = 1 the trajectory reaches its L → ∞ ODE limit "
            "dc/dt = f(c) − c", "the chapter (residual networks)", "ODE at t = 1",
            _residual, residual_ode))
