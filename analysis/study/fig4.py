@@ -174,7 +174,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     gap = detached_gap(table)
     out = out_dir(args)
     paths = publish(draw_placements(table, args.metric, gap),
-                    f"Figure 4: {style.name(args.metric)} by norm placement and operation", df,
+                    f"{style.name(args.metric)} by norm placement and operation", df,
                     args.experiment, [style.spread_note(table["mean"], table["std"])], out,
                     f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha").rename(columns=lambda a: f"alpha={a:g}")
@@ -183,7 +183,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     control = control_table(everything, args.metric)
     if not control.empty:
         paths += publish(draw_control(control, args.metric),
-                         "Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth",
+                         "Pre-RMSNorm + post-residual op $R$ across depth",
                          everything[everything["depth"].isin(control.index.get_level_values(1))],
                          args.experiment, [style.spread_note(control["mean"], control["std"])],
                          out, f"placements_control_{args.metric}", control)
