@@ -232,8 +232,8 @@ def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
 
 class PlainLogFormatter(mpl.ticker.Formatter):
     """Log-axis tick labels as plain numbers (0.05, 0.2, 3, 100) instead of ``5×10⁻²``;
-    ``minor=True`` labels the 2s, 3s and 5s where the axis spans ≤ ~1 decade, the 2s and 5s
-    up to ~2 decades, none beyond."""
+    ``minor=True`` labels every minor tick where the axis spans ≤ 3×, the 2s, 3s and 5s to
+    ~1 decade, the 2s and 5s to ~2 decades, none beyond."""
 
     def __init__(self, minor: bool = False):
         self.minor = minor
@@ -244,7 +244,8 @@ class PlainLogFormatter(mpl.ticker.Formatter):
         if self.minor:
             lo, hi = self.axis.get_view_interval()
             mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
-            keep = (2.0, 3.0, 5.0) if hi / lo <= 12 else (2.0, 5.0) if hi / lo <= 150 else ()
+            keep = (range(2, 10) if hi / lo <= 3 else (2.0, 3.0, 5.0) if hi / lo <= 12
+                    else (2.0, 5.0) if hi / lo <= 150 else ())
             if lo <= 0 or mantissa not in keep:
                 return ""
         return f"{v:g}"

@@ -88,6 +88,9 @@ def draw_control(table: pd.DataFrame, metric: str):
         ax.plot(t.index, t["mean"], marker="o", color=colors[k],  # log axis: no error bars
                 label=f"$R$ = {style.OP_NAMES.get(op, op)}")
     ax.set(xscale="log", yscale="log", xlabel=style.name("depth"), ylabel=style.name(metric))
+    depths = sorted(table.index.get_level_values(1).unique())
+    ax.set_xticks(depths, [str(int(d)) for d in depths])  # the depths run
+    ax.xaxis.minorticks_off()
     ax.legend(title="Pre-RMSNorm +")
     return fig
 
