@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.container import ErrorbarContainer
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator
 
 from analysis.core import style
 from analysis.core.runner import main as analysis_main
@@ -137,10 +138,11 @@ _BARE_NUMBER = re.compile(r"[−-]?\d[\d.]*(e[−+-]?\d+)?")
 
 
 def log_tick_problems(ax, i: int) -> list[str]:
-    """A log axis of ``ax`` with fewer than two labelled ticks in view (a drawn canvas)."""
+    """A log axis of ``ax`` with fewer than two labelled ticks in view (a drawn canvas); an axis
+    ticked at given values (the depths run: a FixedLocator) shows what it holds, even one."""
     out = []
     for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-        if axis.get_scale() != "log":
+        if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), FixedLocator):
             continue
         lo, hi = sorted(axis.get_view_interval())
         shown = {t.get_loc() for t in axis.get_major_ticks() + axis.get_minor_ticks()
