@@ -300,7 +300,7 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
     axes[0].set_ylabel("error (%)")
     fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not")
     _caption(fig, runs, args, "bold: test error", "dashed: train error (augmented batches)",
-             "as He et al. 2016")
+             "layout of He et al. 2016, Fig. 6")
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
