@@ -5,7 +5,9 @@ a caption line stating d, seeds and size, a page-sized canvas, labelled colour b
 panel row/column labelled, and the theory curves a command promises in its legend; and none
 of what a reviewer marks (issue 19 item 5): no NaN or −0 (or round-off shown as a value) in
 any text, a title on every figure, no error bars on a log axis, no colour bar for one or two
-values (a legend instead), one meaning per line style."""
+values (a legend instead), one meaning per line style; nor (issue 32 item 5) a paper's figure
+number in a title, an empty legend, a log axis with fewer than two tick labels, a heatmap cell
+without its seed spread."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.container import ErrorbarContainer
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator
 
 from analysis.core import style
 from analysis.core.runner import main as analysis_main
@@ -128,9 +131,53 @@ def _style_name(dashes: tuple) -> str:
     return named.get(dashes, f"dash {dashes[1]}")
 
 
+#: a paper's figure or table number in a title ("Figure 5b/12: …", "(He et al., Table 6)")
+_PAPER_REF = re.compile(r"\b(Fig(ure)?s?\.?|Tables?)\s*\d")
+#: a heatmap cell labelled with its value alone (no "±" spread below it)
+_BARE_NUMBER = re.compile(r"[−-]?\d[\d.]*(e[−+-]?\d+)?")
+
+
+def log_tick_problems(ax, i: int) -> list[str]:
+    """A log axis of ``ax`` with fewer than two labelled ticks in view (a drawn canvas); an axis
+    ticked at given values (the depths run: a FixedLocator) shows what it holds, even one."""
+    out = []
+    for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+        if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), FixedLocator):
+            continue
+        lo, hi = sorted(axis.get_view_interval())
+        shown = {t.get_loc() for t in axis.get_major_ticks() + axis.get_minor_ticks()
+                 if lo * (1 - 1e-9) <= t.get_loc() <= hi * (1 + 1e-9) and t.label1.get_text()}
+        if len(shown) < 2:
+            out.append(f"axes[{i}]: log {name} axis with {len(shown)} labelled tick(s) "
+                       f"over [{lo:.3g}, {hi:.3g}]")
+    return out
+
+
+def issue32_problems(fig) -> list[str]:
+    """Issue 32 item 5: titles that name a paper figure, empty legends, log axes without two
+    readable ticks, heatmap cells without their seed spread (unless the caption says one seed)."""
+    titles = [("suptitle", fig._suptitle.get_text())] if fig._suptitle is not None else []
+    titles += [(f"axes[{i}].title", ax.get_title()) for i, ax in enumerate(fig.axes)]
+    out = [f"{where} names a paper figure, not what is shown: {t!r}" for where, t in titles
+           if _PAPER_REF.search(t)]
+    legends = [(f"axes[{i}]", ax.get_legend()) for i, ax in enumerate(fig.axes)]
+    legends += [("figure", leg) for leg in fig.legends]
+    out += [f"{where}: an empty legend" for where, leg in legends
+            if leg is not None and not any(t.get_text().strip() for t in leg.get_texts())]
+    one_seed = "one seed" in " ".join(t.get_text() for t in style.captions(fig))
+    for i, ax in enumerate(fig.axes):
+        if _is_colorbar(ax) or not ax.get_visible():
+            continue
+        out += log_tick_problems(ax, i)
+        bare = [t.get_text() for t in ax.texts if _BARE_NUMBER.fullmatch(t.get_text().strip())]
+        if ax.images and bare and not one_seed:
+            out.append(f"axes[{i}]: heatmap cells without their seed spread ({bare[0]!r}, no ±)")
+    return out
+
+
 def reviewer_problems(fig) -> list[str]:
-    """What a reviewer marks on a drawn figure (issue 19 item 5)."""
-    out = line_style_problems(fig)
+    """What a reviewer marks on a drawn figure (issue 19 item 5, issue 32 item 5)."""
+    out = line_style_problems(fig) + issue32_problems(fig)
     for where, text in [*_texts(fig), *(("caption", t.get_text()) for t in style.captions(fig))]:
         out += number_problems(text, where)
     panels = [ax for ax in fig.axes if not _is_colorbar(ax) and ax.get_visible()]

@@ -96,6 +96,10 @@ def test_issue_sweep_leaves_four_finished_runs_and_a_heatmap(cli):
     table = pd.read_csv(figdir / f"{stem}.csv")
     assert len(table) == 4 and (table["count"] == 1).all()
     assert sorted(table["mean"]) == pytest.approx(sorted(er.values()), rel=1e-12)
+    # each cell's spread is its run's seeds' (issue 32 item 5: not an empty std over one run)
+    spread = sorted(float(r.data.tags["seed_std.erank_io"]) for r in runs)
+    assert sorted(table["std"]) == pytest.approx(spread, rel=1e-12) and min(spread) > 0
+    assert (table["seeds"] == int(runs[0].data.params["seeds"])).all() and len(runs) == 4
 
 
 SLOW = pytest.mark.slow  # the same check for another key of the same kind: -m slow

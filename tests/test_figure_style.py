@@ -62,6 +62,8 @@ def styled_figure():
 @pytest.mark.parametrize("defect,found", [
     ("nan_title", "'nan'"), ("negative_zero", "'−0'"), ("roundoff", "e-16"), ("no_title", "no title"),
     ("log_bars", "error bars on a log y axis"), ("two_value_bar", "colour bar for 2 value"),
+    ("paper_title", "names a paper figure"), ("empty_legend", "an empty legend"),
+    ("log_one_tick", "log y axis with 1 labelled tick"),
 ])
 def test_checker_marks_what_a_reviewer_marks(defect, found):
     """Issue 19 item 5: each defect, drawn on an otherwise clean figure, is reported."""
@@ -79,6 +81,14 @@ def test_checker_marks_what_a_reviewer_marks(defect, found):
         ax.legend()
     elif defect == "no_title":
         ax.set_title("")
+    elif defect == "paper_title":  # issue 32 item 5: what is shown, not where it was printed
+        fig.suptitle("Figure 5b/12: accumulated branch")
+    elif defect == "empty_legend":  # a key with no entry (isorank's "r*: s" before issue 32)
+        ax.legend(handles=[], title=r"$r^*$: $s$")
+    elif defect == "log_one_tick":  # under a decade, minor ticks off: one power of ten in it
+        ax.set_yscale("log")
+        ax.set_ylim(0.6, 1.6)
+        ax.yaxis.minorticks_off()
     elif defect == "log_bars":
         ax.errorbar([1, 2], [0.3, 0.2], yerr=[0.01, 0.01], label="bars")
         ax.set_yscale("log")
@@ -87,6 +97,40 @@ def test_checker_marks_what_a_reviewer_marks(defect, found):
         sm.set_array(np.array([1.0, 2.0, 1.0]))
         fig.colorbar(sm, ax=ax, label=style.name("alpha"))
     assert any(found in p for p in problems(fig)), problems(fig)
+    plt.close("all")
+
+
+def test_heatmap_cells_show_the_seed_spread_of_every_seed_of_their_runs():
+    """Issue 32 item 5: each run logs its seed mean and ``<metric>_std`` over its 4 seeds; the
+    heatmap's table pools them (mean, s.d. over all seeds, seeds, runs) and every cell reads
+    "mean ± s.d." — a cell of one seed only its mean, which the caption then says."""
+    from analysis.study.fig2 import cell_note, draw_heatmap, heatmap_table
+
+    rng = np.random.default_rng(1)
+    seeds = {(a, L): rng.normal(0.5 / a, 0.03, 4) for a in (1.0, 2.0) for L in (4, 8)}
+    df = pd.DataFrame([{"alpha": a, "depth": L, "width": 16, "seeds": 4, "size": "smoke",
+                        "erank_io": v.mean(), "erank_io_std": v.std(ddof=1)}
+                       for (a, L), v in seeds.items()])
+    again = df.assign(erank_io=df["erank_io"] + 0.01)  # a second run of each cell
+    table = heatmap_table(pd.concat([df, again]), "erank_io", "alpha", "depth", None)
+    for (L, a), row in table.iterrows():
+        both = np.concatenate([seeds[a, L], seeds[a, L] + 0.01])
+        assert row["mean"] == pytest.approx(both.mean(), rel=1e-12)
+        assert row["std"] == pytest.approx(both.std(ddof=1), rel=1e-12)
+        assert (row["seeds"], row["count"]) == (8, 2)
+    fig = draw_heatmap(table, "erank_io", "alpha", "depth", None, title="erank over α and L")
+    style.caption(fig, df, "fig2", [cell_note(table["mean"], table["std"])])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert len(texts) == 4 and all(re.fullmatch(r"[\d.]+\n±[\d.]+", t) for t in texts), texts
+    assert problems(fig) == []
+    one = heatmap_table(df.assign(seeds=1, erank_io_std=np.nan), "erank_io", "alpha", "depth", None)
+    assert one["std"].isna().all() and (one["seeds"] == 1).all()
+    fig = draw_heatmap(one, "erank_io", "alpha", "depth", None, title="erank over α and L")
+    style.caption(fig, df, "fig2", ["cells: mean over seeds"])  # main's note: no word of one seed
+    assert any("without their seed spread" in p for p in problems(fig)), problems(fig)
+    style.captions(fig)[0].remove()
+    style.caption(fig, df, "fig2", [cell_note(one["mean"], one["std"])])
+    assert "one seed" in cell_note(one["mean"], one["std"]) and problems(fig) == []
     plt.close("all")
 
 

@@ -232,8 +232,8 @@ def colorbar(fig, mappable, ax, key: str, label: str | None = None, **kw):
 
 def plain_log_ticks(ax, axis: str = "y") -> None:
     """Log-axis tick labels of ``ax`` as plain numbers (0.05, 0.2, 3, 100) instead of
-    ``5×10⁻²``; minor ticks labelled: the 2s, 3s and 5s where the axis spans ≤ ~1 decade, the
-    2s and 5s up to ~2 decades, none beyond."""
+    ``5×10⁻²``; minor ticks labelled: every one where the axis spans ≤ 3×, the 2s, 3s and 5s
+    to ~1 decade, the 2s and 5s up to ~2 decades, none beyond."""
     target = ax.yaxis if axis == "y" else ax.xaxis
 
     def minor(v, pos=None) -> str:
@@ -241,7 +241,8 @@ def plain_log_ticks(ax, axis: str = "y") -> None:
         if v <= 0 or lo <= 0:
             return ""
         mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
-        keep = (2.0, 3.0, 5.0) if hi / lo <= 12 else (2.0, 5.0) if hi / lo <= 150 else ()
+        keep = (range(2, 10) if hi / lo <= 3 else (2.0, 3.0, 5.0) if hi / lo <= 12
+                else (2.0, 5.0) if hi / lo <= 150 else ())
         return f"{v:g}" if mantissa in keep else ""
 
     target.set_major_formatter(lambda v, pos=None: f"{v:g}" if v > 0 else "")

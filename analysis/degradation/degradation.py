@@ -298,8 +298,9 @@ def _curves_main(args: argparse.Namespace) -> list[Path]:
         ax.set_xlabel("epoch")
         _legend(ax)
     axes[0].set_ylabel("error (%)")
-    fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not (He et al. 2016, Fig. 6)")
-    _caption(fig, runs, args, "bold: test error", "dashed: train error (augmented batches)")
+    fig.suptitle("Training on CIFAR-10: plain nets degrade with depth, ResNets do not")
+    _caption(fig, runs, args, "bold: test error", "dashed: train error (augmented batches)",
+             "layout of He et al. 2016, Fig. 6")
     return save(fig, out_dir(args), "error_curves", pd.DataFrame(rows))
 
 
@@ -320,7 +321,7 @@ def _table_main(args: argparse.Namespace) -> list[Path]:
     ax.minorticks_off()
     ax.set_xlabel("network depth $L$")
     ax.set_ylabel("final test error (%)")
-    ax.set_title("Final test error vs depth (He et al. 2016, Table 6)")
+    ax.set_title("Final test error vs depth")
     ax.legend()
     _caption(fig, runs, args)
     out = out_dir(args)

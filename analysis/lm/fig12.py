@@ -141,7 +141,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     fig, axes = style.grid(len(nets), 4, aspect=0.85)
     for i, (_, r) in enumerate(nets.iterrows()):
         _draw_row(axes[i], r, args.uri)
-    fig.suptitle("Figure 12: FFN-branch Jacobians $J_l = \\partial\\,\\mathrm{mlp}(\\mathrm{ln}_2(x))/\\partial x$ "
+    fig.suptitle("FFN-branch Jacobians $J_l = \\partial\\,\\mathrm{mlp}(\\mathrm{ln}_2(x))/\\partial x$ "
                  "along the residual stream")
     # GPT-2's FFN is W_proj GELU(W_fc ·), m/d = 4: the residual-MLP knobs logged beside it do not apply
     shown = nets.drop(columns=["activation", "expansion", "matrices"], errors="ignore")

@@ -89,7 +89,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     warn_mixed(df, ["depth", "norm.placement", "norm.op"], args.experiment)
     table = op_table(df, args.metric)
     fig = draw(table, args.metric)
-    fig.suptitle("Figure 10: post-residual op $R$ without the Pre-RMSNorm control")
+    fig.suptitle("Post-residual op $R$ without the Pre-RMSNorm control")
     style.caption(fig, df, args.experiment, [style.spread_note(table["mean"], table["std"])])
     out = out_dir(args)
     paths = save(fig, out, f"post_ops_{args.metric}", table)

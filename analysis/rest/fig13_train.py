@@ -27,6 +27,6 @@ EXPERIMENTS = (
     Experiment(
         "fig13_train", "Figure 13 (trainability): branch-output norm trained on CIFAR-10",
         "the study, fig13",
-        analyses=("fig6 --rank-experiment fig13 --train-experiment fig13_train --figure 13",),
+        analyses=("fig6 --rank-experiment fig13 --train-experiment fig13_train",),
         claims=FIG13_TRAIN, needs=Needs(cifar10=True, train=True, gpu_full=True), reads=('fig13',)),
 )

@@ -69,7 +69,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
         ax.set(yscale="log", xlabel=style.name("layer"), ylabel=style.name("rep_erank"))
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    fig.suptitle("Figure 15: representation rank of $M = 1$ branches — centring, not rescaling")
+    fig.suptitle("Representation rank of $M = 1$ branches — centring, not rescaling")
     style.caption(fig, df, args.experiment, [*probe_inputs(df), "bands: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, "centring", table)

@@ -62,7 +62,7 @@ def _table3_main(args: argparse.Namespace) -> list[Path]:
            ylabel=r"$\mathrm{erank}(\Pi_\ell (I - x_\ell x_\ell^\top))/d$")
     ax.legend()
     style.colorbar(fig, sm, ax, "epsilon", label=r"step angle $\varepsilon$")
-    fig.suptitle("Table 3: rank-one projections along a random walk of step angle $\\varepsilon$")
+    fig.suptitle("Rank-one projections along a random walk of step angle $\\varepsilon$")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     out = out_dir(args)
     paths = save(fig, out, "table3", t)

@@ -48,7 +48,7 @@ def _fig16_main(args: argparse.Namespace) -> list[Path]:
     depth_axis(ax, table.index.get_level_values(2))
     ax.set_ylabel(style.name(args.metric))
     ax.legend()
-    return publish(fig, f"Figure 16: {style.name(args.metric)} vs depth", df, args.experiment,
+    return publish(fig, f"{style.name(args.metric)} vs depth", df, args.experiment,
                    ["error bars: ±1 s.d. over seeds"], out_dir(args),
                    f"fig16_{args.metric}_vs_depth", table)
 

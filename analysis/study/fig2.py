@@ -22,6 +22,7 @@ from ..core.select import (
     need,
     only,
     ordered,
+    pooled,
     refuse_mixed,
     require,
     varying,
@@ -31,17 +32,28 @@ from ..core.style import save, to_markdown, write_text
 
 
 def heatmap_table(df: pd.DataFrame, metric: str, x: str, y: str, panel: str | None) -> pd.DataFrame:
-    """Mean of ``metric`` per (panel, y, x) cell and its run count; SelectionError for a missing
-    column or for runs of one cell that differ in another param."""
+    """Per (panel, y, x) cell: ``metric``'s ``mean`` and ``std`` over every seed of the cell's
+    runs (:func:`analysis.core.select.pooled`), its ``seeds`` and run ``count``; SelectionError
+    for a missing column or for runs of one cell that differ in another param."""
     keys = ([panel] if panel else []) + [y, x]
     require(df, [metric, *keys])
     refuse_mixed(df, keys, "heatmap")
-    return df.groupby(keys, dropna=False)[metric].agg(["mean", "std", "count"])
+    t = pooled(df, metric, keys).rename(columns={"runs": "count"})
+    return t.astype({"seeds": int, "count": int})
 
 
-def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool = False):
+def cell_note(mean, std) -> str:
+    """The caption's word on what a cell shows, its ``mean`` ± its seed ``std`` (arrays alike;
+    a cell of one seed has no s.d.)."""
+    one = (np.isfinite(np.asarray(mean, float)) & ~np.isfinite(np.asarray(std, float))).any()
+    return "cells: mean ± 1 s.d. over seeds" + ("; one seed where no ±" if one else "")
+
+
+def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool = False,
+               spread: pd.DataFrame | None = None):
     """``grid`` (rows = y ascending, columns = x) on ``ax`` as a heatmap from ``vmin`` to ``vmax``
-    (log if ``log_color`` and ``vmin > 0``), finite cells labelled; returns the image."""
+    (log if ``log_color`` and ``vmin > 0``), finite cells labelled with their value and, below
+    it, their ``spread`` (the seed s.d., a grid like ``grid``) where finite; returns the image."""
     norm = None
     if log_color and vmin > 0:
         from matplotlib.colors import LogNorm
@@ -54,11 +66,14 @@ def draw_panel(ax, grid: pd.DataFrame, vmin: float, vmax: float, log_color: bool
     ax.grid(False)
     mid = (np.log(vmin * vmax) / 2) if norm else (vmin + vmax) / 2
     small = grid.size > 30  # keep the annotations legible on a page-sized panel
+    sd = np.full(grid.shape, np.nan) if spread is None else spread.to_numpy(float)
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
             dark = (np.log(v) if norm else v) < mid
-            ax.text(j, i, f"{v:.2g}" if small else f"{v:.3g}", ha="center", va="center",
-                    fontsize=5 if small else 6, color="white" if dark else "black")
+            text = f"{v:.2g}" if small else f"{v:.3g}"
+            ax.text(j, i, text + (f"\n±{sd[i, j]:.1g}" if np.isfinite(sd[i, j]) else ""),
+                    ha="center", va="center", fontsize=5 if small else 6, linespacing=1.0,
+                    color="white" if dark else "black")
     return im
 
 
@@ -71,9 +86,10 @@ def draw_heatmap(table: pd.DataFrame, metric: str, x: str, y: str, panel: str | 
     vmin, vmax = float(np.nanmin(means)), float(np.nanmax(means))
     fig, axes = style.panels(len(panels), max_cols=2, aspect=0.85)
     for ax, p in zip(axes, panels, strict=True):
-        grid = (means.xs(p, level=0) if panel else means).unstack(x).sort_index()
-        grid = grid.reindex(sorted(grid.columns), axis=1)
-        im = draw_panel(ax, grid, vmin, vmax, log_color)
+        grid, sd = ((table[c].xs(p, level=0) if panel else table[c]).unstack(x).sort_index()
+                    for c in ("mean", "std"))
+        cols = sorted(grid.columns)
+        im = draw_panel(ax, grid[cols], vmin, vmax, log_color, sd[cols])
         ax.set(xlabel=style.name(x), ylabel=style.name(y),
                title=style.value_label(panel, p) if panel else style.name(metric))
     style.colorbar(fig, im, axes, metric)
@@ -97,7 +113,7 @@ def main(args: argparse.Namespace) -> list[Path]:
     fig = draw_heatmap(table, args.metric, args.x, args.y, panel,
                        title=f"{style.name(args.metric)} over {style.name(args.x)} × {style.name(args.y)}",
                        log_color=args.log_color)
-    style.caption(fig, df, args.experiment, ["cells: mean over seeds"])
+    style.caption(fig, df, args.experiment, [cell_note(table["mean"], table["std"])])
     return save(fig, out_dir(args), f"heatmap_{args.metric}_{args.y}_x_{args.x}", table)
 
 

@@ -168,10 +168,10 @@ def _paths_main(args: argparse.Namespace) -> list[Path]:
     summary, profiles = paths_tables(df, args.uri)
     out = out_dir(args)
     return [*publish(draw_profiles(profiles, summary),
-                     r"Figure 3: path-order profile $\mu_k = \|\beta^k S_k\|_F$ (Eq. 11)", df,
+                     r"Path-order profile $\mu_k = \|\beta^k S_k\|_F$ (Eq. 11)", df,
                      args.experiment, ["lines: mean over seeds"], out, "paths_profile",
                      profiles.set_index(["run_id", "k"])),
-            *publish(draw_mean_order(summary, df), r"Figure 3: mean path order vs $\beta\alpha^M$",
+            *publish(draw_mean_order(summary, df), r"Mean path order vs $\beta\alpha^M$",
                      df, args.experiment, ["error bars: ±1 s.d. over seeds"], out,
                      "paths_mean_order", summary.sort_values("nominal_ratio"))]
 

@@ -88,6 +88,9 @@ def draw_control(table: pd.DataFrame, metric: str):
         ax.plot(t.index, t["mean"], marker="o", color=colors[k],  # log axis: no error bars
                 label=f"$R$ = {style.OP_NAMES.get(op, op)}")
     ax.set(xscale="log", yscale="log", xlabel=style.name("depth"), ylabel=style.name(metric))
+    depths = sorted(table.index.get_level_values(1).unique())
+    ax.set_xticks(depths, [str(int(d)) for d in depths])  # the depths run
+    ax.xaxis.minorticks_off()
     ax.legend(title="Pre-RMSNorm +")
     return fig
 
@@ -174,7 +177,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     gap = detached_gap(table)
     out = out_dir(args)
     paths = publish(draw_placements(table, args.metric, gap),
-                    f"Figure 4: {style.name(args.metric)} by norm placement and operation", df,
+                    f"{style.name(args.metric)} by norm placement and operation", df,
                     args.experiment, [style.spread_note(table["mean"], table["std"])], out,
                     f"placements_{args.metric}", table)
     wide = table["mean"].unstack("alpha").rename(columns=lambda a: f"alpha={a:g}")
@@ -183,7 +186,7 @@ def _main(args: argparse.Namespace) -> list[Path]:
     control = control_table(everything, args.metric)
     if not control.empty:
         paths += publish(draw_control(control, args.metric),
-                         "Figure 4b: Pre-RMSNorm + post-residual op $R$ across depth",
+                         "Pre-RMSNorm + post-residual op $R$ across depth",
                          everything[everything["depth"].isin(control.index.get_level_values(1))],
                          args.experiment, [style.spread_note(control["mean"], control["std"])],
                          out, f"placements_control_{args.metric}", control)

@@ -161,10 +161,12 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
         mine = points[(points[list(key)] == pd.Series(key)).all(axis=1)]
         ratios = flat[(flat[list(key)] == pd.Series(key)).all(axis=1)].set_index("level")
         m = float(sub["matrices"].iloc[0]) if "matrices" in sub else 2.0
+        crossed = False  # a level's contour drawn: the legend keys r*: s
         for level in args.levels:
             pt, s = mine[mine["level"] == level], ratios.loc[level, "slope_ratio"]
             if pt.empty:
                 continue
+            crossed = True
             ax.plot(pt["alpha"], pt["depth"], "o-", color=level_colors[level], ms=2.5, lw=1.0,
                     label=f"{level:g}: ${s:.2f}$" if np.isfinite(s) else f"{level:g}")
             if len(pt) >= 2:  # the study's law βα^M ∝ L^(−1/2) through the contour's centre
@@ -186,8 +188,8 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
             ax.plot([], [], color="0.55", ls="--", lw=0.8, label=r"$L^{-1/2}$ (study)")
         if ax.get_legend_handles_labels()[0]:  # no contour crossed and not the first panel
             ax.legend(loc="lower left", fontsize=5, handlelength=1.2, labelspacing=0.2,
-                      frameon=True, framealpha=0.75, edgecolor="none", title=r"$r^*$: $s$",
-                      title_fontsize=5)
+                      frameon=True, framealpha=0.75, edgecolor="none",
+                      title=r"$r^*$: $s$" if crossed else None, title_fontsize=5)
     style.colorbar(fig, im, axes, args.metric)
     out = out_dir(args)
     md = write_markdown(out / f"isorank_{args.metric}.md",
@@ -197,7 +199,7 @@ def _isorank_main(args: argparse.Namespace) -> list[Path]:
     notes = ["grey: mean over seeds",
              r"legend: level $r^*$ and fitted $s = d\log\beta\alpha^M/d\log L$",
              r"dashed: the study's $\beta\alpha^M \propto L^{-1/2}$"]
-    return [*publish(fig, rf"Figure 5c: iso-{style.name(args.metric)} contours over $(\alpha, L)$",
+    return [*publish(fig, rf"Iso-{style.name(args.metric)} contours over $(\alpha, L)$",
                      df, args.experiment, notes, out, f"isorank_{args.metric}", slopes),
             write_text(out / f"isorank_{args.metric}_points.csv", points.to_csv(index=False)), md]
 
@@ -268,7 +270,7 @@ def _stream_main(args: argparse.Namespace) -> list[Path]:
           f"{args.placement or 'all'} runs; noisy where (βα^M)² L ≪ 1)\n")
     print(to_markdown(summary))
     out = out_dir(args)
-    return [*publish(fig, r"Figure 11: Pre-Norm stream, $\mathrm{rms}(h_\ell)^2 = 1 + "
+    return [*publish(fig, r"Pre-Norm stream growth, $\mathrm{rms}(h_\ell)^2 = 1 + "
                      r"\kappa(\beta\alpha^M)^2\ell$", df, args.experiment, ["dashed: theory κ"],
                      out, "stream_kappa", per_run.set_index("run_id")),
             write_text(out / "stream_series.csv", long.to_csv(index=False))]
@@ -355,7 +357,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
                ylabel=style.name("accumulated_branch_final"),
                title=f"{style.value_label(PLACEMENT, pl)}: at $k = L$")
         bx.set_xticks(depths, [str(d) for d in depths])
-        bx.minorticks_off()
+        bx.xaxis.minorticks_off()  # the depths run; y keeps its 2s and 5s (finish)
         if i == 0:
             for e in expansions:
                 bx.plot([], [], color="0.3", ls=styles[e], label=style.value_label("expansion", e))
@@ -367,7 +369,7 @@ def _accumulated_main(args: argparse.Namespace) -> list[Path]:
         write_markdown(out_dir(args) / "accumulated_branch_slopes.md", "d log(accumulated branch "
                        "at L) / d log L, over α (study: ≈ 0.5 for post, ≈ 0 for pre)",
                        slope.groupby(level=[0, 1]).agg(["mean", "min", "max"]))
-    return publish(fig, "Figure 5b/12: accumulated branch", df, args.experiment, [
+    return publish(fig, "Accumulated branch over blocks and depth", df, args.experiment, [
         r"thin: uncorrelated from the measured $r_\ell$; dashed: its closed form (Eq. 22)"],
         out_dir(args), "accumulated_branch", table.set_index(["run_id", "k"]))
 

@@ -29,7 +29,7 @@ from ..core.select import (
 )
 from ..core.style import write_markdown
 from . import in_order, publish
-from .fig2 import draw_panel, heatmap_table
+from .fig2 import cell_note, draw_panel, heatmap_table
 
 CHANCE = 0.1  # CIFAR-10 has ten balanced classes
 
@@ -58,10 +58,12 @@ def depth_axis(ax, depths) -> None:
 def fig6_table(rank: pd.DataFrame, train: pd.DataFrame, rank_metric: str = "erank_io",
                train_metric: str = "best_test_accuracy") -> pd.DataFrame:
     """Both halves of Figure 6 on one (placement, depth, alpha) index: ``<metric>``,
-    ``<metric>_std``, ``<metric>_runs`` of the rank and the train metric (outer join)."""
+    ``<metric>_std``, ``<metric>_runs``, ``<metric>_seeds`` of the rank and the train metric
+    (outer join)."""
     rank_t, train_t = (
         heatmap_table(df, m, "alpha", "depth", PLACEMENT).rename(
-            columns={"mean": m, "std": f"{m}_std", "count": f"{m}_runs"})
+            columns={"mean": m, "std": f"{m}_std", "count": f"{m}_runs",
+                     "seeds": f"{m}_seeds"})
         for df, m in ((rank, rank_metric), (train, train_metric)))
     return in_order(rank_t.join(train_t, how="outer"), PLACEMENT, PLACEMENT_ORDER)
 
@@ -76,8 +78,10 @@ def draw_fig6(table: pd.DataFrame, rank_metric: str, train_metric: str, log_rank
         values = table[metric]
         vmin, vmax = float(np.nanmin(values)), float(np.nanmax(values))
         for i, p in enumerate(placements):
-            grid = values.xs(p, level=0).unstack("alpha").reindex(index=depths, columns=alphas)
-            im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0)
+            grid, sd = (table[c].xs(p, level=0).unstack("alpha").reindex(index=depths,
+                                                                          columns=alphas)
+                        for c in (metric, f"{metric}_std"))
+            im = draw_panel(axes[i, j], grid, vmin, vmax, log_rank and j == 0, sd)
             axes[i, j].set(xlabel=style.name("alpha"), ylabel=style.name("depth"),
                            title=style.value_label(PLACEMENT, p))
         style.colorbar(fig, im, axes[:, j].tolist(), metric)
@@ -95,8 +99,6 @@ def _fig6_arguments(p: argparse.ArgumentParser) -> None:
                    "best_test_accuracy, best final test accuracy over LRs)")
     p.add_argument("--log-color", action="store_true",
                    help="logarithmic colour scale for the rank column")
-    p.add_argument("--figure", default="6",
-                   help="the study's figure number in the title (default 6; 13 for norm=output)")
 
 
 def _fig6_main(args: argparse.Namespace) -> list[Path]:
@@ -107,13 +109,14 @@ def _fig6_main(args: argparse.Namespace) -> list[Path]:
                          (args.train_experiment, args.train_metric)):
         frames[name] = df = load(args, ["alpha", "depth", PLACEMENT, metric], experiments=[name])
         warn_mixed(df, ["alpha", "depth", PLACEMENT], [name], keys=CONTEXT)
-    table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment],
-                       args.rank_metric, args.train_metric)
+    metrics = [args.rank_metric, args.train_metric]
+    table = fig6_table(frames[args.rank_experiment], frames[args.train_experiment], *metrics)
     return publish(draw_fig6(table, args.rank_metric, args.train_metric, args.log_color),
-                   f"Figure {args.figure}: {style.name(args.rank_metric)} at init beside "
+                   f"{style.name(args.rank_metric)} at init beside "
                    f"{style.name(args.train_metric)}", frames[args.train_experiment],
                    [args.rank_experiment, args.train_experiment],
-                   [f"{len(frames[args.rank_experiment])} rank runs", "cells: mean over seeds"],
+                   [f"{len(frames[args.rank_experiment])} rank runs",
+                    cell_note(table[metrics], table[[f"{m}_std" for m in metrics]])],
                    Path(args.out) / args.train_experiment,
                    f"fig6_{args.rank_metric}_vs_{args.train_metric}", table)
 
@@ -217,7 +220,7 @@ def _table5_main(args: argparse.Namespace) -> list[Path]:
     ax.legend()
     if args.stable_accuracy is None and "task.stable_accuracy" in df:
         thr = "/".join(style.number(v) for v in sorted(df["task.stable_accuracy"].unique()))
-    return [*publish(fig, "Table 5: max stable learning rate", df, args.experiment,
+    return [*publish(fig, "Max stable learning rate vs depth", df, args.experiment,
                      [f"stable: final test accuracy ≥ {thr}"], out, "table5_max_stable_lr", table),
             md]
 

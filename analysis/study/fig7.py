@@ -109,7 +109,7 @@ def _spike_main(args: argparse.Namespace) -> list[Path]:
     warn_mixed(df, (), args.experiment, keys=("width", "depth", "expansion", PLACEMENT, "alpha", "beta"))
     table = spike_table(df)
     ns = ", ".join(str(int(n)) for n in sorted(df["n"].unique()))
-    return publish(draw_spike(df, table, args.uri), "Figure 7: the mean spike", df, args.experiment,
+    return publish(draw_spike(df, table, args.uri), "The mean spike: cross-layer cosines, branch mean and rank", df, args.experiment,
                    [f"$n \\in \\{{{ns}\\}}$ probe inputs", "bars: largest $n$, ±1 s.d. over seeds"],
                    out_dir(args), "spike", table)
 

@@ -148,7 +148,7 @@ def draw_mp_histograms(hist: pd.DataFrame, width: int):
             if j == 0:
                 ax.set_ylabel("density")
     axes[0, 0].legend(fontsize=5.5)
-    fig.suptitle(rf"Figures 9/17: Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur "
+    fig.suptitle(rf"Gram spectrum of $D W_\mathrm{{up}}$ vs Marchenko–Pastur "
                  rf"(dashed: edges), $d = {width}$")
     return fig
 
@@ -167,7 +167,7 @@ def _mp_main(args: argparse.Namespace) -> list[Path]:
     table = mp_table(df)
     out = out_dir(args)
     fig = draw_mp_erank(table, args.reference_draws)
-    fig.suptitle(r"Figure 8: branch Jacobian rank $\mathrm{erank}(J_f)/d$")
+    fig.suptitle(r"Branch Jacobian rank $\mathrm{erank}(J_f)/d$")
     style.caption(fig, df, args.experiment, ["error bars: ±1 s.d. over seeds"])
     paths = save(fig, out, "mp_erank", table)
     widths = sorted(df["width"].unique())

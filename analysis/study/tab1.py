@@ -56,7 +56,7 @@ def _table1_main(args: argparse.Namespace) -> list[Path]:
     t = table1(df)
     out = out_dir(args)
     spread = float((t["stable_rank_std"] / t["stable_rank"]).max())
-    paths = publish(draw_table1(t), r"Table 1: activation constants at $q = 1$ vs $\sigma(W h)$",
+    paths = publish(draw_table1(t), r"Activation constants at $q = 1$ vs $\sigma(W h)$",
                     df, args.experiment, [f"bars: mean over seeds (s.d. ≤ {spread:.0%} of the "
                                           "mean; per activation in table1.csv)"], out, "table1", t)
     head = f"Table 1 ({', '.join(args.experiment)}): quadrature at q = 1 vs measured stable rank"

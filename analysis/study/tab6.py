@@ -67,7 +67,7 @@ def _table6_main(args: argparse.Namespace) -> list[Path]:
     ax.legend()
     style.colorbar(fig, sm, ax, "width")
     head = f"Table 6 ({', '.join(args.experiment)}): erank(Z_l)/d"
-    return [*publish(fig, "Table 6: representation collapse", df, args.experiment,
+    return [*publish(fig, r"Representation rank $\mathrm{erank}(Z_\ell)/d$ across layers", df, args.experiment,
                      ["mean over seeds"], out, "table6", t),
             write_markdown(out / "table6.md", head, t, floatfmt=".3f", runs=df)]
 
