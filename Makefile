@@ -32,10 +32,12 @@ sweep: setup  ## the README's first sweep: Post-Norm, α ∈ {1,2}, L ∈ {48,96
 test-deps:  ## system packages the end-to-end tests start: Slurm+MariaDB, PostgreSQL, Chromium (root)
 	bash launchers/install-test-deps.sh
 
-# one pytest-xdist worker per core (at most 4); a service's tests share one worker (tests/conftest.py)
+# one pytest-xdist worker per core (at most 4); a test file's tests run on one worker, so its
+# module fixtures (a swept store, the docs site) are made once (xdist's loadgroup marks do not
+# reach pytest 9's node ids)
 TEST_WORKERS ?= auto
 test: setup test-deps  ## the default test suite (no GPU, no network; real Slurm/PostgreSQL/browser)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 
 test-slow: setup  ## long checks (full-size experiments, real services)
 	$(PY) -m pytest -q -m slow

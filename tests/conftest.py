@@ -18,17 +18,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per cor
 from services import pg_mlflow_server, slurm_cluster  # noqa: E402, F401 — one of each per session
 from smoke_stores import smoke_store  # noqa: E402, F401 — the session's smoke stores (a fixture)
 
-#: under pytest-xdist (``--dist loadgroup``) a session service's tests run on one worker, so each
-#: service starts once per run (first match wins); every other test runs on its module's worker,
-#: so a module's shared fixtures (a swept store, the docs site) are made once
-SERVICE_GROUPS = {"slurm_cluster": "slurm", "pg_mlflow_server": "mlflow-server", "browser": "browser"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        groups = [g for f, g in SERVICE_GROUPS.items() if f in getattr(item, "fixturenames", ())]
-        item.add_marker(pytest.mark.xdist_group(groups[0] if groups else item.nodeid.split("::")[0]))
-
 
 @pytest.fixture
 def cli(tmp_path):
